@@ -1,0 +1,125 @@
+# rolloutd — plain Makefile.
+#
+#   make                 build/rolloutd, build/rollout-bench, tools (CPU backend)
+#   make CUDA=1          also compile and link the CUDA backend (cudart, cuBLASLt, NCCL)
+#   make run             serve the embedded default model on 127.0.0.1:8000
+#   make test            C unit tests + end-to-end tests against the real daemon
+#   make SANITIZE=address,undefined unit   unit tests under ASan+UBSan (own build dir)
+#   make fuzz            libFuzzer targets (clang), bounded run
+#
+# Missing Debian packages are installed by scripts/install-deps.sh on first use.
+
+CC       ?= cc
+PYTHON   ?= python3
+PORT     ?= 8000
+SANITIZE ?=
+CUDA     ?=
+WERROR   ?=
+
+BUILD := build
+ifneq ($(SANITIZE),)
+BUILD := build-san
+endif
+
+WARN    := -Wall -Wextra -Wshadow -Wstrict-prototypes -Wmissing-prototypes
+CFLAGS  := -std=c11 -O2 -g $(WARN) -ffp-contract=off -fno-fast-math -pthread -D_GNU_SOURCE \
+           -fno-omit-frame-pointer $(EXTRA_CFLAGS)
+LDLIBS  := -lmicrohttpd -ljansson -luv -lm -pthread
+ifneq ($(WERROR),)
+CFLAGS  += -Werror
+endif
+ifneq ($(SANITIZE),)
+CFLAGS  += -fsanitize=$(SANITIZE) -fno-sanitize-recover=all
+LDFLAGS += -fsanitize=$(SANITIZE)
+endif
+
+CUDA_HOME ?= /usr/local/cuda
+NVCC      ?= $(CUDA_HOME)/bin/nvcc
+ifneq ($(CUDA),)
+CFLAGS    += -DRS_CUDA -I$(CUDA_HOME)/include
+NVFLAGS   := -O2 -g -std=c++17 -arch=sm_90 -DRS_CUDA -Xcompiler -fno-fast-math,-pthread --fmad=false
+LDLIBS    += -L$(CUDA_HOME)/lib64 -lcudart -lcublasLt -lcublas -lnccl -lstdc++
+CU_SRC    := $(wildcard kernels/cuda/*.cu)
+CU_OBJ    := $(patsubst %.cu,$(BUILD)/%.o,$(CU_SRC))
+endif
+
+# Every module folder is compiled into one static library; programs link against it.
+LIB_DIRS := core config protocol scheduler kvcache model kernels kernels/cpu sync server
+LIB_SRC  := $(filter-out server/main.c,$(foreach d,$(LIB_DIRS),$(wildcard $(d)/*.c)))
+LIB_OBJ  := $(patsubst %.c,$(BUILD)/%.o,$(LIB_SRC)) $(CU_OBJ)
+TEST_SRC := $(wildcard tests/unit/*.c)
+TEST_OBJ := $(patsubst %.c,$(BUILD)/%.o,$(TEST_SRC))
+DEPS_OK  := $(BUILD)/.deps-ok
+
+PROGRAMS := $(BUILD)/rolloutd $(BUILD)/rollout-bench $(BUILD)/make-default-model $(BUILD)/unit-tests
+
+.PHONY: all run test unit e2e fuzz clean deps
+all: $(PROGRAMS)
+
+$(DEPS_OK):
+	@mkdir -p $(BUILD)
+	@pkg-config --exists libmicrohttpd jansson libuv 2>/dev/null || ./scripts/install-deps.sh
+	@printf '  deps   libmicrohttpd %s, jansson %s, libuv %s\n' \
+	  "$$(pkg-config --modversion libmicrohttpd)" "$$(pkg-config --modversion jansson)" "$$(pkg-config --modversion libuv)"
+ifneq ($(CUDA),)
+	@test -x $(NVCC) || { echo "CUDA=1 but $(NVCC) not found"; exit 1; }
+	@printf '  cuda   %s\n' "$$($(NVCC) --version | tail -1)"
+	@test -e $(CUDA_HOME)/include/nccl.h -o -e /usr/include/nccl.h && echo "  ✓ NCCL found" || { echo "NCCL not found"; exit 1; }
+endif
+	@touch $@
+
+$(BUILD)/%.o: %.c $(DEPS_OK)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -MMD -MP -c $< -o $@
+
+$(BUILD)/%.o: %.cu $(DEPS_OK)
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVFLAGS) -c $< -o $@
+
+$(BUILD)/librolloutd.a: $(LIB_OBJ)
+	@rm -f $@
+	ar rcs $@ $^
+
+$(BUILD)/rolloutd: $(BUILD)/server/main.o $(BUILD)/librolloutd.a
+	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
+
+$(BUILD)/rollout-bench: $(BUILD)/tools/rollout_bench.o $(BUILD)/librolloutd.a
+	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
+
+$(BUILD)/make-default-model: $(BUILD)/tools/make_default_model.o $(BUILD)/librolloutd.a
+	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
+
+$(BUILD)/unit-tests: $(TEST_OBJ) $(BUILD)/librolloutd.a
+	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
+
+run: $(BUILD)/rolloutd
+	./$(BUILD)/rolloutd --host 127.0.0.1 --port $(PORT)
+
+unit: $(BUILD)/unit-tests
+	./$(BUILD)/unit-tests
+
+e2e: $(BUILD)/rolloutd
+	@$(PYTHON) -c 'import pytest, numpy' 2>/dev/null || ./scripts/install-deps.sh
+	ROLLOUTD_BIN=$(abspath $(BUILD)/rolloutd) $(PYTHON) -m pytest -q tests/e2e
+
+test: all
+	./$(BUILD)/unit-tests
+	@$(MAKE) --no-print-directory e2e
+
+FUZZ_TARGETS := $(patsubst tests/fuzz/%.c,build-fuzz/%,$(wildcard tests/fuzz/fuzz_*.c))
+FUZZ_SECONDS ?= 30
+build-fuzz/%: tests/fuzz/%.c $(LIB_SRC) $(DEPS_OK)
+	@mkdir -p build-fuzz
+	clang -std=c11 -g -O1 -D_GNU_SOURCE -fsanitize=fuzzer,address,undefined -o $@ $< $(LIB_SRC) $(LDLIBS)
+
+fuzz: $(FUZZ_TARGETS)
+	@for t in $(FUZZ_TARGETS); do \
+	  n=$$(basename $$t); mkdir -p build-fuzz/corpus-$$n; \
+	  echo "  fuzz   $$n ($(FUZZ_SECONDS)s)"; \
+	  ./$$t -max_total_time=$(FUZZ_SECONDS) -print_final_stats=0 build-fuzz/corpus-$$n tests/fuzz/seeds/$$n 2>&1 | tail -2 || exit 1; \
+	done
+
+clean:
+	rm -rf build build-san build-fuzz
+
+-include $(LIB_OBJ:.o=.d) $(TEST_OBJ:.o=.d)

@@ -1,0 +1,146 @@
+/*
+ * backend.h — the table of operations that model/ writes its forward pass against.
+ *
+ * In the spirit of ggml-backend: an opaque handle with a private table of function pointers and
+ * checked dispatch. The CPU backend (kernels/cpu/) is always built; it is the reference every other
+ * backend is compared against, op by op, with the same inputs. The CUDA backend (kernels/cuda/,
+ * `make CUDA=1`) implements the same table on device memory.
+ *
+ * Conventions for every op:
+ *   - activations are fp32, row-major, one row per token of the step's flattened batch;
+ *   - pointers named x/out/q/k/v/... live in the backend's memory (rs_backend_alloc);
+ *   - per-step batch metadata (rs_batch) is host memory: a device backend uploads it itself;
+ *   - ops are asynchronous on a device backend; rs_backend_download synchronizes.
+ */
+#ifndef RS_BACKEND_H
+#define RS_BACKEND_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "tensor.h"
+
+#define RS_KV_BLOCK 16 /* tokens per KV page */
+
+/* One layer's paged KV cache, as the attention ops see it. kvcache/ owns the memory.
+ * pages: [n_blocks][2][RS_KV_BLOCK][n_kv_heads][head_dim] of `dtype` (index 0 = K, 1 = V).
+ * A token's slot is block * RS_KV_BLOCK + offset. */
+typedef struct rs_kv_layer {
+    void *pages;
+    rs_dtype dtype;         /* RS_DTYPE_F32 today; BF16 / E4M3 with the engine issue */
+    int n_blocks;
+    int n_kv_heads;
+    int head_dim;
+} rs_kv_layer;
+
+/* The flattened batch of one engine step: n_seq sequences, each contributing a contiguous run of
+ * rows (a prefill chunk or one decode token). Host memory. */
+typedef struct rs_batch {
+    int n_tok;                      /* rows in this step */
+    int n_seq;
+    const int32_t *tokens;          /* [n_tok] token ids */
+    const int32_t *pos;             /* [n_tok] absolute position of each row */
+    const int32_t *slot;            /* [n_tok] KV slot each row's K/V is written to */
+    const int32_t *seq_start;       /* [n_seq + 1] rows of seq s are [seq_start[s], seq_start[s+1]) */
+    const int32_t *seq_ctx;         /* [n_seq] context length of seq s after this step (incl. new rows) */
+    const int32_t *block_tables;    /* [n_seq][max_blocks] page ids of each sequence, in order */
+    int max_blocks;
+} rs_batch;
+
+/* Mixture-of-experts weights of one layer (Qwen3-MoE). Experts are [n_experts] arrays. */
+typedef struct rs_moe_weights {
+    const rs_tensor *router;        /* [n_experts][hidden] */
+    const rs_tensor *gate;          /* [n_experts] each [moe_inter][hidden] */
+    const rs_tensor *up;            /* [n_experts] each [moe_inter][hidden] */
+    const rs_tensor *down;          /* [n_experts] each [hidden][moe_inter] */
+    int n_experts;
+    int top_k;
+    bool norm_topk_prob;
+} rs_moe_weights;
+
+typedef struct rs_backend rs_backend;
+
+typedef struct rs_backend_ops {
+    const char *name;
+
+    /* memory */
+    void *(*alloc)(rs_backend *b, size_t bytes);             /* zeroed; NULL on failure */
+    void (*free)(rs_backend *b, void *p);
+    void (*upload)(rs_backend *b, void *dst, const void *src_host, size_t bytes);
+    void (*download)(rs_backend *b, void *dst_host, const void *src, size_t bytes); /* synchronizes */
+
+    /* out[i][:] = table[ids[i]][:]  (table [vocab][dim] bf16/f16/f32) */
+    void (*embed)(rs_backend *b, float *out, const rs_tensor *table, const int32_t *ids, int n);
+
+    /* out[r] = x[r] / sqrt(mean(x[r]^2) + eps) * w, over `rows` rows of `dim`; out may alias x.
+     * Per-head q/k norm is the same op with rows = n_tok * n_heads and dim = head_dim. */
+    void (*rmsnorm)(rs_backend *b, float *out, const float *x, const rs_tensor *w, int rows, int dim,
+                    float eps);
+
+    /* out[rows][N] = x[rows][K] @ w^T (+ bias), w [N][K] in bf16/f16/f32 (FP8 with its issue). */
+    void (*matmul)(rs_backend *b, float *out, const float *x, const rs_tensor *w, const rs_tensor *bias,
+                   int rows);
+
+    /* Rotary embedding, rotate-half (NeoX/HF) convention, in place on x [rows][n_heads][head_dim]:
+     * row r uses position pos[r] and inv_freq [head_dim/2]. */
+    void (*rope)(rs_backend *b, float *x, int rows, int n_heads, int head_dim, const int32_t *pos,
+                 const float *inv_freq);
+
+    /* Write each row's k, v [n_tok][n_kv_heads][head_dim] into its slot of the layer's pages. */
+    void (*kv_store)(rs_backend *b, rs_kv_layer *kv, const float *k, const float *v, const rs_batch *batch);
+
+    /* Causal attention over the paged cache (after kv_store): for row r of sequence s at position
+     * p, out[r] = softmax(q[r] . K[0..p] * scale) V[0..p], grouped-query (n_heads / n_kv_heads
+     * query heads share a KV head). q, out: [n_tok][n_heads][head_dim]. */
+    void (*attention)(rs_backend *b, float *out, const float *q, const rs_kv_layer *kv, int n_heads,
+                      float scale, const rs_batch *batch);
+
+    /* out[r][i] = silu(gate[r][i]) * up[r][i] over rows x n; out may alias gate. */
+    void (*swiglu)(rs_backend *b, float *out, const float *gate, const float *up, size_t n);
+
+    /* x[i] += y[i] */
+    void (*add)(rs_backend *b, float *x, const float *y, size_t n);
+
+    /* Gather rows: out[i] = x[idx[i]] for i < n, rows of `dim` (idx is host memory). */
+    void (*gather_rows)(rs_backend *b, float *out, const float *x, const int32_t *idx, int n, int dim);
+
+    /* Qwen3-MoE sparse MLP: out[rows][hidden] = sum over top-k experts of
+     * w_e * down_e(silu(gate_e x) * up_e x), router softmax in fp32, weights renormalized over the
+     * top k when norm_topk_prob. */
+    void (*moe)(rs_backend *b, float *out, const float *x, int rows, int hidden, const rs_moe_weights *w);
+
+    void (*destroy)(rs_backend *b);
+} rs_backend_ops;
+
+struct rs_backend {
+    const rs_backend_ops *ops;
+    void *ctx; /* the backend's private state */
+};
+
+/* Constructors. n_threads <= 0 picks the number of online CPUs. */
+rs_backend *rs_backend_cpu_init(int n_threads);
+#ifdef RS_CUDA
+rs_backend *rs_backend_cuda_init(int device);
+#endif
+void rs_backend_free(rs_backend *b);
+
+/* Checked dispatch: every caller goes through these, never through b->ops directly. */
+void *rs_backend_alloc(rs_backend *b, size_t bytes);
+void rs_backend_free_mem(rs_backend *b, void *p);
+void rs_backend_upload(rs_backend *b, void *dst, const void *src_host, size_t bytes);
+void rs_backend_download(rs_backend *b, void *dst_host, const void *src, size_t bytes);
+void rs_op_embed(rs_backend *b, float *out, const rs_tensor *table, const int32_t *ids, int n);
+void rs_op_rmsnorm(rs_backend *b, float *out, const float *x, const rs_tensor *w, int rows, int dim, float eps);
+void rs_op_matmul(rs_backend *b, float *out, const float *x, const rs_tensor *w, const rs_tensor *bias, int rows);
+void rs_op_rope(rs_backend *b, float *x, int rows, int n_heads, int head_dim, const int32_t *pos,
+                const float *inv_freq);
+void rs_op_kv_store(rs_backend *b, rs_kv_layer *kv, const float *k, const float *v, const rs_batch *batch);
+void rs_op_attention(rs_backend *b, float *out, const float *q, const rs_kv_layer *kv, int n_heads,
+                     float scale, const rs_batch *batch);
+void rs_op_swiglu(rs_backend *b, float *out, const float *gate, const float *up, size_t n);
+void rs_op_add(rs_backend *b, float *x, const float *y, size_t n);
+void rs_op_gather_rows(rs_backend *b, float *out, const float *x, const int32_t *idx, int n, int dim);
+void rs_op_moe(rs_backend *b, float *out, const float *x, int rows, int hidden, const rs_moe_weights *w);
+
+#endif /* RS_BACKEND_H */

@@ -1,0 +1,129 @@
+/*
+ * engine.h — the engine thread and the generation jobs it runs.
+ *
+ * One engine thread owns the model, the KV pool and the backend. Other threads hand it work as
+ * rs_gen_job values through rs_engine_submit (thread-safe) and are told of completion through the
+ * job's on_done callback, which runs on the engine thread and must not block (the server pushes
+ * the job onto its completion queue and wakes its libuv loop).
+ *
+ * A job is one HTTP request: n_prompts prompts x sp.n samples. Each (prompt, sample) pair is one
+ * sequence and one rs_gen_output, in prompt-major order: outputs[p * n + s].
+ */
+#ifndef RS_ENGINE_H
+#define RS_ENGINE_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "../core/rs.h"
+#include "../model/model.h"
+
+typedef struct rs_sampling_params {
+    int max_new_tokens;         /* default 128 */
+    int min_new_tokens;         /* default 0: stop tokens are ignored before this many outputs */
+    float temperature;          /* default 1.0; 0 = greedy */
+    float top_p;                /* default 1.0 */
+    int top_k;                  /* default -1 (off) */
+    float min_p;                /* default 0.0 (off) */
+    int n;                      /* samples per prompt, default 1 */
+    uint64_t seed;              /* sampling_seed; default 0 */
+    int32_t *stop_token_ids;    /* owned by the job */
+    int n_stop_token_ids;
+    bool ignore_eos;
+} rs_sampling_params;
+
+void rs_sampling_params_default(rs_sampling_params *sp);
+
+typedef enum rs_finish_type {
+    RS_FINISH_NONE = 0,         /* still running */
+    RS_FINISH_STOP,             /* matched a stop token or EOS; `matched` holds it */
+    RS_FINISH_LENGTH,           /* max_new_tokens or the context limit; `length` holds the count */
+    RS_FINISH_ABORT,            /* aborted; `message` says why */
+} rs_finish_type;
+
+typedef struct rs_finish {
+    rs_finish_type type;
+    int32_t matched;
+    int length;
+    char message[128];
+} rs_finish;
+
+typedef struct rs_gen_output {
+    int32_t *output_ids;        /* [n_output] */
+    float *output_logprobs;     /* [n_output]: log_softmax(logits / T)[token], fp32 (T=1 when greedy) */
+    int n_output, cap;
+    /* Prompt scoring when logprob_start_len >= 0: input_logprobs[i] is the logprob of prompt token
+     * logprob_start_len + i given the tokens before it; NAN for position 0 (no context). */
+    float *input_logprobs;
+    int n_input_logprobs;
+    rs_finish finish;
+    int prompt_tokens;
+    int cached_tokens;
+    double e2e_latency;         /* seconds from arrival to finish */
+} rs_gen_output;
+
+typedef struct rs_gen_job rs_gen_job;
+typedef void (*rs_job_done_fn)(rs_gen_job *job, void *user);
+
+struct rs_gen_job {
+    char rid[128];              /* the request's rid, or generated */
+    int n_prompts;
+    int32_t **prompts;          /* [n_prompts][prompt_lens[i]], owned */
+    int *prompt_lens;           /* [n_prompts], owned */
+    bool batched;               /* input_ids was a list of lists: the response is a list */
+    rs_sampling_params sp;
+    bool return_logprob;
+    int logprob_start_len;      /* -1: outputs only; >= 0: also score prompt tokens from there */
+    bool stream;                /* reserved: the API issue adds SSE */
+    /* filled by the engine */
+    rs_gen_output *outputs;     /* [n_prompts * sp.n] */
+    char weight_version[64];
+    double t_arrival;
+    /* completion: called once on the engine thread when every output has finished */
+    rs_job_done_fn on_done;
+    void *on_done_user;
+};
+
+rs_gen_job *rs_gen_job_new(void);                 /* zeroed, sampling defaults, rid empty */
+void rs_gen_job_free(rs_gen_job *job);            /* frees everything the job owns */
+
+/* Checks a parsed job against the model and server limits: token ids in [0, vocab), non-empty
+ * prompts, prompt + max_new_tokens within the context limit, logprob_start_len < prompt length.
+ * Returns RS_OK or RS_EINVAL with the offending param named in err. */
+typedef struct rs_engine_limits {
+    int max_context;            /* tokens per sequence (prompt + output) */
+    int max_new_tokens;         /* cap on sampling_params.max_new_tokens */
+    int max_n;                  /* cap on sampling_params.n */
+    int max_batch;              /* cap on n_prompts * n */
+} rs_engine_limits;
+int rs_gen_job_validate(const rs_gen_job *job, const rs_model_config *cfg, const rs_engine_limits *lim,
+                        rs_error *err);
+
+typedef struct rs_engine_opts {
+    size_t kv_cache_bytes;      /* KV pool budget */
+    int max_running;            /* sequences per step */
+    int max_step_tokens;        /* rows per forward step (prefill chunking) */
+    rs_engine_limits limits;
+} rs_engine_opts;
+
+typedef struct rs_engine rs_engine;
+
+/* The engine borrows the model; it must outlive the engine. */
+int rs_engine_init(rs_engine **out, rs_model *m, const rs_engine_opts *opts, rs_error *err);
+void rs_engine_free(rs_engine *e);               /* stops the thread if running */
+
+int rs_engine_start(rs_engine *e);               /* spawns the engine thread */
+void rs_engine_stop(rs_engine *e);               /* aborts remaining jobs, joins the thread */
+
+/* Thread-safe: queues the job (ownership passes to the engine until on_done). */
+int rs_engine_submit(rs_engine *e, rs_gen_job *job, rs_error *err);
+
+/* Without a thread (tests, benchmarks): run steps on the caller's thread until every submitted
+ * job has finished. */
+void rs_engine_run_until_idle(rs_engine *e);
+
+const rs_model_config *rs_engine_model_config(const rs_engine *e);
+const rs_engine_limits *rs_engine_get_limits(const rs_engine *e);
+const char *rs_engine_weight_version(const rs_engine *e);
+
+#endif /* RS_ENGINE_H */

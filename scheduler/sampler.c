@@ -1,0 +1,135 @@
+/*
+ * sampler.c — greedy, temperature, top-k, top-p and min-p sampling (see sampler.h).
+ *
+ * Order of operations, as in SGLang / vLLM: scale by 1/T, softmax, keep the top-k, keep the
+ * smallest prefix of the sorted distribution whose mass reaches top_p (the token that crosses the
+ * threshold is kept), drop tokens whose probability is below min_p x the maximum, renormalize,
+ * draw. Without truncation the draw walks the vocabulary in id order and needs no sort.
+ */
+#include "sampler.h"
+
+#include <math.h>
+#include <stdlib.h>
+
+static uint64_t splitmix64(uint64_t x) {
+    x += 0x9e3779b97f4a7c15ull;
+    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+    x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+    return x ^ (x >> 31);
+}
+
+double rs_rng_uniform(uint64_t seed, uint64_t sample_index, uint64_t position) {
+    uint64_t h = splitmix64(seed);
+    h = splitmix64(h ^ splitmix64(sample_index ^ 0x5851f42d4c957f2dull));
+    h = splitmix64(h ^ splitmix64(position ^ 0x14057b7ef767814full));
+    return (double)(h >> 11) * 0x1.0p-53;
+}
+
+void rs_sampler_scratch_free(rs_sampler_scratch *s) {
+    free(s->probs);
+    free(s->idx);
+    s->probs = NULL;
+    s->idx = NULL;
+    s->cap = 0;
+}
+
+static void scratch_reserve(rs_sampler_scratch *s, int vocab) {
+    if (s->cap >= vocab) return;
+    free(s->probs);
+    free(s->idx);
+    s->probs = rs_xmalloc(sizeof(float) * (size_t)vocab);
+    s->idx = rs_xmalloc(sizeof(int32_t) * (size_t)vocab);
+    s->cap = vocab;
+}
+
+/* max and log(sum(exp(x/T - max))) over the vocabulary */
+static void softmax_stats(const float *logits, int vocab, float inv_t, float *max_out, double *lse_out) {
+    float mx = -INFINITY;
+    for (int i = 0; i < vocab; i++) {
+        float z = logits[i] * inv_t;
+        if (z > mx) mx = z;
+    }
+    double sum = 0.0;
+    for (int i = 0; i < vocab; i++) sum += exp((double)(logits[i] * inv_t - mx));
+    *max_out = mx;
+    *lse_out = log(sum);
+}
+
+float rs_logprob_of(const float *logits, int vocab, float temp, int32_t token) {
+    float inv_t = temp > 0.0f ? 1.0f / temp : 1.0f;
+    float mx;
+    double lse;
+    softmax_stats(logits, vocab, inv_t, &mx, &lse);
+    return (float)((double)(logits[token] * inv_t - mx) - lse);
+}
+
+static int32_t argmax(const float *x, int n) {
+    int32_t best = 0;
+    for (int i = 1; i < n; i++)
+        if (x[i] > x[best]) best = i;
+    return best;
+}
+
+static int cmp_desc(const void *a, const void *b, void *keys) {
+    const float *sort_keys = keys;
+    int32_t i = *(const int32_t *)a, j = *(const int32_t *)b;
+    float x = sort_keys[i], y = sort_keys[j];
+    if (x != y) return x > y ? -1 : 1;
+    return i < j ? -1 : (i > j); /* ties: lower id first, so the order is total */
+}
+
+int32_t rs_sample(const float *logits, int vocab, const rs_sampling_params *sp, uint64_t sample_index,
+                  uint64_t position, rs_sampler_scratch *s, float *logprob_out) {
+    if (sp->temperature <= 0.0f) {
+        int32_t tok = argmax(logits, vocab);
+        *logprob_out = rs_logprob_of(logits, vocab, 0.0f, tok);
+        return tok;
+    }
+    scratch_reserve(s, vocab);
+    float inv_t = 1.0f / sp->temperature;
+    float mx;
+    double lse;
+    softmax_stats(logits, vocab, inv_t, &mx, &lse);
+    float *p = s->probs;
+    for (int i = 0; i < vocab; i++) p[i] = (float)exp((double)(logits[i] * inv_t - mx) - lse);
+
+    double u = rs_rng_uniform(sp->seed, sample_index, position);
+    bool truncate = (sp->top_k > 0 && sp->top_k < vocab) || sp->top_p < 1.0f || sp->min_p > 0.0f;
+    int32_t tok = vocab - 1;
+    if (!truncate) {
+        double target = u, acc = 0.0;
+        for (int i = 0; i < vocab; i++) {
+            acc += p[i];
+            if (target < acc) { tok = i; break; }
+        }
+    } else {
+        int32_t *idx = s->idx;
+        for (int i = 0; i < vocab; i++) idx[i] = i;
+        qsort_r(idx, (size_t)vocab, sizeof *idx, cmp_desc, p);
+        int keep = vocab;
+        if (sp->top_k > 0 && sp->top_k < keep) keep = sp->top_k;
+        if (sp->top_p < 1.0f) {
+            double acc = 0.0;
+            for (int i = 0; i < keep; i++) {
+                acc += p[idx[i]];
+                if (acc >= sp->top_p) { keep = i + 1; break; }
+            }
+        }
+        if (sp->min_p > 0.0f) {
+            float floor_p = sp->min_p * p[idx[0]];
+            int i = 1;
+            while (i < keep && p[idx[i]] >= floor_p) i++;
+            keep = i;
+        }
+        double mass = 0.0;
+        for (int i = 0; i < keep; i++) mass += p[idx[i]];
+        double target = u * mass, acc = 0.0;
+        tok = idx[keep - 1];
+        for (int i = 0; i < keep; i++) {
+            acc += p[idx[i]];
+            if (target < acc) { tok = idx[i]; break; }
+        }
+    }
+    *logprob_out = (float)((double)(logits[tok] * inv_t - mx) - lse);
+    return tok;
+}

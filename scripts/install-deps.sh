@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Installs what rolloutd needs to build and test, idempotently: Debian packages for the C build
+# (libmicrohttpd, jansson, libuv, pkg-config; clang + its fuzzer runtime for `make fuzz`) and the
+# Python packages the end-to-end tests use. Safe to run again: it only installs what is missing.
+set -euo pipefail
+
+debs=(build-essential pkg-config libmicrohttpd-dev libjansson-dev libuv1-dev clang libclang-rt-14-dev)
+missing=()
+for p in "${debs[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "install-deps: apt-get install ${missing[*]}"
+  SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
+
+PY=${PYTHON:-python3}
+pymods=(pytest numpy requests openai ml_dtypes)
+pypkgs=(pytest numpy requests openai ml_dtypes)
+need=()
+for i in "${!pymods[@]}"; do
+  "$PY" -c "import ${pymods[$i]}" 2>/dev/null || need+=("${pypkgs[$i]}")
+done
+if [ ${#need[@]} -gt 0 ]; then
+  echo "install-deps: pip install ${need[*]}"
+  "$PY" -m pip install -q "${need[@]}"
+fi
+echo "install-deps: ok"
