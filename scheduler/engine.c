@@ -68,11 +68,6 @@ struct rs_engine {
 
 /* ---------------------------------------------------------------- jobs */
 
-void rs_sampling_params_default(rs_sampling_params *sp) {
-    *sp = (rs_sampling_params){.max_new_tokens = 128, .min_new_tokens = 0, .temperature = 1.0f,
-                               .top_p = 1.0f, .top_k = -1, .min_p = 0.0f, .n = 1, .seed = 0};
-}
-
 rs_gen_job *rs_gen_job_new(void) {
     rs_gen_job *job = rs_xcalloc(1, sizeof *job);
     rs_sampling_params_default(&job->sp);

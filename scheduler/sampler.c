@@ -11,6 +11,11 @@
 #include <math.h>
 #include <stdlib.h>
 
+void rs_sampling_params_default(rs_sampling_params *sp) {
+    *sp = (rs_sampling_params){.max_new_tokens = 128, .min_new_tokens = 0, .temperature = 1.0f,
+                               .top_p = 1.0f, .top_k = -1, .min_p = 0.0f, .n = 1, .seed = 0};
+}
+
 static uint64_t splitmix64(uint64_t x) {
     x += 0x9e3779b97f4a7c15ull;
     x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
