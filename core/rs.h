@@ -16,6 +16,13 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#ifdef __cplusplus
+extern "C" {
+#define RS_NORETURN [[noreturn]]
+#else
+#define RS_NORETURN _Noreturn
+#endif
+
 /*     name          code  http  json type */
 #define RS_ERRNO_MAP(X)                                   \
     X(OK,            0,    200, "ok")                     \
@@ -70,7 +77,7 @@ void rs_log(rs_log_level level, const char *fmt, ...) __attribute__((format(prin
 #define RS_WARN(...)  rs_log(RS_LOG_LEVEL_WARN, __VA_ARGS__)
 #define RS_ERROR(...) rs_log(RS_LOG_LEVEL_ERROR, __VA_ARGS__)
 
-_Noreturn void rs_assert_fail(const char *expr, const char *file, int line);
+RS_NORETURN void rs_assert_fail(const char *expr, const char *file, int line);
 #define RS_ASSERT(e) ((e) ? (void)0 : rs_assert_fail(#e, __FILE__, __LINE__))
 
 /* Allocation that cannot fail quietly: aborts with a log line on OOM. Use it for sizes the
@@ -85,5 +92,9 @@ double rs_now_s(void); /* CLOCK_MONOTONIC seconds */
 #define RS_MIN(a, b) ((a) < (b) ? (a) : (b))
 #define RS_MAX(a, b) ((a) > (b) ? (a) : (b))
 #define RS_ARRAY_LEN(a) (sizeof(a) / sizeof((a)[0]))
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif /* RS_H */

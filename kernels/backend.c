@@ -13,6 +13,17 @@ void rs_backend_free(rs_backend *b) {
     if (b) b->ops->destroy(b);
 }
 
+const char *rs_backend_missing_op(const rs_backend *b) {
+    const rs_backend_ops *o = b->ops;
+#define RS_CHECK_OP(f) if (!o->f) return #f
+    RS_CHECK_OP(alloc); RS_CHECK_OP(free); RS_CHECK_OP(upload); RS_CHECK_OP(download);
+    RS_CHECK_OP(embed); RS_CHECK_OP(rmsnorm); RS_CHECK_OP(matmul); RS_CHECK_OP(rope);
+    RS_CHECK_OP(kv_store); RS_CHECK_OP(attention); RS_CHECK_OP(swiglu); RS_CHECK_OP(add);
+    RS_CHECK_OP(gather_rows); RS_CHECK_OP(moe); RS_CHECK_OP(destroy);
+#undef RS_CHECK_OP
+    return NULL;
+}
+
 void *rs_backend_alloc(rs_backend *b, size_t bytes) { return b->ops->alloc(b, bytes); }
 
 void rs_backend_free_mem(rs_backend *b, void *p) {

@@ -125,6 +125,10 @@ rs_backend *rs_backend_cuda_init(int device);
 #endif
 void rs_backend_free(rs_backend *b);
 
+/* The name of the first op in the table that this backend does not provide, or NULL when it
+ * provides them all. A model is only ever run on a complete backend. */
+const char *rs_backend_missing_op(const rs_backend *b);
+
 /* Checked dispatch: every caller goes through these, never through b->ops directly. */
 void *rs_backend_alloc(rs_backend *b, size_t bytes);
 void rs_backend_free_mem(rs_backend *b, void *p);

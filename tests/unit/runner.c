@@ -5,7 +5,8 @@
  *   build/unit-tests kv_ fp8         tests whose name contains any of the arguments
  *   RS_TEST_TIMEOUT=120 build/...    per-test timeout in seconds (default 60)
  *
- * Ends with the summary line "N passed, N failed" and exits non-zero if anything failed.
+ * Ends with the summary line "N passed, N failed, N skipped" and exits non-zero if anything
+ * failed. A test skips itself by exiting 77 (RS_TEST_SKIP), e.g. a CUDA test without a GPU.
  */
 #include <errno.h>
 #include <signal.h>
@@ -64,7 +65,7 @@ int main(int argc, char **argv) {
     const char *t = getenv("RS_TEST_TIMEOUT");
     int timeout = t ? atoi(t) : 60;
     if (timeout <= 0) timeout = 60;
-    int passed = 0, failed = 0;
+    int passed = 0, failed = 0, skipped = 0;
     for (int i = 0; i < n_tests; i++) {
         if (!selected(tests[i].name, argc, argv)) continue;
         snprintf(tmpdir, sizeof tmpdir, "/tmp/rs-test-%d-%d", (int)getpid(), i);
@@ -84,7 +85,10 @@ int main(int argc, char **argv) {
         char cmd[300];
         snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmpdir);
         if (system(cmd) != 0) fprintf(stderr, "warning: could not remove %s\n", tmpdir);
-        if (WIFEXITED(status) && WEXITSTATUS(status) == 0) {
+        if (WIFEXITED(status) && WEXITSTATUS(status) == 77) {
+            skipped++;
+            printf("skip   %-48s %7.2fs\n", tests[i].name, dt);
+        } else if (WIFEXITED(status) && WEXITSTATUS(status) == 0) {
             passed++;
             printf("ok     %-48s %7.2fs\n", tests[i].name, dt);
         } else {
@@ -96,6 +100,6 @@ int main(int argc, char **argv) {
                 printf("FAIL   %-48s %7.2fs (exit %d)\n", tests[i].name, dt, WEXITSTATUS(status));
         }
     }
-    printf("%d passed, %d failed\n", passed, failed);
+    printf("%d passed, %d failed, %d skipped\n", passed, failed, skipped);
     return failed ? 1 : 0;
 }

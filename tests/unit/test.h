@@ -37,6 +37,15 @@ const char *rs_test_tmpdir(void);
         exit(1);                                                                      \
     } while (0)
 
+/* Ends the test as skipped (exit status 77), e.g. a CUDA test on a machine without a GPU. */
+#define RS_TEST_SKIP(...)                                                             \
+    do {                                                                              \
+        fprintf(stderr, "  skipped: ");                                               \
+        fprintf(stderr, __VA_ARGS__);                                                 \
+        fprintf(stderr, "\n");                                                        \
+        exit(77);                                                                     \
+    } while (0)
+
 #define ASSERT_TRUE(c)                                                                \
     do { if (!(c)) RS_TEST_FAIL("ASSERT_TRUE(%s) failed", #c); } while (0)
 

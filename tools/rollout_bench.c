@@ -1,0 +1,211 @@
+/*
+ * rollout_bench.c — in-process decode throughput of the engine (no HTTP).
+ *
+ *   build/rollout-bench [--preset default|qwen3-0.6b|all] [--model DIR] [--threads N]
+ *                       [--batches 1,16] [--prompt 32] [--gen 32]
+ *
+ * For each batch size B it runs B greedy sequences twice through the real engine: once with
+ * max_new_tokens = 1 (prefill + first token) and once with max_new_tokens = gen. Decode tokens/s
+ * is B * (gen - 1) / (t_gen - t_1), so prefill cost cancels out. The same run measures the
+ * machine's memory bandwidth with a STREAM-like copy, so batch-1 decode can be read as a share of
+ * what the memory system delivers (weights read per token / time per token).
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "../core/rs.h"
+#include "../model/model.h"
+#include "../model/presets.h"
+#include "../scheduler/engine.h"
+
+typedef struct bench_opts {
+    const char *preset;
+    const char *model;
+    int threads;
+    int batches[8];
+    int n_batches;
+    int prompt_len;
+    int gen;
+} bench_opts;
+
+/* Copy bandwidth in GB/s (bytes read + written), best of a few passes over 512 MiB. */
+static double stream_copy_gbs(void) {
+    size_t n = (size_t)256 << 20;
+    char *a = rs_xmalloc(n), *b = rs_xmalloc(n);
+    memset(a, 1, n);
+    memset(b, 2, n);
+    double best = 0;
+    for (int rep = 0; rep < 4; rep++) {
+        double t0 = rs_now_s();
+        memcpy(b, a, n);
+        double dt = rs_now_s() - t0;
+        double gbs = 2.0 * (double)n / dt / 1e9;
+        if (gbs > best) best = gbs;
+        a[rep] = b[n - 1 - rep]; /* keep the copies observable */
+    }
+    free(a);
+    free(b);
+    return best;
+}
+
+static double run_batch(rs_engine *e, const rs_model_config *cfg, int batch, int prompt_len, int gen) {
+    rs_gen_job *job = rs_gen_job_new();
+    snprintf(job->rid, sizeof job->rid, "bench-b%d-g%d", batch, gen);
+    job->n_prompts = batch;
+    job->batched = true;
+    job->prompts = rs_xcalloc((size_t)batch, sizeof(int32_t *));
+    job->prompt_lens = rs_xcalloc((size_t)batch, sizeof(int));
+    uint64_t x = 12345;
+    for (int p = 0; p < batch; p++) {
+        job->prompt_lens[p] = prompt_len;
+        job->prompts[p] = rs_xmalloc(sizeof(int32_t) * (size_t)prompt_len);
+        for (int i = 0; i < prompt_len; i++) {
+            x = x * 6364136223846793005ull + 1442695040888963407ull;
+            job->prompts[p][i] = (int32_t)((x >> 33) % (uint64_t)cfg->vocab_size);
+        }
+    }
+    job->sp.max_new_tokens = gen;
+    job->sp.temperature = 0.0f;
+    job->sp.ignore_eos = true;
+    rs_error err = {0};
+    double t0 = rs_now_s();
+    if (rs_engine_submit(e, job, &err) != RS_OK) {
+        fprintf(stderr, "submit failed: %s\n", err.message);
+        exit(1);
+    }
+    rs_engine_run_until_idle(e);
+    double dt = rs_now_s() - t0;
+    for (int i = 0; i < batch; i++) RS_ASSERT(job->outputs[i].n_output == gen);
+    rs_gen_job_free(job);
+    return dt;
+}
+
+static long peak_rss_mib(void) {
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    return ru.ru_maxrss / 1024;
+}
+
+static void bench_model(const char *label, const char *dir, const bench_opts *o, double bw_gbs) {
+    rs_backend *b = rs_backend_cpu_init(o->threads);
+    rs_model *m = NULL;
+    rs_error err = {0};
+    if (rs_model_load(dir, b, &m, &err) != RS_OK) {
+        fprintf(stderr, "cannot load %s: %s\n", dir, err.message);
+        exit(1);
+    }
+    int max_batch = 1;
+    for (int i = 0; i < o->n_batches; i++) max_batch = RS_MAX(max_batch, o->batches[i]);
+    rs_engine_opts eo = {
+        .kv_cache_bytes = (size_t)max_batch * (size_t)(o->prompt_len + o->gen + RS_KV_BLOCK) *
+                          (size_t)m->cfg.n_layers * 2 * (size_t)m->cfg.n_kv_heads * (size_t)m->cfg.head_dim * 4,
+        .max_running = max_batch,
+        .max_step_tokens = RS_MAX(max_batch * o->prompt_len, max_batch),
+        .limits = {.max_context = o->prompt_len + o->gen, .max_new_tokens = o->gen, .max_n = 1,
+                   .max_batch = max_batch},
+    };
+    rs_engine *e = NULL;
+    if (rs_engine_init(&e, m, &eo, &err) != RS_OK) {
+        fprintf(stderr, "engine: %s\n", err.message);
+        exit(1);
+    }
+    /* Weights read per decode step: every weight once, but the embedding table only one row per
+     * token (it is re-read as lm_head when tied). */
+    double step_bytes = (double)m->weight_bytes;
+    if (!m->cfg.tie_embeddings) step_bytes -= (double)rs_tensor_nbytes(&m->embed);
+    printf("\n%s: %s, %d layers, hidden %d, vocab %d, weights %.1f MiB (%s), %d threads\n", label,
+           rs_arch_name(m->cfg.arch), m->cfg.n_layers, m->cfg.hidden, m->cfg.vocab_size,
+           (double)m->weight_bytes / (1 << 20), rs_dtype_name(m->layers[0].wq.dtype), o->threads);
+    printf("  %-6s %-10s %-12s %-14s %-12s %s\n", "batch", "decode", "ms/step", "tokens/s", "x batch 1",
+           "weight GB/s (share of copy bw)");
+    run_batch(e, &m->cfg, 1, o->prompt_len, 2); /* warm-up: page in the weights */
+    double base = 0;
+    for (int i = 0; i < o->n_batches; i++) {
+        int B = o->batches[i];
+        double t1 = run_batch(e, &m->cfg, B, o->prompt_len, 1);
+        double tg = run_batch(e, &m->cfg, B, o->prompt_len, o->gen);
+        double step = (tg - t1) / (o->gen - 1);
+        double tps = B / step;
+        if (i == 0) base = tps;
+        double gbs = step_bytes / step / 1e9;
+        printf("  %-6d %-10d %-12.2f %-14.1f %-12.2f %.1f (%.0f%%)\n", B, o->gen - 1, step * 1e3, tps, tps / base,
+               gbs, 100.0 * gbs / bw_gbs);
+    }
+    printf("  peak RSS %ld MiB\n", peak_rss_mib());
+    rs_engine_free(e);
+    rs_model_free(m);
+    rs_backend_free(b);
+}
+
+static const char *ensure_preset(const char *name, char *dir, size_t cap) {
+    rs_model_config cfg;
+    if (rs_model_preset(name, &cfg) != RS_OK) {
+        fprintf(stderr, "unknown preset '%s'\n", name);
+        exit(2);
+    }
+    snprintf(dir, cap, "/tmp/rolloutd-bench-%s-%d", name, (int)getuid());
+    char probe[4200];
+    snprintf(probe, sizeof probe, "%s/model.safetensors", dir);
+    struct stat st;
+    if (stat(probe, &st) != 0) {
+        fprintf(stderr, "writing %s model to %s ...\n", name, dir);
+        rs_error err = {0};
+        if (rs_testmodel_write(dir, &cfg, 7, &err) != RS_OK) {
+            fprintf(stderr, "cannot write %s: %s\n", dir, err.message);
+            exit(1);
+        }
+    }
+    return dir;
+}
+
+static void usage(void) {
+    fprintf(stderr, "usage: rollout-bench [--preset default|qwen3-0.6b|all] [--model DIR] [--threads N]\n"
+                    "                     [--batches 1,16] [--prompt 32] [--gen 32]\n");
+    exit(2);
+}
+
+int main(int argc, char **argv) {
+    bench_opts o = {.preset = "all", .threads = 0, .batches = {1, 16}, .n_batches = 2, .prompt_len = 32,
+                    .gen = 32};
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!v) usage();
+        if (!strcmp(a, "--preset")) o.preset = v;
+        else if (!strcmp(a, "--model")) o.model = v;
+        else if (!strcmp(a, "--threads")) o.threads = atoi(v);
+        else if (!strcmp(a, "--prompt")) o.prompt_len = atoi(v);
+        else if (!strcmp(a, "--gen")) o.gen = atoi(v);
+        else if (!strcmp(a, "--batches")) {
+            o.n_batches = 0;
+            for (char *s = (char *)v; *s && o.n_batches < 8; s++) {
+                o.batches[o.n_batches++] = (int)strtol(s, &s, 10);
+                if (*s != ',') break;
+            }
+        } else usage();
+        i++;
+    }
+    if (o.gen < 2 || o.prompt_len < 1 || o.n_batches < 1) usage();
+    if (o.threads <= 0) o.threads = (int)sysconf(_SC_NPROCESSORS_ONLN);
+    rs_log_min_level = RS_LOG_LEVEL_WARN;
+
+    double bw = stream_copy_gbs();
+    printf("memory: STREAM-like copy %.1f GB/s (read + write)\n", bw);
+    printf("workload: greedy, prompt %d tokens, %d new tokens; decode tokens/s = B*(gen-1)/(t_gen - t_1)\n",
+           o.prompt_len, o.gen);
+    char dir[4096];
+    if (o.model) {
+        bench_model(o.model, o.model, &o, bw);
+        return 0;
+    }
+    const char *all[] = {"default", "qwen3-0.6b"};
+    for (size_t i = 0; i < RS_ARRAY_LEN(all); i++) {
+        if (strcmp(o.preset, "all") != 0 && strcmp(o.preset, all[i]) != 0) continue;
+        bench_model(all[i], ensure_preset(all[i], dir, sizeof dir), &o, bw);
+    }
+    return 0;
+}
