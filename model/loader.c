@@ -1,0 +1,292 @@
+/*
+ * loader.c — loads a Hugging Face model directory onto a backend: config, every weight the
+ * architecture needs, the RoPE frequency table; and the weight store that owns the memory.
+ *
+ * The loader is a checklist driven by the config: for each tensor the forward pass will read it
+ * knows the HF name, the shape and the dtypes it accepts, and it fails on the first tensor that is
+ * missing, mis-shaped or of a dtype the kernels cannot read, with a message naming the tensor, its
+ * file, and the expected and actual shapes. Matrices (embeddings, projections, router, experts)
+ * stay as stored in BF16, F16 or F32; 1-D tensors (norms, biases) are converted to F32 here so no
+ * kernel ever reads a half-precision vector. Tensors the checklist does not name (rotary inv_freq
+ * buffers, a tied lm_head) are skipped with a debug line.
+ *
+ * The checkpoint is mmap'ed (safetensors.c); each tensor is copied straight from the mapping to its
+ * backend allocation, and the mapping is dropped before returning, so peak host memory is the page
+ * cache plus the largest 1-D tensor.
+ *
+ * rope_inv_freq reproduces transformers' float32 arithmetic (modeling_rope_utils.py, 5.x):
+ *   inv_freq = 1 / theta ** (arange(0, dim, 2).float() / dim)
+ * with `scalar / tensor` evaluated as torch does it, tensor.reciprocal() * scalar, and the llama3
+ * smoothing term by term in float32. Given the same base frequencies the llama3 step matches
+ * torch bit for bit; the base frequencies use libm powf where torch's CPU kernels use SLEEF's
+ * 1-ulp powf, so an occasional entry differs by 1-2 ulp (tests/unit/test_model_load.c).
+ */
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "model.h"
+#include "safetensors.h"
+
+/* Owns every backend allocation behind an rs_model's tensors, and the host arrays of MoE
+ * expert descriptors. Freed by rs_model_free. */
+struct rs_weight_store {
+    rs_backend *backend;    /* borrowed */
+    void **ptrs;            /* [n] backend allocations, owned */
+    size_t n, cap;
+    size_t bytes;           /* sum of allocation sizes */
+    rs_tensor *experts;     /* [n_moe_layers * 3 * n_experts] host descriptors, owned */
+};
+
+typedef struct loader {
+    const char *dir;
+    rs_st_dir *st;          /* owned while loading */
+    bool *used;             /* [rs_st_dir_count] tensors consumed so far */
+    struct rs_weight_store *ws;
+    int64_t params;
+    rs_error *err;
+} loader;
+
+enum { KIND_MATRIX, KIND_VECTOR };
+
+static void *store_alloc(struct rs_weight_store *ws, size_t bytes) {
+    void *p = rs_backend_alloc(ws->backend, bytes ? bytes : 1);
+    if (!p) return NULL;
+    if (ws->n == ws->cap) {
+        ws->cap = ws->cap ? 2 * ws->cap : 256;
+        ws->ptrs = rs_xrealloc(ws->ptrs, ws->cap * sizeof *ws->ptrs);
+    }
+    ws->ptrs[ws->n++] = p;
+    ws->bytes += bytes;
+    return p;
+}
+
+static void store_free(struct rs_weight_store *ws) {
+    if (!ws) return;
+    for (size_t i = 0; i < ws->n; i++) rs_backend_free_mem(ws->backend, ws->ptrs[i]);
+    free(ws->ptrs);
+    free(ws->experts);
+    free(ws);
+}
+
+static void fmt_shape(char *buf, size_t cap, int ndim, const int64_t *shape) {
+    size_t k = (size_t)snprintf(buf, cap, "[");
+    for (int i = 0; i < ndim && k < cap; i++)
+        k += (size_t)snprintf(buf + k, cap - k, "%s%lld", i ? ", " : "", (long long)shape[i]);
+    if (k < cap) snprintf(buf + k, cap - k, "]");
+}
+
+/* Converts n elements of a 1-D tensor to f32; src may be unaligned. */
+static void vector_to_f32(float *dst, const rs_st_tensor *t, size_t n) {
+    const uint8_t *p = t->data;
+    for (size_t i = 0; i < n; i++) {
+        if (t->dtype == RS_DTYPE_F32) {
+            memcpy(&dst[i], p + 4 * i, 4);
+        } else {
+            uint16_t h;
+            memcpy(&h, p + 2 * i, 2);
+            dst[i] = t->dtype == RS_DTYPE_BF16 ? rs_bf16_to_f32(h) : rs_f16_to_f32(h);
+        }
+    }
+}
+
+/* Loads the tensor named by fmt... with the expected shape ([d0] or [d0][d1]) into *out. */
+static int load_tensor(loader *L, rs_tensor *out, int kind, int64_t d0, int64_t d1, const char *fmt, ...)
+    __attribute__((format(printf, 6, 7)));
+
+static int load_tensor(loader *L, rs_tensor *out, int kind, int64_t d0, int64_t d1, const char *fmt, ...) {
+    char name[256];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(name, sizeof name, fmt, ap);
+    va_end(ap);
+    int ndim = kind == KIND_MATRIX ? 2 : 1;
+    int64_t want[2] = {d0, d1};
+    char want_s[64], got_s[128];
+    fmt_shape(want_s, sizeof want_s, ndim, want);
+
+    size_t index;
+    const char *file;
+    const rs_st_tensor *t = rs_st_dir_find(L->st, name, &index, &file);
+    if (!t)
+        return rs_error_set(L->err, RS_EFORMAT, name, "%s: missing tensor '%s' (expected shape %s)", L->dir, name,
+                            want_s);
+    L->used[index] = true;
+    fmt_shape(got_s, sizeof got_s, t->ndim, t->shape);
+    if (t->ndim != ndim || t->shape[0] != d0 || (ndim == 2 && t->shape[1] != d1))
+        return rs_error_set(L->err, RS_EFORMAT, name, "%s: tensor '%s' has shape %s, expected %s", file, name, got_s,
+                            want_s);
+    if (t->dtype != RS_DTYPE_BF16 && t->dtype != RS_DTYPE_F16 && t->dtype != RS_DTYPE_F32)
+        return rs_error_set(L->err, RS_EUNSUPPORTED, name, "%s: tensor '%s' has dtype %s, expected BF16, F16 or F32",
+                            file, name, t->st_dtype);
+
+    memset(out, 0, sizeof *out);
+    out->ndim = ndim;
+    out->shape[0] = d0;
+    out->shape[1] = ndim == 2 ? d1 : 0;
+    out->dtype = kind == KIND_MATRIX ? t->dtype : RS_DTYPE_F32;
+    size_t nbytes = rs_tensor_nbytes(out);
+    out->data = store_alloc(L->ws, nbytes);
+    if (!out->data)
+        return rs_error_set(L->err, RS_ENOMEM, name, "backend out of memory allocating %zu bytes for tensor '%s'",
+                            nbytes, name);
+    if (kind == KIND_MATRIX) {
+        rs_backend_upload(L->ws->backend, out->data, t->data, nbytes);
+    } else {
+        float *host = rs_xmalloc(nbytes);
+        vector_to_f32(host, t, (size_t)d0);
+        rs_backend_upload(L->ws->backend, out->data, host, nbytes);
+        free(host);
+    }
+    L->params += rs_tensor_numel(out);
+    return RS_OK;
+}
+
+static int load_layer(loader *L, const rs_model_config *c, int l, rs_layer_weights *w, rs_tensor *experts) {
+    const int64_t h = c->hidden, hd = c->head_dim, q = (int64_t)c->n_heads * hd, kv = (int64_t)c->n_kv_heads * hd;
+    const char *pre = "model.layers";
+    int rc;
+    if ((rc = load_tensor(L, &w->attn_norm, KIND_VECTOR, h, 0, "%s.%d.input_layernorm.weight", pre, l))) return rc;
+    if ((rc = load_tensor(L, &w->mlp_norm, KIND_VECTOR, h, 0, "%s.%d.post_attention_layernorm.weight", pre, l)))
+        return rc;
+    if ((rc = load_tensor(L, &w->wq, KIND_MATRIX, q, h, "%s.%d.self_attn.q_proj.weight", pre, l))) return rc;
+    if ((rc = load_tensor(L, &w->wk, KIND_MATRIX, kv, h, "%s.%d.self_attn.k_proj.weight", pre, l))) return rc;
+    if ((rc = load_tensor(L, &w->wv, KIND_MATRIX, kv, h, "%s.%d.self_attn.v_proj.weight", pre, l))) return rc;
+    if ((rc = load_tensor(L, &w->wo, KIND_MATRIX, h, q, "%s.%d.self_attn.o_proj.weight", pre, l))) return rc;
+    if (c->qkv_bias) {
+        if ((rc = load_tensor(L, &w->bq, KIND_VECTOR, q, 0, "%s.%d.self_attn.q_proj.bias", pre, l))) return rc;
+        if ((rc = load_tensor(L, &w->bk, KIND_VECTOR, kv, 0, "%s.%d.self_attn.k_proj.bias", pre, l))) return rc;
+        if ((rc = load_tensor(L, &w->bv, KIND_VECTOR, kv, 0, "%s.%d.self_attn.v_proj.bias", pre, l))) return rc;
+    }
+    if (c->qk_norm) {
+        if ((rc = load_tensor(L, &w->q_norm, KIND_VECTOR, hd, 0, "%s.%d.self_attn.q_norm.weight", pre, l))) return rc;
+        if ((rc = load_tensor(L, &w->k_norm, KIND_VECTOR, hd, 0, "%s.%d.self_attn.k_norm.weight", pre, l))) return rc;
+    }
+    if (!c->layer_is_moe[l]) {
+        const int64_t in = c->intermediate;
+        if ((rc = load_tensor(L, &w->w_gate, KIND_MATRIX, in, h, "%s.%d.mlp.gate_proj.weight", pre, l))) return rc;
+        if ((rc = load_tensor(L, &w->w_up, KIND_MATRIX, in, h, "%s.%d.mlp.up_proj.weight", pre, l))) return rc;
+        if ((rc = load_tensor(L, &w->w_down, KIND_MATRIX, h, in, "%s.%d.mlp.down_proj.weight", pre, l))) return rc;
+        return RS_OK;
+    }
+    const int64_t mi = c->moe_intermediate, ne = c->n_experts;
+    w->e_gate = experts;
+    w->e_up = experts + ne;
+    w->e_down = experts + 2 * ne;
+    if ((rc = load_tensor(L, &w->router, KIND_MATRIX, ne, h, "%s.%d.mlp.gate.weight", pre, l))) return rc;
+    for (int e = 0; e < ne; e++) {
+        const char *ex = "mlp.experts";
+        if ((rc = load_tensor(L, &w->e_gate[e], KIND_MATRIX, mi, h, "%s.%d.%s.%d.gate_proj.weight", pre, l, ex, e)))
+            return rc;
+        if ((rc = load_tensor(L, &w->e_up[e], KIND_MATRIX, mi, h, "%s.%d.%s.%d.up_proj.weight", pre, l, ex, e)))
+            return rc;
+        if ((rc = load_tensor(L, &w->e_down[e], KIND_MATRIX, h, mi, "%s.%d.%s.%d.down_proj.weight", pre, l, ex, e)))
+            return rc;
+    }
+    return RS_OK;
+}
+
+static int load_weights(loader *L, rs_model *m) {
+    const rs_model_config *c = &m->cfg;
+    int rc;
+    if ((rc = load_tensor(L, &m->embed, KIND_MATRIX, c->vocab_size, c->hidden, "model.embed_tokens.weight")))
+        return rc;
+    m->layers = rs_xcalloc((size_t)c->n_layers, sizeof *m->layers);
+    int n_moe = 0;
+    for (int l = 0; l < c->n_layers; l++) n_moe += c->layer_is_moe[l];
+    if (n_moe) L->ws->experts = rs_xcalloc((size_t)n_moe * 3 * (size_t)c->n_experts, sizeof *L->ws->experts);
+    for (int l = 0, k = 0; l < c->n_layers; l++) {
+        rs_tensor *ex = c->layer_is_moe[l] ? L->ws->experts + (size_t)(k++) * 3 * (size_t)c->n_experts : NULL;
+        if ((rc = load_layer(L, c, l, &m->layers[l], ex)) != RS_OK) return rc;
+    }
+    if ((rc = load_tensor(L, &m->final_norm, KIND_VECTOR, c->hidden, 0, "model.norm.weight"))) return rc;
+    if (c->tie_embeddings) {
+        m->lm_head = m->embed;
+        return RS_OK;
+    }
+    return load_tensor(L, &m->lm_head, KIND_MATRIX, c->vocab_size, c->hidden, "lm_head.weight");
+}
+
+/* transformers' inverse frequencies in float32 (see the top of this file). Python's `a / t` for a
+ * scalar a and float tensor t is t.reciprocal() * a, hence the reciprocals. */
+static void rope_inv_freq(const rs_model_config *c, float *out /* [head_dim/2] */) {
+    const int dim = c->head_dim;
+    const float base = (float)c->rope_theta;
+    for (int i = 0; i < dim / 2; i++) out[i] = 1.0f / powf(base, (float)(2 * i) / (float)dim);
+    if (c->rope_scaling != RS_ROPE_SCALING_LLAMA3) return;
+
+    const double ocl = (double)c->rope_original_max_position;
+    const float factor = (float)c->rope_factor;
+    const float low = (float)c->rope_low_freq_factor;
+    const float low_wavelen = (float)(ocl / c->rope_low_freq_factor);   /* python float, compared as f32 */
+    const float high_wavelen = (float)(ocl / c->rope_high_freq_factor);
+    const float span = (float)(c->rope_high_freq_factor - c->rope_low_freq_factor);
+    const float two_pi = (float)(2.0 * M_PI);
+    for (int i = 0; i < dim / 2; i++) {
+        const float inv = out[i];
+        const float wavelen = (1.0f / inv) * two_pi;
+        const float scaled = wavelen > low_wavelen ? inv / factor : inv;
+        const float smooth = ((1.0f / wavelen) * (float)ocl - low) / span;
+        const float smoothed = (1.0f - smooth) * scaled / factor + smooth * scaled;
+        const bool medium = !(wavelen < high_wavelen) && !(wavelen > low_wavelen);
+        out[i] = medium ? smoothed : scaled;
+    }
+}
+
+void rs_model_free(rs_model *m) {
+    if (!m) return;
+    store_free(m->store);
+    free(m->layers);
+    free(m->rope_inv_freq);
+    free(m);
+}
+
+int rs_model_load(const char *dir, rs_backend *b, rs_model **out, rs_error *err) {
+    double t0 = rs_now_s();
+    loader L = {.dir = dir, .err = err};
+    rs_model *m = rs_xcalloc(1, sizeof *m);
+    int rc;
+    if (strlen(dir) >= sizeof m->path) {
+        rc = rs_error_set(err, RS_EINVAL, NULL, "model path too long (%zu bytes)", strlen(dir));
+        goto fail;
+    }
+    snprintf(m->path, sizeof m->path, "%s", dir);
+    m->backend = b;
+    if ((rc = rs_model_config_load(dir, &m->cfg, err)) != RS_OK) goto fail;
+    if ((rc = rs_st_dir_open(&L.st, dir, err)) != RS_OK) goto fail;
+    m->store = rs_xcalloc(1, sizeof *m->store);
+    m->store->backend = b;
+    L.ws = m->store;
+    L.used = rs_xcalloc(rs_st_dir_count(L.st) + 1, sizeof *L.used);
+    if ((rc = load_weights(&L, m)) != RS_OK) goto fail;
+
+    for (size_t i = 0; i < rs_st_dir_count(L.st); i++) {
+        const char *file;
+        const rs_st_tensor *t = rs_st_dir_tensor_at(L.st, i, &file);
+        if (!L.used[i]) RS_DEBUG("model | ignoring tensor '%s' in %s", t->name, file);
+    }
+    m->weight_bytes = m->store->bytes;
+    m->rope_inv_freq = rs_xcalloc((size_t)m->cfg.head_dim / 2, sizeof *m->rope_inv_freq);
+    rope_inv_freq(&m->cfg, m->rope_inv_freq);
+
+    const rs_model_config *c = &m->cfg;
+    int n_moe = 0;
+    for (int l = 0; l < c->n_layers; l++) n_moe += c->layer_is_moe[l];
+    RS_INFO("model | %s | %s | layers %d (moe %d) hidden %d heads %d/%d head_dim %d vocab %d | params %.1fM | "
+            "%.1f MiB on %s | %.2f s",
+            dir, rs_arch_name(c->arch), c->n_layers, n_moe, c->hidden, c->n_heads, c->n_kv_heads, c->head_dim,
+            c->vocab_size, (double)L.params / 1e6, (double)m->weight_bytes / (1 << 20), b->ops->name,
+            rs_now_s() - t0);
+    rs_st_dir_close(L.st);
+    free(L.used);
+    *out = m;
+    return RS_OK;
+
+fail:
+    rs_st_dir_close(L.st);
+    free(L.used);
+    rs_model_free(m);
+    return rc;
+}
