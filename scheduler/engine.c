@@ -216,6 +216,14 @@ void rs_engine_free(rs_engine *e) {
     free(e);
 }
 
+void rs_engine_get_stats(const rs_engine *e, rs_engine_stats *out) {
+    out->kv_blocks_total = e->pool.n_blocks;
+    out->kv_blocks_free = e->pool.n_free;
+    out->n_running = e->n_running;
+    out->n_waiting = 0;
+    for (const rs_seq *s = e->waiting; s; s = s->next) out->n_waiting++;
+}
+
 const rs_model_config *rs_engine_model_config(const rs_engine *e) { return &e->model->cfg; }
 const rs_engine_limits *rs_engine_get_limits(const rs_engine *e) { return &e->opts.limits; }
 const char *rs_engine_weight_version(const rs_engine *e) { return e->weight_version; }

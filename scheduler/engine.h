@@ -122,6 +122,16 @@ int rs_engine_submit(rs_engine *e, rs_gen_job *job, rs_error *err);
  * job has finished. */
 void rs_engine_run_until_idle(rs_engine *e);
 
+/* A snapshot of the engine's occupancy. Call it from the thread that runs the steps, or while the
+ * engine is idle (tests, benchmarks). */
+typedef struct rs_engine_stats {
+    int kv_blocks_total;
+    int kv_blocks_free;
+    int n_running;
+    int n_waiting;
+} rs_engine_stats;
+void rs_engine_get_stats(const rs_engine *e, rs_engine_stats *out);
+
 const rs_model_config *rs_engine_model_config(const rs_engine *e);
 const rs_engine_limits *rs_engine_get_limits(const rs_engine *e);
 const char *rs_engine_weight_version(const rs_engine *e);

@@ -154,7 +154,7 @@ static const char *ensure_preset(const char *name, char *dir, size_t cap) {
     if (stat(probe, &st) != 0) {
         fprintf(stderr, "writing %s model to %s ...\n", name, dir);
         rs_error err = {0};
-        if (rs_testmodel_write(dir, &cfg, 7, &err) != RS_OK) {
+        if (rs_model_preset_write(name, dir, &err) != RS_OK) {
             fprintf(stderr, "cannot write %s: %s\n", dir, err.message);
             exit(1);
         }

@@ -4,6 +4,7 @@
  *   build/unit-tests                 all tests
  *   build/unit-tests kv_ fp8         tests whose name contains any of the arguments
  *   RS_TEST_TIMEOUT=120 build/...    per-test timeout in seconds (default 60)
+ *   RS_TEST_VERBOSE=1 build/...      keep info-level logs (default: warnings and errors only)
  *
  * Ends with the summary line "N passed, N failed, N skipped" and exits non-zero if anything
  * failed. A test skips itself by exiting 77 (RS_TEST_SKIP), e.g. a CUDA test without a GPU.
@@ -18,6 +19,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "../../core/rs.h"
 #include "test.h"
 
 typedef struct test_entry {
@@ -66,6 +68,7 @@ int main(int argc, char **argv) {
     int timeout = t ? atoi(t) : 60;
     if (timeout <= 0) timeout = 60;
     int passed = 0, failed = 0, skipped = 0;
+    if (!getenv("RS_TEST_VERBOSE")) rs_log_min_level = RS_LOG_LEVEL_WARN;
     for (int i = 0; i < n_tests; i++) {
         if (!selected(tests[i].name, argc, argv)) continue;
         snprintf(tmpdir, sizeof tmpdir, "/tmp/rs-test-%d-%d", (int)getpid(), i);
