@@ -6,6 +6,7 @@
 #   make test            C unit tests + end-to-end tests against the real daemon
 #   make SANITIZE=address,undefined unit   unit tests under ASan+UBSan (own build dir)
 #   make fuzz            libFuzzer targets (clang), bounded run
+#   make fp8-exhaustive  FP8 encoders vs CUDA's cuda_fp8.h host path on all 2^32 floats
 #
 # Missing Debian packages are installed by scripts/install-deps.sh on first use.
 
@@ -105,6 +106,23 @@ e2e: $(BUILD)/rolloutd
 test: all
 	./$(BUILD)/unit-tests
 	@$(MAKE) --no-print-directory e2e
+
+# ---- FP8 codec vs CUDA's own cuda_fp8.h (host path) on all 2^32 inputs --------------------------
+# Needs the CUDA headers only (no nvcc, no GPU, no CUDA libraries): cuda_fp8.h compiles as plain
+# host C++. Under a minute on 2 cores; exits 1 on any mismatch.
+CXXFLAGS_CUDA_REF := -std=c++17 -O2 -g -Wall -Wextra -ffp-contract=off -fno-fast-math -I$(CUDA_HOME)/include
+
+$(BUILD)/tools/fp8_cuda_ref.o: tools/fp8_cuda_ref.cpp
+	@mkdir -p $(dir $@)
+	@test -e $(CUDA_HOME)/include/cuda_fp8.h || { echo "fp8-exhaustive needs $(CUDA_HOME)/include/cuda_fp8.h"; exit 1; }
+	$(CXX) $(CXXFLAGS_CUDA_REF) -c $< -o $@
+
+$(BUILD)/fp8-exhaustive: $(BUILD)/tools/fp8_exhaustive.o $(BUILD)/tools/fp8_cuda_ref.o $(BUILD)/librolloutd.a
+	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
+
+.PHONY: fp8-exhaustive
+fp8-exhaustive: $(BUILD)/fp8-exhaustive
+	./$(BUILD)/fp8-exhaustive
 
 FUZZ_TARGETS := $(patsubst tests/fuzz/%.c,build-fuzz/%,$(wildcard tests/fuzz/fuzz_*.c))
 FUZZ_SECONDS ?= 30

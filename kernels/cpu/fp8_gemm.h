@@ -1,0 +1,66 @@
+/*
+ * fp8_gemm.h — the block-scaled FP8 GEMM of the CPU backend, and the reference it must reproduce.
+ *
+ *   out[r][o] = sum over K blocks b, in order, of  block(r, o, b) * (xs[r][b] * ws[o/128][b])
+ *   block(r, o, b) = sum over j in block b of e4m3(xq[r][j]) * e4m3(wq[o][j])      (exact)
+ *
+ * computed as `acc = 0.0f; for b: acc = fmaf((float)block, xs[r][b] * ws[o/128][b], acc)`,
+ * with the block sum exact before its single rounding to fp32 and `xs * ws` one fp32 multiply.
+ * Every output element is therefore a fixed sequence of correctly rounded operations on exactly
+ * defined values: reproducible bit-for-bit by any implementation that follows the recipe (the
+ * threaded SIMD path here, a CUDA-core kernel), while tensor-core paths are compared to it with a
+ * tolerance. This is the DESIGN.md "Numerics" contract; activations come from
+ * rs_fp8_quantize_act, weights from rs_fp8_quantize_weight or a checkpoint (kernels/fp8.h).
+ *
+ * `out` must not overlap the inputs. A NaN block sum (only possible with NaN codes 0x7F / 0xFF in
+ * the inputs) is replaced by the canonical +NaN, so that NaN outputs also agree bit-for-bit
+ * between implementations. Scales are used as given (negative, inf and NaN included).
+ */
+#ifndef RS_FP8_GEMM_H
+#define RS_FP8_GEMM_H
+
+#include <stdint.h>
+
+#include "../../core/pool.h"
+
+typedef enum rs_fp8_gemm_isa {
+    RS_FP8_GEMM_ISA_AUTO = 0, /* the best one this CPU supports */
+    RS_FP8_GEMM_ISA_GENERIC,  /* portable C, any CPU */
+    RS_FP8_GEMM_ISA_AVX2,     /* AVX2 + FMA */
+    RS_FP8_GEMM_ISA_AVX512,   /* AVX-512F */
+} rs_fp8_gemm_isa;
+
+/* The scalar reference, single-threaded: the definition of the result. K blocks are
+ * ceil(k/128) wide; the last one may be partial, and so may the last 128-row block of the weight.
+ * rows, n, k >= 0 (k == 0 gives zeros). */
+void rs_fp8_gemm_ref(float *out /* [rows][n] f32 */,
+                     const uint8_t *xq /* [rows][k] e4m3 */,
+                     const float *xs /* [rows][ceil(k/128)] f32 */,
+                     const uint8_t *wq /* [n][k] e4m3 */,
+                     const float *ws /* [ceil(n/128)][ceil(k/128)] f32 */,
+                     int rows, int n, int k);
+
+/* The fast path: bit-identical to rs_fp8_gemm_ref for every input, whatever the ISA and the number
+ * of threads. Threads split the n output features (weight rows) through `pool` (borrowed; NULL
+ * runs on the calling thread). Uses rs_fp8_gemm_detect_isa(). Allocates nothing. */
+void rs_fp8_gemm(rs_pool *pool, float *out /* [rows][n] f32 */,
+                 const uint8_t *xq /* [rows][k] e4m3 */,
+                 const float *xs /* [rows][ceil(k/128)] f32 */,
+                 const uint8_t *wq /* [n][k] e4m3 */,
+                 const float *ws /* [ceil(n/128)][ceil(k/128)] f32 */,
+                 int rows, int n, int k);
+
+/* Same with a chosen instruction set, for tests and benchmarks. Returns RS_OK, or
+ * RS_EUNSUPPORTED (out untouched) when this CPU cannot run `isa`. */
+int rs_fp8_gemm_with_isa(rs_fp8_gemm_isa isa, rs_pool *pool, float *out /* [rows][n] f32 */,
+                         const uint8_t *xq /* [rows][k] e4m3 */,
+                         const float *xs /* [rows][ceil(k/128)] f32 */,
+                         const uint8_t *wq /* [n][k] e4m3 */,
+                         const float *ws /* [ceil(n/128)][ceil(k/128)] f32 */,
+                         int rows, int n, int k);
+
+rs_fp8_gemm_isa rs_fp8_gemm_detect_isa(void);          /* never AUTO */
+int rs_fp8_gemm_isa_supported(rs_fp8_gemm_isa isa);    /* 1 if this CPU can run it */
+const char *rs_fp8_gemm_isa_name(rs_fp8_gemm_isa isa); /* "avx512", ... */
+
+#endif /* RS_FP8_GEMM_H */
