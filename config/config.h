@@ -1,0 +1,90 @@
+/*
+ * config.h — every setting of rolloutd, in one table.
+ *
+ * The table (config.c) gives each setting its name, type, range, default and a one-line doc, and
+ * the offset of its field in rs_config. Everything else is driven from it: command-line flags
+ * (`--name value` or `--name=value`), `--config FILE` (`name = value` lines, # comments), `--help`,
+ * and the effective-config log line at start-up. Adding a setting is one table row plus one field.
+ *
+ * Precedence: defaults, then every `--config` file in the order given, then the other flags in the
+ * order given (a flag always wins over a file, wherever it appears on the command line). Names use
+ * dashes; underscores are accepted as the same name (`max_body_bytes` == `max-body-bytes`).
+ */
+#ifndef RS_CONFIG_H
+#define RS_CONFIG_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdio.h>
+
+#include "../core/rs.h"
+
+typedef struct rs_config {
+    char model[4096];           /* model directory; empty = the embedded default model */
+    char host[256];             /* bind address */
+    int port;                   /* 0 = any free port */
+    int threads;                /* CPU backend threads; 0 = all cores */
+    int kv_cache_mb;            /* KV pool budget in MiB */
+    int max_running;            /* sequences per engine step */
+    int max_step_tokens;        /* rows per forward step */
+    int max_context;            /* tokens per sequence; 0 = the model's max_position_embeddings */
+    int max_new_tokens;         /* cap on sampling_params.max_new_tokens */
+    int max_n;                  /* cap on sampling_params.n */
+    int max_batch;              /* cap on prompts x n per request */
+    size_t max_body_bytes;      /* request body limit (413 above it) */
+    int max_waiting_requests;   /* generate requests in flight before 503 */
+    double drain_timeout;       /* seconds to wait for in-flight requests on SIGTERM */
+    char log_level[16];         /* debug | info | warn | error */
+    char api_key[256];          /* empty = no auth */
+} rs_config;
+
+typedef enum rs_config_type {
+    RS_CONFIG_TYPE_INT = 0,     /* int field; decimal */
+    RS_CONFIG_TYPE_SIZE,        /* size_t field; bytes, with an optional K/M/G (binary) suffix */
+    RS_CONFIG_TYPE_FLOAT,       /* double field */
+    RS_CONFIG_TYPE_STRING,      /* char[size] field; min/max bound its length */
+    RS_CONFIG_TYPE_BOOL,        /* bool field; true/false, 1/0, yes/no, on/off */
+} rs_config_type;
+
+enum {
+    RS_CONFIG_SECRET = 1u << 0, /* never printed: logs and info pages show "(set)" */
+};
+
+typedef struct rs_config_entry {
+    const char *name;           /* flag and file key, with dashes */
+    rs_config_type type;
+    size_t offset;              /* of the field in rs_config */
+    size_t size;                /* of the field (the buffer size for strings) */
+    double min, max;            /* inclusive range (string: length range) */
+    const char *def;            /* default, as text, parsed like user input */
+    const char *choices;        /* strings only: "a|b|c", or NULL for any value */
+    const char *doc;
+    unsigned flags;
+} rs_config_entry;
+
+/* The table, in the order --help prints it. */
+const rs_config_entry *rs_config_entries(size_t *n);
+const rs_config_entry *rs_config_find(const char *name); /* dashes or underscores; NULL if unknown */
+
+void rs_config_default(rs_config *c);
+
+/* Sets one setting from text. On a bad value returns RS_EINVAL with param = the setting's name
+ * and a message that names it and quotes the value. */
+int rs_config_set(rs_config *c, const char *name, const char *value, rs_error *err);
+
+/* Applies a `name = value` file. Errors are prefixed "FILE:LINE: ". */
+int rs_config_load_file(rs_config *c, const char *path, rs_error *err);
+
+/* Parses argv (argv[0] is the program name) over the current contents of c. Sets *help when
+ * --help or -h was given (nothing else is applied then). */
+int rs_config_parse_args(rs_config *c, int argc, char **argv, bool *help, rs_error *err);
+
+/* Formats a setting's current value into buf (secrets as "(set)" or ""). */
+void rs_config_format(const rs_config *c, const rs_config_entry *e, char *buf, size_t n);
+
+void rs_config_print_help(FILE *f, const char *prog);
+void rs_config_log(const rs_config *c); /* one info line per setting */
+
+rs_log_level rs_config_log_level(const rs_config *c);
+
+#endif /* RS_CONFIG_H */

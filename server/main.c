@@ -1,0 +1,304 @@
+/*
+ * main.c — rolloutd's lifecycle: settings, model, engine, HTTP, and the libuv loop that ties them
+ * together until SIGINT or SIGTERM.
+ *
+ * Start-up: parse settings (bad ones exit 1 with a message naming them), start HTTP first in the
+ * STARTING state (so that /health answers 503 while the model loads, and a taken port fails fast),
+ * create the CPU backend, load the model (or write the embedded default model into a cache
+ * directory once and load that), start the engine, then switch HTTP to READY.
+ *
+ * Shutdown: the first signal drains. /health and new /generate requests answer 503, admitted
+ * requests run to completion for up to drain-timeout seconds; then anything left is aborted (its
+ * client gets the partial output with finish_reason abort), MHD stops, the engine stops, and
+ * everything is freed; exit status 0. A second signal stops waiting.
+ */
+#include <errno.h>
+#include <ftw.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <uv.h>
+
+#include "../config/config.h"
+#include "../core/rs.h"
+#include "../kernels/backend.h"
+#include "../model/model.h"
+#include "../model/presets.h"
+#include "../scheduler/engine.h"
+#include "http.h"
+
+#define RS_ABORT_GRACE_S 5.0 /* after aborting on drain timeout: time to send the abort answers */
+
+typedef enum rs_phase {
+    RS_PHASE_SERVING = 0,
+    RS_PHASE_DRAINING,          /* waiting for in-flight requests */
+    RS_PHASE_ABORTING,          /* engine stopped; waiting for the abort answers to be sent */
+} rs_phase;
+
+typedef struct rs_daemon {
+    rs_config cfg;
+    uv_loop_t loop;
+    uv_signal_t sig_int, sig_term;
+    uv_timer_t drain_timer;
+    rs_http *http;
+    rs_backend *backend;
+    rs_model *model;
+    rs_engine *engine;
+    bool engine_stopped;
+    rs_phase phase;
+    double deadline;
+} rs_daemon;
+
+/* ---------------------------------------------------------------- the default model */
+
+static uint64_t fnv1a(const char *s) {
+    uint64_t h = 1469598103934665603ull;
+    for (; *s; s++) h = (h ^ (unsigned char)*s) * 1099511628211ull;
+    return h;
+}
+
+/* A name for the preset's exact contents, so a changed preset never reuses a stale cache. */
+static uint64_t preset_hash(const rs_model_config *c, uint64_t seed) {
+    char buf[1024];
+    int n = snprintf(buf, sizeof buf,
+                     "v1 arch=%d vocab=%d hidden=%d inter=%d layers=%d heads=%d kv=%d hd=%d maxpos=%d eps=%.9g "
+                     "theta=%.17g scaling=%d/%.9g/%.9g/%.9g/%d tie=%d qkn=%d qkvb=%d experts=%d/%d/%d/%d/%d "
+                     "bos=%d seed=%llu eos=",
+                     (int)c->arch, c->vocab_size, c->hidden, c->intermediate, c->n_layers, c->n_heads, c->n_kv_heads,
+                     c->head_dim, c->max_position, (double)c->rms_eps, c->rope_theta, (int)c->rope_scaling,
+                     c->rope_factor, c->rope_low_freq_factor, c->rope_high_freq_factor,
+                     c->rope_original_max_position, c->tie_embeddings, c->qk_norm, c->qkv_bias, c->n_experts,
+                     c->n_experts_per_tok, c->moe_intermediate, c->norm_topk_prob, c->decoder_sparse_step,
+                     c->bos_token_id, (unsigned long long)seed);
+    for (int i = 0; i < c->n_eos && n > 0 && (size_t)n < sizeof buf; i++)
+        n += snprintf(buf + n, sizeof buf - (size_t)n, "%d,", c->eos_token_ids[i]);
+    return fnv1a(buf);
+}
+
+static int mkdir_p(const char *path, rs_error *err) {
+    char tmp[4096];
+    snprintf(tmp, sizeof tmp, "%s", path);
+    for (char *p = tmp + 1; *p; p++) {
+        if (*p != '/') continue;
+        *p = '\0';
+        if (mkdir(tmp, 0700) != 0 && errno != EEXIST)
+            return rs_error_set(err, RS_EIO, "model", "cannot create %s: %s", tmp, strerror(errno));
+        *p = '/';
+    }
+    if (mkdir(tmp, 0700) != 0 && errno != EEXIST)
+        return rs_error_set(err, RS_EIO, "model", "cannot create %s: %s", tmp, strerror(errno));
+    return RS_OK;
+}
+
+static int rm_entry(const char *path, const struct stat *st, int flag, struct FTW *ftw) {
+    (void)st, (void)flag, (void)ftw;
+    if (remove(path) != 0) RS_WARN("cannot remove %s: %s", path, strerror(errno));
+    return 0;
+}
+
+static void rm_rf(const char *path) { nftw(path, rm_entry, 16, FTW_DEPTH | FTW_PHYS); }
+
+/* Where cached models live: $XDG_CACHE_HOME/rolloutd, else $HOME/.cache/rolloutd, else a
+ * per-user directory under /tmp that must belong to us. */
+static int cache_dir(char *out, size_t n, rs_error *err) {
+    const char *xdg = getenv("XDG_CACHE_HOME"), *home = getenv("HOME");
+    if (xdg && xdg[0] == '/') snprintf(out, n, "%s/rolloutd", xdg);
+    else if (home && home[0] == '/') snprintf(out, n, "%s/.cache/rolloutd", home);
+    else snprintf(out, n, "/tmp/rolloutd-%u", (unsigned)getuid());
+    int rc = mkdir_p(out, err);
+    if (rc != RS_OK) return rc;
+    struct stat st;
+    if (stat(out, &st) != 0 || st.st_uid != getuid())
+        return rs_error_set(err, RS_EIO, "model", "cache directory %s is not owned by this user", out);
+    return RS_OK;
+}
+
+/* Writes the embedded default model into the cache (once: concurrent daemons race harmlessly, each
+ * writing a private temporary directory and renaming it into place) and returns its path. */
+static int default_model_dir(char *out, size_t n, rs_error *err) {
+    rs_model_config cfg;
+    memset(&cfg, 0, sizeof cfg);
+    int rc = rs_model_preset("default", &cfg);
+    if (rc != RS_OK) return rs_error_set(err, rc, "model", "the built-in 'default' model preset is missing");
+    uint64_t seed = rs_model_preset_seed("default");
+    char base[3800];
+    if ((rc = cache_dir(base, sizeof base, err)) != RS_OK) return rc;
+    uint64_t hash = preset_hash(&cfg, seed);
+    snprintf(out, n, "%s/default-%016llx", base, (unsigned long long)hash);
+    struct stat st;
+    if (stat(out, &st) == 0 && S_ISDIR(st.st_mode)) return RS_OK;
+
+    char tmp[4096];
+    snprintf(tmp, sizeof tmp, "%s/.default-%016llx.tmp-XXXXXX", base, (unsigned long long)hash);
+    if (!mkdtemp(tmp)) return rs_error_set(err, RS_EIO, "model", "cannot create %s: %s", tmp, strerror(errno));
+    RS_INFO("model: writing the default model into %s", out);
+    rc = rs_testmodel_write(tmp, &cfg, seed, err);
+    if (rc != RS_OK) {
+        rm_rf(tmp);
+        return rc;
+    }
+    if (rename(tmp, out) != 0) {
+        int e = errno;
+        rm_rf(tmp);
+        if (!(stat(out, &st) == 0 && S_ISDIR(st.st_mode))) /* not a lost race: a real failure */
+            return rs_error_set(err, RS_EIO, "model", "cannot rename %s to %s: %s", tmp, out, strerror(e));
+    }
+    return RS_OK;
+}
+
+/* ---------------------------------------------------------------- start-up */
+
+static int load(rs_daemon *d, rs_error *err) {
+    const rs_config *c = &d->cfg;
+    d->backend = rs_backend_cpu_init(c->threads);
+    if (!d->backend) return rs_error_set(err, RS_EINTERNAL, "threads", "cannot create the CPU backend");
+
+    char dir[4096];
+    int rc;
+    if (c->model[0]) snprintf(dir, sizeof dir, "%s", c->model);
+    else if ((rc = default_model_dir(dir, sizeof dir, err)) != RS_OK) return rc;
+    if ((rc = rs_model_load(dir, d->backend, &d->model, err)) != RS_OK) return rc;
+    const rs_model_config *mc = &d->model->cfg;
+
+    int max_context = c->max_context ? c->max_context : mc->max_position;
+    if (max_context > mc->max_position) {
+        RS_WARN("max-context %d exceeds the model's max_position_embeddings %d; using %d", max_context,
+                mc->max_position, mc->max_position);
+        max_context = mc->max_position;
+    }
+    rs_engine_opts eo = {
+        .kv_cache_bytes = (size_t)c->kv_cache_mb << 20,
+        .max_running = c->max_running,
+        .max_step_tokens = c->max_step_tokens,
+        .limits = {.max_context = max_context, .max_new_tokens = c->max_new_tokens, .max_n = c->max_n,
+                   .max_batch = c->max_batch},
+    };
+    if ((rc = rs_engine_init(&d->engine, d->model, &eo, err)) != RS_OK) return rc;
+    if ((rc = rs_engine_start(d->engine)) != RS_OK)
+        return rs_error_set(err, rc, NULL, "cannot start the engine thread");
+    return RS_OK;
+}
+
+/* ---------------------------------------------------------------- shutdown */
+
+static void close_all(rs_daemon *d) {
+    uv_timer_stop(&d->drain_timer);
+    if (d->engine && !d->engine_stopped) {
+        rs_engine_stop(d->engine); /* aborts what is left; their on_done queue completions */
+        d->engine_stopped = true;
+    }
+    if (d->http) {
+        rs_http_close(d->http);
+        d->http = NULL;
+    }
+    uv_close((uv_handle_t *)&d->drain_timer, NULL);
+    uv_close((uv_handle_t *)&d->sig_int, NULL);
+    uv_close((uv_handle_t *)&d->sig_term, NULL);
+}
+
+static void on_drain_tick(uv_timer_t *t) {
+    rs_daemon *d = t->data;
+    int n = rs_http_in_flight(d->http);
+    double now = rs_now_s();
+    if (n > 0 && now < d->deadline) return;
+    if (n > 0 && d->phase == RS_PHASE_DRAINING) {
+        RS_WARN("drain: %d request%s still running after the drain timeout; aborting them", n, n == 1 ? "" : "s");
+        rs_engine_stop(d->engine);
+        d->engine_stopped = true;
+        rs_http_flush_completions(d->http);
+        d->phase = RS_PHASE_ABORTING;
+        d->deadline = now + RS_ABORT_GRACE_S;
+        return;
+    }
+    if (n > 0) RS_WARN("drain: closing %d connection%s that did not finish", n, n == 1 ? "" : "s");
+    RS_INFO("drain: done; stopping");
+    close_all(d);
+}
+
+static void on_signal(uv_signal_t *s, int signum) {
+    rs_daemon *d = s->data;
+    if (d->phase != RS_PHASE_SERVING) {
+        RS_WARN("%s again: not waiting any longer", strsignal(signum));
+        d->deadline = 0;
+        return;
+    }
+    d->phase = RS_PHASE_DRAINING;
+    d->deadline = rs_now_s() + d->cfg.drain_timeout;
+    RS_INFO("%s: draining %d in-flight request(s), up to %gs", strsignal(signum), rs_http_in_flight(d->http),
+            d->cfg.drain_timeout);
+    rs_http_drain(d->http);
+    uv_timer_start(&d->drain_timer, on_drain_tick, 0, 50);
+}
+
+/* ---------------------------------------------------------------- main */
+
+/* Trainers hold one connection per in-flight request: lift the soft descriptor limit to the hard one. */
+static void raise_fd_limit(void) {
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_NOFILE, &rl) != 0 || rl.rlim_cur >= rl.rlim_max) return;
+    rl.rlim_cur = rl.rlim_max;
+    if (setrlimit(RLIMIT_NOFILE, &rl) != 0) RS_WARN("cannot raise the open-file limit: %s", strerror(errno));
+}
+
+int main(int argc, char **argv) {
+    signal(SIGPIPE, SIG_IGN);
+    static rs_daemon daemon; /* large (the config holds paths); static keeps it off the stack */
+    rs_daemon *d = &daemon;
+    rs_error err = {0};
+    bool help = false;
+
+    rs_config_default(&d->cfg);
+    if (rs_config_parse_args(&d->cfg, argc, argv, &help, &err) != RS_OK) {
+        fprintf(stderr, "rolloutd: %s\n", err.message);
+        return 1;
+    }
+    if (help) {
+        rs_config_print_help(stdout, argv[0]);
+        return 0;
+    }
+    rs_log_min_level = rs_config_log_level(&d->cfg);
+    RS_INFO("rolloutd starting, pid %d", (int)getpid());
+    rs_config_log(&d->cfg);
+    raise_fd_limit();
+
+    uv_loop_init(&d->loop);
+    uv_timer_init(&d->loop, &d->drain_timer);
+    uv_signal_init(&d->loop, &d->sig_int);
+    uv_signal_init(&d->loop, &d->sig_term);
+    d->drain_timer.data = d->sig_int.data = d->sig_term.data = d;
+    uv_signal_start(&d->sig_int, on_signal, SIGINT);
+    uv_signal_start(&d->sig_term, on_signal, SIGTERM);
+
+    int status = 0;
+    rs_http_opts ho = {.host = d->cfg.host, .port = d->cfg.port, .max_body_bytes = d->cfg.max_body_bytes,
+                       .max_waiting_requests = d->cfg.max_waiting_requests, .api_key = d->cfg.api_key};
+    if (rs_http_start(&d->http, &ho, &d->loop, &err) != RS_OK) {
+        RS_ERROR("%s", err.message);
+        status = 1;
+        close_all(d);
+        goto out;
+    }
+    bool v6 = strchr(d->cfg.host, ':') != NULL;
+    RS_INFO("listening on http://%s%s%s:%d", v6 ? "[" : "", d->cfg.host, v6 ? "]" : "", rs_http_port(d->http));
+    if (load(d, &err) != RS_OK) {
+        RS_ERROR("start-up failed: %s%s%s", err.message, err.param[0] ? " | setting: " : "", err.param);
+        status = 1;
+        close_all(d);
+        goto out;
+    }
+    rs_http_set_engine(d->http, d->engine);
+    RS_INFO("ready");
+
+out:
+    uv_run(&d->loop, UV_RUN_DEFAULT);
+    rs_engine_free(d->engine);
+    if (d->model) rs_model_free(d->model);
+    if (d->backend) rs_backend_free(d->backend);
+    if (uv_loop_close(&d->loop) != 0) RS_WARN("libuv loop closed with handles still open");
+    RS_INFO("stopped");
+    return status;
+}

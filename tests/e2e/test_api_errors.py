@@ -1,0 +1,286 @@
+"""Every malformed request gets the right 4xx JSON error, and the daemon keeps serving.
+
+Runs against the real rolloutd with the embedded default model (vocab 8192, max_position 4096).
+One daemon serves the whole table (module scope); tests that need other settings start their own.
+"""
+import socket
+import threading
+import time
+
+import pytest
+import requests
+
+from conftest import Daemon
+
+VOCAB = 8192
+CONTEXT = 4096
+
+
+@pytest.fixture(scope="module")
+def daemon(tmp_path_factory):
+    d = Daemon(None, ["--kv-cache-mb", "64", "--max-body-bytes", "256K"],
+               tmp_path_factory.mktemp("errors") / "rolloutd.log")
+    yield d
+    rc = d.stop()
+    assert rc == 0, f"rolloutd exited with {rc}:\n{d.read_log()[-4000:]}"
+
+
+def ok_body(**over):
+    body = {"input_ids": [1, 2, 3], "sampling_params": {"max_new_tokens": 2}}
+    body.update(over)
+    return body
+
+
+def sp(**kw):
+    return ok_body(sampling_params={"max_new_tokens": 2, **kw})
+
+
+# (id, body (dict = JSON, str/bytes = raw), status, type, param (None = null), message substring)
+BAD = [
+    # not JSON, or not the right JSON
+    ("empty-body", b"", 400, "invalid_request", None, "empty"),
+    ("truncated", b'{"input_ids": [1, 2', 400, "invalid_request", None, "invalid JSON"),
+    ("trailing-garbage", b'{"input_ids": [1]} x', 400, "invalid_request", None, "invalid JSON"),
+    ("not-utf8", b'{"input_ids": [1], "rid": "\xff\xfe"}', 400, "invalid_request", None, "invalid JSON"),
+    ("nan-literal", b'{"input_ids": [NaN]}', 400, "invalid_request", None, "invalid JSON"),
+    ("huge-real", b'{"input_ids": [1], "sampling_params": {"temperature": 1e400}}', 400, "invalid_request",
+     None, "invalid JSON"),
+    ("int-2-63", b'{"input_ids": [9223372036854775808]}', 400, "invalid_request", None, "invalid JSON"),
+    ("duplicate-key", b'{"input_ids": [1], "input_ids": [2]}', 400, "invalid_request", None, "duplicate"),
+    ("top-level-list", b"[1, 2, 3]", 400, "invalid_request", None, "must be a JSON object"),
+    ("top-level-string", b'"hello"', 400, "invalid_request", None, "invalid JSON"),
+    # unknown fields
+    ("unknown-top", ok_body(foo=1), 400, "invalid_request", "foo", "unknown field 'foo'"),
+    ("unknown-sampling", sp(seed=3), 400, "invalid_request", "sampling_params.seed",
+     "unknown field 'sampling_params.seed'"),
+    ("unknown-penalty", sp(repetition_penalty=1.0), 400, "invalid_request", "sampling_params.repetition_penalty",
+     "unknown field"),
+    ("text-input", {"text": "hello"}, 400, "invalid_request", "text", "input_ids"),
+    # input_ids
+    ("missing-input-ids", {"sampling_params": {}}, 400, "invalid_request", "input_ids", "input_ids is required"),
+    ("empty-input-ids", ok_body(input_ids=[]), 400, "invalid_request", "input_ids", "must not be empty"),
+    ("empty-prompt-in-batch", ok_body(input_ids=[[1], []]), 400, "invalid_request", "input_ids[1]",
+     "input_ids[1] must not be empty"),
+    ("input-ids-string", ok_body(input_ids="1 2 3"), 400, "invalid_request", "input_ids", "got a string"),
+    ("negative-id", ok_body(input_ids=[1, -5]), 400, "invalid_request", "input_ids", "input_ids[1] must be >= 0"),
+    ("float-id", ok_body(input_ids=[1, 2.5]), 400, "invalid_request", "input_ids", "got 2.5"),
+    ("bool-id", ok_body(input_ids=[True]), 400, "invalid_request", "input_ids", "got true"),
+    ("id-2-31", ok_body(input_ids=[2 ** 31]), 400, "invalid_request", "input_ids", "< 2147483648"),
+    ("mixed-batch", ok_body(input_ids=[[1], 2]), 400, "invalid_request", "input_ids[1]", "got 2"),
+    ("id-over-vocab", ok_body(input_ids=[1, VOCAB]), 400, "invalid_request", "input_ids", "outside the vocabulary"),
+    ("id-over-vocab-batch", ok_body(input_ids=[[1], [2, VOCAB + 7]]), 400, "invalid_request", "input_ids[1]",
+     "outside the vocabulary"),
+    # rid
+    ("rid-int", ok_body(rid=5), 400, "invalid_request", "rid", "rid must be a string or a list of strings"),
+    ("rid-empty", ok_body(rid=""), 400, "invalid_request", "rid", "must not be empty"),
+    ("rid-too-long", ok_body(rid="r" * 200), 400, "invalid_request", "rid", "at most 127 bytes"),
+    ("rid-list-length", ok_body(rid=["a"], input_ids=[[1], [2]]), 400, "invalid_request", "rid",
+     "rid has 1 entries but input_ids has 2"),
+    # sampling_params types and ranges
+    ("sampling-not-object", ok_body(sampling_params=[1]), 400, "invalid_request", "sampling_params",
+     "must be an object"),
+    ("temperature-negative", sp(temperature=-1), 400, "invalid_request", "sampling_params.temperature",
+     "sampling_params.temperature must be >= 0, got -1"),
+    ("temperature-string", sp(temperature="hot"), 400, "invalid_request", "sampling_params.temperature",
+     "must be a number"),
+    ("top-p-zero", sp(top_p=0), 400, "invalid_request", "sampling_params.top_p", "(0, 1]"),
+    ("top-p-above-one", sp(top_p=1.5), 400, "invalid_request", "sampling_params.top_p", "got 1.5"),
+    ("top-k-zero", sp(top_k=0), 400, "invalid_request", "sampling_params.top_k", "-1 (off) or >= 1"),
+    ("top-k-minus-two", sp(top_k=-2), 400, "invalid_request", "sampling_params.top_k", ">= -1"),
+    ("top-k-float", sp(top_k=2.5), 400, "invalid_request", "sampling_params.top_k", "must be an integer"),
+    ("min-p-negative", sp(min_p=-0.1), 400, "invalid_request", "sampling_params.min_p", "[0, 1]"),
+    ("n-zero", sp(n=0), 400, "invalid_request", "sampling_params.n", ">= 1, got 0"),
+    ("n-over-max", sp(n=65), 400, "invalid_request", "sampling_params.n", "[1, 64]"),
+    ("batch-over-max", ok_body(input_ids=[[1]] * 17, sampling_params={"n": 64, "max_new_tokens": 1}), 400,
+     "invalid_request", "input_ids", "exceeds the per-request limit of 1024"),
+    ("max-new-tokens-negative", sp(max_new_tokens=-1), 400, "invalid_request", "sampling_params.max_new_tokens",
+     ">= 0, got -1"),
+    ("max-new-tokens-float", sp(max_new_tokens=16.0), 400, "invalid_request", "sampling_params.max_new_tokens",
+     "must be an integer"),
+    ("max-new-tokens-over-cap", sp(max_new_tokens=40000), 400, "invalid_request",
+     "sampling_params.max_new_tokens", "[0, 32768]"),
+    ("min-over-max-new-tokens", sp(max_new_tokens=2, min_new_tokens=5), 400, "invalid_request",
+     "sampling_params.min_new_tokens", "min_new_tokens"),
+    ("seed-negative", sp(sampling_seed=-1), 400, "invalid_request", "sampling_params.sampling_seed", ">= 0"),
+    ("stop-ids-not-list", sp(stop_token_ids=5), 400, "invalid_request", "sampling_params.stop_token_ids",
+     "list of token ids"),
+    ("stop-id-over-vocab", sp(stop_token_ids=[VOCAB]), 400, "invalid_request", "sampling_params.stop_token_ids",
+     "outside the vocabulary"),
+    ("ignore-eos-int", sp(ignore_eos=1), 400, "invalid_request", "sampling_params.ignore_eos", "true or false"),
+    # context limit
+    ("over-context", ok_body(input_ids=[1, 2], sampling_params={"max_new_tokens": CONTEXT - 1}), 400,
+     "invalid_request", "input_ids", "exceeds the context limit of 4096"),
+    ("long-prompt-over-context", ok_body(input_ids=[1] * (CONTEXT + 1), sampling_params={"max_new_tokens": 0}),
+     400, "invalid_request", "input_ids", "context limit"),
+    # logprob options
+    ("return-logprob-string", ok_body(return_logprob="yes"), 400, "invalid_request", "return_logprob",
+     "true or false"),
+    ("logprob-start-below", ok_body(logprob_start_len=-2), 400, "invalid_request", "logprob_start_len",
+     ">= -1, got -2"),
+    ("logprob-start-past-prompt", ok_body(logprob_start_len=3, return_logprob=True), 400, "invalid_request", "logprob_start_len",
+     "less than the prompt length"),
+    ("top-logprobs", ok_body(top_logprobs_num=5), 400, "unsupported", "top_logprobs_num",
+     "top_logprobs_num > 0 is not supported yet"),
+    ("logprobs-mode-raw", ok_body(logprobs_mode="raw"), 400, "unsupported", "logprobs_mode", "not supported yet"),
+    ("logprobs-mode-bogus", ok_body(logprobs_mode="fancy"), 400, "invalid_request", "logprobs_mode",
+     "must be one of"),
+    ("stream-true", ok_body(stream=True), 400, "unsupported", "stream", "stream is not supported yet"),
+]
+
+
+def check_error(r, status, etype, param, message):
+    assert r.status_code == status, r.text
+    assert r.headers["Content-Type"] == "application/json"
+    body = r.json()
+    assert set(body) == {"error"}
+    err = body["error"]
+    assert set(err) == {"message", "type", "param"}
+    assert err["type"] == etype
+    assert err["param"] == param
+    assert message in err["message"], err["message"]
+
+
+@pytest.mark.parametrize("body,status,etype,param,message", [b[1:] for b in BAD], ids=[b[0] for b in BAD])
+def test_malformed_generate(daemon, body, status, etype, param, message):
+    r = daemon.post("/generate", body if not isinstance(body, bytes) else body,
+                    headers={"Content-Type": "application/json"})
+    check_error(r, status, etype, param, message)
+
+
+def test_table_is_large_enough():
+    assert len(BAD) >= 40
+
+
+def test_still_healthy_and_serving_after_bad_requests(daemon):
+    for b in BAD[:10]:
+        daemon.post("/generate", b[1])
+    assert daemon.get("/health").status_code == 200
+    r = daemon.post("/generate", ok_body())
+    assert r.status_code == 200, r.text
+    assert len(r.json()["output_ids"]) == 2
+
+
+@pytest.mark.parametrize("method,path,status,etype,allow", [
+    ("GET", "/nope", 404, "not_found", None),
+    ("POST", "/generate/extra", 404, "not_found", None),
+    ("GET", "/", 404, "not_found", None),
+    ("GET", "/generate", 405, "method_not_allowed", "POST, PUT"),
+    ("DELETE", "/generate", 405, "method_not_allowed", "POST, PUT"),
+    ("POST", "/health", 405, "method_not_allowed", "GET"),
+])
+def test_wrong_route_or_method(daemon, method, path, status, etype, allow):
+    r = requests.request(method, daemon.url + path, json={"input_ids": [1]}, timeout=30)
+    check_error(r, status, etype, None, path)
+    if allow:
+        assert r.headers["Allow"] == allow
+
+
+def test_oversized_body_with_content_length(daemon):
+    body = b'{"input_ids": [' + b"1, " * 100000 + b"1]}"  # ~300 KB > 256 KiB
+    r = daemon.post("/generate", body)
+    check_error(r, 413, "request_too_large", None, "max-body-bytes")
+    assert daemon.get("/health").status_code == 200
+
+
+def test_oversized_body_chunked(daemon):
+    def chunks():  # no Content-Length: the limit is found while reading
+        yield b'{"input_ids": ['
+        for _ in range(100):
+            yield b"1, " * 1000
+        yield b"1]}"
+    r = requests.post(daemon.url + "/generate", data=chunks(), timeout=60)
+    check_error(r, 413, "request_too_large", None, "max-body-bytes")
+    r = daemon.post("/generate", ok_body())
+    assert r.status_code == 200
+
+
+def test_body_just_under_limit_is_read(daemon):
+    ids = [1] * 60000  # ~180 KB of JSON, under 256 KiB, but over the 4096-token context
+    r = daemon.post("/generate", {"input_ids": ids, "sampling_params": {"max_new_tokens": 0}})
+    check_error(r, 400, "invalid_request", "input_ids", "context limit")
+
+
+def test_oversized_with_expect_continue_is_answered_before_the_body(daemon):
+    # A client that waits for "100 Continue" gets its 413 without sending the body.
+    s = socket.create_connection(("127.0.0.1", daemon.port), timeout=10)
+    s.sendall(b"POST /generate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+              b"Content-Length: 100000000\r\nExpect: 100-continue\r\n\r\n")
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = s.recv(4096)
+        assert chunk, data
+        data += chunk
+    s.close()
+    assert data.startswith(b"HTTP/1.1 413"), data
+
+
+def test_client_sending_garbage_http(daemon):
+    s = socket.create_connection(("127.0.0.1", daemon.port), timeout=10)
+    s.sendall(b"THIS IS NOT HTTP\r\n\r\n")
+    try:
+        s.recv(4096)
+    except OSError:
+        pass
+    s.close()
+    assert daemon.get("/health").status_code == 200
+
+
+def test_waiting_queue_full_gives_503(rolloutd):
+    d = rolloutd(None, "--kv-cache-mb", "64", "--max-waiting-requests", "1")
+    long_req = {"input_ids": [1, 2, 3], "sampling_params": {"max_new_tokens": 1000, "ignore_eos": True}}
+    result = {}
+
+    def send_long():  # retried while a probe below holds the only slot
+        while True:
+            r = d.post("/generate", long_req)
+            if r.status_code != 503:
+                result["r"] = r
+                return
+            time.sleep(0.01)
+
+    t = threading.Thread(target=send_long)
+    t.start()
+    deadline = time.time() + 20
+    r = None
+    while time.time() < deadline and "r" not in result:
+        r = d.post("/generate", ok_body())
+        if r.status_code == 503:
+            break
+        time.sleep(0.05)
+    check_error(r, 503, "unavailable", None, "max-waiting-requests")
+    assert r.headers["Retry-After"] == "1"
+    t.join()
+    assert result["r"].status_code == 200
+    assert d.post("/generate", ok_body()).status_code == 200
+
+
+def test_api_key(rolloutd):
+    d = rolloutd(None, "--kv-cache-mb", "64", "--api-key", "sekrit")
+    assert d.get("/health").status_code == 200  # /health stays open
+    r = d.post("/generate", ok_body())
+    check_error(r, 401, "unauthorized", None, "API key")
+    assert r.headers["WWW-Authenticate"] == "Bearer"
+    for bad in ["Bearer wrong", "Bearer sekrit2", "Bearer sekri", "Basic sekrit", "sekrit", "Bearer "]:
+        r = d.post("/generate", ok_body(), headers={"Authorization": bad})
+        check_error(r, 401, "unauthorized", None, "API key")
+    r = d.post("/generate", ok_body(), headers={"Authorization": "Bearer sekrit"})
+    assert r.status_code == 200, r.text
+    # an unknown route still answers 404 (routing comes before auth), a known one 401
+    assert d.get("/nope").status_code == 404
+    assert d.get("/generate").status_code == 405
+
+
+def test_bad_flag_exits_1_naming_it(tmp_path):
+    import subprocess
+    from conftest import BIN
+    p = subprocess.run([BIN, "--port", "70000"], capture_output=True, text=True, timeout=30)
+    assert p.returncode == 1
+    assert "port" in p.stderr and "70000" in p.stderr
+    p = subprocess.run([BIN, "--frobnicate", "1"], capture_output=True, text=True, timeout=30)
+    assert p.returncode == 1
+    assert "--frobnicate" in p.stderr
+    conf = tmp_path / "bad.conf"
+    conf.write_text("max-n = 0\n")
+    p = subprocess.run([BIN, "--config", str(conf)], capture_output=True, text=True, timeout=30)
+    assert p.returncode == 1
+    assert "max-n" in p.stderr and "bad.conf:1" in p.stderr

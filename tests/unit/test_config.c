@@ -1,0 +1,208 @@
+/*
+ * test_config.c — the settings table: defaults, flags, config files, and errors that name the key.
+ */
+#include <stdio.h>
+#include <string.h>
+
+#include "../../config/config.h"
+#include "test.h"
+
+static int parse_args(rs_config *c, rs_error *err, bool *help, int argc, char **argv) {
+    memset(err, 0, sizeof *err);
+    return rs_config_parse_args(c, argc, argv, help, err);
+}
+
+#define ARGS(...) (char *[]){"rolloutd", __VA_ARGS__}
+#define NARGS(...) (int)(sizeof((char *[]){"rolloutd", __VA_ARGS__}) / sizeof(char *))
+
+RS_TEST(config_defaults) {
+    rs_config c;
+    rs_config_default(&c);
+    ASSERT_STREQ(c.model, "");
+    ASSERT_STREQ(c.host, "127.0.0.1");
+    ASSERT_EQ(c.port, 8000);
+    ASSERT_EQ(c.threads, 0);
+    ASSERT_EQ(c.kv_cache_mb, 1024);
+    ASSERT_EQ(c.max_running, 64);
+    ASSERT_EQ(c.max_step_tokens, 2048);
+    ASSERT_EQ(c.max_context, 0);
+    ASSERT_EQ(c.max_new_tokens, 32768);
+    ASSERT_EQ(c.max_n, 64);
+    ASSERT_EQ(c.max_batch, 1024);
+    ASSERT_EQ(c.max_body_bytes, 16 << 20);
+    ASSERT_EQ(c.max_waiting_requests, 1024);
+    ASSERT_NEAR(c.drain_timeout, 30, 0);
+    ASSERT_STREQ(c.log_level, "info");
+    ASSERT_STREQ(c.api_key, "");
+    ASSERT_EQ(rs_config_log_level(&c), RS_LOG_LEVEL_INFO);
+}
+
+RS_TEST(config_every_entry_is_sane) {
+    size_t n;
+    const rs_config_entry *e = rs_config_entries(&n);
+    ASSERT_TRUE(n >= 16);
+    for (size_t i = 0; i < n; i++) {
+        ASSERT_TRUE(e[i].doc && e[i].doc[0]);
+        ASSERT_TRUE(e[i].min <= e[i].max);
+        ASSERT_TRUE(strchr(e[i].name, '_') == NULL); /* names use dashes */
+        ASSERT_TRUE(rs_config_find(e[i].name) == &e[i]);
+        for (size_t k = 0; k < i; k++) ASSERT_TRUE(strcmp(e[i].name, e[k].name) != 0);
+    }
+}
+
+RS_TEST(config_flags) {
+    rs_config c;
+    rs_config_default(&c);
+    rs_error err;
+    bool help;
+    ASSERT_EQ(parse_args(&c, &err, &help,
+                         NARGS("--port", "9001", "--host=0.0.0.0", "--max-body-bytes", "2M", "--drain-timeout", "1.5",
+                               "--log-level", "debug", "--api-key", "s3cret", "--max_n", "8", "--model", "/m"),
+                         ARGS("--port", "9001", "--host=0.0.0.0", "--max-body-bytes", "2M", "--drain-timeout", "1.5",
+                              "--log-level", "debug", "--api-key", "s3cret", "--max_n", "8", "--model", "/m")),
+              RS_OK);
+    ASSERT_TRUE(!help);
+    ASSERT_EQ(c.port, 9001);
+    ASSERT_STREQ(c.host, "0.0.0.0");
+    ASSERT_EQ(c.max_body_bytes, 2 << 20);
+    ASSERT_NEAR(c.drain_timeout, 1.5, 0);
+    ASSERT_EQ(rs_config_log_level(&c), RS_LOG_LEVEL_DEBUG);
+    ASSERT_STREQ(c.api_key, "s3cret");
+    ASSERT_EQ(c.max_n, 8);
+    ASSERT_STREQ(c.model, "/m");
+
+    char buf[64];
+    rs_config_format(&c, rs_config_find("api-key"), buf, sizeof buf);
+    ASSERT_STREQ(buf, "(set)"); /* secrets never printed */
+    rs_config_format(&c, rs_config_find("port"), buf, sizeof buf);
+    ASSERT_STREQ(buf, "9001");
+
+    ASSERT_EQ(parse_args(&c, &err, &help, NARGS("--port", "1", "--help"), ARGS("--port", "1", "--help")), RS_OK);
+    ASSERT_TRUE(help);
+}
+
+typedef struct bad_flag {
+    const char *flag, *value, *param, *message;
+} bad_flag;
+
+RS_TEST(config_flag_errors_name_the_key) {
+    static const bad_flag cases[] = {
+        {"--port", "70000", "port", "port must be in [0, 65535], got 70000"},
+        {"--port", "80x", "port", "'80x' is not an integer"},
+        {"--port", "", "port", "is not an integer"},
+        {"--threads", "-1", "threads", "threads must be in"},
+        {"--kv-cache-mb", "0", "kv-cache-mb", "kv-cache-mb must be in"},
+        {"--max-body-bytes", "12Q", "max-body-bytes", "not a size"},
+        {"--max-body-bytes", "2G", "max-body-bytes", "max-body-bytes must be in"},
+        {"--max-body-bytes", "99999999999999999999999", "max-body-bytes", "must be in"},
+        {"--drain-timeout", "nan", "drain-timeout", "not a number"},
+        {"--drain-timeout", "-1", "drain-timeout", "drain-timeout must be in"},
+        {"--log-level", "loud", "log-level", "log-level must be one of debug|info|warn|error, got 'loud'"},
+        {"--host", "", "host", "host must be 1 to 255 characters"},
+        {"--max-new-tokens", "99999999999999999999", "max-new-tokens", "must be in"},
+        {"--bogus", "1", "bogus", "unknown flag --bogus"},
+    };
+    for (size_t i = 0; i < RS_ARRAY_LEN(cases); i++) {
+        rs_config c;
+        rs_config_default(&c);
+        rs_error err;
+        bool help;
+        char *argv[] = {"rolloutd", (char *)cases[i].flag, (char *)cases[i].value};
+        int rc = parse_args(&c, &err, &help, 3, argv);
+        if (rc != RS_EINVAL) RS_TEST_FAIL("%s %s: rc %d", cases[i].flag, cases[i].value, rc);
+        if (strcmp(err.param, cases[i].param) != 0)
+            RS_TEST_FAIL("%s %s: param '%s', want '%s'", cases[i].flag, cases[i].value, err.param, cases[i].param);
+        if (!strstr(err.message, cases[i].message))
+            RS_TEST_FAIL("%s %s: message '%s' lacks '%s'", cases[i].flag, cases[i].value, err.message,
+                         cases[i].message);
+    }
+    rs_config c;
+    rs_config_default(&c);
+    rs_error err;
+    bool help;
+    ASSERT_EQ(parse_args(&c, &err, &help, NARGS("--port"), ARGS("--port")), RS_EINVAL);
+    ASSERT_TRUE(strstr(err.message, "--port needs a value") != NULL);
+    ASSERT_EQ(parse_args(&c, &err, &help, NARGS("serve"), ARGS("serve")), RS_EINVAL);
+    ASSERT_TRUE(strstr(err.message, "unexpected argument 'serve'") != NULL);
+}
+
+static void write_file(const char *path, const char *text) {
+    FILE *f = fopen(path, "w");
+    ASSERT_TRUE(f != NULL);
+    fputs(text, f);
+    fclose(f);
+}
+
+RS_TEST(config_file) {
+    char path[512];
+    snprintf(path, sizeof path, "%s/rolloutd.conf", rs_test_tmpdir());
+    write_file(path,
+               "# rolloutd settings\n"
+               "\n"
+               "port = 9100\n"
+               "  max_running=16   \n"
+               "api-key = \"two words\"\n"
+               "log-level = warn\n");
+    rs_config c;
+    rs_config_default(&c);
+    rs_error err;
+    bool help;
+    /* the flag wins over the file even though it comes first */
+    ASSERT_EQ(parse_args(&c, &err, &help, NARGS("--port", "9200", "--config", path),
+                         ARGS("--port", "9200", "--config", path)),
+              RS_OK);
+    ASSERT_EQ(c.port, 9200);
+    ASSERT_EQ(c.max_running, 16);
+    ASSERT_STREQ(c.api_key, "two words");
+    ASSERT_EQ(rs_config_log_level(&c), RS_LOG_LEVEL_WARN);
+}
+
+RS_TEST(config_file_errors) {
+    char path[512];
+    snprintf(path, sizeof path, "%s/bad.conf", rs_test_tmpdir());
+    rs_config c;
+    rs_error err;
+
+    write_file(path, "port = 1\nfrobnicate = 3\n");
+    rs_config_default(&c);
+    ASSERT_EQ(rs_config_load_file(&c, path, &err), RS_EINVAL);
+    ASSERT_STREQ(err.param, "frobnicate");
+    ASSERT_TRUE(strstr(err.message, ":2: unknown setting 'frobnicate'") != NULL);
+
+    write_file(path, "# ok\nmax-n = 0\n");
+    rs_config_default(&c);
+    ASSERT_EQ(rs_config_load_file(&c, path, &err), RS_EINVAL);
+    ASSERT_STREQ(err.param, "max-n");
+    ASSERT_TRUE(strstr(err.message, ":2: max-n must be in [1, 4096], got 0") != NULL);
+
+    write_file(path, "just words\n");
+    ASSERT_EQ(rs_config_load_file(&c, path, &err), RS_EINVAL);
+    ASSERT_TRUE(strstr(err.message, ":1: expected 'name = value'") != NULL);
+
+    char missing[600];
+    snprintf(missing, sizeof missing, "%s/nope.conf", rs_test_tmpdir());
+    ASSERT_EQ(rs_config_load_file(&c, missing, &err), RS_EIO);
+    ASSERT_TRUE(strstr(err.message, "nope.conf") != NULL);
+}
+
+RS_TEST(config_help_lists_every_setting) {
+    char path[512];
+    snprintf(path, sizeof path, "%s/help.txt", rs_test_tmpdir());
+    FILE *f = fopen(path, "w+");
+    ASSERT_TRUE(f != NULL);
+    rs_config_print_help(f, "rolloutd");
+    long n = ftell(f);
+    ASSERT_TRUE(n > 0);
+    char *text = calloc(1, (size_t)n + 1);
+    rewind(f);
+    ASSERT_EQ(fread(text, 1, (size_t)n, f), (size_t)n);
+    fclose(f);
+    size_t ne;
+    const rs_config_entry *e = rs_config_entries(&ne);
+    for (size_t i = 0; i < ne; i++) {
+        char flag[80];
+        snprintf(flag, sizeof flag, "--%s ", e[i].name);
+        if (!strstr(text, flag)) RS_TEST_FAIL("--help lacks %s", flag);
+    }
+    free(text);
+}
