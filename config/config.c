@@ -47,6 +47,8 @@ static const rs_config_entry entries[] = {
      "seconds SIGTERM waits for in-flight requests before aborting them", 0},
     {"log-level", RS_CONFIG_TYPE_STRING, F(log_level), 1, 15, "info", "debug|info|warn|error",
      "least severe log level printed", 0},
+    {"weight-version", RS_CONFIG_TYPE_STRING, F(weight_version), 1, 63, "0", NULL,
+     "weight_version reported for the weights loaded at start", 0},
     {"api-key", RS_CONFIG_TYPE_STRING, F(api_key), 0, 255, "", NULL,
      "if set, every route but /health needs 'Authorization: Bearer <key>'", RS_CONFIG_SECRET},
 };

@@ -154,7 +154,7 @@ int rs_engine_init(rs_engine **out, rs_model *m, const rs_engine_opts *opts, rs_
     if (e->opts.max_step_tokens < e->opts.max_running) e->opts.max_step_tokens = e->opts.max_running;
     if (e->opts.limits.max_context <= 0 || e->opts.limits.max_context > c->max_position)
         e->opts.limits.max_context = c->max_position;
-    snprintf(e->weight_version, sizeof e->weight_version, "0");
+    snprintf(e->weight_version, sizeof e->weight_version, "%s", opts->weight_version ? opts->weight_version : "0");
     pthread_mutex_init(&e->mu, NULL);
     pthread_cond_init(&e->cv, NULL);
 

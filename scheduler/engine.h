@@ -104,6 +104,7 @@ typedef struct rs_engine_opts {
     int max_running;            /* sequences per step */
     int max_step_tokens;        /* rows per forward step (prefill chunking) */
     rs_engine_limits limits;
+    const char *weight_version; /* version of the loaded weights; NULL = "0" */
 } rs_engine_opts;
 
 typedef struct rs_engine rs_engine;

@@ -176,6 +176,7 @@ static int load(rs_daemon *d, rs_error *err) {
         .max_step_tokens = c->max_step_tokens,
         .limits = {.max_context = max_context, .max_new_tokens = c->max_new_tokens, .max_n = c->max_n,
                    .max_batch = c->max_batch},
+        .weight_version = c->weight_version,
     };
     if ((rc = rs_engine_init(&d->engine, d->model, &eo, err)) != RS_OK) return rc;
     if ((rc = rs_engine_start(d->engine)) != RS_OK)

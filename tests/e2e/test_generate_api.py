@@ -272,3 +272,9 @@ def test_drain_timeout_aborts(rolloutd):
     assert len(o["output_ids"]) < 4000  # partial output comes back
     assert o["meta_info"]["completion_tokens"] == len(o["output_ids"])
     assert d.proc.wait(timeout=30) == 0
+
+
+def test_weight_version_setting_is_reported(rolloutd):
+    d = rolloutd(None, "--weight-version", "step-17", "--kv-cache-mb", "64")
+    out = generate(d, {"input_ids": PROMPT, "sampling_params": {"max_new_tokens": 2}})
+    assert out["meta_info"]["weight_version"] == "step-17"

@@ -206,3 +206,27 @@ RS_TEST(config_help_lists_every_setting) {
     }
     free(text);
 }
+
+/* config/rolloutd.conf.example documents every setting and loads cleanly as a config file. */
+RS_TEST(config_example_file_covers_every_key) {
+    const char *path = "config/rolloutd.conf.example";
+    FILE *f = fopen(path, "r");
+    ASSERT_TRUE(f != NULL);
+    static char text[1 << 16];
+    size_t n = fread(text, 1, sizeof text - 1, f);
+    fclose(f);
+    text[n] = 0;
+    size_t count;
+    const rs_config_entry *e = rs_config_entries(&count);
+    for (size_t i = 0; i < count; i++) {
+        char key[128];
+        snprintf(key, sizeof key, "\n%s = ", e[i].name);
+        char commented[128];
+        snprintf(commented, sizeof commented, "\n# %s = ", e[i].name);
+        if (!strstr(text, key) && !strstr(text, commented)) RS_TEST_FAIL("%s does not document '%s'", path, e[i].name);
+    }
+    rs_config c;
+    rs_config_default(&c);
+    rs_error err = {0};
+    ASSERT_EQ(rs_config_load_file(&c, path, &err), RS_OK);
+}
