@@ -220,9 +220,9 @@ RS_TEST(config_example_file_covers_every_key) {
     const rs_config_entry *e = rs_config_entries(&count);
     for (size_t i = 0; i < count; i++) {
         char key[128];
-        snprintf(key, sizeof key, "\n%s = ", e[i].name);
+        snprintf(key, sizeof key, "\n%s =", e[i].name);
         char commented[128];
-        snprintf(commented, sizeof commented, "\n# %s = ", e[i].name);
+        snprintf(commented, sizeof commented, "\n# %s =", e[i].name);
         if (!strstr(text, key) && !strstr(text, commented)) RS_TEST_FAIL("%s does not document '%s'", path, e[i].name);
     }
     rs_config c;
