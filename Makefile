@@ -52,7 +52,8 @@ TEST_SRC := $(wildcard tests/unit/*.c)
 TEST_OBJ := $(patsubst %.c,$(BUILD)/%.o,$(TEST_SRC))
 DEPS_OK  := $(BUILD)/.deps-ok
 
-PROGRAMS := $(BUILD)/rolloutd $(BUILD)/rollout-bench $(BUILD)/make-default-model $(BUILD)/unit-tests
+PROGRAMS := $(BUILD)/rolloutd $(BUILD)/rollout-bench $(BUILD)/make-default-model $(BUILD)/unit-tests \
+            $(BUILD)/bench-matmul
 
 .PHONY: all run test unit e2e fuzz clean deps
 all: $(PROGRAMS)
@@ -88,6 +89,9 @@ $(BUILD)/rollout-bench: $(BUILD)/tools/rollout_bench.o $(BUILD)/librolloutd.a
 	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
 
 $(BUILD)/make-default-model: $(BUILD)/tools/make_default_model.o $(BUILD)/librolloutd.a
+	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
+
+$(BUILD)/bench-matmul: $(BUILD)/tools/bench_matmul.o $(BUILD)/librolloutd.a
 	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
 
 $(BUILD)/unit-tests: $(TEST_OBJ) $(BUILD)/librolloutd.a

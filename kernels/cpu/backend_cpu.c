@@ -1,0 +1,161 @@
+/*
+ * backend_cpu.c — the CPU backend's op table, its context and its memory.
+ *
+ * "Device" memory is host memory: alloc is 64-byte aligned (one cache line, one zmm register) and
+ * zeroed, upload and download are memcpy. The context owns a thread pool used by every op that
+ * has enough work to split, the SIMD level picked at init, and scratch buffers that grow on demand
+ * and are kept, so steady-state decode does not allocate.
+ */
+#include <stdlib.h>
+#include <string.h>
+#if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
+#endif
+
+#include "../../core/rs.h"
+#include "cpu_internal.h"
+
+/* ---- scratch ---- */
+
+void *rs_cpu_scratch(rs_cpu_buf *buf, size_t bytes) {
+    if (bytes <= buf->cap) return buf->p;
+    size_t cap = buf->cap ? buf->cap : 4096;
+    while (cap < bytes) cap *= 2;
+    free(buf->p);
+    buf->p = NULL;
+    if (posix_memalign(&buf->p, 64, cap) != 0) {
+        RS_ERROR("cpu backend | out of memory growing scratch to %zu bytes", cap);
+        abort();
+    }
+    buf->cap = cap;
+    return buf->p;
+}
+
+const float *rs_cpu_param_f32(rs_cpu_buf *buf, const rs_tensor *t, int64_t n) {
+    if (!rs_tensor_present(t)) return NULL;
+    RS_ASSERT(rs_tensor_numel(t) >= n);
+    if (t->dtype == RS_DTYPE_F32) return t->data;
+    RS_ASSERT(t->dtype == RS_DTYPE_BF16 || t->dtype == RS_DTYPE_F16);
+    float *f = rs_cpu_scratch(buf, (size_t)n * sizeof(float));
+    for (int64_t i = 0; i < n; i++) f[i] = rs_cpu_elem(t->data, t->dtype, i);
+    return f;
+}
+
+/* ---- SIMD level ---- */
+
+const char *rs_cpu_simd_name(rs_cpu_simd s) {
+    static const char *names[] = {"scalar", "avx2", "avx512"};
+    return s >= RS_CPU_SIMD_SCALAR && s <= RS_CPU_SIMD_AVX512 ? names[s] : "?";
+}
+
+/* F16C through cpuid: clang's __builtin_cpu_supports does not know "f16c". */
+static int has_f16c(void) {
+#if defined(__x86_64__) || defined(__i386__)
+    unsigned a, b, c, d;
+    return __get_cpuid(1, &a, &b, &c, &d) && (c & bit_F16C);
+#else
+    return 0;
+#endif
+}
+
+static rs_cpu_simd detect_simd(void) {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_cpu_init();
+    int avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && has_f16c();
+    if (avx2 && __builtin_cpu_supports("avx512f")) return RS_CPU_SIMD_AVX512;
+    return avx2 ? RS_CPU_SIMD_AVX2 : RS_CPU_SIMD_SCALAR;
+#else
+    return RS_CPU_SIMD_SCALAR;
+#endif
+}
+
+/* RS_CPU_SIMD caps the level (to compare paths, or to benchmark AVX2 on an AVX-512 machine). */
+static rs_cpu_simd env_simd_cap(void) {
+    const char *e = getenv("RS_CPU_SIMD");
+    if (!e || !*e) return RS_CPU_SIMD_AVX512;
+    for (int s = RS_CPU_SIMD_SCALAR; s <= RS_CPU_SIMD_AVX512; s++)
+        if (strcmp(e, rs_cpu_simd_name((rs_cpu_simd)s)) == 0) return (rs_cpu_simd)s;
+    RS_WARN("cpu backend | ignoring RS_CPU_SIMD=%s (expected scalar, avx2 or avx512)", e);
+    return RS_CPU_SIMD_AVX512;
+}
+
+rs_cpu_simd rs_cpu_set_simd(rs_backend *b, rs_cpu_simd level) {
+    rs_cpu_ctx *c = rs_cpu_ctx_of(b);
+    c->simd = level < c->simd_max ? level : c->simd_max;
+    return c->simd;
+}
+
+/* ---- memory ---- */
+
+static void *cpu_alloc(rs_backend *b, size_t bytes) {
+    (void)b;
+    void *p = NULL;
+    if (posix_memalign(&p, 64, bytes ? bytes : 64) != 0) return NULL;
+    memset(p, 0, bytes);
+    return p;
+}
+
+static void cpu_free(rs_backend *b, void *p) {
+    (void)b;
+    free(p);
+}
+
+static void cpu_upload(rs_backend *b, void *dst, const void *src_host, size_t bytes) {
+    (void)b;
+    if (bytes) memcpy(dst, src_host, bytes);
+}
+
+static void cpu_download(rs_backend *b, void *dst_host, const void *src, size_t bytes) {
+    (void)b;
+    if (bytes) memcpy(dst_host, src, bytes);
+}
+
+/* ---- lifetime ---- */
+
+static void cpu_destroy(rs_backend *b) {
+    rs_cpu_ctx *c = rs_cpu_ctx_of(b);
+    rs_pool_free(c->pool);
+    for (int t = 0; t < c->n_threads; t++) free(c->thread_buf[t].p);
+    free(c->thread_buf);
+    for (size_t i = 0; i < RS_ARRAY_LEN(c->param_buf); i++) free(c->param_buf[i].p);
+    free(c->row_seq.p);
+    for (size_t i = 0; i < RS_ARRAY_LEN(c->moe); i++) free(c->moe[i].p);
+    free(c);
+    free(b);
+}
+
+static const rs_backend_ops cpu_ops = {
+    .name = "cpu",
+    .alloc = cpu_alloc,
+    .free = cpu_free,
+    .upload = cpu_upload,
+    .download = cpu_download,
+    .embed = rs_cpu_op_embed,
+    .rmsnorm = rs_cpu_op_rmsnorm,
+    .matmul = rs_cpu_op_matmul,
+    .rope = rs_cpu_op_rope,
+    .kv_store = rs_cpu_op_kv_store,
+    .attention = rs_cpu_op_attention,
+    .swiglu = rs_cpu_op_swiglu,
+    .add = rs_cpu_op_add,
+    .gather_rows = rs_cpu_op_gather_rows,
+    .moe = rs_cpu_op_moe,
+    .destroy = cpu_destroy,
+};
+
+rs_backend *rs_backend_cpu_init(int n_threads) {
+    rs_cpu_ctx *c = rs_xcalloc(1, sizeof *c);
+    c->pool = rs_pool_init(n_threads);
+    c->n_threads = rs_pool_threads(c->pool);
+    c->thread_buf = rs_xcalloc((size_t)c->n_threads, sizeof *c->thread_buf);
+    c->simd_max = detect_simd();
+    rs_cpu_simd cap = env_simd_cap();
+    c->simd = cap < c->simd_max ? cap : c->simd_max;
+
+    rs_backend *b = rs_xcalloc(1, sizeof *b);
+    b->ops = &cpu_ops;
+    b->ctx = c;
+    RS_DEBUG("cpu backend | threads %d | simd %s (cpu supports %s)", c->n_threads, rs_cpu_simd_name(c->simd),
+             rs_cpu_simd_name(c->simd_max));
+    return b;
+}

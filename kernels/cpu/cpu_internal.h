@@ -1,0 +1,132 @@
+/*
+ * cpu_internal.h — what the CPU backend's files share, and nothing else includes except its tests.
+ *
+ * The backend's private context (thread pool, SIMD level, scratch buffers grown on demand so the
+ * hot path does not allocate), the matmul core that the MoE op reuses, the per-ISA kernels and
+ * the op entry points that backend_cpu.c puts in the table.
+ *
+ * SIMD is chosen once at init from what the CPU supports (AVX-512F, else AVX2+FMA+F16C, else
+ * scalar); RS_CPU_SIMD=scalar|avx2|avx512 in the environment caps it, and tests cap it through
+ * rs_cpu_set_simd to run every path on one machine. The scalar matmul is the reference: it sums
+ * each dot product sequentially in fp32, so the scalar path and rs_cpu_matmul_ref agree bit for bit.
+ */
+#ifndef RS_CPU_INTERNAL_H
+#define RS_CPU_INTERNAL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "../../core/pool.h"
+#include "../backend.h"
+
+typedef enum rs_cpu_simd {
+    RS_CPU_SIMD_SCALAR = 0,
+    RS_CPU_SIMD_AVX2,   /* AVX2 + FMA + F16C */
+    RS_CPU_SIMD_AVX512, /* AVX-512F (+ the AVX2 set, which every AVX-512 CPU has) */
+} rs_cpu_simd;
+
+/* A scratch buffer: 64-byte aligned, grown on demand, contents not kept across growth. */
+typedef struct rs_cpu_buf {
+    void *p;
+    size_t cap;
+} rs_cpu_buf;
+
+typedef struct rs_cpu_ctx {
+    rs_pool *pool;
+    int n_threads;
+    rs_cpu_simd simd;        /* level the kernels use */
+    rs_cpu_simd simd_max;    /* what this CPU supports */
+    rs_cpu_buf *thread_buf;  /* [n_threads] per-thread scratch (attention scores, rope tables) */
+    rs_cpu_buf param_buf[2]; /* 1-D parameters converted to fp32 (bias, norm weight) */
+    rs_cpu_buf row_seq;      /* attention: sequence of each row */
+    rs_cpu_buf moe[8];       /* cpu_moe.c's scratch, indexed by its moe_buf enum */
+} rs_cpu_ctx;
+
+static inline rs_cpu_ctx *rs_cpu_ctx_of(rs_backend *b) { return (rs_cpu_ctx *)b->ctx; }
+
+/* Grows buf to at least `bytes` and returns it. Called by the thread that owns the buffer. */
+void *rs_cpu_scratch(rs_cpu_buf *buf, size_t bytes);
+
+/* A 1-D F32/BF16/F16 parameter of n elements as fp32: the data itself when F32, else converted
+ * into buf. Returns NULL when t is absent. */
+const float *rs_cpu_param_f32(rs_cpu_buf *buf, const rs_tensor *t /* [>= n] */, int64_t n); /* [n] */
+
+/* Element i of a BF16/F16/F32 array, as fp32. */
+static inline float rs_cpu_elem(const void *p /* [> i] dt */, rs_dtype dt, int64_t i) {
+    switch (dt) {
+    case RS_DTYPE_BF16: return rs_bf16_to_f32(((const uint16_t *)p)[i]);
+    case RS_DTYPE_F16: return rs_f16_to_f32(((const uint16_t *)p)[i]);
+    default: return ((const float *)p)[i];
+    }
+}
+
+/* Test hook: caps the SIMD level at `level` (and at what the CPU supports); returns the level now
+ * in use. */
+rs_cpu_simd rs_cpu_set_simd(rs_backend *b, rs_cpu_simd level);
+const char *rs_cpu_simd_name(rs_cpu_simd s);
+
+/* ---- matmul core (cpu_matmul.c) ---- */
+
+/* out = x @ w^T (+ bias), threaded over N with the context's pool. Bitwise independent of the
+ * thread count (each output is computed by one tile whatever the split). */
+void rs_cpu_matmul(rs_cpu_ctx *c, float *out /* [rows][N] */, const float *x /* [rows][K] */,
+                   const rs_tensor *w /* [N][K] bf16/f16/f32 */, const rs_tensor *bias /* [N] or absent */,
+                   int rows);
+/* The reference: one thread, plain C, each output a sequential fp32 sum over k, then + bias. */
+void rs_cpu_matmul_ref(float *out /* [rows][N] */, const float *x /* [rows][K] */,
+                       const rs_tensor *w /* [N][K] bf16/f16/f32 */,
+                       const rs_tensor *bias /* [N] or absent */, int rows);
+
+/* One tile of the matmul: out[t][j] = x[t][:k] . w[j][:k] (+ bias[j]) for j < nw <= RS_CPU_NW
+ * weight rows and t < nt token rows (nt <= the ISA's RS_CPU_NT_*). Meanwhile the kernel pulls
+ * `prefetch` (RS_CPU_NW rows laid out like w, or NULL) into L2: the weights the caller needs next. */
+typedef struct rs_cpu_tile {
+    float *out;           /* [nt][ldo] */
+    const float *x;       /* [nt][ldx] fp32 */
+    const void *w;        /* [nw][ldw] of the kernel's dtype */
+    const float *bias;    /* [nw] fp32, or NULL */
+    const void *prefetch; /* [RS_CPU_NW][ldw] of the kernel's dtype, or NULL */
+    int64_t ldo, ldx, ldw, k;
+    int nw, nt;
+} rs_cpu_tile;
+/* Each ISA file returns one kernel per weight dtype (BF16, F16, F32). */
+typedef void (*rs_cpu_tile_fn)(const rs_cpu_tile *t);
+#define RS_CPU_NW        4 /* weight rows per tile, every ISA */
+#define RS_CPU_NT_AVX512 6 /* token rows per tile: 24 zmm accumulators + 4 weights + 1 x */
+#define RS_CPU_NT_AVX2   2 /* 8 ymm accumulators + 4 weights + 2 x (16 registers) */
+rs_cpu_tile_fn rs_cpu_tile_avx512(rs_dtype dt);
+rs_cpu_tile_fn rs_cpu_tile_avx2(rs_dtype dt);
+
+/* ---- vector helpers for attention (f32 a; b/x of dtype F32 or BF16), one set per ISA ---- */
+typedef struct rs_cpu_vec {
+    /* sum over i of a[i] * b[i] */
+    float (*dot)(const float *a /* [n] */, const void *b /* [n] bdt */, rs_dtype bdt, int n);
+    /* y[i] += s * x[i] */
+    void (*axpy)(float *y /* [n] */, float s, const void *x /* [n] xdt */, rs_dtype xdt, int n);
+} rs_cpu_vec;
+extern const rs_cpu_vec rs_cpu_vec_scalar, rs_cpu_vec_avx2, rs_cpu_vec_avx512;
+const rs_cpu_vec *rs_cpu_vec_for(rs_cpu_simd s);
+
+/* ---- the ops of the table (each file implements its own); shapes as in backend.h ---- */
+void rs_cpu_op_matmul(rs_backend *b, float *out, const float *x, const rs_tensor *w, const rs_tensor *bias,
+                      int rows);
+void rs_cpu_op_embed(rs_backend *b, float *out, const rs_tensor *table, const int32_t *ids, int n);
+void rs_cpu_op_rmsnorm(rs_backend *b, float *out, const float *x, const rs_tensor *w, int rows, int dim,
+                       float eps);
+void rs_cpu_op_rope(rs_backend *b, float *x, int rows, int n_heads, int head_dim, const int32_t *pos,
+                    const float *inv_freq);
+void rs_cpu_op_swiglu(rs_backend *b, float *out, const float *gate, const float *up, size_t n);
+void rs_cpu_op_add(rs_backend *b, float *x, const float *y, size_t n);
+void rs_cpu_op_gather_rows(rs_backend *b, float *out, const float *x, const int32_t *idx, int n, int dim);
+void rs_cpu_op_kv_store(rs_backend *b, rs_kv_layer *kv, const float *k, const float *v,
+                        const rs_batch *batch);
+void rs_cpu_op_attention(rs_backend *b, float *out, const float *q, const rs_kv_layer *kv, int n_heads,
+                         float scale, const rs_batch *batch);
+void rs_cpu_op_moe(rs_backend *b, float *out, const float *x, int rows, int hidden, const rs_moe_weights *w);
+
+/* out[i] = silu(gate[i]) * up[i] for i in [0, n), silu(g) = g / (1 + exp(-g)) in fp32; single
+ * thread (the op threads it; MoE calls it per expert). out may alias gate. */
+void rs_cpu_swiglu_span(float *out /* [n] */, const float *gate /* [n] */, const float *up /* [n] */,
+                        size_t n);
+
+#endif /* RS_CPU_INTERNAL_H */

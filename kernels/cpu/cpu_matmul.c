@@ -1,0 +1,173 @@
+/*
+ * cpu_matmul.c — out[rows][N] = x[rows][K] @ w[N][K]^T (+ bias): the CPU backend's hot op.
+ *
+ * Decode (rows 1..16) is bound by reading the weights, so each weight row is streamed once and
+ * used for every token row while it is in registers: a tile is 4 weight rows by up to NT token
+ * rows (NT = 6 with AVX-512, 2 with AVX2), BF16/F16 converted to fp32 in registers. Threads split
+ * N, in multiples of the tile. For longer batches (prefill) the loops are blocked so that a block
+ * of weight rows stays in L2 while every token tile of a token block passes over it, and the token
+ * block stays in L2 while the weight blocks pass: the weights are read from memory once per token
+ * block instead of once per token tile.
+ *
+ * The per-ISA tile kernels live in cpu_simd_avx2.c and cpu_simd_avx512.c; the scalar tile here is
+ * also the reference (sequential fp32 sums), exposed as rs_cpu_matmul_ref for tests.
+ */
+#include "../../core/rs.h"
+#include "cpu_internal.h"
+
+#define NT_SCALAR          4
+#define TOKEN_BLOCK_BYTES  (512u << 10) /* x rows of one token block, fp32 */
+#define WEIGHT_BLOCK_BYTES (128u << 10) /* weight rows of one block, in their dtype */
+#define MIN_PARALLEL_MACS  (1 << 16)    /* below this, one thread: the pool handoff costs more */
+
+/* out[t][j] for one tile: each output a sequential fp32 sum over k from +0, then + bias (the
+ * reference arithmetic). The 4 x NT sums advance together, which changes no result but gives the
+ * CPU independent chains and converts each weight once for all token rows. Missing weight rows
+ * (nw < 4) repeat the last one and are not stored. */
+static inline __attribute__((always_inline)) void tile_scalar_body(const rs_cpu_tile *tl, const int NT,
+                                                                   const rs_dtype dt) {
+    const size_t es = dt == RS_DTYPE_F32 ? 4 : 2;
+    const char *wr[RS_CPU_NW];
+    const float *xr[NT_SCALAR];
+    float s[NT_SCALAR][RS_CPU_NW] = {{0}};
+    for (int j = 0; j < RS_CPU_NW; j++)
+        wr[j] = (const char *)tl->w + (size_t)((j < tl->nw ? j : tl->nw - 1) * tl->ldw) * es;
+    for (int t = 0; t < NT; t++) xr[t] = tl->x + t * tl->ldx;
+    for (int64_t i = 0; i < tl->k; i++) {
+        float wv[RS_CPU_NW];
+#pragma GCC unroll 4
+        for (int j = 0; j < RS_CPU_NW; j++) wv[j] = rs_cpu_elem(wr[j], dt, i);
+#pragma GCC unroll 4
+        for (int t = 0; t < NT; t++)
+#pragma GCC unroll 4
+            for (int j = 0; j < RS_CPU_NW; j++) s[t][j] += xr[t][i] * wv[j];
+    }
+    for (int t = 0; t < NT; t++)
+        for (int j = 0; j < tl->nw; j++)
+            tl->out[t * tl->ldo + j] = tl->bias ? s[t][j] + tl->bias[j] : s[t][j];
+}
+
+static inline __attribute__((always_inline)) void tile_scalar(const rs_cpu_tile *tl, const rs_dtype dt) {
+    switch (tl->nt) {
+    case 1: tile_scalar_body(tl, 1, dt); break;
+    case 2: tile_scalar_body(tl, 2, dt); break;
+    case 3: tile_scalar_body(tl, 3, dt); break;
+    default: tile_scalar_body(tl, 4, dt); break;
+    }
+}
+_Static_assert(NT_SCALAR == 4, "tile_scalar instantiates nt = 1..4");
+
+/* The scalar tile takes the dtype; the SIMD ones are specialized per dtype. */
+static void tile_scalar_bf16(const rs_cpu_tile *t) { tile_scalar(t, RS_DTYPE_BF16); }
+static void tile_scalar_f16(const rs_cpu_tile *t) { tile_scalar(t, RS_DTYPE_F16); }
+static void tile_scalar_f32(const rs_cpu_tile *t) { tile_scalar(t, RS_DTYPE_F32); }
+
+static rs_cpu_tile_fn tile_for(rs_cpu_simd simd, rs_dtype dt, int *nt_max) {
+    switch (simd) {
+    case RS_CPU_SIMD_AVX512: *nt_max = RS_CPU_NT_AVX512; return rs_cpu_tile_avx512(dt);
+    case RS_CPU_SIMD_AVX2: *nt_max = RS_CPU_NT_AVX2; return rs_cpu_tile_avx2(dt);
+    default: break;
+    }
+    *nt_max = NT_SCALAR;
+    return dt == RS_DTYPE_BF16 ? tile_scalar_bf16 : dt == RS_DTYPE_F16 ? tile_scalar_f16 : tile_scalar_f32;
+}
+
+typedef struct mm_job {
+    float *out;        /* [rows][n] */
+    const float *x;    /* [rows][k] */
+    const char *w;     /* [n][k] of dtype, es bytes each */
+    const float *bias; /* [n] or NULL */
+    int64_t n, k;
+    size_t es;
+    int rows;
+    int nt;               /* token rows per tile */
+    int token_block;      /* token rows per block, a multiple of nt */
+    int64_t weight_block; /* weight rows per block, a multiple of RS_CPU_NW */
+    rs_cpu_tile_fn tile;
+} mm_job;
+
+/* Weight rows [n0, n1) for every token row. */
+static void mm_range(void *arg, int64_t n0, int64_t n1, int tid) {
+    (void)tid;
+    const mm_job *j = arg;
+    for (int tb0 = 0; tb0 < j->rows; tb0 += j->token_block) {
+        int tb1 = RS_MIN(tb0 + j->token_block, j->rows);
+        for (int64_t nb0 = n0; nb0 < n1; nb0 += j->weight_block) {
+            int64_t nb1 = RS_MIN(nb0 + j->weight_block, n1);
+            for (int t0 = tb0; t0 < tb1; t0 += j->nt) {
+                for (int64_t q = nb0; q < nb1; q += RS_CPU_NW) {
+                    /* the same quad of the next weight block: it comes from memory next */
+                    int64_t next = q + j->weight_block;
+                    rs_cpu_tile tl = {
+                        .out = j->out + (size_t)t0 * (size_t)j->n + (size_t)q,
+                        .ldo = j->n,
+                        .x = j->x + (size_t)t0 * (size_t)j->k,
+                        .ldx = j->k,
+                        .w = j->w + (size_t)q * (size_t)j->k * j->es,
+                        .ldw = j->k,
+                        .k = j->k,
+                        .bias = j->bias ? j->bias + q : NULL,
+                        .prefetch =
+                            next + RS_CPU_NW <= n1 ? j->w + (size_t)next * (size_t)j->k * j->es : NULL,
+                        .nw = (int)RS_MIN((int64_t)RS_CPU_NW, nb1 - q),
+                        .nt = RS_MIN(j->nt, tb1 - t0),
+                    };
+                    j->tile(&tl);
+                }
+            }
+        }
+    }
+}
+
+static void check_weight(const rs_tensor *w) {
+    RS_ASSERT(w->ndim == 2 && w->data);
+    if (w->dtype != RS_DTYPE_BF16 && w->dtype != RS_DTYPE_F16 && w->dtype != RS_DTYPE_F32) {
+        RS_ERROR("cpu backend | matmul: weight dtype %s not supported", rs_dtype_name(w->dtype));
+        RS_ASSERT(!"supported matmul weight dtype");
+    }
+}
+
+void rs_cpu_matmul(rs_cpu_ctx *c, float *out, const float *x, const rs_tensor *w, const rs_tensor *bias,
+                   int rows) {
+    check_weight(w);
+    RS_ASSERT((const float *)out != x); /* tiles read x after writing earlier outputs */
+    int64_t n = w->shape[0], k = w->shape[1];
+    if (rows <= 0 || n <= 0) return;
+    mm_job j = {
+        .out = out,
+        .x = x,
+        .w = w->data,
+        .n = n,
+        .k = k,
+        .es = rs_dtype_size(w->dtype),
+        .rows = rows,
+        .bias = rs_cpu_param_f32(&c->param_buf[0], bias, n),
+    };
+    j.tile = tile_for(c->simd, w->dtype, &j.nt);
+    int64_t tb = (int64_t)TOKEN_BLOCK_BYTES / (k * 4 > 0 ? k * 4 : 1);
+    j.token_block = (int)RS_MAX((int64_t)j.nt, tb - tb % j.nt);
+    int64_t wb = (int64_t)WEIGHT_BLOCK_BYTES / (k * (int64_t)j.es > 0 ? k * (int64_t)j.es : 1);
+    j.weight_block = RS_MAX((int64_t)RS_CPU_NW, wb - wb % RS_CPU_NW);
+
+    int64_t macs = n * k * rows;
+    int64_t grain = macs < MIN_PARALLEL_MACS ? n : RS_CPU_NW;
+    rs_pool_run(c->pool, n, grain, mm_range, &j);
+}
+
+void rs_cpu_matmul_ref(float *out, const float *x, const rs_tensor *w, const rs_tensor *bias, int rows) {
+    check_weight(w);
+    int64_t n = w->shape[0], k = w->shape[1];
+    for (int t = 0; t < rows; t++) {
+        for (int64_t i = 0; i < n; i++) {
+            float s = 0.0f;
+            for (int64_t j = 0; j < k; j++) s += x[t * k + j] * rs_cpu_elem(w->data, w->dtype, i * k + j);
+            if (rs_tensor_present(bias)) s += rs_cpu_elem(bias->data, bias->dtype, i);
+            out[t * n + i] = s;
+        }
+    }
+}
+
+void rs_cpu_op_matmul(rs_backend *b, float *out, const float *x, const rs_tensor *w, const rs_tensor *bias,
+                      int rows) {
+    rs_cpu_matmul(rs_cpu_ctx_of(b), out, x, w, bias, rows);
+}

@@ -1,0 +1,144 @@
+/*
+ * cpu_simd_avx2.c — AVX2 + FMA + F16C kernels: the matmul tile and the attention vector helpers.
+ *
+ * The same shapes as cpu_simd_avx512.c on 8 lanes and 16 registers: a tile is 4 weight rows x
+ * NT <= 2 token rows (8 accumulators, 4 weight vectors, 1 x vector). Every function carries
+ * target("avx2,fma,f16c") and is only called when init found those features.
+ */
+#include "cpu_internal.h"
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+
+#define T256   __attribute__((target("avx2,fma,f16c")))
+#define INLINE static inline __attribute__((always_inline))
+
+/* 8 weights from element i of row p, as fp32. */
+T256 INLINE __m256 load8(const void *p, int64_t i, const rs_dtype dt) {
+    if (dt == RS_DTYPE_BF16) {
+        __m128i h = _mm_loadu_si128((const __m128i *)((const uint16_t *)p + i));
+        return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+    }
+    if (dt == RS_DTYPE_F16)
+        return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)p + i)));
+    return _mm256_loadu_ps((const float *)p + i);
+}
+
+/* Sums of four 8-lane vectors, as the 4 lanes of one 128-bit vector. */
+T256 INLINE __m128 hsum4(__m256 a0, __m256 a1, __m256 a2, __m256 a3) {
+    __m256 h = _mm256_hadd_ps(_mm256_hadd_ps(a0, a1), _mm256_hadd_ps(a2, a3));
+    return _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+}
+
+T256 INLINE void tile_body(const rs_cpu_tile *tl, const int NT, const rs_dtype dt) {
+    const size_t es = dt == RS_DTYPE_F32 ? 4 : 2;
+    const int64_t k = tl->k, ldx = tl->ldx;
+    const float *x = tl->x;
+    const char *wr[RS_CPU_NW], *pf[RS_CPU_NW];
+    for (int j = 0; j < RS_CPU_NW; j++) { /* missing rows repeat the last one; their sums are dropped */
+        wr[j] = (const char *)tl->w + (size_t)((j < tl->nw ? j : tl->nw - 1) * tl->ldw) * es;
+        pf[j] = tl->prefetch ? (const char *)tl->prefetch + (size_t)(j * tl->ldw) * es : NULL;
+    }
+    __m256 acc[RS_CPU_NW][RS_CPU_NT_AVX2];
+#pragma GCC unroll 4
+    for (int t = 0; t < NT; t++)
+#pragma GCC unroll 4
+        for (int j = 0; j < RS_CPU_NW; j++) acc[j][t] = _mm256_setzero_ps();
+
+    const int64_t k8 = k & ~(int64_t)7;
+    for (int64_t i = 0; i < k8; i += 8) {
+        if (pf[0] && (i * (int64_t)es) % 64 == 0) {
+#pragma GCC unroll 4
+            for (int j = 0; j < RS_CPU_NW; j++) _mm_prefetch(pf[j] + (size_t)i * es, _MM_HINT_T1);
+        }
+        __m256 wv[RS_CPU_NW];
+#pragma GCC unroll 4
+        for (int j = 0; j < RS_CPU_NW; j++) wv[j] = load8(wr[j], i, dt);
+#pragma GCC unroll 4
+        for (int t = 0; t < NT; t++) {
+            __m256 xv = _mm256_loadu_ps(x + t * ldx + i);
+#pragma GCC unroll 4
+            for (int j = 0; j < RS_CPU_NW; j++) acc[j][t] = _mm256_fmadd_ps(wv[j], xv, acc[j][t]);
+        }
+    }
+#pragma GCC unroll 4
+    for (int t = 0; t < NT; t++) {
+        float s[4];
+        _mm_storeu_ps(s, hsum4(acc[0][t], acc[1][t], acc[2][t], acc[3][t]));
+        const float *xt = x + t * ldx;
+        for (int j = 0; j < tl->nw; j++) {
+            for (int64_t i = k8; i < k; i++) s[j] += xt[i] * rs_cpu_elem(wr[j], dt, i);
+            tl->out[t * tl->ldo + j] = tl->bias ? s[j] + tl->bias[j] : s[j];
+        }
+    }
+}
+
+#define DEFINE_TILE(name, DT)                                                                                \
+    T256 static void name(const rs_cpu_tile *t) {                                                            \
+        if (t->nt == 1)                                                                                      \
+            tile_body(t, 1, DT);                                                                             \
+        else                                                                                                 \
+            tile_body(t, 2, DT);                                                                             \
+    }
+DEFINE_TILE(tile_bf16, RS_DTYPE_BF16)
+DEFINE_TILE(tile_f16, RS_DTYPE_F16)
+DEFINE_TILE(tile_f32, RS_DTYPE_F32)
+_Static_assert(RS_CPU_NT_AVX2 == 2, "DEFINE_TILE instantiates nt = 1..2");
+
+rs_cpu_tile_fn rs_cpu_tile_avx2(rs_dtype dt) {
+    return dt == RS_DTYPE_BF16 ? tile_bf16 : dt == RS_DTYPE_F16 ? tile_f16 : tile_f32;
+}
+
+/* ---- attention helpers: b / x are F32 or BF16 ---- */
+
+T256 static float dot256(const float *a, const void *b, rs_dtype bdt, int n) {
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+    int i = 0;
+    if (bdt == RS_DTYPE_BF16) {
+        for (; i + 16 <= n; i += 16) {
+            acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), load8(b, i, RS_DTYPE_BF16), acc0);
+            acc1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), load8(b, i + 8, RS_DTYPE_BF16), acc1);
+        }
+        for (; i + 8 <= n; i += 8)
+            acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), load8(b, i, RS_DTYPE_BF16), acc0);
+    } else {
+        for (; i + 16 <= n; i += 16) {
+            acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), load8(b, i, RS_DTYPE_F32), acc0);
+            acc1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), load8(b, i + 8, RS_DTYPE_F32), acc1);
+        }
+        for (; i + 8 <= n; i += 8)
+            acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), load8(b, i, RS_DTYPE_F32), acc0);
+    }
+    __m256 v = _mm256_add_ps(acc0, acc1);
+    __m128 q = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    q = _mm_add_ps(q, _mm_movehl_ps(q, q));
+    q = _mm_add_ss(q, _mm_movehdup_ps(q));
+    float s = _mm_cvtss_f32(q);
+    for (; i < n; i++) s += a[i] * rs_cpu_elem(b, bdt, i);
+    return s;
+}
+
+T256 static void axpy256(float *y, float s, const void *x, rs_dtype xdt, int n) {
+    __m256 sv = _mm256_set1_ps(s);
+    int i = 0;
+    if (xdt == RS_DTYPE_BF16) {
+        for (; i + 8 <= n; i += 8)
+            _mm256_storeu_ps(y + i, _mm256_fmadd_ps(sv, load8(x, i, RS_DTYPE_BF16), _mm256_loadu_ps(y + i)));
+    } else {
+        for (; i + 8 <= n; i += 8)
+            _mm256_storeu_ps(y + i, _mm256_fmadd_ps(sv, load8(x, i, RS_DTYPE_F32), _mm256_loadu_ps(y + i)));
+    }
+    for (; i < n; i++) y[i] += s * rs_cpu_elem(x, xdt, i);
+}
+
+const rs_cpu_vec rs_cpu_vec_avx2 = {.dot = dot256, .axpy = axpy256};
+
+#else /* not x86: never selected, init reports scalar */
+
+rs_cpu_tile_fn rs_cpu_tile_avx2(rs_dtype dt) {
+    (void)dt;
+    return NULL;
+}
+const rs_cpu_vec rs_cpu_vec_avx2 = {0};
+
+#endif
