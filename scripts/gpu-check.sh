@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# The GPU check: one prepared run on a machine with an NVIDIA GPU (sm_90), meant to finish in a
+# few minutes. It builds with `make CUDA=1`, runs the CUDA-vs-CPU op tests (every test whose name
+# starts with cuda_) and then the whole unit suite on that build, then the benchmarks, and writes
+# everything to $OUT/gpu-check.txt (OUT defaults to build-cuda/).
+#
+# The device machine lacks libmicrohttpd, jansson and libuv. Carry them as Debian packages:
+#   mkdir -p .debs && (cd .debs && apt-get download libmicrohttpd12 libmicrohttpd-dev \
+#       libjansson4 libjansson-dev libuv1 libuv1-dev)
+# and name `.debs` in the device tool's `carry`; this script unpacks them into .debs/root.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-build-cuda}
+mkdir -p "$OUT"
+log="$OUT/gpu-check.txt"
+exec > >(tee "$log") 2>&1
+
+if ls .debs/*.deb >/dev/null 2>&1; then
+  mkdir -p .debs/root
+  for f in .debs/*.deb; do dpkg -x "$f" .debs/root; done
+  root=$PWD/.debs/root
+  export CPATH="$root/usr/include${CPATH:+:$CPATH}"
+  export LIBRARY_PATH="$root/usr/lib/x86_64-linux-gnu${LIBRARY_PATH:+:$LIBRARY_PATH}"
+  export LD_LIBRARY_PATH="$root/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  export PKG_CONFIG_PATH="$root/usr/lib/x86_64-linux-gnu/pkgconfig"
+  # the .pc files name /usr as prefix; point them at the unpacked tree
+  for pc in "$PKG_CONFIG_PATH"/*.pc; do sed -i "s|^prefix=/usr|prefix=$root/usr|" "$pc"; done
+fi
+
+echo "== $(date -u +%FT%TZ) gpu-check on $(hostname)"
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
+echo "== build (make CUDA=1)"
+make -j"$(nproc)" CUDA=1 BUILD=build-cuda all || { echo "BUILD FAILED"; exit 1; }
+echo "== CUDA op tests"
+./build-cuda/unit-tests cuda_
+echo "== full unit suite on the CUDA build"
+./build-cuda/unit-tests
+echo "== benchmarks (CPU backend on this host, for reference)"
+./build-cuda/rollout-bench --preset default --batches 1,16
+echo "== done"
