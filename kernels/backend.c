@@ -17,6 +17,7 @@ const char *rs_backend_missing_op(const rs_backend *b) {
     const rs_backend_ops *o = b->ops;
 #define RS_CHECK_OP(f) if (!o->f) return #f
     RS_CHECK_OP(alloc); RS_CHECK_OP(free); RS_CHECK_OP(upload); RS_CHECK_OP(download);
+    RS_CHECK_OP(copy);
     RS_CHECK_OP(embed); RS_CHECK_OP(rmsnorm); RS_CHECK_OP(matmul); RS_CHECK_OP(rope);
     RS_CHECK_OP(kv_store); RS_CHECK_OP(attention); RS_CHECK_OP(swiglu); RS_CHECK_OP(add);
     RS_CHECK_OP(gather_rows); RS_CHECK_OP(moe); RS_CHECK_OP(destroy);
@@ -38,6 +39,11 @@ void rs_backend_upload(rs_backend *b, void *dst, const void *src_host, size_t by
 void rs_backend_download(rs_backend *b, void *dst_host, const void *src, size_t bytes) {
     RS_ASSERT(dst_host && (src || bytes == 0));
     b->ops->download(b, dst_host, src, bytes);
+}
+
+void rs_backend_copy(rs_backend *b, void *dst, const void *src, size_t bytes) {
+    RS_ASSERT(dst && (src || bytes == 0));
+    b->ops->copy(b, dst, src, bytes);
 }
 
 void rs_op_embed(rs_backend *b, float *out, const rs_tensor *table, const int32_t *ids, int n) {

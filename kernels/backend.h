@@ -69,6 +69,7 @@ typedef struct rs_backend_ops {
     void (*free)(rs_backend *b, void *p);
     void (*upload)(rs_backend *b, void *dst, const void *src_host, size_t bytes);
     void (*download)(rs_backend *b, void *dst_host, const void *src, size_t bytes); /* synchronizes */
+    void (*copy)(rs_backend *b, void *dst, const void *src, size_t bytes);   /* within the backend */
 
     /* out[i][:] = table[ids[i]][:]  (table [vocab][dim] bf16/f16/f32) */
     void (*embed)(rs_backend *b, float *out, const rs_tensor *table, const int32_t *ids, int n);
@@ -134,6 +135,7 @@ void *rs_backend_alloc(rs_backend *b, size_t bytes);
 void rs_backend_free_mem(rs_backend *b, void *p);
 void rs_backend_upload(rs_backend *b, void *dst, const void *src_host, size_t bytes);
 void rs_backend_download(rs_backend *b, void *dst_host, const void *src, size_t bytes);
+void rs_backend_copy(rs_backend *b, void *dst, const void *src, size_t bytes);
 void rs_op_embed(rs_backend *b, float *out, const rs_tensor *table, const int32_t *ids, int n);
 void rs_op_rmsnorm(rs_backend *b, float *out, const float *x, const rs_tensor *w, int rows, int dim, float eps);
 void rs_op_matmul(rs_backend *b, float *out, const float *x, const rs_tensor *w, const rs_tensor *bias, int rows);

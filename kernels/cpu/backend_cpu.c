@@ -105,6 +105,11 @@ static void cpu_upload(rs_backend *b, void *dst, const void *src_host, size_t by
     if (bytes) memcpy(dst, src_host, bytes);
 }
 
+static void cpu_copy(rs_backend *b, void *dst, const void *src, size_t bytes) {
+    (void)b;
+    memmove(dst, src, bytes);
+}
+
 static void cpu_download(rs_backend *b, void *dst_host, const void *src, size_t bytes) {
     (void)b;
     if (bytes) memcpy(dst_host, src, bytes);
@@ -130,6 +135,7 @@ static const rs_backend_ops cpu_ops = {
     .free = cpu_free,
     .upload = cpu_upload,
     .download = cpu_download,
+    .copy = cpu_copy,
     .embed = rs_cpu_op_embed,
     .rmsnorm = rs_cpu_op_rmsnorm,
     .matmul = rs_cpu_op_matmul,

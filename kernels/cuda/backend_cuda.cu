@@ -59,6 +59,10 @@ static void cuda_download(rs_backend *b, void *dst, const void *src, size_t byte
     CUDA_CHECK(cudaStreamSynchronize(c->stream));
 }
 
+static void cuda_copy(rs_backend *b, void *dst, const void *src, size_t bytes) {
+    CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, ctx_of(b)->stream));
+}
+
 static void cuda_destroy(rs_backend *b) {
     cuda_ctx *c = ctx_of(b);
     CUDA_CHECK(cudaStreamSynchronize(c->stream));
@@ -77,6 +81,7 @@ static rs_backend_ops make_ops(void) {
     ops.free = cuda_free;
     ops.upload = cuda_upload;
     ops.download = cuda_download;
+    ops.copy = cuda_copy;
     ops.destroy = cuda_destroy;
     return ops;
 }
