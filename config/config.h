@@ -21,6 +21,10 @@
 
 typedef struct rs_config {
     char model[4096];           /* model directory; empty = the embedded default model */
+    char quantization[8];       /* fp8 | bf16: precision of attention and MLP matrices */
+    char quant_ignore[1024];    /* comma-separated globs of tensors kept as stored */
+    int bf16_first_layers;      /* first N decoder layers kept as stored */
+    int bf16_last_layers;       /* last N decoder layers kept as stored */
     char host[256];             /* bind address */
     int port;                   /* 0 = any free port */
     int threads;                /* CPU backend threads; 0 = all cores */

@@ -13,10 +13,16 @@
  *   - Qwen3-MoE's num_experts may be spelled num_local_experts (its attribute_map; transformers 5
  *     saves that name); a layer is sparse iff l is not in mlp_only_layers, num_experts > 0 and
  *     (l + 1) % decoder_sparse_step == 0 (Qwen3MoeDecoderLayer.__init__).
+ *   - "quantization_config" is read as vLLM's Fp8Config reads it: quant_method "fp8" with
+ *     weight_block_size [128, 128] (the DeepSeek-V3 / Qwen3-FP8 layout), activation_scheme
+ *     "dynamic" (the default), fmt "e4m3" / "float8_e4m3fn" if given, and the optional
+ *     modules_to_not_convert (transformers) / ignored_layers (vLLM, SGLang) lists of modules kept
+ *     unquantized. Other keys of the object are allowed and ignored.
  * Anything the forward pass does not implement (sliding-window layers, attention/MLP biases on
- * Llama/Qwen3, partial rotary, other RoPE types, activations other than SiLU, quantized
- * checkpoints) is RS_EUNSUPPORTED naming the key, never silently ignored. Values out of range are
- * RS_EFORMAT naming the key.
+ * Llama/Qwen3, partial rotary, other RoPE types, activations other than SiLU, quantization methods
+ * other than blockwise FP8, per-tensor or other block sizes, static activation scales) is
+ * RS_EUNSUPPORTED naming the key, never silently ignored. Values out of range are RS_EFORMAT
+ * naming the key.
  */
 #include <jansson.h>
 #include <stdio.h>
@@ -24,6 +30,7 @@
 #include <sys/stat.h>
 
 #include "model.h"
+#include "quant.h"
 
 #define CFG_MAX_BYTES (16u << 20)
 
@@ -151,10 +158,6 @@ static int check_unsupported(const cfg_reader *r, const rs_model_config *c) {
     json_t *v;
     if ((v = cfg_get(root, "hidden_act")) && (!json_is_string(v) || strcmp(json_string_value(v), "silu") != 0))
         return cfg_fail(r, RS_EUNSUPPORTED, "hidden_act", "\"hidden_act\" must be \"silu\"");
-    if (cfg_get(root, "quantization_config"))
-        return cfg_fail(r, RS_EUNSUPPORTED, "quantization_config",
-                        "quantized checkpoints (\"quantization_config\") are not loaded from disk; load the "
-                        "BF16 checkpoint and let rolloutd quantize it");
     if ((v = cfg_get(root, "partial_rotary_factor")) && (!json_is_number(v) || json_number_value(v) != 1.0))
         return cfg_fail(r, RS_EUNSUPPORTED, "partial_rotary_factor", "partial rotary embeddings are not supported");
     bool b;
@@ -250,6 +253,79 @@ static int parse_rope(const cfg_reader *r, rs_model_config *c) {
     if ((rc = cfg_int(r, root, "original_max_position_embeddings", false, omp, 1, 1 << 30, &omp)) != RS_OK)
         return rc;
     c->rope_original_max_position = omp;
+    return RS_OK;
+}
+
+/* Appends the entries of quantization_config[key] (a list of strings, or absent) to
+ * c->fp8_not_converted, '\n'-separated. */
+static int add_not_converted(const cfg_reader *r, const json_t *qc, const char *key, rs_model_config *c) {
+    json_t *v = cfg_get(qc, key);
+    if (!v) return RS_OK;
+    if (!json_is_array(v))
+        return cfg_fail(r, RS_EFORMAT, key, "quantization_config.%s must be a list of module names", key);
+    size_t i, used = strlen(c->fp8_not_converted);
+    json_t *e;
+    json_array_foreach(v, i, e) {
+        const char *s = json_is_string(e) ? json_string_value(e) : NULL;
+        if (!s || strchr(s, '\n') || rs_quant_check_list_entry(s) != RS_OK)
+            return cfg_fail(r, RS_EFORMAT, key,
+                            "quantization_config.%s[%zu] is not a module name or a valid \"re:\" pattern", key, i);
+        size_t len = strlen(s);
+        if (used + (used > 0) + len + 1 > sizeof c->fp8_not_converted)
+            return cfg_fail(r, RS_EUNSUPPORTED, key, "quantization_config.%s: more than %zu bytes of module names",
+                            key, sizeof c->fp8_not_converted - 1);
+        if (used) c->fp8_not_converted[used++] = '\n';
+        memcpy(c->fp8_not_converted + used, s, len + 1);
+        used += len;
+    }
+    return RS_OK;
+}
+
+/* quantization_config: absent, or blockwise FP8 (see the top of this file). */
+static int parse_quant(const cfg_reader *r, rs_model_config *c) {
+    c->fp8_checkpoint = false;
+    c->fp8_not_converted[0] = '\0';
+    json_t *qc = cfg_get(r->root, "quantization_config");
+    if (!qc) return RS_OK;
+    if (!json_is_object(qc))
+        return cfg_fail(r, RS_EFORMAT, "quantization_config", "\"quantization_config\" must be an object");
+    json_t *v = cfg_get(qc, "quant_method");
+    if (!json_is_string(v))
+        return cfg_fail(r, RS_EFORMAT, "quant_method", "quantization_config.quant_method must be a string");
+    if (strcmp(json_string_value(v), "fp8") != 0)
+        return cfg_fail(r, RS_EUNSUPPORTED, "quant_method",
+                        "quantization_config.quant_method \"%.64s\" is not supported (only \"fp8\" with "
+                        "weight_block_size [128, 128]; or load the BF16 checkpoint and let rolloutd quantize it)",
+                        json_string_value(v));
+    v = cfg_get(qc, "weight_block_size");
+    if (!v)
+        return cfg_fail(r, RS_EUNSUPPORTED, "weight_block_size",
+                        "quantization_config.weight_block_size is missing: per-tensor FP8 checkpoints are not "
+                        "supported, only 128x128 blocks");
+    if (!json_is_array(v) || json_array_size(v) != 2 || !json_is_integer(json_array_get(v, 0)) ||
+        !json_is_integer(json_array_get(v, 1)))
+        return cfg_fail(r, RS_EFORMAT, "weight_block_size",
+                        "quantization_config.weight_block_size must be a list of two integers");
+    long long b0 = json_integer_value(json_array_get(v, 0)), b1 = json_integer_value(json_array_get(v, 1));
+    if (b0 != 128 || b1 != 128)
+        return cfg_fail(r, RS_EUNSUPPORTED, "weight_block_size",
+                        "quantization_config.weight_block_size [%lld, %lld] is not supported, only [128, 128]", b0,
+                        b1);
+    v = cfg_get(qc, "activation_scheme");
+    if (v && (!json_is_string(v) || strcmp(json_string_value(v), "dynamic") != 0))
+        return cfg_fail(r, RS_EUNSUPPORTED, "activation_scheme",
+                        "quantization_config.activation_scheme must be \"dynamic\" (static activation scales "
+                        "are not supported)");
+    v = cfg_get(qc, "fmt");
+    if (v && (!json_is_string(v) || (strcmp(json_string_value(v), "e4m3") != 0 &&
+                                     strcmp(json_string_value(v), "float8_e4m3fn") != 0)))
+        return cfg_fail(r, RS_EUNSUPPORTED, "fmt",
+                        "quantization_config.fmt must be \"e4m3\" (float8_e4m3fn); other FP8 formats are not "
+                        "supported");
+    int rc;
+    if ((rc = add_not_converted(r, qc, "modules_to_not_convert", c)) != RS_OK) return rc;
+    if ((rc = add_not_converted(r, qc, "ignored_layers", c)) != RS_OK) return rc;
+    c->fp8_checkpoint = true;
     return RS_OK;
 }
 
@@ -364,6 +440,7 @@ static int parse_config(const cfg_reader *r, const cfg_reader *gen, rs_model_con
     if ((rc = check_unsupported(r, c)) != RS_OK) return rc;
     if ((rc = parse_rope(r, c)) != RS_OK) return rc;
     if ((rc = parse_moe(r, c)) != RS_OK) return rc;
+    if ((rc = parse_quant(r, c)) != RS_OK) return rc;
     return parse_special_tokens(r, gen, c);
 }
 

@@ -6,13 +6,27 @@
  * knows the HF name, the shape and the dtypes it accepts, and it fails on the first tensor that is
  * missing, mis-shaped or of a dtype the kernels cannot read, with a message naming the tensor, its
  * file, and the expected and actual shapes. Matrices (embeddings, projections, router, experts)
- * stay as stored in BF16, F16 or F32; 1-D tensors (norms, biases) are converted to F32 here so no
- * kernel ever reads a half-precision vector. Tensors the checklist does not name (rotary inv_freq
- * buffers, a tied lm_head) are skipped with a debug line.
+ * stay as stored in BF16, F16 or F32 unless the quantization policy (quant.h) makes them FP8;
+ * 1-D tensors (norms, biases) are converted to F32 here so no kernel ever reads a half-precision
+ * vector. Tensors the checklist does not name (rotary inv_freq buffers, a tied lm_head) are
+ * skipped with a debug line.
+ *
+ * FP8. A matrix the policy quantizes is read into host memory (F16 widened to F32), quantized with
+ * rs_fp8_quantize_weight, and only its E4M3 codes [out][in] and fp32 block scales
+ * [ceil(out/128)][ceil(in/128)] are uploaded: no BF16 copy stays resident. A matrix an FP8
+ * checkpoint stores as F8_E4M3 is copied as it is, with its `<name>_scale_inv` (F32 or BF16,
+ * widened to F32), after checking the scale exists, has the block-grid shape and holds finite,
+ * non-negative values. Both kinds count in rs_model.n_quantized / quantized_bytes, and one info
+ * line reports them against their BF16 size. Two things are warned about rather than refused:
+ * an FP8 checkpoint loaded with --quantization bf16 (its FP8 matrices stay FP8), and an FP8
+ * checkpoint with attention/MLP matrices stored unquantized that its quantization_config does not
+ * list as unconverted (the verl #7443 pattern: a writer that silently skipped the experts); those
+ * follow the policy.
  *
  * The checkpoint is mmap'ed (safetensors.c); each tensor is copied straight from the mapping to its
  * backend allocation, and the mapping is dropped before returning, so peak host memory is the page
- * cache plus the largest 1-D tensor.
+ * cache plus the largest 1-D tensor, or with FP8 quantization at load the largest matrix in F32
+ * (BF16 stays BF16) plus its codes.
  *
  * rope_inv_freq reproduces transformers' float32 arithmetic (modeling_rope_utils.py, 5.x):
  *   inv_freq = 1 / theta ** (arange(0, dim, 2).float() / dim)
@@ -27,7 +41,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../kernels/fp8.h"
 #include "model.h"
+#include "quant.h"
 #include "safetensors.h"
 
 /* Owns every backend allocation behind an rs_model's tensors, and the host arrays of MoE
@@ -42,10 +58,18 @@ struct rs_weight_store {
 
 typedef struct loader {
     const char *dir;
+    const rs_model_config *cfg;     /* borrowed */
+    const rs_quant_policy *qp;      /* borrowed; NULL = matrices as stored */
     rs_st_dir *st;          /* owned while loading */
     bool *used;             /* [rs_st_dir_count] tensors consumed so far */
     struct rs_weight_store *ws;
     int64_t params;
+    /* FP8 matrices: quantized here or stored FP8, their resident bytes and their BF16 size */
+    int n_quantized, n_stored_fp8;
+    size_t quantized_bytes, quantized_bf16_bytes;
+    int n_fp8_against_policy;       /* stored FP8 where the policy would keep the stored dtype */
+    int n_unlisted;                 /* FP8 checkpoint: eligible, stored unquantized, not listed */
+    char first_unlisted[256];
     rs_error *err;
 } loader;
 
@@ -92,11 +116,116 @@ static void vector_to_f32(float *dst, const rs_st_tensor *t, size_t n) {
     }
 }
 
-/* Loads the tensor named by fmt... with the expected shape ([d0] or [d0][d1]) into *out. */
-static int load_tensor(loader *L, rs_tensor *out, int kind, int64_t d0, int64_t d1, const char *fmt, ...)
-    __attribute__((format(printf, 6, 7)));
+/* Uploads `bytes` bytes from host memory into a new store allocation; *dst receives it. */
+static int upload_new(loader *L, void **dst, const void *host, size_t bytes, const char *name) {
+    *dst = store_alloc(L->ws, bytes);
+    if (!*dst)
+        return rs_error_set(L->err, RS_ENOMEM, name, "backend out of memory allocating %zu bytes for tensor '%s'",
+                            bytes, name);
+    rs_backend_upload(L->ws->backend, *dst, host, bytes);
+    return RS_OK;
+}
 
-static int load_tensor(loader *L, rs_tensor *out, int kind, int64_t d0, int64_t d1, const char *fmt, ...) {
+static void count_fp8(loader *L, const rs_tensor *t) {
+    const size_t n = (size_t)rs_tensor_numel(t);
+    L->n_quantized++;
+    L->quantized_bytes += n + (size_t)(rs_fp8_blocks(t->shape[0]) * rs_fp8_blocks(t->shape[1])) * sizeof(float);
+    L->quantized_bf16_bytes += 2 * n;
+}
+
+/* Quantizes a BF16/F16/F32 matrix `t` ([out][in], shape already checked) on the host and uploads
+ * its E4M3 codes and block scales into *out. */
+static int load_quantized(loader *L, rs_tensor *out, const rs_st_tensor *t, const char *name) {
+    const int64_t rows = out->shape[0], cols = out->shape[1];
+    const size_t n = (size_t)rows * (size_t)cols;
+    const size_t n_scales = (size_t)(rs_fp8_blocks(rows) * rs_fp8_blocks(cols));
+    /* an aligned host copy: BF16 as it is, F32 as it is, F16 widened to F32 (exact) */
+    rs_tensor host = {.ndim = 2, .shape = {rows, cols}};
+    host.dtype = t->dtype == RS_DTYPE_BF16 ? RS_DTYPE_BF16 : RS_DTYPE_F32;
+    host.data = rs_xmalloc(rs_tensor_nbytes(&host));
+    if (t->dtype == RS_DTYPE_F16) {
+        float *f = host.data;
+        for (size_t i = 0; i < n; i++) {
+            uint16_t h;
+            memcpy(&h, (const uint8_t *)t->data + 2 * i, 2);
+            f[i] = rs_f16_to_f32(h);
+        }
+    } else {
+        memcpy(host.data, t->data, rs_tensor_nbytes(&host));
+    }
+    uint8_t *codes = rs_xmalloc(n);           /* [out][in] e4m3 */
+    float *scales = rs_xmalloc(n_scales * sizeof *scales); /* [ceil(out/128)][ceil(in/128)] */
+    int rc = rs_fp8_quantize_weight(&host, codes, scales);
+    free(host.data);
+    if (rc != RS_OK) {
+        rc = rs_error_set(L->err, RS_EINTERNAL, name, "cannot quantize tensor '%s' (%s)", name, rs_err_name(rc));
+        goto done;
+    }
+    out->dtype = RS_DTYPE_E4M3;
+    if ((rc = upload_new(L, &out->data, codes, n, name)) != RS_OK) goto done;
+    void *s;
+    if ((rc = upload_new(L, &s, scales, n_scales * sizeof *scales, name)) != RS_OK) goto done;
+    out->scale_inv = s;
+    count_fp8(L, out);
+done:
+    free(codes);
+    free(scales);
+    return rc;
+}
+
+/* Copies an F8_E4M3 matrix of an FP8 checkpoint ([out][in], shape already checked) and its
+ * `<name>_scale_inv` into *out, unchanged. */
+static int load_stored_fp8(loader *L, rs_tensor *out, const rs_st_tensor *t, const char *name, const char *file) {
+    const int64_t rows = out->shape[0], cols = out->shape[1];
+    const int64_t want[2] = {rs_fp8_blocks(rows), rs_fp8_blocks(cols)};
+    char sname[300], want_s[64], got_s[128];
+    snprintf(sname, sizeof sname, "%s_scale_inv", name);
+    fmt_shape(want_s, sizeof want_s, 2, want);
+    size_t index;
+    const char *sfile;
+    const rs_st_tensor *s = rs_st_dir_find(L->st, sname, &index, &sfile);
+    if (!s)
+        return rs_error_set(L->err, RS_EFORMAT, sname,
+                            "%s: FP8 tensor '%s' has no scale tensor '%s' (expected F32 %s, one scale per 128x128 "
+                            "block)", file, name, sname, want_s);
+    L->used[index] = true;
+    fmt_shape(got_s, sizeof got_s, s->ndim, s->shape);
+    if (s->ndim != 2 || s->shape[0] != want[0] || s->shape[1] != want[1])
+        return rs_error_set(L->err, RS_EFORMAT, sname,
+                            "%s: scale tensor '%s' has shape %s, expected %s = [ceil(%lld/128), ceil(%lld/128)]",
+                            sfile, sname, got_s, want_s, (long long)rows, (long long)cols);
+    if (s->dtype != RS_DTYPE_F32 && s->dtype != RS_DTYPE_BF16)
+        return rs_error_set(L->err, RS_EUNSUPPORTED, sname, "%s: scale tensor '%s' has dtype %s, expected F32 or BF16",
+                            sfile, sname, s->st_dtype);
+    const size_t n_scales = (size_t)(want[0] * want[1]);
+    float *scales = rs_xmalloc(n_scales * sizeof *scales); /* [ceil(out/128)][ceil(in/128)] f32 */
+    vector_to_f32(scales, s, n_scales);
+    int rc = RS_OK;
+    for (size_t i = 0; i < n_scales; i++) {
+        if (!(scales[i] >= 0.0f) || isinf(scales[i])) {
+            rc = rs_error_set(L->err, RS_EFORMAT, sname, "%s: scale tensor '%s' holds %g at [%zu][%zu]", sfile, sname,
+                              (double)scales[i], i / (size_t)want[1], i % (size_t)want[1]);
+            goto done;
+        }
+    }
+    out->dtype = RS_DTYPE_E4M3;
+    if ((rc = upload_new(L, &out->data, t->data, (size_t)(rows * cols), name)) != RS_OK) goto done;
+    void *dev;
+    if ((rc = upload_new(L, &dev, scales, n_scales * sizeof *scales, name)) != RS_OK) goto done;
+    out->scale_inv = dev;
+    count_fp8(L, out);
+    L->n_stored_fp8++;
+done:
+    free(scales);
+    return rc;
+}
+
+/* Loads the tensor named by fmt... with the expected shape ([d0] or [d0][d1]) into *out. `layer`
+ * is the decoder layer it belongs to, -1 for none (for the quantization policy). */
+static int load_tensor(loader *L, rs_tensor *out, int kind, int layer, int64_t d0, int64_t d1, const char *fmt, ...)
+    __attribute__((format(printf, 7, 8)));
+
+static int load_tensor(loader *L, rs_tensor *out, int kind, int layer, int64_t d0, int64_t d1, const char *fmt, ...) {
     char name[256];
     va_list ap;
     va_start(ap, fmt);
@@ -118,71 +247,84 @@ static int load_tensor(loader *L, rs_tensor *out, int kind, int64_t d0, int64_t 
     if (t->ndim != ndim || t->shape[0] != d0 || (ndim == 2 && t->shape[1] != d1))
         return rs_error_set(L->err, RS_EFORMAT, name, "%s: tensor '%s' has shape %s, expected %s", file, name, got_s,
                             want_s);
-    if (t->dtype != RS_DTYPE_BF16 && t->dtype != RS_DTYPE_F16 && t->dtype != RS_DTYPE_F32)
-        return rs_error_set(L->err, RS_EUNSUPPORTED, name, "%s: tensor '%s' has dtype %s, expected BF16, F16 or F32",
-                            file, name, t->st_dtype);
 
     memset(out, 0, sizeof *out);
     out->ndim = ndim;
     out->shape[0] = d0;
     out->shape[1] = ndim == 2 ? d1 : 0;
+    const bool eligible = kind == KIND_MATRIX && rs_quant_eligible(name, NULL);
+    if (t->dtype == RS_DTYPE_E4M3 && L->cfg->fp8_checkpoint && eligible) {
+        L->params += rs_tensor_numel(out);
+        if (!rs_quant_should_quantize(L->qp, L->cfg, name, layer)) L->n_fp8_against_policy++;
+        return load_stored_fp8(L, out, t, name, file);
+    }
+    if (t->dtype == RS_DTYPE_E4M3 && L->cfg->fp8_checkpoint)
+        return rs_error_set(L->err, RS_EUNSUPPORTED, name,
+                            "%s: tensor '%s' has dtype F8_E4M3; only attention and MLP/expert projections may be "
+                            "FP8 (embeddings, lm_head, norms, biases and the MoE router are BF16, F16 or F32)",
+                            file, name);
+    static const char fp8_hint[] = " (F8_E4M3 matrices need a config.json quantization_config "
+                                   "{\"quant_method\": \"fp8\", \"weight_block_size\": [128, 128]})";
+    if (t->dtype != RS_DTYPE_BF16 && t->dtype != RS_DTYPE_F16 && t->dtype != RS_DTYPE_F32)
+        return rs_error_set(L->err, RS_EUNSUPPORTED, name, "%s: tensor '%s' has dtype %s, expected BF16, F16 or F32%s",
+                            file, name, t->st_dtype, t->dtype == RS_DTYPE_E4M3 ? fp8_hint : "");
+    L->params += rs_tensor_numel(out);
+    if (eligible && L->cfg->fp8_checkpoint && !rs_quant_listed(L->cfg->fp8_not_converted, name) &&
+        L->n_unlisted++ == 0)
+        snprintf(L->first_unlisted, sizeof L->first_unlisted, "%s", name);
+    if (eligible && rs_quant_should_quantize(L->qp, L->cfg, name, layer)) return load_quantized(L, out, t, name);
+
     out->dtype = kind == KIND_MATRIX ? t->dtype : RS_DTYPE_F32;
     size_t nbytes = rs_tensor_nbytes(out);
-    out->data = store_alloc(L->ws, nbytes);
-    if (!out->data)
-        return rs_error_set(L->err, RS_ENOMEM, name, "backend out of memory allocating %zu bytes for tensor '%s'",
-                            nbytes, name);
-    if (kind == KIND_MATRIX) {
-        rs_backend_upload(L->ws->backend, out->data, t->data, nbytes);
-    } else {
-        float *host = rs_xmalloc(nbytes);
-        vector_to_f32(host, t, (size_t)d0);
-        rs_backend_upload(L->ws->backend, out->data, host, nbytes);
-        free(host);
-    }
-    L->params += rs_tensor_numel(out);
-    return RS_OK;
+    if (kind == KIND_MATRIX) return upload_new(L, &out->data, t->data, nbytes, name);
+    float *host = rs_xmalloc(nbytes);
+    vector_to_f32(host, t, (size_t)d0);
+    int rc = upload_new(L, &out->data, host, nbytes, name);
+    free(host);
+    return rc;
 }
 
 static int load_layer(loader *L, const rs_model_config *c, int l, rs_layer_weights *w, rs_tensor *experts) {
     const int64_t h = c->hidden, hd = c->head_dim, q = (int64_t)c->n_heads * hd, kv = (int64_t)c->n_kv_heads * hd;
     const char *pre = "model.layers";
     int rc;
-    if ((rc = load_tensor(L, &w->attn_norm, KIND_VECTOR, h, 0, "%s.%d.input_layernorm.weight", pre, l))) return rc;
-    if ((rc = load_tensor(L, &w->mlp_norm, KIND_VECTOR, h, 0, "%s.%d.post_attention_layernorm.weight", pre, l)))
+    if ((rc = load_tensor(L, &w->attn_norm, KIND_VECTOR, l, h, 0, "%s.%d.input_layernorm.weight", pre, l))) return rc;
+    if ((rc = load_tensor(L, &w->mlp_norm, KIND_VECTOR, l, h, 0, "%s.%d.post_attention_layernorm.weight", pre, l)))
         return rc;
-    if ((rc = load_tensor(L, &w->wq, KIND_MATRIX, q, h, "%s.%d.self_attn.q_proj.weight", pre, l))) return rc;
-    if ((rc = load_tensor(L, &w->wk, KIND_MATRIX, kv, h, "%s.%d.self_attn.k_proj.weight", pre, l))) return rc;
-    if ((rc = load_tensor(L, &w->wv, KIND_MATRIX, kv, h, "%s.%d.self_attn.v_proj.weight", pre, l))) return rc;
-    if ((rc = load_tensor(L, &w->wo, KIND_MATRIX, h, q, "%s.%d.self_attn.o_proj.weight", pre, l))) return rc;
+    if ((rc = load_tensor(L, &w->wq, KIND_MATRIX, l, q, h, "%s.%d.self_attn.q_proj.weight", pre, l))) return rc;
+    if ((rc = load_tensor(L, &w->wk, KIND_MATRIX, l, kv, h, "%s.%d.self_attn.k_proj.weight", pre, l))) return rc;
+    if ((rc = load_tensor(L, &w->wv, KIND_MATRIX, l, kv, h, "%s.%d.self_attn.v_proj.weight", pre, l))) return rc;
+    if ((rc = load_tensor(L, &w->wo, KIND_MATRIX, l, h, q, "%s.%d.self_attn.o_proj.weight", pre, l))) return rc;
     if (c->qkv_bias) {
-        if ((rc = load_tensor(L, &w->bq, KIND_VECTOR, q, 0, "%s.%d.self_attn.q_proj.bias", pre, l))) return rc;
-        if ((rc = load_tensor(L, &w->bk, KIND_VECTOR, kv, 0, "%s.%d.self_attn.k_proj.bias", pre, l))) return rc;
-        if ((rc = load_tensor(L, &w->bv, KIND_VECTOR, kv, 0, "%s.%d.self_attn.v_proj.bias", pre, l))) return rc;
+        if ((rc = load_tensor(L, &w->bq, KIND_VECTOR, l, q, 0, "%s.%d.self_attn.q_proj.bias", pre, l))) return rc;
+        if ((rc = load_tensor(L, &w->bk, KIND_VECTOR, l, kv, 0, "%s.%d.self_attn.k_proj.bias", pre, l))) return rc;
+        if ((rc = load_tensor(L, &w->bv, KIND_VECTOR, l, kv, 0, "%s.%d.self_attn.v_proj.bias", pre, l))) return rc;
     }
     if (c->qk_norm) {
-        if ((rc = load_tensor(L, &w->q_norm, KIND_VECTOR, hd, 0, "%s.%d.self_attn.q_norm.weight", pre, l))) return rc;
-        if ((rc = load_tensor(L, &w->k_norm, KIND_VECTOR, hd, 0, "%s.%d.self_attn.k_norm.weight", pre, l))) return rc;
+        if ((rc = load_tensor(L, &w->q_norm, KIND_VECTOR, l, hd, 0, "%s.%d.self_attn.q_norm.weight", pre, l)))
+            return rc;
+        if ((rc = load_tensor(L, &w->k_norm, KIND_VECTOR, l, hd, 0, "%s.%d.self_attn.k_norm.weight", pre, l)))
+            return rc;
     }
     if (!c->layer_is_moe[l]) {
         const int64_t in = c->intermediate;
-        if ((rc = load_tensor(L, &w->w_gate, KIND_MATRIX, in, h, "%s.%d.mlp.gate_proj.weight", pre, l))) return rc;
-        if ((rc = load_tensor(L, &w->w_up, KIND_MATRIX, in, h, "%s.%d.mlp.up_proj.weight", pre, l))) return rc;
-        if ((rc = load_tensor(L, &w->w_down, KIND_MATRIX, h, in, "%s.%d.mlp.down_proj.weight", pre, l))) return rc;
+        if ((rc = load_tensor(L, &w->w_gate, KIND_MATRIX, l, in, h, "%s.%d.mlp.gate_proj.weight", pre, l))) return rc;
+        if ((rc = load_tensor(L, &w->w_up, KIND_MATRIX, l, in, h, "%s.%d.mlp.up_proj.weight", pre, l))) return rc;
+        if ((rc = load_tensor(L, &w->w_down, KIND_MATRIX, l, h, in, "%s.%d.mlp.down_proj.weight", pre, l))) return rc;
         return RS_OK;
     }
     const int64_t mi = c->moe_intermediate, ne = c->n_experts;
     w->e_gate = experts;
     w->e_up = experts + ne;
     w->e_down = experts + 2 * ne;
-    if ((rc = load_tensor(L, &w->router, KIND_MATRIX, ne, h, "%s.%d.mlp.gate.weight", pre, l))) return rc;
+    if ((rc = load_tensor(L, &w->router, KIND_MATRIX, l, ne, h, "%s.%d.mlp.gate.weight", pre, l))) return rc;
     for (int e = 0; e < ne; e++) {
         const char *ex = "mlp.experts";
-        if ((rc = load_tensor(L, &w->e_gate[e], KIND_MATRIX, mi, h, "%s.%d.%s.%d.gate_proj.weight", pre, l, ex, e)))
+        if ((rc = load_tensor(L, &w->e_gate[e], KIND_MATRIX, l, mi, h, "%s.%d.%s.%d.gate_proj.weight", pre, l, ex, e)))
             return rc;
-        if ((rc = load_tensor(L, &w->e_up[e], KIND_MATRIX, mi, h, "%s.%d.%s.%d.up_proj.weight", pre, l, ex, e)))
+        if ((rc = load_tensor(L, &w->e_up[e], KIND_MATRIX, l, mi, h, "%s.%d.%s.%d.up_proj.weight", pre, l, ex, e)))
             return rc;
-        if ((rc = load_tensor(L, &w->e_down[e], KIND_MATRIX, h, mi, "%s.%d.%s.%d.down_proj.weight", pre, l, ex, e)))
+        if ((rc = load_tensor(L, &w->e_down[e], KIND_MATRIX, l, h, mi, "%s.%d.%s.%d.down_proj.weight", pre, l, ex, e)))
             return rc;
     }
     return RS_OK;
@@ -191,7 +333,7 @@ static int load_layer(loader *L, const rs_model_config *c, int l, rs_layer_weigh
 static int load_weights(loader *L, rs_model *m) {
     const rs_model_config *c = &m->cfg;
     int rc;
-    if ((rc = load_tensor(L, &m->embed, KIND_MATRIX, c->vocab_size, c->hidden, "model.embed_tokens.weight")))
+    if ((rc = load_tensor(L, &m->embed, KIND_MATRIX, -1, c->vocab_size, c->hidden, "model.embed_tokens.weight")))
         return rc;
     m->layers = rs_xcalloc((size_t)c->n_layers, sizeof *m->layers);
     int n_moe = 0;
@@ -201,12 +343,12 @@ static int load_weights(loader *L, rs_model *m) {
         rs_tensor *ex = c->layer_is_moe[l] ? L->ws->experts + (size_t)(k++) * 3 * (size_t)c->n_experts : NULL;
         if ((rc = load_layer(L, c, l, &m->layers[l], ex)) != RS_OK) return rc;
     }
-    if ((rc = load_tensor(L, &m->final_norm, KIND_VECTOR, c->hidden, 0, "model.norm.weight"))) return rc;
+    if ((rc = load_tensor(L, &m->final_norm, KIND_VECTOR, -1, c->hidden, 0, "model.norm.weight"))) return rc;
     if (c->tie_embeddings) {
         m->lm_head = m->embed;
         return RS_OK;
     }
-    return load_tensor(L, &m->lm_head, KIND_MATRIX, c->vocab_size, c->hidden, "lm_head.weight");
+    return load_tensor(L, &m->lm_head, KIND_MATRIX, -1, c->vocab_size, c->hidden, "lm_head.weight");
 }
 
 /* transformers' inverse frequencies in float32 (see the top of this file). Python's `a / t` for a
@@ -243,9 +385,36 @@ void rs_model_free(rs_model *m) {
     free(m);
 }
 
-int rs_model_load(const char *dir, rs_backend *b, rs_model **out, rs_error *err) {
+/* The quantization summary: one info line, and the warnings described at the top of this file. */
+static void log_quantization(const loader *L, rs_model *m) {
+    m->n_quantized = L->n_quantized;
+    m->quantized_bytes = L->quantized_bytes;
+    m->quantized_bf16_bytes = L->quantized_bf16_bytes;
+    const char *mode = L->qp ? rs_quant_mode_name(L->qp->mode) : "bf16";
+    if (L->n_fp8_against_policy)
+        RS_WARN("model | %s: the checkpoint is FP8 (quantization_config); %d of its F8_E4M3 matrices are served "
+                "FP8 although the policy (--quantization %s, quant-ignore, bf16-first/last-layers) would keep "
+                "them as stored",
+                L->dir, L->n_fp8_against_policy, mode);
+    if (L->n_unlisted)
+        RS_WARN("model | %s: FP8 checkpoint with %d attention/MLP matrices stored unquantized and not listed in "
+                "quantization_config.modules_to_not_convert / ignored_layers (first: %s); they follow "
+                "--quantization %s", L->dir, L->n_unlisted, L->first_unlisted, mode);
+    if (!L->n_quantized) {
+        RS_INFO("model | quantization %s: no FP8 matrices, all as stored", mode);
+        return;
+    }
+    const double mib = 1.0 / (1 << 20);
+    char stored[64] = "";
+    if (L->n_stored_fp8) snprintf(stored, sizeof stored, "; %d stored FP8 in the checkpoint", L->n_stored_fp8);
+    RS_INFO("model | quantization fp8: %d tensors, %.1f MiB (BF16 would be %.1f MiB, ratio %.3f)%s", L->n_quantized,
+            (double)L->quantized_bytes * mib, (double)L->quantized_bf16_bytes * mib,
+            (double)L->quantized_bytes / (double)L->quantized_bf16_bytes, stored);
+}
+
+int rs_model_load(const char *dir, rs_backend *b, const rs_quant_policy *qp, rs_model **out, rs_error *err) {
     double t0 = rs_now_s();
-    loader L = {.dir = dir, .err = err};
+    loader L = {.dir = dir, .qp = qp, .err = err};
     rs_model *m = rs_xcalloc(1, sizeof *m);
     int rc;
     if (strlen(dir) >= sizeof m->path) {
@@ -255,6 +424,7 @@ int rs_model_load(const char *dir, rs_backend *b, rs_model **out, rs_error *err)
     snprintf(m->path, sizeof m->path, "%s", dir);
     m->backend = b;
     if ((rc = rs_model_config_load(dir, &m->cfg, err)) != RS_OK) goto fail;
+    L.cfg = &m->cfg;
     if ((rc = rs_st_dir_open(&L.st, dir, err)) != RS_OK) goto fail;
     m->store = rs_xcalloc(1, sizeof *m->store);
     m->store->backend = b;
@@ -268,6 +438,7 @@ int rs_model_load(const char *dir, rs_backend *b, rs_model **out, rs_error *err)
         if (!L.used[i]) RS_DEBUG("model | ignoring tensor '%s' in %s", t->name, file);
     }
     m->weight_bytes = m->store->bytes;
+    log_quantization(&L, m);
     m->rope_inv_freq = rs_xcalloc((size_t)m->cfg.head_dim / 2, sizeof *m->rope_inv_freq);
     rope_inv_freq(&m->cfg, m->rope_inv_freq);
 

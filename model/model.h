@@ -10,6 +10,16 @@
  *   Llama      incl. rope_scaling {"rope_type": "llama3"}
  *   Qwen3-MoE  top-k router, norm_topk_prob, per-expert SwiGLU MLPs
  * Tied embeddings (tie_word_embeddings) reuse embed_tokens as lm_head.
+ *
+ * Precision (quant.h). Matrices are served in the checkpoint's dtype unless the quantization policy
+ * passed to rs_model_load says FP8: then each eligible attention/MLP/expert matrix is quantized on
+ * the host at load (128x128 blocks, kernels/fp8.h) and only its E4M3 codes and fp32 block scales
+ * are uploaded. An FP8 checkpoint (config.json "quantization_config": {"quant_method": "fp8",
+ * "weight_block_size": [128, 128]}, the DeepSeek-V3 / Qwen3-FP8 layout) stores those matrices as
+ * F8_E4M3 with a companion `<name>_scale_inv` ([ceil(out/128)][ceil(in/128)], F32 or BF16); they
+ * are copied as they are, never requantized, and served FP8 even when the policy asks for BF16
+ * (dequantizing would not give back the trainer's weights, only a BF16 copy of the FP8 ones; the
+ * loader logs a warning instead). Its other tensors load as usual.
  */
 #ifndef RS_MODEL_H
 #define RS_MODEL_H
@@ -31,6 +41,9 @@ const char *rs_arch_name(rs_arch a); /* the HF architectures[] string, e.g. "Qwe
 
 #define RS_MAX_EOS 8
 #define RS_MAX_LAYERS 256
+#define RS_MAX_NOT_CONVERTED 16384 /* bytes of an FP8 checkpoint's not-converted module list */
+
+typedef struct rs_quant_policy rs_quant_policy; /* quant.h */
 
 typedef enum rs_rope_scaling {
     RS_ROPE_SCALING_NONE = 0,
@@ -66,10 +79,17 @@ typedef struct rs_model_config {
     int bos_token_id;           /* -1 when absent */
     int eos_token_ids[RS_MAX_EOS];
     int n_eos;
+    /* quantization_config: an FP8 checkpoint (quant_method "fp8", weight_block_size [128, 128],
+     * activation_scheme "dynamic"); eligible matrices may be stored F8_E4M3 + `<name>_scale_inv` */
+    bool fp8_checkpoint;
+    char fp8_not_converted[RS_MAX_NOT_CONVERTED]; /* modules_to_not_convert and ignored_layers
+                                                   * entries, '\n'-separated; "" when none */
 } rs_model_config;
 
 typedef struct rs_layer_weights {
     rs_tensor attn_norm;        /* input_layernorm.weight [hidden] */
+    /* Matrices below are BF16/F16/F32 as stored, or E4M3 codes with scale_inv [ceil(out/128)][ceil(in/128)]
+     * f32 where the quantization policy or an FP8 checkpoint says so (never the norms, biases or router). */
     rs_tensor wq, wk, wv, wo;   /* q_proj [n_heads*hd][hidden], k/v_proj [n_kv*hd][hidden], o_proj [hidden][n_heads*hd] */
     rs_tensor bq, bk, bv;       /* Qwen2 biases, else ndim 0 */
     rs_tensor q_norm, k_norm;   /* Qwen3 per-head RMSNorm [head_dim], else ndim 0 */
@@ -89,16 +109,21 @@ typedef struct rs_model {
     rs_tensor lm_head;              /* lm_head.weight [vocab][hidden], or == embed when tied */
     rs_layer_weights *layers;       /* [n_layers] */
     float *rope_inv_freq;           /* [head_dim/2], host memory, scaling applied */
-    size_t weight_bytes;            /* resident bytes of all weights on the backend */
+    size_t weight_bytes;            /* resident bytes of all weights on the backend (FP8: codes + scales) */
+    int n_quantized;                /* FP8 matrices, quantized at load or stored FP8 */
+    size_t quantized_bytes;         /* their resident bytes: E4M3 codes + fp32 block scales */
+    size_t quantized_bf16_bytes;    /* what the same matrices would take in BF16 */
     struct rs_weight_store *store;  /* owns the backend memory of every tensor above */
 } rs_model;
 
 /* Parses config.json (and generation_config.json for eos ids, if present) in `dir`. */
 int rs_model_config_load(const char *dir, rs_model_config *cfg, rs_error *err);
 
-/* Loads a model directory onto backend `b`. On failure returns a negative code with a message
- * that names the file, key or tensor at fault, and leaves *out untouched. */
-int rs_model_load(const char *dir, rs_backend *b, rs_model **out, rs_error *err);
+/* Loads a model directory onto backend `b`, choosing each matrix's precision with `qp` (borrowed;
+ * NULL = keep every matrix as stored; an FP8 checkpoint's E4M3 matrices are FP8 either way). On
+ * failure returns a negative code with a message that names the file, key or tensor at fault, and
+ * leaves *out untouched. *out is a new model, freed with rs_model_free. */
+int rs_model_load(const char *dir, rs_backend *b, const rs_quant_policy *qp, rs_model **out, rs_error *err);
 void rs_model_free(rs_model *m);
 
 /* Writes a model directory (config.json + model.safetensors, BF16 weights) with deterministic

@@ -28,6 +28,7 @@
 #include "../kernels/backend.h"
 #include "../model/model.h"
 #include "../model/presets.h"
+#include "../model/quant.h"
 #include "../scheduler/engine.h"
 #include "http.h"
 
@@ -161,7 +162,11 @@ static int load(rs_daemon *d, rs_error *err) {
     int rc;
     if (c->model[0]) snprintf(dir, sizeof dir, "%s", c->model);
     else if ((rc = default_model_dir(dir, sizeof dir, err)) != RS_OK) return rc;
-    if ((rc = rs_model_load(dir, d->backend, &d->model, err)) != RS_OK) return rc;
+    rs_quant_policy qp;
+    if ((rc = rs_quant_policy_init(&qp, c->quantization, c->quant_ignore, c->bf16_first_layers, c->bf16_last_layers,
+                                   err)) != RS_OK)
+        return rc;
+    if ((rc = rs_model_load(dir, d->backend, &qp, &d->model, err)) != RS_OK) return rc;
     const rs_model_config *mc = &d->model->cfg;
 
     int max_context = c->max_context ? c->max_context : mc->max_position;

@@ -2,13 +2,14 @@
  * rollout_bench.c — in-process decode throughput of the engine (no HTTP).
  *
  *   build/rollout-bench [--preset default|qwen3-0.6b|all] [--model DIR] [--threads N]
- *                       [--batches 1,16] [--prompt 32] [--gen 32]
+ *                       [--batches 1,16] [--prompt 32] [--gen 32] [--quantization bf16|fp8|both]
  *
  * For each batch size B it runs B greedy sequences twice through the real engine: once with
  * max_new_tokens = 1 (prefill + first token) and once with max_new_tokens = gen. Decode tokens/s
  * is B * (gen - 1) / (t_gen - t_1), so prefill cost cancels out. The same run measures the
  * machine's memory bandwidth with a STREAM-like copy, so batch-1 decode can be read as a share of
- * what the memory system delivers (weights read per token / time per token).
+ * what the memory system delivers (weights read per token / time per token). --quantization picks
+ * the weight precision the model is loaded with (model/quant.h; "both" runs bf16, then fp8).
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -20,6 +21,7 @@
 #include "../core/rs.h"
 #include "../model/model.h"
 #include "../model/presets.h"
+#include "../model/quant.h"
 #include "../scheduler/engine.h"
 
 typedef struct bench_opts {
@@ -30,6 +32,7 @@ typedef struct bench_opts {
     int n_batches;
     int prompt_len;
     int gen;
+    const char *quantization;   /* bf16 | fp8 | both */
 } bench_opts;
 
 /* Copy bandwidth in GB/s (bytes read + written), best of a few passes over 512 MiB. */
@@ -90,11 +93,12 @@ static long peak_rss_mib(void) {
     return ru.ru_maxrss / 1024;
 }
 
-static void bench_model(const char *label, const char *dir, const bench_opts *o, double bw_gbs) {
+static void bench_model(const char *label, const char *dir, const bench_opts *o, const rs_quant_policy *qp,
+                        double bw_gbs) {
     rs_backend *b = rs_backend_cpu_init(o->threads);
     rs_model *m = NULL;
     rs_error err = {0};
-    if (rs_model_load(dir, b, &m, &err) != RS_OK) {
+    if (rs_model_load(dir, b, qp, &m, &err) != RS_OK) {
         fprintf(stderr, "cannot load %s: %s\n", dir, err.message);
         exit(1);
     }
@@ -117,9 +121,9 @@ static void bench_model(const char *label, const char *dir, const bench_opts *o,
      * token (it is re-read as lm_head when tied). */
     double step_bytes = (double)m->weight_bytes;
     if (!m->cfg.tie_embeddings) step_bytes -= (double)rs_tensor_nbytes(&m->embed);
-    printf("\n%s: %s, %d layers, hidden %d, vocab %d, weights %.1f MiB (%s), %d threads\n", label,
-           rs_arch_name(m->cfg.arch), m->cfg.n_layers, m->cfg.hidden, m->cfg.vocab_size,
-           (double)m->weight_bytes / (1 << 20), rs_dtype_name(m->layers[0].wq.dtype), o->threads);
+    printf("\n%s [%s]: %s, %d layers, hidden %d, vocab %d, weights %.1f MiB (%s), %d threads\n", label,
+           rs_quant_mode_name(qp->mode), rs_arch_name(m->cfg.arch), m->cfg.n_layers, m->cfg.hidden,
+           m->cfg.vocab_size, (double)m->weight_bytes / (1 << 20), rs_dtype_name(m->layers[0].wq.dtype), o->threads);
     printf("  %-6s %-10s %-12s %-14s %-12s %s\n", "batch", "decode", "ms/step", "tokens/s", "x batch 1",
            "weight GB/s (share of copy bw)");
     run_batch(e, &m->cfg, 1, o->prompt_len, 2); /* warm-up: page in the weights */
@@ -164,13 +168,13 @@ static const char *ensure_preset(const char *name, char *dir, size_t cap) {
 
 static void usage(void) {
     fprintf(stderr, "usage: rollout-bench [--preset default|qwen3-0.6b|all] [--model DIR] [--threads N]\n"
-                    "                     [--batches 1,16] [--prompt 32] [--gen 32]\n");
+                    "                     [--batches 1,16] [--prompt 32] [--gen 32] [--quantization bf16|fp8|both]\n");
     exit(2);
 }
 
 int main(int argc, char **argv) {
     bench_opts o = {.preset = "all", .threads = 0, .batches = {1, 16}, .n_batches = 2, .prompt_len = 32,
-                    .gen = 32};
+                    .gen = 32, .quantization = "bf16"};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -180,6 +184,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(a, "--threads")) o.threads = atoi(v);
         else if (!strcmp(a, "--prompt")) o.prompt_len = atoi(v);
         else if (!strcmp(a, "--gen")) o.gen = atoi(v);
+        else if (!strcmp(a, "--quantization")) o.quantization = v;
         else if (!strcmp(a, "--batches")) {
             o.n_batches = 0;
             for (char *s = (char *)v; *s && o.n_batches < 8; s++) {
@@ -190,6 +195,15 @@ int main(int argc, char **argv) {
         i++;
     }
     if (o.gen < 2 || o.prompt_len < 1 || o.n_batches < 1) usage();
+    /* the policies to run, in order */
+    rs_quant_policy policies[2];
+    int n_policies = 0;
+    bool both = strcmp(o.quantization, "both") == 0;
+    const char *modes[2] = {both ? "bf16" : o.quantization, "fp8"};
+    for (int i = 0; i < (both ? 2 : 1); i++) {
+        rs_error err = {0};
+        if (rs_quant_policy_init(&policies[n_policies++], modes[i], "", 0, 0, &err) != RS_OK) usage();
+    }
     if (o.threads <= 0) o.threads = (int)sysconf(_SC_NPROCESSORS_ONLN);
     rs_log_min_level = RS_LOG_LEVEL_WARN;
 
@@ -199,13 +213,14 @@ int main(int argc, char **argv) {
            o.prompt_len, o.gen);
     char dir[4096];
     if (o.model) {
-        bench_model(o.model, o.model, &o, bw);
+        for (int q = 0; q < n_policies; q++) bench_model(o.model, o.model, &o, &policies[q], bw);
         return 0;
     }
     const char *all[] = {"default", "qwen3-0.6b"};
     for (size_t i = 0; i < RS_ARRAY_LEN(all); i++) {
         if (strcmp(o.preset, "all") != 0 && strcmp(o.preset, all[i]) != 0) continue;
-        bench_model(all[i], ensure_preset(all[i], dir, sizeof dir), &o, bw);
+        ensure_preset(all[i], dir, sizeof dir);
+        for (int q = 0; q < n_policies; q++) bench_model(all[i], dir, &o, &policies[q], bw);
     }
     return 0;
 }

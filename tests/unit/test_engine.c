@@ -42,7 +42,7 @@ static env env_open(size_t kv_bytes, int max_running, int max_step_tokens) {
     }
     env v = {0};
     v.b = rs_backend_cpu_init(2);
-    if (rs_model_load(dir, v.b, &v.m, &err) != RS_OK) RS_TEST_FAIL("load: %s", err.message);
+    if (rs_model_load(dir, v.b, NULL, &v.m, &err) != RS_OK) RS_TEST_FAIL("load: %s", err.message);
     rs_engine_opts o = {.kv_cache_bytes = kv_bytes, .max_running = max_running,
                         .max_step_tokens = max_step_tokens,
                         .limits = {.max_context = 256, .max_new_tokens = 128, .max_n = 8, .max_batch = 64}};

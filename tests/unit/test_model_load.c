@@ -292,6 +292,33 @@ RS_TEST(model_load_config_moe) {
     for (int l = 0; l < 6; l++) ASSERT_TRUE(!c.layer_is_moe[l]);
 }
 
+/* quantization_config of an FP8 checkpoint: Qwen3-8B-FP8's object, then with both skip lists */
+RS_TEST(model_load_config_fp8) {
+    const char *d = rs_test_tmpdir();
+    rs_model_config c;
+    write_config(d, QWEN3_0_6B, NULL);
+    load_cfg_ok(d, &c);
+    ASSERT_TRUE(!c.fp8_checkpoint);
+    ASSERT_STREQ(c.fp8_not_converted, "");
+    write_config(d, QWEN3_0_6B,
+                 "{\"quantization_config\": {\"activation_scheme\": \"dynamic\", \"fmt\": \"e4m3\","
+                 " \"quant_method\": \"fp8\", \"weight_block_size\": [128, 128]}}");
+    load_cfg_ok(d, &c);
+    ASSERT_TRUE(c.fp8_checkpoint);
+    ASSERT_STREQ(c.fp8_not_converted, "");
+    /* other keys are allowed; null lists read as absent; both lists are kept, in order */
+    write_config(d, QWEN3_MOE,
+                 "{\"quantization_config\": {\"quant_method\": \"fp8\", \"weight_block_size\": [128, 128],"
+                 " \"fmt\": \"float8_e4m3fn\", \"modules_to_not_convert\": [\"lm_head\", \"model.layers.1.mlp.gate\"],"
+                 " \"ignored_layers\": [\"re:.*\\\\.mlp\\\\.gate$\"], \"weight_scale_format\": null}}");
+    load_cfg_ok(d, &c);
+    ASSERT_TRUE(c.fp8_checkpoint);
+    ASSERT_STREQ(c.fp8_not_converted, "lm_head\nmodel.layers.1.mlp.gate\nre:.*\\.mlp\\.gate$");
+    write_config(d, QWEN3_0_6B, "{\"quantization_config\": null}");
+    load_cfg_ok(d, &c);
+    ASSERT_TRUE(!c.fp8_checkpoint);
+}
+
 RS_TEST(model_load_config_errors) {
     static const struct {
         const char *base, *patch;
@@ -313,7 +340,27 @@ RS_TEST(model_load_config_errors) {
         {NULL, "{\"tie_word_embeddings\": 1}", RS_EFORMAT, "tie_word_embeddings", "true or false"},
         {NULL, "{\"attention_bias\": true}", RS_EUNSUPPORTED, "attention_bias", "attention_bias"},
         {NULL, "{\"hidden_act\": \"gelu\"}", RS_EUNSUPPORTED, "hidden_act", "silu"},
-        {NULL, "{\"quantization_config\": {\"quant_method\": \"fp8\"}}", RS_EUNSUPPORTED, "quantization_config", "quant"},
+        {NULL, "{\"quantization_config\": {\"quant_method\": \"fp8\"}}", RS_EUNSUPPORTED, "weight_block_size",
+         "per-tensor"},
+        {NULL, "{\"quantization_config\": {\"quant_method\": \"gptq\", \"bits\": 4}}", RS_EUNSUPPORTED,
+         "quant_method", "gptq"},
+        {NULL, "{\"quantization_config\": {\"weight_block_size\": [128, 128]}}", RS_EFORMAT, "quant_method",
+         "quant_method"},
+        {NULL, "{\"quantization_config\": \"fp8\"}", RS_EFORMAT, "quantization_config", "object"},
+        {NULL, "{\"quantization_config\": {\"quant_method\": \"fp8\", \"weight_block_size\": [64, 64]}}",
+         RS_EUNSUPPORTED, "weight_block_size", "[64, 64]"},
+        {NULL, "{\"quantization_config\": {\"quant_method\": \"fp8\", \"weight_block_size\": [128]}}", RS_EFORMAT,
+         "weight_block_size", "two integers"},
+        {NULL, "{\"quantization_config\": {\"quant_method\": \"fp8\", \"weight_block_size\": [128, 128],"
+               " \"activation_scheme\": \"static\"}}", RS_EUNSUPPORTED, "activation_scheme", "dynamic"},
+        {NULL, "{\"quantization_config\": {\"quant_method\": \"fp8\", \"weight_block_size\": [128, 128],"
+               " \"fmt\": \"e5m2\"}}", RS_EUNSUPPORTED, "fmt", "e4m3"},
+        {NULL, "{\"quantization_config\": {\"quant_method\": \"fp8\", \"weight_block_size\": [128, 128],"
+               " \"modules_to_not_convert\": \"lm_head\"}}", RS_EFORMAT, "modules_to_not_convert", "list"},
+        {NULL, "{\"quantization_config\": {\"quant_method\": \"fp8\", \"weight_block_size\": [128, 128],"
+               " \"ignored_layers\": [\"lm_head\", 3]}}", RS_EFORMAT, "ignored_layers", "ignored_layers[1]"},
+        {NULL, "{\"quantization_config\": {\"quant_method\": \"fp8\", \"weight_block_size\": [128, 128],"
+               " \"ignored_layers\": [\"re:model.layers.(1\"]}}", RS_EFORMAT, "ignored_layers", "re:"},
         {NULL, "{\"layer_types\": [\"full_attention\", \"sliding_attention\"]}", RS_EUNSUPPORTED, "layer_types",
          "layer_types[1]"},
         {NULL, "{\"rope_scaling\": {\"rope_type\": \"yarn\", \"factor\": 4.0}}", RS_EUNSUPPORTED, "rope_scaling",
@@ -401,7 +448,7 @@ static void write_model(const char *dir, const rs_model_config *c, uint64_t seed
 static rs_model *load_ok(const char *dir, rs_backend *b) {
     rs_model *m = NULL;
     rs_error err = {0};
-    if (rs_model_load(dir, b, &m, &err) != RS_OK) RS_TEST_FAIL("load: %s", err.message);
+    if (rs_model_load(dir, b, NULL, &m, &err) != RS_OK) RS_TEST_FAIL("load: %s", err.message);
     return m;
 }
 
@@ -684,7 +731,7 @@ static void expect_load_error(const char *dir, int code, const char *param, cons
     rs_backend *b = host_backend();
     rs_model *m = (rs_model *)&live_allocs; /* sentinel: must stay untouched */
     rs_error err = {0};
-    int rc = rs_model_load(dir, b, &m, &err);
+    int rc = rs_model_load(dir, b, NULL, &m, &err);
     if (rc != code || strcmp(err.param, param) != 0 || !strstr(err.message, n1) || (n2 && !strstr(err.message, n2)))
         RS_TEST_FAIL("rc %d (want %d), param \"%s\" (want \"%s\"), message \"%s\"", rc, code, err.param, param,
                      err.message);
