@@ -93,8 +93,9 @@ static long peak_rss_mib(void) {
     return ru.ru_maxrss / 1024;
 }
 
+/* Benchmarks one model under one policy; tps_out[i] receives batches[i]'s decode tokens/s. */
 static void bench_model(const char *label, const char *dir, const bench_opts *o, const rs_quant_policy *qp,
-                        double bw_gbs) {
+                        double bw_gbs, double *tps_out) {
     rs_backend *b = rs_backend_cpu_init(o->threads);
     rs_model *m = NULL;
     rs_error err = {0};
@@ -135,10 +136,15 @@ static void bench_model(const char *label, const char *dir, const bench_opts *o,
         double step = (tg - t1) / (o->gen - 1);
         double tps = B / step;
         if (i == 0) base = tps;
+        tps_out[i] = tps;
         double gbs = step_bytes / step / 1e9;
         printf("  %-6d %-10d %-12.2f %-14.1f %-12.2f %.1f (%.0f%%)\n", B, o->gen - 1, step * 1e3, tps, tps / base,
                gbs, 100.0 * gbs / bw_gbs);
     }
+    if (m->n_quantized > 0)
+        printf("  quantized layers: %d tensors, %.1f MiB resident vs %.1f MiB in BF16 (%.3fx)\n", m->n_quantized,
+               (double)m->quantized_bytes / (1 << 20), (double)m->quantized_bf16_bytes / (1 << 20),
+               (double)m->quantized_bytes / (double)m->quantized_bf16_bytes);
     printf("  peak RSS %ld MiB\n", peak_rss_mib());
     rs_engine_free(e);
     rs_model_free(m);
@@ -212,15 +218,19 @@ int main(int argc, char **argv) {
     printf("workload: greedy, prompt %d tokens, %d new tokens; decode tokens/s = B*(gen-1)/(t_gen - t_1)\n",
            o.prompt_len, o.gen);
     char dir[4096];
-    if (o.model) {
-        for (int q = 0; q < n_policies; q++) bench_model(o.model, o.model, &o, &policies[q], bw);
-        return 0;
-    }
     const char *all[] = {"default", "qwen3-0.6b"};
-    for (size_t i = 0; i < RS_ARRAY_LEN(all); i++) {
-        if (strcmp(o.preset, "all") != 0 && strcmp(o.preset, all[i]) != 0) continue;
-        ensure_preset(all[i], dir, sizeof dir);
-        for (int q = 0; q < n_policies; q++) bench_model(all[i], dir, &o, &policies[q], bw);
+    for (size_t i = 0; i < RS_ARRAY_LEN(all) + 1; i++) {
+        const char *label = i < RS_ARRAY_LEN(all) ? all[i] : o.model;
+        if (o.model ? i < RS_ARRAY_LEN(all) : i == RS_ARRAY_LEN(all)) continue;
+        if (!o.model && strcmp(o.preset, "all") != 0 && strcmp(o.preset, label) != 0) continue;
+        const char *path = o.model ? o.model : ensure_preset(label, dir, sizeof dir);
+        double tps[2][8];
+        for (int q = 0; q < n_policies; q++) bench_model(label, path, &o, &policies[q], bw, tps[q]);
+        if (n_policies == 2) {
+            printf("  fp8 vs bf16 decode tokens/s:");
+            for (int b = 0; b < o.n_batches; b++) printf("  batch %d %.2fx", o.batches[b], tps[1][b] / tps[0][b]);
+            printf("\n");
+        }
     }
     return 0;
 }
