@@ -23,15 +23,25 @@
 
 #define RS_KV_BLOCK 16 /* tokens per KV page */
 
+/* How E4M3 KV pages are scaled (a stored code c means c * scale). */
+typedef enum rs_kv_scale_mode {
+    RS_KV_SCALE_NONE = 0,   /* F32 / BF16 pages: no scales */
+    RS_KV_SCALE_PER_HEAD,   /* one K and one V scale per layer and KV head: k_scale, v_scale */
+    RS_KV_SCALE_PER_TOKEN,  /* one K and one V scale per token and KV head, beside the page: token_scales */
+} rs_kv_scale_mode;
+
 /* One layer's paged KV cache, as the attention ops see it. kvcache/ owns the memory.
  * pages: [n_blocks][2][RS_KV_BLOCK][n_kv_heads][head_dim] of `dtype` (index 0 = K, 1 = V).
  * A token's slot is block * RS_KV_BLOCK + offset. */
 typedef struct rs_kv_layer {
     void *pages;
-    rs_dtype dtype;         /* RS_DTYPE_F32 today; BF16 / E4M3 with the engine issue */
+    rs_dtype dtype;         /* F32, BF16 or E4M3 */
     int n_blocks;
     int n_kv_heads;
     int head_dim;
+    rs_kv_scale_mode scale_mode;    /* E4M3 only */
+    float *k_scale, *v_scale;       /* PER_HEAD: [n_kv_heads] f32, backend memory */
+    float *token_scales;            /* PER_TOKEN: [n_blocks][2][RS_KV_BLOCK][n_kv_heads] f32 */
 } rs_kv_layer;
 
 /* The flattened batch of one engine step: n_seq sequences, each contributing a contiguous run of
