@@ -40,7 +40,10 @@ typedef struct rs_config {
     double drain_timeout;       /* seconds to wait for in-flight requests on SIGTERM */
     char log_level[16];         /* debug | info | warn | error */
     char api_key[256];          /* empty = no auth */
-    char weight_version[64];    /* version reported for the weights loaded at start */
+    char weight_version[64];
+    int max_top_logprobs;       /* cap on top_logprobs_num */
+    bool prefix_cache;
+    double admission_new_token_ratio;    /* version reported for the weights loaded at start */
 } rs_config;
 
 typedef enum rs_config_type {

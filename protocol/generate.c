@@ -232,13 +232,17 @@ static int parse_sampling(const json_t *obj, rs_sampling_params *sp, rs_error *e
     return RS_OK;
 }
 
-static int parse_logprobs_mode(const json_t *v, rs_error *err) {
+static int parse_logprobs_mode(const json_t *v, rs_logprobs_mode *mode, rs_error *err) {
     if (!json_is_string(v)) return bad_type(err, "logprobs_mode", "a string", v);
     const char *s = json_string_value(v);
-    if (strcmp(s, "default") == 0) return RS_OK;
-    if (strcmp(s, "raw") == 0 || strcmp(s, "processed") == 0)
-        return rs_error_set(err, RS_EUNSUPPORTED, "logprobs_mode",
-                            "logprobs_mode '%s' is not supported yet (only 'default')", s);
+    static const char *const names[] = {[RS_LOGPROBS_DEFAULT] = "default", [RS_LOGPROBS_RAW] = "raw",
+                                        [RS_LOGPROBS_PROCESSED] = "processed"};
+    for (size_t i = 0; i < RS_ARRAY_LEN(names); i++) {
+        if (strcmp(s, names[i]) == 0) {
+            *mode = (rs_logprobs_mode)i;
+            return RS_OK;
+        }
+    }
     return rs_error_set(err, RS_EINVAL, "logprobs_mode",
                         "logprobs_mode must be one of 'default', 'raw', 'processed', got '%.64s'", s);
 }
@@ -280,10 +284,10 @@ static int parse_fields(json_t *root, rs_generate_req *r, rs_error *err) {
     }
     if (f[F_TOP_LOGPROBS]) {
         if ((rc = get_int(f[F_TOP_LOGPROBS], "top_logprobs_num", 0, INT_MAX, &i, err)) != RS_OK) return rc;
-        if (i > 0)
-            return rs_error_set(err, RS_EUNSUPPORTED, "top_logprobs_num", "top_logprobs_num > 0 is not supported yet");
+        job->top_logprobs_num = (int)i; /* the server's cap is checked by rs_gen_job_validate */
     }
-    if (f[F_LOGPROBS_MODE] && (rc = parse_logprobs_mode(f[F_LOGPROBS_MODE], err)) != RS_OK) return rc;
+    if (f[F_LOGPROBS_MODE] && (rc = parse_logprobs_mode(f[F_LOGPROBS_MODE], &job->logprobs_mode, err)) != RS_OK)
+        return rc;
     if (f[F_STREAM]) {
         bool stream = false;
         if ((rc = get_bool(f[F_STREAM], "stream", &stream, err)) != RS_OK) return rc;
@@ -291,7 +295,10 @@ static int parse_fields(json_t *root, rs_generate_req *r, rs_error *err) {
     }
     /* As in SGLang, logprob_start_len only means something with return_logprob; without it the
      * engine must not spend a forward row per prompt token on scores nobody receives. */
-    if (!job->return_logprob) job->logprob_start_len = -1;
+    if (!job->return_logprob) {
+        job->logprob_start_len = -1;
+        job->top_logprobs_num = 0;
+    }
     return RS_OK;
 }
 
@@ -348,6 +355,13 @@ static json_t *triple(float lp, int32_t id) {
     return t;
 }
 
+/* [[logprob, id, null], ...] for one position's alternatives; ids of -1 are absent entries. */
+static json_t *top_json(const int32_t *ids, const float *lps, int k) {
+    json_t *a = json_array();
+    for (int j = 0; j < k && ids[j] >= 0; j++) json_array_append_new(a, triple(lps[j], ids[j]));
+    return a;
+}
+
 static json_t *finish_json(const rs_finish *f) {
     switch (f->type) {
     case RS_FINISH_STOP: return json_pack("{s:s,s:i}", "type", "stop", "matched", (int)f->matched);
@@ -374,7 +388,7 @@ static json_t *output_json(const rs_generate_req *r, int p, int s) {
     json_object_set_new(meta, "completion_tokens", json_integer(o->n_output));
     json_object_set_new(meta, "cached_tokens", json_integer(o->cached_tokens));
     json_object_set_new(meta, "weight_version", json_string(job->weight_version));
-    json_object_set_new(meta, "num_retractions", json_integer(0));
+    json_object_set_new(meta, "num_retractions", json_integer(o->num_retractions));
     if (job->return_logprob) {
         json_t *out_lp = json_array(), *in_lp = json_array();
         for (int i = 0; i < o->n_output; i++)
@@ -384,7 +398,16 @@ static json_t *output_json(const rs_generate_req *r, int p, int s) {
             json_array_append_new(in_lp, triple(o->input_logprobs[i], job->prompts[p][start + i]));
         json_object_set_new(meta, "output_token_logprobs", out_lp);
         json_object_set_new(meta, "input_token_logprobs", in_lp);
-        json_object_set_new(meta, "output_top_logprobs", json_array());
+        int k = job->top_logprobs_num;
+        json_t *out_top = json_array(), *in_top = json_array();
+        for (int i = 0; k > 0 && i < o->n_output; i++)
+            json_array_append_new(out_top, top_json(o->output_top_ids + (size_t)i * k, o->output_top_lps + (size_t)i * k, k));
+        for (int i = 0; k > 0 && i < o->n_input_logprobs; i++) {
+            const int32_t *alt = o->input_top_ids + (size_t)i * k;
+            json_array_append_new(in_top, alt[0] < 0 ? json_null() : top_json(alt, o->input_top_lps + (size_t)i * k, k));
+        }
+        json_object_set_new(meta, "output_top_logprobs", out_top);
+        json_object_set_new(meta, "input_top_logprobs", in_top);
     }
     json_object_set_new(meta, "e2e_latency", json_real(o->e2e_latency));
 

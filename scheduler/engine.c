@@ -1,17 +1,27 @@
 /*
- * engine.c — the engine thread: turns submitted jobs into sequences and runs forward steps over
- * every running sequence at once until each finishes.
+ * engine.c — the engine thread: continuous batching over the paged KV cache.
  *
- * Walking-skeleton scheduling, kept deliberately simple (the engine issue replaces it with the
- * real scheduler): a sequence is admitted, first come first served, once the KV pool can hold its
- * whole prompt plus max_new_tokens, so nothing is ever preempted. Each step takes every running
- * sequence's pending tokens (one decode token, or the next prefill chunk) up to max_step_tokens
- * rows, runs one batched forward pass, then samples for each sequence whose tokens are all
- * computed.
+ * Every step the engine
+ *   1. applies aborts and admits newly submitted jobs to the waiting queue;
+ *   2. makes sure every decoding sequence has a writable page for its next token; when the pool
+ *      runs out it preempts the newest running sequence (its pages are freed and it goes back to
+ *      the front of the queue, to be recomputed from its tokens later: "retraction");
+ *   3. admits waiting sequences, oldest first, while the pool can hold their prompt plus a share
+ *      (admission_new_token_ratio) of the growth of everything running, so preemption stays
+ *      rare; a prompt's leading full blocks come from the prefix cache when they are there;
+ *   4. runs one forward pass over decode rows first, then prefill chunks, within max_step_tokens;
+ *   5. samples, scores prompt tokens, fans a prompt out to its n samples (one shared prefill, the
+ *      pages forked, the partial last page copied on first write), registers full blocks in the
+ *      prefix cache, and finishes sequences (stop token, EOS, max_new_tokens, context limit).
  *
- * Threading: rs_engine_submit is the only entry point called from other threads; it appends to
- * `inbox` under `mu`. Everything else (sequences, KV pool, forward buffers) belongs to whichever
- * thread runs the steps: the engine thread, or the caller of rs_engine_run_until_idle.
+ * Reproducibility: a token's random draw is keyed by (sampling_seed, sample index, position) and
+ * every op computes each row independently of the others in the batch, so a request produces the
+ * same tokens alone, batched, chunked, or preempted and recomputed.
+ *
+ * Threading: rs_engine_submit and rs_engine_abort are the only entry points for other threads;
+ * they append to the inbox under `mu`. Everything else (sequences, KV pool, forward buffers)
+ * belongs to whichever thread runs the steps: the engine thread, or the caller of
+ * rs_engine_run_until_idle.
  */
 #include "engine.h"
 
@@ -27,13 +37,16 @@
 typedef struct rs_seq {
     rs_gen_job *job;
     rs_gen_output *out;
-    int sample_index;           /* s of outputs[p * n + s] */
+    int prompt_index, sample_index;
     int32_t *tokens;            /* [cap] prompt then generated tokens */
     int n_tokens, cap;
     int prompt_len;
     int n_computed;             /* tokens whose K/V are in the cache */
+    int n_forks;                /* group leader: samples still to fork when its prompt completes */
+    uint64_t order;             /* admission order: larger is newer (preempted first) */
+    bool admitted_once;
     rs_kv_seq kv;
-    struct rs_seq *next;
+    struct rs_seq *next;        /* waiting queue */
 } rs_seq;
 
 struct rs_engine {
@@ -47,24 +60,34 @@ struct rs_engine {
     /* step buffers, sized once: rows = max_step_tokens, logits rows = max_logits */
     int32_t *b_tokens, *b_pos, *b_slot, *b_seq_start, *b_seq_ctx, *b_tables;
     int32_t *logit_rows;
-    float *logits;              /* [max_step_tokens][vocab] host */
+    float *logits;              /* [max_logits][vocab] host */
     int max_blocks_per_seq;
     int max_logits;             /* rows of logits per step: every decode row plus some scoring */
     rs_seq **step_seqs;         /* [max_running] sequences in this step's batch */
+    rs_seq **sampled;           /* [max_running] sequences that sampled this step */
+    int32_t *top_ids;           /* [max_top] scratch */
+    float *top_lps;
 
-    rs_seq *waiting;            /* FIFO of sequences not yet admitted */
-    rs_seq *running;
+    rs_seq *wait_head, *wait_tail;
+    int n_waiting;
+    rs_seq **running;           /* [max_running], oldest first */
     int n_running;
+    uint64_t next_order;
+    rs_engine_stats stats;
 
     pthread_mutex_t mu;
     pthread_cond_t cv;
     rs_gen_job **inbox;         /* jobs submitted since the last step, under mu */
     int n_inbox, cap_inbox;
-    int n_jobs_open;            /* jobs accepted and not yet finished (engine side) */
+    char **abort_rids;          /* under mu */
+    int n_abort_rids;
+    bool abort_all;
     bool stop;
     bool thread_started;
     pthread_t thread;
 };
+
+static int blocks_for(int tokens) { return (tokens + RS_KV_BLOCK - 1) / RS_KV_BLOCK; }
 
 /* ---------------------------------------------------------------- jobs */
 
@@ -83,9 +106,14 @@ void rs_gen_job_free(rs_gen_job *job) {
     free(job->sp.stop_token_ids);
     if (job->outputs) {
         for (int i = 0; i < job->n_prompts * job->sp.n; i++) {
-            free(job->outputs[i].output_ids);
-            free(job->outputs[i].output_logprobs);
-            free(job->outputs[i].input_logprobs);
+            rs_gen_output *o = &job->outputs[i];
+            free(o->output_ids);
+            free(o->output_logprobs);
+            free(o->output_top_ids);
+            free(o->output_top_lps);
+            free(o->input_logprobs);
+            free(o->input_top_ids);
+            free(o->input_top_lps);
         }
     }
     free(job->outputs);
@@ -111,6 +139,9 @@ int rs_gen_job_validate(const rs_gen_job *job, const rs_model_config *cfg, const
         return rs_error_set(err, RS_EINVAL, "sampling_params.min_new_tokens",
                             "sampling_params.min_new_tokens must be in [0, max_new_tokens=%d], got %d",
                             sp->max_new_tokens, sp->min_new_tokens);
+    if (job->top_logprobs_num < 0 || job->top_logprobs_num > lim->max_top_logprobs)
+        return rs_error_set(err, RS_EINVAL, "top_logprobs_num", "top_logprobs_num must be in [0, %d], got %d",
+                            lim->max_top_logprobs, job->top_logprobs_num);
     for (int i = 0; i < sp->n_stop_token_ids; i++) {
         if (sp->stop_token_ids[i] < 0 || sp->stop_token_ids[i] >= cfg->vocab_size)
             return rs_error_set(err, RS_EINVAL, "sampling_params.stop_token_ids",
@@ -154,6 +185,13 @@ int rs_engine_init(rs_engine **out, rs_model *m, const rs_engine_opts *opts, rs_
     if (e->opts.max_step_tokens < e->opts.max_running) e->opts.max_step_tokens = e->opts.max_running;
     if (e->opts.limits.max_context <= 0 || e->opts.limits.max_context > c->max_position)
         e->opts.limits.max_context = c->max_position;
+    if (e->opts.limits.max_n > e->opts.max_running) { /* a group runs together after its shared prefill */
+        RS_WARN("engine: max-n %d exceeds max-running %d; using %d", e->opts.limits.max_n, e->opts.max_running,
+                e->opts.max_running);
+        e->opts.limits.max_n = e->opts.max_running;
+    }
+    if (!(e->opts.admission_new_token_ratio >= 0.0f)) e->opts.admission_new_token_ratio = 0.0f;
+    if (e->opts.admission_new_token_ratio > 1.0f) e->opts.admission_new_token_ratio = 1.0f;
     snprintf(e->weight_version, sizeof e->weight_version, "%s", opts->weight_version ? opts->weight_version : "0");
     pthread_mutex_init(&e->mu, NULL);
     pthread_cond_init(&e->cv, NULL);
@@ -164,27 +202,32 @@ int rs_engine_init(rs_engine **out, rs_model *m, const rs_engine_opts *opts, rs_
         rs_error_set(err, rc, "kv-cache-mb", "cannot allocate the KV cache (%zu bytes)", opts->kv_cache_bytes);
         goto fail;
     }
-    int T = e->opts.max_step_tokens;
-    e->max_logits = e->opts.max_running + 64;
+    int T = e->opts.max_step_tokens, R = e->opts.max_running;
+    e->max_logits = R + 64;
     e->fwd = rs_forward_ctx_init(m, T, e->max_logits);
     if (!e->fwd) {
         rc = rs_error_set(err, RS_ENOMEM, "max-step-tokens", "cannot allocate activations for %d tokens", T);
         goto fail;
     }
-    e->max_blocks_per_seq = (e->opts.limits.max_context + RS_KV_BLOCK - 1) / RS_KV_BLOCK;
+    e->max_blocks_per_seq = blocks_for(e->opts.limits.max_context);
     e->b_tokens = rs_xmalloc(sizeof(int32_t) * (size_t)T);
     e->b_pos = rs_xmalloc(sizeof(int32_t) * (size_t)T);
     e->b_slot = rs_xmalloc(sizeof(int32_t) * (size_t)T);
     e->logit_rows = rs_xmalloc(sizeof(int32_t) * (size_t)e->max_logits);
-    e->b_seq_start = rs_xmalloc(sizeof(int32_t) * (size_t)(e->opts.max_running + 1));
-    e->b_seq_ctx = rs_xmalloc(sizeof(int32_t) * (size_t)e->opts.max_running);
-    e->b_tables = rs_xmalloc(sizeof(int32_t) * (size_t)e->opts.max_running * (size_t)e->max_blocks_per_seq);
-    e->step_seqs = rs_xmalloc(sizeof(rs_seq *) * (size_t)e->opts.max_running);
+    e->b_seq_start = rs_xmalloc(sizeof(int32_t) * (size_t)(R + 1));
+    e->b_seq_ctx = rs_xmalloc(sizeof(int32_t) * (size_t)R);
+    e->b_tables = rs_xmalloc(sizeof(int32_t) * (size_t)R * (size_t)e->max_blocks_per_seq);
+    e->step_seqs = rs_xmalloc(sizeof(rs_seq *) * (size_t)R);
+    e->sampled = rs_xmalloc(sizeof(rs_seq *) * (size_t)R);
+    e->running = rs_xmalloc(sizeof(rs_seq *) * (size_t)R);
     e->logits = rs_xmalloc(sizeof(float) * (size_t)e->max_logits * (size_t)c->vocab_size);
+    int max_top = RS_MAX(e->opts.limits.max_top_logprobs, 1);
+    e->top_ids = rs_xmalloc(sizeof(int32_t) * (size_t)max_top);
+    e->top_lps = rs_xmalloc(sizeof(float) * (size_t)max_top);
     RS_INFO("engine: kv pool %d blocks x %d tokens (%.1f MiB, %s), max_running=%d max_step_tokens=%d "
-            "max_context=%d",
-            e->pool.n_blocks, RS_KV_BLOCK, (double)e->pool.bytes / (1 << 20), rs_dtype_name(e->pool.dtype),
-            e->opts.max_running, T, e->opts.limits.max_context);
+            "max_context=%d prefix_cache=%s admission_new_token_ratio=%.2f",
+            e->pool.n_blocks, RS_KV_BLOCK, (double)e->pool.bytes / (1 << 20), rs_dtype_name(e->pool.dtype), R, T,
+            e->opts.limits.max_context, e->opts.prefix_cache ? "on" : "off", e->opts.admission_new_token_ratio);
     *out = e;
     return RS_OK;
 fail:
@@ -201,27 +244,25 @@ void rs_engine_free(rs_engine *e) {
     if (e->pool.layers) rs_kv_pool_free(&e->pool);
     rs_forward_ctx_free(e->fwd);
     rs_sampler_scratch_free(&e->sampler);
-    free(e->b_tokens);
-    free(e->b_pos);
-    free(e->b_slot);
-    free(e->logit_rows);
-    free(e->b_seq_start);
-    free(e->b_seq_ctx);
-    free(e->b_tables);
-    free(e->step_seqs);
-    free(e->logits);
-    free(e->inbox);
+    void *bufs[] = {e->b_tokens, e->b_pos, e->b_slot, e->logit_rows, e->b_seq_start, e->b_seq_ctx,
+                    e->b_tables, e->step_seqs, e->sampled, e->running, e->logits, e->top_ids, e->top_lps,
+                    e->inbox};
+    for (size_t i = 0; i < RS_ARRAY_LEN(bufs); i++) free(bufs[i]);
+    for (int i = 0; i < e->n_abort_rids; i++) free(e->abort_rids[i]);
+    free(e->abort_rids);
     pthread_mutex_destroy(&e->mu);
     pthread_cond_destroy(&e->cv);
     free(e);
 }
 
 void rs_engine_get_stats(const rs_engine *e, rs_engine_stats *out) {
+    *out = e->stats;
     out->kv_blocks_total = e->pool.n_blocks;
-    out->kv_blocks_free = e->pool.n_free;
+    out->kv_blocks_free = rs_kv_available_blocks(&e->pool);
+    out->kv_blocks_cached = e->pool.n_evictable;
     out->n_running = e->n_running;
-    out->n_waiting = 0;
-    for (const rs_seq *s = e->waiting; s; s = s->next) out->n_waiting++;
+    out->n_waiting = e->n_waiting;
+    out->prefix_hit_tokens = e->pool.hit_tokens;
 }
 
 const rs_model_config *rs_engine_model_config(const rs_engine *e) { return &e->model->cfg; }
@@ -245,7 +286,19 @@ int rs_engine_submit(rs_engine *e, rs_gen_job *job, rs_error *err) {
     return RS_OK;
 }
 
-/* ---------------------------------------------------------------- sequences */
+void rs_engine_abort(rs_engine *e, const char *rid) {
+    pthread_mutex_lock(&e->mu);
+    if (!rid) {
+        e->abort_all = true;
+    } else {
+        e->abort_rids = rs_xrealloc(e->abort_rids, sizeof(char *) * (size_t)(e->n_abort_rids + 1));
+        e->abort_rids[e->n_abort_rids++] = rs_xstrdup(rid);
+    }
+    pthread_cond_signal(&e->cv);
+    pthread_mutex_unlock(&e->mu);
+}
+
+/* ---------------------------------------------------------------- sequences and outputs */
 
 static void seq_push_token(rs_seq *s, int32_t t) {
     if (s->n_tokens == s->cap) {
@@ -255,45 +308,116 @@ static void seq_push_token(rs_seq *s, int32_t t) {
     s->tokens[s->n_tokens++] = t;
 }
 
-static void out_push(rs_gen_output *o, int32_t tok, float lp) {
+static void out_push(rs_gen_output *o, int k, int32_t tok, float lp, const int32_t *top_ids, const float *top_lps) {
     if (o->n_output == o->cap) {
         o->cap = o->cap * 2 + 16;
         o->output_ids = rs_xrealloc(o->output_ids, sizeof(int32_t) * (size_t)o->cap);
         o->output_logprobs = rs_xrealloc(o->output_logprobs, sizeof(float) * (size_t)o->cap);
+        if (k > 0) {
+            o->output_top_ids = rs_xrealloc(o->output_top_ids, sizeof(int32_t) * (size_t)o->cap * k);
+            o->output_top_lps = rs_xrealloc(o->output_top_lps, sizeof(float) * (size_t)o->cap * k);
+        }
     }
     o->output_ids[o->n_output] = tok;
     o->output_logprobs[o->n_output] = lp;
+    if (k > 0) {
+        memcpy(o->output_top_ids + (size_t)o->n_output * k, top_ids, sizeof(int32_t) * (size_t)k);
+        memcpy(o->output_top_lps + (size_t)o->n_output * k, top_lps, sizeof(float) * (size_t)k);
+    }
     o->n_output++;
 }
 
-static void append_seq(rs_seq **list, rs_seq *s) {
-    s->next = NULL;
-    while (*list) list = &(*list)->next;
-    *list = s;
+/* Prompt scoring arrays of an output, NaN / -1 until filled. */
+static void out_init_scoring(rs_gen_output *o, const rs_gen_job *job, int prompt_len) {
+    if (job->logprob_start_len < 0) return;
+    int n = prompt_len - job->logprob_start_len, k = job->top_logprobs_num;
+    o->n_input_logprobs = n;
+    o->input_logprobs = rs_xmalloc(sizeof(float) * (size_t)n);
+    for (int i = 0; i < n; i++) o->input_logprobs[i] = NAN;
+    if (k > 0) {
+        o->input_top_ids = rs_xmalloc(sizeof(int32_t) * (size_t)n * k);
+        o->input_top_lps = rs_xmalloc(sizeof(float) * (size_t)n * k);
+        for (size_t i = 0; i < (size_t)n * k; i++) {
+            o->input_top_ids[i] = -1;
+            o->input_top_lps[i] = NAN;
+        }
+    }
 }
 
-/* Expands a job into its sequences, appended to the waiting queue. */
+static void out_copy_scoring(rs_gen_output *dst, const rs_gen_output *src, int k) {
+    int n = src->n_input_logprobs;
+    if (n == 0) return;
+    memcpy(dst->input_logprobs, src->input_logprobs, sizeof(float) * (size_t)n);
+    if (k > 0) {
+        memcpy(dst->input_top_ids, src->input_top_ids, sizeof(int32_t) * (size_t)n * k);
+        memcpy(dst->input_top_lps, src->input_top_lps, sizeof(float) * (size_t)n * k);
+    }
+}
+
+static rs_seq *seq_new(rs_gen_job *job, int p, int si) {
+    rs_seq *s = rs_xcalloc(1, sizeof *s);
+    s->job = job;
+    s->prompt_index = p;
+    s->sample_index = si;
+    s->out = &job->outputs[p * job->sp.n + si];
+    s->prompt_len = job->prompt_lens[p];
+    s->out->prompt_tokens = s->prompt_len;
+    s->cap = s->prompt_len + 16;
+    s->tokens = rs_xmalloc(sizeof(int32_t) * (size_t)s->cap);
+    memcpy(s->tokens, job->prompts[p], sizeof(int32_t) * (size_t)s->prompt_len);
+    s->n_tokens = s->prompt_len;
+    return s;
+}
+
+static void wait_push_back(rs_engine *e, rs_seq *s) {
+    s->next = NULL;
+    if (e->wait_tail) e->wait_tail->next = s;
+    else e->wait_head = s;
+    e->wait_tail = s;
+    e->n_waiting++;
+}
+
+static void wait_push_front(rs_engine *e, rs_seq *s) {
+    s->next = e->wait_head;
+    e->wait_head = s;
+    if (!e->wait_tail) e->wait_tail = s;
+    e->n_waiting++;
+}
+
+static rs_seq *wait_pop_front(rs_engine *e) {
+    rs_seq *s = e->wait_head;
+    e->wait_head = s->next;
+    if (!e->wait_head) e->wait_tail = NULL;
+    s->next = NULL;
+    e->n_waiting--;
+    return s;
+}
+
+static void running_remove(rs_engine *e, rs_seq *s) {
+    for (int i = 0; i < e->n_running; i++) {
+        if (e->running[i] != s) continue;
+        memmove(&e->running[i], &e->running[i + 1], sizeof(rs_seq *) * (size_t)(e->n_running - i - 1));
+        e->n_running--;
+        return;
+    }
+    RS_ASSERT(!"sequence not running");
+}
+
+/* A job's sequences: one per prompt, the group leader; its n - 1 siblings fork from it once its
+ * prompt is computed, so the group's prompt is prefilled once. */
 static void admit_job(rs_engine *e, rs_gen_job *job) {
     int n = job->sp.n;
     job->outputs = rs_xcalloc((size_t)job->n_prompts * (size_t)n, sizeof(rs_gen_output));
     snprintf(job->weight_version, sizeof job->weight_version, "%s", e->weight_version);
-    e->n_jobs_open++;
     for (int p = 0; p < job->n_prompts; p++) {
         for (int si = 0; si < n; si++) {
-            rs_seq *s = rs_xcalloc(1, sizeof *s);
-            s->job = job;
-            s->out = &job->outputs[p * n + si];
-            s->sample_index = si;
-            s->prompt_len = job->prompt_lens[p];
-            s->out->prompt_tokens = s->prompt_len;
-            for (int i = 0; i < s->prompt_len; i++) seq_push_token(s, job->prompts[p][i]);
-            if (job->logprob_start_len >= 0) {
-                s->out->n_input_logprobs = s->prompt_len - job->logprob_start_len;
-                s->out->input_logprobs = rs_xmalloc(sizeof(float) * (size_t)s->out->n_input_logprobs);
-                for (int i = 0; i < s->out->n_input_logprobs; i++) s->out->input_logprobs[i] = NAN;
-            }
-            append_seq(&e->waiting, s);
+            rs_gen_output *o = &job->outputs[p * n + si];
+            o->prompt_tokens = job->prompt_lens[p];
+            out_init_scoring(o, job, job->prompt_lens[p]);
         }
+        rs_seq *s = seq_new(job, p, 0);
+        s->n_forks = n - 1;
+        wait_push_back(e, s);
     }
 }
 
@@ -303,38 +427,92 @@ static bool job_finished(const rs_gen_job *job) {
     return true;
 }
 
-/* Marks s finished, returns its pages, and completes its job when it was the last sequence. */
-static void finish_seq(rs_engine *e, rs_seq *s, rs_finish_type type, int32_t matched, const char *msg) {
-    rs_gen_output *o = s->out;
+static void set_finish(rs_gen_output *o, rs_finish_type type, int32_t matched, const char *msg, double t_arrival) {
     o->finish.type = type;
     o->finish.matched = matched;
     o->finish.length = o->n_output;
     if (msg) snprintf(o->finish.message, sizeof o->finish.message, "%s", msg);
-    o->e2e_latency = rs_now_s() - s->job->t_arrival;
-    rs_kv_seq_release(&e->pool, &s->kv);
+    o->e2e_latency = rs_now_s() - t_arrival;
+}
+
+/* Finishes s (which must be in neither list), returns its pages, finishes any siblings it never
+ * forked, and completes the job when it was the last sequence. */
+static void finish_seq(rs_engine *e, rs_seq *s, rs_finish_type type, int32_t matched, const char *msg) {
     rs_gen_job *job = s->job;
+    set_finish(s->out, type, matched, msg, job->t_arrival);
+    for (int k = 1; k <= s->n_forks; k++) { /* siblings that never started: same prompt, same fate */
+        rs_gen_output *o = &job->outputs[s->prompt_index * job->sp.n + k];
+        out_copy_scoring(o, s->out, job->top_logprobs_num);
+        o->cached_tokens = s->n_computed >= s->prompt_len ? s->prompt_len : 0;
+        set_finish(o, type == RS_FINISH_STOP ? RS_FINISH_LENGTH : type, -1, msg, job->t_arrival);
+    }
+    rs_kv_seq_release(&e->pool, &s->kv);
     free(s->tokens);
     free(s);
-    if (job_finished(job)) {
-        e->n_jobs_open--;
-        if (job->on_done) job->on_done(job, job->on_done_user);
+    if (job_finished(job) && job->on_done) job->on_done(job, job->on_done_user);
+}
+
+static void finish_running(rs_engine *e, rs_seq *s, rs_finish_type type, int32_t matched, const char *msg) {
+    running_remove(e, s);
+    finish_seq(e, s, type, matched, msg);
+}
+
+static bool rid_matches(char **rids, int n, bool all, const rs_gen_job *job) {
+    if (all) return true;
+    for (int i = 0; i < n; i++)
+        if (strcmp(rids[i], job->rid) == 0) return true;
+    return false;
+}
+
+/* Moves submitted jobs into the waiting queue and applies pending aborts. Returns true if the
+ * engine has any sequence to run. */
+static bool take_inbox(rs_engine *e, bool block) {
+    pthread_mutex_lock(&e->mu);
+    while (block && !e->stop && e->n_inbox == 0 && e->n_abort_rids == 0 && !e->abort_all && !e->n_running &&
+           !e->wait_head)
+        pthread_cond_wait(&e->cv, &e->mu);
+    rs_gen_job **jobs = e->inbox;
+    int n = e->n_inbox;
+    char **rids = e->abort_rids;
+    int n_rids = e->n_abort_rids;
+    bool all = e->abort_all;
+    e->inbox = NULL;
+    e->n_inbox = e->cap_inbox = 0;
+    e->abort_rids = NULL;
+    e->n_abort_rids = 0;
+    e->abort_all = false;
+    pthread_mutex_unlock(&e->mu);
+
+    for (int i = 0; i < n; i++) admit_job(e, jobs[i]);
+    free(jobs);
+    if (n_rids > 0 || all) {
+        for (int i = e->n_running - 1; i >= 0; i--) {
+            rs_seq *s = e->running[i];
+            if (rid_matches(rids, n_rids, all, s->job)) finish_running(e, s, RS_FINISH_ABORT, -1, "aborted");
+        }
+        rs_seq **link = &e->wait_head;
+        e->wait_tail = NULL;
+        while (*link) {
+            rs_seq *s = *link;
+            if (rid_matches(rids, n_rids, all, s->job)) {
+                *link = s->next;
+                e->n_waiting--;
+                finish_seq(e, s, RS_FINISH_ABORT, -1, "aborted");
+            } else {
+                e->wait_tail = s;
+                link = &s->next;
+            }
+        }
     }
+    for (int i = 0; i < n_rids; i++) free(rids[i]);
+    free(rids);
+    return e->n_running > 0 || e->wait_head;
 }
 
 static void finish_all(rs_engine *e, const char *why) {
-    pthread_mutex_lock(&e->mu);
-    for (int i = 0; i < e->n_inbox; i++) admit_job(e, e->inbox[i]);
-    e->n_inbox = 0;
-    pthread_mutex_unlock(&e->mu);
-    rs_seq **lists[] = {&e->running, &e->waiting};
-    for (size_t i = 0; i < RS_ARRAY_LEN(lists); i++) {
-        while (*lists[i]) {
-            rs_seq *s = *lists[i];
-            *lists[i] = s->next;
-            finish_seq(e, s, RS_FINISH_ABORT, -1, why);
-        }
-    }
-    e->n_running = 0;
+    take_inbox(e, false);
+    while (e->n_running > 0) finish_running(e, e->running[e->n_running - 1], RS_FINISH_ABORT, -1, why);
+    while (e->wait_head) finish_seq(e, wait_pop_front(e), RS_FINISH_ABORT, -1, why);
 }
 
 static bool is_stop_token(const rs_engine *e, const rs_sampling_params *sp, int32_t t) {
@@ -348,176 +526,277 @@ static bool is_stop_token(const rs_engine *e, const rs_sampling_params *sp, int3
     return false;
 }
 
-/* Moves waiting sequences into the running set while the pool can hold their whole budget
- * (prompt + max_new_tokens), so a running sequence never runs out of pages. A sequence that could
- * never fit, even in an empty pool, is aborted. */
+/* ---------------------------------------------------------------- admission and preemption */
+
+static bool wants_sample(const rs_seq *s) { return s->out->n_output < s->job->sp.max_new_tokens; }
+
+static bool is_decode(const rs_seq *s) {
+    return s->n_computed >= s->prompt_len && s->n_computed == s->n_tokens - 1;
+}
+
+/* Pages a sequence is expected to still need, beyond what it holds, for the admission estimate. */
+static int expected_growth(const rs_engine *e, const rs_seq *s) {
+    int remaining = s->job->sp.max_new_tokens - s->out->n_output;
+    int target = s->n_tokens + (int)ceilf((float)remaining * e->opts.admission_new_token_ratio);
+    if (target > e->opts.limits.max_context) target = e->opts.limits.max_context;
+    int need = blocks_for(target) - s->kv.n_blocks;
+    return need > 0 ? need : 0;
+}
+
+/* Preempts s by recompute: its pages go back to the pool (full blocks stay in the prefix cache),
+ * and it waits at the front of the queue to prefill its tokens again. */
+static void preempt(rs_engine *e, rs_seq *s) {
+    running_remove(e, s);
+    rs_kv_seq_release(&e->pool, &s->kv);
+    s->n_computed = 0;
+    s->out->num_retractions++;
+    e->stats.num_retractions++;
+    RS_DEBUG("rid %s | preempted sample %d at %d tokens (%d running)", s->job->rid, s->sample_index, s->n_tokens,
+             e->n_running);
+    wait_push_front(e, s);
+}
+
+/* Gives every decoding sequence a writable page for its next token, preempting the newest running
+ * sequences while the pool is short. Returns true if anything was preempted. */
+static bool ensure_decode_pages(rs_engine *e) {
+    bool preempted = false;
+    for (int i = 0; i < e->n_running; i++) {
+        rs_seq *s = e->running[i];
+        if (!is_decode(s)) continue;
+        for (;;) {
+            int rc = rs_kv_seq_reserve(&e->pool, &s->kv, s->n_computed + 1);
+            if (rc == RS_OK) rc = rs_kv_seq_prepare_write(&e->pool, &s->kv, s->n_computed);
+            if (rc == RS_OK) break;
+            rs_seq *victim = e->running[e->n_running - 1];
+            preempt(e, victim);
+            preempted = true;
+            if (victim == s) break;
+        }
+    }
+    return preempted;
+}
+
+/* Tokens of s that may come from the prefix cache: never the positions whose logits are still
+ * needed to score prompt tokens. */
+static int cacheable_tokens(const rs_seq *s) {
+    int start = s->job->logprob_start_len;
+    if (start >= 0 && s->out->n_input_logprobs > 0 && isnan(s->out->input_logprobs[s->out->n_input_logprobs - 1]))
+        return RS_MIN(s->n_tokens, start); /* the row before position `start` must be computed */
+    return s->n_tokens;
+}
+
+/* Admits waiting sequences, oldest first, while the estimate says they fit. */
 static void admit_waiting(rs_engine *e) {
-    while (e->waiting && e->n_running < e->opts.max_running) {
-        rs_seq *s = e->waiting;
+    int slots = 0; /* running plus siblings still to fork */
+    int reserved = 0;
+    for (int i = 0; i < e->n_running; i++) {
+        slots += 1 + e->running[i]->n_forks;
+        reserved += expected_growth(e, e->running[i]) * (1 + e->running[i]->n_forks);
+    }
+    while (e->wait_head) {
+        rs_seq *s = e->wait_head;
         if (s->job->sp.max_new_tokens == 0 && s->job->logprob_start_len < 0) { /* nothing to compute */
-            e->waiting = s->next;
+            wait_pop_front(e);
             finish_seq(e, s, RS_FINISH_LENGTH, -1, NULL);
             continue;
         }
+        if (slots + 1 + s->n_forks > e->opts.max_running && e->n_running > 0) break;
         int budget = s->prompt_len + s->job->sp.max_new_tokens;
-        if (budget > e->opts.limits.max_context) budget = e->opts.limits.max_context;
-        int need = (budget + RS_KV_BLOCK - 1) / RS_KV_BLOCK;
-        if (need > e->pool.n_blocks) {
-            e->waiting = s->next;
-            RS_WARN("rid %s | needs %d KV blocks, pool has %d", s->job->rid, need, e->pool.n_blocks);
+        if (blocks_for(RS_MIN(budget, e->opts.limits.max_context)) > e->pool.n_blocks) {
+            wait_pop_front(e);
+            RS_WARN("rid %s | needs %d KV blocks, the pool has %d", s->job->rid, blocks_for(budget), e->pool.n_blocks);
             finish_seq(e, s, RS_FINISH_ABORT, -1, "request needs more KV cache than the server has");
             continue;
         }
-        if (rs_kv_seq_reserve(&e->pool, &s->kv, budget) != RS_OK) break; /* wait for pages */
-        e->waiting = s->next;
-        append_seq(&e->running, s);
-        e->n_running++;
+        if (s->kv.n_blocks == 0 && e->opts.prefix_cache) {
+            int hit = rs_kv_seq_match_prefix(&e->pool, &s->kv, s->tokens, cacheable_tokens(s));
+            s->n_computed = hit;
+            if (!s->admitted_once) s->out->cached_tokens = RS_MIN(hit, s->prompt_len);
+        }
+        int own = blocks_for(s->n_tokens) - s->kv.n_blocks;
+        int growth = blocks_for(s->n_tokens + (int)ceilf((float)(s->job->sp.max_new_tokens - s->out->n_output) *
+                                                         e->opts.admission_new_token_ratio)) -
+                     blocks_for(s->n_tokens);
+        int need = own + growth * (1 + s->n_forks) + s->n_forks; /* + one copied page per sibling */
+        if (e->n_running > 0 && rs_kv_available_blocks(&e->pool) - reserved < need) break;
+        if (rs_kv_seq_reserve(&e->pool, &s->kv, s->n_tokens) != RS_OK) break;
+        wait_pop_front(e);
+        s->order = e->next_order++;
+        s->admitted_once = true;
+        e->running[e->n_running++] = s;
+        slots += 1 + s->n_forks;
+        reserved += growth * (1 + s->n_forks);
     }
+    if (e->n_running > e->stats.peak_running) e->stats.peak_running = e->n_running;
 }
 
 /* ---------------------------------------------------------------- one step */
 
-/* Rows a sequence contributes this step and whether the step ends with its tokens all computed. */
-static int seq_rows_wanted(const rs_seq *s) { return s->n_tokens - s->n_computed; }
-
-/* Prompt rows whose logits score prompt tokens: row at position p scores token p+1. */
+/* Prompt rows whose logits score prompt tokens: row at position p scores token p + 1. */
 static bool row_scores_prompt(const rs_seq *s, int pos) {
     int start = s->job->logprob_start_len;
-    return start >= 0 && pos + 1 >= RS_MAX(start, 1) && pos + 1 < s->prompt_len;
+    if (start < 0 || pos + 1 < RS_MAX(start, 1) || pos + 1 >= s->prompt_len) return false;
+    return isnan(s->out->input_logprobs[pos + 1 - start]); /* not yet scored (recompute skips it) */
 }
 
-static bool wants_sample(const rs_seq *s) { return s->out->n_output < s->job->sp.max_new_tokens; }
+/* The logprob of `tok` and its top alternatives under the job's logprobs mode. */
+static float logprob_in_mode(rs_engine *e, const rs_seq *s, const float *logits, int32_t tok,
+                             const rs_sample_info *sampled) {
+    const rs_gen_job *job = s->job;
+    int V = e->model->cfg.vocab_size, k = job->top_logprobs_num;
+    rs_sampling_params raw = job->sp;
+    raw.temperature = 0.0f; /* rs_top_logprobs and rs_logprob_of read T <= 0 as T = 1 */
+    float lp;
+    switch (job->logprobs_mode) {
+    case RS_LOGPROBS_RAW:
+        lp = rs_logprob_of(logits, V, 0.0f, tok);
+        break;
+    case RS_LOGPROBS_PROCESSED:
+        lp = sampled ? sampled->logprob_processed : rs_logprob_processed(logits, V, &job->sp, tok, &e->sampler);
+        break;
+    default:
+        lp = sampled ? sampled->logprob : rs_logprob_of(logits, V, job->sp.temperature, tok);
+        break;
+    }
+    if (k > 0) {
+        for (int i = 0; i < k; i++) {
+            e->top_ids[i] = -1;
+            e->top_lps[i] = NAN;
+        }
+        rs_top_logprobs(logits, V, job->logprobs_mode == RS_LOGPROBS_RAW ? &raw : &job->sp,
+                        job->logprobs_mode == RS_LOGPROBS_PROCESSED, k, &e->sampler, e->top_ids, e->top_lps);
+    }
+    return lp;
+}
 
-static void handle_logits(rs_engine *e, rs_seq *s, int pos, const float *logits) {
-    const rs_model_config *c = &e->model->cfg;
-    const rs_sampling_params *sp = &s->job->sp;
+static void sample_into(rs_engine *e, rs_seq *s, const float *logits) {
+    RS_ASSERT(wants_sample(s));
+    rs_sample_info info;
+    int32_t tok = rs_sample(logits, e->model->cfg.vocab_size, &s->job->sp, (uint64_t)s->sample_index,
+                            (uint64_t)s->n_tokens, &e->sampler, &info);
+    float lp = logprob_in_mode(e, s, logits, tok, &info);
+    out_push(s->out, s->job->top_logprobs_num, tok, lp, e->top_ids, e->top_lps);
+    seq_push_token(s, tok);
+    e->stats.generation_tokens++;
+}
+
+/* The group leader's prompt is computed: its siblings start from its pages and sample their
+ * first token from the same logits. */
+static void fan_out(rs_engine *e, rs_seq *leader, const float *logits, int *n_sampled) {
+    rs_gen_job *job = leader->job;
+    for (int k = 1; k <= leader->n_forks; k++) {
+        rs_seq *c = seq_new(job, leader->prompt_index, k);
+        rs_kv_seq_fork(&e->pool, &leader->kv, &c->kv);
+        c->n_computed = leader->prompt_len;
+        c->admitted_once = true;
+        c->order = e->next_order++;
+        c->out->cached_tokens = leader->prompt_len;
+        out_copy_scoring(c->out, leader->out, job->top_logprobs_num);
+        sample_into(e, c, logits);
+        RS_ASSERT(e->n_running < e->opts.max_running); /* admission kept a slot for every sibling */
+        e->running[e->n_running++] = c;
+        e->sampled[(*n_sampled)++] = c;
+    }
+    leader->n_forks = 0;
+}
+
+static void handle_logits(rs_engine *e, rs_seq *s, int pos, const float *logits, int *n_sampled) {
+    const rs_gen_job *job = s->job;
     if (pos + 1 < s->prompt_len) { /* prompt scoring */
-        int32_t next = s->tokens[pos + 1];
-        s->out->input_logprobs[pos + 1 - s->job->logprob_start_len] =
-            rs_logprob_of(logits, c->vocab_size, sp->temperature, next);
+        int i = pos + 1 - job->logprob_start_len, k = job->top_logprobs_num;
+        s->out->input_logprobs[i] = logprob_in_mode(e, s, logits, s->tokens[pos + 1], NULL);
+        if (k > 0) {
+            memcpy(s->out->input_top_ids + (size_t)i * k, e->top_ids, sizeof(int32_t) * (size_t)k);
+            memcpy(s->out->input_top_lps + (size_t)i * k, e->top_lps, sizeof(float) * (size_t)k);
+        }
         return;
     }
-    RS_ASSERT(wants_sample(s));
-    float lp;
-    int32_t tok = rs_sample(logits, c->vocab_size, sp, (uint64_t)s->sample_index, (uint64_t)s->n_tokens,
-                            &e->sampler, &lp);
-    out_push(s->out, tok, lp);
-    seq_push_token(s, tok);
+    if (s->n_forks > 0) fan_out(e, s, logits, n_sampled);
+    sample_into(e, s, logits);
+    e->sampled[(*n_sampled)++] = s;
 }
 
-/* Checks the finish conditions of a sequence that just sampled (or has nothing to sample). */
-static bool check_finished(rs_engine *e, rs_seq *s) {
+/* Checks the finish conditions of a sequence that just sampled. */
+static void check_finished(rs_engine *e, rs_seq *s) {
     const rs_sampling_params *sp = &s->job->sp;
     rs_gen_output *o = s->out;
-    if (o->n_output > 0) {
-        int32_t last = o->output_ids[o->n_output - 1];
-        if (o->n_output > sp->min_new_tokens && is_stop_token(e, sp, last)) {
-            finish_seq(e, s, RS_FINISH_STOP, last, NULL);
-            return true;
-        }
-    }
-    if (o->n_output >= sp->max_new_tokens || s->n_tokens >= e->opts.limits.max_context) {
-        finish_seq(e, s, RS_FINISH_LENGTH, -1, NULL);
-        return true;
-    }
-    return false;
+    int32_t last = o->output_ids[o->n_output - 1];
+    if (o->n_output > sp->min_new_tokens && is_stop_token(e, sp, last))
+        finish_running(e, s, RS_FINISH_STOP, last, NULL);
+    else if (o->n_output >= sp->max_new_tokens || s->n_tokens >= e->opts.limits.max_context)
+        finish_running(e, s, RS_FINISH_LENGTH, -1, NULL);
 }
 
-/* Runs one batched forward step over the running set. Returns the number of rows computed. */
+/* Appends s's next rows (up to `limit`) to the batch. */
+static void add_rows(rs_engine *e, rs_seq *s, int limit, int *n_tok, int *n_seq, int *n_logits) {
+    int rows = 0;
+    while (rows < limit) {
+        int pos = s->n_computed + rows;
+        bool need = row_scores_prompt(s, pos) || (pos + 1 == s->n_tokens && wants_sample(s));
+        if (need && *n_logits == e->max_logits) break;
+        e->b_tokens[*n_tok] = s->tokens[pos];
+        e->b_pos[*n_tok] = pos;
+        e->b_slot[*n_tok] = rs_kv_slot(&s->kv, pos);
+        if (need) e->logit_rows[(*n_logits)++] = *n_tok;
+        (*n_tok)++;
+        rows++;
+    }
+    if (rows == 0) return;
+    e->step_seqs[*n_seq] = s;
+    e->b_seq_ctx[*n_seq] = s->n_computed + rows;
+    memcpy(e->b_tables + (size_t)*n_seq * e->max_blocks_per_seq, s->kv.blocks,
+           sizeof(int32_t) * (size_t)s->kv.n_blocks);
+    (*n_seq)++;
+    e->b_seq_start[*n_seq] = *n_tok;
+}
+
+/* Runs one step. Returns the number of rows computed. */
 static int engine_step(rs_engine *e) {
     const rs_model_config *c = &e->model->cfg;
+    if (!ensure_decode_pages(e)) admit_waiting(e);
+
     int budget = e->opts.max_step_tokens;
     int n_tok = 0, n_seq = 0, n_logits = 0;
     e->b_seq_start[0] = 0;
-
-    /* Decode rows first (one row each), then prefill chunks, in running order. A chunk also ends
-     * early when the step's logits buffer is full (prompt scoring asks for a row of logits per
-     * prompt token). */
-    for (int pass = 0; pass < 2; pass++) {
-        for (rs_seq *s = e->running; s && n_tok < budget; s = s->next) {
-            int want = seq_rows_wanted(s);
-            bool decode = want == 1 && s->n_computed >= s->prompt_len;
-            if (want <= 0 || decode != (pass == 0)) continue;
-            int limit = RS_MIN(want, budget - n_tok), rows = 0;
-            while (rows < limit) {
-                int pos = s->n_computed + rows;
-                bool need = row_scores_prompt(s, pos) || (pos + 1 == s->n_tokens && wants_sample(s));
-                if (need && n_logits == e->max_logits) break;
-                e->b_tokens[n_tok] = s->tokens[pos];
-                e->b_pos[n_tok] = pos;
-                e->b_slot[n_tok] = rs_kv_slot(&s->kv, pos);
-                if (need) e->logit_rows[n_logits++] = n_tok;
-                n_tok++;
-                rows++;
-            }
-            if (rows == 0) continue;
-            e->step_seqs[n_seq] = s;
-            e->b_seq_ctx[n_seq] = s->n_computed + rows;
-            memcpy(e->b_tables + (size_t)n_seq * e->max_blocks_per_seq, s->kv.blocks,
-                   sizeof(int32_t) * (size_t)s->kv.n_blocks);
-            n_seq++;
-            e->b_seq_start[n_seq] = n_tok;
-        }
+    /* decode rows first, then prefill chunks, oldest sequences first */
+    for (int i = 0; i < e->n_running && n_tok < budget; i++)
+        if (is_decode(e->running[i])) add_rows(e, e->running[i], 1, &n_tok, &n_seq, &n_logits);
+    for (int i = 0; i < e->n_running && n_tok < budget; i++) {
+        rs_seq *s = e->running[i];
+        int want = s->n_tokens - s->n_computed;
+        if (want > 0 && !is_decode(s)) add_rows(e, s, RS_MIN(want, budget - n_tok), &n_tok, &n_seq, &n_logits);
     }
     if (n_tok == 0) return 0;
 
-    /* logit_rows must be ascending: rows were appended in order within each pass, and decode
-     * rows (pass 0) all precede prefill rows (pass 1). */
+    /* logit_rows is ascending: rows are appended in order and never revisited */
     rs_batch batch = {.n_tok = n_tok, .n_seq = n_seq, .tokens = e->b_tokens, .pos = e->b_pos,
                       .slot = e->b_slot, .seq_start = e->b_seq_start, .seq_ctx = e->b_seq_ctx,
                       .block_tables = e->b_tables, .max_blocks = e->max_blocks_per_seq};
     rs_forward(e->fwd, &batch, e->pool.layers, e->logit_rows, n_logits, e->logits);
+    e->stats.steps++;
 
-    int li = 0;
+    int li = 0, n_sampled = 0;
     for (int si = 0; si < n_seq; si++) {
         rs_seq *s = e->step_seqs[si];
         int r0 = e->b_seq_start[si], r1 = e->b_seq_start[si + 1];
-        for (; li < n_logits && e->logit_rows[li] < r1; li++) {
-            int r = e->logit_rows[li];
-            RS_ASSERT(r >= r0);
-            handle_logits(e, s, e->b_pos[r], e->logits + (size_t)li * c->vocab_size);
-        }
+        bool prefill = s->n_computed < s->prompt_len;
+        if (prefill) e->stats.prompt_tokens += (uint64_t)RS_MIN(r1 - r0, s->prompt_len - s->n_computed);
         s->n_computed += r1 - r0;
-    }
-    /* Finish checks after every sequence has consumed its logits. */
-    rs_seq **link = &e->running;
-    while (*link) {
-        rs_seq *s = *link;
-        bool ready = s->n_computed >= s->prompt_len && seq_rows_wanted(s) <= 1;
-        bool sampled = s->n_tokens > s->prompt_len || s->job->sp.max_new_tokens == 0;
-        if (ready && sampled && (*link = s->next, check_finished(e, s))) {
-            e->n_running--;
-            continue;
+        for (; li < n_logits && e->logit_rows[li] < r1; li++) {
+            RS_ASSERT(e->logit_rows[li] >= r0);
+            handle_logits(e, s, e->b_pos[e->logit_rows[li]], e->logits + (size_t)li * c->vocab_size, &n_sampled);
         }
-        *link = s;
-        link = &s->next;
+        if (e->opts.prefix_cache) rs_kv_seq_commit(&e->pool, &s->kv, s->tokens, s->n_computed);
+        /* a prompt scored with max_new_tokens = 0 is done once computed */
+        if (!wants_sample(s) && s->n_computed == s->n_tokens) finish_running(e, s, RS_FINISH_LENGTH, -1, NULL);
     }
+    for (int i = 0; i < n_sampled; i++) check_finished(e, e->sampled[i]);
     return n_tok;
-}
-
-/* Moves submitted jobs into the waiting queue. Returns true if the engine has any work. */
-static bool take_inbox(rs_engine *e, bool block) {
-    pthread_mutex_lock(&e->mu);
-    while (block && !e->stop && e->n_inbox == 0 && !e->running && !e->waiting)
-        pthread_cond_wait(&e->cv, &e->mu);
-    rs_gen_job **jobs = e->inbox;
-    int n = e->n_inbox;
-    e->inbox = NULL;
-    e->n_inbox = e->cap_inbox = 0;
-    pthread_mutex_unlock(&e->mu);
-    for (int i = 0; i < n; i++) admit_job(e, jobs[i]);
-    free(jobs);
-    return e->running || e->waiting;
-}
-
-static void run_once(rs_engine *e) {
-    admit_waiting(e);
-    engine_step(e);
 }
 
 void rs_engine_run_until_idle(rs_engine *e) {
     RS_ASSERT(!e->thread_started);
-    while (take_inbox(e, false)) run_once(e);
+    while (take_inbox(e, false)) engine_step(e);
 }
 
 static void *engine_main(void *arg) {
@@ -528,7 +807,7 @@ static void *engine_main(void *arg) {
         bool stop = e->stop;
         pthread_mutex_unlock(&e->mu);
         if (stop) break;
-        if (work) run_once(e);
+        if (work) engine_step(e);
     }
     finish_all(e, "server shutting down");
     return NULL;

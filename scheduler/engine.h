@@ -48,17 +48,29 @@ typedef struct rs_finish {
     char message[128];
 } rs_finish;
 
+typedef enum rs_logprobs_mode {
+    RS_LOGPROBS_DEFAULT = 0,    /* log_softmax(logits / T), before truncation (T = 1 when greedy) */
+    RS_LOGPROBS_RAW,            /* log_softmax(logits), no temperature */
+    RS_LOGPROBS_PROCESSED,      /* the distribution actually sampled from: T, top-k/p, min-p, renormalized */
+} rs_logprobs_mode;
+
 typedef struct rs_gen_output {
     int32_t *output_ids;        /* [n_output] */
-    float *output_logprobs;     /* [n_output]: log_softmax(logits / T)[token], fp32 (T=1 when greedy) */
+    float *output_logprobs;     /* [n_output]: the sampled token's logprob under job->logprobs_mode */
+    int32_t *output_top_ids;    /* [n_output][top_logprobs_num] alternatives, -1 where fewer exist */
+    float *output_top_lps;      /* [n_output][top_logprobs_num] */
     int n_output, cap;
     /* Prompt scoring when logprob_start_len >= 0: input_logprobs[i] is the logprob of prompt token
      * logprob_start_len + i given the tokens before it; NAN for position 0 (no context). */
     float *input_logprobs;
+    int32_t *input_top_ids;     /* [n_input_logprobs][top_logprobs_num], -1 where absent (position 0) */
+    float *input_top_lps;
     int n_input_logprobs;
     rs_finish finish;
     int prompt_tokens;
-    int cached_tokens;
+    int cached_tokens;          /* prompt tokens whose KV this sample did not compute itself: prefix
+                                 * cache hits, or the shared prefill of its n-sample group */
+    int num_retractions;        /* times this sample was preempted and recomputed */
     double e2e_latency;         /* seconds from arrival to finish */
 } rs_gen_output;
 
@@ -74,6 +86,8 @@ struct rs_gen_job {
     rs_sampling_params sp;
     bool return_logprob;
     int logprob_start_len;      /* -1: outputs only; >= 0: also score prompt tokens from there */
+    int top_logprobs_num;       /* k alternatives per scored position, 0 = none */
+    rs_logprobs_mode logprobs_mode;
     bool stream;                /* reserved: the API issue adds SSE */
     /* filled by the engine */
     rs_gen_output *outputs;     /* [n_prompts * sp.n] */
@@ -92,6 +106,7 @@ void rs_gen_job_free(rs_gen_job *job);            /* frees everything the job ow
  * Returns RS_OK or RS_EINVAL with the offending param named in err. */
 typedef struct rs_engine_limits {
     int max_context;            /* tokens per sequence (prompt + output) */
+    int max_top_logprobs;       /* cap on top_logprobs_num */
     int max_new_tokens;         /* cap on sampling_params.max_new_tokens */
     int max_n;                  /* cap on sampling_params.n */
     int max_batch;              /* cap on n_prompts * n */
@@ -103,6 +118,10 @@ typedef struct rs_engine_opts {
     size_t kv_cache_bytes;      /* KV pool budget */
     int max_running;            /* sequences per step */
     int max_step_tokens;        /* rows per forward step (prefill chunking) */
+    /* Admission reserves pages for this share of each sequence's remaining max_new_tokens, so
+     * that preemption stays rare (1.0: never preempt; small: admit more, preempt more). */
+    float admission_new_token_ratio;
+    bool prefix_cache;          /* share KV pages of identical prompt prefixes across requests */
     rs_engine_limits limits;
     const char *weight_version; /* version of the loaded weights; NULL = "0" */
 } rs_engine_opts;
@@ -119,6 +138,11 @@ void rs_engine_stop(rs_engine *e);               /* aborts remaining jobs, joins
 /* Thread-safe: queues the job (ownership passes to the engine until on_done). */
 int rs_engine_submit(rs_engine *e, rs_gen_job *job, rs_error *err);
 
+/* Thread-safe: aborts the jobs whose rid equals `rid` (every job when rid is NULL) at the next
+ * step boundary. Their sequences free their pages at once and finish with type "abort", keeping
+ * the tokens and logprobs produced so far. */
+void rs_engine_abort(rs_engine *e, const char *rid);
+
 /* Without a thread (tests, benchmarks): run steps on the caller's thread until every submitted
  * job has finished. */
 void rs_engine_run_until_idle(rs_engine *e);
@@ -127,9 +151,14 @@ void rs_engine_run_until_idle(rs_engine *e);
  * engine is idle (tests, benchmarks). */
 typedef struct rs_engine_stats {
     int kv_blocks_total;
-    int kv_blocks_free;
+    int kv_blocks_free;         /* free or holding evictable cached prefixes */
+    int kv_blocks_cached;       /* evictable cached prefix blocks (part of kv_blocks_free) */
     int n_running;
     int n_waiting;
+    int peak_running;           /* most sequences ever running in one step */
+    uint64_t num_retractions;   /* preemptions since start */
+    uint64_t prefix_hit_tokens; /* prompt tokens served from the prefix cache */
+    uint64_t prompt_tokens, generation_tokens, steps;
 } rs_engine_stats;
 void rs_engine_get_stats(const rs_engine *e, rs_engine_stats *out);
 

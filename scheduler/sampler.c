@@ -83,50 +83,66 @@ static int cmp_desc(const void *a, const void *b, void *keys) {
     return i < j ? -1 : (i > j); /* ties: lower id first, so the order is total */
 }
 
+/* Sorts token ids by probability (descending, ties by id) and returns how many survive top-k,
+ * top-p and min-p. p must hold softmax(logits / T). */
+static int truncate_sorted(const float *p, int vocab, const rs_sampling_params *sp, int32_t *idx) {
+    for (int i = 0; i < vocab; i++) idx[i] = i;
+    qsort_r(idx, (size_t)vocab, sizeof *idx, cmp_desc, (void *)p);
+    int keep = vocab;
+    if (sp->top_k > 0 && sp->top_k < keep) keep = sp->top_k;
+    if (sp->top_p < 1.0f) {
+        double acc = 0.0;
+        for (int i = 0; i < keep; i++) {
+            acc += p[idx[i]];
+            if (acc >= sp->top_p) { keep = i + 1; break; }
+        }
+    }
+    if (sp->min_p > 0.0f) {
+        float floor_p = sp->min_p * p[idx[0]];
+        int i = 1;
+        while (i < keep && p[idx[i]] >= floor_p) i++;
+        keep = i;
+    }
+    return keep;
+}
+
+static bool truncates(const rs_sampling_params *sp, int vocab) {
+    return (sp->top_k > 0 && sp->top_k < vocab) || sp->top_p < 1.0f || sp->min_p > 0.0f;
+}
+
+/* p[i] = softmax(logits / T)[i]; returns max and log-sum-exp of the scaled logits. */
+static void fill_probs(const float *logits, int vocab, float inv_t, float *p, float *mx, double *lse) {
+    softmax_stats(logits, vocab, inv_t, mx, lse);
+    for (int i = 0; i < vocab; i++) p[i] = (float)exp((double)(logits[i] * inv_t - *mx) - *lse);
+}
+
 int32_t rs_sample(const float *logits, int vocab, const rs_sampling_params *sp, uint64_t sample_index,
-                  uint64_t position, rs_sampler_scratch *s, float *logprob_out) {
+                  uint64_t position, rs_sampler_scratch *s, rs_sample_info *info) {
     if (sp->temperature <= 0.0f) {
         int32_t tok = argmax(logits, vocab);
-        *logprob_out = rs_logprob_of(logits, vocab, 0.0f, tok);
+        info->logprob = rs_logprob_of(logits, vocab, 0.0f, tok);
+        info->logprob_processed = 0.0f; /* greedy: the sampled distribution is a point mass */
         return tok;
     }
     scratch_reserve(s, vocab);
-    float inv_t = 1.0f / sp->temperature;
-    float mx;
+    float inv_t = 1.0f / sp->temperature, mx;
     double lse;
-    softmax_stats(logits, vocab, inv_t, &mx, &lse);
     float *p = s->probs;
-    for (int i = 0; i < vocab; i++) p[i] = (float)exp((double)(logits[i] * inv_t - mx) - lse);
+    fill_probs(logits, vocab, inv_t, p, &mx, &lse);
 
     double u = rs_rng_uniform(sp->seed, sample_index, position);
-    bool truncate = (sp->top_k > 0 && sp->top_k < vocab) || sp->top_p < 1.0f || sp->min_p > 0.0f;
     int32_t tok = vocab - 1;
-    if (!truncate) {
-        double target = u, acc = 0.0;
+    double mass = 1.0;
+    if (!truncates(sp, vocab)) {
+        double acc = 0.0;
         for (int i = 0; i < vocab; i++) {
             acc += p[i];
-            if (target < acc) { tok = i; break; }
+            if (u < acc) { tok = i; break; }
         }
     } else {
         int32_t *idx = s->idx;
-        for (int i = 0; i < vocab; i++) idx[i] = i;
-        qsort_r(idx, (size_t)vocab, sizeof *idx, cmp_desc, p);
-        int keep = vocab;
-        if (sp->top_k > 0 && sp->top_k < keep) keep = sp->top_k;
-        if (sp->top_p < 1.0f) {
-            double acc = 0.0;
-            for (int i = 0; i < keep; i++) {
-                acc += p[idx[i]];
-                if (acc >= sp->top_p) { keep = i + 1; break; }
-            }
-        }
-        if (sp->min_p > 0.0f) {
-            float floor_p = sp->min_p * p[idx[0]];
-            int i = 1;
-            while (i < keep && p[idx[i]] >= floor_p) i++;
-            keep = i;
-        }
-        double mass = 0.0;
+        int keep = truncate_sorted(p, vocab, sp, idx);
+        mass = 0.0;
         for (int i = 0; i < keep; i++) mass += p[idx[i]];
         double target = u * mass, acc = 0.0;
         tok = idx[keep - 1];
@@ -135,6 +151,69 @@ int32_t rs_sample(const float *logits, int vocab, const rs_sampling_params *sp, 
             if (target < acc) { tok = idx[i]; break; }
         }
     }
-    *logprob_out = (float)((double)(logits[tok] * inv_t - mx) - lse);
+    info->logprob = (float)((double)(logits[tok] * inv_t - mx) - lse);
+    info->logprob_processed = (float)((double)info->logprob - log(mass));
     return tok;
+}
+
+int rs_top_logprobs(const float *logits, int vocab, const rs_sampling_params *sp, bool processed, int k,
+                    rs_sampler_scratch *s, int32_t *ids, float *lps) {
+    if (k <= 0) return 0;
+    if (k > vocab) k = vocab;
+    scratch_reserve(s, vocab);
+    float inv_t = sp->temperature > 0.0f ? 1.0f / sp->temperature : 1.0f, mx;
+    double lse;
+    float *p = s->probs;
+    fill_probs(logits, vocab, inv_t, p, &mx, &lse);
+    int32_t *idx = s->idx;
+    int n = k;
+    double log_mass = 0.0;
+    if (processed && sp->temperature <= 0.0f) { /* greedy: the point mass on the argmax */
+        ids[0] = argmax(logits, vocab);
+        lps[0] = 0.0f;
+        return 1;
+    }
+    if (processed && truncates(sp, vocab)) {
+        int keep = truncate_sorted(p, vocab, sp, idx);
+        double mass = 0.0;
+        for (int i = 0; i < keep; i++) mass += p[idx[i]];
+        log_mass = log(mass);
+        if (n > keep) n = keep;
+    } else {
+        /* partial selection of the k largest: k is small (top_logprobs_num) */
+        for (int i = 0; i < n; i++) idx[i] = -1;
+        for (int v = 0; v < vocab; v++) {
+            if (idx[n - 1] >= 0 && !(p[v] > p[idx[n - 1]])) continue;
+            int j = n - 1;
+            while (j > 0 && (idx[j - 1] < 0 || p[v] > p[idx[j - 1]])) {
+                idx[j] = idx[j - 1];
+                j--;
+            }
+            idx[j] = v;
+        }
+    }
+    for (int i = 0; i < n; i++) {
+        ids[i] = idx[i];
+        lps[i] = (float)((double)(logits[idx[i]] * inv_t - mx) - lse - log_mass);
+    }
+    return n;
+}
+
+float rs_logprob_processed(const float *logits, int vocab, const rs_sampling_params *sp, int32_t token,
+                           rs_sampler_scratch *s) {
+    if (sp->temperature <= 0.0f) return argmax(logits, vocab) == token ? 0.0f : -INFINITY;
+    if (!truncates(sp, vocab)) return rs_logprob_of(logits, vocab, sp->temperature, token);
+    scratch_reserve(s, vocab);
+    float inv_t = 1.0f / sp->temperature, mx;
+    double lse;
+    fill_probs(logits, vocab, inv_t, s->probs, &mx, &lse);
+    int keep = truncate_sorted(s->probs, vocab, sp, s->idx);
+    double mass = 0.0;
+    bool kept = false;
+    for (int i = 0; i < keep; i++) {
+        mass += s->probs[s->idx[i]];
+        kept |= s->idx[i] == token;
+    }
+    if (!kept) return -INFINITY;
+    return (float)((double)(logits[token] * inv_t - mx) - lse - log(mass));
 }

@@ -30,9 +30,28 @@ double rs_rng_uniform(uint64_t seed, uint64_t sample_index, uint64_t position);
 /* log_softmax(logits / temp)[token], temp <= 0 meaning 1. Accumulates in double. */
 float rs_logprob_of(const float *logits /* [vocab] */, int vocab, float temp, int32_t token);
 
+/* What rs_sample reports besides the token. */
+typedef struct rs_sample_info {
+    float logprob;              /* log_softmax(logits / T)[token] (T = 1 when greedy) */
+    float logprob_processed;    /* log of the token's probability in the distribution actually
+                                 * sampled from: after top-k / top-p / min-p and renormalization */
+} rs_sample_info;
+
 /* Picks the next token. `position` is the position the new token will occupy. */
 int32_t rs_sample(const float *logits /* [vocab] */, int vocab, const rs_sampling_params *sp,
                   uint64_t sample_index, uint64_t position, rs_sampler_scratch *scratch,
-                  float *logprob_out);
+                  rs_sample_info *info);
+
+/* log of token's probability in the processed distribution (T, top-k/p, min-p, renormalized);
+ * -INFINITY when truncation removed it, 0 for greedy's argmax. */
+float rs_logprob_processed(const float *logits /* [vocab] */, int vocab, const rs_sampling_params *sp,
+                           int32_t token, rs_sampler_scratch *scratch);
+
+/* The k most likely tokens of softmax(logits / temp) (temp <= 0 meaning 1), most likely first
+ * (ties: lower id first), with their logprobs. With `processed`, the distribution is the one
+ * sp's truncation leaves (renormalized), and fewer than k entries come back when it keeps fewer
+ * tokens. Returns the number written. */
+int rs_top_logprobs(const float *logits /* [vocab] */, int vocab, const rs_sampling_params *sp, bool processed,
+                    int k, rs_sampler_scratch *scratch, int32_t *ids /* [k] */, float *lps /* [k] */);
 
 #endif /* RS_SAMPLER_H */

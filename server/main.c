@@ -180,8 +180,10 @@ static int load(rs_daemon *d, rs_error *err) {
         .max_running = c->max_running,
         .max_step_tokens = c->max_step_tokens,
         .limits = {.max_context = max_context, .max_new_tokens = c->max_new_tokens, .max_n = c->max_n,
-                   .max_batch = c->max_batch},
+                   .max_batch = c->max_batch, .max_top_logprobs = c->max_top_logprobs},
         .weight_version = c->weight_version,
+        .admission_new_token_ratio = (float)c->admission_new_token_ratio,
+        .prefix_cache = c->prefix_cache,
     };
     if ((rc = rs_engine_init(&d->engine, d->model, &eo, err)) != RS_OK) return rc;
     if ((rc = rs_engine_start(d->engine)) != RS_OK)

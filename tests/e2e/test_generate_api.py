@@ -17,7 +17,7 @@ from conftest import Daemon
 
 META_KEYS = {"id", "finish_reason", "prompt_tokens", "completion_tokens", "cached_tokens", "weight_version",
              "num_retractions", "e2e_latency"}
-LOGPROB_KEYS = {"output_token_logprobs", "input_token_logprobs", "output_top_logprobs"}
+LOGPROB_KEYS = {"output_token_logprobs", "input_token_logprobs", "output_top_logprobs", "input_top_logprobs"}
 PROMPT = [11, 22, 33, 44, 55]
 
 
@@ -60,7 +60,7 @@ def check_output(o, prompt_len, logprobs=False):
         for (lp, tok, text), t in zip(lps, ids):
             assert tok == t and text is None
             assert isinstance(lp, float) and lp <= 0 and math.isfinite(lp)
-        assert m["output_top_logprobs"] == []
+        assert m["output_top_logprobs"] == [] and m["input_top_logprobs"] == []
 
 
 def test_single_shape(daemon):

@@ -207,9 +207,8 @@ static const bad_case bad_cases[] = {
     {"{\"input_ids\": [1], \"logprob_start_len\": -2}", RS_EINVAL, "logprob_start_len", ">= -1, got -2"},
     {"{\"input_ids\": [1], \"logprob_start_len\": 0.5}", RS_EINVAL, "logprob_start_len", "integer"},
     {"{\"input_ids\": [1], \"top_logprobs_num\": -1}", RS_EINVAL, "top_logprobs_num", ">= 0"},
-    {"{\"input_ids\": [1], \"top_logprobs_num\": 5}", RS_EUNSUPPORTED, "top_logprobs_num",
-     "top_logprobs_num > 0 is not supported yet"},
-    {"{\"input_ids\": [1], \"logprobs_mode\": \"raw\"}", RS_EUNSUPPORTED, "logprobs_mode", "not supported yet"},
+    {"{\"input_ids\": [1], \"top_logprobs_num\": 1.5}", RS_EINVAL, "top_logprobs_num", "integer"},
+    {"{\"input_ids\": [1], \"logprobs_mode\": \"Raw\"}", RS_EINVAL, "logprobs_mode", "must be one of"},
     {"{\"input_ids\": [1], \"logprobs_mode\": \"fancy\"}", RS_EINVAL, "logprobs_mode", "must be one of"},
     {"{\"input_ids\": [1], \"logprobs_mode\": 3}", RS_EINVAL, "logprobs_mode", "must be a string"},
     {"{\"input_ids\": [1], \"stream\": true}", RS_EUNSUPPORTED, "stream", "stream is not supported yet"},
@@ -319,7 +318,7 @@ RS_TEST(protocol_response_single_with_logprobs) {
                 " \"completion_tokens\": 3, \"cached_tokens\": 1, \"weight_version\": \"17\", \"num_retractions\": 0,"
                 " \"output_token_logprobs\": [[-0.5, 220, null], [-1.25, 19, null], [-0.125, 151645, null]],"
                 " \"input_token_logprobs\": [[null, 10, null], [-2.0, 11, null], [-3.5, 12, null]],"
-                " \"output_top_logprobs\": [], \"e2e_latency\": 1.5}}");
+                " \"output_top_logprobs\": [], \"input_top_logprobs\": [], \"e2e_latency\": 1.5}}");
     free(body);
     rs_generate_req_free(&r);
 }

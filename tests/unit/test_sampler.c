@@ -29,9 +29,9 @@ RS_TEST(sampler_greedy_is_argmax_with_logprob) {
     rs_sampling_params_default(&sp);
     sp.temperature = 0.0f;
     rs_sampler_scratch sc = {0};
-    float lp;
-    ASSERT_EQ(rs_sample(l, V, &sp, 0, 5, &sc, &lp), 321);
-    ASSERT_NEAR(lp, ref_logprob(l, V, 1.0, 321), 1e-6);
+    rs_sample_info info;
+    ASSERT_EQ(rs_sample(l, V, &sp, 0, 5, &sc, &info), 321);
+    ASSERT_NEAR(info.logprob, ref_logprob(l, V, 1.0, 321), 1e-6);
     rs_sampler_scratch_free(&sc);
 }
 
@@ -60,9 +60,10 @@ RS_TEST(sampler_temperature_matches_softmax) {
     int counts[4] = {0};
     enum { N = 200000 };
     for (int i = 0; i < N; i++) {
-        float lp;
-        int t = rs_sample(l, 4, &sp, 0, (uint64_t)i, &sc, &lp);
-        ASSERT_NEAR(lp, ref_logprob(l, 4, 0.7, t), 1e-5);
+        rs_sample_info info;
+        int t = rs_sample(l, 4, &sp, 0, (uint64_t)i, &sc, &info);
+        ASSERT_NEAR(info.logprob, ref_logprob(l, 4, 0.7, t), 1e-5);
+        ASSERT_TRUE(info.logprob_processed == info.logprob); /* no truncation */
         counts[t]++;
     }
     for (int t = 0; t < 4; t++) {
@@ -94,10 +95,13 @@ RS_TEST(sampler_truncation_sets) {
         sp.seed = 5;
         int seen[6] = {0};
         for (int i = 0; i < 5000; i++) {
-            float lp;
-            int t = rs_sample(l, 6, &sp, 1, (uint64_t)i, &sc, &lp);
+            rs_sample_info info;
+            int t = rs_sample(l, 6, &sp, 1, (uint64_t)i, &sc, &info);
             ASSERT_TRUE(t < cases[c].allowed);
-            ASSERT_NEAR(lp, log(p[t]), 1e-5);
+            ASSERT_NEAR(info.logprob, log(p[t]), 1e-5);
+            double kept = 0;
+            for (int j = 0; j < cases[c].allowed; j++) kept += p[j];
+            ASSERT_NEAR(info.logprob_processed, log(p[t] / kept), 1e-5);
             seen[t]++;
         }
         for (int t = 0; t < cases[c].allowed; t++) ASSERT_TRUE(seen[t] > 0);
@@ -115,11 +119,42 @@ RS_TEST(sampler_same_key_same_token) {
     sp.seed = 1234;
     rs_sampler_scratch sc = {0};
     for (int pos = 0; pos < 50; pos++) {
-        float a, b;
+        rs_sample_info a, b;
         int t1 = rs_sample(l, V, &sp, 3, (uint64_t)pos, &sc, &a);
         int t2 = rs_sample(l, V, &sp, 3, (uint64_t)pos, &sc, &b);
         ASSERT_EQ(t1, t2);
-        ASSERT_TRUE(a == b);
+        ASSERT_TRUE(a.logprob == b.logprob);
     }
+    rs_sampler_scratch_free(&sc);
+}
+
+/* Top-k alternatives: the k largest of the (scaled) distribution in order, with exact logprobs;
+ * processed ones come from the truncated, renormalized distribution. */
+RS_TEST(sampler_top_logprobs) {
+    enum { V = 300 };
+    float l[V];
+    fill_logits(l, V, 11);
+    rs_sampling_params sp;
+    rs_sampling_params_default(&sp);
+    sp.temperature = 0.5f;
+    rs_sampler_scratch sc = {0};
+    int32_t ids[5];
+    float lps[5];
+    ASSERT_EQ(rs_top_logprobs(l, V, &sp, false, 5, &sc, ids, lps), 5);
+    /* reference: selection sort over a copy, ties by id */
+    int used[V] = {0};
+    for (int r = 0; r < 5; r++) {
+        int best = -1;
+        for (int v = 0; v < V; v++)
+            if (!used[v] && (best < 0 || l[v] > l[best])) best = v;
+        used[best] = 1;
+        ASSERT_EQ(ids[r], best);
+        ASSERT_NEAR(lps[r], ref_logprob(l, V, 0.5, best), 1e-5);
+    }
+    sp.top_k = 3;
+    ASSERT_EQ(rs_top_logprobs(l, V, &sp, true, 5, &sc, ids, lps), 3);
+    double mass = 0;
+    for (int r = 0; r < 3; r++) mass += exp(ref_logprob(l, V, 0.5, ids[r]));
+    for (int r = 0; r < 3; r++) ASSERT_NEAR(lps[r], ref_logprob(l, V, 0.5, ids[r]) - log(mass), 1e-5);
     rs_sampler_scratch_free(&sc);
 }
