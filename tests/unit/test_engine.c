@@ -29,7 +29,7 @@ static void tiny_config(rs_model_config *c) {
     c->max_position = 256;
 }
 
-static env env_open(size_t kv_bytes, int max_running, int max_step_tokens) {
+static env env_open_opts(size_t kv_bytes, int max_running, int max_step_tokens, bool prefix_cache, float ratio) {
     static int made;
     char dir[512];
     snprintf(dir, sizeof dir, "%s/model", rs_test_tmpdir());
@@ -44,10 +44,16 @@ static env env_open(size_t kv_bytes, int max_running, int max_step_tokens) {
     v.b = rs_backend_cpu_init(2);
     if (rs_model_load(dir, v.b, NULL, &v.m, &err) != RS_OK) RS_TEST_FAIL("load: %s", err.message);
     rs_engine_opts o = {.kv_cache_bytes = kv_bytes, .max_running = max_running,
-                        .max_step_tokens = max_step_tokens,
-                        .limits = {.max_context = 256, .max_new_tokens = 128, .max_n = 8, .max_batch = 64}};
+                        .max_step_tokens = max_step_tokens, .prefix_cache = prefix_cache,
+                        .admission_new_token_ratio = ratio,
+                        .limits = {.max_context = 256, .max_new_tokens = 128, .max_n = 8, .max_batch = 64,
+                                   .max_top_logprobs = 8}};
     if (rs_engine_init(&v.e, v.m, &o, &err) != RS_OK) RS_TEST_FAIL("engine: %s", err.message);
     return v;
+}
+
+static env env_open(size_t kv_bytes, int max_running, int max_step_tokens) {
+    return env_open_opts(kv_bytes, max_running, max_step_tokens, true, 0.4f);
 }
 
 static void env_close(env *v) {
@@ -268,5 +274,159 @@ RS_TEST(engine_validate_rejects_bad_jobs) {
     ASSERT_EQ(rs_gen_job_validate(j, &v.m->cfg, rs_engine_get_limits(v.e), &err), RS_EINVAL);
     ASSERT_STREQ(err.param, "logprob_start_len");
     rs_gen_job_free(j);
+    env_close(&v);
+}
+
+/* Scores prompt + output of `o` by teacher forcing and checks every output logprob. */
+static void assert_teacher_forced(env *v, const int32_t *prompt, int len, const rs_gen_output *o, float temp) {
+    int full = len + o->n_output;
+    rs_gen_job *s = job_new(1, &full, 1);
+    memcpy(s->prompts[0], prompt, sizeof(int32_t) * (size_t)len);
+    memcpy(s->prompts[0] + len, o->output_ids, sizeof(int32_t) * (size_t)o->n_output);
+    s->sp.max_new_tokens = 0;
+    s->sp.temperature = temp;
+    s->logprob_start_len = len;
+    run(v, s);
+    for (int i = 0; i < o->n_output; i++) ASSERT_NEAR(s->outputs[0].input_logprobs[i], o->output_logprobs[i], 2e-5);
+    rs_gen_job_free(s);
+}
+
+/* An n-sample group prefills its prompt once and its samples fork the pages (the partial last
+ * page is copied on first write); a repeated prompt hits the prefix cache. Teacher forcing each
+ * sample's tokens from scratch must reproduce its logprobs: a sample that read another's pages,
+ * or a stale cached page, would not. */
+RS_TEST(engine_group_sharing_and_prefix_hits) {
+    env v = env_open(8 << 20, 8, 512);
+    int len = 100;
+    rs_gen_job *g = job_new(1, &len, 21);
+    g->sp.n = 8;
+    g->sp.max_new_tokens = 24;
+    g->sp.seed = 5;
+    run(&v, g);
+    for (int si = 0; si < 8; si++) {
+        ASSERT_EQ(g->outputs[si].n_output, 24);
+        ASSERT_EQ(g->outputs[si].cached_tokens, si == 0 ? 0 : 100);
+        assert_teacher_forced(&v, g->prompts[0], len, &g->outputs[si], 1.0f);
+    }
+    rs_engine_stats st;
+    rs_engine_get_stats(v.e, &st);
+    uint64_t hits0 = st.prefix_hit_tokens;
+
+    rs_gen_job *again = job_new(1, &len, 21); /* same prompt, new request */
+    again->sp.max_new_tokens = 24;
+    again->sp.seed = 5;
+    run(&v, again);
+    ASSERT_EQ(again->outputs[0].cached_tokens, 96); /* full blocks, the last token recomputed */
+    assert_same_output(&again->outputs[0], &g->outputs[0]);
+    rs_engine_get_stats(v.e, &st);
+    ASSERT_TRUE(st.prefix_hit_tokens >= hits0 + 96);
+    rs_gen_job_free(g);
+    rs_gen_job_free(again);
+    env_close(&v);
+}
+
+/* 300 requests of random lengths on a pool that holds about a tenth of their total demand: all
+ * finish, sequences are preempted and recomputed, and every request's tokens and logprobs equal
+ * those of the same request run alone. */
+RS_TEST(engine_preemption_soak) {
+    enum { N = 300 };
+    int lens[N], news[N];
+    long demand_tokens = 0;
+    unsigned x = 99;
+    for (int i = 0; i < N; i++) {
+        x = x * 1664525u + 1013904223u;
+        lens[i] = 8 + (int)((x >> 8) % 57);
+        x = x * 1664525u + 1013904223u;
+        news[i] = 8 + (int)((x >> 8) % 41);
+        demand_tokens += lens[i] + news[i];
+    }
+    /* reference: each request alone on a roomy pool */
+    rs_gen_job *ref[N], *jobs[N];
+    env big = env_open_opts(16 << 20, 4, 512, false, 0.4f);
+    for (int i = 0; i < N; i++) {
+        ref[i] = job_new(1, &lens[i], 1000u + (unsigned)i);
+        ref[i]->sp.max_new_tokens = news[i];
+        ref[i]->sp.seed = (uint64_t)i;
+        run(&big, ref[i]);
+    }
+    env_close(&big);
+
+    size_t block_bytes = 8192; /* 2 layers x K,V x 16 tokens x 2 heads x 16 dims x 4 bytes */
+    long demand_blocks = demand_tokens / RS_KV_BLOCK;
+    env small = env_open_opts((size_t)(demand_blocks / 10) * block_bytes, 64, 256, true, 0.0f);
+    rs_error err = {0};
+    for (int i = 0; i < N; i++) {
+        jobs[i] = job_new(1, &lens[i], 1000u + (unsigned)i);
+        jobs[i]->sp.max_new_tokens = news[i];
+        jobs[i]->sp.seed = (uint64_t)i;
+        ASSERT_EQ(rs_engine_submit(small.e, jobs[i], &err), RS_OK);
+    }
+    rs_engine_run_until_idle(small.e);
+    rs_engine_stats st;
+    rs_engine_get_stats(small.e, &st);
+    ASSERT_TRUE(st.num_retractions > 0);
+    int retracted = 0;
+    for (int i = 0; i < N; i++) {
+        ASSERT_EQ(jobs[i]->outputs[0].finish.type, RS_FINISH_LENGTH);
+        assert_same_output(&jobs[i]->outputs[0], &ref[i]->outputs[0]);
+        retracted += jobs[i]->outputs[0].num_retractions > 0;
+        rs_gen_job_free(jobs[i]);
+        rs_gen_job_free(ref[i]);
+    }
+    printf("  soak: %d of %d requests preempted, %llu retractions, peak running %d\n", retracted, N,
+           (unsigned long long)st.num_retractions, st.peak_running);
+    env_close(&small);
+}
+
+/* Aborting a request returns what it produced so far and frees its pages. */
+RS_TEST(engine_abort_returns_partial_output) {
+    env v = env_open(8 << 20, 8, 512);
+    int lens[2] = {10, 12};
+    rs_gen_job *a = job_new(2, lens, 3), *b = job_new(1, lens, 4);
+    snprintf(a->rid, sizeof a->rid, "victim");
+    snprintf(b->rid, sizeof b->rid, "bystander");
+    a->sp.max_new_tokens = b->sp.max_new_tokens = 100;
+    rs_error err = {0};
+    ASSERT_EQ(rs_engine_submit(v.e, a, &err), RS_OK);
+    ASSERT_EQ(rs_engine_submit(v.e, b, &err), RS_OK);
+    rs_engine_abort(v.e, "victim");
+    rs_engine_run_until_idle(v.e);
+    for (int p = 0; p < 2; p++) {
+        ASSERT_EQ(a->outputs[p].finish.type, RS_FINISH_ABORT);
+        ASSERT_STREQ(a->outputs[p].finish.message, "aborted");
+    }
+    ASSERT_EQ(b->outputs[0].finish.type, RS_FINISH_LENGTH);
+    ASSERT_EQ(b->outputs[0].n_output, 100);
+    rs_gen_job_free(a);
+    rs_gen_job_free(b);
+    env_close(&v);
+}
+
+/* top_logprobs_num alternatives are sorted, include the sampled token when it is likely enough,
+ * and match the token's own logprob; raw mode ignores the temperature. */
+RS_TEST(engine_top_logprobs_and_modes) {
+    env v = env_open(8 << 20, 8, 512);
+    int len = 7;
+    rs_gen_job *d = job_new(1, &len, 8), *r = job_new(1, &len, 8);
+    d->sp.temperature = r->sp.temperature = 0.0f;
+    d->sp.max_new_tokens = r->sp.max_new_tokens = 6;
+    d->top_logprobs_num = 3;
+    d->logprob_start_len = 0;
+    r->logprobs_mode = RS_LOGPROBS_RAW;
+    run(&v, d);
+    run(&v, r);
+    const rs_gen_output *o = &d->outputs[0];
+    for (int i = 0; i < o->n_output; i++) {
+        const int32_t *ids = o->output_top_ids + i * 3;
+        const float *lps = o->output_top_lps + i * 3;
+        ASSERT_EQ(ids[0], o->output_ids[i]); /* greedy: the top alternative is the token */
+        ASSERT_NEAR(lps[0], o->output_logprobs[i], 1e-6);
+        ASSERT_TRUE(lps[0] >= lps[1] && lps[1] >= lps[2]);
+        ASSERT_NEAR(r->outputs[0].output_logprobs[i], o->output_logprobs[i], 1e-6); /* T=0 reads as T=1 */
+    }
+    ASSERT_EQ(o->input_top_ids[0], -1); /* position 0 has no context */
+    ASSERT_TRUE(o->input_top_ids[3] >= 0);
+    rs_gen_job_free(d);
+    rs_gen_job_free(r);
     env_close(&v);
 }
