@@ -122,6 +122,12 @@ typedef struct rs_engine_opts {
      * that preemption stays rare (1.0: never preempt; small: admit more, preempt more). */
     float admission_new_token_ratio;
     bool prefix_cache;          /* share KV pages of identical prompt prefixes across requests */
+    /* KV cache pages: F32, BF16 or E4M3 (0 = F32). E4M3 scales: per layer and KV head, from
+     * calibration (or set later), or per token and head. */
+    rs_dtype kv_dtype;
+    rs_kv_scale_mode kv_scale_mode;
+    float kv_calib_margin;      /* calibrated scale = stat * margin / 448 */
+    float kv_calib_percentile;  /* stat = this percentile of |K|, |V| (1.0 = amax) */
     rs_engine_limits limits;
     const char *weight_version; /* version of the loaded weights; NULL = "0" */
 } rs_engine_opts;
