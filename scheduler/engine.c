@@ -44,6 +44,7 @@ typedef struct rs_seq {
     int n_computed;             /* tokens whose K/V are in the cache */
     int n_forks;                /* group leader: samples still to fork when its prompt completes */
     uint64_t order;             /* admission order: larger is newer (preempted first) */
+    double t_last_token;        /* for inter-token latency */
     bool admitted_once;
     rs_kv_seq kv;
     struct rs_seq *next;        /* waiting queue */
@@ -75,8 +76,15 @@ struct rs_engine {
     uint64_t next_order;
     rs_engine_stats stats;
 
+    pthread_mutex_t stats_mu;
+    rs_engine_stats published;  /* under stats_mu: what rs_engine_get_stats returns */
+    rs_gen_job **progress;      /* [max_running] jobs whose outputs grew this step */
+    bool paused;
+
     pthread_mutex_t mu;
     pthread_cond_t cv;
+    pthread_cond_t ctl_cv;      /* signals finished control requests */
+    struct rs_ctl *ctl_head;    /* control requests, under mu */
     rs_gen_job **inbox;         /* jobs submitted since the last step, under mu */
     int n_inbox, cap_inbox;
     char **abort_rids;          /* under mu */
@@ -88,6 +96,27 @@ struct rs_engine {
 };
 
 static int blocks_for(int tokens) { return (tokens + RS_KV_BLOCK - 1) / RS_KV_BLOCK; }
+
+/* A control request from another thread, applied at a step boundary (see apply_control). */
+typedef enum rs_ctl_kind { RS_CTL_PAUSE, RS_CTL_CONTINUE, RS_CTL_FLUSH } rs_ctl_kind;
+typedef struct rs_ctl {
+    rs_ctl_kind kind;
+    int arg;                    /* RS_CTL_PAUSE: rs_pause_mode */
+    int rc;
+    bool done;
+    struct rs_ctl *next;
+} rs_ctl;
+
+const double rs_hist_bounds[RS_HIST_BUCKETS] = {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
+                                                0.25,  0.5,    1.0,   2.5,  5.0,   10.0, INFINITY};
+
+void rs_histogram_observe(rs_histogram *h, double seconds) {
+    int i = 0;
+    while (i < RS_HIST_BUCKETS - 1 && seconds > rs_hist_bounds[i]) i++;
+    h->counts[i]++;
+    h->n++;
+    h->sum += seconds;
+}
 
 /* ---------------------------------------------------------------- jobs */
 
@@ -195,6 +224,8 @@ int rs_engine_init(rs_engine **out, rs_model *m, const rs_engine_opts *opts, rs_
     snprintf(e->weight_version, sizeof e->weight_version, "%s", opts->weight_version ? opts->weight_version : "0");
     pthread_mutex_init(&e->mu, NULL);
     pthread_cond_init(&e->cv, NULL);
+    pthread_cond_init(&e->ctl_cv, NULL);
+    pthread_mutex_init(&e->stats_mu, NULL);
 
     int rc = rs_kv_pool_init(&e->pool, m->backend, c->n_layers, c->n_kv_heads, c->head_dim, RS_DTYPE_F32,
                              opts->kv_cache_bytes);
@@ -220,6 +251,7 @@ int rs_engine_init(rs_engine **out, rs_model *m, const rs_engine_opts *opts, rs_
     e->step_seqs = rs_xmalloc(sizeof(rs_seq *) * (size_t)R);
     e->sampled = rs_xmalloc(sizeof(rs_seq *) * (size_t)R);
     e->running = rs_xmalloc(sizeof(rs_seq *) * (size_t)R);
+    e->progress = rs_xmalloc(sizeof(rs_gen_job *) * (size_t)R);
     e->logits = rs_xmalloc(sizeof(float) * (size_t)e->max_logits * (size_t)c->vocab_size);
     int max_top = RS_MAX(e->opts.limits.max_top_logprobs, 1);
     e->top_ids = rs_xmalloc(sizeof(int32_t) * (size_t)max_top);
@@ -246,23 +278,36 @@ void rs_engine_free(rs_engine *e) {
     rs_sampler_scratch_free(&e->sampler);
     void *bufs[] = {e->b_tokens, e->b_pos, e->b_slot, e->logit_rows, e->b_seq_start, e->b_seq_ctx,
                     e->b_tables, e->step_seqs, e->sampled, e->running, e->logits, e->top_ids, e->top_lps,
-                    e->inbox};
+                    e->inbox, e->progress};
     for (size_t i = 0; i < RS_ARRAY_LEN(bufs); i++) free(bufs[i]);
     for (int i = 0; i < e->n_abort_rids; i++) free(e->abort_rids[i]);
     free(e->abort_rids);
     pthread_mutex_destroy(&e->mu);
     pthread_cond_destroy(&e->cv);
+    pthread_cond_destroy(&e->ctl_cv);
+    pthread_mutex_destroy(&e->stats_mu);
     free(e);
 }
 
+/* Publishes the engine thread's counters for rs_engine_get_stats. */
+static void publish_stats(rs_engine *e) {
+    rs_engine_stats st = e->stats;
+    st.kv_blocks_total = e->pool.n_blocks;
+    st.kv_blocks_free = rs_kv_available_blocks(&e->pool);
+    st.kv_blocks_cached = e->pool.n_evictable;
+    st.n_running = e->n_running;
+    st.n_waiting = e->n_waiting;
+    st.prefix_hit_tokens = e->pool.hit_tokens;
+    st.paused = e->paused;
+    pthread_mutex_lock(&e->stats_mu);
+    e->published = st;
+    pthread_mutex_unlock(&e->stats_mu);
+}
+
 void rs_engine_get_stats(const rs_engine *e, rs_engine_stats *out) {
-    *out = e->stats;
-    out->kv_blocks_total = e->pool.n_blocks;
-    out->kv_blocks_free = rs_kv_available_blocks(&e->pool);
-    out->kv_blocks_cached = e->pool.n_evictable;
-    out->n_running = e->n_running;
-    out->n_waiting = e->n_waiting;
-    out->prefix_hit_tokens = e->pool.hit_tokens;
+    pthread_mutex_lock((pthread_mutex_t *)&e->stats_mu);
+    *out = e->published;
+    pthread_mutex_unlock((pthread_mutex_t *)&e->stats_mu);
 }
 
 const rs_model_config *rs_engine_model_config(const rs_engine *e) { return &e->model->cfg; }
@@ -449,7 +494,16 @@ static void finish_seq(rs_engine *e, rs_seq *s, rs_finish_type type, int32_t mat
     rs_kv_seq_release(&e->pool, &s->kv);
     free(s->tokens);
     free(s);
-    if (job_finished(job) && job->on_done) job->on_done(job, job->on_done_user);
+    if (!job_finished(job)) return;
+    rs_histogram_observe(&e->stats.e2e, rs_now_s() - job->t_arrival);
+    e->stats.requests_finished++;
+    for (int i = 0; i < job->n_prompts * job->sp.n; i++) {
+        if (job->outputs[i].finish.type == RS_FINISH_ABORT) {
+            e->stats.requests_aborted++;
+            break;
+        }
+    }
+    if (job->on_done) job->on_done(job, job->on_done_user);
 }
 
 static void finish_running(rs_engine *e, rs_seq *s, rs_finish_type type, int32_t matched, const char *msg) {
@@ -466,11 +520,15 @@ static bool rid_matches(char **rids, int n, bool all, const rs_gen_job *job) {
 
 /* Moves submitted jobs into the waiting queue and applies pending aborts. Returns true if the
  * engine has any sequence to run. */
+static void apply_control(rs_engine *e, rs_ctl *c);
+
 static bool take_inbox(rs_engine *e, bool block) {
     pthread_mutex_lock(&e->mu);
-    while (block && !e->stop && e->n_inbox == 0 && e->n_abort_rids == 0 && !e->abort_all && !e->n_running &&
-           !e->wait_head)
+    while (block && !e->stop && e->n_inbox == 0 && e->n_abort_rids == 0 && !e->abort_all && !e->ctl_head &&
+           (e->paused || (!e->n_running && !e->wait_head)))
         pthread_cond_wait(&e->cv, &e->mu);
+    rs_ctl *ctl = e->ctl_head;
+    e->ctl_head = NULL;
     rs_gen_job **jobs = e->inbox;
     int n = e->n_inbox;
     char **rids = e->abort_rids;
@@ -506,7 +564,15 @@ static bool take_inbox(rs_engine *e, bool block) {
     }
     for (int i = 0; i < n_rids; i++) free(rids[i]);
     free(rids);
-    return e->n_running > 0 || e->wait_head;
+    if (ctl) {
+        for (rs_ctl *c = ctl; c; c = c->next) apply_control(e, c);
+        pthread_mutex_lock(&e->mu);
+        for (rs_ctl *c = ctl; c; c = c->next) c->done = true;
+        pthread_cond_broadcast(&e->ctl_cv);
+        pthread_mutex_unlock(&e->mu);
+    }
+    publish_stats(e);
+    return !e->paused && (e->n_running > 0 || e->wait_head);
 }
 
 static void finish_all(rs_engine *e, const char *why) {
@@ -678,6 +744,14 @@ static void sample_into(rs_engine *e, rs_seq *s, const float *logits) {
     out_push(s->out, s->job->top_logprobs_num, tok, lp, e->top_ids, e->top_lps);
     seq_push_token(s, tok);
     e->stats.generation_tokens++;
+    double now = rs_now_s();
+    if (s->job->t_first_token == 0) {
+        s->job->t_first_token = now;
+        rs_histogram_observe(&e->stats.ttft, now - s->job->t_arrival);
+    } else if (s->t_last_token > 0) {
+        rs_histogram_observe(&e->stats.itl, now - s->t_last_token);
+    }
+    s->t_last_token = now;
 }
 
 /* The group leader's prompt is computed: its siblings start from its pages and sample their
@@ -790,8 +864,79 @@ static int engine_step(rs_engine *e) {
         /* a prompt scored with max_new_tokens = 0 is done once computed */
         if (!wants_sample(s) && s->n_computed == s->n_tokens) finish_running(e, s, RS_FINISH_LENGTH, -1, NULL);
     }
+    /* progress first (streaming sees every token), then finishes (on_done may free the job) */
+    int n_progress = 0;
+    for (int i = 0; i < n_sampled; i++) {
+        rs_gen_job *job = e->sampled[i]->job;
+        if (!job->on_progress) continue;
+        int j = 0;
+        while (j < n_progress && e->progress[j] != job) j++;
+        if (j == n_progress) e->progress[n_progress++] = job;
+    }
+    for (int i = 0; i < n_progress; i++) e->progress[i]->on_progress(e->progress[i], e->progress[i]->on_done_user);
     for (int i = 0; i < n_sampled; i++) check_finished(e, e->sampled[i]);
     return n_tok;
+}
+
+static void apply_control(rs_engine *e, rs_ctl *c) {
+    c->rc = RS_OK;
+    switch (c->kind) {
+    case RS_CTL_PAUSE:
+        if (c->arg == RS_PAUSE_ABORT) {
+            while (e->n_running > 0) finish_running(e, e->running[e->n_running - 1], RS_FINISH_ABORT, -1, "paused");
+            while (e->wait_head) finish_seq(e, wait_pop_front(e), RS_FINISH_ABORT, -1, "paused");
+        } else if (c->arg == RS_PAUSE_RETRACT) {
+            while (e->n_running > 0) preempt(e, e->running[e->n_running - 1]);
+        }
+        e->paused = true;
+        RS_INFO("engine: paused (%s)", c->arg == RS_PAUSE_ABORT ? "abort" : c->arg == RS_PAUSE_RETRACT ? "retract"
+                                                                                                    : "in_place");
+        break;
+    case RS_CTL_CONTINUE:
+        if (e->paused) RS_INFO("engine: continuing");
+        e->paused = false;
+        break;
+    case RS_CTL_FLUSH:
+        if (e->n_running > 0 || e->wait_head) {
+            c->rc = RS_ESTATE;
+        } else {
+            rs_kv_pool_flush_cache(&e->pool);
+            RS_INFO("engine: prefix cache flushed");
+        }
+        break;
+    }
+}
+
+/* Runs a control request at the next step boundary and waits for it. */
+static int engine_control(rs_engine *e, rs_ctl_kind kind, int arg) {
+    rs_ctl c = {.kind = kind, .arg = arg};
+    if (!e->thread_started) { /* the caller owns the engine */
+        apply_control(e, &c);
+        publish_stats(e);
+        return c.rc;
+    }
+    pthread_mutex_lock(&e->mu);
+    if (e->stop) {
+        pthread_mutex_unlock(&e->mu);
+        return RS_EBUSY;
+    }
+    rs_ctl **tail = &e->ctl_head; /* FIFO: requests apply in the order they were made */
+    while (*tail) tail = &(*tail)->next;
+    *tail = &c;
+    pthread_cond_signal(&e->cv);
+    while (!c.done) pthread_cond_wait(&e->ctl_cv, &e->mu);
+    pthread_mutex_unlock(&e->mu);
+    return c.rc;
+}
+
+void rs_engine_pause(rs_engine *e, rs_pause_mode mode) { engine_control(e, RS_CTL_PAUSE, (int)mode); }
+void rs_engine_continue(rs_engine *e) { engine_control(e, RS_CTL_CONTINUE, 0); }
+
+int rs_engine_flush_cache(rs_engine *e, rs_error *err) {
+    int rc = engine_control(e, RS_CTL_FLUSH, 0);
+    if (rc == RS_ESTATE) return rs_error_set(err, rc, NULL, "cannot flush the cache while requests are in flight");
+    if (rc != RS_OK) return rs_error_set(err, rc, NULL, "the engine is shutting down");
+    return RS_OK;
 }
 
 void rs_engine_run_until_idle(rs_engine *e) {
@@ -829,4 +974,13 @@ void rs_engine_stop(rs_engine *e) {
         pthread_join(e->thread, NULL);
         e->thread_started = false;
     }
+    /* control requests that arrived after the thread's last look: answer them */
+    pthread_mutex_lock(&e->mu);
+    for (rs_ctl *c = e->ctl_head; c; c = c->next) {
+        c->rc = RS_EBUSY;
+        c->done = true;
+    }
+    e->ctl_head = NULL;
+    pthread_cond_broadcast(&e->ctl_cv);
+    pthread_mutex_unlock(&e->mu);
 }

@@ -96,6 +96,11 @@ struct rs_gen_job {
     /* completion: called once on the engine thread when every output has finished */
     rs_job_done_fn on_done;
     void *on_done_user;
+    /* progress (optional, for streaming): called on the engine thread after each step in which
+     * any output gained tokens, before on_done; it may read the outputs, which the engine does not
+     * touch while it runs. It must not block. */
+    rs_job_done_fn on_progress;
+    double t_first_token;       /* filled by the engine: first token of any output (0 = none yet) */
 };
 
 rs_gen_job *rs_gen_job_new(void);                 /* zeroed, sampling defaults, rid empty */
@@ -149,12 +154,34 @@ int rs_engine_submit(rs_engine *e, rs_gen_job *job, rs_error *err);
  * the tokens and logprobs produced so far. */
 void rs_engine_abort(rs_engine *e, const char *rid);
 
+/* Pausing, as SGLang's /pause_generation. Thread-safe; takes effect at the next step boundary and
+ * returns once it has. New requests are accepted while paused and wait.
+ *   ABORT     abort every request in flight (partial outputs, finish "abort")
+ *   RETRACT   put every running sequence back in the queue, freeing its pages (recomputed later)
+ *   IN_PLACE  stop stepping; running sequences keep their pages */
+typedef enum rs_pause_mode { RS_PAUSE_ABORT = 0, RS_PAUSE_RETRACT, RS_PAUSE_IN_PLACE } rs_pause_mode;
+void rs_engine_pause(rs_engine *e, rs_pause_mode mode);
+void rs_engine_continue(rs_engine *e);
+
+/* Drops every cached prefix. RS_ESTATE (and nothing dropped) while any request is in flight.
+ * Thread-safe; runs at the next step boundary. */
+int rs_engine_flush_cache(rs_engine *e, rs_error *err);
+
 /* Without a thread (tests, benchmarks): run steps on the caller's thread until every submitted
  * job has finished. */
 void rs_engine_run_until_idle(rs_engine *e);
 
-/* A snapshot of the engine's occupancy. Call it from the thread that runs the steps, or while the
- * engine is idle (tests, benchmarks). */
+/* A snapshot of the engine's counters and occupancy; thread-safe (published after every step). */
+/* Latency histogram: counts of observations <= each bound (Prometheus "le" buckets) plus sum. */
+#define RS_HIST_BUCKETS 14
+extern const double rs_hist_bounds[RS_HIST_BUCKETS]; /* seconds; the last is +Inf */
+typedef struct rs_histogram {
+    uint64_t counts[RS_HIST_BUCKETS]; /* non-cumulative */
+    uint64_t n;
+    double sum;
+} rs_histogram;
+void rs_histogram_observe(rs_histogram *h, double seconds);
+
 typedef struct rs_engine_stats {
     int kv_blocks_total;
     int kv_blocks_free;         /* free or holding evictable cached prefixes */
@@ -165,6 +192,11 @@ typedef struct rs_engine_stats {
     uint64_t num_retractions;   /* preemptions since start */
     uint64_t prefix_hit_tokens; /* prompt tokens served from the prefix cache */
     uint64_t prompt_tokens, generation_tokens, steps;
+    uint64_t requests_finished, requests_aborted;
+    bool paused;
+    rs_histogram ttft;          /* arrival to first token of a request */
+    rs_histogram itl;           /* between consecutive tokens of a sequence */
+    rs_histogram e2e;           /* arrival to finish of a request */
 } rs_engine_stats;
 void rs_engine_get_stats(const rs_engine *e, rs_engine_stats *out);
 

@@ -6,6 +6,7 @@
  * prefill; a batch vs each request alone; a tiny KV pool (requests queue) vs a large one.
  */
 #include <math.h>
+#include <pthread.h>
 
 #include "../../model/presets.h"
 #include "../../scheduler/engine.h"
@@ -428,5 +429,95 @@ RS_TEST(engine_top_logprobs_and_modes) {
     ASSERT_TRUE(o->input_top_ids[3] >= 0);
     rs_gen_job_free(d);
     rs_gen_job_free(r);
+    env_close(&v);
+}
+
+/* ---- the engine thread: control requests and progress callbacks ---- */
+
+typedef struct waiter {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int done;
+    int progress_calls;
+    int tokens_seen;
+} waiter;
+
+static void on_done_cb(rs_gen_job *job, void *user) {
+    (void)job;
+    waiter *w = user;
+    pthread_mutex_lock(&w->mu);
+    w->done++;
+    pthread_cond_broadcast(&w->cv);
+    pthread_mutex_unlock(&w->mu);
+}
+
+static void on_progress_cb(rs_gen_job *job, void *user) {
+    waiter *w = user;
+    pthread_mutex_lock(&w->mu);
+    w->progress_calls++;
+    ASSERT_TRUE(job->outputs[0].n_output > w->tokens_seen); /* every call brings new tokens */
+    w->tokens_seen = job->outputs[0].n_output;
+    pthread_mutex_unlock(&w->mu);
+}
+
+static void wait_done(waiter *w, int n) {
+    pthread_mutex_lock(&w->mu);
+    while (w->done < n) pthread_cond_wait(&w->cv, &w->mu);
+    pthread_mutex_unlock(&w->mu);
+}
+
+/* Pausing with retract frees every page and recomputes later: the output is the same as without
+ * the pause. In-place pause keeps pages; abort pause ends requests. Flushing the prefix cache is
+ * refused while requests are in flight. Progress callbacks see every token, in order. */
+RS_TEST(engine_thread_pause_continue_flush_progress) {
+    env v = env_open(8 << 20, 8, 512);
+    int len = 20;
+    rs_gen_job *ref = job_new(1, &len, 77);
+    ref->sp.max_new_tokens = 60;
+    ref->sp.seed = 3;
+    run(&v, ref);
+
+    waiter w = {.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER};
+    ASSERT_EQ(rs_engine_start(v.e), RS_OK);
+    rs_gen_job *j = job_new(1, &len, 77);
+    j->sp.max_new_tokens = 60;
+    j->sp.seed = 3;
+    j->on_done = on_done_cb;
+    j->on_progress = on_progress_cb;
+    j->on_done_user = &w;
+    rs_error err = {0};
+    ASSERT_EQ(rs_engine_submit(v.e, j, &err), RS_OK);
+    rs_engine_pause(v.e, RS_PAUSE_RETRACT);
+    rs_engine_stats st;
+    rs_engine_get_stats(v.e, &st);
+    ASSERT_TRUE(st.paused);
+    ASSERT_EQ(st.n_running, 0);
+    ASSERT_EQ(st.kv_blocks_free, st.kv_blocks_total);
+    ASSERT_EQ(rs_engine_flush_cache(v.e, &err), RS_ESTATE); /* the retracted request still waits */
+    rs_engine_continue(v.e);
+    wait_done(&w, 1);
+    assert_same_output(&j->outputs[0], &ref->outputs[0]);
+    ASSERT_EQ(w.tokens_seen, 60);
+    ASSERT_TRUE(w.progress_calls >= 2);
+    ASSERT_EQ(rs_engine_flush_cache(v.e, &err), RS_OK);
+
+    rs_gen_job *k = job_new(1, &len, 78);
+    k->sp.max_new_tokens = 100;
+    k->on_done = on_done_cb;
+    k->on_done_user = &w;
+    rs_engine_pause(v.e, RS_PAUSE_IN_PLACE);
+    ASSERT_EQ(rs_engine_submit(v.e, k, &err), RS_OK);
+    rs_engine_pause(v.e, RS_PAUSE_ABORT);
+    wait_done(&w, 2);
+    ASSERT_EQ(k->outputs[0].finish.type, RS_FINISH_ABORT);
+    rs_engine_continue(v.e);
+    rs_engine_stop(v.e);
+    rs_engine_get_stats(v.e, &st);
+    ASSERT_EQ(st.ttft.n, 2); /* the scored reference ran before start: 3 requests, 1 without tokens */
+    ASSERT_TRUE(st.itl.n >= 59);
+    ASSERT_TRUE(st.requests_aborted >= 1);
+    rs_gen_job_free(ref);
+    rs_gen_job_free(j);
+    rs_gen_job_free(k);
     env_close(&v);
 }
