@@ -6,9 +6,14 @@
  * hash table [table_cap] (open addressing, linear probing, backward-shift deletion so there are
  * no tombstones; load <= 1/2) and an intrusive doubly linked LRU list threaded through the block
  * info. The only allocations after init are the sequences' block tables, grown geometrically.
+ *
+ * Backend memory per layer: the pages, and for E4M3 either one [2][n_kv_heads] f32 allocation of
+ * per-head scales (k_scale, then v_scale) or the per-token scales [n_blocks][2][16][n_kv_heads] f32,
+ * which are addressed by block like the pages so a block copy is two contiguous copies.
  */
 #include "kvcache.h"
 
+#include <math.h>
 #include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
@@ -29,12 +34,24 @@ typedef struct rs_kv_block_info {
 
 /* ---- sizes ----------------------------------------------------------------------------------- */
 
-size_t rs_kv_bytes_per_block(const rs_kv_pool *p) {
-    return (size_t)p->n_layers * 2 * RS_KV_BLOCK * (size_t)p->n_kv_heads * (size_t)p->head_dim *
-           rs_dtype_size(p->dtype);
+/* One layer's page of one block: [2][RS_KV_BLOCK][n_kv_heads][head_dim] of dtype. */
+static size_t page_bytes(const rs_kv_pool *p) {
+    return 2 * RS_KV_BLOCK * (size_t)p->n_kv_heads * (size_t)p->head_dim * rs_dtype_size(p->dtype);
 }
 
-static size_t page_bytes(const rs_kv_pool *p) { return rs_kv_bytes_per_block(p) / (size_t)p->n_layers; }
+/* One layer's per-token scales of one block: [2][RS_KV_BLOCK][n_kv_heads] f32, or 0. */
+static size_t token_scale_bytes(const rs_kv_pool *p) {
+    return p->scale_mode == RS_KV_SCALE_PER_TOKEN ? 2 * RS_KV_BLOCK * (size_t)p->n_kv_heads * sizeof(float) : 0;
+}
+
+/* One layer's per-head scales: [2][n_kv_heads] f32, or 0. Fixed, not per block. */
+static size_t head_scale_bytes(const rs_kv_pool *p) {
+    return p->scale_mode == RS_KV_SCALE_PER_HEAD ? 2 * (size_t)p->n_kv_heads * sizeof(float) : 0;
+}
+
+size_t rs_kv_bytes_per_block(const rs_kv_pool *p) {
+    return (size_t)p->n_layers * (page_bytes(p) + token_scale_bytes(p));
+}
 
 int rs_kv_available_blocks(const rs_kv_pool *p) { return p->n_free + p->n_evictable; }
 
@@ -197,32 +214,68 @@ static void block_unref(rs_kv_pool *p, int32_t b) {
 
 /* ---- pool ------------------------------------------------------------------------------------ */
 
-int rs_kv_pool_init(rs_kv_pool *p, rs_backend *b, int n_layers, int n_kv_heads, int head_dim,
-                    rs_dtype dtype, size_t budget_bytes) {
+static bool opts_valid(const rs_kv_cache_opts *o) {
+    switch (o->dtype) {
+    case RS_DTYPE_F32:
+    case RS_DTYPE_BF16: return o->scale_mode == RS_KV_SCALE_NONE;
+    case RS_DTYPE_E4M3: return o->scale_mode == RS_KV_SCALE_PER_HEAD || o->scale_mode == RS_KV_SCALE_PER_TOKEN;
+    default: return false;
+    }
+}
+
+/* The backend memory of layer l: pages, then its scales. RS_OK or RS_ENOMEM. */
+static int layer_alloc(rs_kv_pool *p, int l) {
+    rs_kv_layer *L = &p->layers[l];
+    *L = (rs_kv_layer){.dtype = p->dtype, .n_blocks = p->n_blocks, .n_kv_heads = p->n_kv_heads,
+                       .head_dim = p->head_dim, .scale_mode = p->scale_mode};
+    size_t bytes = (size_t)p->n_blocks * page_bytes(p);
+    if (!(L->pages = rs_backend_alloc(p->backend, bytes))) goto fail;
+    if (p->scale_mode == RS_KV_SCALE_PER_HEAD) {
+        size_t n = 2 * (size_t)p->n_kv_heads;
+        bytes = n * sizeof(float);
+        if (!(L->k_scale = rs_backend_alloc(p->backend, bytes))) goto fail;
+        L->v_scale = L->k_scale + p->n_kv_heads;
+        float *ones = rs_xmalloc(bytes);
+        for (size_t i = 0; i < n; i++) ones[i] = 1.0f;
+        rs_backend_upload(p->backend, L->k_scale, ones, bytes);
+        free(ones);
+    } else if (p->scale_mode == RS_KV_SCALE_PER_TOKEN) {
+        bytes = (size_t)p->n_blocks * token_scale_bytes(p);
+        if (!(L->token_scales = rs_backend_alloc(p->backend, bytes))) goto fail;
+    }
+    return RS_OK;
+fail:
+    RS_ERROR("kv cache: cannot allocate %zu bytes for layer %d", bytes, l);
+    return RS_ENOMEM;
+}
+
+int rs_kv_pool_init_ex(rs_kv_pool *p, rs_backend *b, int n_layers, int n_kv_heads, int head_dim,
+                       const rs_kv_cache_opts *o, size_t budget_bytes) {
     memset(p, 0, sizeof *p);
+    if (n_layers <= 0 || n_kv_heads <= 0 || head_dim <= 0 || !opts_valid(o)) {
+        RS_ERROR("kv cache: invalid shape (layers %d, kv heads %d, head dim %d) or dtype %s with scale mode %d",
+                 n_layers, n_kv_heads, head_dim, rs_dtype_name(o->dtype), (int)o->scale_mode);
+        return RS_EINVAL;
+    }
     p->backend = b;
     p->n_layers = n_layers;
     p->n_kv_heads = n_kv_heads;
     p->head_dim = head_dim;
-    p->dtype = dtype;
-    size_t per_block = rs_kv_bytes_per_block(p);
-    size_t n = budget_bytes / per_block;
+    p->dtype = o->dtype;
+    p->scale_mode = o->scale_mode;
+    size_t per_block = rs_kv_bytes_per_block(p), fixed = (size_t)n_layers * head_scale_bytes(p);
+    size_t n = budget_bytes > fixed ? (budget_bytes - fixed) / per_block : 0;
     if (n < 1) n = 1;
     if (n > INT32_MAX / RS_KV_BLOCK) n = INT32_MAX / RS_KV_BLOCK;
     p->n_blocks = (int)n;
-    size_t layer_bytes = (size_t)p->n_blocks * page_bytes(p);
     p->layers = rs_xcalloc((size_t)n_layers, sizeof *p->layers);
     for (int l = 0; l < n_layers; l++) {
-        void *pages = rs_backend_alloc(b, layer_bytes);
-        if (!pages) {
-            RS_ERROR("kv cache: cannot allocate %zu bytes for layer %d", layer_bytes, l);
+        if (layer_alloc(p, l) != RS_OK) {
             rs_kv_pool_free(p);
             return RS_ENOMEM;
         }
-        p->layers[l] = (rs_kv_layer){.pages = pages, .dtype = dtype, .n_blocks = p->n_blocks,
-                                     .n_kv_heads = n_kv_heads, .head_dim = head_dim};
     }
-    p->bytes = layer_bytes * (size_t)n_layers;
+    p->bytes = (size_t)p->n_blocks * per_block + fixed;
     p->free_list = rs_xmalloc(sizeof(int32_t) * (size_t)p->n_blocks);
     /* pop order 0, 1, 2, ... */
     for (int i = 0; i < p->n_blocks; i++) p->free_list[i] = p->n_blocks - 1 - i;
@@ -238,15 +291,59 @@ int rs_kv_pool_init(rs_kv_pool *p, rs_backend *b, int n_layers, int n_kv_heads, 
     return RS_OK;
 }
 
+int rs_kv_pool_init(rs_kv_pool *p, rs_backend *b, int n_layers, int n_kv_heads, int head_dim,
+                    rs_dtype dtype, size_t budget_bytes) {
+    rs_kv_cache_opts o = {.dtype = dtype, .scale_mode = RS_KV_SCALE_NONE};
+    return rs_kv_pool_init_ex(p, b, n_layers, n_kv_heads, head_dim, &o, budget_bytes);
+}
+
 void rs_kv_pool_free(rs_kv_pool *p) {
     if (p->layers) {
-        for (int l = 0; l < p->n_layers; l++) rs_backend_free_mem(p->backend, p->layers[l].pages);
+        for (int l = 0; l < p->n_layers; l++) {
+            rs_kv_layer *L = &p->layers[l];
+            if (L->pages) rs_backend_free_mem(p->backend, L->pages);
+            if (L->k_scale) rs_backend_free_mem(p->backend, L->k_scale); /* v_scale shares it */
+            if (L->token_scales) rs_backend_free_mem(p->backend, L->token_scales);
+        }
     }
     free(p->layers);
     free(p->free_list);
     free(p->info);
     free(p->table);
     memset(p, 0, sizeof *p);
+}
+
+int rs_kv_pool_set_scales(rs_kv_pool *p, const float *k_scales, const float *v_scales) {
+    if (p->scale_mode != RS_KV_SCALE_PER_HEAD) {
+        RS_ERROR("kv cache: per-head scales given to a pool without them (dtype %s)", rs_dtype_name(p->dtype));
+        return RS_EINVAL;
+    }
+    size_t n = (size_t)p->n_kv_heads;
+    for (size_t i = 0; i < (size_t)p->n_layers * n; i++) {
+        if (!(isfinite(k_scales[i]) && k_scales[i] > 0.0f && isfinite(v_scales[i]) && v_scales[i] > 0.0f)) {
+            RS_ERROR("kv cache: scale of layer %zu kv head %zu is not finite and positive (k %g, v %g)", i / n,
+                     i % n, (double)k_scales[i], (double)v_scales[i]);
+            return RS_EINVAL;
+        }
+    }
+    for (int l = 0; l < p->n_layers; l++) {
+        rs_kv_layer *L = &p->layers[l];
+        rs_backend_upload(p->backend, L->k_scale, k_scales + (size_t)l * n, n * sizeof(float));
+        rs_backend_upload(p->backend, L->v_scale, v_scales + (size_t)l * n, n * sizeof(float));
+    }
+    rs_kv_pool_flush_cache(p);
+    return RS_OK;
+}
+
+int rs_kv_pool_get_scales(const rs_kv_pool *p, float *k_scales, float *v_scales) {
+    if (p->scale_mode != RS_KV_SCALE_PER_HEAD) return RS_EINVAL;
+    size_t n = (size_t)p->n_kv_heads;
+    for (int l = 0; l < p->n_layers; l++) {
+        const rs_kv_layer *L = &p->layers[l];
+        rs_backend_download(p->backend, k_scales + (size_t)l * n, L->k_scale, n * sizeof(float));
+        rs_backend_download(p->backend, v_scales + (size_t)l * n, L->v_scale, n * sizeof(float));
+    }
+    return RS_OK;
 }
 
 void rs_kv_pool_flush_cache(rs_kv_pool *p) {
@@ -355,10 +452,14 @@ int rs_kv_seq_prepare_write(rs_kv_pool *p, rs_kv_seq *s, int pos) {
     if (p->info[old].ref == 1) return RS_OK;
     int32_t b = block_take(p);
     if (b == RS_KV_NONE) return RS_ENOMEM;
-    size_t bytes = page_bytes(p);
+    size_t bytes = page_bytes(p), ts_bytes = token_scale_bytes(p);
     for (int l = 0; l < p->n_layers; l++) {
         char *pages = p->layers[l].pages;
         rs_backend_copy(p->backend, pages + (size_t)b * bytes, pages + (size_t)old * bytes, bytes);
+        if (ts_bytes) {
+            char *ts = (char *)p->layers[l].token_scales;
+            rs_backend_copy(p->backend, ts + (size_t)b * ts_bytes, ts + (size_t)old * ts_bytes, ts_bytes);
+        }
     }
     block_unref(p, old);
     s->blocks[i] = b;

@@ -30,6 +30,15 @@
  * starts a new cache epoch; a sequence that took its first block in an older epoch never
  * registers anything again (its KV was computed, at least in part, with the old weights).
  *
+ * FP8 pages (kernels/backend.h). An E4M3 pool stores a code c meaning c * scale, with either
+ *   PER_HEAD   one K and one V scale per layer and KV head ([n_kv_heads] f32 each, backend memory,
+ *              1.0 until rs_kv_pool_set_scales installs calibrated or pushed ones), or
+ *   PER_TOKEN  one K and one V scale per token and KV head, computed by kv_store from the token's
+ *              own amax and kept beside the pages ([n_blocks][2][RS_KV_BLOCK][n_kv_heads] f32 per
+ *              layer). They belong to the block like its codes: copy-on-write copies them too, and
+ *              they count in rs_kv_bytes_per_block.
+ * F32 and BF16 pools have no scales.
+ *
  * Single-threaded: the engine thread owns the pool and every rs_kv_seq.
  */
 #ifndef RS_KVCACHE_H
@@ -47,12 +56,15 @@ typedef struct rs_kv_pool {
     int n_layers;
     int n_blocks;
     int n_kv_heads, head_dim;
-    rs_dtype dtype;
-    rs_kv_layer *layers;     /* [n_layers], pages [n_blocks][2][RS_KV_BLOCK][n_kv_heads][head_dim] in backend memory */
+    rs_dtype dtype;          /* F32, BF16 or E4M3 */
+    rs_kv_scale_mode scale_mode; /* NONE for F32/BF16; PER_HEAD or PER_TOKEN for E4M3 */
+    rs_kv_layer *layers;     /* [n_layers], pages [n_blocks][2][RS_KV_BLOCK][n_kv_heads][head_dim] in backend
+                                memory; E4M3: k_scale, v_scale [n_kv_heads] (one allocation [2][n_kv_heads],
+                                k_scale first) or token_scales [n_blocks][2][RS_KV_BLOCK][n_kv_heads] f32 */
     int32_t *free_list;      /* [n_blocks] stack of free page ids, top at n_free - 1 */
     int n_free;
     int n_evictable;         /* blocks on the LRU list */
-    size_t bytes;            /* backend bytes held by all pages */
+    size_t bytes;            /* backend bytes held by all pages and their scales */
 
     /* private to kvcache.c */
     struct rs_kv_block_info *info; /* [n_blocks] */
@@ -85,11 +97,35 @@ typedef struct rs_kv_stats {
     uint64_t evictions;      /* cached blocks reclaimed for new allocations */
 } rs_kv_stats;
 
-/* Sizes the pool from a byte budget (at least one block per layer). */
+/* What the pages hold: dtype F32 or BF16 with scale_mode NONE, or E4M3 with PER_HEAD or PER_TOKEN. */
+typedef struct rs_kv_cache_opts {
+    rs_dtype dtype;
+    rs_kv_scale_mode scale_mode;
+} rs_kv_cache_opts;
+
+/* Sizes the pool from a byte budget: the per-head scales (a fixed [n_layers][2][n_kv_heads] f32)
+ * come off the top, the rest is divided by rs_kv_bytes_per_block; at least one block. Per-head
+ * scales start at 1.0. RS_OK, RS_EINVAL (a dtype/scale-mode pair other than the above, or a
+ * non-positive dimension; *p zeroed) or RS_ENOMEM. */
+int rs_kv_pool_init_ex(rs_kv_pool *p, rs_backend *b, int n_layers, int n_kv_heads, int head_dim,
+                       const rs_kv_cache_opts *o /* borrowed */, size_t budget_bytes);
+/* rs_kv_pool_init_ex with {dtype, RS_KV_SCALE_NONE}: F32 or BF16 pages. */
 int rs_kv_pool_init(rs_kv_pool *p, rs_backend *b, int n_layers, int n_kv_heads, int head_dim,
                     rs_dtype dtype, size_t budget_bytes);
 void rs_kv_pool_free(rs_kv_pool *p);
-size_t rs_kv_bytes_per_block(const rs_kv_pool *p); /* all layers */
+/* Backend bytes of one block across all layers: its pages, plus its per-token scales (PER_TOKEN).
+ * Reads only n_layers, n_kv_heads, head_dim, dtype and scale_mode of p. */
+size_t rs_kv_bytes_per_block(const rs_kv_pool *p);
+/* Installs per-head scales (PER_HEAD pools): k_scales, v_scales [n_layers][n_kv_heads] f32, host
+ * memory (borrowed), each finite and > 0 — else RS_EINVAL and nothing changes; RS_EINVAL too for a
+ * pool that is not PER_HEAD. Codes already in the pages were written with the old scales and would
+ * be misread with the new ones, so this also flushes the prefix cache (rs_kv_pool_flush_cache);
+ * the caller installs scales when no running sequence's KV still matters (at start-up, or after a
+ * weight update, which makes that KV stale anyway). */
+int rs_kv_pool_set_scales(rs_kv_pool *p, const float *k_scales, const float *v_scales);
+/* Copies the per-head scales out (PER_HEAD pools; RS_EINVAL otherwise): k_scales, v_scales
+ * [n_layers][n_kv_heads] f32, host memory. For logs and telemetry. */
+int rs_kv_pool_get_scales(const rs_kv_pool *p, float *k_scales, float *v_scales);
 /* Blocks an allocation can get right now: free + evictable. */
 int rs_kv_available_blocks(const rs_kv_pool *p);
 void rs_kv_pool_stats(const rs_kv_pool *p, rs_kv_stats *out);
@@ -119,9 +155,9 @@ int rs_kv_seq_reserve(rs_kv_pool *p, rs_kv_seq *s, int n_tokens);
 /* child (empty) gets parent's table, a ref on every block and its commit state. */
 void rs_kv_seq_fork(rs_kv_pool *p, const rs_kv_seq *parent, rs_kv_seq *child);
 /* Call before writing the K/V of position pos (inside s's table, pos >= the tokens already
- * computed). If pos's block is shared, copies the whole page of every layer into a fresh block
- * that replaces it in s's table: RS_OK, or RS_ENOMEM (nothing changed) when no block is
- * available. O(1) when the block is exclusive; after it returns RS_OK, s's block for pos stays
+ * computed). If pos's block is shared, copies the whole page of every layer (and its per-token
+ * scales) into a fresh block that replaces it in s's table: RS_OK, or RS_ENOMEM (nothing changed)
+ * when no block is available. O(1) when the block is exclusive; after it returns RS_OK, s's block for pos stays
  * exclusive until s is forked again. */
 int rs_kv_seq_prepare_write(rs_kv_pool *p, rs_kv_seq *s, int pos);
 /* Drops s's ref on each of its blocks, last block first, and empties s (frees its table).

@@ -566,6 +566,7 @@ static bool take_inbox(rs_engine *e, bool block) {
     free(rids);
     if (ctl) {
         for (rs_ctl *c = ctl; c; c = c->next) apply_control(e, c);
+        publish_stats(e); /* before the requester wakes: it may read the stats at once */
         pthread_mutex_lock(&e->mu);
         for (rs_ctl *c = ctl; c; c = c->next) c->done = true;
         pthread_cond_broadcast(&e->ctl_cv);

@@ -1,21 +1,38 @@
 /*
  * cpu_attention.c — writing K/V into the paged cache, and causal attention over it.
  *
- * Pages are [n_blocks][2][RS_KV_BLOCK][n_kv_heads][head_dim] (0 = K, 1 = V), fp32 or bf16 (bf16
- * stored round-to-nearest-even). A row r of sequence s at position p attends to positions
+ * Pages are [n_blocks][2][RS_KV_BLOCK][n_kv_heads][head_dim] (0 = K, 1 = V), fp32, bf16 (stored
+ * round-to-nearest-even) or E4M3 codes. A row r of sequence s at position p attends to positions
  * 0..p of s, found through block table row s; that makes one rule serve decode rows, prefill
  * chunks (each row sees only what precedes it) and mixed batches.
  *
+ * E4M3 pages (a code c stands for c * scale):
+ *   store  PER_HEAD   code = sat_e4m3(x / scale[h]) with the layer's k_scale / v_scale — a true
+ *                     fp32 division, like the weight and activation quantizers (fp8.h) and vLLM's
+ *                     reshape_and_cache, so a device kernel reproduces the codes bit for bit;
+ *          PER_TOKEN  per token and KV head s = max(amax over head_dim, 1e-10) / 448 (amax skips
+ *                     NaN), written to token_scales beside the page, then code = sat_e4m3(x / s).
+ *   read   codes are decoded exactly (cpu_attention_simd.c) and the scales are folded in rather
+ *          than applied per element: score = (q . codes) * (softmax_scale * k_scale[h]) and
+ *          out = (sum_j p_j codes_j) * v_scale[h] for PER_HEAD (softmax(s V) = s softmax(V), the
+ *          FlashInfer form); PER_TOKEN multiplies score j by softmax_scale * ks_j and weighs V row
+ *          j with p_j * vs_j. The result equals attention over fp32 pages holding code * scale up
+ *          to fp32 rounding of the reassociated products.
+ *
  * Work items are (row, KV head): the n_heads / n_kv_heads query heads of a group are done together
- * so each K and V row is read once for all of them. Items are dealt round-robin to threads, which
- * balances a prefill chunk whose later rows see more context. Softmax is the two-pass form in fp32:
- * scores (q . k * scale), max, exp(s - max) and their sum, probabilities p = e / sum, then
- * out = sum_j p_j v_j. Scores live in per-thread scratch sized before the pool runs.
+ * so each K and V row is read (and an E4M3 row decoded) once for all of them; E4M3 goes a page at
+ * a time through the kernels of cpu_attention_simd.c. The next page's slices are prefetched.
+ * Items are dealt round-robin to threads, which balances a prefill chunk whose later rows see
+ * more context. Softmax is the two-pass form in fp32: scores, max, exp(s - max) and their sum,
+ * probabilities p = e / sum, then out = sum_j p_j v_j. Scores live in per-thread scratch sized
+ * before the pool runs.
  */
 #include <math.h>
 #include <string.h>
 
 #include "../../core/rs.h"
+#include "../fp8.h"
+#include "cpu_attention_simd.h"
 #include "cpu_internal.h"
 
 /* ---- vector helpers, plain C (the other ISAs are in cpu_simd_*.c) ---- */
@@ -40,8 +57,17 @@ const rs_cpu_vec *rs_cpu_vec_for(rs_cpu_simd s) {
 
 /* ---- page addressing ---- */
 
-static size_t kv_es(const rs_kv_layer *kv) {
-    RS_ASSERT(kv->dtype == RS_DTYPE_F32 || kv->dtype == RS_DTYPE_BF16);
+/* The layer's contract (backend.h): F32/BF16 pages carry no scales; E4M3 pages carry per-head or
+ * per-token scales. A layer that breaks it is a bug in kvcache/ or the caller. Returns the element
+ * size. */
+static size_t kv_check(const rs_kv_layer *kv) {
+    if (kv->dtype == RS_DTYPE_E4M3) {
+        RS_ASSERT((kv->scale_mode == RS_KV_SCALE_PER_HEAD && kv->k_scale && kv->v_scale) ||
+                  (kv->scale_mode == RS_KV_SCALE_PER_TOKEN && kv->token_scales));
+    } else {
+        RS_ASSERT(kv->dtype == RS_DTYPE_F32 || kv->dtype == RS_DTYPE_BF16);
+        RS_ASSERT(kv->scale_mode == RS_KV_SCALE_NONE);
+    }
     return rs_dtype_size(kv->dtype);
 }
 
@@ -52,14 +78,90 @@ static char *kv_row(const rs_kv_layer *kv, int64_t slot, int kv_idx, size_t es) 
     return (char *)kv->pages + (((size_t)block * 2 + (size_t)kv_idx) * RS_KV_BLOCK + (size_t)off) * row * es;
 }
 
+/* PER_TOKEN: the [n_kv_heads] scales of `slot` in half `kv_idx`; token_scales has the pages'
+ * layout without the head_dim axis. */
+static float *kv_token_scales(const rs_kv_layer *kv, int64_t slot, int kv_idx) {
+    int64_t block = slot / RS_KV_BLOCK, off = slot % RS_KV_BLOCK;
+    size_t row = ((size_t)block * 2 + (size_t)kv_idx) * RS_KV_BLOCK + (size_t)off;
+    return kv->token_scales + row * (size_t)kv->n_kv_heads;
+}
+
+/* A prefetch the compiler keeps. GCC 12 (-O1 and up, tree DCE) deletes prefetch_page's loops when
+ * their body is only __builtin_prefetch — seen in the generated code, and worth 2-3x at long
+ * contexts; an asm statement with a memory operand is never deleted. */
+static inline void prefetch_line(const char *p) {
+#if defined(__x86_64__) || defined(__i386__)
+    __asm__ volatile("prefetcht0 %0" : : "m"(*p));
+#else
+    __builtin_prefetch(p, 0, 3);
+#endif
+}
+
+/* Pulls the [head_off, head_off + bytes) slice of every row of `page`'s half kv_idx toward L1.
+ * An item reads one head's slice of each row: a short run at a stride of the whole row, scattered
+ * over pages, which the hardware prefetchers hardly follow; fetching the next page's slices while
+ * this page is computed keeps the loads from waiting on memory one row at a time. */
+static void prefetch_page(const rs_kv_layer *kv, int32_t page, int kv_idx, size_t head_off, size_t bytes, size_t es) {
+    for (int o = 0; o < RS_KV_BLOCK; o++) {
+        const char *row = kv_row(kv, (int64_t)page * RS_KV_BLOCK + o, kv_idx, es) + head_off;
+        for (size_t b = 0; b < bytes; b += 64) prefetch_line(row + b);
+    }
+}
+
+/* ---- kv_store ---- */
+
+/* One token's K or V row [n_kv_heads][head_dim] as E4M3 codes into `slot` (see the file comment). */
+static void store_e4m3_row(const rs_kv_layer *kv, int64_t slot, int kv_idx, const float *src) {
+    const int hd = kv->head_dim;
+    uint8_t *dst = (uint8_t *)kv_row(kv, slot, kv_idx, 1);
+    float *ts = kv->scale_mode == RS_KV_SCALE_PER_TOKEN ? kv_token_scales(kv, slot, kv_idx) : NULL;
+    const float *head_scale = kv_idx == 0 ? kv->k_scale : kv->v_scale;
+    for (int h = 0; h < kv->n_kv_heads; h++) {
+        const float *x = src + (size_t)h * (size_t)hd;
+        uint8_t *d = dst + (size_t)h * (size_t)hd;
+        float s;
+        if (ts) {
+            float amax = 0.0f;
+            for (int i = 0; i < hd; i++) amax = fmaxf(amax, fabsf(x[i]));
+            s = fmaxf(amax, RS_FP8_AMAX_FLOOR) / RS_FP8_E4M3_MAX;
+            ts[h] = s;
+        } else {
+            s = head_scale[h];
+        }
+        for (int i = 0; i < hd; i++) d[i] = rs_fp8_e4m3_from_f32(x[i] / s);
+    }
+}
+
+typedef struct store_job {
+    const rs_kv_layer *kv;
+    const float *k, *v; /* [n_tok][n_kv_heads][head_dim] */
+    const int32_t *slot;
+} store_job;
+
+static void store_e4m3_range(void *arg, int64_t r0, int64_t r1, int tid) {
+    (void)tid;
+    const store_job *j = arg;
+    size_t row = (size_t)j->kv->n_kv_heads * (size_t)j->kv->head_dim;
+    for (int64_t r = r0; r < r1; r++) {
+        store_e4m3_row(j->kv, j->slot[r], 0, j->k + (size_t)r * row);
+        store_e4m3_row(j->kv, j->slot[r], 1, j->v + (size_t)r * row);
+    }
+}
+
 void rs_cpu_op_kv_store(rs_backend *b, rs_kv_layer *kv, const float *k, const float *v,
                         const rs_batch *batch) {
-    (void)b;
-    size_t es = kv_es(kv);
+    size_t es = kv_check(kv);
     size_t row = (size_t)kv->n_kv_heads * (size_t)kv->head_dim;
+    for (int r = 0; r < batch->n_tok; r++)
+        RS_ASSERT(batch->slot[r] >= 0 && batch->slot[r] < (int64_t)kv->n_blocks * RS_KV_BLOCK);
+    if (kv->dtype == RS_DTYPE_E4M3) { /* the encoder is scalar: spread a prefill chunk over threads */
+        if (batch->n_tok == 0) return;
+        store_job j = {.kv = kv, .k = k, .v = v, .slot = batch->slot};
+        rs_pool_run(rs_cpu_ctx_of(b)->pool, batch->n_tok, 1, store_e4m3_range, &j);
+        return;
+    }
     for (int r = 0; r < batch->n_tok; r++) {
         int64_t slot = batch->slot[r];
-        RS_ASSERT(slot >= 0 && slot < (int64_t)kv->n_blocks * RS_KV_BLOCK);
         for (int h = 0; h < 2; h++) {
             const float *src = (h == 0 ? k : v) + (size_t)r * row;
             char *dst = kv_row(kv, slot, h, es);
@@ -83,13 +185,28 @@ typedef struct attn_job {
     const rs_batch *batch;
     const int32_t *row_seq; /* [n_tok] sequence of each row */
     const rs_cpu_vec *vec;
+    const rs_cpu_vec_e4m3 *vec8;
     int n_heads, group; /* group = query heads per KV head */
     float scale;
     int64_t n_items; /* n_tok * n_kv_heads */
     int n_workers;
 } attn_job;
 
-/* One row and one KV head: its `group` query heads over positions 0..pos[r].
+/* In place over the [g][ld] scores, first n of each: p = exp(s - max) / sum. */
+static void softmax_rows(float *scores, int g, size_t ld, int n) {
+    for (int h = 0; h < g; h++) {
+        float *sc = scores + (size_t)h * ld;
+        float max = sc[0], sum = 0.0f;
+        for (int p = 1; p < n; p++) max = sc[p] > max ? sc[p] : max;
+        for (int p = 0; p < n; p++) {
+            sc[p] = expf(sc[p] - max);
+            sum += sc[p];
+        }
+        for (int p = 0; p < n; p++) sc[p] = sc[p] / sum;
+    }
+}
+
+/* One row and one KV head over F32/BF16 pages: its `group` query heads over positions 0..pos[r].
  * scores: [group][n_ctx] scratch. */
 static void attend_item(const attn_job *j, int r, int kvh, float *scores) {
     const rs_kv_layer *kv = j->kv;
@@ -102,9 +219,11 @@ static void attend_item(const attn_job *j, int r, int kvh, float *scores) {
     const float *q = j->q + first_head * (size_t)hd; /* [g][hd] */
     float *out = j->out + first_head * (size_t)hd;   /* [g][hd] */
 
+    const size_t slice = (size_t)hd * es;
     for (int p0 = 0; p0 < n_ctx; p0 += RS_KV_BLOCK) {
         int32_t page = table[p0 / RS_KV_BLOCK];
         RS_ASSERT(page >= 0 && page < kv->n_blocks);
+        if (p0 + RS_KV_BLOCK < n_ctx) prefetch_page(kv, table[p0 / RS_KV_BLOCK + 1], 0, head_off, slice, es);
         int n = RS_MIN(RS_KV_BLOCK, n_ctx - p0);
         for (int o = 0; o < n; o++) {
             const char *k = kv_row(kv, (int64_t)page * RS_KV_BLOCK + o, 0, es) + head_off;
@@ -113,19 +232,11 @@ static void attend_item(const attn_job *j, int r, int kvh, float *scores) {
                     vec->dot(q + (size_t)h * (size_t)hd, k, kv->dtype, hd) * j->scale;
         }
     }
-    for (int h = 0; h < g; h++) {
-        float *sc = scores + (size_t)h * (size_t)n_ctx;
-        float max = sc[0], sum = 0.0f;
-        for (int p = 1; p < n_ctx; p++) max = sc[p] > max ? sc[p] : max;
-        for (int p = 0; p < n_ctx; p++) {
-            sc[p] = expf(sc[p] - max);
-            sum += sc[p];
-        }
-        for (int p = 0; p < n_ctx; p++) sc[p] = sc[p] / sum;
-    }
+    softmax_rows(scores, g, (size_t)n_ctx, n_ctx);
     memset(out, 0, (size_t)g * (size_t)hd * sizeof(float));
     for (int p0 = 0; p0 < n_ctx; p0 += RS_KV_BLOCK) {
         int32_t page = table[p0 / RS_KV_BLOCK];
+        if (p0 + RS_KV_BLOCK < n_ctx) prefetch_page(kv, table[p0 / RS_KV_BLOCK + 1], 1, head_off, slice, es);
         int n = RS_MIN(RS_KV_BLOCK, n_ctx - p0);
         for (int o = 0; o < n; o++) {
             const char *v = kv_row(kv, (int64_t)page * RS_KV_BLOCK + o, 1, es) + head_off;
@@ -136,21 +247,76 @@ static void attend_item(const attn_job *j, int r, int kvh, float *scores) {
     }
 }
 
+/* The same over E4M3 pages, scales folded as the file comment says: raw q . codes per page, then
+ * times softmax_scale * k_scale (or * ks_j); PER_TOKEN weighs the probabilities by vs_j before P V;
+ * PER_HEAD multiplies the output by v_scale. */
+static void attend_item_e4m3(const attn_job *j, int r, int kvh, float *scores) {
+    const rs_kv_layer *kv = j->kv;
+    const rs_batch *bt = j->batch;
+    const rs_cpu_vec_e4m3 *vec8 = j->vec8;
+    const int hd = kv->head_dim, g = j->group, n_ctx = bt->pos[r] + 1;
+    const bool per_token = kv->scale_mode == RS_KV_SCALE_PER_TOKEN;
+    const size_t head_off = (size_t)kvh * (size_t)hd, ld = (size_t)n_ctx;
+    const size_t stride = (size_t)kv->n_kv_heads * (size_t)hd; /* bytes from one row to the next */
+    const int32_t *table = bt->block_tables + (size_t)j->row_seq[r] * (size_t)bt->max_blocks;
+    const size_t first_head = (size_t)r * (size_t)j->n_heads + (size_t)kvh * (size_t)g;
+    const float *q = j->q + first_head * (size_t)hd; /* [g][hd] */
+    float *out = j->out + first_head * (size_t)hd;   /* [g][hd] */
+    const float head_mul = per_token ? 0.0f : j->scale * kv->k_scale[kvh];
+
+    for (int p0 = 0; p0 < n_ctx; p0 += RS_KV_BLOCK) {
+        int32_t page = table[p0 / RS_KV_BLOCK];
+        RS_ASSERT(page >= 0 && page < kv->n_blocks);
+        if (p0 + RS_KV_BLOCK < n_ctx) prefetch_page(kv, table[p0 / RS_KV_BLOCK + 1], 0, head_off, (size_t)hd, 1);
+        int n = RS_MIN(RS_KV_BLOCK, n_ctx - p0);
+        int64_t slot0 = (int64_t)page * RS_KV_BLOCK;
+        vec8->scores(scores + p0, ld, q, g, (const uint8_t *)kv_row(kv, slot0, 0, 1) + head_off, stride, n, hd);
+        float mul[RS_KV_BLOCK];
+        for (int o = 0; o < n; o++) mul[o] = per_token ? j->scale * kv_token_scales(kv, slot0 + o, 0)[kvh] : head_mul;
+        for (int h = 0; h < g; h++)
+            for (int o = 0; o < n; o++) scores[(size_t)h * ld + (size_t)(p0 + o)] *= mul[o];
+    }
+    softmax_rows(scores, g, ld, n_ctx);
+    memset(out, 0, (size_t)g * (size_t)hd * sizeof(float));
+    for (int p0 = 0; p0 < n_ctx; p0 += RS_KV_BLOCK) {
+        int32_t page = table[p0 / RS_KV_BLOCK];
+        if (p0 + RS_KV_BLOCK < n_ctx) prefetch_page(kv, table[p0 / RS_KV_BLOCK + 1], 1, head_off, (size_t)hd, 1);
+        int n = RS_MIN(RS_KV_BLOCK, n_ctx - p0);
+        int64_t slot0 = (int64_t)page * RS_KV_BLOCK;
+        if (per_token) {
+            for (int o = 0; o < n; o++) {
+                float vs = kv_token_scales(kv, slot0 + o, 1)[kvh];
+                for (int h = 0; h < g; h++) scores[(size_t)h * ld + (size_t)(p0 + o)] *= vs;
+            }
+        }
+        vec8->accum(out, scores + p0, ld, g, (const uint8_t *)kv_row(kv, slot0, 1, 1) + head_off, stride, n, hd);
+    }
+    if (!per_token) {
+        float vs = kv->v_scale[kvh];
+        for (size_t i = 0; i < (size_t)g * (size_t)hd; i++) out[i] *= vs;
+    }
+}
+
 /* Worker w takes items w, w + n_workers, ... */
 static void attn_range(void *arg, int64_t w0, int64_t w1, int tid) {
     const attn_job *j = arg;
     float *scores = j->c->thread_buf[tid].p;
     int n_kv = j->kv->n_kv_heads;
-    for (int64_t w = w0; w < w1; w++)
-        for (int64_t i = w; i < j->n_items; i += j->n_workers)
-            attend_item(j, (int)(i / n_kv), (int)(i % n_kv), scores);
+    bool fp8 = j->kv->dtype == RS_DTYPE_E4M3;
+    for (int64_t w = w0; w < w1; w++) {
+        for (int64_t i = w; i < j->n_items; i += j->n_workers) {
+            if (fp8) attend_item_e4m3(j, (int)(i / n_kv), (int)(i % n_kv), scores);
+            else attend_item(j, (int)(i / n_kv), (int)(i % n_kv), scores);
+        }
+    }
 }
 
 void rs_cpu_op_attention(rs_backend *b, float *out, const float *q, const rs_kv_layer *kv, int n_heads,
                          float scale, const rs_batch *batch) {
     rs_cpu_ctx *c = rs_cpu_ctx_of(b);
-    kv_es(kv);
+    kv_check(kv);
     if (batch->n_tok == 0) return;
+    RS_ASSERT(kv->n_kv_heads > 0 && n_heads % kv->n_kv_heads == 0);
     int32_t *row_seq = rs_cpu_scratch(&c->row_seq, (size_t)batch->n_tok * sizeof(int32_t));
     int max_ctx = 0;
     for (int s = 0; s < batch->n_seq; s++) {
@@ -172,6 +338,7 @@ void rs_cpu_op_attention(rs_backend *b, float *out, const float *q, const rs_kv_
         .batch = batch,
         .row_seq = row_seq,
         .vec = rs_cpu_vec_for(c->simd),
+        .vec8 = rs_cpu_vec_e4m3_for(c->simd),
         .n_heads = n_heads,
         .group = group,
         .scale = scale,
