@@ -43,6 +43,9 @@ typedef struct rs_config {
     char weight_version[64];
     int max_top_logprobs;       /* cap on top_logprobs_num */
     bool prefix_cache;
+    char kv_cache_dtype[8];     /* fp8 | bf16 | f32 */
+    char kv_scale_mode[16];     /* calibrate | dynamic */
+    double kv_calib_margin, kv_calib_percentile;
     double admission_new_token_ratio;    /* version reported for the weights loaded at start */
 } rs_config;
 

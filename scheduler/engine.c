@@ -31,6 +31,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../kvcache/calibrate.h"
 #include "../kvcache/kvcache.h"
 #include "sampler.h"
 
@@ -227,12 +228,16 @@ int rs_engine_init(rs_engine **out, rs_model *m, const rs_engine_opts *opts, rs_
     pthread_cond_init(&e->ctl_cv, NULL);
     pthread_mutex_init(&e->stats_mu, NULL);
 
-    int rc = rs_kv_pool_init(&e->pool, m->backend, c->n_layers, c->n_kv_heads, c->head_dim, RS_DTYPE_F32,
-                             opts->kv_cache_bytes);
+    rs_kv_cache_opts ko = {.dtype = opts->kv_dtype, .scale_mode = opts->kv_scale_mode};
+    if (ko.dtype != RS_DTYPE_E4M3) ko.scale_mode = RS_KV_SCALE_NONE;
+    int rc = rs_kv_pool_init_ex(&e->pool, m->backend, c->n_layers, c->n_kv_heads, c->head_dim, &ko,
+                                opts->kv_cache_bytes);
     if (rc != RS_OK) {
-        rs_error_set(err, rc, "kv-cache-mb", "cannot allocate the KV cache (%zu bytes)", opts->kv_cache_bytes);
+        rs_error_set(err, rc, "kv-cache-mb", "cannot allocate the KV cache (%zu bytes, %s)", opts->kv_cache_bytes,
+                     rs_dtype_name(ko.dtype));
         goto fail;
     }
+    if (ko.scale_mode == RS_KV_SCALE_PER_HEAD && (rc = rs_engine_calibrate_kv(e, err)) != RS_OK) goto fail;
     int T = e->opts.max_step_tokens, R = e->opts.max_running;
     e->max_logits = R + 64;
     e->fwd = rs_forward_ctx_init(m, T, e->max_logits);
@@ -268,6 +273,33 @@ fail:
 }
 
 static void finish_all(rs_engine *e, const char *why);
+
+int rs_engine_calibrate_kv(rs_engine *e, rs_error *err) {
+    const rs_model_config *c = &e->model->cfg;
+    if (e->pool.layers[0].scale_mode != RS_KV_SCALE_PER_HEAD) return RS_OK;
+    size_t n = (size_t)c->n_layers * (size_t)c->n_kv_heads;
+    float *k = rs_xmalloc(sizeof(float) * n), *v = rs_xmalloc(sizeof(float) * n);
+    rs_kv_calib_opts co = {.tokens = NULL, .n_tokens = 0,
+                           .percentile = e->opts.kv_calib_percentile > 0 ? e->opts.kv_calib_percentile : 1.0f,
+                           .margin = e->opts.kv_calib_margin > 0 ? e->opts.kv_calib_margin : 1.0f};
+    double t0 = rs_now_s();
+    int rc = rs_kv_calibrate(e->model, &co, k, v, err);
+    if (rc == RS_OK && (rc = rs_kv_pool_set_scales(&e->pool, k, v)) != RS_OK)
+        rs_error_set(err, rc, "kv-cache-dtype", "calibration produced unusable KV scales");
+    if (rc == RS_OK) {
+        float kmax = 0, vmax = 0;
+        for (size_t i = 0; i < n; i++) {
+            kmax = fmaxf(kmax, k[i]);
+            vmax = fmaxf(vmax, v[i]);
+        }
+        RS_INFO("kv cache: calibrated %zu per-head FP8 scales (percentile %.4g, margin %.3g) in %.2f s; "
+                "max k_scale %.4g, v_scale %.4g",
+                n, co.percentile, co.margin, rs_now_s() - t0, kmax, vmax);
+    }
+    free(k);
+    free(v);
+    return rc;
+}
 
 void rs_engine_free(rs_engine *e) {
     if (!e) return;

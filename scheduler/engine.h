@@ -200,6 +200,11 @@ typedef struct rs_engine_stats {
 } rs_engine_stats;
 void rs_engine_get_stats(const rs_engine *e, rs_engine_stats *out);
 
+/* Recomputes the per-head FP8 KV scales from the calibration token set (no-op for other KV
+ * modes). Runs on the caller's thread: call it at init or from the engine thread at a step
+ * boundary with no sequence holding KV (it flushes the prefix cache). */
+int rs_engine_calibrate_kv(rs_engine *e, rs_error *err);
+
 const rs_model_config *rs_engine_model_config(const rs_engine *e);
 const rs_engine_limits *rs_engine_get_limits(const rs_engine *e);
 const char *rs_engine_weight_version(const rs_engine *e);

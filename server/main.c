@@ -184,6 +184,11 @@ static int load(rs_daemon *d, rs_error *err) {
         .weight_version = c->weight_version,
         .admission_new_token_ratio = (float)c->admission_new_token_ratio,
         .prefix_cache = c->prefix_cache,
+        .kv_dtype = !strcmp(c->kv_cache_dtype, "fp8") ? RS_DTYPE_E4M3
+                    : !strcmp(c->kv_cache_dtype, "bf16") ? RS_DTYPE_BF16 : RS_DTYPE_F32,
+        .kv_scale_mode = !strcmp(c->kv_scale_mode, "dynamic") ? RS_KV_SCALE_PER_TOKEN : RS_KV_SCALE_PER_HEAD,
+        .kv_calib_margin = (float)c->kv_calib_margin,
+        .kv_calib_percentile = (float)c->kv_calib_percentile,
     };
     if ((rc = rs_engine_init(&d->engine, d->model, &eo, err)) != RS_OK) return rc;
     if ((rc = rs_engine_start(d->engine)) != RS_OK)
