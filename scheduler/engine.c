@@ -99,10 +99,15 @@ struct rs_engine {
 static int blocks_for(int tokens) { return (tokens + RS_KV_BLOCK - 1) / RS_KV_BLOCK; }
 
 /* A control request from another thread, applied at a step boundary (see apply_control). */
-typedef enum rs_ctl_kind { RS_CTL_PAUSE, RS_CTL_CONTINUE, RS_CTL_FLUSH } rs_ctl_kind;
+typedef enum rs_ctl_kind { RS_CTL_PAUSE, RS_CTL_CONTINUE, RS_CTL_FLUSH, RS_CTL_WEIGHTS, RS_CTL_VERSION } rs_ctl_kind;
 typedef struct rs_ctl {
     rs_ctl_kind kind;
     int arg;                    /* RS_CTL_PAUSE: rs_pause_mode */
+    rs_weights_apply_fn apply;  /* RS_CTL_WEIGHTS */
+    void *apply_ctx;
+    const char *version;        /* RS_CTL_WEIGHTS, RS_CTL_VERSION */
+    double seconds;             /* RS_CTL_WEIGHTS: time the step loop was held */
+    rs_error *err;
     int rc;
     bool done;
     struct rs_ctl *next;
@@ -144,6 +149,7 @@ void rs_gen_job_free(rs_gen_job *job) {
             free(o->input_logprobs);
             free(o->input_top_ids);
             free(o->input_top_lps);
+            free(o->spans);
         }
     }
     free(job->outputs);
@@ -491,6 +497,9 @@ static void admit_job(rs_engine *e, rs_gen_job *job) {
             rs_gen_output *o = &job->outputs[p * n + si];
             o->prompt_tokens = job->prompt_lens[p];
             out_init_scoring(o, job, job->prompt_lens[p]);
+            o->spans = rs_xcalloc(1, sizeof *o->spans);
+            o->n_spans = 1;
+            snprintf(o->spans[0].version, sizeof o->spans[0].version, "%s", e->weight_version);
         }
         rs_seq *s = seq_new(job, p, 0);
         s->n_forks = n - 1;
@@ -505,6 +514,7 @@ static bool job_finished(const rs_gen_job *job) {
 }
 
 static void set_finish(rs_gen_output *o, rs_finish_type type, int32_t matched, const char *msg, double t_arrival) {
+    if (o->n_spans > 0) o->spans[o->n_spans - 1].end = o->n_output;
     o->finish.type = type;
     o->finish.matched = matched;
     o->finish.length = o->n_output;
@@ -911,6 +921,50 @@ static int engine_step(rs_engine *e) {
     return n_tok;
 }
 
+/* Later tokens of output o come from `version`. */
+static void out_new_span(rs_gen_output *o, const char *version) {
+    rs_weight_span *last = &o->spans[o->n_spans - 1];
+    if (strcmp(last->version, version) == 0) return;
+    if (last->start == o->n_output) { /* no token under the old version: relabel */
+        snprintf(last->version, sizeof last->version, "%s", version);
+        return;
+    }
+    last->end = o->n_output;
+    o->spans = rs_xrealloc(o->spans, sizeof *o->spans * (size_t)(o->n_spans + 1));
+    rs_weight_span *sp = &o->spans[o->n_spans++];
+    snprintf(sp->version, sizeof sp->version, "%s", version);
+    sp->start = sp->end = o->n_output;
+}
+
+static void seq_new_version(rs_seq *s, const char *version) {
+    rs_gen_job *job = s->job;
+    out_new_span(s->out, version);
+    for (int k = 1; k <= s->n_forks; k++) out_new_span(&job->outputs[s->prompt_index * job->sp.n + k], version);
+    snprintf(job->weight_version, sizeof job->weight_version, "%s", version);
+}
+
+/* Every live output records the new version from its next token on. */
+static void set_weight_version(rs_engine *e, const char *version) {
+    snprintf(e->weight_version, sizeof e->weight_version, "%s", version);
+    for (int i = 0; i < e->n_running; i++) seq_new_version(e->running[i], version);
+    for (rs_seq *s = e->wait_head; s; s = s->next) seq_new_version(s, version);
+}
+
+/* New weights are in. No KV computed by the old ones is used again: sequences in flight are
+ * retracted and recompute their tokens with the new weights (so every token's logprob is exactly
+ * that of the version it reports), waiting ones drop matched or forked pages, the prefix cache is
+ * dropped, and per-head FP8 KV scales are recalibrated for the new weights. */
+static int after_weight_change(rs_engine *e, rs_error *err) {
+    while (e->n_running > 0) preempt(e, e->running[e->n_running - 1]);
+    for (rs_seq *s = e->wait_head; s; s = s->next) {
+        if (s->kv.n_blocks == 0) continue;
+        rs_kv_seq_release(&e->pool, &s->kv);
+        s->n_computed = 0;
+    }
+    rs_kv_pool_flush_cache(&e->pool);
+    return rs_engine_calibrate_kv(e, err); /* no-op unless per-head FP8 scales */
+}
+
 static void apply_control(rs_engine *e, rs_ctl *c) {
     c->rc = RS_OK;
     switch (c->kind) {
@@ -929,6 +983,20 @@ static void apply_control(rs_engine *e, rs_ctl *c) {
         if (e->paused) RS_INFO("engine: continuing");
         e->paused = false;
         break;
+    case RS_CTL_WEIGHTS: {
+        double t0 = rs_now_s();
+        c->apply(e->model, c->apply_ctx);
+        c->rc = after_weight_change(e, c->err);
+        set_weight_version(e, c->version);
+        e->stats.weight_updates++;
+        c->seconds = rs_now_s() - t0;
+        RS_INFO("engine: weights updated to version %s (step loop held %.3f s, %d running, %d waiting)", c->version,
+                c->seconds, e->n_running, e->n_waiting);
+        break;
+    }
+    case RS_CTL_VERSION:
+        set_weight_version(e, c->version);
+        break;
     case RS_CTL_FLUSH:
         if (e->n_running > 0 || e->wait_head) {
             c->rc = RS_ESTATE;
@@ -941,11 +1009,14 @@ static void apply_control(rs_engine *e, rs_ctl *c) {
 }
 
 /* Runs a control request at the next step boundary and waits for it. */
-static int engine_control(rs_engine *e, rs_ctl_kind kind, int arg) {
-    rs_ctl c = {.kind = kind, .arg = arg};
+static int engine_control_req(rs_engine *e, rs_ctl *req) {
+    rs_ctl c = *req;
+    c.next = NULL;
+    c.done = false;
     if (!e->thread_started) { /* the caller owns the engine */
         apply_control(e, &c);
         publish_stats(e);
+        *req = c;
         return c.rc;
     }
     pthread_mutex_lock(&e->mu);
@@ -959,7 +1030,29 @@ static int engine_control(rs_engine *e, rs_ctl_kind kind, int arg) {
     pthread_cond_signal(&e->cv);
     while (!c.done) pthread_cond_wait(&e->ctl_cv, &e->mu);
     pthread_mutex_unlock(&e->mu);
+    *req = c;
     return c.rc;
+}
+
+static int engine_control(rs_engine *e, rs_ctl_kind kind, int arg) {
+    rs_ctl c = {.kind = kind, .arg = arg};
+    return engine_control_req(e, &c);
+}
+
+int rs_engine_update_weights(rs_engine *e, rs_weights_apply_fn apply, void *ctx, const char *version,
+                             double *seconds_paused, rs_error *err) {
+    rs_ctl c = {.kind = RS_CTL_WEIGHTS, .apply = apply, .apply_ctx = ctx, .version = version, .err = err};
+    int rc = engine_control_req(e, &c);
+    if (seconds_paused) *seconds_paused = c.seconds;
+    if (rc == RS_EBUSY) return rs_error_set(err, rc, NULL, "the engine is shutting down");
+    return rc;
+}
+
+int rs_engine_set_weight_version(rs_engine *e, const char *version, rs_error *err) {
+    rs_ctl c = {.kind = RS_CTL_VERSION, .version = version};
+    int rc = engine_control_req(e, &c);
+    if (rc != RS_OK) return rs_error_set(err, rc, NULL, "the engine is shutting down");
+    return RS_OK;
 }
 
 void rs_engine_pause(rs_engine *e, rs_pause_mode mode) { engine_control(e, RS_CTL_PAUSE, (int)mode); }

@@ -54,6 +54,12 @@ typedef enum rs_logprobs_mode {
     RS_LOGPROBS_PROCESSED,      /* the distribution actually sampled from: T, top-k/p, min-p, renormalized */
 } rs_logprobs_mode;
 
+/* Tokens [start, end) of an output came from weights `version`. */
+typedef struct rs_weight_span {
+    char version[64];
+    int start, end;
+} rs_weight_span;
+
 typedef struct rs_gen_output {
     int32_t *output_ids;        /* [n_output] */
     float *output_logprobs;     /* [n_output]: the sampled token's logprob under job->logprobs_mode */
@@ -71,6 +77,10 @@ typedef struct rs_gen_output {
     int cached_tokens;          /* prompt tokens whose KV this sample did not compute itself: prefix
                                  * cache hits, or the shared prefill of its n-sample group */
     int num_retractions;        /* times this sample was preempted and recomputed */
+    /* Weight versions that produced the output tokens, in order; more than one when the request
+     * crossed a weight update. spans[n_spans - 1].end == n_output once finished. */
+    rs_weight_span *spans;
+    int n_spans;
     double e2e_latency;         /* seconds from arrival to finish */
 } rs_gen_output;
 
@@ -167,6 +177,21 @@ void rs_engine_continue(rs_engine *e);
  * Thread-safe; runs at the next step boundary. */
 int rs_engine_flush_cache(rs_engine *e, rs_error *err);
 
+/* Weight updates. `apply` runs on the engine thread at a step boundary, when no forward pass is
+ * in flight, and swaps the staged tensors into the model (it must not fail: everything that can
+ * fail happens before, while staging). Then sequences in flight are retracted and recompute
+ * their tokens with the new weights (KV from the old weights is never read again, so a token's
+ * logprob is exactly that of the version it reports), the prefix cache is dropped, per-head FP8
+ * KV scales are recalibrated, and weight_version is set. In-flight requests are not aborted:
+ * tokens sampled after the commit come from the new weights, and outputs record version spans.
+ * Thread-safe; returns once committed. RS_EBUSY when the engine is shutting down. */
+typedef void (*rs_weights_apply_fn)(rs_model *m, void *ctx);
+int rs_engine_update_weights(rs_engine *e, rs_weights_apply_fn apply, void *ctx, const char *version,
+                             double *seconds_paused, rs_error *err);
+
+/* Relabels the weights in service (no weight change); later tokens report `version`. */
+int rs_engine_set_weight_version(rs_engine *e, const char *version, rs_error *err);
+
 /* Without a thread (tests, benchmarks): run steps on the caller's thread until every submitted
  * job has finished. */
 void rs_engine_run_until_idle(rs_engine *e);
@@ -193,6 +218,7 @@ typedef struct rs_engine_stats {
     uint64_t prefix_hit_tokens; /* prompt tokens served from the prefix cache */
     uint64_t prompt_tokens, generation_tokens, steps;
     uint64_t requests_finished, requests_aborted;
+    uint64_t weight_updates;
     bool paused;
     rs_histogram ttft;          /* arrival to first token of a request */
     rs_histogram itl;           /* between consecutive tokens of a sequence */

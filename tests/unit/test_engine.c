@@ -521,3 +521,105 @@ RS_TEST(engine_thread_pause_continue_flush_progress) {
     rs_gen_job_free(k);
     env_close(&v);
 }
+
+/* ---- weight updates ---- */
+
+typedef struct swap_ctx {
+    rs_model *target, *source; /* target's tensors take source's (the structs are swapped) */
+} swap_ctx;
+
+static void swap_weights(rs_model *m, void *arg) {
+    swap_ctx *s = arg;
+    RS_ASSERT(m == s->target);
+    const rs_model_config *c = &m->cfg;
+    rs_tensor t;
+#define SWAP(a, b) (t = (a), (a) = (b), (b) = t)
+    SWAP(m->embed, s->source->embed);
+    SWAP(m->final_norm, s->source->final_norm);
+    m->lm_head = m->embed; /* tied */
+    s->source->lm_head = s->source->embed;
+    for (int l = 0; l < c->n_layers; l++) {
+        rs_layer_weights tmp = m->layers[l];
+        m->layers[l] = s->source->layers[l];
+        s->source->layers[l] = tmp;
+    }
+#undef SWAP
+}
+
+/* 20 back-to-back weight updates (two models alternating) while 6 requests generate: every request
+ * finishes, its version spans tile its tokens, and each token's logprob equals teacher forcing of
+ * its context with the weights of the version it reports. */
+RS_TEST(engine_weight_updates_during_generation) {
+    env v = env_open(8 << 20, 8, 64);
+    char dir_b[512];
+    snprintf(dir_b, sizeof dir_b, "%s/model-b", rs_test_tmpdir());
+    rs_model_config cb;
+    tiny_config(&cb);
+    rs_error err = {0};
+    if (rs_testmodel_write(dir_b, &cb, 12, &err) != RS_OK) RS_TEST_FAIL("%s", err.message);
+    rs_model *other = NULL; /* holds whichever weights are not serving */
+    ASSERT_EQ(rs_model_load(dir_b, v.b, NULL, &other, &err), RS_OK);
+    ASSERT_EQ(rs_engine_start(v.e), RS_OK);
+
+    enum { R = 6 };
+    waiter w = {.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER};
+    rs_gen_job *jobs[R];
+    for (int i = 0; i < R; i++) {
+        int len = 5 + 7 * i;
+        jobs[i] = job_new(1, &len, 300u + (unsigned)i);
+        jobs[i]->sp.max_new_tokens = 90;
+        jobs[i]->sp.seed = (uint64_t)i;
+        jobs[i]->on_done = on_done_cb;
+        jobs[i]->on_done_user = &w;
+        ASSERT_EQ(rs_engine_submit(v.e, jobs[i], &err), RS_OK);
+    }
+    swap_ctx sc = {.target = v.m, .source = other};
+    for (int u = 1; u <= 20; u++) {
+        char ver[16];
+        snprintf(ver, sizeof ver, "%d", u);
+        ASSERT_EQ(rs_engine_update_weights(v.e, swap_weights, &sc, ver, NULL, &err), RS_OK);
+    }
+    wait_done(&w, R);
+    rs_engine_stop(v.e);
+    ASSERT_STREQ(rs_engine_weight_version(v.e), "20");
+
+    /* v.m serves version 20: an even number of swaps, so it holds A's weights again, as it did for
+     * version 0 and every even version; `other` holds B's, the odd versions' */
+    rs_model *serving_even = v.m;
+    int crossed = 0;
+    for (int i = 0; i < R; i++) {
+        const rs_gen_output *o = &jobs[i]->outputs[0];
+        ASSERT_EQ(o->finish.type, RS_FINISH_LENGTH);
+        ASSERT_TRUE(o->n_spans >= 1);
+        ASSERT_EQ(o->spans[0].start, 0);
+        ASSERT_EQ(o->spans[o->n_spans - 1].end, o->n_output);
+        crossed += o->n_spans > 1;
+        for (int k = 0; k < o->n_spans; k++) {
+            if (k > 0) ASSERT_EQ(o->spans[k].start, o->spans[k - 1].end);
+            int version = atoi(o->spans[k].version);
+            for (int t = o->spans[k].start; t < o->spans[k].end; t++) {
+                /* teacher-force prompt + outputs[0..t] on the version's weights */
+                rs_model *weights = version % 2 == 0 ? serving_even : other;
+                rs_engine *e2 = NULL;
+                rs_engine_opts eo = {.kv_cache_bytes = 4 << 20, .max_running = 2, .max_step_tokens = 512,
+                                     .limits = {.max_context = 256, .max_new_tokens = 128, .max_n = 1, .max_batch = 1}};
+                ASSERT_EQ(rs_engine_init(&e2, weights, &eo, &err), RS_OK);
+                int full = jobs[i]->prompt_lens[0] + t + 1;
+                rs_gen_job *s = job_new(1, &full, 1);
+                memcpy(s->prompts[0], jobs[i]->prompts[0], sizeof(int32_t) * (size_t)jobs[i]->prompt_lens[0]);
+                memcpy(s->prompts[0] + jobs[i]->prompt_lens[0], o->output_ids, sizeof(int32_t) * (size_t)(t + 1));
+                s->sp.max_new_tokens = 0;
+                s->logprob_start_len = full - 1;
+                ASSERT_EQ(rs_engine_submit(e2, s, &err), RS_OK);
+                rs_engine_run_until_idle(e2);
+                ASSERT_NEAR(s->outputs[0].input_logprobs[0], o->output_logprobs[t], 2e-5);
+                rs_gen_job_free(s);
+                rs_engine_free(e2);
+            }
+        }
+        rs_gen_job_free(jobs[i]);
+    }
+    ASSERT_TRUE(crossed >= 1);
+    rs_model_free(other);
+    env_close(&v);
+}
