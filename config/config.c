@@ -61,8 +61,9 @@ static const rs_config_entry entries[] = {
      "share the KV pages of identical prompt prefixes across requests (and of an n-sample group)", 0},
     {"kv-cache-dtype", RS_CONFIG_TYPE_STRING, F(kv_cache_dtype), 1, 7, "fp8", "fp8|bf16|f32",
      "KV cache page format: fp8 (E4M3 with scales), bf16, or f32", 0},
-    {"kv-scale-mode", RS_CONFIG_TYPE_STRING, F(kv_scale_mode), 1, 15, "calibrate", "calibrate|dynamic",
-     "fp8 KV scales: per layer and head from a fixed calibration set (redone after weight updates), or per token", 0},
+    {"kv-scale-mode", RS_CONFIG_TYPE_STRING, F(kv_scale_mode), 1, 15, "calibrate", "calibrate|dynamic|static",
+     "fp8 KV scales: per layer and head from a fixed calibration set (redone after weight updates), per token, "
+     "or the checkpoint's self_attn.k_scale/v_scale", 0},
     {"kv-calib-margin", RS_CONFIG_TYPE_FLOAT, F(kv_calib_margin), 0.1, 100, "1.2", NULL,
      "calibrated KV scale = statistic x margin / 448", 0},
     {"kv-calib-percentile", RS_CONFIG_TYPE_FLOAT, F(kv_calib_percentile), 0.5, 1, "1", NULL,

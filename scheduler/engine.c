@@ -33,6 +33,7 @@
 
 #include "../kvcache/calibrate.h"
 #include "../kvcache/kvcache.h"
+#include "../model/kv_scales.h"
 #include "sampler.h"
 
 typedef struct rs_seq {
@@ -212,6 +213,8 @@ int rs_gen_job_validate(const rs_gen_job *job, const rs_model_config *cfg, const
 
 /* ---------------------------------------------------------------- engine lifecycle */
 
+static int load_static_kv_scales(rs_engine *e, rs_error *err);
+
 int rs_engine_init(rs_engine **out, rs_model *m, const rs_engine_opts *opts, rs_error *err) {
     const rs_model_config *c = &m->cfg;
     rs_engine *e = rs_xcalloc(1, sizeof *e);
@@ -243,7 +246,9 @@ int rs_engine_init(rs_engine **out, rs_model *m, const rs_engine_opts *opts, rs_
                      rs_dtype_name(ko.dtype));
         goto fail;
     }
-    if (ko.scale_mode == RS_KV_SCALE_PER_HEAD && (rc = rs_engine_calibrate_kv(e, err)) != RS_OK) goto fail;
+    if (ko.scale_mode == RS_KV_SCALE_PER_HEAD &&
+        (rc = opts->kv_scales_static ? load_static_kv_scales(e, err) : rs_engine_calibrate_kv(e, err)) != RS_OK)
+        goto fail;
     int T = e->opts.max_step_tokens, R = e->opts.max_running;
     e->max_logits = R + 64;
     e->fwd = rs_forward_ctx_init(m, T, e->max_logits);
@@ -280,9 +285,23 @@ fail:
 
 static void finish_all(rs_engine *e, const char *why);
 
+/* Per-head FP8 KV scales from the checkpoint, once at start ("static" mode). */
+static int load_static_kv_scales(rs_engine *e, rs_error *err) {
+    const rs_model_config *c = &e->model->cfg;
+    size_t n = (size_t)c->n_layers * (size_t)c->n_kv_heads;
+    float *k = rs_xmalloc(sizeof(float) * n), *v = rs_xmalloc(sizeof(float) * n);
+    int rc = rs_model_load_kv_scales(e->model->path, c, k, v, err);
+    if (rc == RS_OK && (rc = rs_kv_pool_set_scales(&e->pool, k, v)) != RS_OK)
+        rs_error_set(err, rc, "kv-scale-mode", "the checkpoint's KV scales are unusable");
+    if (rc == RS_OK) RS_INFO("kv cache: %zu static per-head FP8 scales from %s", n, e->model->path);
+    free(k);
+    free(v);
+    return rc;
+}
+
 int rs_engine_calibrate_kv(rs_engine *e, rs_error *err) {
     const rs_model_config *c = &e->model->cfg;
-    if (e->pool.layers[0].scale_mode != RS_KV_SCALE_PER_HEAD) return RS_OK;
+    if (e->pool.layers[0].scale_mode != RS_KV_SCALE_PER_HEAD || e->opts.kv_scales_static) return RS_OK;
     size_t n = (size_t)c->n_layers * (size_t)c->n_kv_heads;
     float *k = rs_xmalloc(sizeof(float) * n), *v = rs_xmalloc(sizeof(float) * n);
     rs_kv_calib_opts co = {.tokens = NULL, .n_tokens = 0,

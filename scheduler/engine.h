@@ -143,6 +143,8 @@ typedef struct rs_engine_opts {
     rs_kv_scale_mode kv_scale_mode;
     float kv_calib_margin;      /* calibrated scale = stat * margin / 448 */
     float kv_calib_percentile;  /* stat = this percentile of |K|, |V| (1.0 = amax) */
+    bool kv_scales_static;      /* per-head scales from the checkpoint (self_attn.k_scale/v_scale),
+                                 * kept across weight updates, instead of calibration */
     rs_engine_limits limits;
     const char *weight_version; /* version of the loaded weights; NULL = "0" */
 } rs_engine_opts;

@@ -189,6 +189,7 @@ static int load(rs_daemon *d, rs_error *err) {
         .kv_scale_mode = !strcmp(c->kv_scale_mode, "dynamic") ? RS_KV_SCALE_PER_TOKEN : RS_KV_SCALE_PER_HEAD,
         .kv_calib_margin = (float)c->kv_calib_margin,
         .kv_calib_percentile = (float)c->kv_calib_percentile,
+        .kv_scales_static = !strcmp(c->kv_scale_mode, "static"),
     };
     if ((rc = rs_engine_init(&d->engine, d->model, &eo, err)) != RS_OK) return rc;
     if ((rc = rs_engine_start(d->engine)) != RS_OK)
