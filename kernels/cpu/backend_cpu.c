@@ -125,6 +125,7 @@ static void cpu_destroy(rs_backend *b) {
     for (size_t i = 0; i < RS_ARRAY_LEN(c->param_buf); i++) free(c->param_buf[i].p);
     free(c->row_seq.p);
     for (size_t i = 0; i < RS_ARRAY_LEN(c->moe); i++) free(c->moe[i].p);
+    free(c->fp8_act.p);
     free(c);
     free(b);
 }

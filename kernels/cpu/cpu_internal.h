@@ -40,6 +40,7 @@ typedef struct rs_cpu_ctx {
     rs_cpu_buf param_buf[2]; /* 1-D parameters converted to fp32 (bias, norm weight) */
     rs_cpu_buf row_seq;      /* attention: sequence of each row */
     rs_cpu_buf moe[8];       /* cpu_moe.c's scratch, indexed by its moe_buf enum */
+    rs_cpu_buf fp8_act;      /* FP8 matmul: the quantized activations, scales then codes */
 } rs_cpu_ctx;
 
 static inline rs_cpu_ctx *rs_cpu_ctx_of(rs_backend *b) { return (rs_cpu_ctx *)b->ctx; }
@@ -68,13 +69,17 @@ const char *rs_cpu_simd_name(rs_cpu_simd s);
 /* ---- matmul core (cpu_matmul.c) ---- */
 
 /* out = x @ w^T (+ bias), threaded over N with the context's pool. Bitwise independent of the
- * thread count (each output is computed by one tile whatever the split). */
+ * thread count (each output is computed by one tile whatever the split). An E4M3 weight (with its
+ * scale_inv) takes the W8A8 path: x quantized per token and 128-group (rs_fp8_quantize_act), then
+ * rs_fp8_gemm, then + bias in fp32 — bit-identical to rs_fp8_gemm_ref on the same codes, whatever
+ * the SIMD level and thread count. */
 void rs_cpu_matmul(rs_cpu_ctx *c, float *out /* [rows][N] */, const float *x /* [rows][K] */,
-                   const rs_tensor *w /* [N][K] bf16/f16/f32 */, const rs_tensor *bias /* [N] or absent */,
-                   int rows);
-/* The reference: one thread, plain C, each output a sequential fp32 sum over k, then + bias. */
+                   const rs_tensor *w /* [N][K] bf16/f16/f32/e4m3 */,
+                   const rs_tensor *bias /* [N] or absent */, int rows);
+/* The reference: one thread, plain C, each output a sequential fp32 sum over k, then + bias. For an
+ * E4M3 weight: rs_fp8_quantize_act, rs_fp8_gemm_ref, then + bias (allocates; tests only). */
 void rs_cpu_matmul_ref(float *out /* [rows][N] */, const float *x /* [rows][K] */,
-                       const rs_tensor *w /* [N][K] bf16/f16/f32 */,
+                       const rs_tensor *w /* [N][K] bf16/f16/f32/e4m3 */,
                        const rs_tensor *bias /* [N] or absent */, int rows);
 
 /* One tile of the matmul: out[t][j] = x[t][:k] . w[j][:k] (+ bias[j]) for j < nw <= RS_CPU_NW
@@ -96,6 +101,15 @@ typedef void (*rs_cpu_tile_fn)(const rs_cpu_tile *t);
 #define RS_CPU_NT_AVX2   2 /* 8 ymm accumulators + 4 weights + 2 x (16 registers) */
 rs_cpu_tile_fn rs_cpu_tile_avx512(rs_dtype dt);
 rs_cpu_tile_fn rs_cpu_tile_avx2(rs_dtype dt);
+
+/* ---- FP8 activations (cpu_fp8_quant.c) ---- */
+
+/* rs_fp8_quantize_act, bit for bit, vectorized at the AVX-512 level (the reference elsewhere). */
+void rs_cpu_fp8_quantize_act(rs_cpu_simd simd, const float *x /* [rows][k] f32 */, int64_t rows, int64_t k,
+                             uint8_t *q /* [rows][k] e4m3 */, float *scale /* [rows][ceil(k/128)] f32 */);
+/* rs_fp8_e4m3_from_f32_n, bit for bit, with the encoder rs_cpu_fp8_quantize_act uses (tests). */
+void rs_cpu_fp8_encode_n(rs_cpu_simd simd, uint8_t *dst /* [n] e4m3 */, const float *src /* [n] f32 */,
+                         size_t n);
 
 /* ---- vector helpers for attention (f32 a; b/x of dtype F32 or BF16), one set per ISA ---- */
 typedef struct rs_cpu_vec {

@@ -11,9 +11,21 @@
  *
  * The per-ISA tile kernels live in cpu_simd_avx2.c and cpu_simd_avx512.c; the scalar tile here is
  * also the reference (sequential fp32 sums), exposed as rs_cpu_matmul_ref for tests.
+ *
+ * E4M3 weights are the W8A8 path of DESIGN.md "Numerics": the activation rows are quantized per
+ * token and 128-group into the context's scratch (cpu_fp8_quant.c, threaded over rows when there
+ * are many), fp8_gemm.c does the block-scaled GEMM with the context's pool at the context's SIMD
+ * level, then the bias is added in fp32. Every step is deterministic, so the result equals
+ * rs_fp8_quantize_act + rs_fp8_gemm_ref + bias bit for bit, whatever the SIMD level and thread
+ * count, and a warm call allocates nothing.
  */
+#include <stdlib.h>
+#include <string.h>
+
 #include "../../core/rs.h"
+#include "../fp8.h"
 #include "cpu_internal.h"
+#include "fp8_gemm.h"
 
 #define NT_SCALAR          4
 #define TOKEN_BLOCK_BYTES  (512u << 10) /* x rows of one token block, fp32 */
@@ -121,10 +133,67 @@ static void mm_range(void *arg, int64_t n0, int64_t n1, int tid) {
 
 static void check_weight(const rs_tensor *w) {
     RS_ASSERT(w->ndim == 2 && w->data);
-    if (w->dtype != RS_DTYPE_BF16 && w->dtype != RS_DTYPE_F16 && w->dtype != RS_DTYPE_F32) {
+    if (w->dtype == RS_DTYPE_E4M3) {
+        if (!w->scale_inv) RS_ERROR("cpu backend | matmul: e4m3 weight without scale_inv");
+        RS_ASSERT(w->scale_inv && w->shape[0] <= INT32_MAX && w->shape[1] <= INT32_MAX);
+    } else if (w->dtype != RS_DTYPE_BF16 && w->dtype != RS_DTYPE_F16 && w->dtype != RS_DTYPE_F32) {
         RS_ERROR("cpu backend | matmul: weight dtype %s not supported", rs_dtype_name(w->dtype));
         RS_ASSERT(!"supported matmul weight dtype");
     }
+}
+
+/* ---- FP8 (W8A8) ---- */
+
+#define QUANT_PARALLEL_ELEMS (1 << 18) /* below this many activations (~50 us), quantize on one thread */
+
+typedef struct quant_job {
+    const float *x; /* [rows][k] f32 */
+    uint8_t *q;     /* [rows][k] e4m3 */
+    float *s;       /* [rows][kb] f32 */
+    int64_t k, kb;
+    rs_cpu_simd simd;
+} quant_job;
+
+static void quant_rows(void *arg, int64_t r0, int64_t r1, int tid) {
+    (void)tid;
+    const quant_job *j = arg;
+    rs_cpu_fp8_quantize_act(j->simd, j->x + r0 * j->k, r1 - r0, j->k, j->q + r0 * j->k, j->s + r0 * j->kb);
+}
+
+/* The FP8 GEMM's instruction set at the backend's SIMD level (every one gives the same bits). */
+static rs_fp8_gemm_isa fp8_isa(rs_cpu_simd s) {
+    switch (s) {
+    case RS_CPU_SIMD_AVX512:
+        return rs_fp8_gemm_isa_supported(RS_FP8_GEMM_ISA_AVX512_VNNI) ? RS_FP8_GEMM_ISA_AVX512_VNNI
+                                                                      : RS_FP8_GEMM_ISA_AVX512;
+    case RS_CPU_SIMD_AVX2: return RS_FP8_GEMM_ISA_AVX2;
+    default: return RS_FP8_GEMM_ISA_GENERIC;
+    }
+}
+
+static void add_bias(float *out /* [rows][n] */, const float *bias /* [n] */, int rows, int64_t n) {
+    for (int r = 0; r < rows; r++) {
+        float *o = out + (size_t)r * (size_t)n;
+        for (int64_t i = 0; i < n; i++) o[i] += bias[i];
+    }
+}
+
+static void matmul_fp8(rs_cpu_ctx *c, float *out, const float *x, const rs_tensor *w, const rs_tensor *bias,
+                       int rows) {
+    int64_t n = w->shape[0], k = w->shape[1], kb = rs_fp8_blocks(k);
+    size_t sbytes = ((size_t)rows * (size_t)kb * sizeof(float) + 63) & ~(size_t)63;
+    char *buf = rs_cpu_scratch(&c->fp8_act, sbytes + (size_t)rows * (size_t)k);
+    quant_job q = {.x = x, .q = (uint8_t *)buf + sbytes, .s = (float *)buf, .k = k, .kb = kb, .simd = c->simd};
+    if ((int64_t)rows * k >= QUANT_PARALLEL_ELEMS)
+        rs_pool_run(c->pool, rows, 1, quant_rows, &q);
+    else
+        quant_rows(&q, 0, rows, 0);
+    rs_pool *pool = n * k * rows < MIN_PARALLEL_MACS ? NULL : c->pool;
+    int rc = rs_fp8_gemm_with_isa(fp8_isa(c->simd), pool, out, q.q, q.s, w->data, w->scale_inv, rows, (int)n,
+                                  (int)k);
+    RS_ASSERT(rc == RS_OK);
+    const float *b = rs_cpu_param_f32(&c->param_buf[0], bias, n);
+    if (b) add_bias(out, b, rows, n);
 }
 
 void rs_cpu_matmul(rs_cpu_ctx *c, float *out, const float *x, const rs_tensor *w, const rs_tensor *bias,
@@ -133,6 +202,10 @@ void rs_cpu_matmul(rs_cpu_ctx *c, float *out, const float *x, const rs_tensor *w
     RS_ASSERT((const float *)out != x); /* tiles read x after writing earlier outputs */
     int64_t n = w->shape[0], k = w->shape[1];
     if (rows <= 0 || n <= 0) return;
+    if (w->dtype == RS_DTYPE_E4M3) {
+        matmul_fp8(c, out, x, w, bias, rows);
+        return;
+    }
     mm_job j = {
         .out = out,
         .x = x,
@@ -157,6 +230,19 @@ void rs_cpu_matmul(rs_cpu_ctx *c, float *out, const float *x, const rs_tensor *w
 void rs_cpu_matmul_ref(float *out, const float *x, const rs_tensor *w, const rs_tensor *bias, int rows) {
     check_weight(w);
     int64_t n = w->shape[0], k = w->shape[1];
+    if (w->dtype == RS_DTYPE_E4M3) {
+        int64_t kb = rs_fp8_blocks(k);
+        uint8_t *xq = rs_xmalloc((size_t)rows * (size_t)k + 1);
+        float *xs = rs_xmalloc(((size_t)rows * (size_t)kb + 1) * sizeof(float));
+        rs_fp8_quantize_act(x, rows, k, xq, xs);
+        rs_fp8_gemm_ref(out, xq, xs, w->data, w->scale_inv, rows, (int)n, (int)k);
+        if (rs_tensor_present(bias))
+            for (int t = 0; t < rows; t++)
+                for (int64_t i = 0; i < n; i++) out[t * n + i] += rs_cpu_elem(bias->data, bias->dtype, i);
+        free(xq);
+        free(xs);
+        return;
+    }
     for (int t = 0; t < rows; t++) {
         for (int64_t i = 0; i < n; i++) {
             float s = 0.0f;

@@ -15,7 +15,9 @@
  *
  * Rows are grouped per expert (a counting sort in row order), gathered into a contiguous block
  * and pushed through the shared matmul core, so an expert's weights are streamed once per step
- * however many rows picked it. Scratch lives in the context and only grows.
+ * however many rows picked it. E4M3 experts take the core's W8A8 path (each gathered row
+ * quantized per token, the same bits as quantizing it alone), while the router stays BF16/F32.
+ * Scratch lives in the context and only grows.
  */
 #include <math.h>
 #include <string.h>

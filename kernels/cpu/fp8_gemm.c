@@ -16,11 +16,16 @@
  *   - zero sums are +0 in every order: accumulators start at +0, and under round-to-nearest an
  *     exact cancellation or +0 + -0 gives +0; -0 + -0 cannot occur from a +0 start.
  *   - the only non-finite products come from the NaN codes (E4M3 has no inf); NaN block sums are
- *     replaced by the canonical NaN, since NaN sign and payload would depend on the order.
+ *     replaced by the canonical NaN, since NaN sign and payload would depend on the order, and so
+ *     are NaN outputs (see fp8_gemm.h: which NaN an fmaf returns is not ours to fix).
  * Rounding the exact block sum to fp32 is then one correctly rounded conversion, so the fast path
  * gets the same fp32 block sum as the reference whatever its lane layout or reduction tree, and
  * the rest (`xs * ws` in fp32, the fmaf chain over blocks in order, starting from +0) is the same
  * sequence of correctly rounded operations in both. Hence bit-identity, for any thread count.
+ *
+ * Fast paths. Where the CPU has AVX-512 BW/VL/DQ + VBMI + VNNI + GFNI (Ice Lake, Zen 4 and later),
+ * fp8_gemm_vnni.c does the products with exact 16-bit integer digits instead (several times
+ * faster); the paths below serve the other CPUs, and all of them give the same bits.
  *
  * Fast path layout. Work items are (tile of up to 16 rows, chunk of 64 output features); threads
  * take contiguous runs of items from core/pool. Within an item, for each K block: the row tile's
@@ -38,6 +43,7 @@
 
 #include "../../core/rs.h"
 #include "../fp8.h"
+#include "fp8_gemm_vnni.h"
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #define RS_FP8_GEMM_X86 1
@@ -55,6 +61,9 @@ static inline float block_sum_f32(double exact) {
     float f = (float)exact;
     return isnan(f) ? NAN : f;
 }
+
+/* An output as stored: NaN canonicalized (fp8_gemm.h). */
+static inline float canonical_nan(float v) { return isnan(v) ? NAN : v; }
 
 /* ---------------------------------------------------------------------------------------------
  * Reference
@@ -76,7 +85,7 @@ void rs_fp8_gemm_ref(float *out, const uint8_t *xq, const float *xs, const uint8
                     sum += (double)(rs_fp8_e4m3_f32[x[j]] * rs_fp8_e4m3_f32[w[j]]); /* exact fp32 product */
                 acc = fmaf(block_sum_f32(sum), xs[r * kb + b] * sw[b], acc);
             }
-            out[r * n + o] = acc;
+            out[r * n + o] = canonical_nan(acc);
         }
     }
 }
@@ -135,7 +144,8 @@ static inline __attribute__((always_inline)) void gemm_items(const gemm_job *jb,
                 for (int i = 0; i < nr; i++) {
                     float *dst = jb->out + (r0 + i) * n + o;
                     float acc = b == 0 ? 0.0f : *dst;
-                    *dst = fmaf(block_sum_f32(sums[i]), jb->xs[(r0 + i) * kb + b] * sw, acc);
+                    acc = fmaf(block_sum_f32(sums[i]), jb->xs[(r0 + i) * kb + b] * sw, acc);
+                    *dst = b == kb - 1 ? canonical_nan(acc) : acc;
                 }
             }
         }
@@ -332,6 +342,8 @@ int rs_fp8_gemm_isa_supported(rs_fp8_gemm_isa isa) {
     case RS_FP8_GEMM_ISA_AVX512:
         __builtin_cpu_init();
         return __builtin_cpu_supports("avx512f");
+    case RS_FP8_GEMM_ISA_AVX512_VNNI:
+        return rs_fp8_gemm_vnni_supported();
 #endif
     default:
         return 0;
@@ -339,7 +351,8 @@ int rs_fp8_gemm_isa_supported(rs_fp8_gemm_isa isa) {
 }
 
 rs_fp8_gemm_isa rs_fp8_gemm_detect_isa(void) {
-    static const rs_fp8_gemm_isa order[] = {RS_FP8_GEMM_ISA_AVX512, RS_FP8_GEMM_ISA_AVX2};
+    static const rs_fp8_gemm_isa order[] = {RS_FP8_GEMM_ISA_AVX512_VNNI, RS_FP8_GEMM_ISA_AVX512,
+                                            RS_FP8_GEMM_ISA_AVX2};
     for (size_t i = 0; i < RS_ARRAY_LEN(order); i++)
         if (rs_fp8_gemm_isa_supported(order[i])) return order[i];
     return RS_FP8_GEMM_ISA_GENERIC;
@@ -351,6 +364,7 @@ const char *rs_fp8_gemm_isa_name(rs_fp8_gemm_isa isa) {
     case RS_FP8_GEMM_ISA_GENERIC: return "generic";
     case RS_FP8_GEMM_ISA_AVX2: return "avx2";
     case RS_FP8_GEMM_ISA_AVX512: return "avx512";
+    case RS_FP8_GEMM_ISA_AVX512_VNNI: return "avx512vnni";
     }
     return "?";
 }
@@ -363,6 +377,10 @@ int rs_fp8_gemm_with_isa(rs_fp8_gemm_isa isa, rs_pool *pool, float *out, const u
     if (rows == 0 || n == 0) return RS_OK;
     if (k == 0) {
         memset(out, 0, (size_t)rows * (size_t)n * sizeof *out);
+        return RS_OK;
+    }
+    if (isa == RS_FP8_GEMM_ISA_AVX512_VNNI) {
+        rs_fp8_gemm_vnni(pool, out, xq, xs, wq, ws, rows, n, k);
         return RS_OK;
     }
     rs_pool_fn fn = gemm_items_generic;

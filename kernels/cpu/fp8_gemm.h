@@ -12,9 +12,12 @@
  * tolerance. This is the DESIGN.md "Numerics" contract; activations come from
  * rs_fp8_quantize_act, weights from rs_fp8_quantize_weight or a checkpoint (kernels/fp8.h).
  *
- * `out` must not overlap the inputs. A NaN block sum (only possible with NaN codes 0x7F / 0xFF in
- * the inputs) is replaced by the canonical +NaN, so that NaN outputs also agree bit-for-bit
- * between implementations. Scales are used as given (negative, inf and NaN included).
+ * `out` must not overlap the inputs. Scales are used as given (negative, inf and NaN included).
+ * A NaN block sum (only possible with NaN codes 0x7F / 0xFF in the inputs) is the canonical +NaN,
+ * and so is every NaN output, whatever made it (NaN codes, NaN scales, inf * 0): which of two NaN
+ * operands an fmaf or a product returns depends on the libm and on an operand order that the
+ * compiler may swap (it treats the factors as commutative), so only the canonical NaN agrees
+ * bit-for-bit between implementations. Whether an output is NaN does not depend on any of that.
  */
 #ifndef RS_FP8_GEMM_H
 #define RS_FP8_GEMM_H
@@ -28,6 +31,7 @@ typedef enum rs_fp8_gemm_isa {
     RS_FP8_GEMM_ISA_GENERIC,  /* portable C, any CPU */
     RS_FP8_GEMM_ISA_AVX2,     /* AVX2 + FMA */
     RS_FP8_GEMM_ISA_AVX512,   /* AVX-512F */
+    RS_FP8_GEMM_ISA_AVX512_VNNI, /* AVX-512 BW/VL/DQ + VBMI + VNNI + GFNI: exact integer digit products */
 } rs_fp8_gemm_isa;
 
 /* The scalar reference, single-threaded: the definition of the result. K blocks are

@@ -1,0 +1,548 @@
+/*
+ * fp8_gemm_vnni.c — the block-scaled E4M3 GEMM of fp8_gemm.h on AVX-512 integer dot products
+ * (VNNI), bit-identical to rs_fp8_gemm_ref.
+ *
+ * Why integers, and why it is exact. Every E4M3 value is V * 2^-9 with V = ±M * 2^(max(e,1)-1) an
+ * integer, M = m (e = 0) or 8 + m, |V| <= 448 * 512 = 14 * 2^14. Split V by the top exponent bit e3
+ * into two exclusive 16-bit digits, V = L + 128 H: L = V when e3 = 0 (|L| <= 15 * 2^6 = 960), H =
+ * V / 128 when e3 = 1 (exact, V is then a multiple of 2^7; |H| <= 14 * 2^7 = 1792). A block sum is
+ *
+ *   sum_j x_j w_j = 2^-18 (S_LL + 128 S_X + 16384 S_HH),
+ *   S_LL = sum Lx Lw,  S_X = sum (Lx Hw + Hx Lw),  S_HH = sum Hx Hw.
+ *
+ * For each j at most one of the four digit products is nonzero, so over a 128-block |S_LL| <=
+ * 128 * 960^2 < 2^27, |S_X| <= 128 * 960 * 1792 < 2^28 and |S_HH| <= 128 * 1792^2 < 2^29; so is
+ * every partial sum, in any order. vpdpwssd (pairs of s16 x s16 products added into int32, no
+ * saturation) therefore computes the three sums exactly, the combination is exact in double
+ * (< 2^43 * 2^-18), and its one rounding to fp32 is the reference's fp32 block sum. A NaN code
+ * anywhere in the block's x or w makes the block sum the canonical NaN, as in the reference (E4M3
+ * has no inf, so nothing else can give NaN). What follows is the reference's own sequence: the
+ * fp32 product of the two scales, then fmaf over the blocks in order from +0, and NaN outputs
+ * made the canonical NaN. Hence bit-identity, for any tiling and thread count.
+ *
+ * Digit lookup (decode64): gf2p8affineqb moves the sign to bit 6 and e3 to bit 7 and complements
+ * (so that NaN, S.1111.111, becomes a zero test); vpermi2b looks the low and high bytes of L and H
+ * up in 128-entry tables indexed by the low 7 bits (sign and the 6 other exponent/mantissa bits),
+ * zero-masked by e3; byte unpacks make the words. Unpacks interleave within 128-bit lanes, so the
+ * words come out in a fixed permuted order of k (always adjacent pairs 2i, 2i+1 in one dword);
+ * activations go through the same routine, so the pairs of both sides line up.
+ *
+ * Two layouts of the products:
+ *   - few rows (tiles of <= 4 rows): lanes = k. One decode per 64 weight codes (11 instructions),
+ *     then 8 vpdpwssd per row; at the end of a block the 3 accumulators of each (row, output) are
+ *     summed across lanes by a transpose tree (a quarter of the time at batch 1). Weight rows are
+ *     read 1 KB at a time (a super-block of 8 K blocks), four side by side, two groups prefetched
+ *     ahead. Batch 1 runs at ~20 G weights/s on one Zen 5 core: compute-bound on one core (~0.75x
+ *     the time of the BF16 matmul, which streams twice the bytes), memory-bound with two or more.
+ *   - many rows (tiles of 12..16 rows): lanes = rows. The tile's activation digits are transposed
+ *     so that one zmm holds one k-pair of 16 rows; the weight digits of 4 outputs are decoded once
+ *     per block into L1 and broadcast, 4 vpdpwssd per k-pair, output and tile, no horizontal sums.
+ *     That is 8 multiply-adds per instruction where the BF16 path's fp32 FMA does 16, so at large
+ *     batch FP8 takes ~2x the BF16 time: the price of an exact sum (fp32 FMAs would round).
+ * Work items are (chunk of 64 outputs, row tile), the tile varying fastest so that a chunk's
+ * weights stay in L2 across the tiles; threads take contiguous runs of items. Nothing is
+ * allocated: the scratch (under 25 KB) is on the stack.
+ */
+#include "fp8_gemm_vnni.h"
+
+#include <math.h>
+#include <string.h>
+
+#include "../../core/rs.h"
+#include "../fp8.h"
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <immintrin.h>
+
+#define RS_TARGET_VNNI \
+    __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vbmi,avx512vnni,gfni,fma")))
+#define INLINE static inline __attribute__((always_inline))
+
+#define BLK     RS_FP8_BLOCK
+#define CHUNK   64 /* output features per work item */
+#define R1_ROWS 4  /* rows of a lanes = k tile */
+#define R2_ROWS 16 /* rows of a lanes = rows tile: one zmm of int32 */
+#define R2_MIN  12 /* a remainder of at least this many rows still takes a lanes = rows tile */
+#define SB      8  /* K blocks per lanes = k super-block */
+#define R1_PREFETCH 2 /* lanes = k: prefetch the weight rows this many output groups ahead */
+#define R2_NO   4  /* outputs decoded and accumulated together in a lanes = rows tile */
+
+/* gf2p8affineqb matrix: output bit i = parity(code & byte[7 - i]); swaps bits 6 and 7. */
+#define SWAP67 0x0102040810208040ull
+
+/* ---- digit tables, indexed by t = ~swap67(code) & 0x7f (so u = t ^ 0x7f = sign << 6 | e2..e0 m) ---- */
+#define VD_U(t)   ((t) ^ 0x7f)
+#define VD_SG(t)  ((VD_U(t) & 0x40) ? -1 : 1)
+#define VD_E(t)   ((VD_U(t) >> 3) & 7)
+#define VD_M(t)   (VD_U(t) & 7)
+#define VD_L(t)   (VD_SG(t) * (VD_E(t) ? (8 + VD_M(t)) << (VD_E(t) ? VD_E(t) - 1 : 0) : VD_M(t)))
+#define VD_H(t)   (VD_E(t) == 7 && VD_M(t) == 7 ? 0 : VD_SG(t) * ((8 + VD_M(t)) << VD_E(t))) /* NaN: 0 */
+#define VD_LB0(t) ((uint8_t)((uint16_t)VD_L(t) & 0xff))
+#define VD_LB1(t) ((uint8_t)((uint16_t)VD_L(t) >> 8))
+#define VD_HB0(t) ((uint8_t)((uint16_t)VD_H(t) & 0xff))
+#define VD_HB1(t) ((uint8_t)((uint16_t)VD_H(t) >> 8))
+#define V4(F, b)   F(b), F((b) + 1), F((b) + 2), F((b) + 3)
+#define V16(F, b)  V4(F, b), V4(F, (b) + 4), V4(F, (b) + 8), V4(F, (b) + 12)
+#define V64(F, b)  V16(F, b), V16(F, (b) + 16), V16(F, (b) + 32), V16(F, (b) + 48)
+#define V128(F)    V64(F, 0), V64(F, 64)
+
+static const _Alignas(64) uint8_t digit_tab[4][128] = {
+    {V128(VD_LB0)}, /* L, low byte */
+    {V128(VD_LB1)}, /* L, high byte */
+    {V128(VD_HB0)}, /* H, low byte */
+    {V128(VD_HB1)}, /* H, high byte */
+};
+
+typedef struct vlut {
+    __m512i t[8]; /* digit_tab as 64-byte halves */
+} vlut;
+
+RS_TARGET_VNNI INLINE void lut_load(vlut *l) {
+#pragma GCC unroll 16
+    for (int i = 0; i < 8; i++) l->t[i] = _mm512_load_si512(&digit_tab[i / 2][64 * (i % 2)]);
+}
+
+/* 64 codes -> d[0..3] = L words (from unpacklo, unpackhi), H words (same); NaN codes set *nan bits. */
+RS_TARGET_VNNI INLINE void decode64(__m512i codes, const vlut *l, __m512i d[4], __mmask64 *nan) {
+    const __m512i idx = _mm512_gf2p8affine_epi64_epi8(codes, _mm512_set1_epi64((long long)SWAP67), 0xff);
+    const __mmask64 lo = _mm512_movepi8_mask(idx); /* bit 7 = !e3 */
+    *nan = _kor_mask64(*nan, _mm512_testn_epi8_mask(idx, _mm512_set1_epi8((char)0xbf)));
+    const __m512i l0 = _mm512_maskz_permutex2var_epi8(lo, l->t[0], idx, l->t[1]);
+    const __m512i l1 = _mm512_maskz_permutex2var_epi8(lo, l->t[2], idx, l->t[3]);
+    const __m512i h0 = _mm512_maskz_permutex2var_epi8(_knot_mask64(lo), l->t[4], idx, l->t[5]);
+    const __m512i h1 = _mm512_maskz_permutex2var_epi8(_knot_mask64(lo), l->t[6], idx, l->t[7]);
+    d[0] = _mm512_unpacklo_epi8(l0, l1);
+    d[1] = _mm512_unpackhi_epi8(l0, l1);
+    d[2] = _mm512_unpacklo_epi8(h0, h1);
+    d[3] = _mm512_unpackhi_epi8(h0, h1);
+}
+
+/* One k-pair p of a lanes = rows tile for one output: with wl, wh the output's L and H word pairs
+ * broadcast to all lanes and xl, xh the rows' L and H pairs, ll += xl.wl, xa += xh.wl, xb += xl.wh,
+ * hh += xh.wh (vpdpwssd). Inline asm because GCC 12 allocates registers badly for this loop: it
+ * copies each of the 16 loop-carried accumulators every iteration and does not share broadcasts. */
+RS_TARGET_VNNI INLINE void dp_pair(__m512i *ll, __m512i *xa, __m512i *xb, __m512i *hh, __m512i xl, __m512i xh,
+                                   const int32_t *wl, const int32_t *wh) {
+    __m512i bl, bh;
+    __asm__("vpbroadcastd %[wl], %[bl]\n\t"
+            "vpbroadcastd %[wh], %[bh]\n\t"
+            "vpdpwssd %[bl], %[xl], %[ll]\n\t"
+            "vpdpwssd %[bl], %[xh], %[xa]\n\t"
+            "vpdpwssd %[bh], %[xl], %[xb]\n\t"
+            "vpdpwssd %[bh], %[xh], %[hh]"
+            : [ll] "+v"(*ll), [xa] "+v"(*xa), [xb] "+v"(*xb), [hh] "+v"(*hh), [bl] "=&v"(bl), [bh] "=&v"(bh)
+            : [xl] "v"(xl), [xh] "v"(xh), [wl] "m"(*wl), [wh] "m"(*wh));
+}
+
+/* The first n of 64 bytes (n may be <= 0 or >= 64). */
+static inline __mmask64 tail_mask(int64_t n) {
+    return n >= 64 ? ~(__mmask64)0 : n <= 0 ? 0 : (((__mmask64)1 << n) - 1);
+}
+
+/* NaN lanes replaced by the canonical NaN (fp8_gemm.h). */
+RS_TARGET_VNNI INLINE __m512 canonical_nan16(__m512 v) {
+    return _mm512_mask_mov_ps(v, _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q), _mm512_set1_ps(NAN));
+}
+
+RS_TARGET_VNNI INLINE __m128 canonical_nan4(__m128 v) {
+    return _mm_mask_mov_ps(v, _mm_cmp_ps_mask(v, v, _CMP_UNORD_Q), _mm_set1_ps(NAN));
+}
+
+/* The exact block sums 2^-18 (ll + 128 x + 16384 hh), rounded once to fp32 (int32 lanes in, all
+ * values < 2^29 in magnitude, so the double arithmetic is exact). */
+RS_TARGET_VNNI INLINE __m256 combine8(__m256i ll, __m256i x, __m256i hh) {
+    __m512d t = _mm512_fmadd_pd(_mm512_cvtepi32_pd(x), _mm512_set1_pd(128.0), _mm512_cvtepi32_pd(ll));
+    t = _mm512_fmadd_pd(_mm512_cvtepi32_pd(hh), _mm512_set1_pd(16384.0), t);
+    return _mm512_cvtpd_ps(_mm512_mul_pd(t, _mm512_set1_pd(0x1p-18)));
+}
+
+typedef struct vjob {
+    float *out;        /* [rows][n] f32 */
+    const uint8_t *xq; /* [rows][k] e4m3 */
+    const float *xs;   /* [rows][kb] f32 */
+    const uint8_t *wq; /* [n][k] e4m3 */
+    const float *ws;   /* [ceil(n/128)][kb] f32 */
+    int rows, n, k;
+    int64_t kb, n_chunks;
+    int n_r2;     /* lanes = rows tiles: rows [16 t, min(16 t + 16, rows)) */
+    int r1_start; /* lanes = k tiles of 4 rows from here */
+    int n_tiles;
+} vjob;
+
+/* ---------------------------------------------------------------------------------------------
+ * Few rows: lanes = k
+ * ------------------------------------------------------------------------------------------- */
+
+/* The tile's activation digits for one super-block. */
+typedef struct r1_x {
+    _Alignas(64) int16_t d[R1_ROWS][SB][2][4][32]; /* [row][block][half][L_a, L_b, H_a, H_b] */
+    float s[R1_ROWS][SB];                           /* x scales */
+    uint8_t nan[R1_ROWS][SB];                       /* a NaN code in the row's block */
+    uint8_t nan_any[SB];                            /* ... in any row's */
+} r1_x;
+
+RS_TARGET_VNNI static void r1_prep(r1_x *px, const vjob *jb, const vlut *l, int r0, int nr, int64_t b0,
+                                   int nb) {
+    memset(px->nan_any, 0, sizeof px->nan_any);
+    for (int r = 0; r < nr; r++) {
+        const uint8_t *x = jb->xq + (int64_t)(r0 + r) * jb->k;
+        for (int bi = 0; bi < nb; bi++) {
+            int64_t j0 = (b0 + bi) * BLK;
+            __mmask64 nan = 0;
+#pragma GCC unroll 16
+            for (int h = 0; h < 2; h++) {
+                __m512i d[4];
+                decode64(_mm512_maskz_loadu_epi8(tail_mask(jb->k - j0 - 64 * h), x + j0 + 64 * h), l, d, &nan);
+#pragma GCC unroll 16
+                for (int i = 0; i < 4; i++) _mm512_store_si512(px->d[r][bi][h][i], d[i]);
+            }
+            px->nan[r][bi] = nan != 0;
+            px->nan_any[bi] |= nan != 0;
+            px->s[r][bi] = jb->xs[(int64_t)(r0 + r) * jb->kb + b0 + bi];
+        }
+    }
+}
+
+/* Sums the lanes of v[0..11] (3 groups of 4 accumulators): lane i of the result = sum of v[i]. */
+RS_TARGET_VNNI INLINE __m512i reduce12(const __m512i v[12]) {
+    __m512i r1[6], r2[3];
+#pragma GCC unroll 16
+    for (int i = 0; i < 6; i++)
+        r1[i] = _mm512_add_epi32(_mm512_unpacklo_epi32(v[2 * i], v[2 * i + 1]),
+                                 _mm512_unpackhi_epi32(v[2 * i], v[2 * i + 1]));
+#pragma GCC unroll 16
+    for (int i = 0; i < 3; i++) /* per 128-bit lane: the partial sums of v[4i..4i+3] */
+        r2[i] = _mm512_add_epi32(_mm512_unpacklo_epi64(r1[2 * i], r1[2 * i + 1]),
+                                 _mm512_unpackhi_epi64(r1[2 * i], r1[2 * i + 1]));
+    __m512i a = _mm512_add_epi32(_mm512_shuffle_i32x4(r2[0], r2[1], 0x88), _mm512_shuffle_i32x4(r2[0], r2[1], 0xdd));
+    __m512i b = _mm512_add_epi32(_mm512_shuffle_i32x4(r2[2], r2[2], 0x88), _mm512_shuffle_i32x4(r2[2], r2[2], 0xdd));
+    return _mm512_add_epi32(_mm512_shuffle_i32x4(a, b, 0x88), _mm512_shuffle_i32x4(a, b, 0xdd));
+}
+
+/* NR rows x NQ outputs (NR * NQ <= 4, outputs o.. in one 128-row weight block) over the
+ * super-block's blocks [b0, b0 + nb); the fmaf accumulators live in out between super-blocks. */
+RS_TARGET_VNNI INLINE void r1_group(const vjob *jb, const vlut *l, const r1_x *px, const int NR, const int NQ,
+                                    int r0, int64_t o, int64_t b0, int nb) {
+    const int64_t k = jb->k, kb = jb->kb, n = jb->n;
+    const uint8_t *w[4];
+#pragma GCC unroll 16
+    for (int q = 0; q < NQ; q++) w[q] = jb->wq + (o + q) * k;
+    float a4[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    if (b0 > 0)
+        for (int r = 0; r < NR; r++)
+            for (int q = 0; q < NQ; q++) a4[r * NQ + q] = jb->out[(r0 + r) * n + o + q];
+    __m128 acc = _mm_loadu_ps(a4);
+    const float *wsb = jb->ws + (o / BLK) * kb;
+    for (int bi = 0; bi < nb; bi++) {
+        const int64_t b = b0 + bi, j0 = b * BLK, kw = RS_MIN((int64_t)BLK, k - j0);
+        __m512i ll[4], xa[4], hh[4]; /* per (row, output): S_LL, S_X, S_HH lane-wise */
+        __mmask64 wnan[4];
+#pragma GCC unroll 16
+        for (int i = 0; i < 4; i++) ll[i] = xa[i] = hh[i] = _mm512_setzero_si512();
+#pragma GCC unroll 16
+        for (int q = 0; q < 4; q++) wnan[q] = 0;
+#pragma GCC unroll 16
+        for (int h = 0; h < 2; h++) {
+            if (kw <= 64 * h) break;
+            const __mmask64 m = tail_mask(kw - 64 * h);
+#pragma GCC unroll 16
+            for (int q = 0; q < NQ; q++) {
+                __m512i d[4];
+                const uint8_t *src = w[q] + j0 + 64 * h;
+                _mm_prefetch((const char *)(src + R1_PREFETCH * NQ * k), _MM_HINT_T0);
+                decode64(kw == BLK ? _mm512_loadu_si512(src) : _mm512_maskz_loadu_epi8(m, src), l, d, &wnan[q]);
+#pragma GCC unroll 16
+                for (int r = 0; r < NR; r++) {
+                    const int16_t(*x)[32] = px->d[r][bi][h];
+                    const int i = r * NQ + q;
+                    const __m512i xla = _mm512_load_si512(x[0]), xlb = _mm512_load_si512(x[1]);
+                    const __m512i xha = _mm512_load_si512(x[2]), xhb = _mm512_load_si512(x[3]);
+                    ll[i] = _mm512_dpwssd_epi32(ll[i], d[0], xla);
+                    xa[i] = _mm512_dpwssd_epi32(xa[i], d[0], xha);
+                    xa[i] = _mm512_dpwssd_epi32(xa[i], d[2], xla);
+                    hh[i] = _mm512_dpwssd_epi32(hh[i], d[2], xha);
+                    ll[i] = _mm512_dpwssd_epi32(ll[i], d[1], xlb);
+                    xa[i] = _mm512_dpwssd_epi32(xa[i], d[1], xhb);
+                    xa[i] = _mm512_dpwssd_epi32(xa[i], d[3], xlb);
+                    hh[i] = _mm512_dpwssd_epi32(hh[i], d[3], xhb);
+                }
+            }
+        }
+        __m512i v[12];
+#pragma GCC unroll 16
+        for (int i = 0; i < 4; i++) {
+            v[i] = ll[i];
+            v[4 + i] = xa[i];
+            v[8 + i] = hh[i];
+        }
+        const __m512i s = reduce12(v); /* lanes 0-3 S_LL, 4-7 S_X, 8-11 S_HH of the 4 (row, output) */
+        __m256i s8 = _mm512_castsi512_si256(s);
+        __m128 bs = _mm256_castps256_ps128(combine8(_mm256_zextsi128_si256(_mm256_castsi256_si128(s8)),
+                                                    _mm256_zextsi128_si256(_mm256_extracti128_si256(s8, 1)),
+                                                    _mm256_zextsi128_si256(_mm512_extracti32x4_epi32(s, 2))));
+        /* the scale products xs * ws, lane-wise as the reference computes them */
+        const __m128 sx = NR == 1 ? _mm_set1_ps(px->s[0][bi] * wsb[b])
+                                  : _mm_mul_ps(_mm_setr_ps(px->s[0][bi], px->s[RS_MIN(1 / NQ, NR - 1)][bi],
+                                                           px->s[RS_MIN(2 / NQ, NR - 1)][bi],
+                                                           px->s[RS_MIN(3 / NQ, NR - 1)][bi]),
+                                               _mm_set1_ps(wsb[b]));
+        __mmask64 wany = 0;
+#pragma GCC unroll 16
+        for (int q = 0; q < NQ; q++) wany = _kor_mask64(wany, wnan[q]);
+        if (__builtin_expect(wany != 0 || px->nan_any[bi], 0)) { /* NaN codes: rare */
+            __mmask8 nan = 0;
+            for (int r = 0; r < NR; r++)
+                for (int q = 0; q < NQ; q++)
+                    if (px->nan[r][bi] || wnan[q]) nan |= (__mmask8)(1u << (r * NQ + q));
+            bs = _mm_mask_mov_ps(bs, nan, _mm_set1_ps(NAN));
+        }
+        acc = _mm_fmadd_ps(bs, sx, acc);
+    }
+    _mm_storeu_ps(a4, canonical_nan4(acc)); /* NaN stays NaN through later super-blocks */
+    for (int r = 0; r < NR; r++)
+        for (int q = 0; q < NQ; q++) jb->out[(r0 + r) * n + o + q] = a4[r * NQ + q];
+}
+
+#define R1_GROUP(NR, NQ)                                                                                  \
+    RS_TARGET_VNNI static void r1_group_##NR##x##NQ(const vjob *jb, const vlut *l, const r1_x *px, int r0, \
+                                                   int64_t o, int64_t b0, int nb) {                        \
+        r1_group(jb, l, px, NR, NQ, r0, o, b0, nb);                                                       \
+    }
+R1_GROUP(1, 4)
+R1_GROUP(1, 1)
+R1_GROUP(2, 2)
+R1_GROUP(2, 1)
+R1_GROUP(3, 1)
+R1_GROUP(4, 1)
+
+RS_TARGET_VNNI static void r1_item(const vjob *jb, const vlut *l, int r0, int nr, int64_t o0, int64_t o1) {
+    r1_x px;
+    const int nq = nr == 1 ? 4 : nr == 2 ? 2 : 1;
+    for (int64_t b0 = 0; b0 < jb->kb; b0 += SB) {
+        const int nb = (int)RS_MIN((int64_t)SB, jb->kb - b0);
+        r1_prep(&px, jb, l, r0, nr, b0, nb);
+        int64_t o = o0;
+        for (; o + nq <= o1; o += nq) {
+            switch (nr) {
+            case 1: r1_group_1x4(jb, l, &px, r0, o, b0, nb); break;
+            case 2: r1_group_2x2(jb, l, &px, r0, o, b0, nb); break;
+            case 3: r1_group_3x1(jb, l, &px, r0, o, b0, nb); break;
+            default: r1_group_4x1(jb, l, &px, r0, o, b0, nb); break;
+            }
+        }
+        for (; o < o1; o++) {
+            switch (nr) {
+            case 1: r1_group_1x1(jb, l, &px, r0, o, b0, nb); break;
+            case 2: r1_group_2x1(jb, l, &px, r0, o, b0, nb); break;
+            case 3: r1_group_3x1(jb, l, &px, r0, o, b0, nb); break;
+            default: r1_group_4x1(jb, l, &px, r0, o, b0, nb); break;
+            }
+        }
+    }
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Many rows: lanes = rows
+ * ------------------------------------------------------------------------------------------- */
+
+/* Transposes a 16 x 16 matrix of dwords held as 16 row vectors, in place. */
+RS_TARGET_VNNI INLINE void transpose16(__m512i r[16]) {
+    __m512i t[16], u[16];
+#pragma GCC unroll 16
+    for (int i = 0; i < 8; i++) {
+        t[2 * i] = _mm512_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
+        t[2 * i + 1] = _mm512_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
+    }
+#pragma GCC unroll 16
+    for (int i = 0; i < 4; i++) { /* u[4i + c], 128-bit lane L: column 4L + c of rows 4i..4i+3 */
+        u[4 * i + 0] = _mm512_unpacklo_epi64(t[4 * i], t[4 * i + 2]);
+        u[4 * i + 1] = _mm512_unpackhi_epi64(t[4 * i], t[4 * i + 2]);
+        u[4 * i + 2] = _mm512_unpacklo_epi64(t[4 * i + 1], t[4 * i + 3]);
+        u[4 * i + 3] = _mm512_unpackhi_epi64(t[4 * i + 1], t[4 * i + 3]);
+    }
+#pragma GCC unroll 16
+    for (int c = 0; c < 4; c++) {
+        __m512i s0 = _mm512_shuffle_i32x4(u[c], u[4 + c], 0x44), s1 = _mm512_shuffle_i32x4(u[c], u[4 + c], 0xee);
+        __m512i s2 = _mm512_shuffle_i32x4(u[8 + c], u[12 + c], 0x44);
+        __m512i s3 = _mm512_shuffle_i32x4(u[8 + c], u[12 + c], 0xee);
+        r[c] = _mm512_shuffle_i32x4(s0, s2, 0x88);
+        r[4 + c] = _mm512_shuffle_i32x4(s0, s2, 0xdd);
+        r[8 + c] = _mm512_shuffle_i32x4(s1, s3, 0x88);
+        r[12 + c] = _mm512_shuffle_i32x4(s1, s3, 0xdd);
+    }
+}
+
+/* A row tile's state for one item: the block's transposed activation digits, the running fmaf
+ * accumulators of the chunk, and one group's decoded weight digits. Pair p of a block is dword
+ * p % 16 of word vector p / 16 in the order (L_a, L_b) of codes 0-63, then of codes 64-127 — the
+ * same for x (per row) and w. */
+typedef struct r2_state {
+    _Alignas(64) int32_t xt[2][64][R2_ROWS];  /* [L/H][pair][row] */
+    _Alignas(64) int32_t rowv[2][4][R2_ROWS][16]; /* [L/H][word vector][row][dword]: before transposing */
+    _Alignas(64) int32_t wd[R2_NO][2][64];     /* [output][L/H][pair] */
+    _Alignas(64) float acc[CHUNK][R2_ROWS];    /* [output - o0][row] */
+    _Alignas(64) float s[R2_ROWS];             /* x scales of the block */
+    _Alignas(64) int32_t sums[R2_NO][3][R2_ROWS]; /* [output][S_LL, S_X, S_HH][row] */
+} r2_state;
+
+RS_TARGET_VNNI static void r2_prep(r2_state *st, __mmask16 *xnan, const vjob *jb, const vlut *l, int r0, int nr,
+                                   int64_t b) {
+    const int64_t j0 = b * BLK;
+    *xnan = 0;
+    for (int r = 0; r < R2_ROWS; r++) {
+        const uint8_t *x = jb->xq + (int64_t)(r0 + RS_MIN(r, nr - 1)) * jb->k + j0;
+        __mmask64 nan = 0;
+#pragma GCC unroll 16
+        for (int h = 0; h < 2; h++) {
+            __m512i d[4];
+            const __mmask64 m = r < nr ? tail_mask(jb->k - j0 - 64 * h) : 0; /* padding rows: zeros */
+            decode64(_mm512_maskz_loadu_epi8(m, x + 64 * h), l, d, &nan);
+            _mm512_store_si512(st->rowv[0][2 * h][r], d[0]);
+            _mm512_store_si512(st->rowv[0][2 * h + 1][r], d[1]);
+            _mm512_store_si512(st->rowv[1][2 * h][r], d[2]);
+            _mm512_store_si512(st->rowv[1][2 * h + 1][r], d[3]);
+        }
+        if (nan) *xnan |= (__mmask16)(1u << r);
+        st->s[r] = r < nr ? jb->xs[(int64_t)(r0 + r) * jb->kb + b] : 0.0f;
+    }
+    for (int dg = 0; dg < 2; dg++)
+        for (int g = 0; g < 4; g++) {
+            __m512i v[16];
+#pragma GCC unroll 16
+            for (int r = 0; r < 16; r++) v[r] = _mm512_load_si512(st->rowv[dg][g][r]);
+            transpose16(v);
+#pragma GCC unroll 16
+            for (int j = 0; j < 16; j++) _mm512_store_si512(st->xt[dg][16 * g + j], v[j]);
+        }
+}
+
+/* R2_NO outputs o.. (the last ones repeated past o1, not stored) over block b. */
+RS_TARGET_VNNI static void r2_group(r2_state *st, __mmask16 xnan, const vjob *jb, const vlut *l, int64_t o0,
+                                    int64_t o, int64_t o1, int64_t b) {
+    const int64_t k = jb->k, j0 = b * BLK, kw = RS_MIN((int64_t)BLK, k - j0);
+    const int np = kw > 64 ? 64 : 32; /* pairs past the codes are zero */
+    __mmask64 wnan[R2_NO];
+#pragma GCC unroll 16
+    for (int q = 0; q < R2_NO; q++) {
+        const uint8_t *w = jb->wq + RS_MIN(o + q, o1 - 1) * k + j0;
+        wnan[q] = 0;
+        _mm_prefetch((const char *)(w + BLK), _MM_HINT_T0); /* the next block: needed a chunk later */
+        _mm_prefetch((const char *)(w + BLK + 64), _MM_HINT_T0);
+#pragma GCC unroll 16
+        for (int h = 0; h < 2; h++) {
+            __m512i d[4];
+            decode64(_mm512_maskz_loadu_epi8(tail_mask(kw - 64 * h), w + 64 * h), l, d, &wnan[q]);
+            _mm512_store_si512(&st->wd[q][0][32 * h], d[0]);
+            _mm512_store_si512(&st->wd[q][0][32 * h + 16], d[1]);
+            _mm512_store_si512(&st->wd[q][1][32 * h], d[2]);
+            _mm512_store_si512(&st->wd[q][1][32 * h + 16], d[3]);
+        }
+    }
+    __m512i ll[R2_NO], xa[R2_NO], xb[R2_NO], hh[R2_NO];
+#pragma GCC unroll 16
+    for (int q = 0; q < R2_NO; q++) ll[q] = xa[q] = xb[q] = hh[q] = _mm512_setzero_si512();
+    for (int p = 0; p < np; p++) {
+        const __m512i xl = _mm512_load_si512(st->xt[0][p]), xh = _mm512_load_si512(st->xt[1][p]);
+#pragma GCC unroll 16
+        for (int q = 0; q < R2_NO; q++) {
+            dp_pair(&ll[q], &xa[q], &xb[q], &hh[q], xl, xh, &st->wd[q][0][p], &st->wd[q][1][p]);
+        }
+    }
+#pragma GCC unroll 16
+    for (int q = 0; q < R2_NO; q++) {
+        _mm512_store_si512(st->sums[q][0], ll[q]);
+        _mm512_store_si512(st->sums[q][1], _mm512_add_epi32(xa[q], xb[q]));
+        _mm512_store_si512(st->sums[q][2], hh[q]);
+    }
+    const __m512 sx = _mm512_load_ps(st->s);
+    const float wsb = jb->ws[(o / BLK) * jb->kb + b];
+#pragma GCC unroll 16
+    for (int q = 0; q < R2_NO; q++) {
+        if (o + q >= o1) break;
+        const __m256 lo = combine8(_mm256_load_si256((const __m256i *)st->sums[q][0]),
+                                   _mm256_load_si256((const __m256i *)st->sums[q][1]),
+                                   _mm256_load_si256((const __m256i *)st->sums[q][2]));
+        const __m256 hi = combine8(_mm256_load_si256((const __m256i *)(st->sums[q][0] + 8)),
+                                   _mm256_load_si256((const __m256i *)(st->sums[q][1] + 8)),
+                                   _mm256_load_si256((const __m256i *)(st->sums[q][2] + 8)));
+        __m512 bs = _mm512_insertf32x8(_mm512_castps256_ps512(lo), hi, 1);
+        bs = _mm512_mask_mov_ps(bs, wnan[q] ? (__mmask16)0xffff : xnan, _mm512_set1_ps(NAN));
+        float *a = st->acc[o + q - o0];
+        const __m512 prev = b == 0 ? _mm512_setzero_ps() : _mm512_load_ps(a);
+        _mm512_store_ps(a, _mm512_fmadd_ps(bs, _mm512_mul_ps(sx, _mm512_set1_ps(wsb)), prev));
+    }
+}
+
+RS_TARGET_VNNI static void r2_item(const vjob *jb, const vlut *l, int r0, int nr, int64_t o0, int64_t o1) {
+    r2_state st;
+    for (int64_t b = 0; b < jb->kb; b++) {
+        __mmask16 xnan;
+        r2_prep(&st, &xnan, jb, l, r0, nr, b);
+        for (int64_t o = o0; o < o1; o += R2_NO) r2_group(&st, xnan, jb, l, o0, o, o1, b);
+    }
+    for (int64_t o = o0; o < o1; o++) {
+        float a[R2_ROWS];
+        _mm512_storeu_ps(a, canonical_nan16(_mm512_load_ps(st.acc[o - o0])));
+        for (int r = 0; r < nr; r++) jb->out[(int64_t)(r0 + r) * jb->n + o] = a[r];
+    }
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Driver
+ * ------------------------------------------------------------------------------------------- */
+
+/* Items [it0, it1); item = chunk * n_tiles + tile. */
+RS_TARGET_VNNI static void vnni_items(void *ctx, int64_t it0, int64_t it1, int tid) {
+    (void)tid;
+    const vjob *jb = ctx;
+    vlut l;
+    lut_load(&l);
+    for (int64_t it = it0; it < it1; it++) {
+        const int64_t o0 = (it / jb->n_tiles) * CHUNK, o1 = RS_MIN(o0 + CHUNK, (int64_t)jb->n);
+        const int t = (int)(it % jb->n_tiles);
+        if (t < jb->n_r2) {
+            const int r0 = t * R2_ROWS;
+            r2_item(jb, &l, r0, RS_MIN(R2_ROWS, jb->rows - r0), o0, o1);
+        } else {
+            const int r0 = jb->r1_start + (t - jb->n_r2) * R1_ROWS;
+            r1_item(jb, &l, r0, RS_MIN(R1_ROWS, jb->rows - r0), o0, o1);
+        }
+    }
+}
+
+int rs_fp8_gemm_vnni_supported(void) {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+           __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
+           __builtin_cpu_supports("avx512vbmi") && __builtin_cpu_supports("avx512vnni") &&
+           __builtin_cpu_supports("gfni") && __builtin_cpu_supports("fma");
+}
+
+void rs_fp8_gemm_vnni(rs_pool *pool, float *out, const uint8_t *xq, const float *xs, const uint8_t *wq,
+                      const float *ws, int rows, int n, int k) {
+    RS_ASSERT(rows > 0 && n > 0 && k > 0);
+    vjob jb = {
+        .out = out, .xq = xq, .xs = xs, .wq = wq, .ws = ws, .rows = rows, .n = n, .k = k,
+        .kb = rs_fp8_blocks(k), .n_chunks = ((int64_t)n + CHUNK - 1) / CHUNK,
+    };
+    jb.n_r2 = rows / R2_ROWS + (rows % R2_ROWS >= R2_MIN ? 1 : 0);
+    jb.r1_start = RS_MIN(rows, jb.n_r2 * R2_ROWS);
+    jb.n_tiles = jb.n_r2 + (rows - jb.r1_start + R1_ROWS - 1) / R1_ROWS;
+    const int64_t items = jb.n_chunks * jb.n_tiles;
+    if (pool)
+        rs_pool_run(pool, items, jb.n_tiles, vnni_items, &jb);
+    else
+        vnni_items(&jb, 0, items, 0);
+}
+
+#else /* not x86-64 */
+
+int rs_fp8_gemm_vnni_supported(void) { return 0; }
+
+void rs_fp8_gemm_vnni(rs_pool *pool, float *out, const uint8_t *xq, const float *xs, const uint8_t *wq,
+                      const float *ws, int rows, int n, int k) {
+    (void)pool, (void)out, (void)xq, (void)xs, (void)wq, (void)ws, (void)rows, (void)n, (void)k;
+    RS_ASSERT(!"rs_fp8_gemm_vnni on a CPU without AVX-512 VNNI");
+}
+
+#endif
