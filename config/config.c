@@ -22,7 +22,7 @@
 static const rs_config_entry entries[] = {
     {"model", RS_CONFIG_TYPE_STRING, F(model), 0, 4095, "", NULL,
      "model directory (config.json + safetensors); empty = the embedded default model", 0},
-    {"quantization", RS_CONFIG_TYPE_STRING, F(quantization), 1, 7, "bf16", "fp8|bf16",
+    {"quantization", RS_CONFIG_TYPE_STRING, F(quantization), 1, 7, "fp8", "fp8|bf16",
      "weight precision of attention and MLP matrices: fp8 (128x128 blocks, W8A8) or bf16 (as stored)", 0},
     {"quant-ignore", RS_CONFIG_TYPE_STRING, F(quant_ignore), 0, 1023, "", NULL,
      "comma-separated globs of tensor names kept as stored with --quantization fp8 (e.g. '*.mlp.down_proj')", 0},
