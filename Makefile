@@ -53,7 +53,7 @@ TEST_OBJ := $(patsubst %.c,$(BUILD)/%.o,$(TEST_SRC))
 DEPS_OK  := $(BUILD)/.deps-ok
 
 PROGRAMS := $(BUILD)/rolloutd $(BUILD)/rollout-bench $(BUILD)/make-default-model $(BUILD)/unit-tests \
-            $(BUILD)/bench-matmul $(BUILD)/fp8-mismatch $(BUILD)/rl-bench
+            $(BUILD)/bench-matmul $(BUILD)/bench-quant $(BUILD)/fp8-mismatch $(BUILD)/rl-bench
 
 .PHONY: all run test unit e2e fuzz clean deps
 all: $(PROGRAMS)
@@ -98,6 +98,9 @@ $(BUILD)/fp8-mismatch: $(BUILD)/tools/fp8_mismatch.o $(BUILD)/librolloutd.a
 	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
 
 $(BUILD)/rl-bench: $(BUILD)/tools/rl_bench.o $(BUILD)/librolloutd.a
+	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
+
+$(BUILD)/bench-quant: $(BUILD)/tools/bench_quant.o $(BUILD)/librolloutd.a
 	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
 
 $(BUILD)/unit-tests: $(TEST_OBJ) $(BUILD)/librolloutd.a

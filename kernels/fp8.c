@@ -11,6 +11,11 @@
  * and of our DESIGN.md; `w * (1/s)` (verl's Triton kernel) differs in the last bit for some inputs
  * and would therefore not match checkpoints quantized the reference way. Division is correctly
  * rounded in IEEE fp32, on the CPU and with CUDA's default `-prec-div=true` (`__fdiv_rn`).
+ *
+ * rs_fp8_quantize_weight runs at model load and on every weight update, so it dispatches to a
+ * vectorized kernel when the program has one (rs_fp8_quantize_weight_fast, fp8.h: the CPU backend's,
+ * ~40x the scalar loop); the scalar loop stays here as rs_fp8_quantize_weight_ref, the definition
+ * the kernel is tested against bit for bit.
  */
 #include "fp8.h"
 
@@ -108,9 +113,15 @@ void rs_fp8_e5m2_to_f32_n(float *dst, const uint8_t *src, size_t n) {
 
 /* ---- quantizers ---- */
 
-/* fmaxf ignores a NaN operand, so a NaN element does not poison its block's scale (it encodes to
- * the NaN code on its own). The result is exact whatever the order. */
-static inline float amax_update(float amax, float v) { return fmaxf(amax, fabsf(v)); }
+/* fmaxf(amax, |v|) as CUDA's fmaxf and x86's maxps treat NaN: a NaN element — quiet or signaling —
+ * is ignored, so it does not poison its block's scale (it encodes to the NaN code on its own), and
+ * the result is the exact maximum whatever the order. Written as a comparison rather than a libm
+ * call because glibc's fmaxf follows IEEE 754-2008 maxNum for a signaling NaN and returns NaN,
+ * which made the next element reset the running maximum (an order-dependent amax). */
+static inline float amax_update(float amax, float v) {
+    const float a = fabsf(v);
+    return a > amax ? a : amax;
+}
 
 static inline float block_scale(float amax) { return fmaxf(amax, RS_FP8_AMAX_FLOOR) / RS_FP8_E4M3_MAX; }
 
@@ -122,9 +133,25 @@ static const float *weight_row(const rs_tensor *w, int64_t o, int64_t in, float 
     return buf;
 }
 
-int rs_fp8_quantize_weight(const rs_tensor *w, uint8_t *q, float *scale_inv) {
+static int check_weight(const rs_tensor *w) {
     if (!w || w->ndim != 2 || !w->data || w->shape[0] < 0 || w->shape[1] < 0) return RS_EINVAL;
     if (w->dtype != RS_DTYPE_BF16 && w->dtype != RS_DTYPE_F32) return RS_EUNSUPPORTED;
+    return RS_OK;
+}
+
+/* A weak reference (see fp8.h): its address is NULL when no object of the program defines it. */
+#pragma weak rs_fp8_quantize_weight_fast
+
+int rs_fp8_quantize_weight(const rs_tensor *w, uint8_t *q, float *scale_inv) {
+    int rc = check_weight(w);
+    if (rc != RS_OK) return rc;
+    if (rs_fp8_quantize_weight_fast && rs_fp8_quantize_weight_fast(w, q, scale_inv) == RS_OK) return RS_OK;
+    return rs_fp8_quantize_weight_ref(w, q, scale_inv);
+}
+
+int rs_fp8_quantize_weight_ref(const rs_tensor *w, uint8_t *q, float *scale_inv) {
+    int rc = check_weight(w);
+    if (rc != RS_OK) return rc;
     int64_t out = w->shape[0], in = w->shape[1];
     int64_t nbi = rs_fp8_blocks(in);
     if (out == 0 || in == 0) return RS_OK;

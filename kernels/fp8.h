@@ -65,6 +65,20 @@ static inline int64_t rs_fp8_blocks(int64_t n) { return (n + RS_FP8_BLOCK - 1) /
 int rs_fp8_quantize_weight(const rs_tensor *w, uint8_t *q /* [out][in] e4m3 */,
                            float *scale_inv /* [ceil(out/128)][ceil(in/128)] f32 */);
 
+/* The definition of rs_fp8_quantize_weight: plain scalar C, the same contract and results. The
+ * fast kernels are tested against it bit for bit. */
+int rs_fp8_quantize_weight_ref(const rs_tensor *w, uint8_t *q /* [out][in] e4m3 */,
+                               float *scale_inv /* [ceil(out/128)][ceil(in/128)] f32 */);
+
+/* Optional fast kernel behind rs_fp8_quantize_weight. This file's code does not depend on any
+ * backend: fp8.c references this symbol weakly and calls it when the program links a definition
+ * (kernels/cpu/cpu_fp8_quant.c provides one, vectorized for the CPU it runs on). A definition gets
+ * a w that passed rs_fp8_quantize_weight's checks, must produce exactly rs_fp8_quantize_weight_ref's
+ * codes and scales and return RS_OK, or return RS_EUNSUPPORTED without writing anything when it
+ * cannot run here (fp8.c then uses the reference). Called concurrently on different tensors. */
+int rs_fp8_quantize_weight_fast(const rs_tensor *w /* [out][in] bf16/f32 */, uint8_t *q /* [out][in] e4m3 */,
+                                float *scale_inv /* [ceil(out/128)][ceil(in/128)] f32 */);
+
 /* w[o][i] = e4m3(q[o][i]) * scale_inv[o/128][i/128], the product rounded to fp32. */
 void rs_fp8_dequantize_weight(const uint8_t *q /* [out][in] e4m3 */,
                               const float *scale_inv /* [ceil(out/128)][ceil(in/128)] f32 */,

@@ -15,44 +15,45 @@
  * That is fp8_encode's "round with an unbounded exponent, then clamp" case by case; the tests
  * compare the two on every special value, on rounding boundaries and on random bit patterns.
  *
- * Used by the matmul at the AVX-512 level; other levels call rs_fp8_quantize_act itself.
+ * Used by the matmul at the AVX-512 level; other levels call rs_fp8_quantize_act itself. The
+ * encoder lives in cpu_fp8_wquant.h, shared with the weight quantizer.
+ *
+ * This file also defines rs_fp8_quantize_weight_fast, the hook through which kernels/fp8.c reaches
+ * the vectorized weight quantizer (cpu_fp8_wquant.c). fp8.c references the hook weakly, so it links
+ * without the CPU backend; and since a weak reference does not pull a member out of a static
+ * library, the hook sits in this object, which the CPU matmul references (rs_cpu_fp8_quantize_act):
+ * any program with the CPU backend — every rolloutd binary — therefore gets the fast quantizer for
+ * model load and weight updates, whichever backend serves.
  */
 #include <math.h>
 #include <string.h>
 
 #include "../../core/rs.h"
 #include "../fp8.h"
+#include "cpu_fp8_wquant.h"
 #include "cpu_internal.h"
 
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-#include <immintrin.h>
-#define RS_FP8Q_X86 1
+#if RS_CPU_FP8_X86
 #define RS_TARGET_FP8Q __attribute__((target("avx512f")))
-
-/* E4M3 codes of 16 floats (in the low byte of each dword). */
-RS_TARGET_FP8Q static inline __m512i e4m3_encode16(__m512 y) {
-    const __m512i u = _mm512_castps_si512(y);
-    const __m512i a = _mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff));
-    const __mmask16 normal = _mm512_cmpge_epu32_mask(a, _mm512_set1_epi32(0x3c800000)); /* 2^-6 */
-    const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(a, 20), _mm512_set1_epi32(1));
-    const __m512i r = _mm512_add_epi32(a, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7ffff)));
-    __m512i cn = _mm512_sub_epi32(_mm512_srli_epi32(r, 20), _mm512_set1_epi32(120 << 3));
-    cn = _mm512_min_epu32(cn, _mm512_set1_epi32(0x7e));
-    const __m512 sub = _mm512_mul_ps(_mm512_castsi512_ps(a), _mm512_set1_ps(0x1p9f));
-    const __m512i cs = _mm512_cvt_roundps_epi32(sub, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m512i c = _mm512_mask_blend_epi32(normal, cs, cn);
-    c = _mm512_or_si512(c, _mm512_and_si512(_mm512_srli_epi32(u, 24), _mm512_set1_epi32(0x80)));
-    const __mmask16 nan = _mm512_cmpgt_epu32_mask(a, _mm512_set1_epi32(0x7f800000));
-    return _mm512_mask_mov_epi32(c, nan, _mm512_set1_epi32(RS_FP8_NAN_CODE));
-}
 
 static inline __mmask16 lanes(int64_t n) { return n >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << n) - 1u); }
 
 RS_TARGET_FP8Q static void encode_n_avx512(uint8_t *dst, const float *src, size_t n) {
     for (size_t i = 0; i < n; i += 16) {
         const __mmask16 m = lanes((int64_t)(n - i));
-        _mm512_mask_cvtepi32_storeu_epi8(dst + i, m, e4m3_encode16(_mm512_maskz_loadu_ps(m, src + i)));
+        _mm512_mask_cvtepi32_storeu_epi8(dst + i, m, rs_cpu_e4m3_encode16(_mm512_maskz_loadu_ps(m, src + i)));
     }
+}
+
+/* The AVX2 encoder (the weight quantizer's at that level), for the tests through rs_cpu_fp8_encode_n. */
+__attribute__((target("avx2"))) static void encode_n_avx2(uint8_t *dst, const float *src, size_t n) {
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        uint32_t c[8];
+        _mm256_storeu_si256((__m256i *)c, rs_cpu_e4m3_encode8(_mm256_loadu_ps(src + i)));
+        for (int k = 0; k < 8; k++) dst[i + k] = (uint8_t)c[k];
+    }
+    for (; i < n; i++) dst[i] = rs_fp8_e4m3_from_f32(src[i]);
 }
 
 RS_TARGET_FP8Q static void quantize_avx512(const float *x, int64_t rows, int64_t k, uint8_t *q, float *scale) {
@@ -73,18 +74,16 @@ RS_TARGET_FP8Q static void quantize_avx512(const float *x, int64_t rows, int64_t
             for (int64_t j = 0; j < kw; j += 16) {
                 const __mmask16 m = lanes(kw - j);
                 const __m512 y = _mm512_div_ps(_mm512_maskz_loadu_ps(m, xr + j), sv);
-                _mm512_mask_cvtepi32_storeu_epi8(qr + j, m, e4m3_encode16(y));
+                _mm512_mask_cvtepi32_storeu_epi8(qr + j, m, rs_cpu_e4m3_encode16(y));
             }
         }
     }
 }
-#else
-#define RS_FP8Q_X86 0
 #endif
 
 void rs_cpu_fp8_quantize_act(rs_cpu_simd simd, const float *x, int64_t rows, int64_t k, uint8_t *q,
                              float *scale) {
-#if RS_FP8Q_X86
+#if RS_CPU_FP8_X86
     if (simd == RS_CPU_SIMD_AVX512) {
         quantize_avx512(x, rows, k, q, scale);
         return;
@@ -95,12 +94,22 @@ void rs_cpu_fp8_quantize_act(rs_cpu_simd simd, const float *x, int64_t rows, int
 }
 
 void rs_cpu_fp8_encode_n(rs_cpu_simd simd, uint8_t *dst, const float *src, size_t n) {
-#if RS_FP8Q_X86
+#if RS_CPU_FP8_X86
     if (simd == RS_CPU_SIMD_AVX512) {
         encode_n_avx512(dst, src, n);
+        return;
+    }
+    if (simd == RS_CPU_SIMD_AVX2) {
+        encode_n_avx2(dst, src, n);
         return;
     }
 #endif
     (void)simd;
     rs_fp8_e4m3_from_f32_n(dst, src, n);
+}
+
+int rs_fp8_quantize_weight_fast(const rs_tensor *w, uint8_t *q, float *scale_inv) {
+    const rs_cpu_simd simd = rs_cpu_fp8_wquant_simd();
+    if (simd == RS_CPU_SIMD_SCALAR) return RS_EUNSUPPORTED;
+    return rs_cpu_fp8_quantize_weight(simd, w, q, scale_inv);
 }

@@ -17,6 +17,7 @@
 
 #include "../../core/pool.h"
 #include "../../core/rs.h"
+#include "../../kernels/cpu/cpu_fp8_wquant.h"
 #include "../../kernels/cpu/fp8_gemm.h"
 #include "../../kernels/fp8.h"
 #include "test.h"
@@ -622,4 +623,217 @@ RS_TEST(fp8_gemm_quantized_matmul_close_to_f32) {
     free(x);
     free(w);
     gemm_case_free(&c);
+}
+
+/* ---- fast weight quantizer (kernels/cpu/cpu_fp8_wquant.c) vs the scalar definition ---- */
+
+/* Quantizes w in bands of 128 rows on `pool`, each band its own tensor, as model/update.c does. */
+typedef struct wq_bands {
+    const rs_tensor *w;
+    uint8_t *q;
+    float *s;
+} wq_bands;
+
+static void wq_band_fn(void *ctx, int64_t b0, int64_t b1, int tid) {
+    (void)tid;
+    const wq_bands *j = ctx;
+    const int64_t out = j->w->shape[0], in = j->w->shape[1];
+    for (int64_t b = b0; b < b1; b++) {
+        const int64_t r0 = b * RS_FP8_BLOCK, rows = RS_MIN((int64_t)RS_FP8_BLOCK, out - r0);
+        rs_tensor band = {.dtype = j->w->dtype, .ndim = 2, .shape = {rows, in},
+                          .data = (char *)j->w->data + (size_t)(r0 * in) * rs_dtype_size(j->w->dtype)};
+        ASSERT_EQ(rs_fp8_quantize_weight(&band, j->q + r0 * in, j->s + b * rs_fp8_blocks(in)), RS_OK);
+    }
+}
+
+/* Every way of quantizing w — each SIMD level this CPU has, the dispatching rs_fp8_quantize_weight,
+ * and that on 2 threads in 128-row bands — gives rs_fp8_quantize_weight_ref's codes and scales. */
+static void check_weight_paths(const rs_tensor *w, const char *what) {
+    const int64_t out = w->shape[0], in = w->shape[1];
+    const size_t n = (size_t)(out * in), ns = (size_t)(rs_fp8_blocks(out) * rs_fp8_blocks(in));
+    uint8_t *q_ref = malloc(n), *q = malloc(n); /* exact sizes: ASan sees any write past the end */
+    float *s_ref = malloc(ns * sizeof(float)), *s = malloc(ns * sizeof(float));
+    ASSERT_TRUE(q_ref && q && s_ref && s);
+    ASSERT_EQ(rs_fp8_quantize_weight_ref(w, q_ref, s_ref), RS_OK);
+    static rs_pool *pool;
+    if (!pool) pool = rs_pool_init(2);
+    const int top = (int)rs_cpu_fp8_wquant_simd();
+    for (int path = 0; path <= top + 2; path++) { /* levels 0..top, then dispatch, then 2 threads */
+        memset(q, 0xcc, n);
+        memset(s, 0xcc, ns * sizeof(float));
+        const char *name;
+        if (path <= top) {
+            name = rs_cpu_simd_name((rs_cpu_simd)path);
+            ASSERT_EQ(rs_cpu_fp8_quantize_weight((rs_cpu_simd)path, w, q, s), RS_OK);
+        } else if (path == top + 1) {
+            name = "rs_fp8_quantize_weight";
+            ASSERT_EQ(rs_fp8_quantize_weight(w, q, s), RS_OK);
+        } else {
+            name = "2 threads";
+            wq_bands j = {w, q, s};
+            rs_pool_run(pool, rs_fp8_blocks(out), 1, wq_band_fn, &j);
+        }
+        for (size_t i = 0; i < ns; i++)
+            if (f32_bits(s[i]) != f32_bits(s_ref[i]))
+                RS_TEST_FAIL("%s %s [%lld][%lld] %s: scale[%zu] %a vs %a", what, w->dtype == RS_DTYPE_BF16 ? "bf16" : "f32",
+                             (long long)out, (long long)in, name, i, s[i], s_ref[i]);
+        for (size_t i = 0; i < n; i++)
+            if (q[i] != q_ref[i]) {
+                float v = w->dtype == RS_DTYPE_BF16 ? rs_bf16_to_f32(((const uint16_t *)w->data)[i])
+                                                    : ((const float *)w->data)[i];
+                RS_TEST_FAIL("%s %s [%lld][%lld] %s: q[%lld][%lld] (w=%a) 0x%02x vs 0x%02x", what,
+                             w->dtype == RS_DTYPE_BF16 ? "bf16" : "f32", (long long)out, (long long)in, name,
+                             (long long)(i / (size_t)in), (long long)(i % (size_t)in), v, q[i], q_ref[i]);
+            }
+    }
+    free(q_ref), free(q), free(s_ref), free(s);
+}
+
+/* Runs check_weight_paths on wf [out][in] as F32, and rounded to BF16. */
+static void check_weight_both_dtypes(const float *wf, int64_t out, int64_t in, const char *what) {
+    const size_t n = (size_t)(out * in);
+    float *f = malloc(n * sizeof *f + 1);
+    uint16_t *b = malloc(n * sizeof *b + 1);
+    memcpy(f, wf, n * sizeof *f);
+    for (size_t i = 0; i < n; i++) b[i] = rs_f32_to_bf16(wf[i]);
+    rs_tensor t32 = {.dtype = RS_DTYPE_F32, .ndim = 2, .shape = {out, in}, .data = f};
+    rs_tensor t16 = {.dtype = RS_DTYPE_BF16, .ndim = 2, .shape = {out, in}, .data = b};
+    check_weight_paths(&t32, what);
+    check_weight_paths(&t16, what);
+    free(f), free(b);
+}
+
+RS_TEST(fp8_quantize_weight_fast_bit_identical_random_shapes) {
+    static const int64_t shapes[][2] = {{1, 1},     {1, 7},     {1, 15},    {2, 17},    {3, 33},
+                                        {5, 127},   {128, 128}, {127, 129}, {129, 127}, {130, 255},
+                                        {257, 300}, {300, 1000}, {64, 2049}, {256, 512}};
+    uint64_t seed = 77;
+    for (size_t si = 0; si < RS_ARRAY_LEN(shapes); si++) {
+        const int64_t out = shapes[si][0], in = shapes[si][1];
+        float *w = malloc((size_t)(out * in) * sizeof *w);
+        /* each block gets its own magnitude range, so the scales spread over many binades */
+        for (int64_t o = 0; o < out; o++)
+            for (int64_t i = 0; i < in; i++) {
+                const double lo = -40.0 + (double)((o / 128 * 7 + i / 128 * 13) % 50);
+                w[o * in + i] = rng_logf(&seed, lo, lo + 12.0 + (double)(rng_next(&seed) % 8));
+            }
+        check_weight_both_dtypes(w, out, in, "random");
+        free(w);
+    }
+}
+
+/* v moved by d units in the last place of its dtype (fp32, or bf16 when bf16), away from zero for
+ * d > 0. Stays a value of that dtype. */
+static float nudge(float v, int d, int bf16) {
+    uint32_t u = f32_bits(v);
+    if (bf16) return rs_bf16_to_f32((uint16_t)((u >> 16) + (uint32_t)d));
+    return f32_from_bits(u + (uint32_t)d);
+}
+
+/* Fills block (bo, bi) of w [out][in] in one of 11 adversarial styles. */
+static void fill_adversarial(float *w, int64_t out, int64_t in, int64_t bo, int64_t bi, int style, int bf16,
+                             uint64_t *seed) {
+    const int64_t o0 = bo * 128, o1 = RS_MIN(o0 + 128, out), i0 = bi * 128, i1 = RS_MIN(i0 + 128, in);
+    /* styles 0-2: amax = 448 * 2^k, so scale_inv = 2^k and w / scale_inv is exact: every E4M3
+     * midpoint (the ties of round-to-nearest-even, 464 = the saturation tie) and its neighbours */
+    static const int ks[3] = {0, -20, 17};
+    int64_t cnt = 0;
+    for (int64_t o = o0; o < o1; o++)
+        for (int64_t i = i0; i < i1; i++, cnt++) {
+            float v;
+            const uint64_t r = rng_next(seed);
+            switch (style) {
+            case 0: case 1: case 2: {
+                const float p = ldexpf(1.0f, ks[style]);
+                if (cnt == 0) { v = 448.0f * p; break; }
+                const int c = (int)(cnt / 6 % 127), d = (int)(cnt % 6 % 3) - 1; /* c: 0..126 */
+                float mid = c == 126 ? 464.0f : (rs_fp8_e4m3_to_f32((uint8_t)c) + rs_fp8_e4m3_to_f32((uint8_t)(c + 1))) * 0.5f;
+                v = nudge(mid * p, d, bf16);
+                if (cnt % 6 >= 3) v = -v;
+                if (fabsf(v) > 448.0f * p) v = copysignf(448.0f * p, v); /* keep amax */
+                break;
+            }
+            case 3: v = (r & 1) ? -0.0f : 0.0f; break;                             /* all-zero block */
+            case 4: v = rng_logf(seed, -60.0, -36.6); break;                        /* amax < 1e-10 */
+            case 5: v = rng_logf(seed, bf16 ? -133.0 : -149.0, -127.0); break;      /* subnormal amax */
+            case 6:                                                                /* NaNs, ignored */
+                v = r % 3 == 0 ? f32_from_bits((r & 0x80000000u) | 0x7f800001u | ((uint32_t)(r >> 8) & 0x7fffffu))
+                               : rng_logf(seed, -5.0, 5.0);
+                if (bf16 && isnan(v)) v = f32_from_bits((f32_bits(v) | 0x10000u) & 0xffff0000u);
+                break;
+            case 7: v = (r & 1) ? -NAN : NAN; break;                               /* all NaN */
+            case 8: v = r % 50 == 0 ? ((r & 2) ? -INFINITY : INFINITY) : rng_logf(seed, -5.0, 5.0); break;
+            case 9: v = rng_logf(seed, -140.0, 120.0); break;                       /* huge range */
+            default: v = r % 7 == 0 ? ((r & 2) ? -3.4028235e38f : 3.4028235e38f) : rng_logf(seed, -149.0, -100.0);
+            }
+            w[o * in + i] = v;
+        }
+}
+
+RS_TEST(fp8_quantize_weight_fast_bit_identical_adversarial) {
+    static const int64_t shapes[][2] = {{131, 300}, {300, 131}, {11 * 128, 128}, {128, 11 * 128 + 5}};
+    uint64_t seed = 4242;
+    for (size_t si = 0; si < RS_ARRAY_LEN(shapes); si++) {
+        const int64_t out = shapes[si][0], in = shapes[si][1];
+        const int64_t nbo = rs_fp8_blocks(out), nbi = rs_fp8_blocks(in);
+        float *w = malloc((size_t)(out * in) * sizeof *w);
+        for (int bf16 = 0; bf16 <= 1; bf16++) {
+            for (int64_t bo = 0; bo < nbo; bo++)
+                for (int64_t bi = 0; bi < nbi; bi++)
+                    fill_adversarial(w, out, in, bo, bi, (int)((bo * nbi + bi + (int64_t)si) % 11), bf16, &seed);
+            const size_t n = (size_t)(out * in);
+            float *f = malloc(n * sizeof *f);
+            uint16_t *b = malloc(n * sizeof *b);
+            for (size_t i = 0; i < n; i++) b[i] = rs_f32_to_bf16(f[i] = w[i]);
+            rs_tensor t = bf16 ? (rs_tensor){.dtype = RS_DTYPE_BF16, .ndim = 2, .shape = {out, in}, .data = b}
+                               : (rs_tensor){.dtype = RS_DTYPE_F32, .ndim = 2, .shape = {out, in}, .data = f};
+            check_weight_paths(&t, "adversarial");
+            free(f), free(b);
+        }
+        free(w);
+    }
+    /* the midpoint blocks did hit ties: a block of exact midpoints at scale 1 encodes to even codes */
+    float mids[126];
+    for (int c = 0; c < 126; c++) mids[c] = (rs_fp8_e4m3_to_f32((uint8_t)c) + rs_fp8_e4m3_to_f32((uint8_t)(c + 1))) * 0.5f;
+    float row[128] = {448.0f};
+    memcpy(row + 1, mids, sizeof mids);
+    uint8_t q[128];
+    float s;
+    rs_tensor t = {.dtype = RS_DTYPE_F32, .ndim = 2, .shape = {1, 127}, .data = row};
+    ASSERT_EQ(rs_cpu_fp8_quantize_weight(rs_cpu_fp8_wquant_simd(), &t, q, &s), RS_OK);
+    ASSERT_EQ(f32_bits(s), f32_bits(1.0f));
+    for (int c = 0; c < 126; c++) ASSERT_EQ(q[1 + c], (uint8_t)((c + 1) & ~1)); /* ties to the even code */
+}
+
+/* A signaling NaN is ignored like a quiet one, wherever it sits in the block: the scale is that of
+ * the other elements (glibc's fmaxf returns NaN for a signaling NaN, which once made the amax
+ * forget the elements before it). Weights and activations, scalar and vector. */
+RS_TEST(fp8_quantize_ignores_signaling_nan) {
+    const float snan = f32_from_bits(0xff800001u), qnan = f32_from_bits(0x7fc00000u);
+    ASSERT_TRUE(isnan(snan));
+    for (int pos = 0; pos < 3; pos++) {
+        float x[3] = {5.0f, -1.0f, 0.25f};
+        x[pos] = snan; /* replaces one finite value: the max stays 5 unless it replaced the 5 */
+        const float amax = pos == 0 ? 1.0f : 5.0f;
+        uint8_t q[3], q2[3];
+        float s, s2;
+        rs_tensor t = {.dtype = RS_DTYPE_F32, .ndim = 2, .shape = {1, 3}, .data = x};
+        ASSERT_EQ(rs_fp8_quantize_weight_ref(&t, q, &s), RS_OK);
+        ASSERT_EQ(f32_bits(s), f32_bits(amax / 448.0f));
+        ASSERT_EQ(q[pos], RS_FP8_NAN_CODE);
+        ASSERT_EQ(rs_fp8_quantize_weight(&t, q2, &s2), RS_OK);
+        ASSERT_EQ(f32_bits(s2), f32_bits(s));
+        ASSERT_EQ(memcmp(q, q2, 3), 0);
+        rs_fp8_quantize_act(x, 1, 3, q2, &s2);
+        ASSERT_EQ(f32_bits(s2), f32_bits(s));
+        ASSERT_EQ(memcmp(q, q2, 3), 0);
+        for (int simd = 0; simd <= (int)rs_cpu_fp8_wquant_simd(); simd++) {
+            rs_cpu_fp8_quantize_act((rs_cpu_simd)simd, x, 1, 3, q2, &s2);
+            ASSERT_EQ(f32_bits(s2), f32_bits(s));
+            ASSERT_EQ(memcmp(q, q2, 3), 0);
+        }
+        x[pos] = qnan;
+        ASSERT_EQ(rs_fp8_quantize_weight_ref(&t, q2, &s2), RS_OK);
+        ASSERT_EQ(f32_bits(s2), f32_bits(s));
+    }
 }

@@ -1,0 +1,237 @@
+/*
+ * cpu_fp8_wquant.c — blockwise E4M3 weight quantization, 16 (AVX-512F) or 8 (AVX2) lanes at a time.
+ *
+ * Bit-identical to rs_fp8_quantize_weight_ref (kernels/fp8.c), which stays the definition, for
+ * every input: each step is the same correctly rounded fp32 operation, only vectorized.
+ *   amax      the largest |w| of the 128x128 block with NaN ignored: vmaxps(|v|, acc) returns acc
+ *             when |v| is NaN, as fmaxf(acc, |v|) does, and a maximum is exact in any order.
+ *             Lanes past a ragged edge are loaded as +0, which cannot change a maximum >= 0.
+ *   scale_inv fmaxf(amax, 1e-10f) / 448.0f, computed once per block in scalar code as fp8.c does.
+ *   q         e4m3(w / scale_inv) with a true fp32 division per element (vdivps is correctly
+ *             rounded, like the scalar divss) and the shared encoders of cpu_fp8_wquant.h.
+ * BF16 is widened exactly (bits << 16), as rs_bf16_to_f32.
+ *
+ * A block is handled whole — amax over its rows, then the codes — so its 32 KiB (BF16) are still
+ * in L1 for the second pass; the input is read from memory once. Ragged edges: partial rows of a
+ * block go through a zero-padded copy (AVX-512F has no masked 16-bit load, AVX2 none at all), so
+ * nothing past the tensor is read.
+ */
+#include "cpu_fp8_wquant.h"
+
+#include <math.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../../core/rs.h"
+#include "../fp8.h"
+
+#if RS_CPU_FP8_X86
+
+/* ---- AVX-512F ---- */
+
+#define RS_T512 __attribute__((target("avx512f")))
+#define RS_T256 __attribute__((target("avx2")))
+#define RS_INLINE static inline __attribute__((always_inline))
+
+/* 16 elements from row[i..i+16) as fp32. */
+RS_T512 RS_INLINE __m512 ld16(const void *row, int bf16, int64_t i) {
+    if (bf16) {
+        const __m256i h = _mm256_loadu_si256((const __m256i *)((const uint16_t *)row + i));
+        return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+    }
+    return _mm512_loadu_ps((const float *)row + i);
+}
+
+/* n < 16 elements from row[i..i+n), zeros above. */
+RS_T512 RS_INLINE __m512 ld16_part(const void *row, int bf16, int64_t i, int64_t n) {
+    if (bf16) {
+        uint16_t t[16] = {0};
+        memcpy(t, (const uint16_t *)row + i, (size_t)n * sizeof *t);
+        return ld16(t, 1, 0);
+    }
+    return _mm512_maskz_loadu_ps((__mmask16)((1u << n) - 1u), (const float *)row + i);
+}
+
+/* One block: rows x cw elements (cw <= 128) of w with row stride ld; codes with row stride ld. */
+RS_T512 RS_INLINE void block_avx512(const void *w, int bf16, int64_t ld, int64_t rows, int64_t cw, uint8_t *q,
+                                    float *scale) {
+    const size_t esz = bf16 ? 2 : 4;
+    __m512 acc[8];
+    for (int c = 0; c < 8; c++) acc[c] = _mm512_setzero_ps();
+    for (int64_t r = 0; r < rows; r++) {
+        const void *row = (const char *)w + (size_t)(r * ld) * esz;
+        if (cw == RS_FP8_BLOCK) {
+            for (int c = 0; c < 8; c++) acc[c] = _mm512_max_ps(_mm512_abs_ps(ld16(row, bf16, 16 * c)), acc[c]);
+        } else {
+            for (int64_t j = 0; j < cw; j += 16) {
+                const __m512 v = cw - j >= 16 ? ld16(row, bf16, j) : ld16_part(row, bf16, j, cw - j);
+                acc[j / 16] = _mm512_max_ps(_mm512_abs_ps(v), acc[j / 16]);
+            }
+        }
+    }
+    for (int c = 1; c < 8; c++) acc[0] = _mm512_max_ps(acc[c], acc[0]); /* no NaN left: plain maximum */
+    const float s = fmaxf(_mm512_reduce_max_ps(acc[0]), RS_FP8_AMAX_FLOOR) / RS_FP8_E4M3_MAX;
+    *scale = s;
+    const __m512 sv = _mm512_set1_ps(s);
+    for (int64_t r = 0; r < rows; r++) {
+        const void *row = (const char *)w + (size_t)(r * ld) * esz;
+        uint8_t *qr = q + r * ld;
+        if (cw == RS_FP8_BLOCK) {
+            for (int c = 0; c < 8; c++)
+                _mm_storeu_si128((__m128i *)(qr + 16 * c),
+                                 _mm512_cvtepi32_epi8(rs_cpu_e4m3_encode16(_mm512_div_ps(ld16(row, bf16, 16 * c), sv))));
+        } else {
+            for (int64_t j = 0; j < cw; j += 16) {
+                const int64_t n = RS_MIN(cw - j, 16);
+                const __m512 v = n == 16 ? ld16(row, bf16, j) : ld16_part(row, bf16, j, n);
+                _mm512_mask_cvtepi32_storeu_epi8(qr + j, (__mmask16)((1u << n) - 1u),
+                                                 rs_cpu_e4m3_encode16(_mm512_div_ps(v, sv)));
+            }
+        }
+    }
+}
+
+/* Rows [0, rows <= 128) of a [.][in] matrix: one row of blocks. */
+RS_T512 static void band_avx512(const void *w, int bf16, int64_t rows, int64_t in, uint8_t *q, float *srow) {
+    const size_t esz = bf16 ? 2 : 4;
+    for (int64_t c0 = 0; c0 < in; c0 += RS_FP8_BLOCK) {
+        const int64_t cw = RS_MIN((int64_t)RS_FP8_BLOCK, in - c0);
+        const void *wb = (const char *)w + (size_t)c0 * esz;
+        if (bf16) block_avx512(wb, 1, in, rows, cw, q + c0, srow + c0 / RS_FP8_BLOCK);
+        else block_avx512(wb, 0, in, rows, cw, q + c0, srow + c0 / RS_FP8_BLOCK);
+    }
+}
+
+/* ---- AVX2 ---- */
+
+RS_T256 RS_INLINE __m256 ld8(const void *row, int bf16, int64_t i) {
+    if (bf16) {
+        const __m128i h = _mm_loadu_si128((const __m128i *)((const uint16_t *)row + i));
+        return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+    }
+    return _mm256_loadu_ps((const float *)row + i);
+}
+
+RS_T256 RS_INLINE __m256 ld8_part(const void *row, int bf16, int64_t i, int64_t n) {
+    if (bf16) {
+        uint16_t t[8] = {0};
+        memcpy(t, (const uint16_t *)row + i, (size_t)n * sizeof *t);
+        return ld8(t, 1, 0);
+    }
+    float t[8] = {0};
+    memcpy(t, (const float *)row + i, (size_t)n * sizeof *t);
+    return _mm256_loadu_ps(t);
+}
+
+/* Bytes of four 8-lane code vectors (each code < 256), in order. The two packs work per 128-bit
+ * lane, leaving dwords [c0 lo, c1 lo, c2 lo, c3 lo | c0 hi, c1 hi, c2 hi, c3 hi]; the permute
+ * restores c0 lo, c0 hi, c1 lo, ... */
+RS_T256 RS_INLINE __m256i pack32(__m256i c0, __m256i c1, __m256i c2, __m256i c3) {
+    const __m256i b = _mm256_packus_epi16(_mm256_packus_epi32(c0, c1), _mm256_packus_epi32(c2, c3));
+    return _mm256_permutevar8x32_epi32(b, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+}
+
+RS_T256 RS_INLINE void block_avx2(const void *w, int bf16, int64_t ld, int64_t rows, int64_t cw, uint8_t *q,
+                                  float *scale) {
+    const size_t esz = bf16 ? 2 : 4;
+    const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+    __m256 acc[4];
+    for (int c = 0; c < 4; c++) acc[c] = _mm256_setzero_ps();
+    for (int64_t r = 0; r < rows; r++) {
+        const void *row = (const char *)w + (size_t)(r * ld) * esz;
+        if (cw == RS_FP8_BLOCK) {
+            for (int c = 0; c < 16; c++)
+                acc[c & 3] = _mm256_max_ps(_mm256_and_ps(ld8(row, bf16, 8 * c), absmask), acc[c & 3]);
+        } else {
+            for (int64_t j = 0; j < cw; j += 8) {
+                const __m256 v = cw - j >= 8 ? ld8(row, bf16, j) : ld8_part(row, bf16, j, cw - j);
+                acc[(j / 8) & 3] = _mm256_max_ps(_mm256_and_ps(v, absmask), acc[(j / 8) & 3]);
+            }
+        }
+    }
+    __m256 m = _mm256_max_ps(_mm256_max_ps(acc[0], acc[1]), _mm256_max_ps(acc[2], acc[3]));
+    __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+    h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+    h = _mm_max_ss(h, _mm_shuffle_ps(h, h, 1));
+    const float s = fmaxf(_mm_cvtss_f32(h), RS_FP8_AMAX_FLOOR) / RS_FP8_E4M3_MAX;
+    *scale = s;
+    const __m256 sv = _mm256_set1_ps(s);
+    for (int64_t r = 0; r < rows; r++) {
+        const void *row = (const char *)w + (size_t)(r * ld) * esz;
+        uint8_t *qr = q + r * ld;
+        int64_t j = 0;
+        for (; j + 32 <= cw; j += 32) {
+            __m256i c[4];
+            for (int k = 0; k < 4; k++) c[k] = rs_cpu_e4m3_encode8(_mm256_div_ps(ld8(row, bf16, j + 8 * k), sv));
+            _mm256_storeu_si256((__m256i *)(qr + j), pack32(c[0], c[1], c[2], c[3]));
+        }
+        for (; j < cw; j += 8) {
+            const int64_t n = RS_MIN(cw - j, 8);
+            const __m256 v = n == 8 ? ld8(row, bf16, j) : ld8_part(row, bf16, j, n);
+            const __m256i c = rs_cpu_e4m3_encode8(_mm256_div_ps(v, sv));
+            uint8_t t[32];
+            _mm256_storeu_si256((__m256i *)t, pack32(c, c, c, c));
+            memcpy(qr + j, t, (size_t)n);
+        }
+    }
+}
+
+RS_T256 static void band_avx2(const void *w, int bf16, int64_t rows, int64_t in, uint8_t *q, float *srow) {
+    const size_t esz = bf16 ? 2 : 4;
+    for (int64_t c0 = 0; c0 < in; c0 += RS_FP8_BLOCK) {
+        const int64_t cw = RS_MIN((int64_t)RS_FP8_BLOCK, in - c0);
+        const void *wb = (const char *)w + (size_t)c0 * esz;
+        if (bf16) block_avx2(wb, 1, in, rows, cw, q + c0, srow + c0 / RS_FP8_BLOCK);
+        else block_avx2(wb, 0, in, rows, cw, q + c0, srow + c0 / RS_FP8_BLOCK);
+    }
+}
+
+#endif /* RS_CPU_FP8_X86 */
+
+int rs_cpu_fp8_quantize_weight(rs_cpu_simd simd, const rs_tensor *w, uint8_t *q, float *scale_inv) {
+    RS_ASSERT(w && w->ndim == 2 && w->data && (w->dtype == RS_DTYPE_BF16 || w->dtype == RS_DTYPE_F32));
+#if RS_CPU_FP8_X86
+    if (simd == RS_CPU_SIMD_AVX512 || simd == RS_CPU_SIMD_AVX2) {
+        const int64_t out = w->shape[0], in = w->shape[1], nbi = rs_fp8_blocks(in);
+        const int bf16 = w->dtype == RS_DTYPE_BF16;
+        const size_t esz = rs_dtype_size(w->dtype);
+        for (int64_t o0 = 0; o0 < out; o0 += RS_FP8_BLOCK) {
+            const int64_t rows = RS_MIN((int64_t)RS_FP8_BLOCK, out - o0);
+            const void *band = (const char *)w->data + (size_t)o0 * (size_t)in * esz;
+            uint8_t *qb = q + (size_t)o0 * (size_t)in;
+            float *srow = scale_inv + (o0 / RS_FP8_BLOCK) * nbi;
+            if (simd == RS_CPU_SIMD_AVX512) band_avx512(band, bf16, rows, in, qb, srow);
+            else band_avx2(band, bf16, rows, in, qb, srow);
+        }
+        return RS_OK;
+    }
+#endif
+    (void)simd;
+    return rs_fp8_quantize_weight_ref(w, q, scale_inv);
+}
+
+/* ---- level detection (no backend context here: the loader quantizes for any backend) ---- */
+
+static rs_cpu_simd detect(void) {
+    rs_cpu_simd s = RS_CPU_SIMD_SCALAR;
+#if RS_CPU_FP8_X86
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx512f")) s = RS_CPU_SIMD_AVX512;
+    else if (__builtin_cpu_supports("avx2")) s = RS_CPU_SIMD_AVX2;
+#endif
+    const char *e = getenv("RS_CPU_SIMD");
+    if (e && strcmp(e, "scalar") == 0) s = RS_CPU_SIMD_SCALAR;
+    else if (e && strcmp(e, "avx2") == 0 && s > RS_CPU_SIMD_AVX2) s = RS_CPU_SIMD_AVX2;
+    return s;
+}
+
+static rs_cpu_simd detected;
+static pthread_once_t detected_once = PTHREAD_ONCE_INIT;
+
+static void detect_once(void) { detected = detect(); }
+
+rs_cpu_simd rs_cpu_fp8_wquant_simd(void) {
+    pthread_once(&detected_once, detect_once);
+    return detected;
+}
