@@ -9,6 +9,7 @@
 
 #include <pthread.h>
 #include <stdlib.h>
+#include <string.h>
 #include <unistd.h>
 
 #include "rs.h"
@@ -82,7 +83,11 @@ rs_pool *rs_pool_init(int n_threads) {
         worker_arg *arg = rs_xmalloc(sizeof *arg);
         arg->p = p;
         arg->tid = t;
-        RS_ASSERT(pthread_create(&p->threads[t], NULL, worker_main, arg) == 0);
+        int rc = pthread_create(&p->threads[t], NULL, worker_main, arg);
+        if (rc != 0) { /* start-up failure, not a bug: say why and exit */
+            RS_ERROR("cannot start worker thread %d of %d: %s", t, n_threads, strerror(rc));
+            exit(1);
+        }
     }
     return p;
 }

@@ -304,7 +304,7 @@ int rs_engine_calibrate_kv(rs_engine *e, rs_error *err) {
     if (e->pool.layers[0].scale_mode != RS_KV_SCALE_PER_HEAD || e->opts.kv_scales_static) return RS_OK;
     size_t n = (size_t)c->n_layers * (size_t)c->n_kv_heads;
     float *k = rs_xmalloc(sizeof(float) * n), *v = rs_xmalloc(sizeof(float) * n);
-    rs_kv_calib_opts co = {.tokens = NULL, .n_tokens = 0,
+    rs_kv_calib_opts co = {.tokens = NULL, .n_tokens = RS_MIN(e->opts.kv_calib_tokens, c->max_position),
                            .percentile = e->opts.kv_calib_percentile > 0 ? e->opts.kv_calib_percentile : 1.0f,
                            .margin = e->opts.kv_calib_margin > 0 ? e->opts.kv_calib_margin : 1.0f};
     double t0 = rs_now_s();
@@ -369,7 +369,13 @@ void rs_engine_get_stats(const rs_engine *e, rs_engine_stats *out) {
 
 const rs_model_config *rs_engine_model_config(const rs_engine *e) { return &e->model->cfg; }
 const rs_engine_limits *rs_engine_get_limits(const rs_engine *e) { return &e->opts.limits; }
-const char *rs_engine_weight_version(const rs_engine *e) { return e->weight_version; }
+const char *rs_engine_weight_version(const rs_engine *e) {
+    static _Thread_local char copy[64]; /* the engine thread rewrites e->weight_version under stats_mu */
+    pthread_mutex_lock((pthread_mutex_t *)&e->stats_mu);
+    snprintf(copy, sizeof copy, "%s", e->weight_version);
+    pthread_mutex_unlock((pthread_mutex_t *)&e->stats_mu);
+    return copy;
+}
 
 int rs_engine_submit(rs_engine *e, rs_gen_job *job, rs_error *err) {
     pthread_mutex_lock(&e->mu);
@@ -964,7 +970,9 @@ static void seq_new_version(rs_seq *s, const char *version) {
 
 /* Every live output records the new version from its next token on. */
 static void set_weight_version(rs_engine *e, const char *version) {
+    pthread_mutex_lock(&e->stats_mu);
     snprintf(e->weight_version, sizeof e->weight_version, "%s", version);
+    pthread_mutex_unlock(&e->stats_mu);
     for (int i = 0; i < e->n_running; i++) seq_new_version(e->running[i], version);
     for (rs_seq *s = e->wait_head; s; s = s->next) seq_new_version(s, version);
 }
@@ -1097,7 +1105,10 @@ static void *engine_main(void *arg) {
         bool stop = e->stop;
         pthread_mutex_unlock(&e->mu);
         if (stop) break;
-        if (work) engine_step(e);
+        if (work) {
+            engine_step(e);
+            publish_stats(e); /* so an idle engine's stats show its last step */
+        }
     }
     finish_all(e, "server shutting down");
     return NULL;

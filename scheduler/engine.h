@@ -143,6 +143,7 @@ typedef struct rs_engine_opts {
     rs_kv_scale_mode kv_scale_mode;
     float kv_calib_margin;      /* calibrated scale = stat * margin / 448 */
     float kv_calib_percentile;  /* stat = this percentile of |K|, |V| (1.0 = amax) */
+    int kv_calib_tokens;        /* length of the calibration token set (<= 0: 512) */
     bool kv_scales_static;      /* per-head scales from the checkpoint (self_attn.k_scale/v_scale),
                                  * kept across weight updates, instead of calibration */
     rs_engine_limits limits;
@@ -235,6 +236,7 @@ int rs_engine_calibrate_kv(rs_engine *e, rs_error *err);
 
 const rs_model_config *rs_engine_model_config(const rs_engine *e);
 const rs_engine_limits *rs_engine_get_limits(const rs_engine *e);
+/* Thread-safe: a copy in a per-thread buffer, valid until this thread's next call. */
 const char *rs_engine_weight_version(const rs_engine *e);
 
 #endif /* RS_ENGINE_H */
