@@ -53,7 +53,7 @@ TEST_OBJ := $(patsubst %.c,$(BUILD)/%.o,$(TEST_SRC))
 DEPS_OK  := $(BUILD)/.deps-ok
 
 PROGRAMS := $(BUILD)/rolloutd $(BUILD)/rollout-bench $(BUILD)/make-default-model $(BUILD)/unit-tests \
-            $(BUILD)/bench-matmul $(BUILD)/bench-quant $(BUILD)/fp8-mismatch $(BUILD)/rl-bench
+            $(BUILD)/bench-matmul $(BUILD)/bench-quant $(BUILD)/fp8-mismatch $(BUILD)/rl-bench $(BUILD)/bench-inproc
 
 .PHONY: all run test unit e2e fuzz clean deps
 all: $(PROGRAMS)
@@ -101,6 +101,9 @@ $(BUILD)/rl-bench: $(BUILD)/tools/rl_bench.o $(BUILD)/librolloutd.a
 	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
 
 $(BUILD)/bench-quant: $(BUILD)/tools/bench_quant.o $(BUILD)/librolloutd.a
+	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
+
+$(BUILD)/bench-inproc: $(BUILD)/tools/bench_inproc.o $(BUILD)/librolloutd.a
 	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
 
 $(BUILD)/unit-tests: $(TEST_OBJ) $(BUILD)/librolloutd.a
@@ -153,4 +156,4 @@ fuzz: $(FUZZ_TARGETS)
 clean:
 	rm -rf build build-san build-fuzz
 
--include $(LIB_OBJ:.o=.d) $(TEST_OBJ:.o=.d)
+-include $(LIB_OBJ:.o=.d) $(TEST_OBJ:.o=.d) $(BUILD)/server/main.d $(wildcard $(BUILD)/tools/*.d)

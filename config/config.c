@@ -66,14 +66,32 @@ static const rs_config_entry entries[] = {
      "or the checkpoint's self_attn.k_scale/v_scale", 0},
     {"kv-calib-margin", RS_CONFIG_TYPE_FLOAT, F(kv_calib_margin), 0.1, 100, "1.2", NULL,
      "calibrated KV scale = statistic x margin / 448", 0},
+    {"kv-calib-tokens", RS_CONFIG_TYPE_INT, F(kv_calib_tokens), 16, 65536, "256", NULL,
+     "tokens in the fixed KV calibration set, run at start and after every weight update", 0},
     {"kv-calib-percentile", RS_CONFIG_TYPE_FLOAT, F(kv_calib_percentile), 0.5, 1, "1", NULL,
      "statistic of |K|, |V| per layer and head that calibration uses (1 = max)", 0},
     {"admission-new-token-ratio", RS_CONFIG_TYPE_FLOAT, F(admission_new_token_ratio), 0, 1, "0.4", NULL,
      "share of each running sequence's remaining max_new_tokens that admission keeps pages for", 0},
     {"weight-version", RS_CONFIG_TYPE_STRING, F(weight_version), 1, 63, "0", NULL,
      "weight_version reported for the weights loaded at start", 0},
+    {"weight-staging-mb", RS_CONFIG_TYPE_INT, F(weight_staging_mb), 0, 16777216, "0", NULL,
+     "memory a weight update may stage (converted tensors, until commit) in MiB; 0 = the model's own size", 0},
+    {"allowed-weight-dir", RS_CONFIG_TYPE_STRING, F(allowed_weight_dir), 0, 4095, "", NULL,
+     "/update_weights_from_disk reads checkpoints only below this directory; empty = the route is disabled", 0},
+    {"weight-update-timeout", RS_CONFIG_TYPE_FLOAT, F(weight_update_timeout), 0, 86400, "300", NULL,
+     "seconds a streamed weight update may wait for its next bucket before it is dropped (0 = forever)", 0},
     {"api-key", RS_CONFIG_TYPE_STRING, F(api_key), 0, 255, "", NULL,
-     "if set, every route but /health needs 'Authorization: Bearer <key>'", RS_CONFIG_SECRET},
+     "if set, every route but /health and /metrics needs 'Authorization: Bearer <key>'", RS_CONFIG_SECRET},
+    {"served-model-name", RS_CONFIG_TYPE_STRING, F(served_model_name), 0, 255, "", NULL,
+     "model name of /v1/completions and /v1/models (a request naming another model gets 404); "
+     "empty = the --model value, or 'default' for the embedded model", 0},
+    {"incremental-streaming-output", RS_CONFIG_TYPE_BOOL, F(incremental_streaming_output), 0, 1, "false", NULL,
+     "streamed /generate events carry only the tokens new since the previous event (SGLang's flag); "
+     "false = cumulative events, SGLang's default", 0},
+    {"health-generate-timeout", RS_CONFIG_TYPE_FLOAT, F(health_generate_timeout), 0.1, 3600, "20", NULL,
+     "seconds /health_generate waits for its one-token probe before answering 503", 0},
+    {"http-threads", RS_CONFIG_TYPE_INT, F(http_threads), 0, 256, "0", NULL,
+     "HTTP worker threads (libmicrohttpd thread pool; 0 = one per core)", 0},
 };
 
 #undef F

@@ -40,13 +40,21 @@ typedef struct rs_config {
     double drain_timeout;       /* seconds to wait for in-flight requests on SIGTERM */
     char log_level[16];         /* debug | info | warn | error */
     char api_key[256];          /* empty = no auth */
-    char weight_version[64];
+    char weight_version[64];            /* version reported for the weights loaded at start */
     int max_top_logprobs;       /* cap on top_logprobs_num */
     bool prefix_cache;
     char kv_cache_dtype[8];     /* fp8 | bf16 | f32 */
     char kv_scale_mode[16];     /* calibrate | dynamic */
     double kv_calib_margin, kv_calib_percentile;
-    double admission_new_token_ratio;    /* version reported for the weights loaded at start */
+    int kv_calib_tokens;
+    double admission_new_token_ratio;    /* share of remaining max_new_tokens admission reserves pages for */
+    char served_model_name[256];         /* /v1 "model"; empty = the --model value, or "default" */
+    bool incremental_streaming_output;   /* /generate SSE events carry only new tokens */
+    double health_generate_timeout;      /* seconds /health_generate waits for its probe */
+    int http_threads;                    /* libmicrohttpd worker threads; 0 = one per core */
+    int weight_staging_mb;               /* weight-update staging limit in MiB; 0 = the model's own size */
+    char allowed_weight_dir[4096];       /* /update_weights_from_disk reads only below this; empty = off */
+    double weight_update_timeout;        /* seconds an open streamed update may wait for its next bucket */
 } rs_config;
 
 typedef enum rs_config_type {

@@ -1,6 +1,7 @@
 /*
  * loader.c — loads a Hugging Face model directory onto a backend: config, every weight the
- * architecture needs, the RoPE frequency table; and the weight store that owns the memory.
+ * architecture needs, and the RoPE frequency table. The memory lives in a weight store and every
+ * tensor goes through rs_weight_convert (update.h), the code weight updates use as well.
  *
  * The loader is a checklist driven by the config: for each tensor the forward pass will read it
  * knows the HF name, the shape and the dtypes it accepts, and it fails on the first tensor that is
@@ -25,8 +26,9 @@
  *
  * The checkpoint is mmap'ed (safetensors.c); each tensor is copied straight from the mapping to its
  * backend allocation, and the mapping is dropped before returning, so peak host memory is the page
- * cache plus the largest 1-D tensor, or with FP8 quantization at load the largest matrix in F32
- * (BF16 stays BF16) plus its codes.
+ * cache plus the largest 1-D tensor, or with FP8 quantization at load the largest matrix's codes
+ * and scales plus one 128-row band per thread (matrices are quantized band by band on a pool of
+ * every core, which is bit-identical to quantizing them whole: update.h).
  *
  * rope_inv_freq reproduces transformers' float32 arithmetic (modeling_rope_utils.py, 5.x):
  *   inv_freq = 1 / theta ** (arange(0, dim, 2).float() / dim)
@@ -45,16 +47,7 @@
 #include "model.h"
 #include "quant.h"
 #include "safetensors.h"
-
-/* Owns every backend allocation behind an rs_model's tensors, and the host arrays of MoE
- * expert descriptors. Freed by rs_model_free. */
-struct rs_weight_store {
-    rs_backend *backend;    /* borrowed */
-    void **ptrs;            /* [n] backend allocations, owned */
-    size_t n, cap;
-    size_t bytes;           /* sum of allocation sizes */
-    rs_tensor *experts;     /* [n_moe_layers * 3 * n_experts] host descriptors, owned */
-};
+#include "update.h"
 
 typedef struct loader {
     const char *dir;
@@ -62,7 +55,7 @@ typedef struct loader {
     const rs_quant_policy *qp;      /* borrowed; NULL = matrices as stored */
     rs_st_dir *st;          /* owned while loading */
     bool *used;             /* [rs_st_dir_count] tensors consumed so far */
-    struct rs_weight_store *ws;
+    rs_weight_store *ws;
     int64_t params;
     /* FP8 matrices: quantized here or stored FP8, their resident bytes and their BF16 size */
     int n_quantized, n_stored_fp8;
@@ -75,26 +68,6 @@ typedef struct loader {
 
 enum { KIND_MATRIX, KIND_VECTOR };
 
-static void *store_alloc(struct rs_weight_store *ws, size_t bytes) {
-    void *p = rs_backend_alloc(ws->backend, bytes ? bytes : 1);
-    if (!p) return NULL;
-    if (ws->n == ws->cap) {
-        ws->cap = ws->cap ? 2 * ws->cap : 256;
-        ws->ptrs = rs_xrealloc(ws->ptrs, ws->cap * sizeof *ws->ptrs);
-    }
-    ws->ptrs[ws->n++] = p;
-    ws->bytes += bytes;
-    return p;
-}
-
-static void store_free(struct rs_weight_store *ws) {
-    if (!ws) return;
-    for (size_t i = 0; i < ws->n; i++) rs_backend_free_mem(ws->backend, ws->ptrs[i]);
-    free(ws->ptrs);
-    free(ws->experts);
-    free(ws);
-}
-
 static void fmt_shape(char *buf, size_t cap, int ndim, const int64_t *shape) {
     size_t k = (size_t)snprintf(buf, cap, "[");
     for (int i = 0; i < ndim && k < cap; i++)
@@ -102,28 +75,27 @@ static void fmt_shape(char *buf, size_t cap, int ndim, const int64_t *shape) {
     if (k < cap) snprintf(buf + k, cap - k, "]");
 }
 
-/* Converts n elements of a 1-D tensor to f32; src may be unaligned. */
-static void vector_to_f32(float *dst, const rs_st_tensor *t, size_t n) {
-    const uint8_t *p = t->data;
-    for (size_t i = 0; i < n; i++) {
-        if (t->dtype == RS_DTYPE_F32) {
-            memcpy(&dst[i], p + 4 * i, 4);
-        } else {
-            uint16_t h;
-            memcpy(&h, p + 2 * i, 2);
-            dst[i] = t->dtype == RS_DTYPE_BF16 ? rs_bf16_to_f32(h) : rs_f16_to_f32(h);
-        }
-    }
+/* A safetensors tensor as a conversion source (update.h); its data may be unaligned. */
+static rs_weight_src st_src(const rs_st_tensor *t) {
+    rs_weight_src s = {.dtype = t->dtype, .ndim = t->ndim, .data = t->data};
+    s.shape[0] = t->ndim > 0 ? t->shape[0] : 1;
+    s.shape[1] = t->ndim > 1 ? t->shape[1] : 0;
+    return s;
 }
 
-/* Uploads `bytes` bytes from host memory into a new store allocation; *dst receives it. */
-static int upload_new(loader *L, void **dst, const void *host, size_t bytes, const char *name) {
-    *dst = store_alloc(L->ws, bytes);
-    if (!*dst)
-        return rs_error_set(L->err, RS_ENOMEM, name, "backend out of memory allocating %zu bytes for tensor '%s'",
-                            bytes, name);
-    rs_backend_upload(L->ws->backend, *dst, host, bytes);
-    return RS_OK;
+/* Prefixes err's message with the file the tensor came from. */
+static int in_file(rs_error *err, int rc, const char *file) {
+    if (!err) return rc;
+    char msg[sizeof err->message];
+    const size_t cap = sizeof msg, fl = strlen(file), ml = strnlen(err->message, cap - 1);
+    if (fl + 2 >= cap) return rc;
+    const size_t keep = RS_MIN(ml, cap - 1 - fl - 2);
+    memcpy(msg, file, fl);
+    memcpy(msg + fl, ": ", 2);
+    memcpy(msg + fl + 2, err->message, keep);
+    msg[fl + 2 + keep] = '\0';
+    memcpy(err->message, msg, cap);
+    return rc;
 }
 
 static void count_fp8(loader *L, const rs_tensor *t) {
@@ -134,47 +106,16 @@ static void count_fp8(loader *L, const rs_tensor *t) {
 }
 
 /* Quantizes a BF16/F16/F32 matrix `t` ([out][in], shape already checked) on the host and uploads
- * its E4M3 codes and block scales into *out. */
+ * its E4M3 codes and block scales into *out (rs_weight_convert, the same code weight updates use). */
 static int load_quantized(loader *L, rs_tensor *out, const rs_st_tensor *t, const char *name) {
-    const int64_t rows = out->shape[0], cols = out->shape[1];
-    const size_t n = (size_t)rows * (size_t)cols;
-    const size_t n_scales = (size_t)(rs_fp8_blocks(rows) * rs_fp8_blocks(cols));
-    /* an aligned host copy: BF16 as it is, F32 as it is, F16 widened to F32 (exact) */
-    rs_tensor host = {.ndim = 2, .shape = {rows, cols}};
-    host.dtype = t->dtype == RS_DTYPE_BF16 ? RS_DTYPE_BF16 : RS_DTYPE_F32;
-    host.data = rs_xmalloc(rs_tensor_nbytes(&host));
-    if (t->dtype == RS_DTYPE_F16) {
-        float *f = host.data;
-        for (size_t i = 0; i < n; i++) {
-            uint16_t h;
-            memcpy(&h, (const uint8_t *)t->data + 2 * i, 2);
-            f[i] = rs_f16_to_f32(h);
-        }
-    } else {
-        memcpy(host.data, t->data, rs_tensor_nbytes(&host));
-    }
-    uint8_t *codes = rs_xmalloc(n);           /* [out][in] e4m3 */
-    float *scales = rs_xmalloc(n_scales * sizeof *scales); /* [ceil(out/128)][ceil(in/128)] */
-    int rc = rs_fp8_quantize_weight(&host, codes, scales);
-    free(host.data);
-    if (rc != RS_OK) {
-        rc = rs_error_set(L->err, RS_EINTERNAL, name, "cannot quantize tensor '%s' (%s)", name, rs_err_name(rc));
-        goto done;
-    }
-    out->dtype = RS_DTYPE_E4M3;
-    if ((rc = upload_new(L, &out->data, codes, n, name)) != RS_OK) goto done;
-    void *s;
-    if ((rc = upload_new(L, &s, scales, n_scales * sizeof *scales, name)) != RS_OK) goto done;
-    out->scale_inv = s;
-    count_fp8(L, out);
-done:
-    free(codes);
-    free(scales);
+    rs_weight_src src = st_src(t);
+    int rc = rs_weight_convert(L->ws, name, RS_DTYPE_E4M3, &src, out, L->err);
+    if (rc == RS_OK) count_fp8(L, out);
     return rc;
 }
 
 /* Copies an F8_E4M3 matrix of an FP8 checkpoint ([out][in], shape already checked) and its
- * `<name>_scale_inv` into *out, unchanged. */
+ * `<name>_scale_inv` into *out, unchanged (scales widened to F32 and checked finite, >= 0). */
 static int load_stored_fp8(loader *L, rs_tensor *out, const rs_st_tensor *t, const char *name, const char *file) {
     const int64_t rows = out->shape[0], cols = out->shape[1];
     const int64_t want[2] = {rs_fp8_blocks(rows), rs_fp8_blocks(cols)};
@@ -197,27 +138,14 @@ static int load_stored_fp8(loader *L, rs_tensor *out, const rs_st_tensor *t, con
     if (s->dtype != RS_DTYPE_F32 && s->dtype != RS_DTYPE_BF16)
         return rs_error_set(L->err, RS_EUNSUPPORTED, sname, "%s: scale tensor '%s' has dtype %s, expected F32 or BF16",
                             sfile, sname, s->st_dtype);
-    const size_t n_scales = (size_t)(want[0] * want[1]);
-    float *scales = rs_xmalloc(n_scales * sizeof *scales); /* [ceil(out/128)][ceil(in/128)] f32 */
-    vector_to_f32(scales, s, n_scales);
-    int rc = RS_OK;
-    for (size_t i = 0; i < n_scales; i++) {
-        if (!(scales[i] >= 0.0f) || isinf(scales[i])) {
-            rc = rs_error_set(L->err, RS_EFORMAT, sname, "%s: scale tensor '%s' holds %g at [%zu][%zu]", sfile, sname,
-                              (double)scales[i], i / (size_t)want[1], i % (size_t)want[1]);
-            goto done;
-        }
-    }
-    out->dtype = RS_DTYPE_E4M3;
-    if ((rc = upload_new(L, &out->data, t->data, (size_t)(rows * cols), name)) != RS_OK) goto done;
-    void *dev;
-    if ((rc = upload_new(L, &dev, scales, n_scales * sizeof *scales, name)) != RS_OK) goto done;
-    out->scale_inv = dev;
+    rs_weight_src src = st_src(t);
+    src.scale_inv = s->data;
+    src.scale_dtype = s->dtype;
+    int rc = rs_weight_convert(L->ws, name, RS_DTYPE_E4M3, &src, out, L->err);
+    if (rc != RS_OK) return in_file(L->err, rc, sfile);
     count_fp8(L, out);
     L->n_stored_fp8++;
-done:
-    free(scales);
-    return rc;
+    return RS_OK;
 }
 
 /* Loads the tensor named by fmt... with the expected shape ([d0] or [d0][d1]) into *out. `layer`
@@ -274,14 +202,10 @@ static int load_tensor(loader *L, rs_tensor *out, int kind, int layer, int64_t d
         snprintf(L->first_unlisted, sizeof L->first_unlisted, "%s", name);
     if (eligible && rs_quant_should_quantize(L->qp, L->cfg, name, layer)) return load_quantized(L, out, t, name);
 
-    out->dtype = kind == KIND_MATRIX ? t->dtype : RS_DTYPE_F32;
-    size_t nbytes = rs_tensor_nbytes(out);
-    if (kind == KIND_MATRIX) return upload_new(L, &out->data, t->data, nbytes, name);
-    float *host = rs_xmalloc(nbytes);
-    vector_to_f32(host, t, (size_t)d0);
-    int rc = upload_new(L, &out->data, host, nbytes, name);
-    free(host);
-    return rc;
+    /* matrices as stored, vectors widened to F32 */
+    rs_weight_src src = st_src(t);
+    int rc = rs_weight_convert(L->ws, name, kind == KIND_MATRIX ? t->dtype : RS_DTYPE_F32, &src, out, L->err);
+    return rc == RS_OK ? RS_OK : in_file(L->err, rc, file);
 }
 
 static int load_layer(loader *L, const rs_model_config *c, int l, rs_layer_weights *w, rs_tensor *experts) {
@@ -338,9 +262,9 @@ static int load_weights(loader *L, rs_model *m) {
     m->layers = rs_xcalloc((size_t)c->n_layers, sizeof *m->layers);
     int n_moe = 0;
     for (int l = 0; l < c->n_layers; l++) n_moe += c->layer_is_moe[l];
-    if (n_moe) L->ws->experts = rs_xcalloc((size_t)n_moe * 3 * (size_t)c->n_experts, sizeof *L->ws->experts);
+    rs_tensor *experts = n_moe ? rs_weight_store_experts(L->ws, (size_t)n_moe * 3 * (size_t)c->n_experts) : NULL;
     for (int l = 0, k = 0; l < c->n_layers; l++) {
-        rs_tensor *ex = c->layer_is_moe[l] ? L->ws->experts + (size_t)(k++) * 3 * (size_t)c->n_experts : NULL;
+        rs_tensor *ex = c->layer_is_moe[l] ? experts + (size_t)(k++) * 3 * (size_t)c->n_experts : NULL;
         if ((rc = load_layer(L, c, l, &m->layers[l], ex)) != RS_OK) return rc;
     }
     if ((rc = load_tensor(L, &m->final_norm, KIND_VECTOR, -1, c->hidden, 0, "model.norm.weight"))) return rc;
@@ -379,7 +303,7 @@ static void rope_inv_freq(const rs_model_config *c, float *out /* [head_dim/2] *
 
 void rs_model_free(rs_model *m) {
     if (!m) return;
-    store_free(m->store);
+    rs_weight_store_free(m->store);
     free(m->layers);
     free(m->rope_inv_freq);
     free(m);
@@ -415,6 +339,7 @@ static void log_quantization(const loader *L, rs_model *m) {
 int rs_model_load(const char *dir, rs_backend *b, const rs_quant_policy *qp, rs_model **out, rs_error *err) {
     double t0 = rs_now_s();
     loader L = {.dir = dir, .qp = qp, .err = err};
+    rs_pool *pool = NULL;
     rs_model *m = rs_xcalloc(1, sizeof *m);
     int rc;
     if (strlen(dir) >= sizeof m->path) {
@@ -426,9 +351,9 @@ int rs_model_load(const char *dir, rs_backend *b, const rs_quant_policy *qp, rs_
     if ((rc = rs_model_config_load(dir, &m->cfg, err)) != RS_OK) goto fail;
     L.cfg = &m->cfg;
     if ((rc = rs_st_dir_open(&L.st, dir, err)) != RS_OK) goto fail;
-    m->store = rs_xcalloc(1, sizeof *m->store);
-    m->store->backend = b;
-    L.ws = m->store;
+    m->store = L.ws = rs_weight_store_new(b);
+    pool = rs_pool_init(0); /* start-up: quantize matrices on every core */
+    rs_weight_store_set_pool(L.ws, pool);
     L.used = rs_xcalloc(rs_st_dir_count(L.st) + 1, sizeof *L.used);
     if ((rc = load_weights(&L, m)) != RS_OK) goto fail;
 
@@ -437,7 +362,7 @@ int rs_model_load(const char *dir, rs_backend *b, const rs_quant_policy *qp, rs_
         const rs_st_tensor *t = rs_st_dir_tensor_at(L.st, i, &file);
         if (!L.used[i]) RS_DEBUG("model | ignoring tensor '%s' in %s", t->name, file);
     }
-    m->weight_bytes = m->store->bytes;
+    m->weight_bytes = rs_weight_store_bytes(m->store);
     log_quantization(&L, m);
     m->rope_inv_freq = rs_xcalloc((size_t)m->cfg.head_dim / 2, sizeof *m->rope_inv_freq);
     rope_inv_freq(&m->cfg, m->rope_inv_freq);
@@ -450,12 +375,15 @@ int rs_model_load(const char *dir, rs_backend *b, const rs_quant_policy *qp, rs_
             dir, rs_arch_name(c->arch), c->n_layers, n_moe, c->hidden, c->n_heads, c->n_kv_heads, c->head_dim,
             c->vocab_size, (double)L.params / 1e6, (double)m->weight_bytes / (1 << 20), b->ops->name,
             rs_now_s() - t0);
+    rs_weight_store_set_pool(m->store, NULL);
+    rs_pool_free(pool);
     rs_st_dir_close(L.st);
     free(L.used);
     *out = m;
     return RS_OK;
 
 fail:
+    rs_pool_free(pool);
     rs_st_dir_close(L.st);
     free(L.used);
     rs_model_free(m);

@@ -13,7 +13,6 @@
  */
 #include "generate.h"
 
-#include <float.h>
 #include <jansson.h>
 #include <limits.h>
 #include <math.h>
@@ -21,103 +20,18 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "json_util.h"
+
 /* ---------------------------------------------------------------- field readers */
 
-/* A JSON value as a message shows it: numbers and literals by value, containers by kind. */
-static void describe(const json_t *v, char *buf, size_t n) {
-    switch (json_typeof(v)) {
-    case JSON_INTEGER: snprintf(buf, n, "%" JSON_INTEGER_FORMAT, json_integer_value(v)); return;
-    case JSON_REAL: snprintf(buf, n, "%g", json_real_value(v)); return;
-    case JSON_TRUE: snprintf(buf, n, "true"); return;
-    case JSON_FALSE: snprintf(buf, n, "false"); return;
-    case JSON_NULL: snprintf(buf, n, "null"); return;
-    case JSON_STRING: snprintf(buf, n, "a string"); return;
-    case JSON_ARRAY: snprintf(buf, n, "a list"); return;
-    case JSON_OBJECT: snprintf(buf, n, "an object"); return;
-    }
-    snprintf(buf, n, "?");
-}
+#define bad_type rs_json_bad_type
+#define get_int rs_json_get_int
+#define get_float rs_json_get_float
+#define get_bool rs_json_get_bool
+#define get_ids rs_json_get_ids
 
-static int bad_type(rs_error *err, const char *param, const char *want, const json_t *v) {
-    char got[64];
-    describe(v, got, sizeof got);
-    return rs_error_set(err, RS_EINVAL, param, "%s must be %s, got %s", param, want, got);
-}
-
-static int get_int(const json_t *v, const char *param, long long min, long long max, long long *out,
-                   rs_error *err) {
-    if (!json_is_integer(v)) return bad_type(err, param, "an integer", v);
-    long long x = json_integer_value(v);
-    if (x < min) return rs_error_set(err, RS_EINVAL, param, "%s must be >= %lld, got %lld", param, min, x);
-    if (x > max) return rs_error_set(err, RS_EINVAL, param, "%s must be <= %lld, got %lld", param, max, x);
-    *out = x;
-    return RS_OK;
-}
-
-/* An int or a real (jansson already rejects NaN, inf and reals that overflow a double); also
- * bounded to what a float holds, since sampling parameters are stored as float. */
-static int get_float(const json_t *v, const char *param, double *out, rs_error *err) {
-    if (!json_is_number(v)) return bad_type(err, param, "a number", v);
-    double x = json_number_value(v);
-    if (!isfinite(x) || fabs(x) > FLT_MAX)
-        return rs_error_set(err, RS_EINVAL, param, "%s is out of range, got %g", param, x);
-    *out = x;
-    return RS_OK;
-}
-
-static int get_bool(const json_t *v, const char *param, bool *out, rs_error *err) {
-    if (!json_is_boolean(v)) return bad_type(err, param, "true or false", v);
-    *out = json_is_true(v);
-    return RS_OK;
-}
-
-/* A list of token ids into a new int32 array (*out may be NULL when the list is empty). `param`
- * is what err names; `path` is how messages name the list ("input_ids[2]"). */
-static int get_ids(const json_t *arr, const char *param, const char *path, int32_t **out, int *n_out,
-                   rs_error *err) {
-    if (!json_is_array(arr)) return bad_type(err, path, "a list of token ids", arr);
-    size_t n = json_array_size(arr);
-    if (n > INT_MAX) return rs_error_set(err, RS_EINVAL, param, "%s has too many tokens", path);
-    int32_t *ids = n ? malloc(sizeof(int32_t) * n) : NULL;
-    if (n && !ids) return rs_error_set(err, RS_ENOMEM, param, "out of memory reading %s", path);
-    for (size_t i = 0; i < n; i++) {
-        const json_t *v = json_array_get(arr, i);
-        int rc = RS_OK;
-        if (!json_is_integer(v)) {
-            char got[64];
-            describe(v, got, sizeof got);
-            rc = rs_error_set(err, RS_EINVAL, param, "%s[%zu] must be an integer token id, got %s", path, i, got);
-        } else if (json_integer_value(v) < 0) {
-            rc = rs_error_set(err, RS_EINVAL, param, "%s[%zu] must be >= 0, got %" JSON_INTEGER_FORMAT, path, i,
-                              json_integer_value(v));
-        } else if (json_integer_value(v) > INT32_MAX) {
-            rc = rs_error_set(err, RS_EINVAL, param, "%s[%zu] must be < 2147483648, got %" JSON_INTEGER_FORMAT,
-                              path, i, json_integer_value(v));
-        }
-        if (rc != RS_OK) {
-            free(ids);
-            return rc;
-        }
-        ids[i] = (int32_t)json_integer_value(v);
-    }
-    *out = ids;
-    *n_out = (int)n;
-    return RS_OK;
-}
-
-/* A rid: a non-empty string of at most RS_RID_MAX bytes without control characters (it is echoed
- * into logs). */
 static int check_rid(const json_t *v, const char *param, rs_error *err) {
-    if (!json_is_string(v)) return bad_type(err, param, "a string", v);
-    const char *s = json_string_value(v);
-    size_t len = json_string_length(v);
-    if (len == 0) return rs_error_set(err, RS_EINVAL, param, "%s must not be empty", param);
-    if (len > RS_RID_MAX)
-        return rs_error_set(err, RS_EINVAL, param, "%s must be at most %d bytes, got %zu", param, RS_RID_MAX, len);
-    for (size_t i = 0; i < len; i++)
-        if ((unsigned char)s[i] < 0x20 || s[i] == 0x7f)
-            return rs_error_set(err, RS_EINVAL, param, "%s must not contain control characters", param);
-    return RS_OK;
+    return rs_json_check_name(v, param, RS_RID_MAX, err);
 }
 
 /* ---------------------------------------------------------------- request parts */
@@ -155,7 +69,7 @@ static int parse_rid(const json_t *v, rs_generate_req *r, rs_error *err) {
     if (json_is_string(v)) {
         int rc = check_rid(v, "rid", err);
         if (rc != RS_OK) return rc;
-        snprintf(job->rid, sizeof job->rid, "%s", json_string_value(v));
+        snprintf(r->rid, sizeof r->rid, "%s", json_string_value(v));
         return RS_OK;
     }
     if (!json_is_array(v)) return bad_type(err, "rid", "a string or a list of strings", v);
@@ -171,11 +85,57 @@ static int parse_rid(const json_t *v, rs_generate_req *r, rs_error *err) {
     r->prompt_rids = rs_xcalloc((size_t)job->n_prompts, sizeof(char *));
     for (int p = 0; p < job->n_prompts; p++)
         r->prompt_rids[p] = rs_xstrdup(json_string_value(json_array_get(v, (size_t)p)));
-    snprintf(job->rid, sizeof job->rid, "%s", r->prompt_rids[0]); /* names the job in logs */
+    snprintf(r->rid, sizeof r->rid, "%s", r->prompt_rids[0]); /* names the request in logs */
     return RS_OK;
 }
 
-static int parse_sampling(const json_t *obj, rs_sampling_params *sp, rs_error *err) {
+/* SGLang sampling fields that trainers send at their neutral value (slime and veRL send them all,
+ * see reference/engines.md 1.1). Accepted at that value, or with no effect when they only shape
+ * text (there is no tokenizer); anything else is RS_EUNSUPPORTED naming the field. Sets *known. */
+static int sglang_neutral(const char *key, const json_t *v, const char *param, bool *known, rs_error *err) {
+    static const char *const text_only[] = {"skip_special_tokens", "spaces_between_special_tokens", "no_stop_trim"};
+    static const char *const constrained[] = {"json_schema", "regex", "ebnf", "structural_tag", "stop_regex",
+                                              "custom_params"};
+    *known = true;
+    double f = 0;
+    int rc;
+    bool b;
+    for (size_t i = 0; i < RS_ARRAY_LEN(text_only); i++)
+        if (strcmp(key, text_only[i]) == 0) return json_is_null(v) ? RS_OK : get_bool(v, param, &b, err);
+    for (size_t i = 0; i < RS_ARRAY_LEN(constrained); i++)
+        if (strcmp(key, constrained[i]) == 0)
+            return json_is_null(v) ? RS_OK
+                                   : rs_error_set(err, RS_EUNSUPPORTED, param, "%s is not supported: constrained "
+                                                  "decoding and custom parameters are not implemented", param);
+    if (!strcmp(key, "frequency_penalty") || !strcmp(key, "presence_penalty") || !strcmp(key, "repetition_penalty")) {
+        if (json_is_null(v)) return RS_OK;
+        if ((rc = get_float(v, param, &f, err)) != RS_OK) return rc;
+        double neutral = strcmp(key, "repetition_penalty") == 0 ? 1.0 : 0.0;
+        if (f != neutral)
+            return rs_error_set(err, RS_EUNSUPPORTED, param, "%s is not supported: only %g (no penalty) is implemented",
+                                param, neutral);
+        return RS_OK;
+    }
+    if (strcmp(key, "stop") == 0) {
+        if (json_is_null(v) || (json_is_array(v) && json_array_size(v) == 0) ||
+            (json_is_string(v) && json_string_length(v) == 0))
+            return RS_OK;
+        if (!json_is_string(v) && !json_is_array(v)) return bad_type(err, param, "a string or a list of strings", v);
+        return rs_error_set(err, RS_EUNSUPPORTED, param,
+                            "%s is not supported: stop strings need a tokenizer; use stop_token_ids", param);
+    }
+    if (strcmp(key, "logit_bias") == 0) {
+        if (json_is_null(v)) return RS_OK;
+        if (!json_is_object(v)) return bad_type(err, param, "an object", v);
+        if (json_object_size(v) == 0) return RS_OK;
+        return rs_error_set(err, RS_EUNSUPPORTED, param, "%s is not supported: logit biases are not implemented", param);
+    }
+    *known = false;
+    return RS_OK;
+}
+
+static int parse_sampling(const json_t *obj, rs_sampling_params *sp, int *stream_interval, bool *seed_given,
+                          rs_error *err) {
     if (!json_is_object(obj)) return bad_type(err, "sampling_params", "an object", obj);
     const char *key;
     json_t *v;
@@ -213,7 +173,10 @@ static int parse_sampling(const json_t *obj, rs_sampling_params *sp, rs_error *e
         } else if (strcmp(key, "n") == 0) {
             if (!null && (rc = get_int(v, param, 1, INT_MAX, &i, err)) == RS_OK) sp->n = (int)i;
         } else if (strcmp(key, "sampling_seed") == 0) {
-            if (!null && (rc = get_int(v, param, 0, LLONG_MAX, &i, err)) == RS_OK) sp->seed = (uint64_t)i;
+            if (!null && (rc = get_int(v, param, 0, LLONG_MAX, &i, err)) == RS_OK) {
+                sp->seed = (uint64_t)i;
+                *seed_given = true;
+            }
         } else if (strcmp(key, "stop_token_ids") == 0) {
             if (!null) {
                 free(sp->stop_token_ids);
@@ -223,8 +186,10 @@ static int parse_sampling(const json_t *obj, rs_sampling_params *sp, rs_error *e
             }
         } else if (strcmp(key, "ignore_eos") == 0) {
             if (!null) rc = get_bool(v, param, &sp->ignore_eos, err);
+        } else if (strcmp(key, "stream_interval") == 0) {
+            if (!null && (rc = get_int(v, param, 1, INT_MAX, &i, err)) == RS_OK) *stream_interval = (int)i;
         } else {
-            known = false;
+            rc = sglang_neutral(key, v, param, &known, err);
         }
         if (!known) return rs_error_set(err, RS_EINVAL, param, "unknown field '%s'", param);
         if (rc != RS_OK) return rc;
@@ -232,28 +197,33 @@ static int parse_sampling(const json_t *obj, rs_sampling_params *sp, rs_error *e
     return RS_OK;
 }
 
-static int parse_logprobs_mode(const json_t *v, rs_logprobs_mode *mode, rs_error *err) {
-    if (!json_is_string(v)) return bad_type(err, "logprobs_mode", "a string", v);
-    const char *s = json_string_value(v);
-    static const char *const names[] = {[RS_LOGPROBS_DEFAULT] = "default", [RS_LOGPROBS_RAW] = "raw",
-                                        [RS_LOGPROBS_PROCESSED] = "processed"};
-    for (size_t i = 0; i < RS_ARRAY_LEN(names); i++) {
-        if (strcmp(s, names[i]) == 0) {
-            *mode = (rs_logprobs_mode)i;
-            return RS_OK;
-        }
-    }
-    return rs_error_set(err, RS_EINVAL, "logprobs_mode",
-                        "logprobs_mode must be one of 'default', 'raw', 'processed', got '%.64s'", s);
-}
+#define parse_logprobs_mode rs_json_get_logprobs_mode
 
 /* The top-level fields, collected before any is interpreted. */
 enum { F_RID, F_INPUT_IDS, F_SAMPLING, F_RETURN_LOGPROB, F_LOGPROB_START, F_TOP_LOGPROBS, F_LOGPROBS_MODE,
-       F_STREAM, F_COUNT };
+       F_STREAM,
+       /* SGLang fields accepted only at their neutral value (see check_top_neutral) */
+       F_TOKEN_IDS_LOGPROB, F_RETURN_TEXT_IN_LOGPROBS, F_RETURN_ROUTED_EXPERTS, F_RETURN_HIDDEN_STATES,
+       F_RETURN_SAMPLING_MASK, F_LOG_METRICS, F_COUNT };
 static const char *const top_fields[F_COUNT] = {
     "rid", "input_ids", "sampling_params", "return_logprob", "logprob_start_len", "top_logprobs_num",
     "logprobs_mode", "stream",
+    "token_ids_logprob", "return_text_in_logprobs", "return_routed_experts", "return_hidden_states",
+    "return_sampling_mask", "log_metrics",
 };
+
+/* token_ids_logprob: null only. return_text_in_logprobs, log_metrics: any bool (no tokenizer: the
+ * text slot of a logprob triple is always null; metrics are always kept). The return_* extras:
+ * false only. */
+static int check_top_neutral(int k, const json_t *v, rs_error *err) {
+    const char *name = top_fields[k];
+    if (k == F_TOKEN_IDS_LOGPROB)
+        return rs_error_set(err, RS_EUNSUPPORTED, name, "%s is not supported: use top_logprobs_num", name);
+    bool b = false;
+    int rc = get_bool(v, name, &b, err);
+    if (rc != RS_OK || k == F_RETURN_TEXT_IN_LOGPROBS || k == F_LOG_METRICS || !b) return rc;
+    return rs_error_set(err, RS_EUNSUPPORTED, name, "%s is not supported", name);
+}
 
 static int parse_fields(json_t *root, rs_generate_req *r, rs_error *err) {
     rs_gen_job *job = r->job;
@@ -275,7 +245,7 @@ static int parse_fields(json_t *root, rs_generate_req *r, rs_error *err) {
     if (!f[F_INPUT_IDS]) return rs_error_set(err, RS_EINVAL, "input_ids", "input_ids is required");
     if ((rc = parse_input_ids(f[F_INPUT_IDS], job, err)) != RS_OK) return rc;
     if (f[F_RID] && (rc = parse_rid(f[F_RID], r, err)) != RS_OK) return rc;
-    if (f[F_SAMPLING] && (rc = parse_sampling(f[F_SAMPLING], &job->sp, err)) != RS_OK) return rc;
+    if (f[F_SAMPLING] && (rc = parse_sampling(f[F_SAMPLING], &job->sp, &r->stream_interval, &r->seed_given, err)) != RS_OK) return rc;
     if (f[F_RETURN_LOGPROB] && (rc = get_bool(f[F_RETURN_LOGPROB], "return_logprob", &job->return_logprob, err)))
         return rc;
     if (f[F_LOGPROB_START]) {
@@ -288,11 +258,10 @@ static int parse_fields(json_t *root, rs_generate_req *r, rs_error *err) {
     }
     if (f[F_LOGPROBS_MODE] && (rc = parse_logprobs_mode(f[F_LOGPROBS_MODE], &job->logprobs_mode, err)) != RS_OK)
         return rc;
-    if (f[F_STREAM]) {
-        bool stream = false;
-        if ((rc = get_bool(f[F_STREAM], "stream", &stream, err)) != RS_OK) return rc;
-        if (stream) return rs_error_set(err, RS_EUNSUPPORTED, "stream", "stream is not supported yet");
-    }
+    if (f[F_STREAM] && (rc = get_bool(f[F_STREAM], "stream", &r->stream, err)) != RS_OK) return rc;
+    for (int k = F_TOKEN_IDS_LOGPROB; k < F_COUNT; k++)
+        if (f[k] && (rc = check_top_neutral(k, f[k], err)) != RS_OK) return rc;
+    job->stream = r->stream;
     /* As in SGLang, logprob_start_len only means something with return_logprob; without it the
      * engine must not spend a forward row per prompt token on scores nobody receives. */
     if (!job->return_logprob) {
@@ -304,20 +273,11 @@ static int parse_fields(json_t *root, rs_generate_req *r, rs_error *err) {
 
 int rs_generate_parse(const char *body, size_t len, rs_generate_req *out, rs_error *err) {
     memset(out, 0, sizeof *out);
-    if (len == 0) return rs_error_set(err, RS_EINVAL, NULL, "request body is empty; expected a JSON object");
-    json_error_t jerr;
-    json_t *root = json_loadb(body, len, JSON_REJECT_DUPLICATES, &jerr);
-    if (!root)
-        return rs_error_set(err, RS_EINVAL, NULL, "invalid JSON: %s (line %d, column %d)", jerr.text, jerr.line,
-                            jerr.column);
-    if (!json_is_object(root)) {
-        int rc = bad_type(err, "body", "a JSON object", root);
-        err->param[0] = '\0';
-        json_decref(root);
-        return rc;
-    }
+    json_t *root;
+    int rc = rs_json_load_object(body, len, false, &root, err);
+    if (rc != RS_OK) return rc;
     out->job = rs_gen_job_new();
-    int rc = parse_fields(root, out, err);
+    rc = parse_fields(root, out, err);
     json_decref(root);
     if (rc != RS_OK) rs_generate_req_free(out);
     return rc;
@@ -329,6 +289,8 @@ void rs_generate_req_free(rs_generate_req *r) {
         free(r->prompt_rids);
     }
     rs_gen_job_free(r->job);
+    free(r->sent);
+    free(r->closed);
     memset(r, 0, sizeof *r);
 }
 
@@ -338,18 +300,32 @@ void rs_generate_output_id(const rs_generate_req *r, int p, int s, char *buf, si
     const rs_gen_job *job = r->job;
     int len;
     if (r->prompt_rids) len = snprintf(buf, n, "%s", r->prompt_rids[p]);
-    else if (job->batched) len = snprintf(buf, n, "%s_%d", job->rid, p);
-    else len = snprintf(buf, n, "%s", job->rid);
+    else if (job->batched) len = snprintf(buf, n, "%s_%d", r->rid, p);
+    else len = snprintf(buf, n, "%s", r->rid);
     if (job->sp.n > 1 && len >= 0 && (size_t)len < n) snprintf(buf + len, n - (size_t)len, "_%d", s);
 }
 
-/* A logprob as JSON: null when it is not a finite number (the first prompt position has no
- * context; a token sampled with probability 0 would be -inf, which JSON cannot hold). */
-static json_t *logprob_json(float lp) { return isfinite(lp) ? json_real((double)lp) : json_null(); }
+bool rs_generate_matches_rid(const rs_generate_req *r, const char *rid) {
+    if (strcmp(r->rid, rid) == 0) return true;
+    const rs_gen_job *job = r->job;
+    for (int p = 0; r->prompt_rids && p < job->n_prompts; p++)
+        if (strcmp(r->prompt_rids[p], rid) == 0) return true;
+    if (!job->batched && job->sp.n == 1) return false;
+    for (int p = 0; p < job->n_prompts; p++) {
+        for (int s = 0; s < job->sp.n; s++) {
+            char id[RS_RID_MAX + 32];
+            rs_generate_output_id(r, p, s, id, sizeof id);
+            if (strcmp(id, rid) == 0) return true;
+        }
+    }
+    return false;
+}
 
+/* [logprob, token_id, null]: null logprob when it is not finite (the first prompt position has no
+ * context; a token sampled with probability 0 would be -inf, which JSON cannot hold). */
 static json_t *triple(float lp, int32_t id) {
     json_t *t = json_array();
-    json_array_append_new(t, logprob_json(lp));
+    json_array_append_new(t, rs_json_logprob(lp));
     json_array_append_new(t, json_integer(id));
     json_array_append_new(t, json_null());
     return t;
@@ -372,14 +348,32 @@ static json_t *finish_json(const rs_finish *f) {
     return json_null();
 }
 
-static json_t *output_json(const rs_generate_req *r, int p, int s) {
+/* [[version, start, end], ...]: the weights each run of output tokens came from (more than one
+ * when the request crossed a weight update); the last run ends at the tokens so far. */
+static json_t *spans_json(const rs_gen_output *o) {
+    json_t *a = json_array();
+    for (int i = 0; i < o->n_spans; i++) {
+        const rs_weight_span *sp = &o->spans[i];
+        int end = i == o->n_spans - 1 ? o->n_output : RS_MIN(sp->end, o->n_output);
+        json_t *t = json_array();
+        json_array_append_new(t, rs_json_string_lossy(sp->version));
+        json_array_append_new(t, json_integer(RS_MIN(sp->start, end)));
+        json_array_append_new(t, json_integer(end));
+        json_array_append_new(a, t);
+    }
+    return a;
+}
+
+/* The object of output (p, s) with its output tokens [from, n_output); the prompt's scores only
+ * when with_input. A finished answer: from = 0, with_input, and e2e_latency. */
+static json_t *output_json(const rs_generate_req *r, int p, int s, int from, bool with_input, bool with_latency) {
     const rs_gen_job *job = r->job;
     const rs_gen_output *o = &job->outputs[p * job->sp.n + s];
     char id[RS_RID_MAX + 32];
     rs_generate_output_id(r, p, s, id, sizeof id);
 
     json_t *ids = json_array();
-    for (int i = 0; i < o->n_output; i++) json_array_append_new(ids, json_integer(o->output_ids[i]));
+    for (int i = from; i < o->n_output; i++) json_array_append_new(ids, json_integer(o->output_ids[i]));
 
     json_t *meta = json_object();
     json_object_set_new(meta, "id", json_string(id));
@@ -389,27 +383,28 @@ static json_t *output_json(const rs_generate_req *r, int p, int s) {
     json_object_set_new(meta, "cached_tokens", json_integer(o->cached_tokens));
     json_object_set_new(meta, "weight_version", json_string(job->weight_version));
     json_object_set_new(meta, "num_retractions", json_integer(o->num_retractions));
+    if (o->n_spans > 0) json_object_set_new(meta, "weight_version_spans", spans_json(o));
     if (job->return_logprob) {
         json_t *out_lp = json_array(), *in_lp = json_array();
-        for (int i = 0; i < o->n_output; i++)
+        for (int i = from; i < o->n_output; i++)
             json_array_append_new(out_lp, triple(o->output_logprobs[i], o->output_ids[i]));
         int start = job->logprob_start_len;
-        for (int i = 0; start >= 0 && i < o->n_input_logprobs && start + i < job->prompt_lens[p]; i++)
+        for (int i = 0; with_input && start >= 0 && i < o->n_input_logprobs && start + i < job->prompt_lens[p]; i++)
             json_array_append_new(in_lp, triple(o->input_logprobs[i], job->prompts[p][start + i]));
         json_object_set_new(meta, "output_token_logprobs", out_lp);
         json_object_set_new(meta, "input_token_logprobs", in_lp);
         int k = job->top_logprobs_num;
         json_t *out_top = json_array(), *in_top = json_array();
-        for (int i = 0; k > 0 && i < o->n_output; i++)
+        for (int i = from; k > 0 && i < o->n_output; i++)
             json_array_append_new(out_top, top_json(o->output_top_ids + (size_t)i * k, o->output_top_lps + (size_t)i * k, k));
-        for (int i = 0; k > 0 && i < o->n_input_logprobs; i++) {
+        for (int i = 0; with_input && k > 0 && i < o->n_input_logprobs; i++) {
             const int32_t *alt = o->input_top_ids + (size_t)i * k;
             json_array_append_new(in_top, alt[0] < 0 ? json_null() : top_json(alt, o->input_top_lps + (size_t)i * k, k));
         }
         json_object_set_new(meta, "output_top_logprobs", out_top);
         json_object_set_new(meta, "input_top_logprobs", in_top);
     }
-    json_object_set_new(meta, "e2e_latency", json_real(o->e2e_latency));
+    if (with_latency) json_object_set_new(meta, "e2e_latency", json_real(o->e2e_latency));
 
     json_t *root = json_object();
     json_object_set_new(root, "output_ids", ids);
@@ -417,45 +412,52 @@ static json_t *output_json(const rs_generate_req *r, int p, int s) {
     return root;
 }
 
-typedef struct text_buf {
-    char *p;
-    size_t n, cap;
-} text_buf;
-
-static int text_add(const char *s, size_t n, void *data) {
-    text_buf *b = data;
-    if (b->n + n + 1 > b->cap) {
-        size_t cap = RS_MAX(b->cap * 2, b->n + n + 1);
-        char *q = realloc(b->p, cap);
-        if (!q) return -1;
-        b->p = q;
-        b->cap = cap;
-    }
-    memcpy(b->p + b->n, s, n);
-    b->n += n;
-    b->p[b->n] = '\0';
-    return 0;
-}
-
 char *rs_generate_response(const rs_generate_req *r, size_t *len) {
     const rs_gen_job *job = r->job;
-    const size_t flags = JSON_COMPACT | JSON_REAL_PRECISION(9); /* 9 digits round-trip an fp32 logprob */
     bool list = job->batched || job->sp.n > 1;
-    text_buf b = {0};
-    int rc = list ? text_add("[", 1, &b) : 0;
-    for (int p = 0; rc == 0 && p < job->n_prompts; p++) {
-        for (int s = 0; rc == 0 && s < job->sp.n; s++) {
-            if (p + s > 0) rc = text_add(",", 1, &b);
-            json_t *o = output_json(r, p, s);
-            if (rc == 0) rc = o ? json_dump_callback(o, text_add, &b, flags) : -1;
+    rs_buf b = {0};
+    int rc = list ? rs_buf_append(&b, "[", 1) : RS_OK;
+    /* one output's tree at a time: peak memory is one tree plus the text, not the whole batch */
+    for (int p = 0; rc == RS_OK && p < job->n_prompts; p++) {
+        for (int s = 0; rc == RS_OK && s < job->sp.n; s++) {
+            if (p + s > 0) rc = rs_buf_append(&b, ",", 1);
+            json_t *o = output_json(r, p, s, 0, true, true);
+            if (rc == RS_OK) rc = rs_json_append(&b, o);
             json_decref(o);
         }
     }
-    if (rc == 0 && list) rc = text_add("]", 1, &b);
-    if (rc != 0) {
-        free(b.p);
+    if (rc == RS_OK && list) rc = rs_buf_append(&b, "]", 1);
+    if (rc == RS_OK && !b.data) rc = rs_buf_append(&b, "", 0);
+    if (rc != RS_OK) {
+        rs_buf_free(&b);
         return NULL;
     }
-    *len = b.n;
-    return b.p;
+    *len = b.len;
+    return b.data;
+}
+
+int rs_generate_stream_events(rs_generate_req *r, bool final, rs_buf *out) {
+    const rs_gen_job *job = r->job;
+    int n_out = job->n_prompts * job->sp.n;
+    if (!r->sent) {
+        r->sent = calloc((size_t)n_out, sizeof *r->sent);
+        r->closed = calloc((size_t)n_out, sizeof *r->closed);
+        if (!r->sent || !r->closed) return RS_ENOMEM;
+    }
+    bool list = job->batched || job->sp.n > 1;
+    for (int i = 0; i < n_out; i++) {
+        const rs_gen_output *o = &job->outputs[i];
+        bool finished = o->finish.type != RS_FINISH_NONE;
+        if (r->closed[i] || (o->n_output == r->sent[i] && !finished)) continue;
+        if (!finished && o->n_output - r->sent[i] < RS_MAX(r->stream_interval, 1)) continue;
+        bool first = r->sent[i] == 0;
+        int from = r->incremental ? r->sent[i] : 0;
+        json_t *ev = output_json(r, i / job->sp.n, i % job->sp.n, from, !r->incremental || first, finished);
+        if (ev && list) json_object_set_new(ev, "index", json_integer(i));
+        int rc = rs_json_sse_event(out, ev);
+        if (rc != RS_OK) return rc;
+        r->sent[i] = o->n_output;
+        r->closed[i] = finished;
+    }
+    return final ? rs_sse_done(out) : RS_OK;
 }

@@ -1,5 +1,6 @@
 /*
- * generate.h — SGLang's POST /generate: JSON body -> rs_gen_job, finished job -> JSON response.
+ * generate.h — SGLang's POST /generate: JSON body -> rs_gen_job, finished job -> JSON response,
+ * and the Server-Sent Events of a streamed one.
  *
  * The parser is strict: unknown fields, wrong JSON types (1.5 or true where an integer belongs),
  * out-of-range values, duplicate keys, invalid UTF-8 and numbers that do not fit are all rejected
@@ -7,41 +8,84 @@
  * message quotes the value. Checks that need the model or the server limits (token id < vocab,
  * prompt + max_new_tokens <= context, n <= max-n) are rs_gen_job_validate's, in scheduler/.
  *
- * Output ids (meta_info.id): the rid when the request was one prompt with n == 1. Otherwise prompt
- * p is named by rid[p] when "rid" was a list, else "<rid>_<p>" for a batch (SGLang's own naming of
- * a batch with one string rid) or "<rid>" for one prompt; with n > 1, sample s appends "_<s>".
+ * Ids. `rid` is the id the user sees (and aborts by); job->rid is the server's own unique name for
+ * the job, which the engine aborts by, so that two requests reusing one rid stay apart. Output
+ * ids (meta_info.id): the rid when the request was one prompt with n == 1. Otherwise prompt p is
+ * named by rid[p] when "rid" was a list, else "<rid>_<p>" for a batch (SGLang's own naming of a
+ * batch with one string rid) or "<rid>" for one prompt; with n > 1, sample s appends "_<s>".
+ *
+ * Answers follow SGLang's shape (API.md); meta_info adds "weight_version_spans": [[version,
+ * start, end], ...], the weight versions that produced output tokens [start, end) (more than one
+ * when the request crossed a weight update; weight_version is the latest).
+ *
+ * Fields SGLang trainers send by default are accepted at their neutral value: in sampling_params
+ * stop (null, "" or []), frequency_penalty / presence_penalty 0, repetition_penalty 1, logit_bias
+ * {}, json_schema / regex / ebnf / structural_tag / stop_regex / custom_params null, and the
+ * text-only skip_special_tokens, spaces_between_special_tokens, no_stop_trim (any bool); at the
+ * top level token_ids_logprob null, return_routed_experts / return_hidden_states /
+ * return_sampling_mask false, return_text_in_logprobs and log_metrics any bool (no tokenizer: the
+ * text slot of each logprob triple is null). Other values are RS_EUNSUPPORTED naming the field.
+ *
+ * Streaming (`"stream": true`), as SGLang sends it: one event `data: {...}\n\n` per output each
+ * time that output gains tokens, then `data: [DONE]\n\n`. An event is the output's object as in
+ * the non-streamed answer, with finish_reason null until the output finishes (the output's last
+ * event carries its finish_reason, possibly with no new tokens) and e2e_latency only in that last
+ * event; when the request is batched or n > 1 the event also has "index" (the output's position
+ * in the non-streamed list). By default every event is cumulative (output_ids and the logprob
+ * lists from the first token, SGLang's default), so the last event of an output is its complete
+ * answer. With `incremental` (SGLang's --incremental-streaming-output) each event carries only
+ * the tokens (and their logprobs) that are new since that output's previous event, and the
+ * prompt's input_token_logprobs only in its first event. sampling_params.stream_interval = k
+ * sends an output's event only once it has k new tokens (or has finished).
  */
 #ifndef RS_PROTOCOL_GENERATE_H
 #define RS_PROTOCOL_GENERATE_H
 
+#include <stdbool.h>
 #include <stddef.h>
 
 #include "../core/rs.h"
 #include "../scheduler/engine.h"
+#include "sse.h"
 
 #define RS_RID_MAX 127 /* bytes; rs_gen_job.rid holds one more for the NUL */
 
 typedef struct rs_generate_req {
     rs_gen_job *job;            /* owned; lent to the engine between rs_engine_submit and on_done */
     char **prompt_rids;         /* [job->n_prompts] when "rid" was a list, else NULL; owned */
+    char rid[RS_RID_MAX + 1];   /* the user's rid ("" when absent, for the server to name) */
+    bool stream;
+    bool seed_given;            /* false: the server draws job->sp.seed (SGLang: random when absent) */
+    bool incremental;           /* streaming: events carry only new tokens (set by the server) */
+    int stream_interval;        /* streaming: tokens between an output's events (sampling_params.stream_interval) */
+    int *sent;                  /* streaming: [outputs] tokens already sent, allocated on first use */
+    bool *closed;               /* streaming: [outputs] finish already sent */
 } rs_generate_req;
 
 /* Parses a request body (need not be NUL-terminated). On success fills *out (the caller frees it
- * with rs_generate_req_free) and returns RS_OK; job->rid is left empty when the request had no
- * rid, for the caller to name it. On failure returns RS_EINVAL (or RS_EUNSUPPORTED for a valid
- * value this server does not implement: stream, top_logprobs_num > 0, logprobs_mode other than
- * "default") with err filled, and *out zeroed. */
+ * with rs_generate_req_free) and returns RS_OK; rid and job->rid are left empty for the caller to
+ * name. On failure returns RS_EINVAL (or RS_EUNSUPPORTED for a valid value this server does not
+ * implement) with err filled, and *out zeroed. */
 int rs_generate_parse(const char *body, size_t len, rs_generate_req *out, rs_error *err);
 
-/* Frees the job (if any) and the rids; leaves *r zeroed. */
+/* Frees the job (if any), the rids and the streaming state; leaves *r zeroed. */
 void rs_generate_req_free(rs_generate_req *r);
 
 /* The meta_info.id of output (p, s), written into buf. */
 void rs_generate_output_id(const rs_generate_req *r, int p, int s, char *buf, size_t n);
 
+/* True when `rid` names this request: its rid, one of its prompt rids, or one of its output ids. */
+bool rs_generate_matches_rid(const rs_generate_req *r, const char *rid);
+
 /* Serializes a finished job: one object when the job was not batched and n == 1, else a list in
  * prompt-major order (outputs[p * n + s]). Returns a new malloc'd NUL-terminated body (the caller
  * frees it) and its length in *len, or NULL when memory is exhausted. */
 char *rs_generate_response(const rs_generate_req *r, size_t *len);
+
+/* Streaming: appends an event for every output that gained tokens or finished since the last
+ * call; with `final` (the job is done) also every output's closing event not yet sent and the
+ * [DONE] event. Call it where the outputs are stable (the engine's progress and done callbacks).
+ * RS_OK or RS_ENOMEM. */
+int rs_generate_stream_events(rs_generate_req *r, bool final, rs_buf *out);
 
 #endif /* RS_PROTOCOL_GENERATE_H */

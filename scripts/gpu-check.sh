@@ -35,6 +35,12 @@ echo "== CUDA op tests"
 ./build-cuda/unit-tests cuda_
 echo "== full unit suite on the CUDA build"
 ./build-cuda/unit-tests
+echo "== NCCL weight updates end to end (tests/e2e/test_nccl_gpu.py; trainer = this python, rank 0)"
+if python3 -c 'import pytest, requests, numpy, torch; assert torch.cuda.is_available()' 2>/dev/null; then
+  ROLLOUTD_BIN=$PWD/build-cuda/rolloutd timeout 420 python3 -m pytest -q -rs tests/e2e/test_nccl_gpu.py
+else
+  echo "skipped: needs python3 with pytest, requests, numpy and torch with CUDA"
+fi
 echo "== benchmarks (CPU backend on this host, for reference)"
 ./build-cuda/rollout-bench --preset default --batches 1,16
 echo "== done"

@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # Installs what rolloutd needs to build and test, idempotently: Debian packages for the C build
-# (libmicrohttpd, jansson, libuv, pkg-config; clang + its fuzzer runtime for `make fuzz`) and the
-# Python packages the end-to-end tests use. Safe to run again: it only installs what is missing.
+# (libmicrohttpd, jansson, libuv, pkg-config; clang + its fuzzer runtime for `make fuzz`; wrk and
+# curl for scripts/bench_http.sh) and the Python packages the end-to-end tests use (the official
+# openai client among them: tests/e2e/test_openai.py drives /v1/completions through it).
+# Safe to run again: it only installs what is missing.
 set -euo pipefail
 
-debs=(build-essential pkg-config libmicrohttpd-dev libjansson-dev libuv1-dev clang libclang-rt-14-dev)
+debs=(build-essential pkg-config libmicrohttpd-dev libjansson-dev libuv1-dev clang libclang-rt-14-dev wrk curl)
 missing=()
 for p in "${debs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -22,6 +22,15 @@ the qwen3 model as a pre-quantized FP8 checkpoint (F8_E4M3 weights + F32 `weight
 are qwen3/golden_fp8.json (same weights, same math; checked here). golden_fp8.json also records,
 per prompt, how many leading prompt logprobs / greedy steps survive rounding-level perturbations
 (FP8_STABLE_*: beyond them a correct implementation may legitimately differ by a flipped E4M3 code).
+
+Perturbed weights. tests/fixtures/models/qwen3/perturbed/ is a loadable model directory holding
+qwen3's weights after a pretend training step: every tensor w becomes bf16(w + PERTURB_REL * std(w) *
+randn) (seeded), saved with the same Hub names, plus config.json / generation_config.json copied from
+qwen3/ and its own golden.json and golden_fp8.json (same prompts as qwen3's, same computations).
+tests/e2e/test_weight_sync.py pushes these weights into a daemon serving qwen3/ and checks that it then
+reproduces them. It is rebuilt after qwen3/ (whose rebuild removes it), or alone:
+
+    /opt/fxvenv/bin/python scripts/make_fixtures.py qwen3/perturbed
 """
 import json
 import math
@@ -523,8 +532,10 @@ def fp8_stability(model, prompts):
             p["stable_greedy_steps"] = 0
 
 
-def build_fp8_golden(name):
-    d = OUT / name
+def build_fp8_golden(name, d=None):
+    """golden_fp8.json of the model directory d (default OUT / name; name picks the architecture)."""
+    label = name if d is None else str(d.relative_to(OUT))
+    d = OUT / name if d is None else d
     moe = SPECS[name][1] is Qwen3MoeForCausalLM
     golden = json.loads((d / "golden.json").read_text())
 
@@ -533,7 +544,7 @@ def build_fp8_golden(name):
     emulate(m, quantize=False)
     for p in golden["prompts"]:
         q, _, _ = golden_prompt(m, p["input_ids"])
-        assert q == p, f"{name}: emulation with identity quantizers does not reproduce golden.json"
+        assert q == p, f"{label}: emulation with identity quantizers does not reproduce golden.json"
 
     # 2. W8A8.
     m = load_fp32(d, moe)
@@ -565,7 +576,7 @@ def build_fp8_golden(name):
     for p, q in zip(golden["prompts"], prompts):
         same = [a == b for a, b in zip(p["greedy_ids"], q["greedy_ids"])]
         div.append(same.index(False) if False in same else GREEDY_STEPS)
-    print(f"  {name:10s} FP8 W8A8 emulation: {n_q} quantized matrices; |prompt logprob FP8 - BF16| "
+    print(f"  {label:10s} FP8 W8A8 emulation: {n_q} quantized matrices; |prompt logprob FP8 - BF16| "
           f"mean {sum(dl) / len(dl):.2e} max {max(dl):.2e} (over {len(dl)}); last top-5 logprobs max "
           f"{max(d5):.2e}; greedy agrees with BF16 for {div} of {GREEDY_STEPS} steps")
     print(f"    FP8 greedy gaps min {min(gaps):.2e} median {sorted(gaps)[len(gaps) // 2]:.3f}; "
@@ -662,6 +673,67 @@ def check_transformers_fp8_load(src_name, d, deq):
           f"logits vs weight-only emulation max |diff| {ldiff:.1e}")
 
 
+# ------------------------------------------------------------------------------------------------
+# Perturbed weights: a pretend training step, the weights a trainer would push next.
+
+PERTURBED = {"qwen3": "perturbed"}  # fixture -> subdirectory holding its perturbed copy
+PERTURB_REL = 0.02  # noise std relative to each tensor's own std
+PERTURB_SEED = 2001
+
+
+def build_perturbed(src_name):
+    """OUT/src_name/<PERTURBED>/: every tensor bf16(w + PERTURB_REL * std(w) * randn), tensors in
+    name order from one seeded generator; config copied; golden.json and golden_fp8.json on src's
+    prompts."""
+    src = OUT / src_name
+    d = src / PERTURBED[src_name]
+    if d.exists():
+        shutil.rmtree(d)
+    d.mkdir(parents=True)
+    moe = SPECS[src_name][1] is Qwen3MoeForCausalLM
+    g = torch.Generator().manual_seed(PERTURB_SEED)
+    tensors, changed, total = {}, 0, 0
+    with safe_open(str(src / "model.safetensors"), "pt") as f:
+        meta = f.metadata()
+        for k in sorted(f.keys()):
+            t = f.get_tensor(k)
+            assert t.dtype == torch.bfloat16
+            w = t.to(torch.float32)
+            noise = torch.randn(w.shape, generator=g, dtype=torch.float32)
+            tensors[k] = (w + PERTURB_REL * w.std() * noise).to(torch.bfloat16)
+            changed += int((tensors[k] != t).sum())
+            total += t.numel()
+    save_file(tensors, str(d / "model.safetensors"), metadata=meta)
+    for name in ("config.json", "generation_config.json"):
+        shutil.copyfile(src / name, d / name)
+    for f in d.iterdir():
+        os.chmod(f, 0o644)
+    hub = json.loads((d / "config.json").read_text())
+    n_tensors, _ = check_tensors(d, hub)
+
+    m = load_fp32(d, moe)
+    base = json.loads((src / "golden.json").read_text())
+    prompts = [golden_prompt(m, p["input_ids"])[0] for p in base["prompts"]]
+    golden = {"arch": hub["architectures"][0],
+              "perturbation": {"source": src_name, "rule": f"bf16(w + {PERTURB_REL} * std(w) * randn)",
+                               "seed": PERTURB_SEED},
+              "transformers_version": transformers.__version__, "torch_version": torch.__version__,
+              "prompts": prompts}
+    (d / "golden.json").write_text(dump_golden(golden))
+    label = f"{src_name}/{PERTURBED[src_name]}"
+    dl = [abs(a - b) for p, q in zip(base["prompts"], prompts)
+          for a, b in zip(p["prompt_logprobs"][1:], q["prompt_logprobs"][1:])]
+    size = sum(f.stat().st_size for f in d.iterdir())
+    print(f"  {label}: {n_tensors} tensors, {changed}/{total} elements changed, {size / 1024:.1f} KiB; "
+          f"|prompt logprob perturbed - {src_name}| mean {sum(dl) / len(dl):.3e} max {max(dl):.3e}")
+
+    build_fp8_golden(src_name, d)
+    b8 = json.loads((src / "golden_fp8.json").read_text())["prompts"]
+    p8 = json.loads((d / "golden_fp8.json").read_text())["prompts"]
+    dl = [abs(a - b) for p, q in zip(b8, p8) for a, b in zip(p["prompt_logprobs"][1:], q["prompt_logprobs"][1:])]
+    print(f"    FP8: |prompt logprob perturbed - {src_name}| mean {sum(dl) / len(dl):.3e} max {max(dl):.3e}")
+
+
 def main():
     transformers.logging.set_verbosity_error()
     transformers.logging.disable_progress_bar()
@@ -670,10 +742,17 @@ def main():
     names = sys.argv[1:] or list(SPECS)
     print(f"transformers {transformers.__version__}, torch {torch.__version__} -> {OUT.relative_to(ROOT)}")
     for name in names:
+        if "/" in name:  # "<fixture>/perturbed": only the perturbed copy of an existing fixture
+            src, sub = name.split("/", 1)
+            assert PERTURBED.get(src) == sub, f"unknown fixture {name!r} (perturbed copies: {PERTURBED})"
+            build_perturbed(src)
+            continue
         build(name)
         build_fp8_golden(name)
         if name in FP8_CHECKPOINTS:
             build_fp8_checkpoint(name, FP8_CHECKPOINTS[name])
+        if name in PERTURBED:
+            build_perturbed(name)
     total = sum(f.stat().st_size for f in OUT.rglob("*") if f.is_file())
     print(f"total {total / 1024:.1f} KiB under {OUT.relative_to(ROOT)}")
 

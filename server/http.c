@@ -1,83 +1,118 @@
 /*
- * http.c — libmicrohttpd glue: routing, auth, body limits, and the suspend/resume round trip
- * through the engine (see http.h for the threads and the lifetime rules).
+ * http.c — libmicrohttpd glue: the route table, auth, body limits, answers, the suspend/resume
+ * protocol, the disconnect scan and the server's lifecycle (see http.h for the threads and the
+ * lifetime rules; http_gen.c and http_ops.c hold the routes' own logic).
  *
  * MHD calls the access handler several times per request: once with the headers (routing, auth
  * and the Content-Length check happen there), once per piece of body, and once with no data when
- * the body is complete (the request is answered or submitted there). A suspended /generate is
- * resumed by the main thread when its job is done, and MHD calls the handler once more to queue
- * the answer. Errors found early are remembered and answered when the body is complete, so a
- * client that is still sending is not cut off mid-body (which would turn its 4xx into a reset),
- * except when it sent "Expect: 100-continue" and is waiting for permission to send: that one is
- * answered at once and never sends its body.
+ * the body is complete (the request is answered or handed on there). A suspended request is
+ * resumed when its work is done, and MHD calls the handler once more to queue the answer. Errors
+ * found early are remembered and answered when the body is complete, so a client that is still
+ * sending is not cut off mid-body (which would turn its 4xx into a reset), except when it sent
+ * "Expect: 100-continue" and is waiting for permission to send: that one is answered at once and
+ * never sends its body.
+ *
+ * Suspending. A request is suspended by the MHD thread running it (rs_http_suspend) and resumed
+ * by whichever thread makes it ready. The two meet under h->mu: the producer records the new state
+ * (done, data, gone) and then resumes the request if it is marked suspended; the MHD thread
+ * suspends, then marks it suspended only if it is not already ready (else resumes it itself). So
+ * a wake-up is never lost and never doubled, and no MHD function is called under h->mu.
  */
 #include "http.h"
 
 #include <arpa/inet.h>
-#include <microhttpd.h>
+#include <errno.h>
 #include <netdb.h>
-#include <pthread.h>
-#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
 #include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
 
 #include "../protocol/errors.h"
-#include "../protocol/generate.h"
+#include "http_internal.h"
+#include "weights_routes.h"
 
-typedef enum rs_http_state {
-    RS_HTTP_STATE_STARTING = 0,
-    RS_HTTP_STATE_READY,
-    RS_HTTP_STATE_DRAINING,
-} rs_http_state;
+/* ---------------------------------------------------------------- routes */
 
-typedef enum rs_route {
-    RS_ROUTE_NONE = 0,
-    RS_ROUTE_HEALTH,
-    RS_ROUTE_GENERATE,
-} rs_route;
-
-typedef struct rs_http_req rs_http_req;
-
-struct rs_http {
-    struct MHD_Daemon *daemon;
-    uv_async_t async;               /* wakes the main loop: finished jobs to resume */
-    rs_http_opts opts;
-    char api_key[256];
-    int port;
-    atomic_ullong next_rid;
-
-    pthread_mutex_t mu;             /* guards everything below and every req's pending/conn_alive */
-    rs_http_state state;
-    rs_engine *engine;              /* borrowed; NULL until READY */
-    int in_flight;                  /* admitted generate requests not yet freed */
-    rs_http_req *done_head, *done_tail; /* finished jobs waiting for the main thread to resume them */
-};
-
-struct rs_http_req {
-    rs_http *h;
-    struct MHD_Connection *conn;
+typedef struct route_def {
+    const char *path;
     rs_route route;
-    double t_arrival;
+    const char *allow;          /* methods, as the Allow header lists them */
+    bool open;                  /* answered without the API key */
+} route_def;
 
-    /* an answer decided before the body was complete (or an engine refusal) */
-    bool failed;
-    rs_error error;
-    const char *extra_header, *extra_value; /* static strings: Allow, Retry-After, WWW-Authenticate */
-
-    char *body;                     /* [n] (cap allocated) */
-    size_t n, cap;
-
-    rs_generate_req gen;            /* the parsed request; gen.job is lent to the engine while pending */
-    bool counted;                   /* holds one of in_flight's slots */
-    bool done;                      /* the engine has finished the job (or refused it) */
-    /* under h->mu */
-    bool pending;                   /* the job is in the engine or on the completion list */
-    bool conn_alive;                /* MHD has not yet reported the request completed */
-    rs_http_req *next_done;
+static const route_def routes[] = {
+    {"/health", RS_ROUTE_HEALTH, "GET", true},
+    {"/health_generate", RS_ROUTE_HEALTH_GENERATE, "GET", false},
+    {"/generate", RS_ROUTE_GENERATE, "POST, PUT", false}, /* SGLang takes both */
+    {"/v1/completions", RS_ROUTE_COMPLETIONS, "POST", false},
+    {"/v1/models", RS_ROUTE_MODELS, "GET", false},
+    {"/get_model_info", RS_ROUTE_MODEL_INFO, "GET", false},
+    {"/get_server_info", RS_ROUTE_SERVER_INFO, "GET", false},
+    {"/server_info", RS_ROUTE_SERVER_INFO, "GET", false}, /* SGLang's newer name */
+    {"/get_weight_version", RS_ROUTE_WEIGHT_VERSION, "GET", false},
+    {"/metrics", RS_ROUTE_METRICS, "GET", true},
+    {"/abort_request", RS_ROUTE_ABORT, "POST", false},
+    {"/pause_generation", RS_ROUTE_PAUSE, "POST", false},
+    {"/continue_generation", RS_ROUTE_CONTINUE, "POST", false},
+    {"/flush_cache", RS_ROUTE_FLUSH, "GET, POST", false}, /* SGLang takes both */
+    {"/update_weights_from_shm", RS_ROUTE_WEIGHTS, "POST", false}, /* weights_routes.c, all six */
+    {"/update_weights_from_disk", RS_ROUTE_WEIGHTS, "POST", false},
+    {"/update_weight_version", RS_ROUTE_WEIGHTS, "POST", false},
+    {"/init_weights_update_group", RS_ROUTE_WEIGHTS, "POST", false},
+    {"/update_weights_from_distributed", RS_ROUTE_WEIGHTS, "POST", false},
+    {"/destroy_weights_update_group", RS_ROUTE_WEIGHTS, "POST", false},
 };
+
+/* The name a route is counted under in /metrics (its first path). */
+static const char *route_name(rs_route route) {
+    for (size_t i = 0; i < RS_ARRAY_LEN(routes); i++)
+        if (routes[i].route == route) return routes[i].path;
+    return "(none)";
+}
+
+static bool method_allowed(const char *allow, const char *method) {
+    size_t n = strlen(method);
+    for (const char *p = allow; *p;) {
+        const char *comma = strchr(p, ',');
+        size_t len = comma ? (size_t)(comma - p) : strlen(p);
+        if (len == n && strncmp(p, method, n) == 0) return true;
+        if (!comma) break;
+        p = comma + 1;
+        while (*p == ' ') p++;
+    }
+    return false;
+}
+
+/* ---------------------------------------------------------------- locking and suspension */
+
+void rs_http_lock(rs_http *h) { pthread_mutex_lock(&h->mu); }
+void rs_http_unlock(rs_http *h) { pthread_mutex_unlock(&h->mu); }
+
+bool rs_http_claim_resume_locked(rs_http_req *r) {
+    if (!r->suspended) return false;
+    r->suspended = false;
+    return true;
+}
+
+/* Under h->mu: r has something for MHD to do (an answer, stream bytes, or an end). */
+static bool ready_locked(const rs_http_req *r) {
+    if (r->done || r->answer_now || r->client_gone) return true;
+    return r->phase == RS_PHASE_STREAMING && (r->sse.len > r->sse_off || r->stream_end || r->stream_error);
+}
+
+void rs_http_suspend(rs_http_req *r) {
+    rs_http *h = r->h;
+    MHD_suspend_connection(r->conn);
+    pthread_mutex_lock(&h->mu);
+    bool go_on = ready_locked(r);
+    if (!go_on) r->suspended = true;
+    pthread_mutex_unlock(&h->mu);
+    if (go_on) MHD_resume_connection(r->conn);
+}
 
 /* ---------------------------------------------------------------- requests */
 
@@ -85,19 +120,26 @@ static rs_http_req *req_new(rs_http *h, struct MHD_Connection *conn) {
     rs_http_req *r = rs_xcalloc(1, sizeof *r);
     r->h = h;
     r->conn = conn;
-    r->conn_alive = true;
+    r->fd = -1;
+    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CONNECTION_FD);
+    if (ci) r->fd = ci->connect_fd;
+    r->in_mhd = true;
     r->t_arrival = rs_now_s();
     return r;
 }
 
-static void req_free(rs_http_req *r) {
+void rs_http_req_free(rs_http_req *r) {
     rs_http *h = r->h;
-    if (r->counted) {
-        pthread_mutex_lock(&h->mu);
-        h->in_flight--;
-        pthread_mutex_unlock(&h->mu);
-    }
+    pthread_mutex_lock(&h->mu);
+    if (r->counted) h->in_flight--;
+    if (r->live_prev) r->live_prev->live_next = r->live_next;
+    else if (h->live == r) h->live = r->live_next;
+    if (r->live_next) r->live_next->live_prev = r->live_prev;
+    pthread_mutex_unlock(&h->mu);
     rs_generate_req_free(&r->gen);
+    rs_openai_req_free(&r->oai);
+    rs_weights_call_free(r->weights);
+    rs_buf_free(&r->sse);
     free(r->body);
     free(r);
 }
@@ -109,8 +151,21 @@ static void req_fail(rs_http_req *r, int code, const char *message) {
 
 /* ---------------------------------------------------------------- answers */
 
-/* Queues `body` (malloc'd; ownership passes to MHD, which frees it) with `status`. */
-static enum MHD_Result send_json(rs_http_req *r, unsigned status, char *body, size_t len) {
+void rs_http_count(rs_http *h, rs_route route, unsigned status) {
+    static const unsigned codes[] = {
+#define RS_HTTP_CODE_VALUE(c) c,
+        RS_HTTP_CODES(RS_HTTP_CODE_VALUE)
+#undef RS_HTTP_CODE_VALUE
+    };
+    for (int i = 0; i < RS_HTTP_CODE_COUNT; i++) {
+        if (codes[i] == status) {
+            atomic_fetch_add_explicit(&h->responses[route][i], 1, memory_order_relaxed);
+            return;
+        }
+    }
+}
+
+enum MHD_Result rs_http_send(rs_http_req *r, unsigned status, char *body, size_t len, const char *content_type) {
     struct MHD_Response *resp;
     if (body) {
         resp = MHD_create_response_from_buffer(len, body, MHD_RESPMEM_MUST_FREE);
@@ -120,139 +175,48 @@ static enum MHD_Result send_json(rs_http_req *r, unsigned status, char *body, si
         resp = MHD_create_response_from_buffer(0, (void *)"", MHD_RESPMEM_PERSISTENT);
     }
     if (!resp) return MHD_NO;
-    MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, "application/json");
+    MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, content_type);
     if (r->extra_header) MHD_add_response_header(resp, r->extra_header, r->extra_value);
     enum MHD_Result ret = MHD_queue_response(r->conn, status, resp);
     MHD_destroy_response(resp);
+    rs_http_count(r->h, r->route, status);
     return ret;
 }
 
-static enum MHD_Result send_error(rs_http_req *r, const rs_error *err) {
+enum MHD_Result rs_http_send_error(rs_http_req *r, const rs_error *err) {
     int status = rs_err_http_status(err->code);
     /* /health is polled, and 503 while starting or draining is its normal answer */
-    rs_log_level lvl = r->route == RS_ROUTE_HEALTH ? RS_LOG_LEVEL_DEBUG
-                       : status >= 500 && err->code != RS_EBUSY ? RS_LOG_LEVEL_WARN : RS_LOG_LEVEL_INFO;
-    rs_log(lvl, "http | %s | %d %s%s%s | %s", r->route == RS_ROUTE_GENERATE ? "generate" : "-", status,
-           rs_err_type(err->code), err->param[0] ? " " : "", err->param, err->message);
+    rs_log_level lvl = r->route == RS_ROUTE_HEALTH || r->route == RS_ROUTE_METRICS ? RS_LOG_LEVEL_DEBUG
+                       : status >= 500 && err->code != RS_EBUSY                      ? RS_LOG_LEVEL_WARN
+                                                                                     : RS_LOG_LEVEL_INFO;
+    rs_log(lvl, "http | %s | %d %s%s%s | %s", route_name(r->route), status, rs_err_type(err->code),
+           err->param[0] ? " " : "", err->param, err->message);
     size_t len = 0;
     char *body = rs_error_body(err, &len);
-    return send_json(r, (unsigned)status, body, len);
+    return rs_http_send(r, (unsigned)status, body, len, "application/json");
 }
 
-static enum MHD_Result send_generate(rs_http_req *r) {
-    const rs_gen_job *job = r->gen.job;
-    size_t len = 0;
-    char *body = rs_generate_response(&r->gen, &len);
-    if (!body) RS_ERROR("rid %s | out of memory writing the response", job->rid);
-    RS_DEBUG("rid %s | 200 | %d prompt%s x n=%d | %zu bytes | %.3fs", job->rid, job->n_prompts,
-             job->n_prompts == 1 ? "" : "s", job->sp.n, len, rs_now_s() - r->t_arrival);
-    return send_json(r, 200, body, len);
-}
-
-/* ---------------------------------------------------------------- engine round trip */
-
-/* Engine thread: must not block. */
-static void on_job_done(rs_gen_job *job, void *user) {
-    (void)job;
-    rs_http_req *r = user;
-    rs_http *h = r->h;
-    pthread_mutex_lock(&h->mu);
-    r->done = true;
-    bool orphan = !r->conn_alive;
-    if (orphan) {
-        r->pending = false;
-    } else {
-        r->next_done = NULL;
-        if (h->done_tail) h->done_tail->next_done = r;
-        else h->done_head = r;
-        h->done_tail = r;
-    }
-    pthread_mutex_unlock(&h->mu);
-    if (orphan) req_free(r); /* the client left while its job ran */
-    else uv_async_send(&h->async);
-}
-
-void rs_http_flush_completions(rs_http *h) {
-    pthread_mutex_lock(&h->mu);
-    rs_http_req *r = h->done_head;
-    h->done_head = h->done_tail = NULL;
-    for (rs_http_req *q = r; q; q = q->next_done) q->pending = false;
-    pthread_mutex_unlock(&h->mu);
-    /* A suspended connection cannot complete (MHD neither polls nor times it out), so each r is
-     * alive until resumed; after MHD_resume_connection it belongs to MHD's threads. */
-    while (r) {
-        rs_http_req *next = r->next_done;
-        MHD_resume_connection(r->conn);
-        r = next;
-    }
-}
-
-static void on_async(uv_async_t *a) { rs_http_flush_completions(a->data); }
-
-static enum MHD_Result submit_generate(rs_http_req *r) {
-    rs_http *h = r->h;
-    rs_error err = {0};
+rs_engine *rs_http_engine(rs_http *h, bool need_ready, rs_error *err) {
     pthread_mutex_lock(&h->mu);
     rs_http_state state = h->state;
     rs_engine *e = h->engine;
     pthread_mutex_unlock(&h->mu);
-    if (state != RS_HTTP_STATE_READY) {
-        rs_error_set(&err, RS_EBUSY, NULL, state == RS_HTTP_STATE_STARTING ? "server is starting" : "server is shutting down");
-        return send_error(r, &err);
-    }
-
-    int rc = rs_generate_parse(r->body, r->n, &r->gen, &err);
-    if (rc != RS_OK) return send_error(r, &err);
-    rs_gen_job *job = r->gen.job;
-    if (!job->rid[0])
-        snprintf(job->rid, sizeof job->rid, "req-%llu", (unsigned long long)atomic_fetch_add(&h->next_rid, 1));
-    rc = rs_gen_job_validate(job, rs_engine_model_config(e), rs_engine_get_limits(e), &err);
-    if (rc != RS_OK) return send_error(r, &err);
-    free(r->body); /* the job holds everything now */
-    r->body = NULL;
-    r->n = r->cap = 0;
-
-    pthread_mutex_lock(&h->mu);
-    if (h->state != RS_HTTP_STATE_READY) {
-        rc = rs_error_set(&err, RS_EBUSY, NULL, "server is shutting down");
-    } else if (h->in_flight >= h->opts.max_waiting_requests) {
-        rc = rs_error_set(&err, RS_EBUSY, NULL, "too many requests in flight (max-waiting-requests = %d); retry",
-                          h->opts.max_waiting_requests);
-        r->extra_header = MHD_HTTP_HEADER_RETRY_AFTER;
-        r->extra_value = "1";
-    } else {
-        h->in_flight++;
-        r->counted = true;
-        r->pending = true;
-    }
-    pthread_mutex_unlock(&h->mu);
-    if (rc != RS_OK) return send_error(r, &err);
-
-    job->on_done = on_job_done;
-    job->on_done_user = r;
-    job->t_arrival = r->t_arrival;
-    RS_DEBUG("rid %s | submit | %d prompt%s x n=%d", job->rid, job->n_prompts, job->n_prompts == 1 ? "" : "s",
-             job->sp.n);
-    /* Suspend before submitting: the job may finish, and be resumed, before submit returns. */
-    MHD_suspend_connection(r->conn);
-    rc = rs_engine_submit(e, job, &err);
-    if (rc != RS_OK) { /* still ours: answer the refusal through the same resume path */
-        r->failed = true;
-        r->error = err;
-        on_job_done(job, r);
-    }
-    return MHD_YES;
+    if (e && (state == RS_HTTP_STATE_READY || !need_ready)) return e;
+    rs_error_set(err, RS_EBUSY, NULL, state == RS_HTTP_STATE_STARTING ? "server is starting" : "server is shutting down");
+    return NULL;
 }
 
 /* ---------------------------------------------------------------- the handler */
 
-/* Compares the bearer token with the key in time that depends only on the key's length. */
+/* Compares the bearer token with the key in time that depends only on the key's length (every
+ * byte of the key is compared whatever the token holds, and the accumulator is volatile so the
+ * compiler cannot stop at the first difference). */
 static bool auth_ok(const char *header, const char *key) {
     if (!header || strncasecmp(header, "Bearer ", 7) != 0) return false;
     const char *tok = header + 7;
     while (*tok == ' ') tok++;
     size_t kl = strlen(key), tl = strlen(tok);
-    unsigned char diff = kl != tl;
+    volatile unsigned char diff = kl != tl;
     for (size_t i = 0; i < kl; i++) diff |= (unsigned char)key[i] ^ (unsigned char)(i < tl ? tok[i] : 0);
     return diff == 0;
 }
@@ -260,31 +224,25 @@ static bool auth_ok(const char *header, const char *key) {
 /* First call, headers only: route, method, auth, declared size. */
 static void begin(rs_http_req *r, const char *url, const char *method) {
     rs_http *h = r->h;
-    const char *allow;
-    bool method_ok;
-    if (strcmp(url, "/health") == 0) {
-        r->route = RS_ROUTE_HEALTH;
-        allow = "GET";
-        method_ok = strcmp(method, "GET") == 0;
-    } else if (strcmp(url, "/generate") == 0) {
-        r->route = RS_ROUTE_GENERATE;
-        allow = "POST, PUT";
-        method_ok = strcmp(method, "POST") == 0 || strcmp(method, "PUT") == 0; /* SGLang takes both */
-    } else {
+    const route_def *def = NULL;
+    for (size_t i = 0; i < RS_ARRAY_LEN(routes) && !def; i++)
+        if (strcmp(url, routes[i].path) == 0) def = &routes[i];
+    if (!def) {
         char msg[300];
         snprintf(msg, sizeof msg, "no route for %.16s %.256s", method, url);
         req_fail(r, RS_ENOTFOUND, msg);
         return;
     }
-    if (!method_ok) {
+    r->route = def->route;
+    if (!method_allowed(def->allow, method)) {
         char msg[300];
-        snprintf(msg, sizeof msg, "method %.16s is not allowed on %s (allowed: %s)", method, url, allow);
+        snprintf(msg, sizeof msg, "method %.16s is not allowed on %s (allowed: %s)", method, url, def->allow);
         req_fail(r, RS_EMETHOD, msg);
         r->extra_header = MHD_HTTP_HEADER_ALLOW;
-        r->extra_value = allow;
+        r->extra_value = def->allow;
         return;
     }
-    if (r->route != RS_ROUTE_HEALTH && h->api_key[0] &&
+    if (!def->open && h->api_key[0] &&
         !auth_ok(MHD_lookup_connection_value(r->conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION), h->api_key)) {
         req_fail(r, RS_EAUTH, "missing or wrong API key (send 'Authorization: Bearer <key>')");
         r->extra_header = MHD_HTTP_HEADER_WWW_AUTHENTICATE;
@@ -294,8 +252,9 @@ static void begin(rs_http_req *r, const char *url, const char *method) {
     const char *cl = MHD_lookup_connection_value(r->conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
     if (cl) {
         char *end;
+        errno = 0;
         unsigned long long n = strtoull(cl, &end, 10);
-        if (end == cl || *end != '\0' || n > h->opts.max_body_bytes) {
+        if (end == cl || *end != '\0' || errno == ERANGE || n > h->opts.max_body_bytes) {
             char msg[96];
             snprintf(msg, sizeof msg, "request body is larger than max-body-bytes (%zu)", h->opts.max_body_bytes);
             req_fail(r, RS_ETOOBIG, msg);
@@ -334,6 +293,22 @@ static bool expects_continue(struct MHD_Connection *conn) {
     return v && strcasecmp(v, "100-continue") == 0;
 }
 
+/* The handler is called again after a resume: the answer is ready, or the client is gone. */
+static enum MHD_Result resumed(rs_http_req *r) {
+    rs_http *h = r->h;
+    pthread_mutex_lock(&h->mu);
+    bool done = r->done, now = r->answer_now, gone = r->client_gone;
+    pthread_mutex_unlock(&h->mu);
+    if (now) return rs_http_send_error(r, &r->error); /* a probe past its deadline, done or not */
+    if (done) {
+        if (r->failed) return rs_http_send_error(r, &r->error);
+        if (r->route == RS_ROUTE_WEIGHTS) return rs_weights_routes_answer(r);
+        return r->job ? rs_http_gen_answer(r) : rs_http_ops_answer(r);
+    }
+    RS_ASSERT(gone); /* nothing else resumes a waiting request */
+    return MHD_NO;   /* closes the connection */
+}
+
 static enum MHD_Result on_access(void *cls, struct MHD_Connection *conn, const char *url, const char *method,
                                  const char *version, const char *upload_data, size_t *upload_data_size,
                                  void **con_cls) {
@@ -344,7 +319,7 @@ static enum MHD_Result on_access(void *cls, struct MHD_Connection *conn, const c
         r = req_new(h, conn);
         *con_cls = r;
         begin(r, url, method);
-        if (r->failed && expects_continue(conn)) return send_error(r, &r->error);
+        if (r->failed && expects_continue(conn)) return rs_http_send_error(r, &r->error);
         return MHD_YES;
     }
     if (*upload_data_size > 0) {
@@ -352,38 +327,40 @@ static enum MHD_Result on_access(void *cls, struct MHD_Connection *conn, const c
         *upload_data_size = 0;
         return MHD_YES;
     }
-    if (r->done) return r->failed ? send_error(r, &r->error) : send_generate(r); /* resumed */
-    if (r->failed) return send_error(r, &r->error);
-    if (r->route == RS_ROUTE_GENERATE) return submit_generate(r);
-
-    pthread_mutex_lock(&h->mu);
-    rs_http_state state = h->state;
-    pthread_mutex_unlock(&h->mu);
-    if (state != RS_HTTP_STATE_READY) {
-        rs_error err;
-        rs_error_set(&err, RS_EBUSY, NULL, state == RS_HTTP_STATE_STARTING ? "server is starting" : "server is shutting down");
-        return send_error(r, &err);
+    if (r->phase == RS_PHASE_WAITING) return resumed(r);
+    if (r->failed) return rs_http_send_error(r, &r->error);
+    switch (r->route) {
+    case RS_ROUTE_GENERATE:
+    case RS_ROUTE_COMPLETIONS:
+    case RS_ROUTE_HEALTH_GENERATE:
+        return rs_http_gen_start(r);
+    case RS_ROUTE_WEIGHTS:
+        return rs_weights_routes_handle(r, url);
+    default:
+        return rs_http_ops_handle(r);
     }
-    size_t len = 0;
-    char *body = rs_health_body(&len);
-    return send_json(r, 200, body, len);
 }
 
-static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
-                         enum MHD_RequestTerminationCode toe) {
+/* A request ended (answered, or its connection closed). A job still running for it is aborted:
+ * its client cannot receive the answer. */
+static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls, enum MHD_RequestTerminationCode toe) {
     (void)conn;
     rs_http *h = cls;
     rs_http_req *r = *con_cls;
     if (!r) return;
     *con_cls = NULL;
     pthread_mutex_lock(&h->mu);
-    r->conn_alive = false;
-    bool free_now = !r->pending;
+    r->in_mhd = false;
+    bool abort = r->held && r->job && !r->done && !r->client_gone; /* the scan already aborted a gone one */
+    rs_engine *e = h->engine;
+    bool free_now = !r->held;
     pthread_mutex_unlock(&h->mu);
-    if (toe != MHD_REQUEST_TERMINATED_COMPLETED_OK && r->route == RS_ROUTE_GENERATE)
-        RS_INFO("http | generate | %s%s | connection ended before the answer was sent (code %d)",
-                r->gen.job ? "rid " : "", r->gen.job ? r->gen.job->rid : "", (int)toe);
-    if (free_now) req_free(r);
+    if (abort) {
+        RS_INFO("http | %s | rid %s | the client left before the answer (code %d); aborting", route_name(r->route),
+                r->engine_rid, (int)toe);
+        if (e) rs_engine_abort(e, r->engine_rid);
+    }
+    if (free_now) rs_http_req_free(r);
 }
 
 static void on_mhd_log(void *cls, const char *fmt, va_list ap) {
@@ -392,7 +369,71 @@ static void on_mhd_log(void *cls, const char *fmt, va_list ap) {
     vsnprintf(line, sizeof line, fmt, ap);
     size_t n = strlen(line);
     while (n > 0 && (line[n - 1] == '\n' || line[n - 1] == '\r')) line[--n] = '\0';
-    RS_WARN("microhttpd | %s", line);
+    /* how MHD reports a client that left (its job is aborted) and the connections this module
+     * ends on purpose (a client found gone, a stream cut): expected, so not warnings */
+    static const char *const expected[] = {"Application reported internal error", "application error generating",
+                                           "closed by remote peer", "Connection reset"};
+    rs_log_level lvl = RS_LOG_LEVEL_WARN;
+    for (size_t i = 0; i < RS_ARRAY_LEN(expected); i++)
+        if (strstr(line, expected[i])) lvl = RS_LOG_LEVEL_DEBUG;
+    rs_log(lvl, "microhttpd | %s", line);
+}
+
+/* ---------------------------------------------------------------- the disconnect scan */
+
+/* True when the peer of a suspended connection has closed it (or reset it). Data waiting to be
+ * read (a pipelined request) means it is still there. */
+static bool peer_gone(int fd) {
+    if (fd < 0) return false;
+    char c;
+    ssize_t n = recv(fd, &c, 1, MSG_PEEK | MSG_DONTWAIT);
+    if (n > 0) return false;
+    if (n == 0) return true;
+    return errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR;
+}
+
+typedef struct scan_list {
+    rs_http_req **resume;
+    char (*abort)[128];
+    int n_resume, n_abort, cap;
+} scan_list;
+
+static void scan_add(scan_list *l, rs_http_req *resume, const char *abort_rid) {
+    if (l->n_resume == l->cap || l->n_abort == l->cap) {
+        l->cap = l->cap ? l->cap * 2 : 16;
+        l->resume = rs_xrealloc(l->resume, sizeof *l->resume * (size_t)l->cap);
+        l->abort = rs_xrealloc(l->abort, sizeof *l->abort * (size_t)l->cap);
+    }
+    if (resume) l->resume[l->n_resume++] = resume;
+    if (abort_rid) snprintf(l->abort[l->n_abort++], sizeof l->abort[0], "%s", abort_rid);
+}
+
+static void on_scan(uv_timer_t *t) {
+    rs_http *h = t->data;
+    scan_list l = {0};
+    double now = rs_now_s();
+    pthread_mutex_lock(&h->mu);
+    rs_engine *e = h->engine;
+    for (rs_http_req *r = h->live; r; r = r->live_next) {
+        bool running = r->held && !r->done;
+        if (r->suspended && !r->client_gone && peer_gone(r->fd)) {
+            r->client_gone = true;
+            RS_INFO("http | %s | rid %s | the client closed its connection; aborting", route_name(r->route),
+                    r->engine_rid);
+            scan_add(&l, rs_http_claim_resume_locked(r) ? r : NULL, running ? r->engine_rid : NULL);
+        } else if (r->route == RS_ROUTE_HEALTH_GENERATE && running && !r->answer_now && now > r->deadline) {
+            r->answer_now = true;
+            rs_error_set(&r->error, RS_EBUSY, NULL, "the health probe did not finish within %gs",
+                         h->info.cfg ? h->info.cfg->health_generate_timeout : 0.0);
+            scan_add(&l, rs_http_claim_resume_locked(r) ? r : NULL, r->engine_rid);
+        }
+    }
+    pthread_mutex_unlock(&h->mu);
+    for (int i = 0; e && i < l.n_abort; i++) rs_engine_abort(e, l.abort[i]);
+    /* each of these is still suspended (its resume is ours), so it is still alive */
+    for (int i = 0; i < l.n_resume; i++) MHD_resume_connection(l.resume[i]->conn);
+    free(l.resume);
+    free(l.abort);
 }
 
 /* ---------------------------------------------------------------- lifecycle */
@@ -423,15 +464,25 @@ int rs_http_start(rs_http **out, const rs_http_opts *opts, uv_loop_t *loop, rs_e
     h->opts.api_key = h->api_key;
     h->opts.host = NULL; /* borrowed, not needed past here */
     atomic_init(&h->next_rid, 0);
+    atomic_init(&h->next_job, 0);
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    h->start_time_unix = (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+    atomic_init(&h->seed_state, (unsigned long long)ts.tv_nsec ^ ((unsigned long long)ts.tv_sec << 20) ^
+                                    ((unsigned long long)getpid() << 40));
     pthread_mutex_init(&h->mu, NULL);
+    pthread_cond_init(&h->ctl_cv, NULL);
+    pthread_cond_init(&h->ctl_idle_cv, NULL);
     h->state = RS_HTTP_STATE_STARTING;
 
-    unsigned flags = MHD_USE_AUTO_INTERNAL_THREAD | MHD_ALLOW_SUSPEND_RESUME | MHD_USE_ERROR_LOG;
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    unsigned threads = opts->threads > 0 ? (unsigned)opts->threads : (unsigned)(cores > 0 ? cores : 2);
+    unsigned flags = MHD_USE_AUTO_INTERNAL_THREAD | MHD_ALLOW_SUSPEND_RESUME | MHD_USE_ERROR_LOG | MHD_USE_TURBO;
     if (ss.ss_family == AF_INET6) flags |= MHD_USE_IPv6;
     h->daemon = MHD_start_daemon(flags, (uint16_t)opts->port, NULL, NULL, on_access, h,
                                  MHD_OPTION_EXTERNAL_LOGGER, on_mhd_log, h,
                                  MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&ss,
-                                 MHD_OPTION_THREAD_POOL_SIZE, (unsigned)2,
+                                 MHD_OPTION_THREAD_POOL_SIZE, threads,
                                  MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)(256 * 1024),
                                  /* trainers open a connection per in-flight request */
                                  MHD_OPTION_CONNECTION_LIMIT, (unsigned)RS_MAX(1024, opts->max_waiting_requests + 256),
@@ -440,22 +491,35 @@ int rs_http_start(rs_http **out, const rs_http_opts *opts, uv_loop_t *loop, rs_e
     if (!h->daemon) {
         rs_error_set(err, RS_EIO, "port", "cannot listen on %s port %d (in use, or not a local address?)",
                      opts->host, opts->port);
+        pthread_cond_destroy(&h->ctl_idle_cv);
+        pthread_cond_destroy(&h->ctl_cv);
         pthread_mutex_destroy(&h->mu);
         free(h);
         return RS_EIO;
     }
     const union MHD_DaemonInfo *info = MHD_get_daemon_info(h->daemon, MHD_DAEMON_INFO_BIND_PORT);
     h->port = info ? info->port : opts->port;
-    uv_async_init(loop, &h->async, on_async);
-    h->async.data = h;
+    rs_http_ctl_start(h);
+    uv_timer_init(loop, &h->scan_timer);
+    h->scan_timer.data = h;
+    uv_timer_start(&h->scan_timer, on_scan, RS_HTTP_SCAN_MS, RS_HTTP_SCAN_MS);
+    RS_INFO("http: %u worker thread%s", threads, threads == 1 ? "" : "s");
     *out = h;
     return RS_OK;
 }
 
 int rs_http_port(const rs_http *h) { return h->port; }
 
-void rs_http_set_engine(rs_http *h, rs_engine *e) {
+void rs_http_set_engine(rs_http *h, rs_engine *e, const rs_http_info *info) {
     pthread_mutex_lock(&h->mu);
+    h->info = *info;
+    snprintf(h->model_path, sizeof h->model_path, "%s", info->model_path ? info->model_path : "");
+    snprintf(h->served_model_name, sizeof h->served_model_name, "%s",
+             info->served_model_name ? info->served_model_name : "");
+    snprintf(h->backend, sizeof h->backend, "%s", info->backend ? info->backend : "");
+    h->info.model_path = h->model_path;
+    h->info.served_model_name = h->served_model_name;
+    h->info.backend = h->backend;
     h->engine = e;
     h->state = RS_HTTP_STATE_READY;
     pthread_mutex_unlock(&h->mu);
@@ -467,6 +531,14 @@ void rs_http_drain(rs_http *h) {
     pthread_mutex_unlock(&h->mu);
 }
 
+void rs_http_detach_engine(rs_http *h) {
+    pthread_mutex_lock(&h->mu);
+    if (h->state == RS_HTTP_STATE_READY) h->state = RS_HTTP_STATE_DRAINING;
+    h->engine = NULL;
+    while (h->ctl_busy) pthread_cond_wait(&h->ctl_idle_cv, &h->mu);
+    pthread_mutex_unlock(&h->mu);
+}
+
 int rs_http_in_flight(rs_http *h) {
     pthread_mutex_lock(&h->mu);
     int n = h->in_flight;
@@ -474,15 +546,31 @@ int rs_http_in_flight(rs_http *h) {
     return n;
 }
 
-static void on_async_closed(uv_handle_t *handle) {
+static void on_timer_closed(uv_handle_t *handle) {
     rs_http *h = handle->data;
+    pthread_cond_destroy(&h->ctl_idle_cv);
+    pthread_cond_destroy(&h->ctl_cv);
     pthread_mutex_destroy(&h->mu);
     free(h);
 }
 
 void rs_http_close(rs_http *h) {
-    rs_http_flush_completions(h); /* MHD refuses to stop with suspended connections */
-    MHD_stop_daemon(h->daemon);   /* completes (and so frees) every remaining request */
+    rs_http_ctl_stop(h); /* answers what it still holds */
+    uv_timer_stop(&h->scan_timer);
+    /* MHD must not be stopped with suspended connections: end every one still waiting (their jobs
+     * ended when the engine stopped, so this is only a connection whose last event is pending) */
+    scan_list l = {0};
+    pthread_mutex_lock(&h->mu);
+    h->engine = NULL;
+    for (rs_http_req *r = h->live; r; r = r->live_next) {
+        r->client_gone = true;
+        if (rs_http_claim_resume_locked(r)) scan_add(&l, r, NULL);
+    }
+    pthread_mutex_unlock(&h->mu);
+    for (int i = 0; i < l.n_resume; i++) MHD_resume_connection(l.resume[i]->conn);
+    free(l.resume);
+    free(l.abort);
+    MHD_stop_daemon(h->daemon); /* completes (and so frees) every remaining request */
     h->daemon = NULL;
-    uv_close((uv_handle_t *)&h->async, on_async_closed);
+    uv_close((uv_handle_t *)&h->scan_timer, on_timer_closed);
 }

@@ -1,17 +1,33 @@
 /*
- * http.h — the HTTP front end: libmicrohttpd threads that parse, route, hand jobs to the engine
- * and answer when the engine is done.
+ * http.h — the HTTP front end: libmicrohttpd threads that route, authenticate, parse (through
+ * protocol/), hand work to the engine and answer when it is done. Routes are listed in http.c.
  *
- * Threads. MHD runs its own small thread pool; its callbacks never block. A /generate request is
- * parsed and validated on an MHD thread, submitted to the engine, and its connection suspended.
- * The engine calls the job's on_done on the engine thread, which only pushes the request onto a
- * completion list under a mutex and wakes the libuv loop (uv_async_send); the loop's callback,
- * on the main thread, resumes the connections, and MHD then calls the handler again to queue the
- * serialized answer. server/ never builds JSON: protocol/ writes every body.
+ * Threads, and who may block. MHD runs a pool of worker threads whose callbacks never block:
+ *   - generation (/generate, /v1/completions, /health_generate): parsed and validated on the MHD
+ *     thread, submitted to the engine; a plain answer suspends the connection, and the engine's
+ *     on_done (engine thread) resumes it; MHD then calls the handler again to send the body. A
+ *     streamed answer is an MHD callback response: the engine's on_progress and on_done build the
+ *     SSE events on the engine thread (the outputs are stable there) and append them to the
+ *     request's buffer; the content reader hands the bytes to MHD, and suspends the connection
+ *     when the buffer is empty until the next append resumes it.
+ *   - pause, continue and flush wait for an engine step boundary, so a control thread of this
+ *     module runs them; the connection is suspended meanwhile.
+ *   - everything else (abort, info, metrics) answers at once.
+ * Whoever makes a suspended request ready (engine, control thread, main loop) claims the resume
+ * under the mutex and calls MHD_resume_connection itself: a resume is never lost or doubled.
  *
- * Lifetime of a request. It is freed exactly once, by whichever of two owners lets go last: the
- * connection (MHD's completion notice) and the engine (a submitted job, until it has finished and
- * been handed back through the completion list). Both flags live under the same mutex.
+ * Disconnects. MHD does not watch a suspended connection, so a timer on the libuv loop peeks at
+ * the socket of every suspended generation request (recv MSG_PEEK: 0 = the peer closed) every
+ * RS_HTTP_SCAN_MS; a client that left gets its job aborted (its KV pages are freed at the next
+ * step) and its connection ended. A streamed answer also notices a gone client when a write
+ * fails. (A client that half-closes its socket after sending, shutdown(SHUT_WR), reads as gone:
+ * HTTP clients do not do that.) Client ids (rids) may repeat: each job gets a unique engine rid "<rid>#<seq>", and
+ * /abort_request finds jobs by their client-visible ids. The same timer answers /health_generate
+ * with 503 when its probe outlives health-generate-timeout.
+ *
+ * Lifetime of a request. Freed exactly once, by whichever of two owners lets go last: the
+ * connection (MHD's completion notice) and the engine or control thread (a submitted job or
+ * control operation, until it has finished). Both flags live under the same mutex.
  */
 #ifndef RS_HTTP_H
 #define RS_HTTP_H
@@ -19,41 +35,58 @@
 #include <stddef.h>
 #include <uv.h>
 
+#include "../config/config.h"
 #include "../core/rs.h"
+#include "../model/model.h"
 #include "../scheduler/engine.h"
+
+#define RS_HTTP_SCAN_MS 100                          /* disconnect and probe-timeout scan period */
+#define RS_HTTP_STREAM_MAX_PENDING ((size_t)64 << 20) /* a stream's unsent bytes before it is cut */
 
 typedef struct rs_http_opts {
     const char *host;           /* borrowed: numeric address or name to bind */
     int port;                   /* 0 = any free port (see rs_http_port) */
+    int threads;                /* MHD worker threads; 0 = one per core */
     size_t max_body_bytes;
-    int max_waiting_requests;   /* generate requests in flight before 503 */
+    int max_waiting_requests;   /* generation requests in flight before 503 */
     const char *api_key;        /* borrowed; NULL or "" = no auth */
 } rs_http_opts;
 
+/* What the info routes report; everything is borrowed and must outlive the server. */
+typedef struct rs_http_info {
+    const rs_config *cfg;       /* the effective settings */
+    const rs_model *model;
+    const char *model_path;     /* the directory loaded */
+    const char *served_model_name;
+    const char *backend;        /* backend name, "cpu" */
+} rs_http_info;
+
 typedef struct rs_http rs_http;
 
-/* Binds and starts serving in the STARTING state: /health and /generate answer 503 until
- * rs_http_set_engine. Registers a uv_async_t on `loop`, which must be run by the calling thread. */
+/* Binds and starts serving in the STARTING state: /health and every engine route answer 503
+ * until rs_http_set_engine. Registers a timer on `loop`, which must be run by the calling thread. */
 int rs_http_start(rs_http **out, const rs_http_opts *opts, uv_loop_t *loop, rs_error *err);
 
 int rs_http_port(const rs_http *h);
 
-/* Attaches the running engine (borrowed; it must outlive the server's use of it, i.e. stay until
- * rs_http_close) and starts answering: the READY state. */
-void rs_http_set_engine(rs_http *h, rs_engine *e);
+/* Attaches the running engine (borrowed; it must stay valid until rs_http_close) and starts
+ * answering: the READY state. */
+void rs_http_set_engine(rs_http *h, rs_engine *e, const rs_http_info *info);
 
-/* The DRAINING state: /health and new /generate requests answer 503; admitted ones finish. */
+/* The DRAINING state: /health, /health_generate and new generation requests answer 503;
+ * admitted ones finish; operations routes keep working. */
 void rs_http_drain(rs_http *h);
 
-/* Generate requests admitted and not yet finished (their answer sent or their client gone). */
+/* Call before rs_engine_stop: engine routes answer 503 from now on, and this waits (at most one
+ * engine step) for a control operation in progress. */
+void rs_http_detach_engine(rs_http *h);
+
+/* Generation requests admitted and not yet finished (their answer sent or their client gone). */
 int rs_http_in_flight(rs_http *h);
 
-/* Resumes the connections of every finished job. The loop's async callback does this; call it
- * directly after rs_engine_stop, so that jobs the engine aborted are answered. Main thread only. */
-void rs_http_flush_completions(rs_http *h);
-
-/* Stops MHD (closing every connection) and closes the async handle; `h` is freed by the loop once
- * the handle is closed, so the loop must run after this. The engine must already be stopped. */
+/* Stops the control thread, ends every connection still suspended, stops MHD and closes the
+ * timer; `h` is freed by the loop once the timer is closed, so the loop must run after this.
+ * The engine must already be stopped. Main thread only. */
 void rs_http_close(rs_http *h);
 
 #endif /* RS_HTTP_H */

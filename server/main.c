@@ -30,7 +30,10 @@
 #include "../model/presets.h"
 #include "../model/quant.h"
 #include "../scheduler/engine.h"
+#include "../sync/sync.h"
 #include "http.h"
+#include "setup.h"
+#include "weights_routes.h"
 
 #define RS_ABORT_GRACE_S 5.0 /* after aborting on drain timeout: time to send the abort answers */
 
@@ -49,7 +52,10 @@ typedef struct rs_daemon {
     rs_backend *backend;
     rs_model *model;
     rs_engine *engine;
+    rs_sync *sync;              /* weight updates; started after the engine, stopped before it */
     bool engine_stopped;
+    char model_dir[4096];       /* the directory loaded */
+    char served_model_name[256];
     rs_phase phase;
     double deadline;
 } rs_daemon;
@@ -158,10 +164,10 @@ static int load(rs_daemon *d, rs_error *err) {
     d->backend = rs_backend_cpu_init(c->threads);
     if (!d->backend) return rs_error_set(err, RS_EINTERNAL, "threads", "cannot create the CPU backend");
 
-    char dir[4096];
+    char *dir = d->model_dir;
     int rc;
-    if (c->model[0]) snprintf(dir, sizeof dir, "%s", c->model);
-    else if ((rc = default_model_dir(dir, sizeof dir, err)) != RS_OK) return rc;
+    if (c->model[0]) snprintf(dir, sizeof d->model_dir, "%s", c->model);
+    else if ((rc = default_model_dir(dir, sizeof d->model_dir, err)) != RS_OK) return rc;
     rs_quant_policy qp;
     if ((rc = rs_quant_policy_init(&qp, c->quantization, c->quant_ignore, c->bf16_first_layers, c->bf16_last_layers,
                                    err)) != RS_OK)
@@ -169,42 +175,33 @@ static int load(rs_daemon *d, rs_error *err) {
     if ((rc = rs_model_load(dir, d->backend, &qp, &d->model, err)) != RS_OK) return rc;
     const rs_model_config *mc = &d->model->cfg;
 
-    int max_context = c->max_context ? c->max_context : mc->max_position;
-    if (max_context > mc->max_position) {
-        RS_WARN("max-context %d exceeds the model's max_position_embeddings %d; using %d", max_context,
-                mc->max_position, mc->max_position);
-        max_context = mc->max_position;
-    }
-    rs_engine_opts eo = {
-        .kv_cache_bytes = (size_t)c->kv_cache_mb << 20,
-        .max_running = c->max_running,
-        .max_step_tokens = c->max_step_tokens,
-        .limits = {.max_context = max_context, .max_new_tokens = c->max_new_tokens, .max_n = c->max_n,
-                   .max_batch = c->max_batch, .max_top_logprobs = c->max_top_logprobs},
-        .weight_version = c->weight_version,
-        .admission_new_token_ratio = (float)c->admission_new_token_ratio,
-        .prefix_cache = c->prefix_cache,
-        .kv_dtype = !strcmp(c->kv_cache_dtype, "fp8") ? RS_DTYPE_E4M3
-                    : !strcmp(c->kv_cache_dtype, "bf16") ? RS_DTYPE_BF16 : RS_DTYPE_F32,
-        .kv_scale_mode = !strcmp(c->kv_scale_mode, "dynamic") ? RS_KV_SCALE_PER_TOKEN : RS_KV_SCALE_PER_HEAD,
-        .kv_calib_margin = (float)c->kv_calib_margin,
-        .kv_calib_percentile = (float)c->kv_calib_percentile,
-        .kv_scales_static = !strcmp(c->kv_scale_mode, "static"),
-    };
+    rs_engine_opts eo;
+    rs_setup_engine_opts(c, mc->max_position, &eo);
     if ((rc = rs_engine_init(&d->engine, d->model, &eo, err)) != RS_OK) return rc;
     if ((rc = rs_engine_start(d->engine)) != RS_OK)
         return rs_error_set(err, rc, NULL, "cannot start the engine thread");
+    rs_sync_opts so = {.staging_limit = (size_t)c->weight_staging_mb << 20,
+                       .allowed_weight_dir = c->allowed_weight_dir, .txn_idle_timeout = c->weight_update_timeout};
+    if ((rc = rs_sync_start(&d->sync, d->engine, d->model, &so, err)) != RS_OK) return rc;
     return RS_OK;
 }
 
 /* ---------------------------------------------------------------- shutdown */
 
+/* Aborts what the engine still runs (each client gets its partial output: on_done resumes it). */
+static void stop_engine(rs_daemon *d) {
+    if (!d->engine || d->engine_stopped) return;
+    if (d->http) rs_http_detach_engine(d->http); /* no control operation may call in from now on */
+    rs_weights_routes_detach();
+    rs_sync_stop(d->sync); /* finishes the update in progress (it needs the engine), answers the rest */
+    d->sync = NULL;
+    rs_engine_stop(d->engine);
+    d->engine_stopped = true;
+}
+
 static void close_all(rs_daemon *d) {
     uv_timer_stop(&d->drain_timer);
-    if (d->engine && !d->engine_stopped) {
-        rs_engine_stop(d->engine); /* aborts what is left; their on_done queue completions */
-        d->engine_stopped = true;
-    }
+    stop_engine(d);
     if (d->http) {
         rs_http_close(d->http);
         d->http = NULL;
@@ -221,9 +218,7 @@ static void on_drain_tick(uv_timer_t *t) {
     if (n > 0 && now < d->deadline) return;
     if (n > 0 && d->phase == RS_PHASE_DRAINING) {
         RS_WARN("drain: %d request%s still running after the drain timeout; aborting them", n, n == 1 ? "" : "s");
-        rs_engine_stop(d->engine);
-        d->engine_stopped = true;
-        rs_http_flush_completions(d->http);
+        stop_engine(d);
         d->phase = RS_PHASE_ABORTING;
         d->deadline = now + RS_ABORT_GRACE_S;
         return;
@@ -288,8 +283,9 @@ int main(int argc, char **argv) {
     uv_signal_start(&d->sig_term, on_signal, SIGTERM);
 
     int status = 0;
-    rs_http_opts ho = {.host = d->cfg.host, .port = d->cfg.port, .max_body_bytes = d->cfg.max_body_bytes,
-                       .max_waiting_requests = d->cfg.max_waiting_requests, .api_key = d->cfg.api_key};
+    rs_http_opts ho = {.host = d->cfg.host, .port = d->cfg.port, .threads = d->cfg.http_threads,
+                       .max_body_bytes = d->cfg.max_body_bytes, .max_waiting_requests = d->cfg.max_waiting_requests,
+                       .api_key = d->cfg.api_key};
     if (rs_http_start(&d->http, &ho, &d->loop, &err) != RS_OK) {
         RS_ERROR("%s", err.message);
         status = 1;
@@ -304,8 +300,13 @@ int main(int argc, char **argv) {
         close_all(d);
         goto out;
     }
-    rs_http_set_engine(d->http, d->engine);
-    RS_INFO("ready");
+    const char *served = d->cfg.served_model_name[0] ? d->cfg.served_model_name : d->cfg.model[0] ? d->cfg.model : "default";
+    snprintf(d->served_model_name, sizeof d->served_model_name, "%.*s", (int)sizeof d->served_model_name - 1, served);
+    rs_http_info info = {.cfg = &d->cfg, .model = d->model, .model_path = d->model_dir,
+                         .served_model_name = d->served_model_name, .backend = d->backend->ops->name};
+    rs_http_set_engine(d->http, d->engine, &info);
+    rs_weights_routes_attach(d->sync);
+    RS_INFO("ready: model %s (served as %s)", d->model_dir, d->served_model_name);
 
 out:
     uv_run(&d->loop, UV_RUN_DEFAULT);

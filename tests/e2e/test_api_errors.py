@@ -3,6 +3,8 @@
 Runs against the real rolloutd with the embedded default model (vocab 8192, max_position 4096).
 One daemon serves the whole table (module scope); tests that need other settings start their own.
 """
+import http.client
+import json
 import socket
 import threading
 import time
@@ -10,6 +12,7 @@ import time
 import pytest
 import requests
 
+import malformed_corpus
 from conftest import Daemon
 
 VOCAB = 8192
@@ -53,8 +56,11 @@ BAD = [
     ("unknown-top", ok_body(foo=1), 400, "invalid_request", "foo", "unknown field 'foo'"),
     ("unknown-sampling", sp(seed=3), 400, "invalid_request", "sampling_params.seed",
      "unknown field 'sampling_params.seed'"),
-    ("unknown-penalty", sp(repetition_penalty=1.0), 400, "invalid_request", "sampling_params.repetition_penalty",
-     "unknown field"),
+    ("penalty-not-neutral", sp(repetition_penalty=1.1), 400, "unsupported", "sampling_params.repetition_penalty",
+     "only 1 (no penalty)"),
+    ("stop-strings", sp(stop=["\n"]), 400, "unsupported", "sampling_params.stop", "use stop_token_ids"),
+    ("routed-experts", ok_body(return_routed_experts=True), 400, "unsupported", "return_routed_experts",
+     "not supported"),
     ("text-input", {"text": "hello"}, 400, "invalid_request", "text", "input_ids"),
     # input_ids
     ("missing-input-ids", {"sampling_params": {}}, 400, "invalid_request", "input_ids", "input_ids is required"),
@@ -124,7 +130,7 @@ BAD = [
     ("logprobs-mode-case", ok_body(logprobs_mode="Raw"), 400, "invalid_request", "logprobs_mode", "must be one of"),
     ("logprobs-mode-bogus", ok_body(logprobs_mode="fancy"), 400, "invalid_request", "logprobs_mode",
      "must be one of"),
-    ("stream-true", ok_body(stream=True), 400, "unsupported", "stream", "stream is not supported yet"),
+    ("stream-string", ok_body(stream="yes"), 400, "invalid_request", "stream", "true or false"),
 ]
 
 
@@ -149,6 +155,61 @@ def test_malformed_generate(daemon, body, status, etype, param, message):
 
 def test_table_is_large_enough():
     assert len(BAD) >= 40
+
+
+CORPUS = malformed_corpus.cases(256 * 1024)
+
+
+def raw_request(port, method, path, body, headers):
+    """One request over a fresh connection, sent as is (no URL normalization): (status, headers, body)."""
+    if "Content-Length-Override" in headers:  # a claim the body never backs: answered before the body
+        s = socket.create_connection(("127.0.0.1", port), timeout=30)
+        s.sendall(f"{method} {path} HTTP/1.1\r\nHost: x\r\nContent-Length: {headers['Content-Length-Override']}\r\n"
+                  "Expect: 100-continue\r\n\r\n".encode())
+        data = b""
+        while b"\r\n\r\n" not in data:
+            chunk = s.recv(65536)
+            assert chunk, data
+            data += chunk
+        head, rest = data.split(b"\r\n\r\n", 1)
+        length = int(next(line.split(b":")[1] for line in head.split(b"\r\n") if line.lower().startswith(b"content-length")))
+        while len(rest) < length:
+            rest += s.recv(65536)
+        s.close()
+        return int(head.split()[1]), {}, rest
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+    conn.request(method, path, body=body, headers={"Content-Type": "application/json", **headers})
+    r = conn.getresponse()
+    out = r.status, dict(r.getheaders()), r.read()
+    conn.close()
+    return out
+
+
+@pytest.mark.parametrize("case", CORPUS, ids=[c.id for c in CORPUS])
+def test_malformed_corpus(daemon, case):
+    status, headers, body = raw_request(daemon.port, case.method, case.path, case.body, case.headers)
+    assert status == case.status, (status, body[:300])
+    err = json.loads(body)["error"]
+    assert set(err) == {"message", "type", "param"} and err["message"]
+    assert err["type"] == case.etype, err
+    if case.param is not None:
+        assert err["param"] == case.param, err
+    if status == 405:
+        allowed = malformed_corpus.ROUTES[case.path]
+        assert headers["Allow"] == ", ".join(allowed)
+
+
+def test_corpus_is_large():
+    assert len(CORPUS) >= 200
+
+
+def test_daemon_survives_the_corpus(daemon):
+    assert daemon.get("/health").status_code == 200
+    r = daemon.post("/generate", ok_body())
+    assert r.status_code == 200 and len(r.json()["output_ids"]) == 2
+    log = daemon.read_log()
+    for bad in ("assert", "AddressSanitizer", "runtime error", "LeakSanitizer", "microhttpd |", "out of memory"):
+        assert bad not in log, bad
 
 
 def test_still_healthy_and_serving_after_bad_requests(daemon):

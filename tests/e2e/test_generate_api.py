@@ -1,12 +1,16 @@
 """POST /generate against the real daemon: response shapes (single, batched, n > 1), finish reasons,
 logprob lists, stop tokens and limits, seeded and greedy reproducibility, concurrency, auth-free
-/health, and the drain on SIGTERM.
+/health, the drain on SIGTERM, payloads shaped like the ones slime and veRL send, streaming (SSE:
+cumulative, incremental, batched with indices), and client disconnects (plain and streamed) aborting
+their jobs.
 
 The embedded default model has random weights (vocab 8192), so tests assert structure and
 reproducibility, never particular tokens.
 """
+import json
 import math
 import signal
+import socket
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -16,7 +20,7 @@ import pytest
 from conftest import Daemon
 
 META_KEYS = {"id", "finish_reason", "prompt_tokens", "completion_tokens", "cached_tokens", "weight_version",
-             "num_retractions", "e2e_latency"}
+             "num_retractions", "e2e_latency", "weight_version_spans"}
 LOGPROB_KEYS = {"output_token_logprobs", "input_token_logprobs", "output_top_logprobs", "input_top_logprobs"}
 PROMPT = [11, 22, 33, 44, 55]
 
@@ -48,6 +52,7 @@ def check_output(o, prompt_len, logprobs=False):
     assert isinstance(m["weight_version"], str)
     assert m["num_retractions"] == 0
     assert isinstance(m["e2e_latency"], float) and m["e2e_latency"] >= 0
+    assert m["weight_version_spans"] == [[m["weight_version"], 0, len(o["output_ids"])]]  # no update crossed
     fr = m["finish_reason"]
     assert fr["type"] in ("stop", "length")
     if fr["type"] == "length":
@@ -278,3 +283,231 @@ def test_weight_version_setting_is_reported(rolloutd):
     d = rolloutd(None, "--weight-version", "step-17", "--kv-cache-mb", "64")
     out = generate(d, {"input_ids": PROMPT, "sampling_params": {"max_new_tokens": 2}})
     assert out["meta_info"]["weight_version"] == "step-17"
+
+
+# ---------------------------------------------------------------- SGLang-shaped payloads
+
+def test_slime_style_payload(daemon):
+    """The request slime / AReaL / NeMo-RL send (reference/engines.md 1.1), every field included; ids
+    remapped into the default model's 8192-token vocabulary."""
+    body = {"rid": "grp7-s3", "input_ids": [1644, 872, 198, 3838],
+            "sampling_params": {"max_new_tokens": 6, "temperature": 1.0, "top_p": 1.0, "top_k": -1, "min_p": 0.0,
+                                "stop_token_ids": [1645], "stop": None, "ignore_eos": False,
+                                "skip_special_tokens": False, "no_stop_trim": True,
+                                "spaces_between_special_tokens": False, "n": 1, "sampling_seed": 1234,
+                                "frequency_penalty": 0.0, "presence_penalty": 0.0, "repetition_penalty": 1.0,
+                                "min_new_tokens": 0},
+            "return_logprob": True, "logprob_start_len": -1, "top_logprobs_num": 0, "token_ids_logprob": None,
+            "return_routed_experts": False, "stream": False}
+    o = generate(daemon, body)
+    check_output(o, 4, logprobs=True)
+    assert o["meta_info"]["id"] == "grp7-s3"
+    # slime reads tokens and logprobs from the triples: item[1], item[0]
+    assert [t[1] for t in o["meta_info"]["output_token_logprobs"]] == o["output_ids"]
+
+
+def test_verl_style_batched_groups(daemon):
+    """veRL-style: a batch of prompts, n samples each, seeded, logprobs for importance sampling."""
+    prompts = [[101, 102, 103], [201, 202], [301, 302, 303, 304]]
+    body = {"input_ids": prompts, "return_logprob": True,
+            "sampling_params": {"max_new_tokens": 5, "temperature": 1.0, "top_p": 1.0, "top_k": -1, "n": 4,
+                                "sampling_seed": 42, "ignore_eos": True, "skip_special_tokens": True}}
+    out = generate(daemon, body)
+    assert len(out) == 12
+    for i, o in enumerate(out):
+        check_output(o, len(prompts[i // 4]), logprobs=True)
+        assert len(o["output_ids"]) == 5
+    # same request, same tokens (the seed and the sample index key the RNG)
+    again = generate(daemon, body)
+    assert [o["output_ids"] for o in again] == [o["output_ids"] for o in out]
+
+
+def test_neutral_fields_refused_when_not_neutral(daemon):
+    r = daemon.post("/generate", {"input_ids": PROMPT, "sampling_params": {"presence_penalty": 0.5}})
+    assert r.status_code == 400 and r.json()["error"]["type"] == "unsupported"
+    assert r.json()["error"]["param"] == "sampling_params.presence_penalty"
+    r = daemon.post("/generate", {"input_ids": PROMPT, "token_ids_logprob": [1, 2]})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "token_ids_logprob"
+
+
+# ---------------------------------------------------------------- streaming
+
+def sse_events(r):
+    """The JSON events of a text/event-stream answer, which must end with [DONE]."""
+    assert r.status_code == 200, r.text
+    assert r.headers["Content-Type"] == "text/event-stream"
+    chunks = r.content.decode().split("\n\n")
+    assert chunks[-1] == ""
+    chunks = chunks[:-1]
+    assert all(c.startswith("data: ") for c in chunks), chunks
+    assert chunks[-1] == "data: [DONE]"
+    assert "data: [DONE]" not in chunks[:-1]
+    return [json.loads(c[len("data: "):]) for c in chunks[:-1]]
+
+
+def strip_latency(o):
+    o = json.loads(json.dumps(o))
+    o["meta_info"].pop("e2e_latency", None)
+    o.pop("index", None)
+    return o
+
+
+def test_stream_single_cumulative(daemon):
+    body = {"rid": "st", "input_ids": PROMPT, "return_logprob": True,
+            "sampling_params": {"max_new_tokens": 12, "temperature": 1.0, "sampling_seed": 5, "ignore_eos": True}}
+    plain = generate(daemon, body)
+    events = sse_events(daemon.post("/generate", {**body, "stream": True}))
+    assert len(events) >= 2
+    prev = []
+    for ev in events[:-1]:
+        assert "index" not in ev  # one output: no index, as SGLang
+        assert ev["meta_info"]["finish_reason"] is None
+        assert "e2e_latency" not in ev["meta_info"]
+        ids = ev["output_ids"]
+        assert ids[:len(prev)] == prev and len(ids) > len(prev)  # cumulative, growing
+        assert len(ev["meta_info"]["output_token_logprobs"]) == len(ids)
+        prev = ids
+    last = events[-1]
+    assert last["meta_info"]["finish_reason"] == {"type": "length", "length": 12}
+    assert isinstance(last["meta_info"]["e2e_latency"], float)
+    assert strip_latency(last) == strip_latency(plain)  # the last event is the whole answer
+
+
+def test_stream_batched_n_indices(daemon):
+    body = {"rid": "sb", "input_ids": [[1, 2, 3], [4, 5]], "return_logprob": True,
+            "sampling_params": {"n": 2, "max_new_tokens": 6, "sampling_seed": 9, "ignore_eos": True}}
+    plain = generate(daemon, body)
+    events = sse_events(daemon.post("/generate", {**body, "stream": True}))
+    last = {}
+    for ev in events:
+        i = ev["index"]
+        assert 0 <= i < 4
+        assert i not in last or last[i]["meta_info"]["finish_reason"] is None  # nothing after an output's finish
+        last[i] = ev
+    assert sorted(last) == [0, 1, 2, 3]
+    for i in range(4):
+        assert last[i]["meta_info"]["id"] == plain[i]["meta_info"]["id"]
+        assert strip_latency(last[i]) == strip_latency(plain[i])
+
+
+def test_stream_interval(daemon):
+    body = {"input_ids": PROMPT, "stream": True,
+            "sampling_params": {"max_new_tokens": 12, "ignore_eos": True, "stream_interval": 4}}
+    events = sse_events(daemon.post("/generate", body))
+    lens = [len(ev["output_ids"]) for ev in events]
+    assert lens[-1] == 12
+    assert all(n % 4 == 0 for n in lens[:-1]), lens  # an event every 4 tokens (plus the closing one)
+
+
+def test_stream_incremental(rolloutd):
+    d = rolloutd(None, "--kv-cache-mb", "64", "--incremental-streaming-output", "true")
+    body = {"input_ids": [[7, 8, 9], [10, 11]], "return_logprob": True, "logprob_start_len": 0,
+            "sampling_params": {"n": 2, "max_new_tokens": 8, "sampling_seed": 3, "ignore_eos": True}}
+    plain = generate(d, body)
+    events = sse_events(d.post("/generate", {**body, "stream": True}))
+    ids = {i: [] for i in range(4)}
+    lps = {i: [] for i in range(4)}
+    inputs = {i: [] for i in range(4)}
+    for ev in events:
+        i = ev["index"]
+        ids[i] += ev["output_ids"]
+        lps[i] += ev["meta_info"]["output_token_logprobs"]
+        inputs[i] += ev["meta_info"]["input_token_logprobs"]  # only in an output's first event
+    for i in range(4):
+        assert ids[i] == plain[i]["output_ids"]
+        assert lps[i] == plain[i]["meta_info"]["output_token_logprobs"]
+        assert inputs[i] == plain[i]["meta_info"]["input_token_logprobs"]
+
+
+def metric(d, name):
+    for line in d.get("/metrics").text.splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[-1])
+    raise AssertionError(f"no metric {name}")
+
+
+def wait_for(pred, timeout=10.0, what="condition"):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if pred():
+            return
+        time.sleep(0.02)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def test_stream_client_disconnect_aborts(daemon):
+    before = metric(daemon, "rolloutd_requests_aborted_total")
+    body = json.dumps({"rid": "gone-stream", "input_ids": PROMPT, "stream": True,
+                       "sampling_params": {"max_new_tokens": 3000, "ignore_eos": True}}).encode()
+    s = socket.create_connection(("127.0.0.1", daemon.port), timeout=10)
+    s.sendall(b"POST /generate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+              b"Content-Length: %d\r\n\r\n" % len(body) + body)
+    data = b""
+    while b"data: " not in data:  # the headers and at least one event
+        data += s.recv(4096)
+    t0 = time.time()
+    s.close()
+    wait_for(lambda: metric(daemon, "rolloutd_requests_aborted_total") > before, what="the abort")
+    assert time.time() - t0 < 5
+    wait_for(lambda: metric(daemon, "rolloutd_num_running_reqs") == 0, what="nothing running")
+    assert daemon.get("/health").status_code == 200
+
+
+def test_plain_client_disconnect_aborts_promptly(daemon):
+    before = metric(daemon, "rolloutd_requests_aborted_total")
+    body = {"rid": "gone-plain", "input_ids": PROMPT, "sampling_params": {"max_new_tokens": 3000, "ignore_eos": True}}
+    import requests
+    with pytest.raises(requests.exceptions.ReadTimeout):
+        daemon.post("/generate", body, timeout=0.3)
+    t0 = time.time()
+    # the connection is suspended while the job runs: the server notices the close by peeking at the socket
+    wait_for(lambda: metric(daemon, "rolloutd_requests_aborted_total") > before, what="the abort")
+    assert time.time() - t0 < 5
+    assert "rid gone-plain#" in daemon.read_log() and "aborting" in daemon.read_log()
+
+
+def test_reused_rid_in_flight(daemon):
+    """Two requests in flight with one rid stay apart; an abort by that rid reaches both."""
+    body = {"rid": "dup", "input_ids": PROMPT, "sampling_params": {"max_new_tokens": 2000, "ignore_eos": True}}
+    results = [None, None]
+
+    def run(i):
+        results[i] = daemon.post("/generate", body)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    wait_for(lambda: metric(daemon, "rolloutd_http_requests_in_flight") >= 2, what="both in flight")
+    time.sleep(0.1)
+    r = daemon.post("/abort_request", {"rid": "dup"})
+    assert r.status_code == 200 and r.json()["aborted"] == 2
+    for t in threads:
+        t.join()
+    for res in results:
+        o = res.json()
+        assert o["meta_info"]["id"] == "dup"
+        assert o["meta_info"]["finish_reason"]["type"] == "abort"
+        assert 0 < len(o["output_ids"]) < 2000
+    # short requests with one rid both complete on their own
+    short = {"rid": "dup2", "input_ids": PROMPT, "sampling_params": {"max_new_tokens": 7, "ignore_eos": True}}
+    with ThreadPoolExecutor(max_workers=4) as ex:
+        outs = list(ex.map(lambda _: generate(daemon, short), range(4)))
+    assert all(len(o["output_ids"]) == 7 and o["meta_info"]["id"] == "dup2" for o in outs)
+
+
+def test_drain_timeout_ends_streams_with_abort(rolloutd):
+    d = rolloutd(None, "--kv-cache-mb", "64", "--drain-timeout", "0.5", "--log-level", "debug")
+    body = {"rid": "long-stream", "input_ids": PROMPT, "stream": True,
+            "sampling_params": {"max_new_tokens": 4000, "ignore_eos": True}}
+    result = {}
+    t = threading.Thread(target=lambda: result.setdefault("r", d.post("/generate", body)))
+    t.start()
+    wait_submitted(d, "long-stream")
+    time.sleep(0.2)
+    d.proc.send_signal(signal.SIGTERM)
+    t.join(timeout=30)
+    events = sse_events(result["r"])  # still ends with [DONE]
+    last = events[-1]
+    assert last["meta_info"]["finish_reason"]["type"] == "abort"
+    assert 0 < len(last["output_ids"]) < 4000
+    assert d.proc.wait(timeout=30) == 0

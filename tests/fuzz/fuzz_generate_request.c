@@ -8,7 +8,7 @@
  * Properties checked beyond "no crash, no leak, no UB" (ASan + UBSan): a rejected request names a
  * known error code and leaves nothing allocated; an accepted one has sane fields, and its
  * response, built from fake engine output of the right shape, is valid JSON with one entry per
- * sequence.
+ * sequence, and so is every event of its stream, which ends with [DONE].
  */
 #include <jansson.h>
 #include <math.h>
@@ -38,11 +38,29 @@ static void fake_outputs(rs_gen_job *job) {
             o->output_ids[k] = (int32_t)(k * 7 + 1);
             o->output_logprobs[k] = k == 2 ? -INFINITY : -0.5f * (float)k;
         }
+        int k = job->top_logprobs_num < 64 ? job->top_logprobs_num : 64; /* the server caps it at validation */
+        job->top_logprobs_num = k;
+        if (k > 0) { /* alternatives, -1 where fewer exist */
+            o->output_top_ids = malloc(sizeof(int32_t) * 3 * (size_t)k);
+            o->output_top_lps = malloc(sizeof(float) * 3 * (size_t)k);
+            for (int t = 0; t < 3 * k; t++) {
+                o->output_top_ids[t] = t % 2 ? -1 : t;
+                o->output_top_lps[t] = -1.0f;
+            }
+        }
         o->prompt_tokens = job->prompt_lens[p];
         if (job->logprob_start_len >= 0 && job->logprob_start_len < job->prompt_lens[p]) {
             o->n_input_logprobs = job->prompt_lens[p] - job->logprob_start_len;
             o->input_logprobs = malloc(sizeof(float) * (size_t)o->n_input_logprobs);
-            for (int k = 0; k < o->n_input_logprobs; k++) o->input_logprobs[k] = k == 0 ? NAN : -1.0f;
+            for (int t = 0; t < o->n_input_logprobs; t++) o->input_logprobs[t] = t == 0 ? NAN : -1.0f;
+            if (k > 0) {
+                o->input_top_ids = malloc(sizeof(int32_t) * (size_t)o->n_input_logprobs * (size_t)k);
+                o->input_top_lps = malloc(sizeof(float) * (size_t)o->n_input_logprobs * (size_t)k);
+                for (size_t t = 0; t < (size_t)o->n_input_logprobs * (size_t)k; t++) {
+                    o->input_top_ids[t] = t < (size_t)k ? -1 : (int32_t)t; /* position 0: none */
+                    o->input_top_lps[t] = -2.0f;
+                }
+            }
         }
         o->finish.type = (rs_finish_type)(1 + i % 3);
         o->finish.matched = 1;
@@ -82,6 +100,20 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
 
     if ((size_t)job->n_prompts * (size_t)job->sp.n <= 4096) { /* the server caps this before serializing */
         fake_outputs(job);
+        /* streamed: every output's closing event, then [DONE], each event valid JSON */
+        rs_buf ev = {0};
+        check(rs_generate_stream_events(&req, true, &ev) == RS_OK);
+        check(ev.len >= 14 && strcmp(ev.data + ev.len - 14, "data: [DONE]\n\n") == 0);
+        for (const char *p = ev.data; p < ev.data + ev.len - 14;) {
+            const char *e = strstr(p, "\n\n");
+            check(e != NULL && strncmp(p, "data: ", 6) == 0);
+            json_t *one = json_loadb(p + 6, (size_t)(e - p - 6), 0, NULL);
+            check(one != NULL);
+            json_decref(one);
+            p = e + 2;
+        }
+        rs_buf_free(&ev);
+        check(rs_generate_matches_rid(&req, req.rid) || !req.rid[0]);
         size_t len;
         char *body = rs_generate_response(&req, &len);
         check(body != NULL);

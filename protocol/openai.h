@@ -1,0 +1,93 @@
+/*
+ * openai.h — OpenAI / vLLM POST /v1/completions over token ids: JSON body -> rs_gen_job, finished
+ * job -> a text_completion object, and the chunks of a streamed one; GET /v1/models.
+ *
+ * Request. `prompt` is token ids: one list, or a list of lists (a batch). A string prompt is a 400
+ * (rolloutd has no tokenizer). Supported: model, max_tokens (default 16; null = up to the context
+ * limit), temperature, top_p, top_k (0 or -1 = off), min_p, n, seed, stop_token_ids, ignore_eos,
+ * min_tokens, logprobs (k: the sampled token's logprob plus the k most likely alternatives per
+ * position, vLLM's shape), echo (with logprobs, the prompt's tokens are scored and listed before
+ * the output's, the first one null; `max_tokens: 0` with echo scores a prompt), stream,
+ * stream_options.include_usage, return_token_ids (adds prompt_token_ids), request_id (vLLM's: the
+ * response id becomes "cmpl-<request_id>", and /abort_request takes either), and logprobs_mode
+ * (rolloutd's: as on /generate). Accepted because the official client or vLLM-speaking trainers
+ * send them, with no effect without a tokenizer: return_tokens_as_token_ids (tokens are always
+ * "token_id:N"), skip_special_tokens, spaces_between_special_tokens, include_stop_str_in_output,
+ * add_special_tokens, user. Accepted only at their neutral value (anything else is a 400
+ * "unsupported" naming the field): frequency_penalty 0, presence_penalty 0, repetition_penalty 1,
+ * stop null/[] (stop strings need a tokenizer: use stop_token_ids), logit_bias null/{}, best_of
+ * null or n, suffix null/"", prompt_logprobs null (use echo + logprobs). Any other field is a 400
+ * naming it. null means "default" for every field. Without `seed` every request draws a fresh one
+ * (OpenAI semantics; the server fills it).
+ *
+ * Response: {"id":"cmpl-…","object":"text_completion","created","model","choices":[{"index",
+ * "text":"","logprobs":null|{"tokens":["token_id:N"],"token_logprobs","top_logprobs":[{"token_id:N":
+ * lp}],"text_offset"},"finish_reason":"stop"|"length"|"abort","stop_reason":id|null,"token_ids",
+ * "prompt_token_ids"?}],"usage":{"prompt_tokens","completion_tokens","total_tokens"}}. Choice
+ * index = prompt * n + sample. stop_reason is the stop token when one of stop_token_ids ended the
+ * choice, null for EOS. text_offset[i] is the offset of tokens[i] in the concatenated token
+ * strings (vLLM's arithmetic; the text itself is empty).
+ *
+ * Streaming: each event is a text_completion chunk with one choice carrying only what is new for
+ * it (token_ids and logprobs deltas; prompt_token_ids and echoed prompt scores in its first
+ * chunk; finish_reason in its last), then, with stream_options.include_usage, a chunk with no
+ * choices and the usage, then [DONE].
+ */
+#ifndef RS_PROTOCOL_OPENAI_H
+#define RS_PROTOCOL_OPENAI_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+#include "../core/rs.h"
+#include "../scheduler/engine.h"
+#include "generate.h"
+#include "sse.h"
+
+#define RS_OPENAI_MODEL_MAX 255
+
+typedef struct rs_openai_req {
+    rs_gen_job *job;            /* owned; lent to the engine between rs_engine_submit and on_done */
+    char id[RS_RID_MAX + 1];    /* response id "cmpl-…" (the server names it when request_id was absent) */
+    char request_id[RS_RID_MAX + 1]; /* the client's request_id, "" when absent */
+    char model[RS_OPENAI_MODEL_MAX + 1]; /* as requested ("" when absent); the server sets the answer's */
+    long long created;          /* unix seconds (set by the server) */
+    int logprobs;               /* -1: none; else alternatives per position */
+    bool echo, stream, include_usage, return_token_ids;
+    bool seed_given;            /* false: the server draws job->sp.seed */
+    bool max_tokens_to_context; /* max_tokens was null: the server fills it from the context limit */
+    /* streaming state, [outputs] each, allocated on first use */
+    int *sent;
+    bool *closed, *started;
+    long long *text_offset;
+} rs_openai_req;
+
+/* Parses a body. RS_OK with *out filled (free with rs_openai_req_free); else RS_EINVAL or
+ * RS_EUNSUPPORTED with err naming the field, and *out zeroed. */
+int rs_openai_parse_completions(const char *body, size_t len, rs_openai_req *out, rs_error *err);
+void rs_openai_req_free(rs_openai_req *r);
+
+/* 404 (RS_ENOTFOUND, param "model") unless the request named no model or `served`. */
+int rs_openai_check_model(const rs_openai_req *r, const char *served, rs_error *err);
+
+/* Renames the /generate fields that rs_gen_job_validate names in err (param and message) to this
+ * API's: input_ids -> prompt, sampling_params.max_new_tokens -> max_tokens, top_logprobs_num ->
+ * logprobs, ... */
+void rs_openai_map_error(rs_error *err);
+
+/* True when rid is this request's id or its request_id. */
+bool rs_openai_matches_rid(const rs_openai_req *r, const char *rid);
+
+/* The answer to a finished job: new malloc'd body and *len, or NULL on OOM. */
+char *rs_openai_completions_response(const rs_openai_req *r, size_t *len);
+
+/* Streaming, as rs_generate_stream_events: chunks for outputs that gained tokens or finished;
+ * with `final`, the closing chunks, the usage chunk if asked, and [DONE]. */
+int rs_openai_stream_events(rs_openai_req *r, bool final, rs_buf *out);
+
+/* GET /v1/models: {"object":"list","data":[{"id":name,"object":"model","created","owned_by":
+ * "rolloutd","root":model_path,"max_model_len"}]}. */
+char *rs_openai_models_body(const char *name, const char *model_path, long long created, int max_model_len,
+                            size_t *len);
+
+#endif /* RS_PROTOCOL_OPENAI_H */

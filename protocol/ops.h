@@ -1,0 +1,78 @@
+/*
+ * ops.h — bodies of the operations routes (SGLang's shapes): /abort_request, /pause_generation,
+ * /continue_generation, /flush_cache, /get_model_info, /get_server_info, /get_weight_version.
+ *
+ * Request bodies are parsed as strictly as /generate's (unknown fields are 400s naming them); the
+ * routes whose body is optional in SGLang (pause, continue, flush) take an empty body as {}.
+ */
+#ifndef RS_PROTOCOL_OPS_H
+#define RS_PROTOCOL_OPS_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+#include "../config/config.h"
+#include "../core/rs.h"
+#include "../scheduler/engine.h"
+#include "generate.h"
+
+#define RS_VERSION "0.1.0"
+#define RS_KV_PAGE_TOKENS 16 /* tokens per KV page (kvcache/) */
+
+/* POST /abort_request: {"rid": "..."} or {"abort_all": true} (a rid and abort_all: everything). */
+typedef struct rs_abort_req {
+    char rid[RS_RID_MAX + 1];   /* "" with abort_all */
+    bool abort_all;
+} rs_abort_req;
+int rs_abort_parse(const char *body, size_t len, rs_abort_req *out, rs_error *err);
+/* {"success":true,"aborted":n}: n = requests in flight that matched. */
+char *rs_abort_body(int n_aborted, size_t *len);
+
+/* POST /pause_generation: {"mode": "abort"|"retract"|"in_place"}; empty body or no mode = abort
+ * (SGLang's default). */
+int rs_pause_parse(const char *body, size_t len, rs_pause_mode *mode, rs_error *err);
+const char *rs_pause_mode_name(rs_pause_mode mode);
+
+/* Routes without parameters (continue, flush): an empty body or {}. `route` names it in errors. */
+int rs_empty_parse(const char *body, size_t len, const char *route, rs_error *err);
+
+/* {"status":"ok","message":message} (all bodies below: new malloc'd text and *len, NULL on OOM) */
+char *rs_status_body(const char *message, size_t *len);
+/* {"weight_version":"17"} */
+char *rs_weight_version_body(const char *version, size_t *len);
+
+typedef struct rs_model_info {
+    const char *model_path;     /* the directory loaded */
+    const char *served_model_name;
+    const char *architecture;   /* "Qwen3ForCausalLM" */
+    const char *weight_version;
+    const char *quantization;   /* "fp8" | "bf16" (the setting) */
+    const char *kv_cache_dtype;
+    bool fp8_checkpoint;        /* the checkpoint itself was FP8 */
+    int vocab_size;
+    int max_context_len;        /* effective tokens per sequence */
+} rs_model_info;
+/* {"model_path","tokenizer_path":null,"architecture","is_generation":true,"weight_version",
+ *  "quantization","kv_cache_dtype","served_model_name","fp8_checkpoint","vocab_size","max_context_len"} */
+char *rs_model_info_body(const rs_model_info *mi, size_t *len);
+
+typedef struct rs_server_info {
+    const rs_config *cfg;       /* every setting, as configured */
+    rs_model_info model;
+    const char *backend;        /* "cpu" */
+    const rs_engine_limits *limits; /* effective request limits */
+    const rs_engine_stats *stats;
+    size_t weight_bytes;        /* resident bytes of the weights on the backend */
+    size_t kv_cache_bytes;      /* the KV pool budget (kv-cache-mb) */
+    int http_in_flight;
+    double uptime_s;
+} rs_server_info;
+/* Every setting of the config table as a top-level key (dashes as underscores; typed; secrets
+ * "(set)" or ""), then the facts: version, backend, model_path, served_model_name, architecture,
+ * weight_version (the live one), max_total_num_tokens (KV pages x 16), page_size, max_context_len,
+ * max_req_input_len, tp/dp/pp/ep_size (1: one device), memory_usage {weight_bytes, kv_cache_bytes,
+ * token_capacity}, and SGLang's internal_states[0] {memory_usage {weight, kvcache} in GiB,
+ * token_capacity, num_running_reqs, num_waiting_reqs, paused}. */
+char *rs_server_info_body(const rs_server_info *si, size_t *len);
+
+#endif /* RS_PROTOCOL_OPS_H */

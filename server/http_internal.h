@@ -1,0 +1,166 @@
+/*
+ * http_internal.h — the state shared by the HTTP modules: http.c (MHD glue, routing, answers,
+ * lifecycle, the disconnect scan), http_gen.c (generation and streaming) and http_ops.c (the
+ * operations routes and the control thread). Private to server/.
+ */
+#ifndef RS_HTTP_INTERNAL_H
+#define RS_HTTP_INTERNAL_H
+
+#include <microhttpd.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+
+#include "../protocol/generate.h"
+#include "../protocol/openai.h"
+#include "../protocol/sse.h"
+#include "http.h"
+
+typedef enum rs_http_state {
+    RS_HTTP_STATE_STARTING = 0,
+    RS_HTTP_STATE_READY,
+    RS_HTTP_STATE_DRAINING,
+} rs_http_state;
+
+typedef enum rs_route {
+    RS_ROUTE_NONE = 0,
+    RS_ROUTE_HEALTH,
+    RS_ROUTE_HEALTH_GENERATE,
+    RS_ROUTE_GENERATE,
+    RS_ROUTE_COMPLETIONS,
+    RS_ROUTE_MODELS,
+    RS_ROUTE_MODEL_INFO,
+    RS_ROUTE_SERVER_INFO,
+    RS_ROUTE_WEIGHT_VERSION,
+    RS_ROUTE_METRICS,
+    RS_ROUTE_ABORT,
+    RS_ROUTE_PAUSE,
+    RS_ROUTE_CONTINUE,
+    RS_ROUTE_FLUSH,
+    RS_ROUTE_WEIGHTS,           /* every weight-update route: weights_routes.c */
+    RS_ROUTE_COUNT
+} rs_route;
+
+/* Status codes counted for /metrics, by route. */
+#define RS_HTTP_CODES(X) X(200) X(400) X(401) X(404) X(405) X(409) X(413) X(500) X(503)
+enum {
+#define RS_HTTP_CODE_ENUM(c) RS_HTTP_CODE_##c,
+    RS_HTTP_CODES(RS_HTTP_CODE_ENUM)
+#undef RS_HTTP_CODE_ENUM
+    RS_HTTP_CODE_COUNT
+};
+
+typedef enum rs_phase {
+    RS_PHASE_BODY = 0,          /* reading the request */
+    RS_PHASE_WAITING,           /* submitted (engine or control thread): answered when resumed */
+    RS_PHASE_STREAMING,         /* an SSE callback response is queued */
+} rs_phase;
+
+typedef struct rs_http_req rs_http_req;
+
+struct rs_http {
+    struct MHD_Daemon *daemon;
+    uv_timer_t scan_timer;      /* disconnects of suspended requests; probe timeouts */
+    rs_http_opts opts;
+    char api_key[256];
+    int port;
+    rs_http_info info;
+    char model_path[4096];
+    char served_model_name[256];
+    char backend[32];
+    double start_time_unix;
+    atomic_ullong next_rid;     /* generated client rids: req-N */
+    atomic_ullong next_job;     /* engine rids: <rid>#N */
+    atomic_ullong seed_state;   /* seeds for /v1/completions requests that give none */
+    atomic_ullong responses[RS_ROUTE_COUNT][RS_HTTP_CODE_COUNT];
+
+    pthread_mutex_t mu;         /* guards everything below and the "under h->mu" fields of requests */
+    rs_http_state state;
+    rs_engine *engine;          /* borrowed; NULL until READY and after rs_http_detach_engine */
+    int in_flight;              /* admitted generation requests not yet freed */
+    rs_http_req *live;          /* admitted generation requests (doubly linked) */
+
+    /* the control thread: pause, continue and flush wait for a step boundary */
+    pthread_t ctl_thread;
+    bool ctl_started, ctl_stop, ctl_busy;
+    pthread_cond_t ctl_cv;      /* work queued or stop */
+    pthread_cond_t ctl_idle_cv; /* ctl_busy went false */
+    rs_http_req *ctl_head, *ctl_tail;
+};
+
+struct rs_http_req {
+    rs_http *h;
+    struct MHD_Connection *conn;
+    int fd;                     /* the connection's socket, for the disconnect scan */
+    rs_route route;
+    rs_phase phase;
+    double t_arrival;
+
+    /* an answer decided early (while reading, or a refusal) */
+    bool failed;
+    rs_error error;
+    const char *extra_header, *extra_value; /* static strings: Allow, Retry-After, WWW-Authenticate */
+
+    char *body;                 /* [n] (cap allocated) */
+    size_t n, cap;
+
+    /* generation: one of gen (generate, health_generate) or oai (completions) holds the job */
+    rs_generate_req gen;
+    rs_openai_req oai;
+    rs_gen_job *job;            /* borrowed from gen or oai; lent to the engine while held */
+    bool stream;
+    bool counted;               /* holds one of in_flight's slots */
+    double deadline;            /* /health_generate: answer 503 after this (rs_now_s) */
+    char engine_rid[128];       /* job->rid, copied for aborts from other threads */
+
+    struct rs_weights_call *weights; /* weight routes: the sync job (weights_routes.c), owned */
+
+    /* control */
+    rs_pause_mode pause_mode;
+    int ctl_rc;
+    rs_error ctl_err;
+    rs_http_req *ctl_next;
+
+    /* under h->mu */
+    bool in_mhd;                /* MHD has not yet reported the request completed */
+    bool held;                  /* the engine or the control thread holds it */
+    bool done;                  /* its job or control operation has finished */
+    bool suspended;             /* its connection is suspended and nobody has claimed the resume */
+    bool client_gone;           /* the peer closed: end the connection */
+    bool answer_now;            /* answer `error` without waiting for the job (probe timeout) */
+    bool stream_end;            /* the final events are in sse */
+    bool stream_error;          /* end the stream with an error (client too slow, out of memory) */
+    rs_buf sse;                 /* streamed bytes; [sse_off, sse.len) not yet handed to MHD */
+    size_t sse_off;
+    rs_http_req *live_prev, *live_next;
+};
+
+/* http.c */
+void rs_http_lock(rs_http *h);
+void rs_http_unlock(rs_http *h);
+/* Under h->mu: true when the caller claimed the resume of a suspended r (it must then call
+ * MHD_resume_connection after unlocking). */
+bool rs_http_claim_resume_locked(rs_http_req *r);
+/* From an MHD callback: suspends r's connection unless it is already ready to go on. */
+void rs_http_suspend(rs_http_req *r);
+void rs_http_req_free(rs_http_req *r);
+/* Queue an answer; `body` (malloc'd, NULL = out of memory) passes to MHD. */
+enum MHD_Result rs_http_send(rs_http_req *r, unsigned status, char *body, size_t len, const char *content_type);
+enum MHD_Result rs_http_send_error(rs_http_req *r, const rs_error *err);
+void rs_http_count(rs_http *h, rs_route route, unsigned status);
+/* The engine when READY (or DRAINING with engine routes still up); NULL with err set (503) otherwise. */
+rs_engine *rs_http_engine(rs_http *h, bool need_ready, rs_error *err);
+
+/* http_gen.c */
+enum MHD_Result rs_http_gen_start(rs_http_req *r);      /* generate, completions, health_generate */
+enum MHD_Result rs_http_gen_answer(rs_http_req *r);     /* resumed: the job is done */
+/* Aborts, in the engine, the admitted requests `rid` names (all with NULL); returns how many. */
+int rs_http_gen_abort(rs_http *h, rs_engine *e, const char *rid);
+
+/* http_ops.c */
+enum MHD_Result rs_http_ops_handle(rs_http_req *r);     /* every other route */
+enum MHD_Result rs_http_ops_answer(rs_http_req *r);     /* resumed: the control operation is done */
+void rs_http_ctl_start(rs_http *h);
+void rs_http_ctl_stop(rs_http *h);
+
+#endif /* RS_HTTP_INTERNAL_H */

@@ -1,0 +1,254 @@
+/*
+ * http_ops.c — the operations routes: /health, /get_model_info, /get_server_info, /server_info,
+ * /get_weight_version, /v1/models, /metrics and /abort_request answer at once on the MHD thread;
+ * /pause_generation, /continue_generation and /flush_cache wait for an engine step boundary, so
+ * they run on this module's control thread while their connection is suspended.
+ *
+ * Operations keep working while the server drains (SIGTERM): a trainer may still abort or read
+ * metrics. Only /health (and new generation) answer 503 then.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "../model/model.h"
+#include "../protocol/errors.h"
+#include "../protocol/metrics.h"
+#include "../protocol/ops.h"
+#include "http_internal.h"
+
+/* `len` is read after `body` was made: call as send_json(r, make_body(&len), &len). */
+static enum MHD_Result send_json(rs_http_req *r, char *body, const size_t *len) {
+    return rs_http_send(r, 200, body, *len, "application/json");
+}
+
+static void model_info(rs_http *h, rs_engine *e, rs_model_info *mi) {
+    const rs_model_config *mc = rs_engine_model_config(e);
+    *mi = (rs_model_info){
+        .model_path = h->info.model_path,
+        .served_model_name = h->info.served_model_name,
+        .architecture = rs_arch_name(mc->arch),
+        .weight_version = rs_engine_weight_version(e),
+        .quantization = h->info.cfg->quantization,
+        .kv_cache_dtype = h->info.cfg->kv_cache_dtype,
+        .fp8_checkpoint = mc->fp8_checkpoint,
+        .vocab_size = mc->vocab_size,
+        .max_context_len = rs_engine_get_limits(e)->max_context,
+    };
+}
+
+/* Resident set size from /proc/self/statm (the server's own file, not a request's); -1 if unknown. */
+static double rss_bytes(void) {
+    FILE *f = fopen("/proc/self/statm", "r");
+    if (!f) return -1;
+    unsigned long long size = 0, resident = 0;
+    int n = fscanf(f, "%llu %llu", &size, &resident);
+    fclose(f);
+    return n == 2 ? (double)resident * (double)sysconf(_SC_PAGESIZE) : -1;
+}
+
+static enum MHD_Result metrics(rs_http_req *r, rs_engine *e) {
+    rs_http *h = r->h;
+    rs_engine_stats st;
+    rs_engine_get_stats(e, &st);
+    rs_metrics_http counts[RS_ROUTE_COUNT * RS_HTTP_CODE_COUNT];
+    static const int codes[] = {
+#define RS_HTTP_CODE_VALUE(c) c,
+        RS_HTTP_CODES(RS_HTTP_CODE_VALUE)
+#undef RS_HTTP_CODE_VALUE
+    };
+    static const char *const names[RS_ROUTE_COUNT] = {
+        [RS_ROUTE_HEALTH] = "/health", [RS_ROUTE_HEALTH_GENERATE] = "/health_generate",
+        [RS_ROUTE_GENERATE] = "/generate", [RS_ROUTE_COMPLETIONS] = "/v1/completions",
+        [RS_ROUTE_MODELS] = "/v1/models", [RS_ROUTE_MODEL_INFO] = "/get_model_info",
+        [RS_ROUTE_SERVER_INFO] = "/get_server_info", [RS_ROUTE_WEIGHT_VERSION] = "/get_weight_version",
+        [RS_ROUTE_METRICS] = "/metrics", [RS_ROUTE_ABORT] = "/abort_request",
+        [RS_ROUTE_PAUSE] = "/pause_generation", [RS_ROUTE_CONTINUE] = "/continue_generation",
+        [RS_ROUTE_FLUSH] = "/flush_cache", [RS_ROUTE_WEIGHTS] = "/update_weights",
+    };
+    size_t n = 0;
+    for (int ro = 0; ro < RS_ROUTE_COUNT; ro++) {
+        for (int c = 0; c < RS_HTTP_CODE_COUNT; c++) {
+            uint64_t v = atomic_load_explicit(&h->responses[ro][c], memory_order_relaxed);
+            if (v) counts[n++] = (rs_metrics_http){ro == RS_ROUTE_NONE ? "(none)" : names[ro], codes[c], v};
+        }
+    }
+    rs_metrics_input in = {.stats = &st, .http_in_flight = rs_http_in_flight(h), .http = counts, .n_http = n,
+                           .rss_bytes = rss_bytes(), .start_time_s = h->start_time_unix, .version = RS_VERSION};
+    size_t len = 0;
+    char *body = rs_metrics_text(&in, &len);
+    return rs_http_send(r, 200, body, len, "text/plain; version=0.0.4; charset=utf-8");
+}
+
+static enum MHD_Result server_info(rs_http_req *r, rs_engine *e) {
+    rs_http *h = r->h;
+    rs_engine_stats st;
+    rs_engine_get_stats(e, &st);
+    rs_server_info si = {
+        .cfg = h->info.cfg,
+        .backend = h->info.backend,
+        .limits = rs_engine_get_limits(e),
+        .stats = &st,
+        .weight_bytes = h->info.model->weight_bytes,
+        .kv_cache_bytes = (size_t)h->info.cfg->kv_cache_mb << 20,
+        .http_in_flight = rs_http_in_flight(h),
+        .uptime_s = 0,
+    };
+    model_info(h, e, &si.model);
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    si.uptime_s = (double)ts.tv_sec + ts.tv_nsec * 1e-9 - h->start_time_unix;
+    size_t len = 0;
+    return send_json(r, rs_server_info_body(&si, &len), &len);
+}
+
+/* ---------------------------------------------------------------- the control thread */
+
+static void ctl_push(rs_http *h, rs_http_req *r) {
+    pthread_mutex_lock(&h->mu);
+    r->held = true;
+    r->ctl_next = NULL;
+    if (h->ctl_tail) h->ctl_tail->ctl_next = r;
+    else h->ctl_head = r;
+    h->ctl_tail = r;
+    pthread_cond_signal(&h->ctl_cv);
+    pthread_mutex_unlock(&h->mu);
+}
+
+/* Runs one control operation on the engine (blocks until a step boundary). */
+static void ctl_run(rs_http_req *r, rs_engine *e) {
+    r->ctl_rc = RS_OK;
+    switch (r->route) {
+    case RS_ROUTE_PAUSE:
+        rs_engine_pause(e, r->pause_mode);
+        RS_INFO("http | /pause_generation | mode %s", rs_pause_mode_name(r->pause_mode));
+        break;
+    case RS_ROUTE_CONTINUE:
+        rs_engine_continue(e);
+        RS_INFO("http | /continue_generation");
+        break;
+    case RS_ROUTE_FLUSH:
+        r->ctl_rc = rs_engine_flush_cache(e, &r->ctl_err);
+        if (r->ctl_rc == RS_OK) RS_INFO("http | /flush_cache | prefix cache dropped");
+        break;
+    default:
+        RS_ASSERT(!"not a control route");
+    }
+}
+
+static void *ctl_main(void *arg) {
+    rs_http *h = arg;
+    pthread_mutex_lock(&h->mu);
+    for (;;) {
+        while (!h->ctl_head && !h->ctl_stop) pthread_cond_wait(&h->ctl_cv, &h->mu);
+        rs_http_req *r = h->ctl_head;
+        if (!r) break; /* stopping, and nothing left */
+        h->ctl_head = r->ctl_next;
+        if (!h->ctl_head) h->ctl_tail = NULL;
+        rs_engine *e = h->engine;
+        h->ctl_busy = e != NULL;
+        pthread_mutex_unlock(&h->mu);
+
+        if (e) ctl_run(r, e);
+        else r->ctl_rc = rs_error_set(&r->ctl_err, RS_EBUSY, NULL, "server is shutting down");
+
+        pthread_mutex_lock(&h->mu);
+        h->ctl_busy = false;
+        pthread_cond_broadcast(&h->ctl_idle_cv);
+        r->done = true;
+        r->held = false;
+        bool wake = rs_http_claim_resume_locked(r);
+        bool free_now = !r->in_mhd;
+        pthread_mutex_unlock(&h->mu);
+        if (free_now) rs_http_req_free(r);
+        else if (wake) MHD_resume_connection(r->conn); /* suspended, so still alive */
+        pthread_mutex_lock(&h->mu);
+    }
+    pthread_mutex_unlock(&h->mu);
+    return NULL;
+}
+
+void rs_http_ctl_start(rs_http *h) {
+    if (pthread_create(&h->ctl_thread, NULL, ctl_main, h) != 0) {
+        RS_ERROR("http: cannot start the control thread");
+        RS_ASSERT(!"pthread_create failed");
+    }
+    h->ctl_started = true;
+}
+
+void rs_http_ctl_stop(rs_http *h) {
+    if (!h->ctl_started) return;
+    pthread_mutex_lock(&h->mu);
+    h->ctl_stop = true;
+    pthread_cond_broadcast(&h->ctl_cv);
+    pthread_mutex_unlock(&h->mu);
+    pthread_join(h->ctl_thread, NULL);
+    h->ctl_started = false;
+}
+
+/* ---------------------------------------------------------------- the routes */
+
+static enum MHD_Result control(rs_http_req *r, rs_engine *e) {
+    (void)e;
+    rs_error err = {0};
+    int rc = RS_OK;
+    if (r->route == RS_ROUTE_PAUSE) rc = rs_pause_parse(r->body, r->n, &r->pause_mode, &err);
+    else rc = rs_empty_parse(r->body, r->n, r->route == RS_ROUTE_CONTINUE ? "/continue_generation" : "/flush_cache", &err);
+    if (rc != RS_OK) return rs_http_send_error(r, &err);
+    r->phase = RS_PHASE_WAITING;
+    ctl_push(r->h, r);
+    rs_http_suspend(r); /* the operation may already be done: then this goes straight on */
+    return MHD_YES;
+}
+
+enum MHD_Result rs_http_ops_answer(rs_http_req *r) {
+    if (r->ctl_rc != RS_OK) return rs_http_send_error(r, &r->ctl_err);
+    const char *msg = r->route == RS_ROUTE_PAUSE      ? "Generation paused successfully."
+                      : r->route == RS_ROUTE_CONTINUE ? "Generation continued successfully."
+                                                      : "Cache flushed.";
+    size_t len = 0;
+    return send_json(r, rs_status_body(msg, &len), &len);
+}
+
+enum MHD_Result rs_http_ops_handle(rs_http_req *r) {
+    rs_http *h = r->h;
+    rs_error err = {0};
+    size_t len = 0;
+    if (r->route == RS_ROUTE_HEALTH) {
+        if (!rs_http_engine(h, true, &err)) return rs_http_send_error(r, &err);
+        return send_json(r, rs_health_body(&len), &len);
+    }
+    rs_engine *e = rs_http_engine(h, false, &err);
+    if (!e) return rs_http_send_error(r, &err);
+    switch (r->route) {
+    case RS_ROUTE_METRICS: return metrics(r, e);
+    case RS_ROUTE_SERVER_INFO: return server_info(r, e);
+    case RS_ROUTE_MODEL_INFO: {
+        rs_model_info mi;
+        model_info(h, e, &mi);
+        return send_json(r, rs_model_info_body(&mi, &len), &len);
+    }
+    case RS_ROUTE_WEIGHT_VERSION: return send_json(r, rs_weight_version_body(rs_engine_weight_version(e), &len), &len);
+    case RS_ROUTE_MODELS:
+        return send_json(r, rs_openai_models_body(h->info.served_model_name, h->info.model_path,
+                                                  (long long)h->start_time_unix, rs_engine_get_limits(e)->max_context,
+                                                  &len),
+                         &len);
+    case RS_ROUTE_ABORT: {
+        rs_abort_req a;
+        if (rs_abort_parse(r->body, r->n, &a, &err) != RS_OK) return rs_http_send_error(r, &err);
+        int n = rs_http_gen_abort(h, e, a.abort_all ? NULL : a.rid);
+        RS_INFO("http | /abort_request | %s | %d request%s in flight matched", a.abort_all ? "all" : a.rid, n,
+                n == 1 ? "" : "s");
+        return send_json(r, rs_abort_body(n, &len), &len);
+    }
+    case RS_ROUTE_PAUSE:
+    case RS_ROUTE_CONTINUE:
+    case RS_ROUTE_FLUSH: return control(r, e);
+    default: break;
+    }
+    RS_ASSERT(!"unrouted request");
+    return MHD_NO;
+}

@@ -1,0 +1,145 @@
+/*
+ * sync.h — the weight-sync service: one thread that runs weight updates off the HTTP threads.
+ *
+ * HTTP handlers parse a weight route's body (protocol/weights.h) into an rs_sync_job and submit
+ * it; the service thread runs jobs one at a time in arrival order and calls the job's on_done on
+ * its own thread (like engine jobs), so libmicrohttpd callbacks never block on a shared-memory
+ * copy, a quantization, an NCCL receive or the engine's step boundary.
+ *
+ * At most one transaction (transaction.h) is open at a time. A bucket (a shm or distributed
+ * request) joins the open transaction when it carries the same weight_version, or none; one for a
+ * different version is refused with RS_ESTATE (409) and changes nothing. Buckets keep streaming
+ * while a transaction is open; the one marked is_last (or, with is_last absent, the one that
+ * completes the set) commits it. Any other failure of a bucket that joined a transaction drops
+ * the transaction whole: the old weights keep serving and the trainer starts again. A transaction
+ * that receives nothing for txn_idle_timeout seconds (a trainer that died mid-stream) is dropped
+ * too, so it cannot block every later update with 409s.
+ *
+ * Jobs:
+ *   RS_SYNC_SHM            /update_weights_from_shm: map the segment (shm.h), stage, maybe commit
+ *   RS_SYNC_DISK           /update_weights_from_disk: one whole transaction from a safetensors dir
+ *   RS_SYNC_VERSION        /update_weight_version: relabel (and optionally abort in-flight work)
+ *   RS_SYNC_NCCL_INIT, RS_SYNC_NCCL_UPDATE, RS_SYNC_NCCL_DESTROY: run sync/nccl.h's functions on
+ *                          this thread; rs_nccl_update stages through rs_sync_txn / rs_update_add /
+ *                          rs_sync_txn_finish exactly like the shm transport.
+ *
+ * Metrics: rs_sync_get_stats (thread-safe) for /metrics.
+ */
+#ifndef RS_SYNC_H
+#define RS_SYNC_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "../core/rs.h"
+#include "../model/model.h"
+#include "../protocol/weights.h"
+#include "../scheduler/engine.h"
+#include "transaction.h"
+
+typedef struct rs_sync rs_sync;
+
+typedef struct rs_sync_opts {
+    size_t staging_limit;               /* bytes (weight-staging-mb); 0 = the model's served size */
+    const char *allowed_weight_dir;     /* copied; NULL or "" = /update_weights_from_disk disabled */
+    double txn_idle_timeout;            /* seconds; 0 = an open transaction never expires */
+    int threads;                        /* quantization threads; 0 = half the online CPUs */
+} rs_sync_opts;
+
+/* What a job did, for the answer. */
+typedef struct rs_sync_result {
+    char weight_version[RS_WEIGHT_VERSION_MAX + 1]; /* served after this job */
+    uint64_t bytes;                     /* tensor bytes this job delivered (codes + scales as sent) */
+    double seconds;                     /* this job's time on the service thread */
+    double seconds_paused;              /* how long a commit held the engine's step loop */
+    bool committed;                     /* this job switched the served weights */
+    int n_staged, n_required;           /* transaction progress after this job (0/0: none open) */
+    char message[256];
+} rs_sync_result;
+
+typedef enum rs_sync_kind {
+    RS_SYNC_SHM = 0,
+    RS_SYNC_DISK,
+    RS_SYNC_VERSION,
+    RS_SYNC_NCCL_INIT,
+    RS_SYNC_NCCL_UPDATE,
+    RS_SYNC_NCCL_DESTROY,
+} rs_sync_kind;
+
+typedef struct rs_sync_job rs_sync_job;
+typedef void (*rs_sync_done_fn)(rs_sync_job *job, void *user);
+
+struct rs_sync_job {
+    rs_sync_kind kind;
+    union {                             /* the parsed body for `kind`; owned by the submitter */
+        rs_shm_update_req shm;
+        rs_disk_update_req disk;
+        rs_version_update_req version;
+        rs_nccl_group_req group;
+        rs_nccl_update_req nccl;
+        rs_nccl_destroy_req destroy;
+    } req;
+    rs_sync_done_fn on_done;            /* called once, on the service thread; must not block */
+    void *user;
+    /* filled by the service before on_done */
+    int rc;                             /* RS_OK or the error's code (err holds the message) */
+    rs_error err;
+    rs_sync_result res;
+    rs_sync_job *next;                  /* the service's queue */
+};
+
+/* Starts the service thread. Borrows e and m (both must outlive the service). */
+int rs_sync_start(rs_sync **out, rs_engine *e, rs_model *m, const rs_sync_opts *opts, rs_error *err);
+
+/* Stops taking jobs, answers every queued job with RS_EBUSY, lets the running one finish, drops an
+ * open transaction, joins the thread and frees the service. Call before stopping the engine. */
+void rs_sync_stop(rs_sync *s);
+
+/* Thread-safe: queues `job` (the service owns it until on_done). RS_EBUSY once stopping; the job
+ * is then not queued and on_done is not called. */
+int rs_sync_submit(rs_sync *s, rs_sync_job *job, rs_error *err);
+
+/* Submits and waits for the job (tests, tools): returns job->rc. Must not be called from on_done
+ * or from the service thread. */
+int rs_sync_run(rs_sync *s, rs_sync_job *job);
+
+/* Counters since start, thread-safe. */
+typedef struct rs_sync_stats {
+    uint64_t updates;                   /* committed transactions (weight changes) */
+    uint64_t updates_failed;            /* transactions dropped: a bad bucket, a missing tensor, idle */
+    uint64_t requests;                  /* jobs run */
+    uint64_t requests_failed;           /* jobs answered with an error */
+    uint64_t bytes;                     /* tensor bytes received over all transports */
+    uint64_t tensors;                   /* tensors staged */
+    rs_histogram update_seconds;        /* a committed transaction, begin to commit (all buckets) */
+    rs_histogram pause_seconds;         /* step loop held by each commit */
+    bool txn_open;
+    size_t staged_bytes;                /* backend bytes held by the open transaction */
+    double last_update_seconds;
+    uint64_t last_update_bytes;
+} rs_sync_stats;
+void rs_sync_get_stats(const rs_sync *s, rs_sync_stats *out);
+
+/* ---- for transports running on the service thread (shm.c, disk.c, nccl.c) ---- */
+
+/* The open transaction for `version` (NULL = the request named none), opened if none is. RS_ESTATE
+ * (409) when the open one is for a different version: nothing changes then. Once this returns
+ * RS_OK the job has joined the transaction, and if the job then fails, the service drops it. */
+int rs_sync_txn(rs_sync *s, const char *version, rs_update **out, rs_error *err);
+
+/* Ends the job's part in the transaction: commits when `last` is YES, or AUTO and the set is
+ * complete (abort_all: abort in-flight requests first); fills res (version, progress, committed,
+ * seconds_paused, message). A commit that finds tensors missing fails with RS_EINVAL naming the
+ * first. */
+int rs_sync_txn_finish(rs_sync *s, rs_weight_last last, bool abort_all, rs_sync_result *res, rs_error *err);
+
+rs_model *rs_sync_model(rs_sync *s);
+rs_engine *rs_sync_engine(rs_sync *s);
+rs_update *rs_sync_open_txn(rs_sync *s);            /* the open transaction, or NULL */
+const char *rs_sync_allowed_dir(const rs_sync *s);  /* realpath of allowed-weight-dir, "" = disabled */
+/* A pointer slot for sync/nccl.c's own state (groups, communicators): NULL at start; nccl.c owns
+ * what it stores there; rs_sync_stop calls rs_nccl_release after the thread has stopped. */
+void **rs_sync_nccl_state(rs_sync *s);
+
+#endif /* RS_SYNC_H */

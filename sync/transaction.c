@@ -1,0 +1,292 @@
+/*
+ * transaction.c — staging, validation and the commit of one weight update (see transaction.h).
+ *
+ * Staging is an array indexed by parameter number (model/update.h's model order), so duplicate
+ * detection, the completeness check and the commit are direct lookups. Each entry holds the
+ * converted tensor in the slot's served format, in allocations of a private weight store (the
+ * staging store); the commit releases each slot's old allocations from the model's store and
+ * adopts the staged ones into it, so no byte is copied at the step boundary: the engine is held
+ * only for pointer swaps and frees, then its own retract / cache flush / KV recalibration.
+ *
+ * Staged sizes equal served sizes, so with the default limit (the model's own resident bytes) a
+ * complete update always fits, and an update that sends a tensor twice is caught as a duplicate
+ * before it can grow staging.
+ */
+#include "transaction.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../kernels/fp8.h"
+#include "../model/update.h"
+
+typedef struct staged {
+    rs_tensor *slot;                    /* the model's slot this entry replaces */
+    rs_tensor t;                        /* dtype, shape, data / scale_inv in staging allocations */
+    bool has_data;                      /* the matrix or vector itself */
+    bool has_scale;                     /* FP8 slots: scale_inv (always with quantized float data) */
+    bool from_float;                    /* an FP8 slot's data came as BF16/F16/F32 and was quantized */
+} staged;
+
+struct rs_update {
+    rs_model *m;                        /* borrowed */
+    rs_weight_store *stage;             /* owns every staged allocation until the commit */
+    staged *e;                          /* [n_params] */
+    int n_params, n_complete;
+    bool tied_seen;                     /* a tied lm_head.weight was sent (and ignored) */
+    size_t limit;                       /* staging bytes */
+    uint64_t received;
+    double t_begin;
+    char version[RS_UPDATE_VERSION_BYTES];
+    bool applied;                       /* the swap ran (set on the engine thread) */
+};
+
+static void fmt_shape(char *buf, size_t cap, int ndim, const int64_t *shape) {
+    size_t k = (size_t)snprintf(buf, cap, "[");
+    for (int i = 0; i < ndim && k < cap; i++)
+        k += (size_t)snprintf(buf + k, cap - k, "%s%lld", i ? ", " : "", (long long)shape[i]);
+    if (k < cap) snprintf(buf + k, cap - k, "]");
+}
+
+int rs_update_begin(rs_update **out, rs_model *m, const char *version, size_t staging_limit, rs_error *err) {
+    if (version && strlen(version) >= RS_UPDATE_VERSION_BYTES)
+        return rs_error_set(err, RS_EINVAL, "weight_version", "weight_version is longer than %d bytes",
+                            RS_UPDATE_VERSION_BYTES - 1);
+    rs_update *u = rs_xcalloc(1, sizeof *u);
+    u->m = m;
+    u->stage = rs_weight_store_new(m->backend);
+    u->n_params = rs_model_param_count(m);
+    u->e = rs_xcalloc((size_t)u->n_params, sizeof *u->e);
+    u->limit = staging_limit ? staging_limit : m->weight_bytes;
+    u->t_begin = rs_now_s();
+    snprintf(u->version, sizeof u->version, "%s", version ? version : "");
+    *out = u;
+    return RS_OK;
+}
+
+void rs_update_abort(rs_update *u) {
+    if (!u) return;
+    rs_weight_store_free(u->stage); /* everything staged and not adopted */
+    free(u->e);
+    free(u);
+}
+
+void rs_update_set_pool(rs_update *u, rs_pool *pool) { rs_weight_store_set_pool(u->stage, pool); }
+
+void rs_update_set_version(rs_update *u, const char *version) {
+    snprintf(u->version, sizeof u->version, "%s", version ? version : "");
+}
+
+const char *rs_update_version(const rs_update *u) { return u->version; }
+int rs_update_n_staged(const rs_update *u) { return u->n_complete; }
+int rs_update_n_required(const rs_update *u) { return u->n_params; }
+size_t rs_update_staged_bytes(const rs_update *u) { return rs_weight_store_bytes(u->stage); }
+uint64_t rs_update_received_bytes(const rs_update *u) { return u->received; }
+double rs_update_started_at(const rs_update *u) { return u->t_begin; }
+bool rs_update_complete(const rs_update *u) { return u->n_complete == u->n_params; }
+
+static bool entry_complete(const staged *s) {
+    return s->has_data && (s->t.dtype != RS_DTYPE_E4M3 || s->has_scale);
+}
+
+/* Refuses a conversion that would take staging past its limit. */
+static int check_room(rs_update *u, const char *name, size_t need, rs_error *err) {
+    size_t have = rs_weight_store_bytes(u->stage);
+    if (need <= u->limit && have <= u->limit - need) return RS_OK;
+    return rs_error_set(err, RS_EINVAL, name,
+                        "staging tensor '%s' (%zu bytes) would exceed the weight staging limit: %zu of %zu bytes "
+                        "already staged (weight-staging-mb; 0 = the model's own %zu bytes); the update is dropped",
+                        name, need, have, u->limit, u->m->weight_bytes);
+}
+
+static bool is_float(rs_dtype dt) { return dt == RS_DTYPE_BF16 || dt == RS_DTYPE_F16 || dt == RS_DTYPE_F32; }
+
+static const char *dtype_label(rs_dtype dt) {
+    return dt < RS_DTYPE_COUNT ? rs_dtype_name(dt) : "an unsupported dtype";
+}
+
+/* `<matrix>_scale_inv` for an FP8 slot. */
+static int add_scale(rs_update *u, staged *s, const rs_update_tensor *t, const rs_slot_info *info, rs_error *err) {
+    const char *name = t->name;
+    if (!info->served_fp8)
+        return rs_error_set(err, RS_EINVAL, name,
+                            "'%s' is a scale, but its weight is served as %s (not FP8), so it takes no scale_inv",
+                            name, dtype_label(s->slot->dtype));
+    if (t->dtype != RS_DTYPE_F32 && t->dtype != RS_DTYPE_BF16)
+        return rs_error_set(err, RS_EUNSUPPORTED, name, "scale tensor '%s' has dtype %s, expected float32 or bfloat16",
+                            name, dtype_label(t->dtype));
+    if (s->has_scale)
+        return rs_error_set(err, RS_EINVAL, name, "duplicate tensor '%s' in this update", name);
+    if (s->from_float)
+        return rs_error_set(err, RS_EINVAL, name,
+                            "'%s' arrived after its weight was sent as a float tensor (quantized on arrival, with "
+                            "its own scales); send either the float weight or the FP8 codes with their scale_inv",
+                            name);
+    const size_t need = (size_t)(info->shape[0] * info->shape[1]) * sizeof(float);
+    int rc = check_room(u, name, need, err);
+    if (rc != RS_OK) return rc;
+    float *scales = NULL;
+    rc = rs_weight_convert_scales(u->stage, name, t->data, t->dtype, info->shape[0], info->shape[1], &scales, err);
+    if (rc != RS_OK) return rc;
+    s->t.scale_inv = scales;
+    s->has_scale = true;
+    return RS_OK;
+}
+
+int rs_update_add(rs_update *u, const rs_update_tensor *t, rs_error *err) {
+    const char *name = t->name;
+    rs_slot_info info;
+    rs_tensor *slot = rs_model_slot(u->m, name, &info);
+    if (!slot)
+        return rs_error_set(err, RS_EINVAL, name, "unknown tensor '%s': %s has no such parameter", name,
+                            rs_arch_name(u->m->cfg.arch));
+    char want[64], got[160];
+    fmt_shape(want, sizeof want, info.ndim, info.shape);
+    fmt_shape(got, sizeof got, RS_MIN(t->ndim, RS_TENSOR_MAX_DIMS), t->shape);
+    bool shape_ok = t->ndim == info.ndim;
+    for (int i = 0; shape_ok && i < info.ndim; i++) shape_ok = t->shape[i] == info.shape[i];
+    if (!shape_ok)
+        return rs_error_set(err, RS_EINVAL, name, "tensor '%s' has shape %s, expected %s", name, got, want);
+    if (!t->data) return rs_error_set(err, RS_EINVAL, name, "tensor '%s' has no data", name);
+    if (t->scale_inv && (t->dtype != RS_DTYPE_E4M3 || info.is_scale))
+        return rs_error_set(err, RS_EINVAL, name, "tensor '%s' came with a scale_inv but is not an FP8 weight", name);
+    const size_t elem = t->dtype < RS_DTYPE_COUNT ? rs_dtype_size(t->dtype) : 0;
+    const uint64_t bytes = (uint64_t)(info.shape[0] * (info.ndim == 2 ? info.shape[1] : 1)) * elem;
+
+    if (info.is_scale && !info.served_fp8)
+        return rs_error_set(err, RS_EINVAL, name,
+                            "'%s' is a scale, but its weight is served as %s (not FP8), so it takes no scale_inv",
+                            name, dtype_label(slot->dtype));
+    if (info.tied) { /* lm_head of a tied model: validated, then left to follow embed_tokens */
+        if (!is_float(t->dtype))
+            return rs_error_set(err, RS_EUNSUPPORTED, name, "tensor '%s' has dtype %s, expected bfloat16, float16 or "
+                                "float32", name, dtype_label(t->dtype));
+        if (u->tied_seen) return rs_error_set(err, RS_EINVAL, name, "duplicate tensor '%s' in this update", name);
+        u->tied_seen = true;
+        u->received += bytes;
+        return RS_OK;
+    }
+    staged *s = &u->e[info.index];
+    const bool was_complete = entry_complete(s);
+    if (!s->slot) {
+        s->slot = slot;
+        s->t.dtype = slot->dtype;
+        s->t.ndim = slot->ndim;
+        s->t.shape[0] = slot->shape[0];
+        s->t.shape[1] = slot->shape[1];
+    }
+    int rc;
+    if (info.is_scale) {
+        rc = add_scale(u, s, t, &info, err);
+    } else if (s->has_data) {
+        rc = rs_error_set(err, RS_EINVAL, name, "duplicate tensor '%s' in this update", name);
+    } else {
+        const rs_dtype served = slot->dtype; /* the format it was loaded in; never changes */
+        size_t need = info.kind == RS_SLOT_VECTOR ? (size_t)info.shape[0] * sizeof(float)
+                      : served == RS_DTYPE_E4M3 ? (t->dtype == RS_DTYPE_E4M3 ? (size_t)(info.shape[0] * info.shape[1])
+                                                   : rs_fp8_served_bytes(info.shape[0], info.shape[1]))
+                      : (size_t)(info.shape[0] * info.shape[1]) * rs_dtype_size(served);
+        if (t->scale_inv) need += (size_t)(rs_fp8_blocks(info.shape[0]) * rs_fp8_blocks(info.shape[1])) * sizeof(float);
+        if (served == RS_DTYPE_E4M3 && is_float(t->dtype) && s->has_scale) {
+            rc = rs_error_set(err, RS_EINVAL, name,
+                              "tensor '%s' arrived as %s after its %s_scale_inv: send either the float weight "
+                              "(quantized on arrival) or the FP8 codes with their scale_inv", name,
+                              rs_dtype_name(t->dtype), name);
+        } else if (served == RS_DTYPE_E4M3 && t->scale_inv && s->has_scale) {
+            rc = rs_error_set(err, RS_EINVAL, name, "duplicate tensor '%s_scale_inv' in this update", name);
+        } else if (t->dtype >= RS_DTYPE_COUNT || (!is_float(t->dtype) && t->dtype != RS_DTYPE_E4M3)) {
+            rc = rs_error_set(err, RS_EUNSUPPORTED, name, "tensor '%s' has dtype %s, expected bfloat16, float16, "
+                              "float32 or (FP8 weights) float8_e4m3fn", name, dtype_label(t->dtype));
+        } else if ((rc = check_room(u, name, need, err)) == RS_OK) {
+            rs_weight_src src = {.dtype = t->dtype, .ndim = info.ndim, .shape = {info.shape[0], info.shape[1]},
+                                 .data = t->data, .scale_inv = t->scale_inv, .scale_dtype = t->scale_dtype};
+            rs_tensor conv;
+            rc = rs_weight_convert(u->stage, name, info.kind == RS_SLOT_VECTOR ? RS_DTYPE_F32 : served, &src, &conv,
+                                   err);
+            if (rc == RS_OK) {
+                RS_ASSERT(conv.dtype == slot->dtype); /* the served dtype of a slot never changes */
+                s->t.data = conv.data;
+                if (conv.scale_inv) {
+                    s->t.scale_inv = conv.scale_inv;
+                    s->has_scale = true;
+                }
+                s->from_float = served == RS_DTYPE_E4M3 && is_float(t->dtype);
+                s->has_data = true;
+            }
+        }
+    }
+    if (rc != RS_OK) return rc;
+    u->received += info.is_scale ? (uint64_t)(info.shape[0] * info.shape[1]) * elem : bytes;
+    if (t->scale_inv)
+        u->received += (uint64_t)(rs_fp8_blocks(info.shape[0]) * rs_fp8_blocks(info.shape[1])) *
+                       rs_dtype_size(t->scale_dtype);
+    if (!was_complete && entry_complete(s)) u->n_complete++;
+    return RS_OK;
+}
+
+/* Engine thread, at a step boundary: swap every staged tensor into its slot. Cannot fail. */
+static void apply(rs_model *m, void *ctx) {
+    rs_update *u = ctx;
+    for (int i = 0; i < u->n_params; i++) {
+        staged *s = &u->e[i];
+        RS_ASSERT(s->slot && entry_complete(s));
+        rs_tensor *slot = s->slot;
+        rs_weight_store_release(m->store, slot->data);
+        rs_weight_store_release(m->store, slot->scale_inv);
+        rs_weight_store_adopt(m->store, u->stage, s->t.data);
+        rs_weight_store_adopt(m->store, u->stage, s->t.scale_inv);
+        slot->data = s->t.data;
+        slot->scale_inv = s->t.scale_inv;
+    }
+    if (m->cfg.tie_embeddings) m->lm_head = m->embed;
+    m->weight_bytes = rs_weight_store_bytes(m->store);
+    u->applied = true;
+}
+
+/* The first parameter that is not staged whole, described for the 400 answer. */
+static int missing_error(rs_update *u, rs_error *err) {
+    for (int i = 0; i < u->n_params; i++) {
+        const staged *s = &u->e[i];
+        if (entry_complete(s)) continue;
+        char name[300];
+        rs_slot_info info;
+        rs_model_param_at(u->m, i, name, sizeof name, &info);
+        if (s->has_data)
+            return rs_error_set(err, RS_EINVAL, name,
+                                "FP8 tensor '%s' came without '%s_scale_inv'; the update is dropped (%d of %d "
+                                "parameters staged)", name, name, u->n_complete, u->n_params);
+        if (s->has_scale)
+            return rs_error_set(err, RS_EINVAL, name,
+                                "'%s_scale_inv' came without its FP8 tensor '%s'; the update is dropped (%d of %d "
+                                "parameters staged)", name, name, u->n_complete, u->n_params);
+        return rs_error_set(err, RS_EINVAL, name,
+                            "missing tensor '%s' at is_last: every parameter must be sent; the update is dropped "
+                            "(%d of %d parameters staged)", name, u->n_complete, u->n_params);
+    }
+    return rs_error_set(err, RS_EINTERNAL, NULL, "update incomplete but no parameter is missing");
+}
+
+int rs_update_commit(rs_update *u, rs_engine *e, bool abort_all, double *seconds_paused, rs_error *err) {
+    if (seconds_paused) *seconds_paused = 0;
+    if (!rs_update_complete(u)) {
+        int rc = missing_error(u, err);
+        rs_update_abort(u);
+        return rc;
+    }
+    int rc = RS_OK;
+    if (!e) {
+        apply(u->m, u);
+    } else {
+        char version[RS_UPDATE_VERSION_BYTES];
+        snprintf(version, sizeof version, "%s", u->version[0] ? u->version : rs_engine_weight_version(e));
+        if (abort_all) rs_engine_abort(e, NULL);
+        rc = rs_engine_update_weights(e, apply, u, version, seconds_paused, err);
+    }
+    /* After the swap the model owns every staged allocation and staging is empty; if the engine
+     * refused (shutting down) nothing was swapped and staging is freed here. A failure after the
+     * swap (KV recalibration) leaves the new weights in service and is reported as it is. */
+    RS_ASSERT(!u->applied || rs_weight_store_count(u->stage) == 0);
+    rs_update_abort(u);
+    return rc;
+}

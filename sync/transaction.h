@@ -1,0 +1,106 @@
+/*
+ * transaction.h — one weight update as a transaction: stage, validate, convert, commit.
+ *
+ * A transaction collects the trainer's tensors for one new weight version, bucket by bucket, and
+ * swaps them into the served model all at once at an engine step boundary:
+ *
+ *   rs_update_begin    opens it for `version` against the served model;
+ *   rs_update_add      validates one tensor (name -> model slot, dtype, shape; duplicates refused)
+ *                      and converts it at once into a new backend allocation in the slot's served
+ *                      format (model/update.h: BF16 -> E4M3 + block scales for an FP8 slot, FP8 +
+ *                      scale_inv copied, 1-D tensors to F32), so the caller can release its raw
+ *                      bucket right away;
+ *   rs_update_commit   checks that every parameter of the model has been staged (a tied lm_head is
+ *                      optional), then swaps the staged tensors in through rs_engine_update_weights
+ *                      and frees the old ones; the transaction ends either way;
+ *   rs_update_abort    drops it.
+ *
+ * Memory. Staging holds the converted, served-precision tensors of the transaction until commit,
+ * never raw BF16 for the whole model: an FP8-served model needs up to about its quantized size on
+ * top of the weights it serves (plus, transiently, one matrix in host memory while it is
+ * quantized), a BF16-served model up to its BF16 size. A staging limit bounds this: a tensor that
+ * would take staging past it is refused with RS_EINVAL (400) instead of running the backend out of
+ * memory (verl #4641, vllm #32773). A failed, partial or aborted update frees its staging and
+ * leaves the old weights untouched: nothing the model serves changes before the commit, and the
+ * commit itself cannot fail once it has started swapping.
+ *
+ * FP8 pairs. An FP8 slot takes either a BF16/F16/F32 matrix (quantized here exactly as at load)
+ * or E4M3 codes plus `<name>_scale_inv`, which may arrive in either order and in different
+ * buckets, or together through rs_update_tensor.scale_inv; the commit refuses a slot that has only
+ * one half. A slot that is not FP8 refuses E4M3 data and scale tensors (the served dtype of a
+ * slot never changes silently).
+ *
+ * Threads. A transaction is used by one thread at a time (the sync service thread); the commit's
+ * swap runs on the engine thread while that thread waits. Reading the model's slots while staging
+ * is safe because only a commit changes them, and the committing thread is the one staging.
+ */
+#ifndef RS_SYNC_TRANSACTION_H
+#define RS_SYNC_TRANSACTION_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "../core/pool.h"
+#include "../core/rs.h"
+#include "../kernels/tensor.h"
+#include "../model/model.h"
+#include "../scheduler/engine.h"
+
+typedef struct rs_update rs_update;
+
+#define RS_UPDATE_VERSION_BYTES 64      /* a weight_version and its NUL, as rs_weight_span.version */
+
+/* One incoming tensor, host memory (borrowed for the call; need not be aligned). */
+typedef struct rs_update_tensor {
+    const char *name;                   /* HF parameter name, or `<matrix>_scale_inv` */
+    rs_dtype dtype;                     /* BF16, F16, F32 or E4M3 */
+    int ndim;
+    const int64_t *shape;               /* [ndim] */
+    const void *data;                   /* [numel] of dtype */
+    /* optional, E4M3 matrices only: the block scales sent with the codes */
+    const void *scale_inv;              /* [ceil(out/128)][ceil(in/128)] of scale_dtype, or NULL */
+    rs_dtype scale_dtype;               /* F32 or BF16 */
+} rs_update_tensor;
+
+/* Opens a transaction on `m` (borrowed; it must outlive the transaction). `version` (copied) is
+ * the weight_version the commit sets; NULL or "" keeps the version in service. staging_limit is
+ * in bytes; 0 means the model's own resident weight size. */
+int rs_update_begin(rs_update **out, rs_model *m, const char *version, size_t staging_limit, rs_error *err);
+
+/* Stages one tensor. On failure (unknown name, wrong shape or dtype, duplicate, FP8 data for a
+ * slot that is not FP8, bad scales, staging limit, backend out of memory) returns the error with
+ * err->param naming the tensor; what was staged before stays staged, and the caller decides
+ * whether to abort (the sync service always does). */
+int rs_update_add(rs_update *u, const rs_update_tensor *t, rs_error *err);
+
+/* True when every parameter of the model (a tied lm_head excepted) is staged, FP8 pairs whole. */
+bool rs_update_complete(const rs_update *u);
+
+/* Commits and ends the transaction (u is freed whether or not it succeeds). If a parameter is
+ * missing, returns RS_EINVAL naming the first one in the model's order (or an FP8 half-pair) and
+ * drops the transaction. Otherwise swaps the staged tensors in through rs_engine_update_weights
+ * (at a step boundary; in-flight sequences are recomputed, not aborted, unless abort_all) and
+ * frees the old allocations. `e` NULL swaps directly on the caller's thread (no engine: tests,
+ * tools; the caller guarantees no forward pass runs meanwhile). *seconds_paused (may be NULL)
+ * receives how long the engine's step loop was held. */
+int rs_update_commit(rs_update *u, rs_engine *e, bool abort_all, double *seconds_paused, rs_error *err);
+
+/* Drops the transaction and frees everything it staged. NULL is a no-op. */
+void rs_update_abort(rs_update *u);
+
+/* Threads to quantize with (borrowed, used only inside rs_update_add; NULL = the caller's). */
+void rs_update_set_pool(rs_update *u, rs_pool *pool);
+
+/* Names the version the commit sets when the transaction was opened without one. */
+void rs_update_set_version(rs_update *u, const char *version);
+
+/* Progress, for answers, logs and metrics. */
+const char *rs_update_version(const rs_update *u);  /* "" when the commit keeps the current one */
+int rs_update_n_staged(const rs_update *u);         /* parameters staged (an FP8 pair counts once) */
+int rs_update_n_required(const rs_update *u);       /* parameters the commit needs */
+size_t rs_update_staged_bytes(const rs_update *u);  /* backend bytes held by staging */
+uint64_t rs_update_received_bytes(const rs_update *u); /* source bytes of every tensor added */
+double rs_update_started_at(const rs_update *u);    /* rs_now_s() at begin */
+
+#endif /* RS_SYNC_TRANSACTION_H */

@@ -1,0 +1,266 @@
+"""A corpus of malformed HTTP requests, generated from a few valid bodies plus hand-written cases.
+
+cases(max_body_bytes) returns Case tuples: (id, method, path, body, headers, status, error type,
+param). body is bytes (sent as is) or None; param None means "not checked" (some messages name a
+sub-path that depends on the case). Categories:
+
+  truncated   every proper prefix of valid /generate, /v1/completions and control bodies
+  types       a wrong JSON type for every field of /generate, /v1/completions and the control routes
+  numbers     huge, negative and out-of-range numbers; integers past 2^63; floats past FLT_MAX
+  literals    NaN / Infinity (not JSON)
+  utf8        invalid UTF-8 in values and keys, overlong forms, lone surrogates
+  nesting     deeply nested arrays, in the body and inside input_ids
+  oversized   bodies over max-body-bytes, with and without Content-Length
+  unknown     unknown fields at every level
+  methods     every route with every method it does not take (405 + Allow)
+  routes      unknown paths (404)
+"""
+import json
+from collections import namedtuple
+
+Case = namedtuple("Case", "id method path body headers status etype param")
+
+GEN = {"rid": "c1", "input_ids": [1, 2, 3],
+       "sampling_params": {"max_new_tokens": 2, "temperature": 1.0, "top_p": 1.0, "top_k": -1, "min_p": 0.0,
+                           "n": 1, "sampling_seed": 7, "stop_token_ids": [5], "ignore_eos": False,
+                           "min_new_tokens": 0},
+       "return_logprob": True, "logprob_start_len": -1, "top_logprobs_num": 0, "logprobs_mode": "default",
+       "stream": False}
+CMPL = {"model": "default", "prompt": [1, 2, 3], "max_tokens": 2, "temperature": 1.0, "top_p": 1.0, "top_k": -1,
+        "min_p": 0.0, "n": 1, "seed": 1, "stop_token_ids": [5], "ignore_eos": False, "logprobs": 0,
+        "return_tokens_as_token_ids": True, "stream": False}
+
+# route -> (methods it takes)
+ROUTES = {
+    "/health": ["GET"], "/health_generate": ["GET"], "/generate": ["POST", "PUT"], "/v1/completions": ["POST"],
+    "/v1/models": ["GET"], "/get_model_info": ["GET"], "/get_server_info": ["GET"], "/server_info": ["GET"],
+    "/get_weight_version": ["GET"], "/metrics": ["GET"], "/abort_request": ["POST"], "/pause_generation": ["POST"],
+    "/continue_generation": ["POST"], "/flush_cache": ["GET", "POST"],
+}
+METHODS = ["GET", "POST", "PUT", "DELETE", "PATCH"]
+
+WRONG = {  # kind -> values of the wrong JSON type
+    "int": ["1", 1.5, True, [1], {"a": 1}],
+    "float": ["1.0", True, [1.0], {"x": 1}],
+    "bool": [1, 0, "true", [True], {"b": True}],
+    "str": [1, True, ["s"], {"s": 1}],
+    "ids": ["1 2 3", 7, True, {"0": 1}, [1.5], ["a"], [True], [None], [[1], 2]],
+    "obj": ["x", 1, [1], True],
+}
+
+GEN_TOP = {"rid": "str", "input_ids": "ids", "sampling_params": "obj", "return_logprob": "bool",
+           "logprob_start_len": "int", "top_logprobs_num": "int", "logprobs_mode": "str", "stream": "bool"}
+GEN_SAMPLING = {"max_new_tokens": "int", "min_new_tokens": "int", "temperature": "float", "top_p": "float",
+                "top_k": "int", "min_p": "float", "n": "int", "sampling_seed": "int", "stop_token_ids": "ids",
+                "ignore_eos": "bool", "stream_interval": "int", "skip_special_tokens": "bool",
+                "no_stop_trim": "bool", "repetition_penalty": "float"}
+CMPL_TOP = {"model": "str", "prompt": "ids", "max_tokens": "int", "temperature": "float", "top_p": "float",
+            "top_k": "int", "min_p": "float", "n": "int", "seed": "int", "stop_token_ids": "ids",
+            "ignore_eos": "bool", "min_tokens": "int", "logprobs": "int", "echo": "bool", "stream": "bool",
+            "return_token_ids": "bool", "return_tokens_as_token_ids": "bool", "request_id": "str",
+            "logprobs_mode": "str", "user": "str", "stream_options": "obj"}
+
+
+def enc(v):
+    return json.dumps(v).encode()
+
+
+def _wrong_types():
+    out = []
+    for field, kind in GEN_TOP.items():
+        for i, w in enumerate(WRONG[kind]):
+            if field == "rid" and isinstance(w, list):
+                continue  # a list of rids is a valid shape; its entries are checked (below, rid[0])
+            body = dict(GEN, **{field: w})
+            param = None if kind == "ids" else field
+            out.append(Case(f"types-generate-{field}-{i}", "POST", "/generate", enc(body), {}, 400,
+                            "invalid_request", param))
+    out.append(Case("types-generate-rid-list-entry", "POST", "/generate", enc(dict(GEN, rid=[5])), {}, 400,
+                    "invalid_request", "rid[0]"))
+    for field, kind in GEN_SAMPLING.items():
+        for i, w in enumerate(WRONG[kind]):
+            body = dict(GEN, sampling_params=dict(GEN["sampling_params"], **{field: w}))
+            out.append(Case(f"types-generate-sampling-{field}-{i}", "POST", "/generate", enc(body), {}, 400,
+                            "invalid_request", None if kind == "ids" else f"sampling_params.{field}"))
+    for field, kind in CMPL_TOP.items():
+        for i, w in enumerate(WRONG[kind]):
+            if field == "stream_options" and w is not None:
+                body = dict(CMPL, stream=True, stream_options=w)
+            else:
+                body = dict(CMPL, **{field: w})
+            etype = "invalid_request"
+            out.append(Case(f"types-completions-{field}-{i}", "POST", "/v1/completions", enc(body), {}, 400, etype,
+                            None if kind == "ids" else field))
+    for i, w in enumerate(WRONG["str"] + [""]):
+        out.append(Case(f"types-abort-rid-{i}", "POST", "/abort_request", enc({"rid": w}), {}, 400,
+                        "invalid_request", "rid"))
+    for i, w in enumerate(WRONG["bool"]):
+        out.append(Case(f"types-abort-all-{i}", "POST", "/abort_request", enc({"abort_all": w}), {}, 400,
+                        "invalid_request", "abort_all"))
+    for i, w in enumerate(WRONG["str"] + ["keep", "ABORT", ""]):
+        out.append(Case(f"types-pause-mode-{i}", "POST", "/pause_generation", enc({"mode": w}), {}, 400,
+                        "invalid_request", "mode"))
+    for i, body in enumerate([b"[]", b"1", b"\"x\"", b"null", b"true"]):
+        for path in ("/pause_generation", "/continue_generation", "/flush_cache", "/abort_request", "/generate",
+                     "/v1/completions"):
+            out.append(Case(f"types-body-not-object-{path.strip('/').replace('/', '-')}-{i}", "POST", path, body,
+                            {}, 400, "invalid_request", None))
+    return out
+
+
+def _truncated():
+    out = []
+    for name, path, full in [("generate", "/generate", enc(GEN)), ("completions", "/v1/completions", enc(CMPL)),
+                             ("abort", "/abort_request", enc({"rid": "abc", "abort_all": False})),
+                             ("pause", "/pause_generation", enc({"mode": "retract"}))]:
+        for n in range(1, len(full)):
+            prefix = full[:n]
+            if not prefix.strip():
+                continue
+            out.append(Case(f"truncated-{name}-{n}", "POST", path, prefix, {}, 400, "invalid_request", None))
+    return out
+
+
+def _numbers():
+    sp = GEN["sampling_params"]
+    rows = [
+        ("max-new-tokens-2^31", {"sampling_params": dict(sp, max_new_tokens=2 ** 31)}, "sampling_params.max_new_tokens"),
+        ("max-new-tokens-neg", {"sampling_params": dict(sp, max_new_tokens=-5)}, "sampling_params.max_new_tokens"),
+        ("max-new-tokens-huge", {"sampling_params": dict(sp, max_new_tokens=2 ** 62)}, "sampling_params.max_new_tokens"),
+        ("n-huge", {"sampling_params": dict(sp, n=2 ** 40)}, "sampling_params.n"),
+        ("n-neg", {"sampling_params": dict(sp, n=-1)}, "sampling_params.n"),
+        ("n-over-max", {"sampling_params": dict(sp, n=65)}, "sampling_params.n"),
+        ("temperature-1e300", {"sampling_params": dict(sp, temperature=1e300)}, "sampling_params.temperature"),
+        ("temperature-neg-1e300", {"sampling_params": dict(sp, temperature=-1e300)}, "sampling_params.temperature"),
+        ("top-p-tiny-neg", {"sampling_params": dict(sp, top_p=-1e-300)}, "sampling_params.top_p"),
+        ("min-p-1e39", {"sampling_params": dict(sp, min_p=1e39)}, "sampling_params.min_p"),
+        ("seed-neg", {"sampling_params": dict(sp, sampling_seed=-(2 ** 63))}, "sampling_params.sampling_seed"),
+        ("top-k-neg-huge", {"sampling_params": dict(sp, top_k=-(2 ** 62))}, "sampling_params.top_k"),
+        ("logprob-start-neg", {"logprob_start_len": -(2 ** 40)}, "logprob_start_len"),
+        ("top-logprobs-huge", {"top_logprobs_num": 2 ** 40}, "top_logprobs_num"),
+        ("top-logprobs-21", {"top_logprobs_num": 21}, "top_logprobs_num"),
+        ("id-2^31", {"input_ids": [1, 2 ** 31]}, "input_ids"),
+        ("id-neg", {"input_ids": [-(2 ** 62)]}, "input_ids"),
+        ("id-vocab", {"input_ids": [8192]}, "input_ids"),
+        ("stop-id-vocab", {"sampling_params": dict(sp, stop_token_ids=[10 ** 9])}, "sampling_params.stop_token_ids"),
+        ("batch-over-max", {"input_ids": [[1]] * 1025, "sampling_params": dict(sp, n=1)}, "input_ids"),
+        ("max-new-tokens-over-cap", {"sampling_params": dict(sp, max_new_tokens=40000)}, "sampling_params.max_new_tokens"),
+    ]
+    out = [Case(f"numbers-generate-{n}", "POST", "/generate", enc(dict(GEN, **over)), {}, 400, "invalid_request", p)
+           for n, over, p in rows]
+    crows = [("max-tokens-2^31", {"max_tokens": 2 ** 31}, "max_tokens"), ("n-0", {"n": 0}, "n"),
+             ("logprobs-21", {"logprobs": 21}, "logprobs"), ("logprobs-huge", {"logprobs": 2 ** 50}, "logprobs"),
+             ("temperature-1e39", {"temperature": 1e39}, "temperature"), ("prompt-vocab", {"prompt": [9999]}, "prompt"),
+             ("max-tokens-over-context", {"max_tokens": 4094}, "prompt"), ("n-over-max", {"n": 65}, "n")]
+    out += [Case(f"numbers-completions-{n}", "POST", "/v1/completions", enc(dict(CMPL, **over)), {}, 400,
+                 "invalid_request", p) for n, over, p in crows]
+    raw = [b'{"input_ids": [9223372036854775808]}', b'{"input_ids": [-9223372036854775809]}',
+           b'{"input_ids": [1], "sampling_params": {"temperature": 1e400}}',
+           b'{"input_ids": [1], "sampling_params": {"max_new_tokens": 1e3}}',
+           b'{"input_ids": [1e0]}', b'{"input_ids": [01]}', b'{"input_ids": [+1]}', b'{"input_ids": [0x10]}',
+           b'{"input_ids": [1.]}', b'{"input_ids": [.5]}']
+    out += [Case(f"numbers-raw-{i}", "POST", "/generate", b, {}, 400, "invalid_request", None) for i, b in enumerate(raw)]
+    return out
+
+
+def _literals():
+    bodies = [b'{"input_ids": [NaN]}', b'{"input_ids": [Infinity]}', b'{"input_ids": [-Infinity]}',
+              b'{"input_ids": [1], "sampling_params": {"temperature": NaN}}',
+              b'{"input_ids": [1], "sampling_params": {"top_p": Infinity}}',
+              b'{"input_ids": [1], "sampling_params": {"min_p": -Infinity}}',
+              b'{"input_ids": [1], "return_logprob": True}', b'{"input_ids": [1], "stream": None}',
+              b"{'input_ids': [1]}", b'{"input_ids": [1],}', b'{"input_ids": [1 2]}', b'{input_ids: [1]}',
+              b'{"input_ids": [1]} {"input_ids": [2]}', b'{"input_ids": [1]}\x00', b'\xef\xbb\xbf{"input_ids": [1]}']
+    out = [Case(f"literals-generate-{i}", "POST", "/generate", b, {}, 400, "invalid_request", None)
+           for i, b in enumerate(bodies)]
+    out += [Case("literals-completions-nan", "POST", "/v1/completions", b'{"prompt": [1], "temperature": NaN}', {},
+                 400, "invalid_request", None),
+            Case("literals-pause-inf", "POST", "/pause_generation", b'{"mode": Infinity}', {}, 400,
+                 "invalid_request", None)]
+    return out
+
+
+def _utf8():
+    bodies = [b'{"input_ids": [1], "rid": "\xff\xfe"}', b'{"input_ids": [1], "rid": "a\xc3"}',
+              b'{"input_ids": [1], "rid": "\xc0\x80"}', b'{"input_ids": [1], "rid": "\xed\xa0\x80"}',
+              b'{"input_ids": [1], "rid": "\\ud800"}', b'{"input_ids": [1], "rid": "\\udc00x"}',
+              b'{"input_ids": [1], "\xc3\x28": 1}', b'{"input_ids": [1], "rid": "\xf8\x88\x80\x80\x80"}',
+              b'{"input_ids": [1], "rid": "a\\u0000b"}', b'{"input_ids": [1], "rid": "\x01"}']
+    out = [Case(f"utf8-generate-{i}", "POST", "/generate", b, {}, 400, "invalid_request", None)
+           for i, b in enumerate(bodies)]
+    out += [Case("utf8-completions-model", "POST", "/v1/completions", b'{"prompt": [1], "model": "\xff"}', {}, 400,
+                 "invalid_request", None),
+            Case("utf8-abort-rid", "POST", "/abort_request", b'{"rid": "\xfe\xff"}', {}, 400, "invalid_request", None),
+            Case("utf8-abort-key", "POST", "/abort_request", b'{"\xfe": 1}', {}, 400, "invalid_request", None)]
+    return out
+
+
+def _nesting():
+    deep = b"[" * 5000 + b"]" * 5000
+    return [Case("nesting-body", "POST", "/generate", deep, {}, 400, "invalid_request", None),
+            Case("nesting-input-ids", "POST", "/generate", b'{"input_ids": ' + deep + b"}", {}, 400,
+                 "invalid_request", None),
+            Case("nesting-input-ids-3", "POST", "/generate", enc({"input_ids": [[[1]]]}), {}, 400, "invalid_request",
+                 None),
+            Case("nesting-prompt", "POST", "/v1/completions", b'{"prompt": ' + deep + b"}", {}, 400,
+                 "invalid_request", None),
+            Case("nesting-objects", "POST", "/generate", b'{"a":' * 3000 + b"1" + b"}" * 3000, {}, 400,
+                 "invalid_request", None),
+            Case("nesting-unclosed", "POST", "/abort_request", b"[" * 100000, {}, 400, "invalid_request", None)]
+
+
+def _oversized(max_body):
+    big = b'{"input_ids": [' + b"1, " * (max_body // 3 + 10) + b"1]}"
+    out = []
+    for path in ("/generate", "/v1/completions", "/abort_request", "/pause_generation", "/flush_cache"):
+        out.append(Case(f"oversized{path.replace('/', '-')}", "POST", path, big, {}, 413, "request_too_large", None))
+    out.append(Case("oversized-declared-only", "POST", "/generate", b"{}", {"Content-Length-Override": str(2 ** 40)},
+                    413, "request_too_large", None))
+    return out
+
+
+def _unknown():
+    rows = [("generate-top", "/generate", dict(GEN, bogus=1), "bogus"),
+            ("generate-sampling", "/generate", dict(GEN, sampling_params={"bogus": 1}), "sampling_params.bogus"),
+            ("generate-text", "/generate", {"text": "hi"}, "text"),
+            ("generate-seed", "/generate", dict(GEN, sampling_params={"seed": 1}), "sampling_params.seed"),
+            ("generate-case", "/generate", {"Input_ids": [1]}, "Input_ids"),
+            ("completions-top", "/v1/completions", dict(CMPL, bogus=1), "bogus"),
+            ("completions-input-ids", "/v1/completions", dict(CMPL, input_ids=[1]), "input_ids"),
+            ("completions-stream-options", "/v1/completions", dict(CMPL, stream=True, stream_options={"x": 1}),
+             "stream_options.x"),
+            ("completions-messages", "/v1/completions", dict(CMPL, messages=[]), "messages"),
+            ("abort", "/abort_request", {"rid": "a", "force": True}, "force"),
+            ("pause", "/pause_generation", {"mode": "abort", "timeout": 1}, "timeout"),
+            ("continue", "/continue_generation", {"x": 1}, "x"),
+            ("flush", "/flush_cache", {"x": 1}, "x")]
+    return [Case(f"unknown-{n}", "POST", p, enc(b), {}, 400, "invalid_request", param) for n, p, b, param in rows]
+
+
+def _methods():
+    out = []
+    for path, ok in ROUTES.items():
+        for m in METHODS:
+            if m not in ok:
+                out.append(Case(f"methods-{m}{path.replace('/', '-')}", m, path, b"{}", {}, 405,
+                                "method_not_allowed", None))
+    return out
+
+
+def _routes():
+    paths = ["/", "/generate/", "/v1/completion", "/v1/chat/completions", "/health/", "/GENERATE", "/v1",
+             "/v1/", "/../etc/passwd", "/generate/../health", "/%00", "/" + "a" * 4000, "/metrics/x",
+             "/abort_requests", "/update_weights", "//generate"]
+    out = []
+    for i, p in enumerate(paths):
+        for m in ("GET", "POST"):
+            out.append(Case(f"routes-{m}-{i}", m, p, b"{}", {}, 404, "not_found", None))
+    return out
+
+
+def cases(max_body_bytes):
+    out = (_truncated() + _wrong_types() + _numbers() + _literals() + _utf8() + _nesting() +
+           _oversized(max_body_bytes) + _unknown() + _methods() + _routes())
+    ids = [c.id for c in out]
+    assert len(ids) == len(set(ids)), "duplicate case ids"
+    return out

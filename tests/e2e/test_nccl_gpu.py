@@ -1,0 +1,336 @@
+"""NCCL weight updates end to end, on a GPU machine (scripts/gpu-check.sh runs this file).
+
+This process is the trainer, NCCL rank 0 and the broadcast root; a rolloutd built with
+`make CUDA=1` (ROLLOUTD_BIN) serves tests/fixtures/models/qwen3/ in BF16 and joins as rank 1. The
+trainer pushes qwen3/perturbed/ (qwen3 after a pretend training step; scripts/make_fixtures.py) with
+rolloutd_client.nccl, and the daemon must then reproduce the perturbed model's golden.json
+(transformers' logprobs and greedy tokens, test_golden's TOL):
+  - flattened buckets (load_format "flattened_bucket", 64 KiB buckets: several requests, the
+    96 KiB embedding alone) from host tensors, committed by the last bucket (is_last);
+  - back to the original weights, one broadcast per tensor (load_format null) from CUDA tensors;
+  - a request naming a tensor the model lacks is refused (400), the weights and version in service
+    do not change, and the group stays in step: the next push through it works;
+  - destroying the group, after which an update through it is a 400; the daemon exits cleanly.
+
+One GPU or two. NCCL does not allow two ranks of a communicator on the same GPU: it fails the
+init with "Duplicate GPU detected : rank 1 and rank 0 both on CUDA device ..." (ncclInvalidUsage,
+a check since NCCL 2.5; NVIDIA/nccl#418, where the maintainer adds that it would not work even
+without the check), and NCCL's guide says so ("Using the same CUDA device multiple times as
+different ranks of the same NCCL communicator is not supported"). With 2+ GPUs the daemon gets the
+second visible GPU. With one, the test emulates two hosts: the check compares (host hash, bus id),
+and the host hash comes from NCCL_HOSTID when set, so the two processes get different NCCL_HOSTID
+values and talk over loopback sockets (P2P, SHM, IB, NVLS and MNNVL off). That is outside what
+NCCL supports, so before relying on it the test runs a probe (two bare ranks broadcasting 1 MiB on
+GPU 0); if the probe fails, the test skips and says that it needs 2 GPUs. ROLLOUTD_NCCL_SAME_GPU=0
+skips the emulation outright.
+
+Both sides must load the same NCCL release: the trainer loads the libnccl.so.2 that ROLLOUTD_BIN
+resolves (ldd), or ROLLOUTD_NCCL_SO.
+"""
+import base64
+import json
+import os
+import pathlib
+import re
+import select
+import subprocess
+import sys
+import tempfile
+import time
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "clients" / "python"))
+from rolloutd_client import Client, RolloutdError  # noqa: E402
+from rolloutd_client.safetensors import load_file  # noqa: E402
+
+from test_golden import BF16_ARGS, check_greedy, check_prompt_logprobs, greedy_body, score_body  # noqa: E402
+
+MODELS = ROOT / "tests" / "fixtures" / "models"
+ORIG = MODELS / "qwen3"
+PERT = ORIG / "perturbed"
+BIN = os.environ.get("ROLLOUTD_BIN", str(ROOT / "build" / "rolloutd"))
+GROUP = "g-e2e"
+TIMEOUT = 120.0   # trainer-side waits (joins, broadcasts)
+
+# Two "hosts" on one GPU (see the module docstring). NCCL_HOSTID is added per process.
+SAME_GPU_ENV = {"NCCL_P2P_DISABLE": "1", "NCCL_SHM_DISABLE": "1", "NCCL_IB_DISABLE": "1", "NCCL_NET": "Socket",
+                "NCCL_SOCKET_IFNAME": "lo", "NCCL_NVLS_ENABLE": "0", "NCCL_MNNVL_ENABLE": "0",
+                "NCCL_DEBUG": os.environ.get("NCCL_DEBUG", "WARN")}
+NEEDS_2_GPUS = ("NCCL rejects two ranks on one GPU ('Duplicate GPU detected', NVIDIA/nccl#418): this test needs "
+                "2 GPUs")
+
+
+def _torch_cuda():
+    try:
+        import torch
+    except ImportError:
+        return None
+    return torch if torch.cuda.is_available() else None
+
+
+TORCH = _torch_cuda() if __name__ != "__main__" else None
+needs_gpu = [
+    pytest.mark.skipif(TORCH is None, reason="needs PyTorch with a CUDA device (scripts/gpu-check.sh)"),
+    pytest.mark.skipif(not (PERT / "golden.json").is_file(), reason="no qwen3/perturbed fixture"),
+]
+
+
+def nccl_so():
+    """The libnccl.so.2 rolloutd runs with (the trainer must use the same release)."""
+    if os.environ.get("ROLLOUTD_NCCL_SO"):
+        return os.environ["ROLLOUTD_NCCL_SO"]
+    try:
+        out = subprocess.run(["ldd", BIN], capture_output=True, text=True, timeout=30).stdout
+        m = re.search(r"libnccl\.so\.2 => (\S+)", out)
+        if m and os.path.exists(m.group(1)):
+            return m.group(1)
+    except (OSError, subprocess.SubprocessError):
+        pass
+    cuda = "/usr/local/cuda/lib64/libnccl.so.2"
+    return cuda if os.path.exists(cuda) else "libnccl.so.2"
+
+
+# ------------------------------------------------------------------------------------------------
+# the one-GPU probe: two bare ranks (this file run as a script) broadcast 1 MiB on GPU 0
+
+def _probe_rank(rank, so, uid_b64):
+    import torch
+    from rolloutd_client import nccl as rn
+    torch.cuda.set_device(0)
+    lib = rn.load_nccl(so)
+    if rank == 0:
+        uid, b64 = rn.new_unique_id(lib)
+        print(b64, flush=True)
+    else:
+        uid = rn.unique_id_from_b64(uid_b64)
+    comm = rn.join_comm(lib, uid, 2, rank, 60.0, what="probe")
+    g = rn.NcclGroup(lib, comm, [], "probe", 2, 0, 60.0)
+    want = (torch.arange(1 << 20, device="cuda:0") * 7 % 251).to(torch.uint8)
+    buf = want.clone() if rank == 0 else torch.zeros_like(want)
+    g.broadcast(buf)
+    torch.cuda.synchronize()
+    ok = bool(torch.equal(buf, want))
+    g.abort()
+    print("probe-ok" if ok else "probe-mismatch", flush=True)
+    return 0 if ok else 1
+
+
+def _rank_env(rank):
+    env = dict(os.environ, **SAME_GPU_ENV, NCCL_HOSTID=f"rolloutd-e2e-host{rank}")
+    env["PYTHONPATH"] = str(ROOT / "clients" / "python") + os.pathsep + env.get("PYTHONPATH", "")
+    return env
+
+
+_PROBE = {}
+
+
+def same_gpu_probe(so):
+    """None if two emulated hosts can broadcast on GPU 0, else why not."""
+    if "result" in _PROBE:
+        return _PROBE["result"]
+    me = str(pathlib.Path(__file__).resolve())
+    logs = [tempfile.TemporaryFile(mode="w+") for _ in range(2)]
+    procs = []
+    why = None
+    try:
+        p0 = subprocess.Popen([sys.executable, me, "--probe-rank", "0", so], env=_rank_env(0),
+                              stdout=subprocess.PIPE, stderr=logs[0], text=True)
+        procs.append(p0)
+        ready, _, _ = select.select([p0.stdout], [], [], 90)
+        uid = p0.stdout.readline().strip() if ready else ""
+        if not uid:
+            why = "rank 0 made no unique id"
+        else:
+            p1 = subprocess.Popen([sys.executable, me, "--probe-rank", "1", so, uid], env=_rank_env(1),
+                                  stdout=subprocess.PIPE, stderr=logs[1], text=True)
+            procs.append(p1)
+            out1, _ = p1.communicate(timeout=150)
+            p0.communicate(timeout=30)
+            if p0.returncode != 0 or p1.returncode != 0 or "probe-ok" not in out1:
+                why = f"rank 0 exited {p0.returncode}, rank 1 exited {p1.returncode}"
+    except subprocess.TimeoutExpired:
+        why = "the probe timed out"
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    if why:
+        tails = []
+        for r, f in enumerate(logs):
+            f.seek(0)
+            lines = [x for x in f.read().strip().splitlines() if x.strip()]
+            if lines:
+                tails.append(f"rank {r}: " + " | ".join(lines[-2:]))
+        why = "; ".join([why] + tails)
+    for f in logs:
+        f.close()
+    _PROBE["result"] = why
+    return why
+
+
+def layout():
+    """(trainer device, env for the daemon, env for this process) or pytest.skip."""
+    n = TORCH.cuda.device_count()
+    if n >= 2:
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+        ids = [x for x in visible.split(",") if x.strip()] if visible else [str(i) for i in range(n)]
+        return 0, {"CUDA_VISIBLE_DEVICES": ids[1]}, {}
+    if os.environ.get("ROLLOUTD_NCCL_SAME_GPU") == "0":
+        pytest.skip(NEEDS_2_GPUS + " (ROLLOUTD_NCCL_SAME_GPU=0: no same-GPU emulation)")
+    why = same_gpu_probe(nccl_so())
+    if why:
+        pytest.skip(f"{NEEDS_2_GPUS}; the NCCL_HOSTID two-host emulation failed on this machine: {why}")
+    return 0, dict(SAME_GPU_ENV, NCCL_HOSTID="rolloutd-e2e-host1"), dict(SAME_GPU_ENV,
+                                                                        NCCL_HOSTID="rolloutd-e2e-host0")
+
+
+# ------------------------------------------------------------------------------------------------
+# the test
+
+def golden(d):
+    return json.loads((d / "golden.json").read_text())
+
+
+def raw_weights(d):
+    """name -> (memoryview, "bfloat16", shape)."""
+    return load_file(d / "model.safetensors", raw=True)
+
+
+def cuda_weights(d, device):
+    torch = TORCH
+    out = {}
+    for k, (mv, dt, shape) in raw_weights(d).items():
+        assert dt == "bfloat16", (k, dt)
+        t = torch.frombuffer(bytearray(mv), dtype=torch.bfloat16).reshape(shape)
+        out[k] = t.to(f"cuda:{device}")
+    return out
+
+
+def check_golden(d, g, label):
+    for i, p in enumerate(g["prompts"]):
+        r = d.post("/generate", score_body(p["input_ids"]))
+        assert r.status_code == 200, r.text
+        check_prompt_logprobs(label, i, p, r.json())
+        r = d.post("/generate", greedy_body(p["input_ids"]))
+        assert r.status_code == 200, r.text
+        check_greedy(label, i, p, r.json())
+
+
+def scores(d, prompts):
+    r = d.post("/generate", score_body([p["input_ids"] for p in prompts]))
+    assert r.status_code == 200, r.text
+    return [[e[0] for e in o["meta_info"]["input_token_logprobs"]] for o in r.json()]
+
+
+def test_nccl_client_without_gpu():
+    """Anywhere: the client module imports without torch, CUDA or libnccl, plans buckets in order,
+    and says what is missing instead of failing obscurely."""
+    code = ("import sys; import rolloutd_client, rolloutd_client.nccl as n; "
+            "assert 'torch' not in sys.modules, 'importing rolloutd_client.nccl imported torch'; "
+            "assert not n._libs, 'importing rolloutd_client.nccl loaded libnccl'")
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "clients" / "python"))
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    from rolloutd_client import nccl as rn
+    from rolloutd_client import tensors as rt
+    ents = rt.entries({"a": (bytes(10), "bfloat16", (5,)), "b": (bytes(100), "bfloat16", (50,)),
+                       "c": (bytes(4), "float32", (1,)), "d": (bytes(2), "bfloat16", (1,))})
+    assert [[e.name for e in b] for b in rn.plan_buckets(ents, 16)] == [["a"], ["b"], ["c", "d"]]
+    assert [[e.name for e in b] for b in rn.plan_buckets(ents, 1 << 20)] == [["a", "b", "c", "d"]]
+    with pytest.raises(rn.NcclError, match="ROLLOUTD_NCCL_SO"):
+        rn.load_nccl("/nonexistent/libnccl.so.2")
+    uid_b64 = base64.b64encode(bytes(range(128))).decode()
+    assert bytes(b & 0xFF for b in rn.unique_id_from_b64(uid_b64).internal) == bytes(range(128))
+    with pytest.raises(ValueError):
+        rn.unique_id_from_b64("AAAA")
+    if TORCH is None:
+        with pytest.raises(rn.NcclError, match="CUDA|PyTorch"):
+            rn.init_group(Client("http://127.0.0.1:9"), group_name="never")
+
+
+@needs_gpu[0]
+@needs_gpu[1]
+def test_nccl_push_matches_golden(rolloutd, monkeypatch):
+    from rolloutd_client import nccl as rn
+
+    device, daemon_env, trainer_env = layout()
+    saved = {k: os.environ.get(k) for k in daemon_env}
+    for k, v in daemon_env.items():
+        monkeypatch.setenv(k, v)
+    d = rolloutd(ORIG, *BF16_ARGS)              # inherits daemon_env
+    for k, v in saved.items():
+        if v is None:
+            monkeypatch.delenv(k)
+        else:
+            monkeypatch.setenv(k, v)
+    for k, v in trainer_env.items():            # read by NCCL at this process's first join
+        monkeypatch.setenv(k, v)
+
+    c = Client(d.url)
+    so = nccl_so()
+    g_orig, g_pert = golden(ORIG), golden(PERT)
+    try:
+        t0 = time.monotonic()
+        group = rn.init_group(c, group_name=GROUP, device=device, timeout=TIMEOUT, nccl_so=so)
+    except RolloutdError as e:
+        if e.status == 400 and "CUDA build" in (e.message or ""):
+            pytest.skip(f"{BIN} is not a CUDA build (make CUDA=1): {e.message}")
+        raise
+    print(f"\njoined {GROUP} in {time.monotonic() - t0:.2f} s (NCCL {'.'.join(map(str, group.lib.version))}, "
+          f"{so}, trainer cuda:{device}{', same-GPU emulation' if trainer_env else ''})")
+    try:
+        # perturbed weights, flattened buckets from host memory
+        pert = raw_weights(PERT)
+        total = sum(len(v[0]) for v in pert.values())
+        res = rn.push_weights_nccl(c, pert, "nccl-1", group_name=GROUP, bucket_bytes=64 << 10, timeout=TIMEOUT)
+        assert res.posts >= 5, res
+        assert res.bytes == total, (res.bytes, total)
+        assert res.response.get("success") is True and res.response.get("weight_version") == "nccl-1", res.response
+        assert res.response.get("committed") is True, res.response
+        assert c.get_weight_version() == "nccl-1"
+        check_golden(d, g_pert, "qwen3/perturbed over NCCL (flattened buckets)")
+        (out,) = c.generate([1, 2, 3], max_new_tokens=2)
+        assert out.weight_version == "nccl-1", out.weight_version
+        print(f"flattened push: {res.posts} requests, {res.bytes} bytes, {res.seconds:.3f} s")
+
+        # back to the original weights, one broadcast per tensor, from CUDA tensors
+        res = rn.push_weights_nccl(c, cuda_weights(ORIG, device), "nccl-2", group_name=GROUP,
+                                   bucket_bytes=256 << 10, flattened=False, timeout=TIMEOUT)
+        assert res.response.get("weight_version") == "nccl-2" and res.response.get("committed") is True, res.response
+        check_golden(d, g_orig, "qwen3 over NCCL (per tensor)")
+
+        # a refused request: received, discarded, nothing changes, the group stays in step
+        before = scores(d, g_orig["prompts"])
+        bad = dict(pert)
+        bad["model.layers.0.mlp.bogus_proj.weight"] = (memoryview(bytes(64)), "bfloat16", (4, 8))
+        with pytest.raises(RolloutdError) as ei:
+            rn.push_weights_nccl(c, bad, "nccl-bad", group_name=GROUP, bucket_bytes=1 << 30, timeout=TIMEOUT)
+        assert ei.value.status == 400, ei.value
+        assert "bogus_proj" in (ei.value.message or "") + str(ei.value.param), ei.value
+        assert c.get_weight_version() == "nccl-2"
+        assert scores(d, g_orig["prompts"]) == before, "a refused NCCL update changed the served weights"
+
+        res = rn.push_weights_nccl(c, pert, "nccl-3", group_name=GROUP, bucket_bytes=1 << 30, timeout=TIMEOUT)
+        assert res.posts == 1 and res.response.get("weight_version") == "nccl-3", res.response
+        check_golden(d, g_pert, "qwen3/perturbed over NCCL after a refused request")
+    finally:
+        if rn.get_group(GROUP) is not None:
+            rn.destroy_group(GROUP, timeout=60)
+
+    # the group is gone on both sides
+    with pytest.raises(RolloutdError) as ei:
+        c.update_weights_from_distributed(names=["model.norm.weight"], dtypes=["bfloat16"], shapes=[[96]],
+                                          group_name=GROUP, weight_version="after")
+    assert ei.value.status == 400 and GROUP in (ei.value.message or ""), ei.value
+    assert c.get_weight_version() == "nccl-3"
+    assert c.health()
+
+
+if __name__ == "__main__":
+    if len(sys.argv) >= 3 and sys.argv[1] == "--probe-rank":
+        sys.exit(_probe_rank(int(sys.argv[2]), sys.argv[3], sys.argv[4] if len(sys.argv) > 4 else None))
+    print(__doc__)
+    sys.exit(2)

@@ -1,0 +1,814 @@
+/*
+ * test_sync.c — the weight-sync service end to end in process: real POSIX shared-memory segments,
+ * a running engine thread, the CPU backend; checkpoint directories for the disk route; and the
+ * request parsers of every weight route.
+ *
+ * The reference for a successful update is a fresh rs_model_load of the checkpoint the trainer
+ * "sent": the served model's logits must equal its logits bit for bit. The reference for a failed
+ * one is the model before it: logits unchanged, no transaction left open, and the service still
+ * able to take the next update.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <jansson.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "../../kvcache/kvcache.h"
+#include "../../model/model.h"
+#include "../../model/quant.h"
+#include "../../model/safetensors.h"
+#include "../../protocol/weights.h"
+#include "../../scheduler/engine.h"
+#include "../../sync/disk.h"
+#include "../../sync/shm.h"
+#include "../../sync/sync.h"
+#include "test.h"
+
+/* ---------------------------------------------------------------- models and logits */
+
+static rs_model_config tiny_cfg(void) {
+    rs_model_config c;
+    memset(&c, 0, sizeof c);
+    c.arch = RS_ARCH_QWEN3;
+    c.vocab_size = 256;
+    c.hidden = 160;
+    c.intermediate = 200;
+    c.n_layers = 2;
+    c.n_heads = 4;
+    c.n_kv_heads = 2;
+    c.head_dim = 32;
+    c.max_position = 512;
+    c.rms_eps = 1e-6f;
+    c.rope_theta = 10000.0;
+    c.rope_factor = c.rope_low_freq_factor = c.rope_high_freq_factor = 1.0;
+    c.rope_original_max_position = 512;
+    c.tie_embeddings = true;
+    c.qk_norm = true;
+    c.decoder_sparse_step = 1;
+    c.bos_token_id = 1;
+    c.eos_token_ids[0] = 2;
+    c.n_eos = 1;
+    return c;
+}
+
+static void write_model(const char *dir, uint64_t seed) {
+    rs_model_config c = tiny_cfg();
+    rs_error err = {0};
+    if (rs_testmodel_write(dir, &c, seed, &err) != RS_OK) RS_TEST_FAIL("testmodel: %s", err.message);
+}
+
+enum { N_TOK = 10 };
+static float *logits_of(rs_model *m) {
+    const rs_model_config *c = &m->cfg;
+    rs_kv_pool p;
+    ASSERT_EQ(rs_kv_pool_init(&p, m->backend, c->n_layers, c->n_kv_heads, c->head_dim, RS_DTYPE_F32, 1 << 20), RS_OK);
+    rs_kv_seq s = {0};
+    ASSERT_EQ(rs_kv_seq_reserve(&p, &s, N_TOK), RS_OK);
+    int32_t tok[N_TOK], pos[N_TOK], slot[N_TOK], rows[N_TOK];
+    for (int i = 0; i < N_TOK; i++) {
+        tok[i] = (int32_t)((i * 53 + 3) % c->vocab_size);
+        pos[i] = rows[i] = i;
+        slot[i] = rs_kv_slot(&s, i);
+    }
+    int32_t start[2] = {0, N_TOK}, ctx[1] = {N_TOK};
+    rs_batch bt = {.n_tok = N_TOK, .n_seq = 1, .tokens = tok, .pos = pos, .slot = slot, .seq_start = start,
+                   .seq_ctx = ctx, .block_tables = s.blocks, .max_blocks = s.n_blocks};
+    float *out = malloc(sizeof(float) * N_TOK * (size_t)c->vocab_size);
+    rs_forward_ctx *f = rs_forward_ctx_init(m, N_TOK, N_TOK);
+    rs_forward(f, &bt, p.layers, rows, N_TOK, out);
+    rs_forward_ctx_free(f);
+    rs_kv_seq_release(&p, &s);
+    rs_kv_pool_free(&p);
+    return out;
+}
+
+static bool same_logits(const float *x, const float *y) {
+    return memcmp(x, y, sizeof(float) * N_TOK * (size_t)tiny_cfg().vocab_size) == 0;
+}
+
+/* The served model A (seed 1) with an engine thread and the sync service; checkpoint B (seed 2)
+ * for the trainer side, and B's reference logits. */
+typedef struct env {
+    rs_backend *b;
+    rs_model *m;
+    rs_engine *e;
+    rs_sync *s;
+    char dir_a[512], dir_b[512];
+    rs_st_dir *bt;                      /* B's tensors */
+    float *logits_a, *logits_b;
+} env;
+
+static env env_open(const char *mode, const rs_sync_opts *so) {
+    env v;
+    memset(&v, 0, sizeof v);
+    snprintf(v.dir_a, sizeof v.dir_a, "%s/a", rs_test_tmpdir());
+    snprintf(v.dir_b, sizeof v.dir_b, "%s/b", rs_test_tmpdir());
+    write_model(v.dir_a, 1);
+    write_model(v.dir_b, 2);
+    v.b = rs_backend_cpu_init(2);
+    rs_quant_policy qp;
+    rs_error err = {0};
+    ASSERT_EQ(rs_quant_policy_init(&qp, mode, "", 0, 0, &err), RS_OK);
+    rs_model *ref_b = NULL;
+    ASSERT_EQ(rs_model_load(v.dir_b, v.b, &qp, &ref_b, &err), RS_OK);
+    v.logits_b = logits_of(ref_b);
+    rs_model_free(ref_b);
+    ASSERT_EQ(rs_model_load(v.dir_a, v.b, &qp, &v.m, &err), RS_OK);
+    v.logits_a = logits_of(v.m);
+    ASSERT_TRUE(!same_logits(v.logits_a, v.logits_b));
+    rs_engine_opts eo = {.kv_cache_bytes = 2 << 20, .max_running = 4, .max_step_tokens = 256,
+                         .limits = {.max_context = 256, .max_new_tokens = 128, .max_n = 2, .max_batch = 4}};
+    ASSERT_EQ(rs_engine_init(&v.e, v.m, &eo, &err), RS_OK);
+    ASSERT_EQ(rs_engine_start(v.e), RS_OK);
+    rs_sync_opts def = {0};
+    if (rs_sync_start(&v.s, v.e, v.m, so ? so : &def, &err) != RS_OK) RS_TEST_FAIL("sync: %s", err.message);
+    ASSERT_EQ(rs_st_dir_open(&v.bt, v.dir_b, &err), RS_OK);
+    return v;
+}
+
+static void env_close(env *v) {
+    rs_sync_stop(v->s);
+    rs_engine_stop(v->e);
+    rs_engine_free(v->e);
+    rs_model_free(v->m);
+    rs_st_dir_close(v->bt);
+    rs_backend_free(v->b);
+    free(v->logits_a), free(v->logits_b);
+}
+
+static void expect_serving(env *v, const float *want) {
+    float *got = logits_of(v->m);
+    if (!same_logits(got, want)) RS_TEST_FAIL("the served logits are not the expected model's");
+    free(got);
+}
+
+static rs_sync_stats stats(env *v) {
+    rs_sync_stats st;
+    rs_sync_get_stats(v->s, &st);
+    return st;
+}
+
+/* ---------------------------------------------------------------- shared memory */
+
+typedef struct seg {
+    char name[64];
+    int fd;
+    uint8_t *p;
+    size_t size;
+} seg;
+
+static seg seg_create(size_t size, mode_t mode) {
+    static int counter;
+    seg s = {.size = size};
+    snprintf(s.name, sizeof s.name, "/rs-test-%d-%d", (int)getpid(), counter++);
+    s.fd = shm_open(s.name, O_CREAT | O_EXCL | O_RDWR, 0600);
+    if (s.fd < 0) RS_TEST_FAIL("shm_open %s: %s", s.name, strerror(errno));
+    if (mode != 0600) ASSERT_EQ(fchmod(s.fd, mode), 0);
+    ASSERT_EQ(ftruncate(s.fd, (off_t)size), 0);
+    s.p = size ? mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, s.fd, 0) : NULL;
+    ASSERT_TRUE(s.p != MAP_FAILED);
+    return s;
+}
+
+static void seg_destroy(seg *s) {
+    if (s->p) munmap(s->p, s->size);
+    close(s->fd);
+    shm_unlink(s->name);
+}
+
+/* A bucket: B's tensors [from, to) written into a new segment (offsets 8-aligned, plus `extra`
+ * bytes of room at the end), and the manifest. */
+typedef struct bucket {
+    seg sg;
+    rs_weight_desc *d;
+    int n;
+} bucket;
+
+static bucket bucket_make(env *v, size_t from, size_t to, size_t extra) {
+    bucket k = {0};
+    size_t total = 0;
+    for (size_t i = from; i < to; i++) total += (rs_st_dir_tensor_at(v->bt, i, NULL)->nbytes + 7) & ~(size_t)7;
+    k.sg = seg_create(total + extra, 0600);
+    k.d = calloc(to - from + 1, sizeof *k.d);
+    size_t off = 0;
+    for (size_t i = from; i < to; i++) {
+        const rs_st_tensor *t = rs_st_dir_tensor_at(v->bt, i, NULL);
+        rs_weight_desc *d = &k.d[k.n++];
+        snprintf(d->name, sizeof d->name, "%s", t->name);
+        d->dtype = t->dtype;
+        d->ndim = t->ndim;
+        memcpy(d->shape, t->shape, sizeof d->shape);
+        d->offset = off;
+        d->nbytes = t->nbytes;
+        memcpy(k.sg.p + off, t->data, t->nbytes);
+        off += (t->nbytes + 7) & ~(size_t)7;
+    }
+    return k;
+}
+
+static void bucket_free(bucket *k) {
+    seg_destroy(&k->sg);
+    free(k->d);
+}
+
+static int send_bucket(env *v, const bucket *k, rs_weight_last last, const char *version, rs_sync_job *job) {
+    memset(job, 0, sizeof *job);
+    job->kind = RS_SYNC_SHM;
+    rs_shm_update_req *r = &job->req.shm;
+    snprintf(r->shm_name, sizeof r->shm_name, "%s", k->sg.name);
+    r->tensors = k->d;
+    r->n_tensors = k->n;
+    r->is_last = last;
+    if (version) {
+        r->has_version = true;
+        snprintf(r->weight_version, sizeof r->weight_version, "%s", version);
+    }
+    return rs_sync_run(v->s, job);
+}
+
+/* The whole of B in two buckets. */
+static void update_to_b(env *v, rs_weight_last last1, rs_weight_last last2, const char *version) {
+    size_t n = rs_st_dir_count(v->bt);
+    bucket k1 = bucket_make(v, 0, n / 2, 0), k2 = bucket_make(v, n / 2, n, 0);
+    rs_sync_job job;
+    if (send_bucket(v, &k1, last1, version, &job) != RS_OK) RS_TEST_FAIL("bucket 1: %s", job.err.message);
+    ASSERT_TRUE(!job.res.committed);
+    ASSERT_TRUE(job.res.n_staged > 0 && job.res.n_staged < job.res.n_required);
+    if (send_bucket(v, &k2, last2, version, &job) != RS_OK) RS_TEST_FAIL("bucket 2: %s", job.err.message);
+    ASSERT_TRUE(job.res.committed);
+    ASSERT_EQ(job.res.n_staged, job.res.n_required);
+    if (version) ASSERT_STREQ(job.res.weight_version, version);
+    bucket_free(&k1);
+    bucket_free(&k2);
+}
+
+static void shm_end_to_end(const char *mode) {
+    env v = env_open(mode, NULL);
+    size_t n = rs_st_dir_count(v.bt);
+    bucket k1 = bucket_make(&v, 0, n / 2, 0), k2 = bucket_make(&v, n / 2, n, 0);
+    rs_sync_job job;
+    ASSERT_EQ(send_bucket(&v, &k1, RS_WEIGHT_LAST_NO, "7", &job), RS_OK);
+    ASSERT_TRUE(!job.res.committed);
+    ASSERT_STREQ(job.res.weight_version, "0"); /* still serving the old weights */
+    ASSERT_STREQ(rs_engine_weight_version(v.e), "0");
+    expect_serving(&v, v.logits_a);
+    ASSERT_TRUE(stats(&v).txn_open);
+    uint64_t bytes = job.res.bytes;
+    ASSERT_EQ(send_bucket(&v, &k2, RS_WEIGHT_LAST_YES, "7", &job), RS_OK);
+    ASSERT_TRUE(job.res.committed);
+    bytes += job.res.bytes;
+    ASSERT_EQ(bytes, rs_st_dir_nbytes(v.bt));
+    ASSERT_STREQ(job.res.weight_version, "7");
+    ASSERT_STREQ(rs_engine_weight_version(v.e), "7");
+    expect_serving(&v, v.logits_b);
+    rs_sync_stats st = stats(&v);
+    ASSERT_EQ(st.updates, 1);
+    ASSERT_EQ(st.updates_failed, 0);
+    ASSERT_EQ(st.bytes, bytes);
+    ASSERT_EQ(st.update_seconds.n, 1);
+    ASSERT_TRUE(!st.txn_open);
+    bucket_free(&k1);
+    bucket_free(&k2);
+    env_close(&v);
+}
+
+RS_TEST(sync_shm_end_to_end_bf16) { shm_end_to_end("bf16"); }
+RS_TEST(sync_shm_end_to_end_fp8) { shm_end_to_end("fp8"); }
+
+/* is_last absent: the bucket that completes the set commits (SGLang-style trainers). */
+RS_TEST(sync_shm_auto_commit) {
+    env v = env_open("fp8", NULL);
+    update_to_b(&v, RS_WEIGHT_LAST_AUTO, RS_WEIGHT_LAST_AUTO, "3");
+    expect_serving(&v, v.logits_b);
+    env_close(&v);
+}
+
+/* The request as JSON through the parser: what a trainer posts. */
+RS_TEST(sync_shm_from_json_body) {
+    env v = env_open("bf16", NULL);
+    size_t n = rs_st_dir_count(v.bt);
+    bucket k = bucket_make(&v, 0, n, 0);
+    json_t *tensors = json_array();
+    for (int i = 0; i < k.n; i++) {
+        json_t *shape = json_array();
+        for (int d = 0; d < k.d[i].ndim; d++) json_array_append_new(shape, json_integer(k.d[i].shape[d]));
+        json_array_append_new(tensors, json_pack("{s:s, s:s, s:o, s:I}", "name", k.d[i].name, "dtype",
+                                                 i % 2 ? "bfloat16" : "torch.bfloat16", "shape", shape, "offset",
+                                                 (json_int_t)k.d[i].offset));
+    }
+    json_t *body = json_pack("{s:s, s:o, s:b, s:s}", "shm_name", k.sg.name, "tensors", tensors, "is_last", 1,
+                             "weight_version", "18");
+    char *text = json_dumps(body, JSON_COMPACT);
+    json_decref(body);
+    rs_sync_job job = {.kind = RS_SYNC_SHM};
+    rs_error err = {0};
+    ASSERT_EQ(rs_shm_update_parse(text, strlen(text), &job.req.shm, &err), RS_OK);
+    free(text);
+    ASSERT_EQ(rs_sync_run(v.s, &job), RS_OK);
+    ASSERT_TRUE(job.res.committed);
+    size_t len = 0;
+    char *answer = rs_weights_response(job.res.message, job.res.weight_version, job.res.bytes, job.res.seconds,
+                                       job.res.committed, &len);
+    json_error_t je;
+    json_t *a = json_loads(answer, 0, &je);
+    ASSERT_TRUE(a != NULL);
+    ASSERT_TRUE(json_is_true(json_object_get(a, "success")));
+    ASSERT_STREQ(json_string_value(json_object_get(a, "weight_version")), "18");
+    ASSERT_EQ(json_integer_value(json_object_get(a, "bytes")), (long long)rs_st_dir_nbytes(v.bt));
+    ASSERT_TRUE(json_is_real(json_object_get(a, "seconds")));
+    ASSERT_TRUE(json_is_true(json_object_get(a, "committed")));
+    json_decref(a);
+    free(answer);
+    rs_shm_update_req_free(&job.req.shm);
+    bucket_free(&k);
+    expect_serving(&v, v.logits_b);
+    env_close(&v);
+}
+
+/* Each corrupt update fails whole with a clear error; the old weights keep serving, the
+ * transaction is gone, and the next good update goes through. */
+RS_TEST(sync_shm_corrupt_updates_fail_whole) {
+    env v = env_open("fp8", NULL);
+    const size_t n = rs_st_dir_count(v.bt), half = n / 2;
+    enum { UNKNOWN, SHAPE, DTYPE, OFFSET, MISSING, SMALL, NOSEG, MODE, DUP, OTHER_UID, N_CASES };
+    static const char *const what[N_CASES] = {"unknown name", "wrong shape", "wrong dtype", "offset beyond the segment",
+                                              "missing tensor at is_last", "segment too small",
+                                              "segment does not exist", "segment mode 0644", "duplicate tensor",
+                                              "segment of another uid"};
+    uint64_t failed = 0;
+    for (int c = 0; c < N_CASES; c++) {
+        if (c == OTHER_UID && geteuid() != 0) continue; /* needs root to chown the segment */
+        bucket k1 = bucket_make(&v, 0, half, 0);
+        rs_sync_job job;
+        ASSERT_EQ(send_bucket(&v, &k1, RS_WEIGHT_LAST_NO, "9", &job), RS_OK);
+        ASSERT_TRUE(stats(&v).txn_open);
+        bucket k2 = bucket_make(&v, half, n, 64);
+        const char *param = NULL, *needle = NULL;
+        int code = RS_EINVAL;
+        rs_weight_desc *d0 = &k2.d[0];
+        switch (c) {
+        case UNKNOWN:
+            snprintf(d0->name, sizeof d0->name, "model.layers.0.mlp.experts.0.up_proj.weight");
+            param = d0->name, needle = "unknown tensor";
+            break;
+        case SHAPE:
+            d0->shape[0] += 1;
+            param = d0->name, needle = "shape";
+            break;
+        case DTYPE: /* FP8 codes for a vector */
+            for (int i = 0; i < k2.n; i++)
+                if (k2.d[i].ndim == 1) d0 = &k2.d[i];
+            d0->dtype = RS_DTYPE_E4M3;
+            code = RS_EUNSUPPORTED;
+            param = d0->name, needle = "cannot take FP8";
+            break;
+        case OFFSET:
+            d0->offset = k2.sg.size;
+            param = "tensors[0].offset", needle = "segment";
+            break;
+        case MISSING:
+            k2.n--;
+            param = k2.d[k2.n].name, needle = "missing tensor";
+            break;
+        case SMALL:
+            ASSERT_EQ(ftruncate(k2.sg.fd, (off_t)(k2.d[k2.n - 1].offset + 1)), 0);
+            param = "tensors[", needle = "has only";
+            break;
+        case NOSEG:
+            shm_unlink(k2.sg.name);
+            param = "shm_name", needle = "does not exist";
+            break;
+        case MODE:
+            ASSERT_EQ(fchmod(k2.sg.fd, 0644), 0);
+            param = "shm_name", needle = "mode 0644";
+            break;
+        case DUP: /* bucket 1 sent again */
+            break;
+        case OTHER_UID:
+            ASSERT_EQ(fchown(k2.sg.fd, 65534, 65534), 0);
+            param = "shm_name", needle = "belongs to uid 65534";
+            break;
+        }
+        int rc;
+        if (c == DUP) {
+            rc = send_bucket(&v, &k1, RS_WEIGHT_LAST_NO, "9", &job);
+            param = k1.d[0].name, needle = "duplicate";
+        } else {
+            rc = send_bucket(&v, &k2, RS_WEIGHT_LAST_YES, "9", &job);
+        }
+        if (rc != code || strncmp(job.err.param, param, strlen(param)) != 0 || !strstr(job.err.message, needle))
+            RS_TEST_FAIL("%s: rc %d (want %d), param '%s' (want '%s'), message '%s'", what[c], rc, code,
+                         job.err.param, param, job.err.message);
+        rs_sync_stats st = stats(&v);
+        ASSERT_TRUE(!st.txn_open);
+        ASSERT_EQ(st.staged_bytes, 0);
+        ASSERT_EQ(st.updates, 0);
+        ASSERT_EQ(st.updates_failed, ++failed);
+        ASSERT_STREQ(rs_engine_weight_version(v.e), "0");
+        expect_serving(&v, v.logits_a);
+        bucket_free(&k1);
+        bucket_free(&k2);
+    }
+    /* still healthy: a good update commits */
+    update_to_b(&v, RS_WEIGHT_LAST_NO, RS_WEIGHT_LAST_YES, "10");
+    expect_serving(&v, v.logits_b);
+    env_close(&v);
+}
+
+/* A bucket for another version while a transaction is open: 409, and the open one is untouched. */
+RS_TEST(sync_version_conflict_409) {
+    env v = env_open("bf16", NULL);
+    size_t n = rs_st_dir_count(v.bt);
+    bucket k1 = bucket_make(&v, 0, n / 2, 0), k2 = bucket_make(&v, n / 2, n, 0);
+    rs_sync_job job;
+    ASSERT_EQ(send_bucket(&v, &k1, RS_WEIGHT_LAST_NO, "8", &job), RS_OK);
+    int staged = job.res.n_staged;
+    ASSERT_EQ(send_bucket(&v, &k2, RS_WEIGHT_LAST_YES, "9", &job), RS_ESTATE);
+    ASSERT_EQ(rs_err_http_status(job.rc), 409);
+    ASSERT_STREQ(job.err.param, "weight_version");
+    ASSERT_TRUE(strstr(job.err.message, "'8'"));
+    ASSERT_TRUE(stats(&v).txn_open);
+    ASSERT_EQ(stats(&v).updates_failed, 0);
+    ASSERT_EQ(send_bucket(&v, &k2, RS_WEIGHT_LAST_YES, "8", &job), RS_OK);
+    ASSERT_TRUE(job.res.committed);
+    ASSERT_TRUE(job.res.n_staged > staged);
+    ASSERT_STREQ(rs_engine_weight_version(v.e), "8");
+    expect_serving(&v, v.logits_b);
+    bucket_free(&k1);
+    bucket_free(&k2);
+    env_close(&v);
+}
+
+/* A transaction whose trainer went away expires and stops blocking other versions. */
+RS_TEST(sync_idle_transaction_expires) {
+    rs_sync_opts so = {.txn_idle_timeout = 0.2};
+    env v = env_open("bf16", &so);
+    size_t n = rs_st_dir_count(v.bt);
+    bucket k1 = bucket_make(&v, 0, n / 2, 0);
+    rs_sync_job job;
+    ASSERT_EQ(send_bucket(&v, &k1, RS_WEIGHT_LAST_NO, "5", &job), RS_OK);
+    ASSERT_TRUE(stats(&v).txn_open);
+    struct timespec ts = {0, 600 * 1000 * 1000};
+    nanosleep(&ts, NULL);
+    ASSERT_TRUE(!stats(&v).txn_open); /* dropped by the service thread itself, without a request */
+    ASSERT_EQ(stats(&v).updates_failed, 1);
+    update_to_b(&v, RS_WEIGHT_LAST_NO, RS_WEIGHT_LAST_YES, "6");
+    expect_serving(&v, v.logits_b);
+    bucket_free(&k1);
+    env_close(&v);
+}
+
+/* weight-staging-mb: a bucket over the limit is a 400, not an out-of-memory crash. */
+RS_TEST(sync_staging_limit) {
+    rs_sync_opts so = {.staging_limit = 100 << 10};
+    env v = env_open("bf16", &so);
+    size_t n = rs_st_dir_count(v.bt);
+    bucket k = bucket_make(&v, 0, n, 0);
+    rs_sync_job job;
+    ASSERT_EQ(send_bucket(&v, &k, RS_WEIGHT_LAST_YES, "1", &job), RS_EINVAL);
+    ASSERT_TRUE(strstr(job.err.message, "staging limit"));
+    ASSERT_TRUE(!stats(&v).txn_open);
+    expect_serving(&v, v.logits_a);
+    bucket_free(&k);
+    env_close(&v);
+}
+
+/* /update_weight_version relabels; with abort_all_requests it aborts what is running. */
+typedef struct done_flag {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    bool done;
+} done_flag;
+
+static void on_gen_done(rs_gen_job *job, void *user) {
+    (void)job;
+    done_flag *f = user;
+    pthread_mutex_lock(&f->mu);
+    f->done = true;
+    pthread_cond_signal(&f->cv);
+    pthread_mutex_unlock(&f->mu);
+}
+
+RS_TEST(sync_update_weight_version) {
+    env v = env_open("bf16", NULL);
+    rs_sync_job job = {.kind = RS_SYNC_VERSION};
+    snprintf(job.req.version.new_version, sizeof job.req.version.new_version, "v42");
+    ASSERT_EQ(rs_sync_run(v.s, &job), RS_OK);
+    ASSERT_STREQ(job.res.weight_version, "v42");
+    ASSERT_STREQ(rs_engine_weight_version(v.e), "v42");
+
+    /* a long generation, then a version bump with abort_all_requests */
+    done_flag f = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, false};
+    rs_gen_job *g = rs_gen_job_new();
+    g->n_prompts = 1;
+    g->prompts = calloc(1, sizeof(int32_t *));
+    g->prompt_lens = calloc(1, sizeof(int));
+    g->prompts[0] = calloc(4, sizeof(int32_t));
+    g->prompt_lens[0] = 4;
+    g->sp.max_new_tokens = 120;
+    g->sp.ignore_eos = true;
+    g->on_done = on_gen_done;
+    g->on_done_user = &f;
+    rs_error err = {0};
+    ASSERT_EQ(rs_engine_submit(v.e, g, &err), RS_OK);
+    memset(&job, 0, sizeof job);
+    job.kind = RS_SYNC_VERSION;
+    snprintf(job.req.version.new_version, sizeof job.req.version.new_version, "v43");
+    job.req.version.abort_all_requests = true;
+    ASSERT_EQ(rs_sync_run(v.s, &job), RS_OK);
+    pthread_mutex_lock(&f.mu);
+    while (!f.done) pthread_cond_wait(&f.cv, &f.mu);
+    pthread_mutex_unlock(&f.mu);
+    ASSERT_EQ(g->outputs[0].finish.type, RS_FINISH_ABORT);
+    rs_gen_job_free(g);
+    ASSERT_STREQ(rs_engine_weight_version(v.e), "v43");
+    env_close(&v);
+}
+
+/* ---------------------------------------------------------------- disk */
+
+static void mkdir_ok(const char *p) {
+    if (mkdir(p, 0700) != 0 && errno != EEXIST) RS_TEST_FAIL("mkdir %s: %s", p, strerror(errno));
+}
+
+static int disk_update(env *v, const char *path, rs_sync_job *job) {
+    memset(job, 0, sizeof *job);
+    job->kind = RS_SYNC_DISK;
+    snprintf(job->req.disk.model_path, sizeof job->req.disk.model_path, "%s", path);
+    job->req.disk.has_version = true;
+    snprintf(job->req.disk.weight_version, sizeof job->req.disk.weight_version, "disk");
+    return rs_sync_run(v->s, job);
+}
+
+RS_TEST(sync_disk_update_and_path_restriction) {
+    char allowed[600], outside[600], p[1400], q[1400];
+    snprintf(allowed, sizeof allowed, "%s/allowed", rs_test_tmpdir());
+    snprintf(outside, sizeof outside, "%s/outside", rs_test_tmpdir());
+    mkdir_ok(allowed);
+    mkdir_ok(outside);
+    rs_sync_opts so = {.allowed_weight_dir = allowed};
+    env v = env_open("fp8", &so);
+    rs_sync_job job;
+
+    /* escapes: "..", a symlinked directory, a symlinked shard, a missing path */
+    snprintf(p, sizeof p, "%s/ckpt", outside);
+    write_model(p, 2);
+    snprintf(p, sizeof p, "%s/../outside/ckpt", allowed);
+    ASSERT_EQ(disk_update(&v, p, &job), RS_EINVAL);
+    ASSERT_STREQ(job.err.param, "model_path");
+    ASSERT_TRUE(strstr(job.err.message, "'..' component"));
+    snprintf(p, sizeof p, "%s/ckpt", outside);
+    snprintf(q, sizeof q, "%s/link", allowed);
+    ASSERT_EQ(symlink(p, q), 0);
+    ASSERT_EQ(disk_update(&v, q, &job), RS_EINVAL);
+    ASSERT_TRUE(strstr(job.err.message, "outside allowed-weight-dir"));
+    snprintf(q, sizeof q, "%s/evil", allowed);
+    mkdir_ok(q);
+    snprintf(p, sizeof p, "%s/ckpt/config.json", outside);
+    snprintf(q, sizeof q, "%s/evil/config.json", allowed);
+    ASSERT_EQ(symlink(p, q), 0);
+    snprintf(p, sizeof p, "%s/ckpt/model.safetensors", outside);
+    snprintf(q, sizeof q, "%s/evil/model.safetensors", allowed);
+    ASSERT_EQ(symlink(p, q), 0);
+    snprintf(q, sizeof q, "%s/evil", allowed);
+    ASSERT_EQ(disk_update(&v, q, &job), RS_EINVAL);
+    ASSERT_TRUE(strstr(job.err.message, "outside allowed-weight-dir"));
+    snprintf(q, sizeof q, "%s/nothing-here", allowed);
+    ASSERT_EQ(disk_update(&v, q, &job), RS_EINVAL);
+    ASSERT_TRUE(strstr(job.err.message, "cannot be resolved"));
+    ASSERT_EQ(stats(&v).updates, 0);
+    expect_serving(&v, v.logits_a);
+
+    /* '..' is refused even where it would resolve inside the allowed directory */
+    snprintf(p, sizeof p, "%s/step1", allowed);
+    write_model(p, 2);
+    snprintf(q, sizeof q, "%s/evil/../step1", allowed);
+    ASSERT_EQ(disk_update(&v, q, &job), RS_EINVAL);
+    ASSERT_TRUE(strstr(job.err.message, "'..' component"));
+    /* a checkpoint below the allowed directory */
+    if (disk_update(&v, p, &job) != RS_OK) RS_TEST_FAIL("%s", job.err.message);
+    ASSERT_TRUE(job.res.committed);
+    ASSERT_STREQ(job.res.weight_version, "disk");
+    expect_serving(&v, v.logits_b);
+    env_close(&v);
+}
+
+RS_TEST(sync_disk_disabled_by_default) {
+    env v = env_open("bf16", NULL);
+    rs_sync_job job;
+    ASSERT_EQ(disk_update(&v, v.dir_b, &job), RS_EINVAL);
+    ASSERT_STREQ(job.err.param, "model_path");
+    ASSERT_TRUE(strstr(job.err.message, "disabled"));
+    expect_serving(&v, v.logits_a);
+    env_close(&v);
+}
+
+RS_TEST(sync_disk_path_inside) {
+    ASSERT_TRUE(rs_disk_path_inside("/ckpt", "/ckpt"));
+    ASSERT_TRUE(rs_disk_path_inside("/ckpt/step1", "/ckpt"));
+    ASSERT_TRUE(!rs_disk_path_inside("/ckpt2/step1", "/ckpt"));
+    ASSERT_TRUE(!rs_disk_path_inside("/ck", "/ckpt"));
+    ASSERT_TRUE(rs_disk_path_inside("/anything", "/"));
+}
+
+/* Stopping the service answers every queued job exactly once. */
+typedef struct counter {
+    pthread_mutex_t mu;
+    int n;
+} counter;
+
+static void on_count(rs_sync_job *job, void *user) {
+    (void)job;
+    counter *c = user;
+    pthread_mutex_lock(&c->mu);
+    c->n++;
+    pthread_mutex_unlock(&c->mu);
+}
+
+RS_TEST(sync_stop_answers_queued_jobs) {
+    env v = env_open("bf16", NULL);
+    enum { N = 8 };
+    rs_sync_job jobs[N];
+    counter c = {PTHREAD_MUTEX_INITIALIZER, 0};
+    rs_error err = {0};
+    for (int i = 0; i < N; i++) {
+        memset(&jobs[i], 0, sizeof jobs[i]);
+        jobs[i].kind = RS_SYNC_VERSION;
+        snprintf(jobs[i].req.version.new_version, sizeof jobs[i].req.version.new_version, "q%d", i);
+        jobs[i].on_done = on_count;
+        jobs[i].user = &c;
+        ASSERT_EQ(rs_sync_submit(v.s, &jobs[i], &err), RS_OK);
+    }
+    rs_sync_stop(v.s);
+    ASSERT_EQ(c.n, N);
+    for (int i = 0; i < N; i++) ASSERT_TRUE(jobs[i].rc == RS_OK || jobs[i].rc == RS_EBUSY);
+    v.s = NULL;
+    env_close(&v);
+}
+
+/* ---------------------------------------------------------------- the parsers */
+
+static void parse_fails(int (*parse)(const char *, size_t, void *, rs_error *), void *out, const char *body, int code,
+                        const char *param, const char *needle) {
+    rs_error err = {0};
+    int rc = parse(body, strlen(body), out, &err);
+    if (rc != code || strcmp(err.param, param) != 0 || (needle && !strstr(err.message, needle)))
+        RS_TEST_FAIL("%s: rc %d (want %d), param '%s' (want '%s'), message '%s'", body, rc, code, err.param, param,
+                     err.message);
+}
+
+static int shm_parse(const char *b, size_t n, void *out, rs_error *e) { return rs_shm_update_parse(b, n, out, e); }
+static int nccl_parse(const char *b, size_t n, void *out, rs_error *e) { return rs_nccl_update_parse(b, n, out, e); }
+static int group_parse(const char *b, size_t n, void *out, rs_error *e) { return rs_nccl_group_parse(b, n, out, e); }
+static int disk_parse(const char *b, size_t n, void *out, rs_error *e) { return rs_disk_update_parse(b, n, out, e); }
+static int version_parse(const char *b, size_t n, void *out, rs_error *e) {
+    return rs_version_update_parse(b, n, out, e);
+}
+
+RS_TEST(sync_parse_shm_request) {
+    rs_shm_update_req r;
+    rs_error err = {0};
+    const char *ok = "{\"shm_name\":\"/rolloutd-w-1\",\"tensors\":[{\"name\":\"model.norm.weight\",\"dtype\":"
+                     "\"bfloat16\",\"shape\":[4096],\"offset\":0},{\"name\":\"lm_head.weight\",\"dtype\":\"F32\","
+                     "\"shape\":[2,3],\"offset\":8192}],\"is_last\":false,\"weight_version\":\"18\","
+                     "\"abort_all_requests\":false,\"flush_cache\":true}";
+    ASSERT_EQ(rs_shm_update_parse(ok, strlen(ok), &r, &err), RS_OK);
+    ASSERT_STREQ(r.shm_name, "/rolloutd-w-1");
+    ASSERT_EQ(r.n_tensors, 2);
+    ASSERT_EQ(r.tensors[0].dtype, RS_DTYPE_BF16);
+    ASSERT_EQ(r.tensors[0].nbytes, 8192);
+    ASSERT_EQ(r.tensors[1].dtype, RS_DTYPE_F32);
+    ASSERT_EQ(r.tensors[1].nbytes, 24);
+    ASSERT_EQ(r.tensors[1].offset, 8192);
+    ASSERT_EQ(r.is_last, RS_WEIGHT_LAST_NO);
+    ASSERT_TRUE(r.has_version);
+    ASSERT_STREQ(r.weight_version, "18");
+    rs_shm_update_req_free(&r);
+    const char *auto_last = "{\"shm_name\":\"/x\",\"tensors\":[],\"weight_version\":null,\"is_last\":null}";
+    ASSERT_EQ(rs_shm_update_parse(auto_last, strlen(auto_last), &r, &err), RS_OK);
+    ASSERT_EQ(r.is_last, RS_WEIGHT_LAST_AUTO);
+    ASSERT_TRUE(!r.has_version);
+    rs_shm_update_req_free(&r);
+
+    static const struct { const char *body, *param, *needle; int code; } bad[] = {
+        {"{\"shm_name\":\"/x\",\"tensors\":[],\"is_lats\":true}", "is_lats", "unknown field", RS_EINVAL},
+        {"{\"tensors\":[]}", "shm_name", "missing", RS_EINVAL},
+        {"{\"shm_name\":\"/x\"}", "tensors", "missing", RS_EINVAL},
+        {"{\"shm_name\":\"x\",\"tensors\":[]}", "shm_name", "POSIX", RS_EINVAL},
+        {"{\"shm_name\":\"/a/b\",\"tensors\":[]}", "shm_name", "POSIX", RS_EINVAL},
+        {"{\"shm_name\":\"/..\",\"tensors\":[]}", "shm_name", "POSIX", RS_EINVAL},
+        {"{\"shm_name\":\"/\",\"tensors\":[]}", "shm_name", "POSIX", RS_EINVAL},
+        {"{\"shm_name\":\"/x\",\"tensors\":[{\"name\":\"a\",\"dtype\":\"bfloat16\",\"shape\":[1],\"offset\":0,"
+         "\"stride\":1}]}", "tensors[0].stride", "unknown field", RS_EINVAL},
+        {"{\"shm_name\":\"/x\",\"tensors\":[{\"name\":\"a\",\"dtype\":\"bfloat16\",\"shape\":[1]}]}",
+         "tensors[0].offset", "missing", RS_EINVAL},
+        {"{\"shm_name\":\"/x\",\"tensors\":[{\"name\":\"a\",\"dtype\":\"int64\",\"shape\":[1],\"offset\":0}]}",
+         "tensors[0].dtype", "not supported", RS_EUNSUPPORTED},
+        {"{\"shm_name\":\"/x\",\"tensors\":[{\"name\":\"a\",\"dtype\":\"bf16\",\"shape\":[1],\"offset\":0}]}",
+         "tensors[0].dtype", "must be one of", RS_EINVAL},
+        {"{\"shm_name\":\"/x\",\"tensors\":[{\"name\":\"a\",\"dtype\":\"bfloat16\",\"shape\":[2,-1],\"offset\":0}]}",
+         "tensors[0].shape[1]", ">= 0", RS_EINVAL},
+        {"{\"shm_name\":\"/x\",\"tensors\":[{\"name\":\"a\",\"dtype\":\"bfloat16\",\"shape\":[1,1,1,1,1],"
+         "\"offset\":0}]}", "tensors[0].shape", "dimensions", RS_EINVAL},
+        {"{\"shm_name\":\"/x\",\"tensors\":[{\"name\":\"a\",\"dtype\":\"float32\",\"shape\":[4611686018427387904,"
+         "4611686018427387904],\"offset\":0}]}", "tensors[0].shape", "2^62", RS_EINVAL},
+        {"{\"shm_name\":\"/x\",\"tensors\":[{\"name\":\"a\",\"dtype\":\"float32\",\"shape\":[1],\"offset\":"
+         "4611686018427387903}]}", "tensors[0].offset", "2^62", RS_EINVAL},
+        {"{\"shm_name\":\"/x\",\"tensors\":[{\"name\":\"a\",\"dtype\":\"float32\",\"shape\":[1],\"offset\":1.5}]}",
+         "tensors[0].offset", "integer", RS_EINVAL},
+        {"{\"shm_name\":\"/x\",\"tensors\":[{\"name\":\"\",\"dtype\":\"float32\",\"shape\":[1],\"offset\":0}]}",
+         "tensors[0].name", "empty", RS_EINVAL},
+        {"{\"shm_name\":\"/x\",\"tensors\":[],\"is_last\":1}", "is_last", "true or false", RS_EINVAL},
+        {"{\"shm_name\":\"/x\",\"tensors\":[],\"weight_version\":18}", "weight_version", "string", RS_EINVAL},
+        {"{\"shm_name\":\"/x\",\"tensors\":[],\"weight_version\":"
+         "\"0123456789012345678901234567890123456789012345678901234567890123\"}", "weight_version", "at most",
+         RS_EINVAL},
+        {"{\"shm_name\":\"/x\",\"tensors\":[],\"weight_version\":\"a\\nb\"}", "weight_version", "control",
+         RS_EINVAL},
+        {"{\"shm_name\":\"/x\",\"shm_name\":\"/y\",\"tensors\":[]}", "", "duplicate", RS_EINVAL},
+        {"[1,2]", "the request body", "object", RS_EINVAL},
+        {"{\"shm_name\":\"/x\",", "", "malformed JSON", RS_EINVAL},
+    };
+    for (size_t i = 0; i < RS_ARRAY_LEN(bad); i++) parse_fails(shm_parse, &r, bad[i].body, bad[i].code, bad[i].param, bad[i].needle);
+}
+
+RS_TEST(sync_parse_nccl_requests) {
+    rs_nccl_update_req u;
+    rs_error err = {0};
+    const char *ok = "{\"names\":[\"a\",\"b\"],\"dtypes\":[\"bfloat16\",\"float8_e4m3fn\"],\"shapes\":[[3,2],[5]],"
+                     "\"group_name\":\"g0\",\"load_format\":\"flattened_bucket\",\"weight_version\":\"18\"}";
+    ASSERT_EQ(rs_nccl_update_parse(ok, strlen(ok), &u, &err), RS_OK);
+    ASSERT_EQ(u.n_tensors, 2);
+    ASSERT_EQ(u.tensors[0].offset, 0);
+    ASSERT_EQ(u.tensors[1].offset, 12);
+    ASSERT_EQ(u.tensors[1].nbytes, 5);
+    ASSERT_EQ(u.total_bytes, 17);
+    ASSERT_TRUE(u.flattened_bucket);
+    ASSERT_EQ(u.is_last, RS_WEIGHT_LAST_AUTO);
+    ASSERT_STREQ(u.group_name, "g0");
+    rs_nccl_update_req_free(&u);
+    const char *plain = "{\"names\":[\"a\"],\"dtypes\":[\"float32\"],\"shapes\":[[1]],\"load_format\":null}";
+    ASSERT_EQ(rs_nccl_update_parse(plain, strlen(plain), &u, &err), RS_OK);
+    ASSERT_TRUE(!u.flattened_bucket);
+    ASSERT_STREQ(u.group_name, "weight_update_group");
+    rs_nccl_update_req_free(&u);
+    parse_fails(nccl_parse, &u, "{\"names\":[\"a\",\"b\"],\"dtypes\":[\"float32\"],\"shapes\":[[1],[1]]}", RS_EINVAL,
+                "dtypes", "entries");
+    parse_fails(nccl_parse, &u, "{\"names\":[],\"dtypes\":[],\"shapes\":[]}", RS_EINVAL, "names", "empty");
+    parse_fails(nccl_parse, &u, "{\"names\":[\"a\"],\"dtypes\":[\"float32\"],\"shapes\":[[1]],\"load_format\":\"x\"}",
+                RS_EUNSUPPORTED, "load_format", NULL);
+    parse_fails(nccl_parse, &u, "{\"names\":[\"a\"],\"dtypes\":[\"float32\"],\"shapes\":[[\"1\"]]}", RS_EINVAL,
+                "shapes[0][0]", "integer");
+
+    rs_nccl_group_req g;
+    char body[600];
+    char id[200] = ""; /* base64 of 128 bytes: 172 characters, ending "=" */
+    for (int i = 0; i < 42; i++) strcat(id, "AAEC");
+    strcat(id, "AAA=");
+    snprintf(body, sizeof body, "{\"master_address\":\"127.0.0.1\",\"master_port\":29711,\"rank_offset\":1,"
+             "\"world_size\":2,\"group_name\":\"g0\",\"backend\":\"nccl\",\"nccl_unique_id_b64\":\"%s\"}", id);
+    ASSERT_EQ(rs_nccl_group_parse(body, strlen(body), &g, &err), RS_OK);
+    ASSERT_TRUE(g.has_unique_id);
+    ASSERT_EQ(g.unique_id[1], 1);
+    ASSERT_EQ(g.unique_id[2], 2);
+    ASSERT_EQ(g.unique_id[127], 0);
+    ASSERT_EQ(g.master_port, 29711);
+    parse_fails(group_parse, &g, "{\"master_address\":\"h\",\"master_port\":1,\"rank_offset\":2,\"world_size\":2}",
+                RS_EINVAL, "rank_offset", "<= 1");
+    parse_fails(group_parse, &g, "{\"master_address\":\"h\",\"master_port\":70000,\"rank_offset\":1,\"world_size\":2}",
+                RS_EINVAL, "master_port", NULL);
+    parse_fails(group_parse, &g, "{\"master_address\":\"h\",\"master_port\":1,\"rank_offset\":1,\"world_size\":2,"
+                "\"backend\":\"gloo\"}", RS_EUNSUPPORTED, "backend", NULL);
+    parse_fails(group_parse, &g, "{\"master_address\":\"h\",\"master_port\":1,\"rank_offset\":1,\"world_size\":2,"
+                "\"nccl_unique_id_b64\":\"AAEC\"}", RS_EINVAL, "nccl_unique_id_b64", "128");
+    rs_nccl_destroy_req dr;
+    ASSERT_EQ(rs_nccl_destroy_parse("{}", 2, &dr, &err), RS_OK);
+    ASSERT_STREQ(dr.group_name, "weight_update_group");
+}
+
+RS_TEST(sync_parse_disk_and_version) {
+    rs_disk_update_req d;
+    rs_error err = {0};
+    const char *ok = "{\"model_path\":\"/ckpt/step18\",\"weight_version\":\"18\",\"load_format\":\"auto\"}";
+    ASSERT_EQ(rs_disk_update_parse(ok, strlen(ok), &d, &err), RS_OK);
+    ASSERT_STREQ(d.model_path, "/ckpt/step18");
+    parse_fails(disk_parse, &d, "{\"model_path\":\"ckpt\"}", RS_EINVAL, "model_path", "absolute");
+    parse_fails(disk_parse, &d, "{\"model_path\":\"/c\",\"load_format\":\"pt\"}", RS_EUNSUPPORTED, "load_format",
+                NULL);
+    rs_version_update_req v;
+    const char *vok = "{\"new_version\":\"18\",\"abort_all_requests\":true}";
+    ASSERT_EQ(rs_version_update_parse(vok, strlen(vok), &v, &err), RS_OK);
+    ASSERT_STREQ(v.new_version, "18");
+    ASSERT_TRUE(v.abort_all_requests);
+    ASSERT_EQ(rs_version_update_parse("{\"new_version\":\"1\"}", 19, &v, &err), RS_OK);
+    ASSERT_TRUE(!v.abort_all_requests); /* never abort by default (reference/engines.md §4.6) */
+    parse_fails(version_parse, &v, "{}", RS_EINVAL, "new_version", "missing");
+    parse_fails(version_parse, &v, "{\"new_version\":\"\"}", RS_EINVAL, "new_version", "empty");
+}
