@@ -218,13 +218,24 @@ def test_batch_over_limit(client):
         complete(client, prompt=[[1]] * 20, n=64)
 
 
+def generated_tokens(daemon):
+    for line in daemon.get("/metrics").text.splitlines():
+        if line.startswith("rolloutd_generation_tokens_total "):
+            return float(line.split()[1])
+    raise AssertionError("rolloutd_generation_tokens_total missing from /metrics")
+
+
 def test_abort_by_request_id(client, daemon):
     import threading
+    import time
     box = {}
+    before = generated_tokens(daemon)
     t = threading.Thread(target=lambda: box.setdefault("r", complete(
         client, prompt=PROMPT, max_tokens=3000, extra_body={"ignore_eos": True, "request_id": "oa-1"})))
     t.start()
-    import time
+    deadline = time.time() + 30  # abort once the request is generating, so partial tokens exist
+    while generated_tokens(daemon) < before + 5 and time.time() < deadline:
+        time.sleep(0.01)
     deadline = time.time() + 10
     while time.time() < deadline:
         r = daemon.post("/abort_request", {"rid": "oa-1"})
