@@ -9,6 +9,7 @@
  * size, which the server caps before calling in, and by RS_WEIGHT_MAX_TENSORS.
  */
 #include "weights.h"
+#include "json_util.h"
 
 #include <jansson.h>
 #include <limits.h>
@@ -18,45 +19,10 @@
 
 /* ---------------------------------------------------------------- field readers */
 
-static void describe(const json_t *v, char *buf, size_t n) {
-    switch (json_typeof(v)) {
-    case JSON_INTEGER: snprintf(buf, n, "%" JSON_INTEGER_FORMAT, json_integer_value(v)); return;
-    case JSON_REAL: snprintf(buf, n, "%g", json_real_value(v)); return;
-    case JSON_TRUE: snprintf(buf, n, "true"); return;
-    case JSON_FALSE: snprintf(buf, n, "false"); return;
-    case JSON_NULL: snprintf(buf, n, "null"); return;
-    case JSON_STRING: snprintf(buf, n, "a string"); return;
-    case JSON_ARRAY: snprintf(buf, n, "a list"); return;
-    case JSON_OBJECT: snprintf(buf, n, "an object"); return;
-    }
-    snprintf(buf, n, "?");
-}
-
-static int bad_type(rs_error *err, const char *param, const char *want, const json_t *v) {
-    char got[64];
-    describe(v, got, sizeof got);
-    return rs_error_set(err, RS_EINVAL, param, "%s must be %s, got %s", param, want, got);
-}
-
-static int get_int(const json_t *v, const char *param, long long min, long long max, long long *out, rs_error *err) {
-    if (!json_is_integer(v)) return bad_type(err, param, "an integer", v);
-    long long x = json_integer_value(v);
-    if (x < min) return rs_error_set(err, RS_EINVAL, param, "%s must be >= %lld, got %lld", param, min, x);
-    if (x > max) return rs_error_set(err, RS_EINVAL, param, "%s must be <= %lld, got %lld", param, max, x);
-    *out = x;
-    return RS_OK;
-}
-
-static int get_bool(const json_t *v, const char *param, bool *out, rs_error *err) {
-    if (!json_is_boolean(v)) return bad_type(err, param, "true or false", v);
-    *out = json_is_true(v);
-    return RS_OK;
-}
-
 /* A string of 1..max bytes without control characters, copied into out[cap > max]. */
 static int get_text(const json_t *v, const char *param, size_t max, char *out, size_t cap, rs_error *err) {
     RS_ASSERT(cap > max);
-    if (!json_is_string(v)) return bad_type(err, param, "a string", v);
+    if (!json_is_string(v)) return rs_json_bad_type(err, param, "a string", v);
     const char *s = json_string_value(v);
     size_t len = json_string_length(v);
     if (len == 0) return rs_error_set(err, RS_EINVAL, param, "%s must not be empty", param);
@@ -81,7 +47,7 @@ static int get_last(const json_t *v, rs_weight_last *out, rs_error *err) {
     *out = RS_WEIGHT_LAST_AUTO;
     if (!v) return RS_OK;
     bool b = false;
-    int rc = get_bool(v, "is_last", &b, err);
+    int rc = rs_json_get_bool(v, "is_last", &b, err);
     if (rc == RS_OK) *out = b ? RS_WEIGHT_LAST_YES : RS_WEIGHT_LAST_NO;
     return rc;
 }
@@ -96,7 +62,7 @@ typedef struct field {
 /* Collects obj's keys into fields[] (matched by name); an unknown key is an error naming it
  * (`prefix` + key). */
 static int collect(const json_t *obj, const char *prefix, field *fields, size_t n, rs_error *err) {
-    if (!json_is_object(obj)) return bad_type(err, prefix[0] ? prefix : "the request body", "an object", obj);
+    if (!json_is_object(obj)) return rs_json_bad_type(err, prefix[0] ? prefix : "the request body", "an object", obj);
     const char *key;
     json_t *v;
     json_object_foreach((json_t *)obj, key, v) {
@@ -164,7 +130,7 @@ const char *rs_weight_dtype_name(rs_dtype dt) {
 }
 
 static int get_dtype(const json_t *v, const char *param, rs_dtype *out, rs_error *err) {
-    if (!json_is_string(v)) return bad_type(err, param, "a dtype string such as \"bfloat16\"", v);
+    if (!json_is_string(v)) return rs_json_bad_type(err, param, "a dtype string such as \"bfloat16\"", v);
     const char *s = json_string_value(v);
     int rc = json_string_length(v) < 64 ? rs_weight_dtype_parse(s, out) : RS_EINVAL;
     if (rc == RS_EUNSUPPORTED)
@@ -182,7 +148,7 @@ static int get_dtype(const json_t *v, const char *param, rs_dtype *out, rs_error
 
 /* shape -> desc->ndim/shape/nbytes, overflow-checked against the dtype's element size. */
 static int get_shape(const json_t *v, const char *param, rs_weight_desc *d, rs_error *err) {
-    if (!json_is_array(v)) return bad_type(err, param, "a list of dimensions", v);
+    if (!json_is_array(v)) return rs_json_bad_type(err, param, "a list of dimensions", v);
     size_t nd = json_array_size(v);
     if (nd > RS_TENSOR_MAX_DIMS)
         return rs_error_set(err, RS_EINVAL, param, "%s has %zu dimensions, at most %d are supported", param, nd,
@@ -192,7 +158,7 @@ static int get_shape(const json_t *v, const char *param, rs_weight_desc *d, rs_e
         char p[300];
         snprintf(p, sizeof p, "%s[%zu]", param, i);
         long long x;
-        int rc = get_int(json_array_get(v, i), p, 0, (long long)RS_WEIGHT_MAX_BYTES, &x, err);
+        int rc = rs_json_get_int(json_array_get(v, i), p, 0, (long long)RS_WEIGHT_MAX_BYTES, &x, err);
         if (rc != RS_OK) return rc;
         if (x > 0 && bytes > RS_WEIGHT_MAX_BYTES / (uint64_t)x)
             return rs_error_set(err, RS_EINVAL, param, "%s describes more than 2^62 bytes", param);
@@ -238,7 +204,7 @@ static int parse_shm_tensor(const json_t *obj, size_t i, rs_weight_desc *d, rs_e
     if ((rc = get_shape(field_get(f, 4, "shape"), param, d, err)) != RS_OK) return rc;
     snprintf(param, sizeof param, "%s.offset", prefix);
     long long off;
-    if ((rc = get_int(field_get(f, 4, "offset"), param, 0, (long long)RS_WEIGHT_MAX_BYTES, &off, err)) != RS_OK)
+    if ((rc = rs_json_get_int(field_get(f, 4, "offset"), param, 0, (long long)RS_WEIGHT_MAX_BYTES, &off, err)) != RS_OK)
         return rc;
     d->offset = (uint64_t)off;
     if (d->offset + d->nbytes > RS_WEIGHT_MAX_BYTES) /* both <= 2^62: the sum cannot wrap */
@@ -248,7 +214,7 @@ static int parse_shm_tensor(const json_t *obj, size_t i, rs_weight_desc *d, rs_e
 }
 
 static int get_tensor_list(const json_t *v, const char *param, rs_weight_desc **out, int *n_out, rs_error *err) {
-    if (!json_is_array(v)) return bad_type(err, param, "a list", v);
+    if (!json_is_array(v)) return rs_json_bad_type(err, param, "a list", v);
     size_t n = json_array_size(v);
     if (n > RS_WEIGHT_MAX_TENSORS)
         return rs_error_set(err, RS_EINVAL, param, "%s has %zu entries, at most %d per request", param, n,
@@ -291,9 +257,9 @@ int rs_shm_update_parse(const char *body, size_t len, rs_shm_update_req *out, rs
                           err)) != RS_OK)
         goto fail;
     if (field_get(f, nf, "abort_all_requests") &&
-        (rc = get_bool(field_get(f, nf, "abort_all_requests"), "abort_all_requests", &r.abort_all_requests, err)))
+        (rc = rs_json_get_bool(field_get(f, nf, "abort_all_requests"), "abort_all_requests", &r.abort_all_requests, err)))
         goto fail;
-    if (field_get(f, nf, "flush_cache") && (rc = get_bool(field_get(f, nf, "flush_cache"), "flush_cache", &ignored,
+    if (field_get(f, nf, "flush_cache") && (rc = rs_json_get_bool(field_get(f, nf, "flush_cache"), "flush_cache", &ignored,
                                                           err)) != RS_OK)
         goto fail;
     json_decref(root);
@@ -337,14 +303,14 @@ int rs_disk_update_parse(const char *body, size_t len, rs_disk_update_req *out, 
                           err)) != RS_OK)
         goto done;
     if (field_get(f, nf, "abort_all_requests") &&
-        (rc = get_bool(field_get(f, nf, "abort_all_requests"), "abort_all_requests", &r->abort_all_requests, err)))
+        (rc = rs_json_get_bool(field_get(f, nf, "abort_all_requests"), "abort_all_requests", &r->abort_all_requests, err)))
         goto done;
     if (field_get(f, nf, "flush_cache") &&
-        (rc = get_bool(field_get(f, nf, "flush_cache"), "flush_cache", &ignored, err)) != RS_OK)
+        (rc = rs_json_get_bool(field_get(f, nf, "flush_cache"), "flush_cache", &ignored, err)) != RS_OK)
         goto done;
     if ((lf = field_get(f, nf, "load_format")) != NULL) {
         if (!json_is_string(lf)) {
-            rc = bad_type(err, "load_format", "null, \"auto\" or \"safetensors\"", lf);
+            rc = rs_json_bad_type(err, "load_format", "null, \"auto\" or \"safetensors\"", lf);
             goto done;
         }
         if (strcmp(json_string_value(lf), "auto") != 0 && strcmp(json_string_value(lf), "safetensors") != 0) {
@@ -374,7 +340,7 @@ int rs_version_update_parse(const char *body, size_t len, rs_version_update_req 
     if ((rc = required(f[0].v, "new_version", err)) != RS_OK) goto done;
     if ((rc = get_text(f[0].v, "new_version", RS_WEIGHT_VERSION_MAX, r.new_version, sizeof r.new_version, err)))
         goto done;
-    if (f[1].v && (rc = get_bool(f[1].v, "abort_all_requests", &r.abort_all_requests, err)) != RS_OK) goto done;
+    if (f[1].v && (rc = rs_json_get_bool(f[1].v, "abort_all_requests", &r.abort_all_requests, err)) != RS_OK) goto done;
     *out = r;
 done:
     json_decref(root);
@@ -442,17 +408,17 @@ int rs_nccl_group_parse(const char *body, size_t len, rs_nccl_group_req *out, rs
     if ((rc = get_text(f[0].v, "master_address", RS_NCCL_ADDRESS_MAX, r->master_address, sizeof r->master_address,
                        err)) != RS_OK)
         goto done;
-    if ((rc = get_int(f[1].v, "master_port", 1, 65535, &x, err)) != RS_OK) goto done;
+    if ((rc = rs_json_get_int(f[1].v, "master_port", 1, 65535, &x, err)) != RS_OK) goto done;
     r->master_port = (int)x;
-    if ((rc = get_int(f[3].v, "world_size", 2, 65536, &x, err)) != RS_OK) goto done;
+    if ((rc = rs_json_get_int(f[3].v, "world_size", 2, 65536, &x, err)) != RS_OK) goto done;
     r->world_size = (int)x;
-    if ((rc = get_int(f[2].v, "rank_offset", 0, r->world_size - 1, &x, err)) != RS_OK) goto done;
+    if ((rc = rs_json_get_int(f[2].v, "rank_offset", 0, r->world_size - 1, &x, err)) != RS_OK) goto done;
     r->rank_offset = (int)x;
     if ((rc = get_group_name(f[4].v, r->group_name, err)) != RS_OK) goto done;
     snprintf(r->backend, sizeof r->backend, "nccl");
     if ((v = f[5].v) != NULL) {
         if (!json_is_string(v)) {
-            rc = bad_type(err, "backend", "\"nccl\"", v);
+            rc = rs_json_bad_type(err, "backend", "\"nccl\"", v);
             goto done;
         }
         if (strcmp(json_string_value(v), "nccl") != 0) {
@@ -463,7 +429,7 @@ int rs_nccl_group_parse(const char *body, size_t len, rs_nccl_group_req *out, rs
     }
     if ((v = f[6].v) != NULL) {
         if (!json_is_string(v)) {
-            rc = bad_type(err, "nccl_unique_id_b64", "a base64 string", v);
+            rc = rs_json_bad_type(err, "nccl_unique_id_b64", "a base64 string", v);
             goto done;
         }
         if (b64_decode_exact(json_string_value(v), json_string_length(v), r->unique_id, RS_NCCL_UNIQUE_ID_BYTES)) {
@@ -505,13 +471,13 @@ int rs_nccl_update_parse(const char *body, size_t len, rs_nccl_update_req *out, 
     if (!json_is_array(dtypes) || json_array_size(dtypes) != (size_t)r.n_tensors) {
         rc = json_is_array(dtypes) ? rs_error_set(err, RS_EINVAL, "dtypes", "dtypes has %zu entries, names has %d",
                                                   json_array_size(dtypes), r.n_tensors)
-                                   : bad_type(err, "dtypes", "a list", dtypes);
+                                   : rs_json_bad_type(err, "dtypes", "a list", dtypes);
         goto fail;
     }
     if (!json_is_array(shapes) || json_array_size(shapes) != (size_t)r.n_tensors) {
         rc = json_is_array(shapes) ? rs_error_set(err, RS_EINVAL, "shapes", "shapes has %zu entries, names has %d",
                                                   json_array_size(shapes), r.n_tensors)
-                                   : bad_type(err, "shapes", "a list", shapes);
+                                   : rs_json_bad_type(err, "shapes", "a list", shapes);
         goto fail;
     }
     for (int i = 0; i < r.n_tensors; i++) {
@@ -533,7 +499,7 @@ int rs_nccl_update_parse(const char *body, size_t len, rs_nccl_update_req *out, 
     if ((rc = get_group_name(f[3].v, r.group_name, err)) != RS_OK) goto fail;
     if ((lf = f[4].v) != NULL) {
         if (!json_is_string(lf)) {
-            rc = bad_type(err, "load_format", "null or \"flattened_bucket\"", lf);
+            rc = rs_json_bad_type(err, "load_format", "null or \"flattened_bucket\"", lf);
             goto fail;
         }
         if (strcmp(json_string_value(lf), "flattened_bucket") != 0) {
@@ -546,8 +512,8 @@ int rs_nccl_update_parse(const char *body, size_t len, rs_nccl_update_req *out, 
     }
     if ((rc = get_version(f[5].v, "weight_version", &r.has_version, r.weight_version, err)) != RS_OK) goto fail;
     if ((rc = get_last(f[6].v, &r.is_last, err)) != RS_OK) goto fail;
-    if (f[7].v && (rc = get_bool(f[7].v, "abort_all_requests", &r.abort_all_requests, err)) != RS_OK) goto fail;
-    if (f[8].v && (rc = get_bool(f[8].v, "flush_cache", &ignored, err)) != RS_OK) goto fail;
+    if (f[7].v && (rc = rs_json_get_bool(f[7].v, "abort_all_requests", &r.abort_all_requests, err)) != RS_OK) goto fail;
+    if (f[8].v && (rc = rs_json_get_bool(f[8].v, "flush_cache", &ignored, err)) != RS_OK) goto fail;
     json_decref(root);
     *out = r;
     return RS_OK;
