@@ -18,37 +18,7 @@
 #include "../../model/presets.h"
 #include "../../model/safetensors.h"
 #include "test.h"
-
-/* ---- a host-memory backend that counts live allocations ---- */
-
-static int live_allocs;
-
-static void *hb_alloc(rs_backend *b, size_t n) {
-    (void)b;
-    live_allocs++;
-    return calloc(1, n ? n : 1);
-}
-static void hb_free(rs_backend *b, void *p) {
-    (void)b;
-    live_allocs--;
-    free(p);
-}
-static void hb_copy(rs_backend *b, void *dst, const void *src, size_t n) {
-    (void)b;
-    memcpy(dst, src, n);
-}
-static void hb_destroy(rs_backend *b) { free(b); }
-
-static const rs_backend_ops hb_ops = {
-    .name = "host-test", .alloc = hb_alloc, .free = hb_free, .upload = hb_copy, .download = hb_copy,
-    .destroy = hb_destroy,
-};
-
-static rs_backend *host_backend(void) {
-    rs_backend *b = calloc(1, sizeof *b);
-    b->ops = &hb_ops;
-    return b;
-}
+#include "test_util.h"
 
 /* ---- helpers ---- */
 
@@ -562,7 +532,7 @@ RS_TEST(model_load_testmodel_qwen3) {
     const char *d = subdir("m");
     rs_model_config c = small_cfg(RS_ARCH_QWEN3);
     write_model(d, &c, 7);
-    rs_backend *b = host_backend();
+    rs_backend *b = rs_test_host_backend();
     rs_model *m = load_ok(d, b);
     ASSERT_EQ(m->cfg.arch, RS_ARCH_QWEN3);
     ASSERT_EQ(m->cfg.head_dim, 16);
@@ -588,13 +558,13 @@ RS_TEST(model_load_testmodel_qwen3) {
     const float *norm = m->layers[0].attn_norm.data;
     for (int i = 0; i < 32; i++) ASSERT_NEAR(norm[i], 1.0, 0.051);
     rs_model_free(m);
-    ASSERT_EQ(live_allocs, 0);
+    ASSERT_EQ(rs_test_live_allocs, 0);
     rs_backend_free(b);
 }
 
 RS_TEST(model_load_testmodel_archs) {
     static const rs_arch archs[] = {RS_ARCH_QWEN2, RS_ARCH_LLAMA, RS_ARCH_QWEN3_MOE};
-    rs_backend *b = host_backend();
+    rs_backend *b = rs_test_host_backend();
     for (size_t i = 0; i < 3; i++) {
         char *d = subdir(rs_arch_name(archs[i]));
         rs_model_config c = small_cfg(archs[i]);
@@ -619,7 +589,7 @@ RS_TEST(model_load_testmodel_archs) {
         ASSERT_EQ(m->cfg.layer_is_moe[1], c.layer_is_moe[1]);
         check_model(d, m);
         rs_model_free(m);
-        ASSERT_EQ(live_allocs, 0);
+        ASSERT_EQ(rs_test_live_allocs, 0);
     }
     rs_backend_free(b);
 }
@@ -728,15 +698,15 @@ static void st_list_free(st_list *L) {
 
 /* Loads dir and expects failure with code, err.param == param and needles in the message. */
 static void expect_load_error(const char *dir, int code, const char *param, const char *n1, const char *n2) {
-    rs_backend *b = host_backend();
-    rs_model *m = (rs_model *)&live_allocs; /* sentinel: must stay untouched */
+    rs_backend *b = rs_test_host_backend();
+    rs_model *m = (rs_model *)&rs_test_live_allocs; /* sentinel: must stay untouched */
     rs_error err = {0};
     int rc = rs_model_load(dir, b, NULL, &m, &err);
     if (rc != code || strcmp(err.param, param) != 0 || !strstr(err.message, n1) || (n2 && !strstr(err.message, n2)))
         RS_TEST_FAIL("rc %d (want %d), param \"%s\" (want \"%s\"), message \"%s\"", rc, code, err.param, param,
                      err.message);
-    ASSERT_TRUE(m == (rs_model *)&live_allocs);
-    ASSERT_EQ(live_allocs, 0); /* everything uploaded before the failure was freed */
+    ASSERT_TRUE(m == (rs_model *)&rs_test_live_allocs);
+    ASSERT_EQ(rs_test_live_allocs, 0); /* everything uploaded before the failure was freed */
     rs_backend_free(b);
 }
 
@@ -819,7 +789,7 @@ RS_TEST(model_load_dtypes) {
     q->dtype = RS_DTYPE_F32;
     q->data = q32;
     st_list_write(L, d, "model.safetensors", 0, L->n);
-    rs_backend *b = host_backend();
+    rs_backend *b = rs_test_host_backend();
     rs_model *m = load_ok(d, b);
     ASSERT_EQ(m->final_norm.dtype, RS_DTYPE_F32);
     ASSERT_EQ(m->layers[0].wq.dtype, RS_DTYPE_F32);
@@ -836,7 +806,7 @@ RS_TEST(model_load_dtypes) {
     st_list_free(L);
     free(q32);
     expect_load_error(d, RS_EUNSUPPORTED, "model.layers.1.mlp.down_proj.weight", "F8_E4M3", "BF16, F16 or F32");
-    ASSERT_EQ(live_allocs, 0);
+    ASSERT_EQ(rs_test_live_allocs, 0);
     rs_backend_free(b);
 }
 
@@ -855,12 +825,12 @@ RS_TEST(model_load_ignores_extra_tensors) {
                                    .data = lm};
     st_list_write(L, d, "model.safetensors", 0, L->n);
     st_list_free(L);
-    rs_backend *b = host_backend();
+    rs_backend *b = rs_test_host_backend();
     rs_model *m = load_ok(d, b);
     ASSERT_TRUE(m->lm_head.data == m->embed.data);
     check_model(d, m);
     rs_model_free(m);
-    ASSERT_EQ(live_allocs, 0);
+    ASSERT_EQ(rs_test_live_allocs, 0);
     rs_backend_free(b);
 }
 
@@ -868,7 +838,7 @@ RS_TEST(model_load_sharded) {
     const char *d = subdir("m");
     rs_model_config c = small_cfg(RS_ARCH_QWEN3_MOE);
     write_model(d, &c, 9);
-    rs_backend *b = host_backend();
+    rs_backend *b = rs_test_host_backend();
     rs_model *single = load_ok(d, b);
 
     /* split into two shards with an index, as save_pretrained does for large models */
@@ -905,7 +875,7 @@ RS_TEST(model_load_sharded) {
     }
     rs_model_free(sharded);
     rs_model_free(single);
-    ASSERT_EQ(live_allocs, 0);
+    ASSERT_EQ(rs_test_live_allocs, 0);
     rs_backend_free(b);
 
     /* a shard named outside the directory is refused even though the file exists there */
@@ -939,7 +909,7 @@ RS_TEST(model_load_rope_inv_freq) {
         0x1.ba2e4ap-12f, 0x1.1f24e4p-12f, 0x1.74eea6p-13f, 0x1.e459c4p-14f, 0x1.3a8748p-14f, 0x1.987f7cp-15f,
         0x1.094564p-15f, 0x1.58863ap-16f, 0x1.bf749ep-17f, 0x1.2291c6p-17f, 0x1.796182p-18f, 0x1.ea20e0p-19f,
         0x1.3e47c8p-19f, 0x1.9d5ef2p-20f};
-    rs_backend *b = host_backend();
+    rs_backend *b = rs_test_host_backend();
 
     rs_model_config c = small_cfg(RS_ARCH_LLAMA);
     c.hidden = 128;
@@ -1002,7 +972,7 @@ RS_TEST(model_load_presets) {
     const char *d = subdir("default");
     ASSERT_EQ(rs_model_preset_write("nope", d, &err), RS_ENOTFOUND);
     ASSERT_EQ(rs_model_preset_write("default", d, &err), RS_OK);
-    rs_backend *b = host_backend();
+    rs_backend *b = rs_test_host_backend();
     rs_model *m = load_ok(d, b);
     const rs_model_config *l = &m->cfg;
     ASSERT_EQ(l->arch, RS_ARCH_QWEN3);
@@ -1022,6 +992,6 @@ RS_TEST(model_load_presets) {
     ASSERT_EQ(l->eos_token_ids[0], 2);
     check_model(d, m);
     rs_model_free(m);
-    ASSERT_EQ(live_allocs, 0);
+    ASSERT_EQ(rs_test_live_allocs, 0);
     rs_backend_free(b);
 }

@@ -27,37 +27,7 @@
 #include "../../model/quant.h"
 #include "../../model/safetensors.h"
 #include "test.h"
-
-/* ---- a host-memory backend that counts live allocations ---- */
-
-static int live_allocs;
-
-static void *hb_alloc(rs_backend *b, size_t n) {
-    (void)b;
-    live_allocs++;
-    return calloc(1, n ? n : 1);
-}
-static void hb_free(rs_backend *b, void *p) {
-    (void)b;
-    live_allocs--;
-    free(p);
-}
-static void hb_copy(rs_backend *b, void *dst, const void *src, size_t n) {
-    (void)b;
-    memcpy(dst, src, n);
-}
-static void hb_destroy(rs_backend *b) { free(b); }
-
-static const rs_backend_ops hb_ops = {
-    .name = "host-test", .alloc = hb_alloc, .free = hb_free, .upload = hb_copy, .download = hb_copy,
-    .destroy = hb_destroy,
-};
-
-static rs_backend *host_backend(void) {
-    rs_backend *b = calloc(1, sizeof *b);
-    b->ops = &hb_ops;
-    return b;
-}
+#include "test_util.h"
 
 /* ---- configs, policies, loading ---- */
 
@@ -126,15 +96,15 @@ static rs_model *load_ok(const char *dir, rs_backend *b, const rs_quant_policy *
 /* Loads dir and expects failure with code, err.param == param and needles in the message. */
 static void expect_load_error(const char *dir, const rs_quant_policy *qp, int code, const char *param,
                               const char *n1, const char *n2) {
-    rs_backend *b = host_backend();
-    rs_model *m = (rs_model *)&live_allocs; /* sentinel: must stay untouched */
+    rs_backend *b = rs_test_host_backend();
+    rs_model *m = (rs_model *)&rs_test_live_allocs; /* sentinel: must stay untouched */
     rs_error err = {0};
     int rc = rs_model_load(dir, b, qp, &m, &err);
     if (rc != code || strcmp(err.param, param) != 0 || !strstr(err.message, n1) || (n2 && !strstr(err.message, n2)))
         RS_TEST_FAIL("rc %d (want %d), param \"%s\" (want \"%s\"), message \"%s\"", rc, code, err.param, param,
                      err.message);
-    ASSERT_TRUE(m == (rs_model *)&live_allocs);
-    ASSERT_EQ(live_allocs, 0);
+    ASSERT_TRUE(m == (rs_model *)&rs_test_live_allocs);
+    ASSERT_EQ(rs_test_live_allocs, 0);
     rs_backend_free(b);
 }
 
@@ -409,7 +379,7 @@ RS_TEST(quant_load_dense_fp8) {
     const char *d = subdir("dense");
     rs_model_config c = make_cfg(RS_ARCH_QWEN3, 3);
     write_model(d, &c, 21);
-    rs_backend *b = host_backend();
+    rs_backend *b = rs_test_host_backend();
     rs_quant_policy fp8 = policy("fp8", "", 0, 0), bf16 = policy("bf16", "", 0, 0);
     rs_model *mb = load_ok(d, b, &bf16);
     rs_model *mq = load_ok(d, b, &fp8);
@@ -447,7 +417,7 @@ RS_TEST(quant_load_dense_fp8) {
     ASSERT_EQ(m->layers[1].wk.dtype, RS_DTYPE_BF16);
     ASSERT_EQ(m->layers[2].wq.dtype, RS_DTYPE_BF16);
     rs_model_free(m);
-    ASSERT_EQ(live_allocs, 0);
+    ASSERT_EQ(rs_test_live_allocs, 0);
     rs_backend_free(b);
 }
 
@@ -462,7 +432,7 @@ RS_TEST(quant_load_biases_and_ragged_blocks) {
     c.n_kv_heads = 1;
     c.head_dim = 40;
     write_model(d, &c, 5);
-    rs_backend *b = host_backend();
+    rs_backend *b = rs_test_host_backend();
     rs_quant_policy fp8 = policy("fp8", "", 0, 0);
     rs_model *m = load_ok(d, b, &fp8);
     check_against_file(d, m, &fp8);
@@ -472,7 +442,7 @@ RS_TEST(quant_load_biases_and_ragged_blocks) {
     ASSERT_EQ(m->layers[1].w_gate.shape[0], 300);
     ASSERT_EQ(m->n_quantized, 2 * 7);
     rs_model_free(m);
-    ASSERT_EQ(live_allocs, 0);
+    ASSERT_EQ(rs_test_live_allocs, 0);
     rs_backend_free(b);
 }
 
@@ -480,7 +450,7 @@ RS_TEST(quant_load_moe_experts_not_router) {
     const char *d = subdir("moe");
     rs_model_config c = make_cfg(RS_ARCH_QWEN3_MOE, 3);
     write_model(d, &c, 33);
-    rs_backend *b = host_backend();
+    rs_backend *b = rs_test_host_backend();
     rs_quant_policy fp8 = policy("fp8", "", 0, 0);
     rs_model *m = load_ok(d, b, &fp8);
     check_against_file(d, m, &fp8);
@@ -506,7 +476,7 @@ RS_TEST(quant_load_moe_experts_not_router) {
     ASSERT_EQ(m->layers[2].e_up[3].dtype, RS_DTYPE_BF16);
     ASSERT_EQ(m->layers[1].e_up[3].dtype, RS_DTYPE_E4M3);
     rs_model_free(m);
-    ASSERT_EQ(live_allocs, 0);
+    ASSERT_EQ(rs_test_live_allocs, 0);
     rs_backend_free(b);
 }
 
@@ -632,7 +602,7 @@ RS_TEST(quant_fp8_checkpoint_roundtrip) {
     ASSERT_TRUE(back.fp8_checkpoint);
     ASSERT_STREQ(back.fp8_not_converted, "lm_head");
 
-    rs_backend *b = host_backend();
+    rs_backend *b = rs_test_host_backend();
     rs_quant_policy fp8 = policy("fp8", "", 0, 0), bf16 = policy("bf16", "", 0, 0);
     rs_model *at_load = load_ok(src, b, &fp8);
     rs_model *stored = load_ok(dst, b, &fp8);
@@ -666,7 +636,7 @@ RS_TEST(quant_fp8_checkpoint_roundtrip) {
     }
     rs_st_close(f);
     rs_model_free(stored);
-    ASSERT_EQ(live_allocs, 0);
+    ASSERT_EQ(rs_test_live_allocs, 0);
     rs_backend_free(b);
 }
 
@@ -674,7 +644,7 @@ RS_TEST(quant_fp8_checkpoint_unconverted_modules) {
     const char *src = subdir("bf16"), *dst = subdir("fp8");
     rs_model_config c = make_cfg(RS_ARCH_QWEN3_MOE, 3);
     write_model(src, &c, 45);
-    rs_backend *b = host_backend();
+    rs_backend *b = rs_test_host_backend();
     rs_quant_policy fp8 = policy("fp8", "", 0, 0);
 
     /* a matrix the checkpoint lists as not converted stays BF16 under the FP8 policy */
@@ -698,7 +668,7 @@ RS_TEST(quant_fp8_checkpoint_unconverted_modules) {
     expect_identical(ref, m);
     rs_model_free(m);
     rs_model_free(ref);
-    ASSERT_EQ(live_allocs, 0);
+    ASSERT_EQ(rs_test_live_allocs, 0);
     rs_backend_free(b);
 }
 
@@ -753,7 +723,7 @@ RS_TEST(quant_fp8_checkpoint_matches_torch_fixture) {
     snprintf(fp8_dir, sizeof fp8_dir, "%s/models/qwen3_fp8", rs_test_fixtures_dir());
     struct stat st;
     if (stat(fp8_dir, &st) != 0) RS_TEST_SKIP("no %s (scripts/make_fixtures.py)", fp8_dir);
-    rs_backend *b = host_backend();
+    rs_backend *b = rs_test_host_backend();
     rs_quant_policy fp8 = policy("fp8", "", 0, 0);
     rs_model *at_load = load_ok(bf16_dir, b, &fp8);
     rs_model *stored = load_ok(fp8_dir, b, &fp8);
@@ -762,6 +732,6 @@ RS_TEST(quant_fp8_checkpoint_matches_torch_fixture) {
     expect_identical(at_load, stored);
     rs_model_free(stored);
     rs_model_free(at_load);
-    ASSERT_EQ(live_allocs, 0);
+    ASSERT_EQ(rs_test_live_allocs, 0);
     rs_backend_free(b);
 }

@@ -21,6 +21,7 @@
 #include "../../model/update.h"
 #include "../../sync/transaction.h"
 #include "test.h"
+#include "test_util.h"
 
 /* ---------------------------------------------------------------- helpers */
 
@@ -84,27 +85,9 @@ static rs_model *load(const char *dir, rs_backend *b, const rs_quant_policy *qp)
 /* Logits of every position of a fixed token sequence, [n][vocab] (malloc'd), through an F32 KV pool. */
 enum { N_TOK = 12 };
 static float *logits_of(rs_model *m) {
-    const rs_model_config *c = &m->cfg;
-    rs_kv_pool p;
-    ASSERT_EQ(rs_kv_pool_init(&p, m->backend, c->n_layers, c->n_kv_heads, c->head_dim, RS_DTYPE_F32, 1 << 20), RS_OK);
-    rs_kv_seq s = {0};
-    ASSERT_EQ(rs_kv_seq_reserve(&p, &s, N_TOK), RS_OK);
-    int32_t tok[N_TOK], pos[N_TOK], slot[N_TOK], rows[N_TOK];
-    for (int i = 0; i < N_TOK; i++) {
-        tok[i] = (int32_t)((i * 37 + 5) % c->vocab_size);
-        pos[i] = rows[i] = i;
-        slot[i] = rs_kv_slot(&s, i);
-    }
-    int32_t start[2] = {0, N_TOK}, ctx[1] = {N_TOK};
-    rs_batch bt = {.n_tok = N_TOK, .n_seq = 1, .tokens = tok, .pos = pos, .slot = slot, .seq_start = start,
-                   .seq_ctx = ctx, .block_tables = s.blocks, .max_blocks = s.n_blocks};
-    float *out = malloc(sizeof(float) * N_TOK * (size_t)c->vocab_size);
-    rs_forward_ctx *f = rs_forward_ctx_init(m, N_TOK, N_TOK);
-    rs_forward(f, &bt, p.layers, rows, N_TOK, out);
-    rs_forward_ctx_free(f);
-    rs_kv_seq_release(&p, &s);
-    rs_kv_pool_free(&p);
-    return out;
+    int32_t tok[N_TOK];
+    for (int i = 0; i < N_TOK; i++) tok[i] = (int32_t)((i * 37 + 5) % m->cfg.vocab_size);
+    return rs_test_logits(m, tok, N_TOK);
 }
 
 static void expect_same_logits(rs_model *a, rs_model *b) {

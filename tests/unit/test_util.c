@@ -1,0 +1,67 @@
+/*
+ * test_util.c — helpers shared by the unit tests (see test_util.h).
+ */
+#include "test_util.h"
+
+#include "../../kvcache/kvcache.h"
+#include "test.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+int rs_test_live_allocs;
+
+static void *hb_alloc(rs_backend *b, size_t n) {
+    (void)b;
+    rs_test_live_allocs++;
+    return calloc(1, n ? n : 1);
+}
+
+static void hb_free(rs_backend *b, void *p) {
+    (void)b;
+    rs_test_live_allocs--;
+    free(p);
+}
+
+static void hb_copy(rs_backend *b, void *dst, const void *src, size_t n) {
+    (void)b;
+    memcpy(dst, src, n);
+}
+
+static void hb_destroy(rs_backend *b) { free(b); }
+
+static const rs_backend_ops hb_ops = {
+    .name = "host-test", .alloc = hb_alloc, .free = hb_free, .upload = hb_copy, .download = hb_copy,
+    .copy = hb_copy, .destroy = hb_destroy,
+};
+
+rs_backend *rs_test_host_backend(void) {
+    rs_backend *b = calloc(1, sizeof *b);
+    b->ops = &hb_ops;
+    return b;
+}
+
+float *rs_test_logits(rs_model *m, const int32_t *tokens, int n) {
+    const rs_model_config *c = &m->cfg;
+    rs_kv_pool p;
+    ASSERT_EQ(rs_kv_pool_init(&p, m->backend, c->n_layers, c->n_kv_heads, c->head_dim, RS_DTYPE_F32, 1 << 20), RS_OK);
+    rs_kv_seq s = {0};
+    ASSERT_EQ(rs_kv_seq_reserve(&p, &s, n), RS_OK);
+    int32_t *pos = malloc(sizeof(int32_t) * (size_t)n), *slot = malloc(sizeof(int32_t) * (size_t)n);
+    for (int i = 0; i < n; i++) {
+        pos[i] = i;
+        slot[i] = rs_kv_slot(&s, i);
+    }
+    int32_t start[2] = {0, n}, ctx[1] = {n};
+    rs_batch bt = {.n_tok = n, .n_seq = 1, .tokens = tokens, .pos = pos, .slot = slot, .seq_start = start,
+                   .seq_ctx = ctx, .block_tables = s.blocks, .max_blocks = s.n_blocks};
+    float *out = malloc(sizeof(float) * (size_t)n * (size_t)c->vocab_size);
+    rs_forward_ctx *f = rs_forward_ctx_init(m, n, n);
+    rs_forward(f, &bt, p.layers, pos /* every row: 0..n-1 */, n, out);
+    rs_forward_ctx_free(f);
+    rs_kv_seq_release(&p, &s);
+    rs_kv_pool_free(&p);
+    free(pos);
+    free(slot);
+    return out;
+}
