@@ -372,7 +372,8 @@ static void on_mhd_log(void *cls, const char *fmt, va_list ap) {
     /* how MHD reports a client that left (its job is aborted) and the connections this module
      * ends on purpose (a client found gone, a stream cut): expected, so not warnings */
     static const char *const expected[] = {"Application reported internal error", "application error generating",
-                                           "closed by remote peer", "Connection reset"};
+                                           "closed by remote peer", "Connection reset",
+                                           "socket is no longer available for sending"};
     rs_log_level lvl = RS_LOG_LEVEL_WARN;
     for (size_t i = 0; i < RS_ARRAY_LEN(expected); i++)
         if (strstr(line, expected[i])) lvl = RS_LOG_LEVEL_DEBUG;
