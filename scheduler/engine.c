@@ -106,6 +106,7 @@ typedef struct rs_ctl {
     int arg;                    /* RS_CTL_PAUSE: rs_pause_mode */
     rs_weights_apply_fn apply;  /* RS_CTL_WEIGHTS */
     void *apply_ctx;
+    const float *k_scales, *v_scales; /* RS_CTL_WEIGHTS: pushed static KV scales, or NULL */
     const char *version;        /* RS_CTL_WEIGHTS, RS_CTL_VERSION */
     double seconds;             /* RS_CTL_WEIGHTS: time the step loop was held */
     rs_error *err;
@@ -981,7 +982,11 @@ static void set_weight_version(rs_engine *e, const char *version) {
  * retracted and recompute their tokens with the new weights (so every token's logprob is exactly
  * that of the version it reports), waiting ones drop matched or forked pages, the prefix cache is
  * dropped, and per-head FP8 KV scales are recalibrated for the new weights. */
-static int after_weight_change(rs_engine *e, rs_error *err) {
+bool rs_engine_takes_kv_scales(const rs_engine *e) {
+    return e->opts.kv_scales_static && e->pool.layers[0].scale_mode == RS_KV_SCALE_PER_HEAD;
+}
+
+static int after_weight_change(rs_engine *e, const float *k_scales, const float *v_scales, rs_error *err) {
     while (e->n_running > 0) preempt(e, e->running[e->n_running - 1]);
     for (rs_seq *s = e->wait_head; s; s = s->next) {
         if (s->kv.n_blocks == 0) continue;
@@ -989,7 +994,13 @@ static int after_weight_change(rs_engine *e, rs_error *err) {
         s->n_computed = 0;
     }
     rs_kv_pool_flush_cache(&e->pool);
-    return rs_engine_calibrate_kv(e, err); /* no-op unless per-head FP8 scales */
+    if (k_scales && rs_engine_takes_kv_scales(e)) {
+        if (rs_kv_pool_set_scales(&e->pool, k_scales, v_scales) != RS_OK)
+            return rs_error_set(err, RS_EINVAL, "k_scale", "the pushed KV scales are unusable");
+        RS_INFO("kv cache: static per-head FP8 scales from the weight update");
+        return RS_OK;
+    }
+    return rs_engine_calibrate_kv(e, err); /* no-op unless calibrated per-head FP8 scales */
 }
 
 static void apply_control(rs_engine *e, rs_ctl *c) {
@@ -1013,7 +1024,7 @@ static void apply_control(rs_engine *e, rs_ctl *c) {
     case RS_CTL_WEIGHTS: {
         double t0 = rs_now_s();
         c->apply(e->model, c->apply_ctx);
-        c->rc = after_weight_change(e, c->err);
+        c->rc = after_weight_change(e, c->k_scales, c->v_scales, c->err);
         set_weight_version(e, c->version);
         e->stats.weight_updates++;
         c->seconds = rs_now_s() - t0;
@@ -1066,9 +1077,10 @@ static int engine_control(rs_engine *e, rs_ctl_kind kind, int arg) {
     return engine_control_req(e, &c);
 }
 
-int rs_engine_update_weights(rs_engine *e, rs_weights_apply_fn apply, void *ctx, const char *version,
-                             double *seconds_paused, rs_error *err) {
-    rs_ctl c = {.kind = RS_CTL_WEIGHTS, .apply = apply, .apply_ctx = ctx, .version = version, .err = err};
+int rs_engine_update_weights(rs_engine *e, rs_weights_apply_fn apply, void *ctx, const float *k_scales,
+                             const float *v_scales, const char *version, double *seconds_paused, rs_error *err) {
+    rs_ctl c = {.kind = RS_CTL_WEIGHTS, .apply = apply, .apply_ctx = ctx, .k_scales = k_scales,
+                .v_scales = v_scales, .version = version, .err = err};
     int rc = engine_control_req(e, &c);
     if (seconds_paused) *seconds_paused = c.seconds;
     if (rc == RS_EBUSY) return rs_error_set(err, rc, NULL, "the engine is shutting down");

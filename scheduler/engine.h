@@ -185,12 +185,18 @@ int rs_engine_flush_cache(rs_engine *e, rs_error *err);
  * fail happens before, while staging). Then sequences in flight are retracted and recompute
  * their tokens with the new weights (KV from the old weights is never read again, so a token's
  * logprob is exactly that of the version it reports), the prefix cache is dropped, per-head FP8
- * KV scales are recalibrated, and weight_version is set. In-flight requests are not aborted:
+ * KV scales are recalibrated (static mode: set from k_scales / v_scales [n_layers][n_kv_heads]
+ * when given, validated by the caller; otherwise kept), and weight_version is set. In-flight requests are not aborted:
  * tokens sampled after the commit come from the new weights, and outputs record version spans.
  * Thread-safe; returns once committed. RS_EBUSY when the engine is shutting down. */
 typedef void (*rs_weights_apply_fn)(rs_model *m, void *ctx);
-int rs_engine_update_weights(rs_engine *e, rs_weights_apply_fn apply, void *ctx, const char *version,
-                             double *seconds_paused, rs_error *err);
+int rs_engine_update_weights(rs_engine *e, rs_weights_apply_fn apply, void *ctx, const float *k_scales,
+                             const float *v_scales, const char *version, double *seconds_paused, rs_error *err);
+
+/* Whether rs_engine_update_weights applies pushed KV scales: FP8 KV with static per-head scales
+ * (--kv-scale-mode static). Otherwise pushed scales are not used: calibrate recomputes them from
+ * the new weights, dynamic and BF16 KV have none. */
+bool rs_engine_takes_kv_scales(const rs_engine *e);
 
 /* Relabels the weights in service (no weight change); later tokens report `version`. */
 int rs_engine_set_weight_version(rs_engine *e, const char *version, rs_error *err);

@@ -155,6 +155,7 @@ int rs_sync_txn_finish(rs_sync *s, rs_weight_last last, bool abort_all, rs_sync_
     commit_stats c = {.bytes = rs_update_received_bytes(u)};
     const double t_begin = rs_update_started_at(u);
     const size_t staged = rs_update_staged_bytes(u);
+    const bool kv_pushed = rs_update_has_kv_scales(u);
     int rc = rs_update_commit(u, s->e, abort_all, &c.paused, err);
     stats_add(s, st_txn_state, s);
     if (rc != RS_OK) {
@@ -169,8 +170,12 @@ int rs_sync_txn_finish(rs_sync *s, rs_weight_last last, bool abort_all, rs_sync_
     res->seconds_paused = c.paused;
     snprintf(res->message, sizeof res->message,
              "committed %d parameters (%.1f MiB received, %.1f MiB staged) in %.3f s since the first bucket; "
-             "generation held %.3f s", res->n_required, (double)c.bytes / (1 << 20), (double)staged / (1 << 20),
-             c.seconds, c.paused);
+             "generation held %.3f s%s", res->n_required, (double)c.bytes / (1 << 20), (double)staged / (1 << 20),
+             c.seconds, c.paused,
+             !kv_pushed ? ""
+             : s->e && rs_engine_takes_kv_scales(s->e)
+                 ? "; KV scales from this update"
+                 : "; the pushed KV scales are unused (only --kv-cache-dtype fp8 --kv-scale-mode static takes them)");
     RS_INFO("sync | version '%s' in service: %s", rs_engine_weight_version(s->e), res->message);
     return RS_OK;
 }

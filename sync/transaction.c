@@ -19,6 +19,7 @@
 #include <string.h>
 
 #include "../kernels/fp8.h"
+#include "../model/kv_scales.h"
 #include "../model/update.h"
 
 typedef struct staged {
@@ -40,6 +41,10 @@ struct rs_update {
     double t_begin;
     char version[RS_UPDATE_VERSION_BYTES];
     bool applied;                       /* the swap ran (set on the engine thread) */
+    /* pushed static FP8 KV scales (model.layers.N.self_attn.k_scale / v_scale): all or none */
+    float *kv_k, *kv_v;                 /* [n_layers][n_kv_heads]; NULL until the first one */
+    uint8_t *kv_seen;                   /* [n_layers]: bit 0 k_scale, bit 1 v_scale */
+    int kv_count;                       /* scale tensors staged */
 };
 
 static void fmt_shape(char *buf, size_t cap, int ndim, const int64_t *shape) {
@@ -68,6 +73,9 @@ int rs_update_begin(rs_update **out, rs_model *m, const char *version, size_t st
 void rs_update_abort(rs_update *u) {
     if (!u) return;
     rs_weight_store_free(u->stage); /* everything staged and not adopted */
+    free(u->kv_k);
+    free(u->kv_v);
+    free(u->kv_seen);
     free(u->e);
     free(u);
 }
@@ -84,7 +92,11 @@ int rs_update_n_required(const rs_update *u) { return u->n_params; }
 size_t rs_update_staged_bytes(const rs_update *u) { return rs_weight_store_bytes(u->stage); }
 uint64_t rs_update_received_bytes(const rs_update *u) { return u->received; }
 double rs_update_started_at(const rs_update *u) { return u->t_begin; }
-bool rs_update_complete(const rs_update *u) { return u->n_complete == u->n_params; }
+bool rs_update_has_kv_scales(const rs_update *u) { return u->kv_count > 0; }
+
+bool rs_update_complete(const rs_update *u) {
+    return u->n_complete == u->n_params && (u->kv_count == 0 || u->kv_count == 2 * u->m->cfg.n_layers);
+}
 
 static bool entry_complete(const staged *s) {
     return s->has_data && (s->t.dtype != RS_DTYPE_E4M3 || s->has_scale);
@@ -134,10 +146,49 @@ static int add_scale(rs_update *u, staged *s, const rs_update_tensor *t, const r
     return RS_OK;
 }
 
+/* `model.layers.L.self_attn.k_scale` / `v_scale`: staged beside the weights, handed to the
+ * engine at the commit (it applies them under --kv-scale-mode static; other modes recompute or
+ * need no scales). */
+static int add_kv_scale(rs_update *u, const rs_update_tensor *t, int layer, bool is_v, rs_error *err) {
+    const rs_model_config *c = &u->m->cfg;
+    const size_t n = (size_t)c->n_layers * (size_t)c->n_kv_heads;
+    const uint8_t bit = is_v ? 2 : 1;
+    if (u->kv_seen && (u->kv_seen[layer] & bit))
+        return rs_error_set(err, RS_EINVAL, t->name, "duplicate tensor '%s' in this update", t->name);
+    if (!t->data) return rs_error_set(err, RS_EINVAL, t->name, "tensor '%s' has no data", t->name);
+    if (!u->kv_k) {
+        u->kv_k = rs_xcalloc(n, sizeof(float));
+        u->kv_v = rs_xcalloc(n, sizeof(float));
+        u->kv_seen = rs_xcalloc((size_t)c->n_layers, 1);
+    }
+    /* a failure leaves the row half written but unmarked, and the sync service drops the update */
+    int rc = rs_kv_scale_parse(t->name, t->dtype, t->ndim, t->shape, t->data, c->n_kv_heads,
+                               (is_v ? u->kv_v : u->kv_k) + (size_t)layer * c->n_kv_heads, err);
+    if (rc != RS_OK) return rc;
+    u->kv_seen[layer] |= bit;
+    u->kv_count++;
+    u->received += (uint64_t)(t->dtype < RS_DTYPE_COUNT ? rs_dtype_size(t->dtype) : 0) *
+                   (uint64_t)(t->ndim == 1 ? t->shape[0] : 1);
+    return RS_OK;
+}
+
+static bool ends_with(const char *s, const char *sfx) {
+    size_t n = strlen(s), k = strlen(sfx);
+    return n >= k && strcmp(s + n - k, sfx) == 0;
+}
+
 int rs_update_add(rs_update *u, const rs_update_tensor *t, rs_error *err) {
     const char *name = t->name;
+    int kv_layer;
+    bool kv_is_v;
+    if (rs_kv_scale_name(name, u->m->cfg.n_layers, &kv_layer, &kv_is_v))
+        return add_kv_scale(u, t, kv_layer, kv_is_v, err);
     rs_slot_info info;
     rs_tensor *slot = rs_model_slot(u->m, name, &info);
+    if (!slot && ends_with(name, ".q_scale"))
+        return rs_error_set(err, RS_EINVAL, name,
+                            "'%s' is a query scale: rolloutd keeps attention queries in fp32 and has none; push only "
+                            "self_attn.k_scale and v_scale (or no KV scales)", name);
     if (!slot)
         return rs_error_set(err, RS_EINVAL, name, "unknown tensor '%s': %s has no such parameter", name,
                             rs_arch_name(u->m->cfg.arch));
@@ -264,6 +315,15 @@ static int missing_error(rs_update *u, rs_error *err) {
                             "missing tensor '%s' at is_last: every parameter must be sent; the update is dropped "
                             "(%d of %d parameters staged)", name, u->n_complete, u->n_params);
     }
+    for (int l = 0; u->kv_count > 0 && l < u->m->cfg.n_layers; l++) {
+        if (u->kv_seen[l] == 3) continue;
+        char name[96];
+        snprintf(name, sizeof name, "model.layers.%d.self_attn.%s", l, (u->kv_seen[l] & 1) ? "v_scale" : "k_scale");
+        return rs_error_set(err, RS_EINVAL, name,
+                            "missing tensor '%s' at is_last: KV scales are pushed for every layer (k_scale and "
+                            "v_scale) or not at all; %d of %d staged; the update is dropped", name, u->kv_count,
+                            2 * u->m->cfg.n_layers);
+    }
     return rs_error_set(err, RS_EINTERNAL, NULL, "update incomplete but no parameter is missing");
 }
 
@@ -281,7 +341,7 @@ int rs_update_commit(rs_update *u, rs_engine *e, bool abort_all, double *seconds
         char version[RS_UPDATE_VERSION_BYTES];
         snprintf(version, sizeof version, "%s", u->version[0] ? u->version : rs_engine_weight_version(e));
         if (abort_all) rs_engine_abort(e, NULL);
-        rc = rs_engine_update_weights(e, apply, u, version, seconds_paused, err);
+        rc = rs_engine_update_weights(e, apply, u, u->kv_k, u->kv_v, version, seconds_paused, err);
     }
     /* After the swap the model owns every staged allocation and staging is empty; if the engine
      * refused (shutting down) nothing was swapped and staging is freed here. A failure after the

@@ -74,8 +74,15 @@ int rs_update_begin(rs_update **out, rs_model *m, const char *version, size_t st
  * whether to abort (the sync service always does). */
 int rs_update_add(rs_update *u, const rs_update_tensor *t, rs_error *err);
 
-/* True when every parameter of the model (a tied lm_head excepted) is staged, FP8 pairs whole. */
+/* True when every parameter of the model (a tied lm_head excepted) is staged, FP8 pairs whole,
+ * and the pushed KV scales, if any, cover every layer (k_scale and v_scale). */
 bool rs_update_complete(const rs_update *u);
+
+/* True when the update carries static FP8 KV scales (`model.layers.N.self_attn.k_scale` /
+ * `v_scale`). They are optional; once one is sent, every layer's pair is required at the commit,
+ * which hands them to the engine (applied under --kv-scale-mode static, see
+ * rs_engine_takes_kv_scales). A `*.q_scale` is refused: queries stay fp32. */
+bool rs_update_has_kv_scales(const rs_update *u);
 
 /* Commits and ends the transaction (u is freed whether or not it succeeds). If a parameter is
  * missing, returns RS_EINVAL naming the first one in the model's order (or an FP8 half-pair) and

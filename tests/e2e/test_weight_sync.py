@@ -10,6 +10,9 @@ golden.json / golden_fp8.json transformers computed. After a push the daemon mus
   - corrupt updates (unknown name, wrong shape or dtype, offset beyond the segment, a segment too
     small, a missing tensor at is_last, no such segment, ...) each get 400 and change nothing
     (outputs and version compared before/after), also when an earlier bucket was accepted;
+  - static FP8 KV scales (self_attn.k_scale / v_scale) pushed with the weights: a daemon in
+    --kv-scale-mode static then serves exactly what a daemon started on a checkpoint holding those
+    scales serves; a partial set or a q_scale gets 400; calibrate mode says it does not use them;
   - generation keeps running through 20 back-to-back updates: every request completes, every version
     span is a version that was pushed, and every token's logprob is what the weights of its reported
     version give (teacher-forced on daemons started on those weights; bf16, f32 KV);
@@ -248,6 +251,82 @@ def test_corrupt_updates_rejected(rolloutd):
     finally:
         seg.close()
         small.close()
+
+
+# ================================================================ static KV scales
+
+STATIC_KV_ARGS = ["--quantization", "bf16", "--kv-cache-dtype", "fp8", "--kv-scale-mode", "static"]
+
+
+def _with_kv_scales(src, dst, k, v):
+    """Copies checkpoint dir src to dst with per-layer, per-KV-head F32 self_attn.k_scale / v_scale
+    (k, v: [layers][kv heads]) appended to model.safetensors."""
+    import json
+    import struct
+    shutil.copytree(src, dst, ignore=shutil.ignore_patterns("perturbed", "golden*.json"))
+    sd = load_file(src / "model.safetensors", raw=True)
+    for l, (kl, vl) in enumerate(zip(k, v)):
+        for which, vals in (("k_scale", kl), ("v_scale", vl)):
+            sd[f"model.layers.{l}.self_attn.{which}"] = (memoryview(np.asarray(vals, "<f4").tobytes()), "float32",
+                                                          (len(vals),))
+    header, off = {}, 0
+    st = {"bfloat16": "BF16", "float32": "F32"}
+    for name, (mv, dt, shape) in sd.items():
+        header[name] = {"dtype": st[dt], "shape": list(shape), "data_offsets": [off, off + len(mv)]}
+        off += len(mv)
+    h = json.dumps(header).encode()
+    h += b" " * (-len(h) % 8)
+    with open(dst / "model.safetensors", "wb") as f:
+        f.write(struct.pack("<Q", len(h)) + h)
+        for mv, _, _ in sd.values():
+            f.write(mv)
+    return sd
+
+
+def test_shm_push_kv_scales(rolloutd, tmp_path):
+    import json
+    cfg = json.loads((ORIG / "config.json").read_text())
+    layers, heads = cfg["num_hidden_layers"], cfg["num_key_value_heads"]
+    ka = [[0.02 + 0.01 * h for h in range(heads)] for _ in range(layers)]
+    va = [[0.01 + 0.005 * h for h in range(heads)] for _ in range(layers)]
+    kb = [[4 * x for x in row] for row in ka]
+    vb = [[3 * x for x in row] for row in va]
+    _with_kv_scales(ORIG, tmp_path / "a", ka, va)
+    sd_b = _with_kv_scales(ORIG, tmp_path / "b", kb, vb)
+    prompts = golden(ORIG, "golden.json")["prompts"]
+
+    ref = rolloutd(tmp_path / "b", *STATIC_KV_ARGS)   # the reference: started on scales b
+    want = prompt_lps(score_all(ref, prompts))
+    ref.stop()
+    d = rolloutd(tmp_path / "a", *STATIC_KV_ARGS)
+    c = Client(d.url)
+    before = prompt_lps(score_all(d, prompts))
+    assert before != want, "k/v scales 4x and 3x larger should change FP8-KV logprobs"
+
+    res = c.push_weights(sd_b, version="kv-b", bucket_bytes=64 << 10)
+    assert "KV scales from this update" in res.response["message"], res.response
+    assert prompt_lps(score_all(d, prompts)) == want, "pushed KV scales serve differently from loaded ones"
+
+    # a push without scales keeps them; a partial set and a q_scale are refused whole
+    no_scales = {k: t for k, t in sd_b.items() if not k.endswith(("k_scale", "v_scale"))}
+    c.push_weights(no_scales, version="kv-kept")
+    assert prompt_lps(score_all(d, prompts)) == want
+    partial = {k: t for k, t in sd_b.items() if not k.startswith(f"model.layers.{layers - 1}.self_attn.v_scale")}
+    with pytest.raises(RolloutdError) as ei:
+        c.push_weights(partial, version="kv-partial")
+    assert ei.value.status == 400 and f"model.layers.{layers - 1}.self_attn.v_scale" in str(ei.value)
+    q_scale = dict(no_scales)
+    q_scale["model.layers.0.self_attn.q_scale"] = (memoryview(np.float32(0.1).tobytes()), "float32", ())
+    with pytest.raises(RolloutdError) as ei:
+        c.push_weights(q_scale, version="kv-q")
+    assert ei.value.status == 400 and "query scale" in str(ei.value)
+    assert prompt_lps(score_all(d, prompts)) == want and c.get_weight_version() == "kv-kept"
+    d.stop()
+
+    # calibrate mode takes the push and says the scales are not used
+    d = rolloutd(tmp_path / "a", "--quantization", "bf16", "--kv-cache-dtype", "fp8")
+    res = Client(d.url).push_weights(sd_b, version="kv-cal")
+    assert "pushed KV scales are unused" in res.response["message"], res.response
 
 
 # ================================================================ updates under load

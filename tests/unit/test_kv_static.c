@@ -1,15 +1,20 @@
 /*
  * test_kv_static.c — the "static" FP8 KV scale mode reads self_attn.k_scale / v_scale from the
  * checkpoint. Writing the scales that calibration computes into the checkpoint must give exactly
- * the logprobs of calibrate mode; a checkpoint without them is refused at start.
+ * the logprobs of calibrate mode; a checkpoint without them is refused at start. Scales pushed
+ * with a weight update replace them exactly as loading a checkpoint that holds them would.
  */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "../../kvcache/calibrate.h"
+#include "../../model/kv_scales.h"
 #include "../../model/presets.h"
 #include "../../model/safetensors.h"
 #include "../../scheduler/engine.h"
+#include "../../sync/transaction.h"
 #include "test.h"
 
 static void small_config(rs_model_config *c) {
@@ -49,10 +54,42 @@ static void score(rs_engine *e, float *out /* [39] */) {
     rs_gen_job_free(j);
 }
 
-RS_TEST(kv_static_scales_from_checkpoint) {
-    char dir[512], path[600];
-    snprintf(dir, sizeof dir, "%s/m", rs_test_tmpdir());
+enum { L = 2, H = 2 }; /* small_config's layers and KV heads */
+
+/* Rewrites dir's model.safetensors with per-head k[L*H], v[L*H] as self_attn.k_scale / v_scale. */
+static void add_scales(const char *dir, int nl, int nh, const float *k, const float *v) {
+    char path[600], tmp[700];
     snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    snprintf(tmp, sizeof tmp, "%s.new", path);
+    rs_error err = {0};
+    rs_st_file *f = NULL;
+    ASSERT_EQ(rs_st_open(&f, path, &err), RS_OK);
+    size_t n = rs_st_count(f);
+    rs_st_wtensor *w = calloc(n + 2 * (size_t)nl, sizeof *w);
+    char(*names)[64] = calloc(2 * (size_t)nl, 64);
+    for (size_t i = 0; i < n; i++) {
+        const rs_st_tensor *t = rs_st_tensor_at(f, i);
+        w[i] = (rs_st_wtensor){.name = t->name, .dtype = t->dtype, .ndim = t->ndim, .data = t->data};
+        for (int d = 0; d < t->ndim; d++) w[i].shape[d] = t->shape[d];
+    }
+    for (int l = 0; l < nl; l++) {
+        for (int kv = 0; kv < 2; kv++) {
+            int i = 2 * l + kv;
+            snprintf(names[i], 64, "model.layers.%d.self_attn.%s", l, kv ? "v_scale" : "k_scale");
+            w[n + i] = (rs_st_wtensor){.name = names[i], .dtype = RS_DTYPE_F32, .ndim = 1, .shape = {nh},
+                                       .data = (kv ? v : k) + l * nh};
+        }
+    }
+    ASSERT_EQ(rs_st_write(tmp, w, n + 2 * (size_t)nl, &err), RS_OK);
+    rs_st_close(f);
+    ASSERT_EQ(rename(tmp, path), 0);
+    free(w);
+    free(names);
+}
+
+RS_TEST(kv_static_scales_from_checkpoint) {
+    char dir[512];
+    snprintf(dir, sizeof dir, "%s/m", rs_test_tmpdir());
     rs_model_config cfg;
     small_config(&cfg);
     rs_error err = {0};
@@ -66,34 +103,10 @@ RS_TEST(kv_static_scales_from_checkpoint) {
     ASSERT_STREQ(err.param, "model.layers.0.self_attn.k_scale");
 
     /* calibrate mode's scales, written into the checkpoint as per-head tensors */
-    enum { L = 2, H = 2 };
     float k[L * H], v[L * H];
     rs_kv_calib_opts co = {.percentile = 1.0f, .margin = 1.2f};
     ASSERT_EQ(rs_kv_calibrate(m, &co, k, v, &err), RS_OK);
-    rs_st_file *f = NULL;
-    ASSERT_EQ(rs_st_open(&f, path, &err), RS_OK);
-    size_t n = rs_st_count(f);
-    rs_st_wtensor *w = calloc(n + 2 * L, sizeof *w);
-    char names[2 * L][64];
-    for (size_t i = 0; i < n; i++) {
-        const rs_st_tensor *t = rs_st_tensor_at(f, i);
-        w[i] = (rs_st_wtensor){.name = t->name, .dtype = t->dtype, .ndim = t->ndim, .data = t->data};
-        for (int d = 0; d < t->ndim; d++) w[i].shape[d] = t->shape[d];
-    }
-    for (int l = 0; l < L; l++) {
-        for (int kv = 0; kv < 2; kv++) {
-            int i = 2 * l + kv;
-            snprintf(names[i], sizeof names[i], "model.layers.%d.self_attn.%s", l, kv ? "v_scale" : "k_scale");
-            w[n + i] = (rs_st_wtensor){.name = names[i], .dtype = RS_DTYPE_F32, .ndim = 1, .shape = {H},
-                                       .data = (kv ? v : k) + l * H};
-        }
-    }
-    char tmp[700];
-    snprintf(tmp, sizeof tmp, "%s.new", path);
-    ASSERT_EQ(rs_st_write(tmp, w, n + 2 * L, &err), RS_OK);
-    rs_st_close(f);
-    ASSERT_EQ(rename(tmp, path), 0);
-    free(w);
+    add_scales(dir, L, H, k, v);
 
     float a[39], c[39];
     ASSERT_EQ(engine_for(m, true, &e, &err), RS_OK);
@@ -103,6 +116,136 @@ RS_TEST(kv_static_scales_from_checkpoint) {
     score(e, c);
     rs_engine_free(e);
     for (int i = 0; i < 39; i++) ASSERT_TRUE(a[i] == c[i]);
+    rs_model_free(m);
+    rs_backend_free(b);
+}
+
+/* Stages every tensor of checkpoint `dir`; with_scales false leaves out the KV scales, and
+ * only_layer >= 0 keeps just that layer's. */
+static void stage_dir(rs_update *u, const char *dir, bool with_scales, int only_layer) {
+    rs_st_dir *d = NULL;
+    rs_error err = {0};
+    ASSERT_EQ(rs_st_dir_open(&d, dir, &err), RS_OK);
+    for (size_t i = 0; i < rs_st_dir_count(d); i++) {
+        const rs_st_tensor *t = rs_st_dir_tensor_at(d, i, NULL);
+        int layer = -1;
+        bool is_v = false, is_scale = rs_kv_scale_name(t->name, L, &layer, &is_v);
+        if (is_scale && (!with_scales || (only_layer >= 0 && layer != only_layer))) continue;
+        rs_update_tensor ut = {.name = t->name, .dtype = t->dtype, .ndim = t->ndim, .shape = t->shape,
+                               .data = t->data};
+        if (rs_update_add(u, &ut, &err) != RS_OK) RS_TEST_FAIL("add %s: %s", t->name, err.message);
+    }
+    rs_st_dir_close(d);
+}
+
+static bool same(const float *a, const float *b, int n) {
+    for (int i = 0; i < n; i++)
+        if (!(a[i] == b[i])) return false;
+    return true;
+}
+
+/* k_scale / v_scale pushed with the weights (NeMo-RL streams its calibrated scales that way):
+ * under static mode the engine serves exactly what a fresh load of a checkpoint holding them
+ * serves; a push without scales keeps them; a partial set is refused whole; other modes do not
+ * use them. */
+RS_TEST(kv_static_scales_pushed_with_weights) {
+    char a_dir[512], b_dir[512];
+    snprintf(a_dir, sizeof a_dir, "%s/a", rs_test_tmpdir());
+    snprintf(b_dir, sizeof b_dir, "%s/b", rs_test_tmpdir());
+    rs_model_config cfg;
+    small_config(&cfg);
+    rs_error err = {0};
+    ASSERT_EQ(rs_testmodel_write(a_dir, &cfg, 5, &err), RS_OK);
+    ASSERT_EQ(rs_testmodel_write(b_dir, &cfg, 5, &err), RS_OK); /* the same weights */
+    rs_backend *b = rs_backend_cpu_init(1);
+    rs_model *m = NULL;
+    ASSERT_EQ(rs_model_load(a_dir, b, NULL, &m, &err), RS_OK);
+    float ka[L * H], va[L * H], kb[L * H], vb[L * H];
+    rs_kv_calib_opts co = {.percentile = 1.0f, .margin = 1.0f};
+    ASSERT_EQ(rs_kv_calibrate(m, &co, ka, va, &err), RS_OK);
+    for (int i = 0; i < L * H; i++) kb[i] = 4.0f * ka[i], vb[i] = 3.0f * va[i]; /* coarser: other logprobs */
+    add_scales(a_dir, L, H, ka, va);
+    add_scales(b_dir, L, H, kb, vb);
+
+    /* the reference: an engine started on checkpoint b */
+    float sa[39], sb[39], s[39];
+    rs_model *mb = NULL;
+    rs_engine *e = NULL;
+    ASSERT_EQ(rs_model_load(b_dir, b, NULL, &mb, &err), RS_OK);
+    ASSERT_EQ(engine_for(mb, true, &e, &err), RS_OK);
+    score(e, sb);
+    rs_engine_free(e);
+    rs_model_free(mb);
+
+    ASSERT_EQ(engine_for(m, true, &e, &err), RS_OK);
+    ASSERT_TRUE(rs_engine_takes_kv_scales(e));
+    score(e, sa);
+    ASSERT_TRUE(!(same(sa, sb, 39))); /* the scales matter */
+
+    rs_update *u = NULL;
+    ASSERT_EQ(rs_update_begin(&u, m, "v1", 0, &err), RS_OK);
+    stage_dir(u, b_dir, true, -1);
+    ASSERT_TRUE(rs_update_has_kv_scales(u));
+    ASSERT_EQ(rs_update_commit(u, e, false, NULL, &err), RS_OK);
+    score(e, s);
+    ASSERT_TRUE(same(s, sb, 39));
+
+    ASSERT_EQ(rs_update_begin(&u, m, "v2", 0, &err), RS_OK); /* weights only: scales kept */
+    stage_dir(u, a_dir, false, -1);
+    ASSERT_TRUE(!(rs_update_has_kv_scales(u)));
+    ASSERT_EQ(rs_update_commit(u, e, false, NULL, &err), RS_OK);
+    score(e, s);
+    ASSERT_TRUE(same(s, sb, 39));
+
+    ASSERT_EQ(rs_update_begin(&u, m, "v3", 0, &err), RS_OK); /* layer 0's scales only: refused whole */
+    stage_dir(u, a_dir, true, 0);
+    ASSERT_TRUE(!(rs_update_complete(u)));
+    ASSERT_EQ(rs_update_commit(u, e, false, NULL, &err), RS_EINVAL);
+    ASSERT_STREQ(err.param, "model.layers.1.self_attn.k_scale");
+    ASSERT_TRUE(strstr(err.message, "every layer") != NULL);
+    score(e, s);
+    ASSERT_TRUE(same(s, sb, 39));
+    ASSERT_STREQ(rs_engine_weight_version(e), "v2");
+
+    /* bad scale tensors */
+    ASSERT_EQ(rs_update_begin(&u, m, NULL, 0, &err), RS_OK);
+    const int64_t one[1] = {1}, three[1] = {3};
+    const float nan1 = NAN, neg = -1.0f, ok[H] = {0.5f, 0.25f};
+    rs_update_tensor t = {.name = "model.layers.0.self_attn.k_scale", .dtype = RS_DTYPE_F32, .ndim = 1,
+                          .shape = one, .data = &nan1};
+    ASSERT_EQ(rs_update_add(u, &t, &err), RS_EINVAL);
+    t.data = &neg;
+    ASSERT_EQ(rs_update_add(u, &t, &err), RS_EINVAL);
+    t.shape = three;
+    t.data = ok;
+    ASSERT_EQ(rs_update_add(u, &t, &err), RS_EFORMAT); /* neither a scalar nor one per KV head */
+    t.ndim = 0;                                       /* a scalar: broadcast */
+    ASSERT_EQ(rs_update_add(u, &t, &err), RS_OK);
+    ASSERT_EQ(rs_update_add(u, &t, &err), RS_EINVAL); /* duplicate */
+    ASSERT_STREQ(err.param, "model.layers.0.self_attn.k_scale");
+    t.name = "model.layers.2.self_attn.v_scale"; /* no layer 2 */
+    ASSERT_EQ(rs_update_add(u, &t, &err), RS_EINVAL);
+    ASSERT_TRUE(strstr(err.message, "unknown tensor") != NULL);
+    t.name = "model.layers.0.self_attn.q_scale";
+    ASSERT_EQ(rs_update_add(u, &t, &err), RS_EINVAL);
+    ASSERT_TRUE(strstr(err.message, "query scale") != NULL);
+    rs_update_abort(u);
+    rs_engine_free(e);
+
+    /* calibrate mode: pushed scales are not used; the scales follow the weights */
+    rs_engine *ec = NULL, *fresh = NULL;
+    ASSERT_EQ(engine_for(m, false, &ec, &err), RS_OK);
+    ASSERT_TRUE(!(rs_engine_takes_kv_scales(ec)));
+    ASSERT_EQ(rs_update_begin(&u, m, "v4", 0, &err), RS_OK);
+    stage_dir(u, b_dir, true, -1);
+    ASSERT_EQ(rs_update_commit(u, ec, false, NULL, &err), RS_OK);
+    score(ec, s);
+    ASSERT_EQ(engine_for(m, false, &fresh, &err), RS_OK);
+    score(fresh, sa);
+    ASSERT_TRUE(same(s, sa, 39));
+    ASSERT_TRUE(!(same(s, sb, 39)));
+    rs_engine_free(fresh);
+    rs_engine_free(ec);
     rs_model_free(m);
     rs_backend_free(b);
 }
