@@ -110,17 +110,17 @@ $(BUILD)/unit-tests: $(TEST_OBJ) $(BUILD)/librolloutd.a
 	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
 
 run: $(BUILD)/rolloutd
-	./$(BUILD)/rolloutd --host 127.0.0.1 --port $(PORT)
+	$(abspath $(BUILD))/rolloutd --host 127.0.0.1 --port $(PORT)
 
 unit: $(BUILD)/unit-tests
-	./$(BUILD)/unit-tests
+	$(abspath $(BUILD))/unit-tests
 
 e2e: $(BUILD)/rolloutd
 	@$(PYTHON) -c 'import pytest, numpy' 2>/dev/null || ./scripts/install-deps.sh
 	ROLLOUTD_BIN=$(abspath $(BUILD)/rolloutd) $(PYTHON) -m pytest -q tests/e2e
 
 test: all
-	./$(BUILD)/unit-tests
+	$(abspath $(BUILD))/unit-tests
 	@$(MAKE) --no-print-directory e2e
 
 # ---- FP8 codec vs CUDA's own cuda_fp8.h (host path) on all 2^32 inputs --------------------------
@@ -138,7 +138,7 @@ $(BUILD)/fp8-exhaustive: $(BUILD)/tools/fp8_exhaustive.o $(BUILD)/tools/fp8_cuda
 
 .PHONY: fp8-exhaustive
 fp8-exhaustive: $(BUILD)/fp8-exhaustive
-	./$(BUILD)/fp8-exhaustive
+	$(abspath $(BUILD))/fp8-exhaustive
 
 FUZZ_TARGETS := $(patsubst tests/fuzz/%.c,build-fuzz/%,$(wildcard tests/fuzz/fuzz_*.c))
 FUZZ_SECONDS ?= 30

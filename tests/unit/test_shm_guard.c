@@ -1,0 +1,435 @@
+/*
+ * test_shm_guard.c — a shared-memory segment that shrinks while rolloutd reads it.
+ *
+ * The guard (sync/shm_guard.h) at the level of one mapping: reads past the new end return zeros on
+ * any thread instead of killing the process, and the shrink is reported; a SIGBUS the guard does
+ * not own still ends the process (or reaches the handler installed before the guard). Then the
+ * whole /update_weights_from_shm job through the sync service, with the segment truncated after it
+ * was mapped and before its first tensor is read (rs_shm_test_hook_mapped, so the timing is
+ * deterministic): the request fails with 400, the transaction is dropped, the old weights keep
+ * serving (the reference: their logits, bit for bit), and the next good update commits.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "../../model/model.h"
+#include "../../model/quant.h"
+#include "../../model/safetensors.h"
+#include "../../scheduler/engine.h"
+#include "../../sync/shm.h"
+#include "../../sync/shm_guard.h"
+#include "../../sync/sync.h"
+#include "test.h"
+#include "test_util.h"
+
+#if defined(__SANITIZE_ADDRESS__)
+#define UNDER_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define UNDER_ASAN 1
+#endif
+#endif
+
+/* ---------------------------------------------------------------- segments */
+
+typedef struct seg {
+    char name[64];
+    int fd;                             /* read-write: the trainer's side */
+    size_t size;
+} seg;
+
+/* A 0600 segment of `size` bytes, byte i = pattern(i). */
+static uint8_t pattern(size_t i) { return (uint8_t)(0xA5 ^ (i * 131 + i / 4096)); }
+
+static seg seg_create(size_t size) {
+    static int counter;
+    seg s = {.size = size};
+    snprintf(s.name, sizeof s.name, "/rs-guard-%d-%d", (int)getpid(), counter++);
+    s.fd = shm_open(s.name, O_CREAT | O_EXCL | O_RDWR, 0600);
+    if (s.fd < 0) RS_TEST_FAIL("shm_open %s: %s", s.name, strerror(errno));
+    ASSERT_EQ(ftruncate(s.fd, (off_t)size), 0);
+    uint8_t *p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, s.fd, 0);
+    ASSERT_TRUE(p != MAP_FAILED);
+    for (size_t i = 0; i < size; i++) p[i] = pattern(i);
+    munmap(p, size);
+    return s;
+}
+
+static void seg_destroy(seg *s) {
+    close(s->fd);
+    shm_unlink(s->name);
+}
+
+/* One load the compiler cannot drop or hoist: the fault, if any, happens here. */
+static uint8_t load(const uint8_t *p) { return *(const volatile uint8_t *)p; }
+
+typedef struct reader {
+    const uint8_t *p;
+    uint8_t got;
+} reader;
+
+static void *read_on_thread(void *arg) {
+    reader *r = arg;
+    r->got = load(r->p);
+    return NULL;
+}
+
+/* ---------------------------------------------------------------- the guard */
+
+RS_TEST(shm_guard_serves_zeros_past_a_shrink) {
+    const size_t page = (size_t)sysconf(_SC_PAGESIZE), size = 4 * page, cut = page + page / 2;
+    seg s = seg_create(size);
+    rs_shm_segment m;
+    rs_error err = {0};
+    ASSERT_EQ(rs_shm_open_segment(s.name, &m, &err), RS_OK);
+    ASSERT_EQ(m.size, size);
+    ASSERT_TRUE(m.guard >= 0);
+    ASSERT_TRUE(!rs_shm_guard_truncated(m.guard));
+    ASSERT_EQ(load(m.base + 3 * page + 5), pattern(3 * page + 5)); /* the page is populated before the cut */
+    ASSERT_EQ(rs_shm_check_intact(&m, s.name, &err), RS_OK);
+
+    ASSERT_EQ(ftruncate(s.fd, (off_t)cut), 0); /* the trainer shrinks it under the mapping */
+
+    /* a page past the new end, read on another thread (a quantization worker): zeros, no crash */
+    reader r = {.p = m.base + 3 * page + 5, .got = 0xFF};
+    pthread_t th;
+    ASSERT_EQ(pthread_create(&th, NULL, read_on_thread, &r), 0);
+    ASSERT_EQ(pthread_join(th, NULL), 0);
+    ASSERT_EQ(r.got, 0);
+    ASSERT_TRUE(rs_shm_guard_truncated(m.guard));
+    /* on this thread too, a page the first repair did not reach (it starts at the faulting page) */
+    ASSERT_EQ(load(m.base + 2 * page), 0);
+    ASSERT_EQ(load(m.base + size - 1), 0);
+    /* before the cut the bytes are the trainer's; past it, in the cut's own page, the kernel's zeros */
+    for (size_t i = 0; i < cut; i += 97) ASSERT_EQ(load(m.base + i), pattern(i));
+    ASSERT_EQ(load(m.base + cut - 1), pattern(cut - 1));
+    ASSERT_EQ(load(m.base + cut), 0);
+
+    ASSERT_EQ(rs_shm_check_intact(&m, s.name, &err), RS_EINVAL);
+    ASSERT_STREQ(err.param, "shm_name");
+    char want[64];
+    snprintf(want, sizeof want, "shrank to %zu bytes while rolloutd was reading it", cut);
+    if (!strstr(err.message, want)) RS_TEST_FAIL("message '%s' lacks '%s'", err.message, want);
+    rs_shm_close_segment(&m);
+    ASSERT_EQ(m.guard, -1);
+    seg_destroy(&s);
+
+    /* The slot is free again, and a fresh mapping starts clean. */
+    seg t = seg_create(2 * page);
+    ASSERT_EQ(rs_shm_open_segment(t.name, &m, &err), RS_OK);
+    ASSERT_TRUE(!rs_shm_guard_truncated(m.guard));
+    rs_shm_close_segment(&m);
+    seg_destroy(&t);
+}
+
+/* A shrink that stays inside the last page raises no SIGBUS (the kernel serves zeros there): the
+ * size check after reading is what catches it. */
+RS_TEST(shm_guard_shrink_inside_last_page_is_caught_by_size) {
+    const size_t page = (size_t)sysconf(_SC_PAGESIZE), size = 2 * page + 100;
+    seg s = seg_create(size);
+    rs_shm_segment m;
+    rs_error err = {0};
+    ASSERT_EQ(rs_shm_open_segment(s.name, &m, &err), RS_OK);
+    ASSERT_EQ(ftruncate(s.fd, (off_t)(size - 60)), 0);
+    ASSERT_EQ(load(m.base + size - 1), 0);
+    ASSERT_EQ(load(m.base + size - 61), pattern(size - 61));
+    ASSERT_TRUE(!rs_shm_guard_truncated(m.guard));
+    ASSERT_EQ(rs_shm_check_intact(&m, s.name, &err), RS_EINVAL);
+    if (!strstr(err.message, "shrank to") || !strstr(err.message, "the update is dropped"))
+        RS_TEST_FAIL("message '%s'", err.message);
+    rs_shm_close_segment(&m);
+    seg_destroy(&s);
+}
+
+RS_TEST(shm_guard_slots_run_out_cleanly) {
+    seg s = seg_create(4096);
+    rs_shm_segment m[RS_SHM_GUARD_SLOTS + 1];
+    rs_error err = {0};
+    for (int i = 0; i < RS_SHM_GUARD_SLOTS; i++) ASSERT_EQ(rs_shm_open_segment(s.name, &m[i], &err), RS_OK);
+    ASSERT_EQ(rs_shm_open_segment(s.name, &m[RS_SHM_GUARD_SLOTS], &err), RS_EBUSY);
+    ASSERT_STREQ(err.param, "shm_name");
+    ASSERT_TRUE(m[RS_SHM_GUARD_SLOTS].base == NULL && m[RS_SHM_GUARD_SLOTS].fd == -1);
+    rs_shm_close_segment(&m[3]);
+    ASSERT_EQ(rs_shm_open_segment(s.name, &m[3], &err), RS_OK);
+    for (int i = 0; i < RS_SHM_GUARD_SLOTS; i++) rs_shm_close_segment(&m[i]);
+    seg_destroy(&s);
+}
+
+/* In a child: installs the guard (by opening a guarded segment), then faults on a file mapping the
+ * guard does not own. Never returns. */
+static void fault_outside_the_guard(void) {
+    alarm(10); /* a guard that swallowed the fault would re-run the access forever */
+    struct rlimit no_core = {0, 0};
+    setrlimit(RLIMIT_CORE, &no_core);
+    char log[300];
+    snprintf(log, sizeof log, "%s/child-stderr", rs_test_tmpdir());
+    int lfd = open(log, O_CREAT | O_WRONLY | O_TRUNC, 0600);
+    if (lfd < 0 || dup2(lfd, 2) < 0) _exit(2);
+    seg s = seg_create(4096);
+    rs_shm_segment m;
+    rs_error err = {0};
+    if (rs_shm_open_segment(s.name, &m, &err) != RS_OK) _exit(3);
+    char path[300];
+    snprintf(path, sizeof path, "%s/truncated", rs_test_tmpdir());
+    int fd = open(path, O_CREAT | O_RDWR | O_TRUNC, 0600);
+    if (fd < 0 || ftruncate(fd, 8192) != 0) _exit(4);
+    const uint8_t *p = mmap(NULL, 8192, PROT_READ, MAP_SHARED, fd, 0);
+    if (p == MAP_FAILED || ftruncate(fd, 0) != 0) _exit(5);
+    load(p + 4096);
+    _exit(0); /* survived: the guard swallowed a SIGBUS that was not its own */
+}
+
+static int run_child(void (*fn)(void)) {
+    fflush(stdout);
+    fflush(stderr);
+    pid_t pid = fork();
+    ASSERT_TRUE(pid >= 0);
+    if (pid == 0) fn();
+    int status = 0;
+    while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {}
+    return status;
+}
+
+/* A genuine bug (a fault outside every guarded mapping) still kills the process with SIGBUS. */
+RS_TEST(shm_guard_foreign_sigbus_is_still_fatal) {
+    int status = run_child(fault_outside_the_guard);
+#ifdef UNDER_ASAN
+    /* ASan's handler came first: the guard hands the fault to it, and it reports and exits 1 */
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 1)
+        RS_TEST_FAIL("child status %#x: want ASan's report and exit 1", status);
+    char path[300], text[4096] = {0};
+    snprintf(path, sizeof path, "%s/child-stderr", rs_test_tmpdir());
+    FILE *f = fopen(path, "r");
+    ASSERT_TRUE(f != NULL);
+    size_t got = fread(text, 1, sizeof text - 1, f);
+    fclose(f);
+    if (got == 0 || !strstr(text, "AddressSanitizer: BUS")) RS_TEST_FAIL("child stderr: '%s'", text);
+#else
+    if (!WIFSIGNALED(status) || WTERMSIG(status) != SIGBUS)
+        RS_TEST_FAIL("child status %#x (exit %d), want death by SIGBUS", status,
+                     WIFEXITED(status) ? WEXITSTATUS(status) : -1);
+#endif
+}
+
+static void on_bus_exit_42(int sig, siginfo_t *si, void *uctx) {
+    (void)sig, (void)uctx;
+    _exit(si->si_code == BUS_ADRERR ? 42 : 43);
+}
+
+static void previous_handler_then_fault(void) {
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_sigaction = on_bus_exit_42;
+    sa.sa_flags = SA_SIGINFO;
+    sigemptyset(&sa.sa_mask);
+    if (sigaction(SIGBUS, &sa, NULL) != 0) _exit(6);
+    fault_outside_the_guard();
+}
+
+/* The handler installed before the guard (a sanitizer's, a crash reporter's) gets the SIGBUS the
+ * guard does not own, with its siginfo. */
+RS_TEST(shm_guard_chains_to_the_previous_handler) {
+    int status = run_child(previous_handler_then_fault);
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 42)
+        RS_TEST_FAIL("child status %#x (exit %d), want exit 42 from the previous handler", status,
+                     WIFEXITED(status) ? WEXITSTATUS(status) : -1);
+}
+
+/* ---------------------------------------------------------------- the whole request */
+
+static rs_model_config tiny_cfg(void) {
+    rs_model_config c;
+    memset(&c, 0, sizeof c);
+    c.arch = RS_ARCH_QWEN3;
+    c.vocab_size = 256;
+    c.hidden = 160;
+    c.intermediate = 200;
+    c.n_layers = 2;
+    c.n_heads = 4;
+    c.n_kv_heads = 2;
+    c.head_dim = 32;
+    c.max_position = 512;
+    c.rms_eps = 1e-6f;
+    c.rope_theta = 10000.0;
+    c.rope_factor = c.rope_low_freq_factor = c.rope_high_freq_factor = 1.0;
+    c.rope_original_max_position = 512;
+    c.tie_embeddings = true;
+    c.qk_norm = true;
+    c.decoder_sparse_step = 1;
+    c.bos_token_id = 1;
+    c.eos_token_ids[0] = 2;
+    c.n_eos = 1;
+    return c;
+}
+
+enum { N_TOK = 10 };
+static float *logits_of(rs_model *m) {
+    int32_t tok[N_TOK];
+    for (int i = 0; i < N_TOK; i++) tok[i] = (int32_t)((i * 53 + 3) % m->cfg.vocab_size);
+    return rs_test_logits(m, tok, N_TOK);
+}
+
+static bool same_logits(const float *x, const float *y) {
+    return memcmp(x, y, sizeof(float) * N_TOK * (size_t)tiny_cfg().vocab_size) == 0;
+}
+
+/* Checkpoint B's tensors [from, to) packed into a new segment (8-aligned), with their manifest. */
+typedef struct bucket {
+    seg sg;
+    rs_weight_desc *d;
+    int n;
+} bucket;
+
+static bucket bucket_make(rs_st_dir *bt, size_t from, size_t to) {
+    bucket k = {0};
+    size_t total = 0;
+    for (size_t i = from; i < to; i++) total += (rs_st_dir_tensor_at(bt, i, NULL)->nbytes + 7) & ~(size_t)7;
+    k.sg = seg_create(total);
+    uint8_t *p = mmap(NULL, total, PROT_READ | PROT_WRITE, MAP_SHARED, k.sg.fd, 0);
+    ASSERT_TRUE(p != MAP_FAILED);
+    k.d = calloc(to - from, sizeof *k.d);
+    size_t off = 0;
+    for (size_t i = from; i < to; i++) {
+        const rs_st_tensor *t = rs_st_dir_tensor_at(bt, i, NULL);
+        rs_weight_desc *d = &k.d[k.n++];
+        snprintf(d->name, sizeof d->name, "%s", t->name);
+        d->dtype = t->dtype;
+        d->ndim = t->ndim;
+        memcpy(d->shape, t->shape, sizeof d->shape);
+        d->offset = off;
+        d->nbytes = t->nbytes;
+        memcpy(p + off, t->data, t->nbytes);
+        off += (t->nbytes + 7) & ~(size_t)7;
+    }
+    munmap(p, total);
+    return k;
+}
+
+static void bucket_free(bucket *k) {
+    seg_destroy(&k->sg);
+    free(k->d);
+}
+
+static int send_bucket(rs_sync *s, const bucket *k, rs_weight_last last, rs_sync_job *job) {
+    memset(job, 0, sizeof *job);
+    job->kind = RS_SYNC_SHM;
+    rs_shm_update_req *r = &job->req.shm;
+    snprintf(r->shm_name, sizeof r->shm_name, "%s", k->sg.name);
+    r->tensors = k->d;
+    r->n_tensors = k->n;
+    r->is_last = last;
+    r->has_version = true;
+    snprintf(r->weight_version, sizeof r->weight_version, "5");
+    return rs_sync_run(s, job);
+}
+
+/* The trainer's misbehaviour, run by the service thread between mapping and reading. */
+static int hook_fd = -1;
+static off_t hook_size;
+static void truncate_now(const char *shm_name) {
+    (void)shm_name;
+    if (ftruncate(hook_fd, hook_size) != 0) RS_TEST_FAIL("ftruncate: %s", strerror(errno));
+}
+
+/* The FP8-served model quantizes BF16 matrices on the sync pool's workers, so the reads that fault
+ * run on worker threads as well as on the service thread. */
+RS_TEST(sync_shm_segment_truncated_mid_request) {
+    char dir_a[512], dir_b[512];
+    snprintf(dir_a, sizeof dir_a, "%s/a", rs_test_tmpdir());
+    snprintf(dir_b, sizeof dir_b, "%s/b", rs_test_tmpdir());
+    rs_model_config c = tiny_cfg();
+    rs_error err = {0};
+    ASSERT_EQ(rs_testmodel_write(dir_a, &c, 1, &err), RS_OK);
+    ASSERT_EQ(rs_testmodel_write(dir_b, &c, 2, &err), RS_OK);
+    rs_backend *b = rs_backend_cpu_init(2);
+    rs_quant_policy qp;
+    ASSERT_EQ(rs_quant_policy_init(&qp, "fp8", "", 0, 0, &err), RS_OK);
+    rs_model *m = NULL, *ref_b = NULL;
+    ASSERT_EQ(rs_model_load(dir_b, b, &qp, &ref_b, &err), RS_OK);
+    float *logits_b = logits_of(ref_b);
+    rs_model_free(ref_b);
+    ASSERT_EQ(rs_model_load(dir_a, b, &qp, &m, &err), RS_OK);
+    float *logits_a = logits_of(m);
+    ASSERT_TRUE(!same_logits(logits_a, logits_b));
+    rs_engine *e = NULL;
+    rs_engine_opts eo = {.kv_cache_bytes = 2 << 20, .max_running = 4, .max_step_tokens = 256,
+                         .limits = {.max_context = 256, .max_new_tokens = 128, .max_n = 2, .max_batch = 4}};
+    ASSERT_EQ(rs_engine_init(&e, m, &eo, &err), RS_OK);
+    ASSERT_EQ(rs_engine_start(e), RS_OK);
+    rs_sync *s = NULL;
+    rs_sync_opts so = {.threads = 2};
+    ASSERT_EQ(rs_sync_start(&s, e, m, &so, &err), RS_OK);
+    rs_st_dir *bt = NULL;
+    ASSERT_EQ(rs_st_dir_open(&bt, dir_b, &err), RS_OK);
+    const size_t n = rs_st_dir_count(bt), half = n / 2, page = (size_t)sysconf(_SC_PAGESIZE);
+
+    enum { PAST_PAGES, INSIDE_LAST_PAGE, N_CASES };
+    for (int cs = 0; cs < N_CASES; cs++) {
+        bucket k1 = bucket_make(bt, 0, half), k2 = bucket_make(bt, half, n);
+        rs_sync_job job;
+        ASSERT_EQ(send_bucket(s, &k1, RS_WEIGHT_LAST_NO, &job), RS_OK);
+        ASSERT_TRUE(job.res.n_staged > 0);
+        /* PAST_PAGES: most of the bucket's pages vanish, so reads fault (SIGBUS) and get zeros;
+         * INSIDE_LAST_PAGE: the segment loses its last 2 bytes, which read as zeros without a fault */
+        ASSERT_TRUE(k2.sg.size > 4 * page);
+        hook_size = cs == PAST_PAGES ? (off_t)page : (off_t)(k2.sg.size - 2);
+        hook_fd = k2.sg.fd;
+        rs_shm_test_hook_mapped = truncate_now;
+        int rc = send_bucket(s, &k2, RS_WEIGHT_LAST_YES, &job);
+        rs_shm_test_hook_mapped = NULL;
+        ASSERT_EQ(rc, RS_EINVAL);
+        ASSERT_EQ(rs_err_http_status(rc), 400);
+        ASSERT_STREQ(job.err.param, "shm_name");
+        char want[160];
+        snprintf(want, sizeof want, "'%s' shrank to %lld bytes while rolloutd was reading it", k2.sg.name,
+                 (long long)hook_size);
+        if (!strstr(job.err.message, want) || !strstr(job.err.message, "the update is dropped"))
+            RS_TEST_FAIL("case %d: message '%s' lacks '%s'", cs, job.err.message, want);
+        ASSERT_TRUE(!job.res.committed);
+        rs_sync_stats st;
+        rs_sync_get_stats(s, &st);
+        ASSERT_TRUE(!st.txn_open); /* bucket 1 went with it */
+        ASSERT_EQ(st.staged_bytes, 0);
+        ASSERT_EQ(st.updates, 0);
+        ASSERT_EQ(st.updates_failed, (uint64_t)cs + 1);
+        ASSERT_STREQ(rs_engine_weight_version(e), "0");
+        float *got = logits_of(m);
+        if (!same_logits(got, logits_a)) RS_TEST_FAIL("case %d: the served weights changed", cs);
+        free(got);
+        bucket_free(&k1);
+        bucket_free(&k2);
+    }
+
+    /* the service is healthy: the same update, untouched, commits */
+    bucket k1 = bucket_make(bt, 0, half), k2 = bucket_make(bt, half, n);
+    rs_sync_job job;
+    ASSERT_EQ(send_bucket(s, &k1, RS_WEIGHT_LAST_NO, &job), RS_OK);
+    if (send_bucket(s, &k2, RS_WEIGHT_LAST_YES, &job) != RS_OK) RS_TEST_FAIL("%s", job.err.message);
+    ASSERT_TRUE(job.res.committed);
+    ASSERT_STREQ(rs_engine_weight_version(e), "5");
+    float *got = logits_of(m);
+    if (!same_logits(got, logits_b)) RS_TEST_FAIL("the committed weights are not B's");
+    free(got);
+    bucket_free(&k1);
+    bucket_free(&k2);
+
+    rs_st_dir_close(bt);
+    rs_sync_stop(s);
+    rs_engine_stop(e);
+    rs_engine_free(e);
+    rs_model_free(m);
+    rs_backend_free(b);
+    free(logits_a);
+    free(logits_b);
+}
