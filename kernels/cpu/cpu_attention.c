@@ -23,9 +23,10 @@
  * so each K and V row is read (and an E4M3 row decoded) once for all of them; E4M3 goes a page at
  * a time through the kernels of cpu_attention_simd.c. The next page's slices are prefetched.
  * Items are dealt round-robin to threads, which balances a prefill chunk whose later rows see
- * more context. Softmax is the two-pass form in fp32: scores, max, exp(s - max) and their sum,
- * probabilities p = e / sum, then out = sum_j p_j v_j. Scores live in per-thread scratch sized
- * before the pool runs.
+ * more context. Softmax is the two-pass form in fp32: scores, max, exp(s - max) and their sum in
+ * one vector pass (cpu_exp.c: rs_expf, 16 fixed lanes, so the probabilities do not depend on the
+ * SIMD level), probabilities p = e / sum, then out = sum_j p_j v_j. Scores live in per-thread
+ * scratch sized before the pool runs.
  */
 #include <math.h>
 #include <string.h>
@@ -186,23 +187,21 @@ typedef struct attn_job {
     const int32_t *row_seq; /* [n_tok] sequence of each row */
     const rs_cpu_vec *vec;
     const rs_cpu_vec_e4m3 *vec8;
+    const rs_cpu_exp_vec *ex;
     int n_heads, group; /* group = query heads per KV head */
     float scale;
     int64_t n_items; /* n_tok * n_kv_heads */
     int n_workers;
 } attn_job;
 
-/* In place over the [g][ld] scores, first n of each: p = exp(s - max) / sum. */
-static void softmax_rows(float *scores, int g, size_t ld, int n) {
+/* In place over the [g][ld] scores, first n of each: p = exp(s - max) / sum, with the exp and the
+ * 16-lane sum of cpu_exp.c (the same bits at every SIMD level). */
+static void softmax_rows(const rs_cpu_exp_vec *ex, float *scores, int g, size_t ld, int n) {
     for (int h = 0; h < g; h++) {
         float *sc = scores + (size_t)h * ld;
-        float max = sc[0], sum = 0.0f;
-        for (int p = 1; p < n; p++) max = sc[p] > max ? sc[p] : max;
-        for (int p = 0; p < n; p++) {
-            sc[p] = expf(sc[p] - max);
-            sum += sc[p];
-        }
-        for (int p = 0; p < n; p++) sc[p] = sc[p] / sum;
+        float max = ex->max(sc, (size_t)n, 1.0f);
+        float sum = ex->exp_sum(sc, sc, (size_t)n, 1.0f, max);
+        ex->div(sc, (size_t)n, sum);
     }
 }
 
@@ -232,7 +231,7 @@ static void attend_item(const attn_job *j, int r, int kvh, float *scores) {
                     vec->dot(q + (size_t)h * (size_t)hd, k, kv->dtype, hd) * j->scale;
         }
     }
-    softmax_rows(scores, g, (size_t)n_ctx, n_ctx);
+    softmax_rows(j->ex, scores, g, (size_t)n_ctx, n_ctx);
     memset(out, 0, (size_t)g * (size_t)hd * sizeof(float));
     for (int p0 = 0; p0 < n_ctx; p0 += RS_KV_BLOCK) {
         int32_t page = table[p0 / RS_KV_BLOCK];
@@ -276,7 +275,7 @@ static void attend_item_e4m3(const attn_job *j, int r, int kvh, float *scores) {
         for (int h = 0; h < g; h++)
             for (int o = 0; o < n; o++) scores[(size_t)h * ld + (size_t)(p0 + o)] *= mul[o];
     }
-    softmax_rows(scores, g, ld, n_ctx);
+    softmax_rows(j->ex, scores, g, ld, n_ctx);
     memset(out, 0, (size_t)g * (size_t)hd * sizeof(float));
     for (int p0 = 0; p0 < n_ctx; p0 += RS_KV_BLOCK) {
         int32_t page = table[p0 / RS_KV_BLOCK];
@@ -339,6 +338,7 @@ void rs_cpu_op_attention(rs_backend *b, float *out, const float *q, const rs_kv_
         .row_seq = row_seq,
         .vec = rs_cpu_vec_for(c->simd),
         .vec8 = rs_cpu_vec_e4m3_for(c->simd),
+        .ex = rs_cpu_exp_for(c->simd),
         .n_heads = n_heads,
         .group = group,
         .scale = scale,

@@ -18,6 +18,7 @@
 
 #include "../../core/pool.h"
 #include "../backend.h"
+#include "cpu_exp.h"
 
 typedef enum rs_cpu_simd {
     RS_CPU_SIMD_SCALAR = 0,
@@ -121,6 +122,9 @@ typedef struct rs_cpu_vec {
 extern const rs_cpu_vec rs_cpu_vec_scalar, rs_cpu_vec_avx2, rs_cpu_vec_avx512;
 const rs_cpu_vec *rs_cpu_vec_for(rs_cpu_simd s);
 
+/* ---- exp and the softmax / silu loops on it (cpu_exp.c): the same bits at every level ---- */
+const rs_cpu_exp_vec *rs_cpu_exp_for(rs_cpu_simd s);
+
 /* ---- the ops of the table (each file implements its own); shapes as in backend.h ---- */
 void rs_cpu_op_matmul(rs_backend *b, float *out, const float *x, const rs_tensor *w, const rs_tensor *bias,
                       int rows);
@@ -138,7 +142,7 @@ void rs_cpu_op_attention(rs_backend *b, float *out, const float *q, const rs_kv_
                          float scale, const rs_batch *batch);
 void rs_cpu_op_moe(rs_backend *b, float *out, const float *x, int rows, int hidden, const rs_moe_weights *w);
 
-/* out[i] = silu(gate[i]) * up[i] for i in [0, n), silu(g) = g / (1 + exp(-g)) in fp32; single
+/* out[i] = silu(gate[i]) * up[i] for i in [0, n), silu(g) = g / (1 + rs_expf(-g)) in fp32; single
  * thread (the op threads it; MoE calls it per expert). out may alias gate. */
 void rs_cpu_swiglu_span(float *out /* [n] */, const float *gate /* [n] */, const float *up /* [n] */,
                         size_t n);

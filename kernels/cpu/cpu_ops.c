@@ -9,7 +9,8 @@
  *   rope     transformers' rotate-half: angle = inv_freq[i] * pos in fp32, cos/sin of that fp32
  *            angle evaluated in double and rounded once (the correctly rounded value, which
  *            torch's 1-ulp fp32 cos/sin approximate), out1 = x1 cos - x2 sin, out2 = x2 cos + x1 sin.
- *   swiglu   silu(g) = g / (1 + exp(-g)) in fp32 (torch's CPU silu), times up.
+ *   swiglu   silu(g) = g / (1 + exp(-g)) in fp32 (torch's CPU silu), times up; exp is rs_expf
+ *            (cpu_exp.c: within 1.02 ulp, vectorized, the same bits at every SIMD level).
  * Work big enough to split goes to the pool by rows (or by elements for the flat ops).
  */
 #include <math.h>
@@ -136,27 +137,27 @@ void rs_cpu_op_rope(rs_backend *b, float *x, int rows, int n_heads, int head_dim
 
 /* ---- swiglu, add, gather_rows ---- */
 
+/* MoE calls this without the context: the widest table the CPU runs, which gives the same bits as
+ * the one at the backend's level. */
 void rs_cpu_swiglu_span(float *out, const float *gate, const float *up, size_t n) {
-    for (size_t i = 0; i < n; i++) {
-        float g = gate[i];
-        out[i] = g / (1.0f + expf(-g)) * up[i];
-    }
+    rs_cpu_exp_best()->silu_mul(out, gate, up, n);
 }
 
 typedef struct flat_job {
     float *out;
     const float *a, *b;
+    const rs_cpu_exp_vec *ex; /* swiglu */
 } flat_job;
 
 static void swiglu_range(void *arg, int64_t i0, int64_t i1, int tid) {
     (void)tid;
     const flat_job *j = arg;
-    rs_cpu_swiglu_span(j->out + i0, j->a + i0, j->b + i0, (size_t)(i1 - i0));
+    j->ex->silu_mul(j->out + i0, j->a + i0, j->b + i0, (size_t)(i1 - i0));
 }
 
 void rs_cpu_op_swiglu(rs_backend *b, float *out, const float *gate, const float *up, size_t n) {
-    flat_job j = {.out = out, .a = gate, .b = up};
-    /* exp costs ~8 adds: split 8x finer than the memory-bound ops */
+    flat_job j = {.out = out, .a = gate, .b = up, .ex = rs_cpu_exp_for(rs_cpu_ctx_of(b)->simd)};
+    /* silu (an exp and a division) costs several adds: split 8x finer than the memory-bound ops */
     rs_pool_run(rs_cpu_ctx_of(b)->pool, (int64_t)n, FLAT_GRAIN / 8, swiglu_range, &j);
 }
 
