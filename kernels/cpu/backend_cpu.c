@@ -6,8 +6,10 @@
  * has enough work to split, the SIMD level picked at init, and scratch buffers that grow on demand
  * and are kept, so steady-state decode does not allocate.
  */
+#include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #if defined(__x86_64__) || defined(__i386__)
 #include <cpuid.h>
 #endif
@@ -87,10 +89,22 @@ rs_cpu_simd rs_cpu_set_simd(rs_backend *b, rs_cpu_simd level) {
 
 /* ---- memory ---- */
 
+/* Allocations of at least one huge page (weights, the KV pool, staging) are 2 MiB aligned and
+ * advised MADV_HUGEPAGE before they are first touched, so that with transparent huge pages in
+ * "madvise" mode (the common default) they are backed by 2 MiB pages: the zeroing below faults
+ * once per 2 MiB instead of once per 4 KiB (a 1.2 GB weight push: ~600 faults, not ~290,000), and
+ * a decode step that streams every weight misses the TLB 512x less often. Where THP is off the
+ * advice is a no-op. */
+#define RS_HUGE_PAGE ((size_t)2 << 20)
+
 static void *cpu_alloc(rs_backend *b, size_t bytes) {
     (void)b;
     void *p = NULL;
-    if (posix_memalign(&p, 64, bytes ? bytes : 64) != 0) return NULL;
+    const bool huge = bytes >= RS_HUGE_PAGE;
+    if (posix_memalign(&p, huge ? RS_HUGE_PAGE : 64, bytes ? bytes : 64) != 0) return NULL;
+#ifdef MADV_HUGEPAGE
+    if (huge) (void)madvise(p, bytes & ~(RS_HUGE_PAGE - 1), MADV_HUGEPAGE);
+#endif
     memset(p, 0, bytes);
     return p;
 }
