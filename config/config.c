@@ -76,6 +76,9 @@ static const rs_config_entry entries[] = {
      "weight_version reported for the weights loaded at start", 0},
     {"weight-staging-mb", RS_CONFIG_TYPE_INT, F(weight_staging_mb), 0, 16777216, "0", NULL,
      "memory a weight update may stage (converted tensors, until commit) in MiB; 0 = the model's own size", 0},
+    {"weight-staging-keep", RS_CONFIG_TYPE_BOOL, F(weight_staging_keep), 0, 1, "true", NULL,
+     "keep the memory of replaced weights for the next update's staging (no page faults on the next push; "
+     "memory stays at the update peak); false = free it after each commit", 0},
     {"allowed-weight-dir", RS_CONFIG_TYPE_STRING, F(allowed_weight_dir), 0, 4095, "", NULL,
      "/update_weights_from_disk reads checkpoints only below this directory; empty = the route is disabled", 0},
     {"weight-update-timeout", RS_CONFIG_TYPE_FLOAT, F(weight_update_timeout), 0, 86400, "300", NULL,

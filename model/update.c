@@ -18,6 +18,7 @@
 #include "update.h"
 
 #include <math.h>
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -40,6 +41,12 @@ struct rs_weight_store {
     size_t bytes;                       /* sum of the owned allocations' sizes */
     rs_pool *pool;                      /* borrowed; NULL = quantize on the caller's thread */
     rs_tensor *experts;                 /* [n_experts_total] host descriptors, owned */
+    /* recycling (rs_weight_store_keep_released / rs_weight_store_set_donor) */
+    bool keep_released;                 /* release parks allocations in `spare` instead of freeing */
+    pthread_mutex_t spare_mu;           /* guards spare*: the engine thread parks, the sync thread takes */
+    ws_entry *spare;                    /* [n_spare] parked allocations, owned, not counted in bytes */
+    size_t n_spare, cap_spare, spare_bytes;
+    rs_weight_store *donor;             /* borrowed: alloc takes a parked allocation of its spares */
 };
 
 static size_t ws_hash(const void *p, size_t cap) {
@@ -104,29 +111,91 @@ static size_t ws_remove(rs_weight_store *ws, void *p) {
 rs_weight_store *rs_weight_store_new(rs_backend *b) {
     rs_weight_store *ws = rs_xcalloc(1, sizeof *ws);
     ws->backend = b;
+    pthread_mutex_init(&ws->spare_mu, NULL);
     return ws;
+}
+
+/* Parks allocation p of `bytes` in ws's spares. */
+static void spare_push(rs_weight_store *ws, void *p, size_t bytes) {
+    pthread_mutex_lock(&ws->spare_mu);
+    if (ws->n_spare == ws->cap_spare) {
+        ws->cap_spare = ws->cap_spare ? 2 * ws->cap_spare : 64;
+        ws->spare = rs_xrealloc(ws->spare, ws->cap_spare * sizeof *ws->spare);
+    }
+    ws->spare[ws->n_spare++] = (ws_entry){.p = p, .bytes = bytes};
+    ws->spare_bytes += bytes;
+    pthread_mutex_unlock(&ws->spare_mu);
+}
+
+/* A parked allocation of exactly `bytes` taken out of ws's spares, or NULL. */
+static void *spare_take(rs_weight_store *ws, size_t bytes) {
+    void *p = NULL;
+    pthread_mutex_lock(&ws->spare_mu);
+    for (size_t i = ws->n_spare; i-- > 0;) { /* newest first: a commit parks in model order */
+        if (ws->spare[i].bytes != bytes) continue;
+        p = ws->spare[i].p;
+        ws->spare[i] = ws->spare[--ws->n_spare];
+        ws->spare_bytes -= bytes;
+        break;
+    }
+    pthread_mutex_unlock(&ws->spare_mu);
+    return p;
+}
+
+void rs_weight_store_trim(rs_weight_store *ws) {
+    pthread_mutex_lock(&ws->spare_mu);
+    for (size_t i = 0; i < ws->n_spare; i++) rs_backend_free_mem(ws->backend, ws->spare[i].p);
+    ws->n_spare = 0;
+    ws->spare_bytes = 0;
+    pthread_mutex_unlock(&ws->spare_mu);
 }
 
 void rs_weight_store_free(rs_weight_store *ws) {
     if (!ws) return;
-    for (size_t i = 0; i < ws->cap; i++)
-        if (ws->tab[i].p) rs_backend_free_mem(ws->backend, ws->tab[i].p);
+    for (size_t i = 0; i < ws->cap; i++) {
+        if (!ws->tab[i].p) continue;
+        if (ws->donor && ws->donor->keep_released) /* an aborted update's staging: reusable by the next */
+            spare_push(ws->donor, ws->tab[i].p, ws->tab[i].bytes);
+        else rs_backend_free_mem(ws->backend, ws->tab[i].p);
+    }
+    rs_weight_store_trim(ws);
+    pthread_mutex_destroy(&ws->spare_mu);
+    free(ws->spare);
     free(ws->tab);
     free(ws->experts);
     free(ws);
 }
 
 void *rs_weight_store_alloc(rs_weight_store *ws, size_t bytes) {
-    void *p = rs_backend_alloc(ws->backend, bytes ? bytes : 1);
-    if (!p) return NULL;
+    if (!bytes) bytes = 1;
+    void *p = ws->donor ? spare_take(ws->donor, bytes) : NULL;
+    if (!p && !(p = rs_backend_alloc(ws->backend, bytes))) return NULL;
     ws_insert(ws, p, bytes);
     return p;
 }
 
 void rs_weight_store_release(rs_weight_store *ws, void *p) {
     if (!p) return;
-    ws_remove(ws, p);
-    rs_backend_free_mem(ws->backend, p);
+    size_t bytes = ws_remove(ws, p);
+    if (ws->keep_released) spare_push(ws, p, bytes);
+    else rs_backend_free_mem(ws->backend, p);
+}
+
+void rs_weight_store_keep_released(rs_weight_store *ws, bool keep) {
+    ws->keep_released = keep;
+    if (!keep) rs_weight_store_trim(ws);
+}
+
+void rs_weight_store_set_donor(rs_weight_store *ws, rs_weight_store *donor) {
+    RS_ASSERT(!donor || donor->backend == ws->backend);
+    ws->donor = donor;
+}
+
+size_t rs_weight_store_spare_bytes(rs_weight_store *ws) {
+    pthread_mutex_lock(&ws->spare_mu);
+    size_t b = ws->spare_bytes;
+    pthread_mutex_unlock(&ws->spare_mu);
+    return b;
 }
 
 void rs_weight_store_adopt(rs_weight_store *ws, rs_weight_store *from, void *p) {

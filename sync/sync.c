@@ -25,6 +25,7 @@
 #include "disk.h"
 #include "nccl.h"
 #include "shm.h"
+#include "../model/update.h"
 
 struct rs_sync {
     rs_engine *e;                       /* borrowed */
@@ -305,6 +306,7 @@ int rs_sync_start(rs_sync **out, rs_engine *e, rs_model *m, const rs_sync_opts *
     s->e = e;
     s->m = m;
     s->staging_limit = opts->staging_limit;
+    rs_weight_store_keep_released(m->store, opts->keep_staging);
     s->idle_timeout = opts->txn_idle_timeout;
     if (opts->allowed_weight_dir && opts->allowed_weight_dir[0]) {
         if (!realpath(opts->allowed_weight_dir, s->allowed_dir)) {
@@ -333,8 +335,9 @@ int rs_sync_start(rs_sync **out, rs_engine *e, rs_model *m, const rs_sync_opts *
         return rs_error_set(err, RS_EINTERNAL, NULL, "cannot start the weight-sync thread");
     }
     s->started = true;
-    RS_INFO("sync | weight updates ready: staging limit %s, disk updates %s%s, idle timeout %g s, %d quantization "
-            "thread%s", s->staging_limit ? "weight-staging-mb" : "the model's size",
+    RS_INFO("sync | weight updates ready: staging limit %s (%s), disk updates %s%s, idle timeout %g s, %d "
+            "quantization thread%s", s->staging_limit ? "weight-staging-mb" : "the model's size",
+            opts->keep_staging ? "kept for reuse between updates" : "freed after each update",
             s->allowed_dir[0] ? "from " : "disabled", s->allowed_dir, s->idle_timeout, rs_pool_threads(s->pool),
             rs_pool_threads(s->pool) == 1 ? "" : "s");
     *out = s;

@@ -42,6 +42,7 @@ typedef struct rs_sync rs_sync;
 
 typedef struct rs_sync_opts {
     size_t staging_limit;               /* bytes (weight-staging-mb); 0 = the model's served size */
+    bool keep_staging;                  /* weight-staging-keep: recycle replaced weights as the next staging */
     const char *allowed_weight_dir;     /* copied; NULL or "" = /update_weights_from_disk disabled */
     double txn_idle_timeout;            /* seconds; 0 = an open transaction never expires */
     int threads;                        /* quantization threads; 0 = half the online CPUs */

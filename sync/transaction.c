@@ -61,6 +61,7 @@ int rs_update_begin(rs_update **out, rs_model *m, const char *version, size_t st
     rs_update *u = rs_xcalloc(1, sizeof *u);
     u->m = m;
     u->stage = rs_weight_store_new(m->backend);
+    rs_weight_store_set_donor(u->stage, m->store); /* reuses what the last commit released, if kept */
     u->n_params = rs_model_param_count(m);
     u->e = rs_xcalloc((size_t)u->n_params, sizeof *u->e);
     u->limit = staging_limit ? staging_limit : m->weight_bytes;

@@ -487,7 +487,9 @@ RS_TEST(sync_update_weight_version) {
     ASSERT_STREQ(job.res.weight_version, "v42");
     ASSERT_STREQ(rs_engine_weight_version(v.e), "v42");
 
-    /* a long generation, then a version bump with abort_all_requests */
+    /* a generation held by a pause (so it cannot finish first), then a version bump with
+     * abort_all_requests */
+    rs_engine_pause(v.e, RS_PAUSE_IN_PLACE);
     done_flag f = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, false};
     rs_gen_job *g = rs_gen_job_new();
     g->n_prompts = 1;
@@ -511,6 +513,7 @@ RS_TEST(sync_update_weight_version) {
     pthread_mutex_unlock(&f.mu);
     ASSERT_EQ(g->outputs[0].finish.type, RS_FINISH_ABORT);
     rs_gen_job_free(g);
+    rs_engine_continue(v.e);
     ASSERT_STREQ(rs_engine_weight_version(v.e), "v43");
     env_close(&v);
 }

@@ -612,3 +612,75 @@ RS_TEST(update_weight_store_release_adopt) {
     free(p);
     rs_backend_free(b);
 }
+
+/* The served pointers of every parameter (data, then scale_inv or NULL), in model order. */
+static void **slot_ptrs(rs_model *m) {
+    const int n = rs_model_param_count(m);
+    void **p = calloc(2 * (size_t)n, sizeof *p);
+    char name[300];
+    for (int i = 0; i < n; i++) {
+        rs_tensor *t = rs_model_param_at(m, i, name, sizeof name, NULL);
+        p[2 * i] = t->data;
+        p[2 * i + 1] = t->scale_inv;
+    }
+    return p;
+}
+
+static bool ptr_in(void *x, void **set, int n) {
+    for (int i = 0; i < n; i++)
+        if (set[i] == x) return true;
+    return false;
+}
+
+/* Recycling: with keep_released, a commit parks the replaced tensors' memory and the next update
+ * stages into exactly that memory (no new allocation), an aborted update hands its staging back,
+ * and the served weights are still exactly a fresh load's. */
+RS_TEST(update_staging_recycles_replaced_weights) {
+    rs_backend *b = rs_backend_cpu_init(2);
+    rs_model_config c = cfg_for(RS_ARCH_QWEN3, true);
+    rs_quant_policy qp = policy("fp8");
+    const char *da = model_dir("a", &c, 11), *db = model_dir("b", &c, 12);
+    rs_model *m = load(da, b, &qp), *fresh_a = load(da, b, &qp), *fresh_b = load(db, b, &qp);
+    rs_weight_store_keep_released(m->store, true);
+    const int n = 2 * rs_model_param_count(m);
+    const size_t served = m->weight_bytes;
+    void **p0 = slot_ptrs(m);
+    rs_update *u = NULL;
+    rs_error err = {0};
+
+    ASSERT_EQ(rs_update_begin(&u, m, "v1", 0, &err), RS_OK); /* nothing parked yet: new memory */
+    stage_dir(u, db, NULL);
+    ASSERT_EQ(rs_update_commit(u, NULL, false, NULL, &err), RS_OK);
+    ASSERT_EQ(rs_weight_store_spare_bytes(m->store), served);
+    ASSERT_EQ(m->weight_bytes, served);
+    void **p1 = slot_ptrs(m);
+    for (int i = 0; i < n; i++) ASSERT_TRUE(!p1[i] || !ptr_in(p1[i], p0, n));
+    expect_same_logits(m, fresh_b);
+
+    ASSERT_EQ(rs_update_begin(&u, m, "v2", 0, &err), RS_OK); /* stages into v0's memory */
+    stage_dir(u, da, NULL);
+    ASSERT_EQ(rs_weight_store_spare_bytes(m->store), 0);
+    ASSERT_EQ(rs_update_commit(u, NULL, false, NULL, &err), RS_OK);
+    void **p2 = slot_ptrs(m);
+    for (int i = 0; i < n; i++) ASSERT_TRUE(!p2[i] || ptr_in(p2[i], p0, n));
+    ASSERT_EQ(rs_weight_store_spare_bytes(m->store), served);
+    expect_same_weights(m, fresh_a);
+    expect_same_logits(m, fresh_a);
+
+    ASSERT_EQ(rs_update_begin(&u, m, "v3", 0, &err), RS_OK); /* aborted: its staging goes back */
+    stage_dir(u, db, "model.norm.weight");
+    ASSERT_TRUE(rs_weight_store_spare_bytes(m->store) < served);
+    rs_update_abort(u);
+    ASSERT_EQ(rs_weight_store_spare_bytes(m->store), served);
+    expect_same_logits(m, fresh_a);
+
+    rs_weight_store_keep_released(m->store, false);
+    ASSERT_EQ(rs_weight_store_spare_bytes(m->store), 0);
+    free(p0);
+    free(p1);
+    free(p2);
+    rs_model_free(m);
+    rs_model_free(fresh_a);
+    rs_model_free(fresh_b);
+    rs_backend_free(b);
+}
