@@ -2,7 +2,8 @@
  * rl_bench.c — an RL-shaped workload through the engine, in process (no HTTP).
  *
  *   build/rl-bench [--model DIR | --preset NAME] [--prompts 64] [--n 8] [--prompt-len 128]
- *                  [--gen 256] [--kv-mb 0] [--threads N] [--runs all|engine|skeleton|kv]
+ *                  [--gen 256] [--kv-mb 0] [--threads N] [--runs all|engine|skeleton|kv|loop]
+ *                  [--loop-prompts 2]
  *
  * A GRPO step: P prompts, n samples each, fixed-length outputs (ignore_eos), sampled at T = 1.
  * Every configuration runs the same requests in the same process:
@@ -13,6 +14,11 @@
  *               prefill, no prefix cache, whole max_new_tokens reserved at admission, fp32 KV
  *   kv          the engine at one fixed KV budget with each KV dtype: peak sequences running at
  *               once and preemptions (the budget defaults to what holds ~1/4 of the F32 demand)
+ *   loop        a plain serving loop for scale: one request (one sample) at a time, each run to
+ *               completion before the next is submitted, so decode runs at batch 1 (FP8 KV, no
+ *               prefix cache); only the first
+ *               --loop-prompts prompts (x n samples) run, since its tokens/s does not depend on
+ *               how many requests follow
  *
  * It prints output tokens/s, wall time, peak running sequences, preemptions and the ratio of the
  * engine over the skeleton.
@@ -30,7 +36,7 @@
 
 typedef struct opts {
     const char *model, *preset, *runs;
-    int prompts, n, prompt_len, gen, threads, kv_mb;
+    int prompts, n, prompt_len, gen, threads, kv_mb, loop_prompts;
 } opts;
 
 typedef struct result {
@@ -95,6 +101,32 @@ static result run(rs_model *m, const opts *o, const rs_engine_opts *eo, bool gro
     return r;
 }
 
+/* The plain loop: every sample its own request, submitted after the previous one finished. */
+static result run_loop(rs_model *m, const opts *o, const rs_engine_opts *eo) {
+    rs_engine *e = NULL;
+    rs_error err = {0};
+    if (rs_engine_init(&e, m, eo, &err) != RS_OK) {
+        fprintf(stderr, "engine: %s\n", err.message);
+        exit(1);
+    }
+    long tokens = 0;
+    double t0 = rs_now_s();
+    for (int p = 0; p < RS_MIN(o->loop_prompts, o->prompts); p++) {
+        for (int k = 0; k < o->n; k++) {
+            rs_gen_job *j = make_job(o, p, 1, k, &m->cfg);
+            if (rs_engine_submit(e, j, &err) != RS_OK) exit(1);
+            rs_engine_run_until_idle(e);
+            RS_ASSERT(j->outputs[0].finish.type == RS_FINISH_LENGTH);
+            tokens += j->outputs[0].n_output;
+            rs_gen_job_free(j);
+        }
+    }
+    result r = {.seconds = rs_now_s() - t0, .peak_running = 1};
+    r.tokens_per_s = (double)tokens / r.seconds;
+    rs_engine_free(e);
+    return r;
+}
+
 static void print_row(const char *name, const char *kv, size_t kv_bytes, const result *r) {
     printf("| %-9s | %-5s | %8.1f MiB | %8.1f | %10.1f | %12d | %11llu | %11llu |\n", name, kv,
            (double)kv_bytes / (1 << 20), r->seconds, r->tokens_per_s, r->peak_running, r->retractions,
@@ -103,12 +135,13 @@ static void print_row(const char *name, const char *kv, size_t kv_bytes, const r
 
 static void usage(void) {
     fprintf(stderr, "usage: rl-bench [--model DIR | --preset NAME] [--prompts 64] [--n 8] [--prompt-len 128] "
-                    "[--gen 256] [--kv-mb 0] [--threads N] [--runs all|engine|skeleton|kv]\n");
+                    "[--gen 256] [--kv-mb 0] [--threads N] [--runs all|engine|skeleton|kv|loop] [--loop-prompts 2]\n");
     exit(2);
 }
 
 int main(int argc, char **argv) {
-    opts o = {.preset = "default", .runs = "all", .prompts = 64, .n = 8, .prompt_len = 128, .gen = 256};
+    opts o = {.preset = "default", .runs = "all", .prompts = 64, .n = 8, .prompt_len = 128, .gen = 256,
+              .loop_prompts = 2};
     for (int i = 1; i < argc; i += 2) {
         if (i + 1 >= argc) usage();
         const char *a = argv[i], *v = argv[i + 1];
@@ -121,6 +154,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(a, "--gen")) o.gen = atoi(v);
         else if (!strcmp(a, "--kv-mb")) o.kv_mb = atoi(v);
         else if (!strcmp(a, "--threads")) o.threads = atoi(v);
+        else if (!strcmp(a, "--loop-prompts")) o.loop_prompts = atoi(v);
         else usage();
     }
     if (o.prompts < 1 || o.n < 1 || o.prompt_len < 1 || o.gen < 1) usage();
@@ -185,6 +219,18 @@ int main(int argc, char **argv) {
     }
     if (eng.seconds > 0 && skel.seconds > 0)
         printf("engine vs skeleton: %.2fx output tokens/s\n", eng.tokens_per_s / skel.tokens_per_s);
+    if (all || !strcmp(o.runs, "loop")) {
+        rs_engine_opts eo = base;
+        eo.kv_cache_bytes = demand;
+        eo.prefix_cache = false; /* nothing shared: each request prefills its own prompt */
+        eo.kv_dtype = RS_DTYPE_E4M3;
+        eo.kv_scale_mode = RS_KV_SCALE_PER_HEAD;
+        eo.kv_calib_margin = 1.0f;
+        eo.kv_calib_percentile = 1.0f;
+        result lp = run_loop(m, &o, &eo);
+        print_row("loop", "fp8", eo.kv_cache_bytes, &lp);
+        if (eng.seconds > 0) printf("engine vs plain loop: %.2fx output tokens/s\n", eng.tokens_per_s / lp.tokens_per_s);
+    }
     if (all || !strcmp(o.runs, "kv")) {
         size_t budget = o.kv_mb > 0 ? (size_t)o.kv_mb << 20 : demand / 4;
         const struct { const char *name; rs_dtype dt; } kvs[] = {
