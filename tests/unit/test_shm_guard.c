@@ -248,41 +248,7 @@ RS_TEST(shm_guard_chains_to_the_previous_handler) {
 
 /* ---------------------------------------------------------------- the whole request */
 
-static rs_model_config tiny_cfg(void) {
-    rs_model_config c;
-    memset(&c, 0, sizeof c);
-    c.arch = RS_ARCH_QWEN3;
-    c.vocab_size = 256;
-    c.hidden = 160;
-    c.intermediate = 200;
-    c.n_layers = 2;
-    c.n_heads = 4;
-    c.n_kv_heads = 2;
-    c.head_dim = 32;
-    c.max_position = 512;
-    c.rms_eps = 1e-6f;
-    c.rope_theta = 10000.0;
-    c.rope_factor = c.rope_low_freq_factor = c.rope_high_freq_factor = 1.0;
-    c.rope_original_max_position = 512;
-    c.tie_embeddings = true;
-    c.qk_norm = true;
-    c.decoder_sparse_step = 1;
-    c.bos_token_id = 1;
-    c.eos_token_ids[0] = 2;
-    c.n_eos = 1;
-    return c;
-}
 
-enum { N_TOK = 10 };
-static float *logits_of(rs_model *m) {
-    int32_t tok[N_TOK];
-    for (int i = 0; i < N_TOK; i++) tok[i] = (int32_t)((i * 53 + 3) % m->cfg.vocab_size);
-    return rs_test_logits(m, tok, N_TOK);
-}
-
-static bool same_logits(const float *x, const float *y) {
-    return memcmp(x, y, sizeof(float) * N_TOK * (size_t)tiny_cfg().vocab_size) == 0;
-}
 
 /* Checkpoint B's tensors [from, to) packed into a new segment (8-aligned), with their manifest. */
 typedef struct bucket {
@@ -348,7 +314,7 @@ RS_TEST(sync_shm_segment_truncated_mid_request) {
     char dir_a[512], dir_b[512];
     snprintf(dir_a, sizeof dir_a, "%s/a", rs_test_tmpdir());
     snprintf(dir_b, sizeof dir_b, "%s/b", rs_test_tmpdir());
-    rs_model_config c = tiny_cfg();
+    rs_model_config c = rs_test_tiny_qwen3();
     rs_error err = {0};
     ASSERT_EQ(rs_testmodel_write(dir_a, &c, 1, &err), RS_OK);
     ASSERT_EQ(rs_testmodel_write(dir_b, &c, 2, &err), RS_OK);
@@ -357,11 +323,11 @@ RS_TEST(sync_shm_segment_truncated_mid_request) {
     ASSERT_EQ(rs_quant_policy_init(&qp, "fp8", "", 0, 0, &err), RS_OK);
     rs_model *m = NULL, *ref_b = NULL;
     ASSERT_EQ(rs_model_load(dir_b, b, &qp, &ref_b, &err), RS_OK);
-    float *logits_b = logits_of(ref_b);
+    float *logits_b = rs_test_probe_logits(ref_b);
     rs_model_free(ref_b);
     ASSERT_EQ(rs_model_load(dir_a, b, &qp, &m, &err), RS_OK);
-    float *logits_a = logits_of(m);
-    ASSERT_TRUE(!same_logits(logits_a, logits_b));
+    float *logits_a = rs_test_probe_logits(m);
+    ASSERT_TRUE(!rs_test_same_probe(logits_a, logits_b, rs_test_tiny_qwen3().vocab_size));
     rs_engine *e = NULL;
     rs_engine_opts eo = {.kv_cache_bytes = 2 << 20, .max_running = 4, .max_step_tokens = 256,
                          .limits = {.max_context = 256, .max_new_tokens = 128, .max_n = 2, .max_batch = 4}};
@@ -404,8 +370,8 @@ RS_TEST(sync_shm_segment_truncated_mid_request) {
         ASSERT_EQ(st.updates, 0);
         ASSERT_EQ(st.updates_failed, (uint64_t)cs + 1);
         ASSERT_STREQ(rs_engine_weight_version(e), "0");
-        float *got = logits_of(m);
-        if (!same_logits(got, logits_a)) RS_TEST_FAIL("case %d: the served weights changed", cs);
+        float *got = rs_test_probe_logits(m);
+        if (!rs_test_same_probe(got, logits_a, rs_test_tiny_qwen3().vocab_size)) RS_TEST_FAIL("case %d: the served weights changed", cs);
         free(got);
         bucket_free(&k1);
         bucket_free(&k2);
@@ -418,8 +384,8 @@ RS_TEST(sync_shm_segment_truncated_mid_request) {
     if (send_bucket(s, &k2, RS_WEIGHT_LAST_YES, &job) != RS_OK) RS_TEST_FAIL("%s", job.err.message);
     ASSERT_TRUE(job.res.committed);
     ASSERT_STREQ(rs_engine_weight_version(e), "5");
-    float *got = logits_of(m);
-    if (!same_logits(got, logits_b)) RS_TEST_FAIL("the committed weights are not B's");
+    float *got = rs_test_probe_logits(m);
+    if (!rs_test_same_probe(got, logits_b, rs_test_tiny_qwen3().vocab_size)) RS_TEST_FAIL("the committed weights are not B's");
     free(got);
     bucket_free(&k1);
     bucket_free(&k2);

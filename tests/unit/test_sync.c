@@ -34,47 +34,13 @@
 
 /* ---------------------------------------------------------------- models and logits */
 
-static rs_model_config tiny_cfg(void) {
-    rs_model_config c;
-    memset(&c, 0, sizeof c);
-    c.arch = RS_ARCH_QWEN3;
-    c.vocab_size = 256;
-    c.hidden = 160;
-    c.intermediate = 200;
-    c.n_layers = 2;
-    c.n_heads = 4;
-    c.n_kv_heads = 2;
-    c.head_dim = 32;
-    c.max_position = 512;
-    c.rms_eps = 1e-6f;
-    c.rope_theta = 10000.0;
-    c.rope_factor = c.rope_low_freq_factor = c.rope_high_freq_factor = 1.0;
-    c.rope_original_max_position = 512;
-    c.tie_embeddings = true;
-    c.qk_norm = true;
-    c.decoder_sparse_step = 1;
-    c.bos_token_id = 1;
-    c.eos_token_ids[0] = 2;
-    c.n_eos = 1;
-    return c;
-}
 
 static void write_model(const char *dir, uint64_t seed) {
-    rs_model_config c = tiny_cfg();
+    rs_model_config c = rs_test_tiny_qwen3();
     rs_error err = {0};
     if (rs_testmodel_write(dir, &c, seed, &err) != RS_OK) RS_TEST_FAIL("testmodel: %s", err.message);
 }
 
-enum { N_TOK = 10 };
-static float *logits_of(rs_model *m) {
-    int32_t tok[N_TOK];
-    for (int i = 0; i < N_TOK; i++) tok[i] = (int32_t)((i * 53 + 3) % m->cfg.vocab_size);
-    return rs_test_logits(m, tok, N_TOK);
-}
-
-static bool same_logits(const float *x, const float *y) {
-    return memcmp(x, y, sizeof(float) * N_TOK * (size_t)tiny_cfg().vocab_size) == 0;
-}
 
 /* The served model A (seed 1) with an engine thread and the sync service; checkpoint B (seed 2)
  * for the trainer side, and B's reference logits. */
@@ -101,11 +67,11 @@ static env env_open(const char *mode, const rs_sync_opts *so) {
     ASSERT_EQ(rs_quant_policy_init(&qp, mode, "", 0, 0, &err), RS_OK);
     rs_model *ref_b = NULL;
     ASSERT_EQ(rs_model_load(v.dir_b, v.b, &qp, &ref_b, &err), RS_OK);
-    v.logits_b = logits_of(ref_b);
+    v.logits_b = rs_test_probe_logits(ref_b);
     rs_model_free(ref_b);
     ASSERT_EQ(rs_model_load(v.dir_a, v.b, &qp, &v.m, &err), RS_OK);
-    v.logits_a = logits_of(v.m);
-    ASSERT_TRUE(!same_logits(v.logits_a, v.logits_b));
+    v.logits_a = rs_test_probe_logits(v.m);
+    ASSERT_TRUE(!rs_test_same_probe(v.logits_a, v.logits_b, rs_test_tiny_qwen3().vocab_size));
     rs_engine_opts eo = {.kv_cache_bytes = 2 << 20, .max_running = 4, .max_step_tokens = 256,
                          .limits = {.max_context = 256, .max_new_tokens = 128, .max_n = 2, .max_batch = 4}};
     ASSERT_EQ(rs_engine_init(&v.e, v.m, &eo, &err), RS_OK);
@@ -127,8 +93,8 @@ static void env_close(env *v) {
 }
 
 static void expect_serving(env *v, const float *want) {
-    float *got = logits_of(v->m);
-    if (!same_logits(got, want)) RS_TEST_FAIL("the served logits are not the expected model's");
+    float *got = rs_test_probe_logits(v->m);
+    if (!rs_test_same_probe(got, want, rs_test_tiny_qwen3().vocab_size)) RS_TEST_FAIL("the served logits are not the expected model's");
     free(got);
 }
 

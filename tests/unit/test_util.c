@@ -65,3 +65,38 @@ float *rs_test_logits(rs_model *m, const int32_t *tokens, int n) {
     free(slot);
     return out;
 }
+
+float *rs_test_probe_logits(rs_model *m) {
+    int32_t tok[RS_TEST_PROBE_TOKENS];
+    for (int i = 0; i < RS_TEST_PROBE_TOKENS; i++) tok[i] = (int32_t)((i * 53 + 3) % m->cfg.vocab_size);
+    return rs_test_logits(m, tok, RS_TEST_PROBE_TOKENS);
+}
+
+int rs_test_same_probe(const float *x, const float *y, int vocab) {
+    return memcmp(x, y, sizeof(float) * RS_TEST_PROBE_TOKENS * (size_t)vocab) == 0;
+}
+
+rs_model_config rs_test_tiny_qwen3(void) {
+    rs_model_config c;
+    memset(&c, 0, sizeof c);
+    c.arch = RS_ARCH_QWEN3;
+    c.vocab_size = 256;
+    c.hidden = 160;
+    c.intermediate = 200;
+    c.n_layers = 2;
+    c.n_heads = 4;
+    c.n_kv_heads = 2;
+    c.head_dim = 32;
+    c.max_position = 512;
+    c.rms_eps = 1e-6f;
+    c.rope_theta = 10000.0;
+    c.rope_factor = c.rope_low_freq_factor = c.rope_high_freq_factor = 1.0;
+    c.rope_original_max_position = 512;
+    c.tie_embeddings = true;
+    c.qk_norm = true;
+    c.decoder_sparse_step = 1;
+    c.bos_token_id = 1;
+    c.eos_token_ids[0] = 2;
+    c.n_eos = 1;
+    return c;
+}
