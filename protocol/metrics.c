@@ -111,6 +111,34 @@ char *rs_metrics_text(const rs_metrics_input *in, size_t *len) {
         if (fams[i].value < 0) continue; /* unknown (no /proc) */
         scalar(&o, &fams[i]);
     }
+    const rs_sync_stats *sy = in->sync;
+    if (sy) {
+        const family wf[] = {
+            {{"rolloutd_weight_bytes"}, "gauge", "Resident bytes of the served weights (FP8: codes + block scales).",
+             in->weight_bytes},
+            {{"rolloutd_weight_spare_bytes"}, "gauge",
+             "Memory of replaced weights kept for the next update's staging (weight-staging-keep).",
+             in->weight_spare_bytes},
+            {{"rolloutd_weight_staging_bytes"}, "gauge", "Bytes staged by the weight update in progress.",
+             (double)sy->staged_bytes},
+            {{"rolloutd_weight_update_in_progress"}, "gauge", "1 while a weight update transaction is open.",
+             sy->txn_open ? 1 : 0},
+            {{"rolloutd_weight_updates_total"}, "counter", "Weight updates committed.", (double)sy->updates},
+            {{"rolloutd_weight_updates_failed_total"}, "counter",
+             "Weight updates dropped (a refused bucket, a missing tensor at is_last, an idle timeout).",
+             (double)sy->updates_failed},
+            {{"rolloutd_weight_update_requests_total"}, "counter",
+             "Weight-update requests handled (buckets, version changes, NCCL group operations).",
+             (double)sy->requests},
+            {{"rolloutd_weight_update_requests_failed_total"}, "counter", "Weight-update requests answered with an error.",
+             (double)sy->requests_failed},
+            {{"rolloutd_weight_update_received_bytes_total"}, "counter", "Tensor bytes received by weight updates.",
+             (double)sy->bytes},
+            {{"rolloutd_weight_update_tensors_total"}, "counter", "Tensors staged by weight updates.",
+             (double)sy->tensors},
+        };
+        for (size_t i = 0; i < RS_ARRAY_LEN(wf); i++) scalar(&o, &wf[i]);
+    }
     static const char *const ttft[MAX_NAMES] = {"rolloutd_time_to_first_token_seconds",
                                                 "sglang:time_to_first_token_seconds",
                                                 "vllm:time_to_first_token_seconds"};
@@ -123,6 +151,13 @@ char *rs_metrics_text(const rs_metrics_input *in, size_t *len) {
     histogram(&o, ttft, "Time from a request's arrival to its first generated token.", &st->ttft);
     histogram(&o, itl, "Time between consecutive tokens of a sequence.", &st->itl);
     histogram(&o, e2e, "Time from a request's arrival to its finish.", &st->e2e);
+    if (sy) {
+        static const char *const upd[MAX_NAMES] = {"rolloutd_weight_update_seconds"};
+        static const char *const hold[MAX_NAMES] = {"rolloutd_weight_update_pause_seconds"};
+        histogram(&o, upd, "A committed weight update, from its first bucket to the commit.", &sy->update_seconds);
+        histogram(&o, hold, "Time a commit held the engine's step loop (swap, retraction, KV recalibration).",
+                  &sy->pause_seconds);
+    }
 
     put(&o, "# HELP rolloutd_http_responses_total HTTP responses sent, by route and status.\n"
             "# TYPE rolloutd_http_responses_total counter\n");

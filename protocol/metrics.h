@@ -15,6 +15,7 @@
 #include <stdint.h>
 
 #include "../scheduler/engine.h"
+#include "../sync/sync.h"
 
 typedef struct rs_metrics_http {
     const char *route;          /* "/generate" */
@@ -30,6 +31,9 @@ typedef struct rs_metrics_input {
     double rss_bytes;           /* resident set size; < 0 when unknown */
     double start_time_s;        /* unix seconds */
     const char *version;
+    const rs_sync_stats *sync;  /* weight-update counters; NULL when no sync service runs */
+    double weight_bytes;        /* resident bytes of the served weights */
+    double weight_spare_bytes;  /* replaced weights kept for the next update's staging */
 } rs_metrics_input;
 
 /* New malloc'd text and *len, or NULL on OOM. */

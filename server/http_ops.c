@@ -14,10 +14,12 @@
 #include <unistd.h>
 
 #include "../model/model.h"
+#include "../model/update.h"
 #include "../protocol/errors.h"
 #include "../protocol/metrics.h"
 #include "../protocol/ops.h"
 #include "http_internal.h"
+#include "weights_routes.h"
 
 /* `len` is read after `body` was made: call as send_json(r, make_body(&len), &len). */
 static enum MHD_Result send_json(rs_http_req *r, char *body, const size_t *len) {
@@ -75,8 +77,12 @@ static enum MHD_Result metrics(rs_http_req *r, rs_engine *e) {
             if (v) counts[n++] = (rs_metrics_http){ro == RS_ROUTE_NONE ? "(none)" : names[ro], codes[c], v};
         }
     }
+    rs_sync_stats sy;
+    const bool have_sync = rs_weights_routes_stats(&sy);
     rs_metrics_input in = {.stats = &st, .http_in_flight = rs_http_in_flight(h), .http = counts, .n_http = n,
-                           .rss_bytes = rss_bytes(), .start_time_s = h->start_time_unix, .version = RS_VERSION};
+                           .rss_bytes = rss_bytes(), .start_time_s = h->start_time_unix, .version = RS_VERSION,
+                           .sync = have_sync ? &sy : NULL, .weight_bytes = (double)h->info.model->weight_bytes,
+                           .weight_spare_bytes = (double)rs_weight_store_spare_bytes(h->info.model->store)};
     size_t len = 0;
     char *body = rs_metrics_text(&in, &len);
     return rs_http_send(r, 200, body, len, "text/plain; version=0.0.4; charset=utf-8");

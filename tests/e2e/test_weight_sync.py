@@ -6,7 +6,8 @@ golden.json / golden_fp8.json transformers computed. After a push the daemon mus
   - over shared memory, bucketed (several POSTs, one tensor larger than a bucket), BF16 within 1e-3
     (test_golden's TOL); FP8 (server-side requantization, and client-side FP8 codes + _scale_inv)
     with test_golden's two tiers, and both FP8 routes give identical logprobs;
-  - weight_version is reported by /get_weight_version and by every output afterwards;
+  - weight_version is reported by /get_weight_version and by every output afterwards; /metrics
+    counts updates, bytes, failures and the kept staging memory;
   - corrupt updates (unknown name, wrong shape or dtype, offset beyond the segment, a segment too
     small, a missing tensor at is_last, no such segment, ...) each get 400 and change nothing
     (outputs and version compared before/after), also when an earlier bucket was accepted;
@@ -30,6 +31,7 @@ import numpy as np
 import pytest
 import requests
 
+from test_ops import m, metrics
 from test_golden import (BF16_ARGS, FP8_AGG_FRAC, FP8_ARGS, check_fp8_aggregate, check_greedy,
                          check_prompt_logprobs, greedy_body, got_prompt_logprobs, ref_prompt_logprobs,
                          score_body)
@@ -140,6 +142,20 @@ def test_shm_push_bf16_matches_golden(rolloutd):
     res = c.push_weights(f32, version="step-3", bucket_bytes=128 << 10)
     assert res.bytes == 2 * nbytes(pert)
     check_bf16_golden(d, g_pert, "qwen3/perturbed pushed as float32")
+
+    # /metrics counts the three updates; the replaced weights' memory is kept for the next staging
+    s = metrics(d)
+    assert m(s, "rolloutd_weight_updates_total") == 3
+    assert m(s, "rolloutd_weight_update_seconds_count") == 3 and m(s, "rolloutd_weight_update_pause_seconds_count") == 3
+    assert m(s, "rolloutd_weight_update_received_bytes_total") == 4 * nbytes(pert)
+    assert m(s, "rolloutd_weight_update_tensors_total") == 3 * len(pert)
+    assert m(s, "rolloutd_weight_updates_failed_total") == 0 and m(s, "rolloutd_weight_update_in_progress") == 0
+    assert m(s, "rolloutd_weight_spare_bytes") == m(s, "rolloutd_weight_bytes") > 0
+    with pytest.raises(RolloutdError):
+        c.push_weights({"model.layers.0.mlp.bogus.weight": pert["model.norm.weight"]}, version="bad")
+    s = metrics(d)
+    assert m(s, "rolloutd_weight_updates_failed_total") == 1 and m(s, "rolloutd_weight_update_requests_failed_total") == 1
+    assert m(s, "rolloutd_weight_updates_total") == 3 and m(s, "rolloutd_weight_staging_bytes") == 0
     assert c.get_weight_version() == "step-3"
 
 
