@@ -79,6 +79,9 @@ static const rs_config_entry entries[] = {
     {"weight-staging-keep", RS_CONFIG_TYPE_BOOL, F(weight_staging_keep), 0, 1, "true", NULL,
      "keep the memory of replaced weights for the next update's staging (no page faults on the next push; "
      "memory stays at the update peak); false = free it after each commit", 0},
+    {"weight-shm-keep", RS_CONFIG_TYPE_BOOL, F(weight_shm_keep), 0, 1, "true", NULL,
+     "keep shared-memory segments mapped between weight updates while the trainer keeps them (reused bucket "
+     "segments cost no mmap; a segment is let go within a second of being unlinked)", 0},
     {"allowed-weight-dir", RS_CONFIG_TYPE_STRING, F(allowed_weight_dir), 0, 4095, "", NULL,
      "/update_weights_from_disk reads checkpoints only below this directory; empty = the route is disabled", 0},
     {"weight-update-timeout", RS_CONFIG_TYPE_FLOAT, F(weight_update_timeout), 0, 86400, "300", NULL,

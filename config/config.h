@@ -53,6 +53,7 @@ typedef struct rs_config {
     double health_generate_timeout;      /* seconds /health_generate waits for its probe */
     int http_threads;                    /* libmicrohttpd worker threads; 0 = one per core */
     int weight_staging_mb;               /* weight-update staging limit in MiB; 0 = the model's own size */
+    bool weight_shm_keep;                /* keep update segments mapped between requests (sync/shm.h) */
     bool weight_staging_keep;            /* recycle replaced weights' memory as the next update's staging */
     char allowed_weight_dir[4096];       /* /update_weights_from_disk reads only below this; empty = off */
     double weight_update_timeout;        /* seconds an open streamed update may wait for its next bucket */

@@ -73,6 +73,7 @@ typedef struct rs_backend rs_backend;
 
 typedef struct rs_backend_ops {
     const char *name;
+    bool host_memory;  /* alloc returns host memory that host code may read and write directly */
 
     /* memory */
     void *(*alloc)(rs_backend *b, size_t bytes);             /* zeroed; NULL on failure */

@@ -11,7 +11,10 @@
  * aligned buffer (BF16 as it is, F16 and F32 as F32) and quantized by rs_fp8_quantize_weight into
  * its rows of codes and its row of block scales. Blocks never span bands, so the result is bit for
  * bit that of quantizing the whole matrix at once. Only codes and scales are uploaded; peak host
- * memory is the matrix's codes and scales plus one band per thread. Everything else is uploaded
+ * memory is the matrix's codes and scales plus one band per thread. On a host-memory backend (the
+ * CPU's) the codes and scales are written straight into the store's allocations, with no host copy
+ * to upload (a BF16 push into an FP8 daemon: 0.137 -> 0.121 s of service time for 1.19 GB on the
+ * reference VM). Everything else is uploaded
  * in the slot's dtype, converted element by element when the source dtype differs (F32 -> BF16
  * rounds to nearest even, exactly as rs_f32_to_bf16).
  */
@@ -513,7 +516,9 @@ typedef struct quant_job {
     atomic_int rc;                      /* the first failure, RS_OK when none */
 } quant_job;
 
-/* Bands [b0, b1) of 128 rows: aligned copy (BF16, or F32 for F16/F32 sources), then quantize. */
+/* Bands [b0, b1) of 128 rows: a sequential copy into an aligned buffer (BF16, or F32 for F16/F32
+ * sources), then quantize. Quantizing BF16 where it lies measured slower on a push: the kernel
+ * walks a 128x128 block down 128 rows, a 4 KiB page apart each in a segment without huge pages. */
 static void quantize_bands(void *ctx, int64_t b0, int64_t b1, int tid) {
     (void)tid;
     quant_job *j = ctx;
@@ -542,23 +547,41 @@ static int quantize_into(rs_weight_store *ws, const char *name, const rs_weight_
     const size_t n_scales = (size_t)(rs_fp8_blocks(rows) * rs_fp8_blocks(cols));
     quant_job j = {.src = src, .rows = rows, .cols = cols};
     atomic_init(&j.rc, RS_OK);
-    j.codes = rs_xmalloc(n ? n : 1);
-    j.scales = rs_xmalloc((n_scales ? n_scales : 1) * sizeof *j.scales);
+    /* A host-memory backend takes the codes where they will be served: no second copy. */
+    const bool direct = ws->backend->ops->host_memory;
+    void *d = NULL, *s = NULL;
+    if (direct) {
+        d = rs_weight_store_alloc(ws, n);
+        s = d ? rs_weight_store_alloc(ws, n_scales * sizeof(float)) : NULL;
+        if (!s) {
+            rs_weight_store_release(ws, d);
+            return rs_error_set(err, RS_ENOMEM, name, "backend out of memory allocating %zu bytes for tensor '%s'",
+                                n + n_scales * sizeof(float), name);
+        }
+        j.codes = d;
+        j.scales = s;
+    } else {
+        j.codes = rs_xmalloc(n ? n : 1);
+        j.scales = rs_xmalloc((n_scales ? n_scales : 1) * sizeof *j.scales);
+    }
     const int64_t bands = rs_fp8_blocks(rows);
     if (ws->pool && bands > 1) rs_pool_run(ws->pool, bands, 1, quantize_bands, &j);
     else if (n) quantize_bands(&j, 0, bands, 0);
     int rc = atomic_load(&j.rc);
-    uint8_t *codes = j.codes;
-    float *scales = j.scales;
-    void *d = NULL, *s = NULL;
     if (rc != RS_OK) {
         rc = rs_error_set(err, RS_EINTERNAL, name, "cannot quantize tensor '%s' (%s)", name, rs_err_name(rc));
-    } else if ((rc = upload_new(ws, name, codes, n, &d, err)) == RS_OK &&
-               (rc = upload_new(ws, name, scales, n_scales * sizeof *scales, &s, err)) != RS_OK) {
+        if (direct) {
+            rs_weight_store_release(ws, d);
+            rs_weight_store_release(ws, s);
+        }
+    } else if (!direct && (rc = upload_new(ws, name, j.codes, n, &d, err)) == RS_OK &&
+               (rc = upload_new(ws, name, j.scales, n_scales * sizeof *j.scales, &s, err)) != RS_OK) {
         rs_weight_store_release(ws, d);
     }
-    free(codes);
-    free(scales);
+    if (!direct) {
+        free(j.codes);
+        free(j.scales);
+    }
     if (rc != RS_OK) return rc;
     out->dtype = RS_DTYPE_E4M3;
     out->data = d;

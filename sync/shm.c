@@ -15,6 +15,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -22,70 +23,168 @@
 
 #include "shm_guard.h"
 
-int rs_shm_open_segment(const char *name, rs_shm_segment *out, rs_error *err) {
-    *out = (rs_shm_segment){.fd = -1, .guard = -1};
-    if (!rs_shm_name_valid(name))
-        return rs_error_set(err, RS_EINVAL, "shm_name", "shm_name '%.64s' is not a valid POSIX shared-memory name",
-                            name);
+/* shm_open + the checks of shm.h on the descriptor. Returns the descriptor, or -1 with err set. */
+static int open_checked(const char *name, struct stat *st, rs_error *err) {
+    if (!rs_shm_name_valid(name)) {
+        rs_error_set(err, RS_EINVAL, "shm_name", "shm_name '%.64s' is not a valid POSIX shared-memory name", name);
+        return -1;
+    }
     int fd = shm_open(name, O_RDONLY, 0);
     if (fd < 0) {
-        if (errno == ENOENT)
-            return rs_error_set(err, RS_EINVAL, "shm_name", "shared-memory segment '%s' does not exist", name);
-        return rs_error_set(err, RS_EINVAL, "shm_name", "cannot open shared-memory segment '%s': %s", name,
-                            strerror(errno));
+        if (errno == ENOENT) rs_error_set(err, RS_EINVAL, "shm_name", "shared-memory segment '%s' does not exist", name);
+        else rs_error_set(err, RS_EINVAL, "shm_name", "cannot open shared-memory segment '%s': %s", name, strerror(errno));
+        return -1;
     }
-    out->fd = fd;
+    if (fstat(fd, st) != 0) {
+        rs_error_set(err, RS_EINVAL, "shm_name", "cannot stat shared-memory segment '%s': %s", name, strerror(errno));
+    } else if (!S_ISREG(st->st_mode)) {
+        rs_error_set(err, RS_EINVAL, "shm_name", "'%s' is not a shared-memory segment", name);
+    } else if (st->st_uid != geteuid()) {
+        rs_error_set(err, RS_EINVAL, "shm_name",
+                     "shared-memory segment '%s' belongs to uid %u, not to rolloutd's uid %u; create it as the user "
+                     "rolloutd runs as", name, (unsigned)st->st_uid, (unsigned)geteuid());
+    } else if ((st->st_mode & 07777) != 0600) {
+        rs_error_set(err, RS_EINVAL, "shm_name",
+                     "shared-memory segment '%s' has mode %04o; it must be 0600 (no group or other access), "
+                     "e.g. shm_open(name, O_CREAT | O_RDWR, 0600)", name, (unsigned)(st->st_mode & 07777));
+    } else {
+        return fd;
+    }
+    close(fd);
+    return -1;
+}
+
+/* ---------------------------------------------------------------- mappings kept between requests */
+
+typedef struct shm_map {
+    const uint8_t *base;                /* NULL = free slot */
+    size_t size;
+    int fd;                             /* the segment, for st_nlink and st_size */
+    dev_t dev;
+    ino_t ino;
+    uint64_t used;                      /* maps->tick at the last request that read it */
+} shm_map;
+
+struct rs_shm_maps {
+    shm_map m[RS_SHM_KEEP];
+    uint64_t tick;
+};
+
+rs_shm_maps *rs_shm_maps_new(void) { return rs_xcalloc(1, sizeof(rs_shm_maps)); }
+
+static void map_drop(shm_map *m) {
+    munmap((void *)m->base, m->size);
+    close(m->fd);
+    *m = (shm_map){.fd = -1};
+}
+
+void rs_shm_maps_free(rs_shm_maps *maps) {
+    if (!maps) return;
+    for (int i = 0; i < RS_SHM_KEEP; i++)
+        if (maps->m[i].base) map_drop(&maps->m[i]);
+    free(maps);
+}
+
+void rs_shm_maps_sweep(rs_shm_maps *maps) {
+    for (int i = 0; i < RS_SHM_KEEP; i++) {
+        shm_map *m = &maps->m[i];
+        struct stat st;
+        if (m->base && (fstat(m->fd, &st) != 0 || st.st_nlink == 0 || st.st_size < 0 || (size_t)st.st_size != m->size))
+            map_drop(m);
+    }
+}
+
+size_t rs_shm_maps_bytes(const rs_shm_maps *maps) {
+    size_t b = 0;
+    for (int i = 0; maps && i < RS_SHM_KEEP; i++) b += maps->m[i].base ? maps->m[i].size : 0;
+    return b;
+}
+
+void rs_shm_maps_forget(rs_shm_maps *maps, const rs_shm_segment *seg) {
+    for (int i = 0; maps && seg->base && i < RS_SHM_KEEP; i++)
+        if (maps->m[i].base == seg->base) map_drop(&maps->m[i]);
+}
+
+/* The kept mapping of this file at this size, or NULL; one of another size is dropped. */
+static shm_map *maps_find(rs_shm_maps *maps, const struct stat *st) {
+    for (int i = 0; i < RS_SHM_KEEP; i++) {
+        shm_map *m = &maps->m[i];
+        if (!m->base || m->dev != st->st_dev || m->ino != st->st_ino) continue;
+        if (m->size == (size_t)st->st_size) return m;
+        map_drop(m);
+    }
+    return NULL;
+}
+
+/* A free slot, made by dropping the least recently used mapping if need be. */
+static shm_map *maps_slot(rs_shm_maps *maps) {
+    shm_map *lru = &maps->m[0];
+    for (int i = 0; i < RS_SHM_KEEP; i++) {
+        if (!maps->m[i].base) return &maps->m[i];
+        if (maps->m[i].used < lru->used) lru = &maps->m[i];
+    }
+    map_drop(lru);
+    return lru;
+}
+
+/* ---------------------------------------------------------------- one request's segment */
+
+int rs_shm_open_kept(rs_shm_maps *maps, const char *name, rs_shm_segment *out, rs_error *err) {
+    *out = (rs_shm_segment){.fd = -1, .guard = -1};
     struct stat st;
+    int fd = open_checked(name, &st, err);
+    if (fd < 0) return err ? err->code : RS_EINVAL;
     int rc;
-    if (fstat(fd, &st) != 0) {
-        rc = rs_error_set(err, RS_EINVAL, "shm_name", "cannot stat shared-memory segment '%s': %s", name,
-                          strerror(errno));
-        goto fail;
+    if (st.st_size == 0) {
+        out->fd = fd;
+        return RS_OK;
     }
-    if (!S_ISREG(st.st_mode)) {
-        rc = rs_error_set(err, RS_EINVAL, "shm_name", "'%s' is not a shared-memory segment", name);
-        goto fail;
+    shm_map *hit = maps ? maps_find(maps, &st) : NULL;
+    if (hit) {
+        close(fd); /* the kept descriptor is of the same file */
+        hit->used = ++maps->tick;
+        *out = (rs_shm_segment){.base = hit->base, .size = hit->size, .fd = hit->fd, .guard = -1, .kept = true};
+    } else {
+        /* MAP_POPULATE maps every page in one pass: the tensors are read whole right after, and one
+         * minor fault per 4 KiB page costs several times the copy on a virtual machine */
+        void *p = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_SHARED | MAP_POPULATE, fd, 0);
+        if (p == MAP_FAILED) {
+            rc = rs_error_set(err, RS_EINVAL, "shm_name", "cannot map shared-memory segment '%s' (%lld bytes): %s",
+                              name, (long long)st.st_size, strerror(errno));
+            close(fd);
+            return rc;
+        }
+        *out = (rs_shm_segment){.base = p, .size = (size_t)st.st_size, .fd = fd, .guard = -1};
+        if (maps) {
+            shm_map *m = maps_slot(maps);
+            *m = (shm_map){.base = p, .size = out->size, .fd = fd, .dev = st.st_dev, .ino = st.st_ino,
+                           .used = ++maps->tick};
+            out->kept = true;
+        }
     }
-    if (st.st_uid != geteuid()) {
-        rc = rs_error_set(err, RS_EINVAL, "shm_name",
-                          "shared-memory segment '%s' belongs to uid %u, not to rolloutd's uid %u; create it as the "
-                          "user rolloutd runs as", name, (unsigned)st.st_uid, (unsigned)geteuid());
-        goto fail;
-    }
-    if ((st.st_mode & 07777) != 0600) {
-        rc = rs_error_set(err, RS_EINVAL, "shm_name",
-                          "shared-memory segment '%s' has mode %04o; it must be 0600 (no group or other access), "
-                          "e.g. shm_open(name, O_CREAT | O_RDWR, 0600)", name, (unsigned)(st.st_mode & 07777));
-        goto fail;
-    }
-    if (st.st_size == 0) return RS_OK;
-    /* MAP_POPULATE maps every page in one pass: the tensors are read whole right after, and one
-     * minor fault per 4 KiB page costs several times the copy on a virtual machine */
-    void *p = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_SHARED | MAP_POPULATE, fd, 0);
-    if (p == MAP_FAILED) {
-        rc = rs_error_set(err, RS_EINVAL, "shm_name", "cannot map shared-memory segment '%s' (%lld bytes): %s",
-                          name, (long long)st.st_size, strerror(errno));
-        goto fail;
-    }
-    out->base = p;
-    out->size = (size_t)st.st_size;
     /* guarded before the first byte is read: from here a shrinking segment fails the request */
-    if ((out->guard = rs_shm_guard_add(p, out->size)) < 0) {
+    if ((out->guard = rs_shm_guard_add(out->base, out->size)) < 0) {
         rc = rs_error_set(err, RS_EBUSY, "shm_name",
                           "cannot guard shared-memory segment '%s': %d segments are already mapped; retry", name,
                           RS_SHM_GUARD_SLOTS);
-        goto fail;
+        if (out->kept) rs_shm_maps_forget(maps, out);
+        else rs_shm_close_segment(out);
+        *out = (rs_shm_segment){.fd = -1, .guard = -1};
+        return rc;
     }
     return RS_OK;
-fail:
-    rs_shm_close_segment(out);
-    return rc;
+}
+
+int rs_shm_open_segment(const char *name, rs_shm_segment *out, rs_error *err) {
+    return rs_shm_open_kept(NULL, name, out, err);
 }
 
 void rs_shm_close_segment(rs_shm_segment *seg) {
     rs_shm_guard_remove(seg->guard); /* before munmap: the range may be reused by the next mapping */
-    if (seg->base) munmap((void *)seg->base, seg->size);
-    if (seg->fd >= 0) close(seg->fd);
+    if (!seg->kept) {
+        if (seg->base) munmap((void *)seg->base, seg->size);
+        if (seg->fd >= 0) close(seg->fd);
+    }
     *seg = (rs_shm_segment){.fd = -1, .guard = -1};
 }
 
@@ -130,8 +229,10 @@ int rs_shm_update(rs_sync *s, const rs_shm_update_req *r, rs_sync_result *res, r
     rs_update *u;
     int rc = rs_sync_txn(s, r->has_version ? r->weight_version : NULL, &u, err);
     if (rc != RS_OK) return rc;
+    rs_shm_maps *maps = rs_sync_shm_maps(s);
+    if (maps) rs_shm_maps_sweep(maps);
     rs_shm_segment seg;
-    if ((rc = rs_shm_open_segment(r->shm_name, &seg, err)) != RS_OK) return rc;
+    if ((rc = rs_shm_open_kept(maps, r->shm_name, &seg, err)) != RS_OK) return rc;
     if ((rc = rs_shm_check_manifest(r, seg.size, err)) == RS_OK) {
         if (rs_shm_test_hook_mapped) rs_shm_test_hook_mapped(r->shm_name);
         for (int i = 0; i < r->n_tensors && rc == RS_OK; i++) {
@@ -150,7 +251,11 @@ int rs_shm_update(rs_sync *s, const rs_shm_update_req *r, rs_sync_result *res, r
             rc = shrank.code;
         }
     }
+    const rs_shm_segment read = seg;
     rs_shm_close_segment(&seg);
+    /* A failed request may have had zero pages put under the mapping by the guard: map it anew
+     * next time (and the trainer is likely to replace the segment anyway). */
+    if (rc != RS_OK) rs_shm_maps_forget(maps, &read);
     if (rc != RS_OK) return rc; /* the service drops the transaction: nothing read here is committed */
     return rs_sync_txn_finish(s, r->is_last, r->abort_all_requests, res, err);
 }

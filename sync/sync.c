@@ -15,6 +15,7 @@
 
 #include <errno.h>
 #include <limits.h>
+#include <math.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -47,6 +48,7 @@ struct rs_sync {
     double txn_touched;                 /* rs_now_s() of its last bucket */
     bool joined;                        /* the running job joined txn */
     void *nccl;                         /* sync/nccl.c's state */
+    rs_shm_maps *shm_maps;              /* shm.c's kept mappings; NULL = none kept */
 
     pthread_mutex_t stats_mu;           /* guards stats (read by other threads) */
     rs_sync_stats stats;
@@ -64,6 +66,16 @@ static void st_txn_state(rs_sync_stats *st, const void *arg) {
     const rs_sync *s = arg;
     st->txn_open = s->txn != NULL;
     st->staged_bytes = s->txn ? rs_update_staged_bytes(s->txn) : 0;
+}
+
+static void st_shm(rs_sync_stats *st, const void *arg) { st->shm_mapped_bytes = *(const size_t *)arg; }
+
+/* Lets go of kept mappings whose segments were unlinked or resized, and publishes what is left. */
+static void sweep_shm(rs_sync *s) {
+    if (!s->shm_maps) return;
+    rs_shm_maps_sweep(s->shm_maps);
+    const size_t b = rs_shm_maps_bytes(s->shm_maps);
+    stats_add(s, st_shm, &b);
 }
 
 static void st_failed_update(rs_sync_stats *st, const void *arg) {
@@ -184,6 +196,7 @@ int rs_sync_txn_finish(rs_sync *s, rs_weight_last last, bool abort_all, rs_sync_
 rs_model *rs_sync_model(rs_sync *s) { return s->m; }
 rs_engine *rs_sync_engine(rs_sync *s) { return s->e; }
 void **rs_sync_nccl_state(rs_sync *s) { return &s->nccl; }
+rs_shm_maps *rs_sync_shm_maps(rs_sync *s) { return s->shm_maps; }
 const char *rs_sync_allowed_dir(const rs_sync *s) { return s->allowed_dir; }
 rs_update *rs_sync_open_txn(rs_sync *s) { return s->txn; }
 
@@ -262,6 +275,7 @@ static void run_job(rs_sync *s, rs_sync_job *job) {
     res->seconds = rs_now_s() - t0;
     job_stats js = {.bytes = res->bytes, .tensors = rc == RS_OK ? tensors : 0, .failed = rc != RS_OK};
     stats_add(s, st_job, &js);
+    if (job->kind == RS_SYNC_SHM) sweep_shm(s);
     if (rc != RS_OK) RS_INFO("sync | %s | %s", rs_err_type(rc), job->err.message);
 }
 
@@ -270,20 +284,30 @@ static void *sync_main(void *arg) {
     pthread_mutex_lock(&s->mu);
     for (;;) {
         while (!s->head && !s->stop) {
-            if (s->txn && s->idle_timeout > 0) {
-                /* txn and txn_touched are only written by this thread, so reading them here is safe */
-                const double deadline = s->txn_touched + s->idle_timeout + 0.01; /* CLOCK_MONOTONIC */
-                if (rs_now_s() >= deadline) {
-                    pthread_mutex_unlock(&s->mu);
-                    expire_txn(s);
-                    pthread_mutex_lock(&s->mu);
-                    continue;
-                }
-                struct timespec ts = {.tv_sec = (time_t)deadline};
-                ts.tv_nsec = (long)((deadline - (double)ts.tv_sec) * 1e9);
-                pthread_cond_timedwait(&s->cv, &s->mu, &ts);
-            } else {
+            /* txn, txn_touched and shm_maps are only written by this thread: safe to read here */
+            const bool kept = s->shm_maps && rs_shm_maps_bytes(s->shm_maps) > 0;
+            const bool expires = s->txn && s->idle_timeout > 0;
+            if (!kept && !expires) {
                 pthread_cond_wait(&s->cv, &s->mu);
+                continue;
+            }
+            const double now = rs_now_s();
+            const double expiry = expires ? s->txn_touched + s->idle_timeout + 0.01 : INFINITY; /* CLOCK_MONOTONIC */
+            if (now >= expiry) {
+                pthread_mutex_unlock(&s->mu);
+                expire_txn(s);
+                pthread_mutex_lock(&s->mu);
+                continue;
+            }
+            /* kept mappings: look once a second for segments the trainer has unlinked */
+            const double deadline = kept ? RS_MIN(expiry, now + 1.0) : expiry;
+            struct timespec ts = {.tv_sec = (time_t)deadline};
+            ts.tv_nsec = (long)((deadline - (double)ts.tv_sec) * 1e9);
+            pthread_cond_timedwait(&s->cv, &s->mu, &ts);
+            if (kept) {
+                pthread_mutex_unlock(&s->mu);
+                sweep_shm(s);
+                pthread_mutex_lock(&s->mu);
             }
         }
         if (s->stop) break;
@@ -316,6 +340,7 @@ int rs_sync_start(rs_sync **out, rs_engine *e, rs_model *m, const rs_sync_opts *
             return rc;
         }
     }
+    if (opts->keep_shm_maps) s->shm_maps = rs_shm_maps_new();
     long cpus = sysconf(_SC_NPROCESSORS_ONLN);
     /* half the cores by default: updates overlap generation, which wants the rest */
     s->pool = rs_pool_init(opts->threads > 0 ? opts->threads : (int)RS_MAX(1, cpus / 2));
@@ -328,6 +353,7 @@ int rs_sync_start(rs_sync **out, rs_engine *e, rs_model *m, const rs_sync_opts *
     pthread_condattr_destroy(&ca);
     if (pthread_create(&s->thread, NULL, sync_main, s) != 0) {
         rs_pool_free(s->pool);
+        rs_shm_maps_free(s->shm_maps);
         pthread_cond_destroy(&s->cv);
         pthread_mutex_destroy(&s->mu);
         pthread_mutex_destroy(&s->stats_mu);
@@ -362,6 +388,7 @@ void rs_sync_stop(rs_sync *s) {
     }
     drop_txn(s, "server shutting down");
     rs_nccl_release(s);
+    rs_shm_maps_free(s->shm_maps);
     rs_pool_free(s->pool);
     pthread_cond_destroy(&s->cv);
     pthread_mutex_destroy(&s->mu);

@@ -43,6 +43,7 @@ typedef struct rs_sync rs_sync;
 typedef struct rs_sync_opts {
     size_t staging_limit;               /* bytes (weight-staging-mb); 0 = the model's served size */
     bool keep_staging;                  /* weight-staging-keep: recycle replaced weights as the next staging */
+    bool keep_shm_maps;                 /* weight-shm-keep: keep segments mapped between requests (shm.h) */
     const char *allowed_weight_dir;     /* copied; NULL or "" = /update_weights_from_disk disabled */
     double txn_idle_timeout;            /* seconds; 0 = an open transaction never expires */
     int threads;                        /* quantization threads; 0 = half the online CPUs */
@@ -117,6 +118,7 @@ typedef struct rs_sync_stats {
     rs_histogram pause_seconds;         /* step loop held by each commit */
     bool txn_open;
     size_t staged_bytes;                /* backend bytes held by the open transaction */
+    size_t shm_mapped_bytes;            /* shared memory kept mapped between requests (shm.h) */
     double last_update_seconds;
     uint64_t last_update_bytes;
 } rs_sync_stats;
@@ -138,6 +140,7 @@ int rs_sync_txn_finish(rs_sync *s, rs_weight_last last, bool abort_all, rs_sync_
 rs_model *rs_sync_model(rs_sync *s);
 rs_engine *rs_sync_engine(rs_sync *s);
 rs_update *rs_sync_open_txn(rs_sync *s);            /* the open transaction, or NULL */
+struct rs_shm_maps *rs_sync_shm_maps(rs_sync *s);   /* kept shm mappings, or NULL (weight-shm-keep off) */
 const char *rs_sync_allowed_dir(const rs_sync *s);  /* realpath of allowed-weight-dir, "" = disabled */
 /* A pointer slot for sync/nccl.c's own state (groups, communicators): NULL at start; nccl.c owns
  * what it stores there; rs_sync_stop calls rs_nccl_release after the thread has stopped. */

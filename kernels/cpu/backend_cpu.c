@@ -7,6 +7,7 @@
  * and are kept, so steady-state decode does not allocate.
  */
 #include <stdbool.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -114,8 +115,63 @@ static void cpu_free(rs_backend *b, void *p) {
     free(p);
 }
 
+/* Uploads of at least this many bytes (weights, pushed weights) use non-temporal stores: they
+ * skip the read-for-ownership of the destination that a cached store pays, and the data is not
+ * read again soon (a model is far larger than the caches). Measured on the reference VM, 1.19 GB in
+ * 6 MiB pieces: memcpy 20.5 GB/s, SSE2 streaming stores 26 GB/s, AVX-512 ones 27.7 GB/s. */
+#define RS_STREAM_MIN ((size_t)1 << 20)
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <immintrin.h>
+
+__attribute__((target("avx512f"))) static void stream_copy_avx512(uint8_t *d, const uint8_t *s, size_t n) {
+    for (size_t i = 0; i < n; i += 256) {
+        const __m512i a = _mm512_loadu_si512(s + i), b = _mm512_loadu_si512(s + i + 64),
+                      c = _mm512_loadu_si512(s + i + 128), e = _mm512_loadu_si512(s + i + 192);
+        _mm512_stream_si512((void *)(d + i), a);
+        _mm512_stream_si512((void *)(d + i + 64), b);
+        _mm512_stream_si512((void *)(d + i + 128), c);
+        _mm512_stream_si512((void *)(d + i + 192), e);
+    }
+}
+
+static void stream_copy_sse2(uint8_t *d, const uint8_t *s, size_t n) {
+    for (size_t i = 0; i < n; i += 64) {
+        const __m128i a = _mm_loadu_si128((const void *)(s + i)), b = _mm_loadu_si128((const void *)(s + i + 16)),
+                      c = _mm_loadu_si128((const void *)(s + i + 32)), e = _mm_loadu_si128((const void *)(s + i + 48));
+        _mm_stream_si128((void *)(d + i), a);
+        _mm_stream_si128((void *)(d + i + 16), b);
+        _mm_stream_si128((void *)(d + i + 32), c);
+        _mm_stream_si128((void *)(d + i + 48), e);
+    }
+}
+
+/* memcpy with streaming stores: an unaligned head and tail by memcpy, the 256-byte-multiple body
+ * 64-byte aligned at the destination, then a store fence so the data is visible to other threads
+ * like a plain memcpy's. */
+static void stream_copy(rs_cpu_simd simd, void *dst, const void *src, size_t n) {
+    uint8_t *d = dst;
+    const uint8_t *s = src;
+    const size_t head = RS_MIN(n, (size_t)((64 - ((uintptr_t)d & 63)) & 63));
+    memcpy(d, s, head);
+    d += head, s += head, n -= head;
+    const size_t body = n & ~(size_t)255;
+    if (simd == RS_CPU_SIMD_AVX512) stream_copy_avx512(d, s, body);
+    else stream_copy_sse2(d, s, body);
+    _mm_sfence();
+    memcpy(d + body, s + body, n - body);
+}
+#endif
+
 static void cpu_upload(rs_backend *b, void *dst, const void *src_host, size_t bytes) {
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+    if (bytes >= RS_STREAM_MIN) {
+        stream_copy(rs_cpu_ctx_of(b)->simd, dst, src_host, bytes);
+        return;
+    }
+#else
     (void)b;
+#endif
     if (bytes) memcpy(dst, src_host, bytes);
 }
 
@@ -148,6 +204,7 @@ static const rs_backend_ops cpu_ops = {
     .name = "cpu",
     .alloc = cpu_alloc,
     .free = cpu_free,
+    .host_memory = true,
     .upload = cpu_upload,
     .download = cpu_download,
     .copy = cpu_copy,

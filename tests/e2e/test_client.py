@@ -419,19 +419,40 @@ def test_shm_keep_segments(stub):
     c.push_weights(sd, version="1", bucket_bytes=10000, keep_segments=True)
     first = {x["body"]["shm_name"] for x in stub.calls}
     kept = _my_segments()
-    assert len(kept) == 2 and all("/" + k in first for k in kept)  # the big tensor's is gone
+    # two bucket segments and the big tensor's, all kept
+    assert len(kept) == 3 and all("/" + k in first for k in kept) and len(first) == 3
     assert all(stat.S_IMODE(os.stat("/dev/shm/" + k).st_mode) == 0o600 for k in kept)
+    big = {x["body"]["shm_name"] for x in stub.calls if x["body"]["tensors"][0]["name"] == "d.big"}
+    assert len(big) == 1 and os.stat("/dev/shm" + next(iter(big))).st_size >= 12000
     n = len(stub.calls)
     c.push_weights(sd, version="2", bucket_bytes=10000, keep_segments=True)
     assert _my_segments() == kept  # reused
-    assert {x["body"]["shm_name"] for x in stub.calls[n:]} - first == {x["body"]["shm_name"] for x in stub.calls[n:]
-                                                                      if x["body"]["tensors"][0]["name"] == "d.big"}
+    assert {x["body"]["shm_name"] for x in stub.calls[n:]} == first
     stub.fail_at = len(stub.calls)
     with pytest.raises(RolloutdError):
         c.push_weights(sd, version="3", bucket_bytes=10000, keep_segments=True)
     assert _my_segments() == []  # an error unlinks the kept ones too
     c.push_weights(sd, version="4", bucket_bytes=10000, keep_segments=True)
-    assert len(_my_segments()) == 2
+    assert len(_my_segments()) == 3
+    c.close()
+    assert _my_segments() == []
+
+
+def test_shm_keep_segments_two_big_tensors_in_a_row(stub):
+    """Two tensors larger than a bucket, back to back, share the kept big segment: the second is
+    packed only after the server has answered for the first (else the server would read the
+    second's bytes under the first's name)."""
+    rng = np.random.default_rng(2)
+    sd = {"big1": rng.standard_normal(3000).astype(np.float32), "big2": rng.standard_normal(3500).astype(np.float32),
+          "small": rng.standard_normal(100).astype(np.float32), "big3": rng.standard_normal(2900).astype(np.float32)}
+    c = Client(f"http://127.0.0.1:{stub.server_address[1]}")
+    for version in ("1", "2"):
+        n = len(stub.calls)
+        c.push_weights(sd, version=version, bucket_bytes=10000, keep_segments=True)
+        got = {t["name"]: x["data"][t["name"]] for x in stub.calls[n:] for t in x["body"]["tensors"]}
+        assert got == {k: v.tobytes() for k, v in sd.items()}
+        big = {x["body"]["shm_name"] for x in stub.calls[n:] if x["body"]["tensors"][0]["name"].startswith("big")}
+        assert len(big) == 1  # one kept segment, sized for the largest
     c.close()
     assert _my_segments() == []
 

@@ -111,6 +111,35 @@ RS_TEST(cpu_alloc_is_zeroed_aligned_and_copies) {
     rs_backend_free(b);
 }
 
+/* Uploads of 1 MiB and more take the streaming-store copy (backend_cpu.c): every byte lands, for
+ * any source and destination alignment and any length (head, 256-byte body, tail), at every SIMD
+ * level, and nothing around the destination range is touched. */
+RS_TEST(cpu_upload_streaming_copy) {
+    rs_backend *b = rs_backend_cpu_init(1);
+    const size_t cap = (2u << 20) + 4096;
+    unsigned char *src = malloc(cap), *dev = rs_backend_alloc(b, cap);
+    ASSERT_TRUE(src && dev);
+    for (size_t i = 0; i < cap; i++) src[i] = (unsigned char)(i * 2654435761u >> 13);
+    const size_t lens[] = {(1u << 20), (1u << 20) + 1, (1u << 20) + 255, (1u << 20) + 300, (2u << 20) - 7};
+    const size_t offs[] = {0, 1, 13, 63, 64, 200};
+    for (int lv = RS_CPU_SIMD_SCALAR; lv <= RS_CPU_SIMD_AVX512; lv++) {
+        rs_cpu_set_simd(b, (rs_cpu_simd)lv);
+        for (size_t li = 0; li < RS_ARRAY_LEN(lens); li++) {
+            for (size_t di = 0; di < RS_ARRAY_LEN(offs); di++) {
+                const size_t so = offs[(di + li) % RS_ARRAY_LEN(offs)], d0 = offs[di], n = lens[li];
+                memset(dev, 0xEE, cap);
+                rs_backend_upload(b, dev + d0, src + so, n);
+                if (memcmp(dev + d0, src + so, n) != 0) RS_TEST_FAIL("level %d len %zu dst+%zu src+%zu", lv, n, d0, so);
+                for (size_t i = 0; i < d0; i++) ASSERT_EQ(dev[i], 0xEE);
+                for (size_t i = d0 + n; i < cap; i++) ASSERT_EQ(dev[i], 0xEE);
+            }
+        }
+    }
+    rs_backend_free_mem(b, dev);
+    free(src);
+    rs_backend_free(b);
+}
+
 /* ---- matmul ---- */
 
 static void ref_matmul(double *out, const float *x, const wmat *w, const wmat *bias, int rows, double *tol) {

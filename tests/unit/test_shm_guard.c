@@ -8,6 +8,11 @@
  * was mapped and before its first tensor is read (rs_shm_test_hook_mapped, so the timing is
  * deterministic): the request fails with 400, the transaction is dropped, the old weights keep
  * serving (the reference: their logits, bit for bit), and the next good update commits.
+ *
+ * Also the mappings kept between requests (weight-shm-keep): reused only for the same file at the
+ * same size, never for a new segment under an old name, let go when unlinked, resized or refused
+ * (mode), least recently used dropped first; and through the service, segments rewritten by the
+ * trainer between two updates deliver the new bytes.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -334,7 +339,7 @@ RS_TEST(sync_shm_segment_truncated_mid_request) {
     ASSERT_EQ(rs_engine_init(&e, m, &eo, &err), RS_OK);
     ASSERT_EQ(rs_engine_start(e), RS_OK);
     rs_sync *s = NULL;
-    rs_sync_opts so = {.threads = 2};
+    rs_sync_opts so = {.threads = 2, .keep_shm_maps = true}; /* the daemon's default */
     ASSERT_EQ(rs_sync_start(&s, e, m, &so, &err), RS_OK);
     rs_st_dir *bt = NULL;
     ASSERT_EQ(rs_st_dir_open(&bt, dir_b, &err), RS_OK);
@@ -369,6 +374,7 @@ RS_TEST(sync_shm_segment_truncated_mid_request) {
         ASSERT_EQ(st.staged_bytes, 0);
         ASSERT_EQ(st.updates, 0);
         ASSERT_EQ(st.updates_failed, (uint64_t)cs + 1);
+        ASSERT_EQ(st.shm_mapped_bytes, k1.sg.size); /* the shrunk segment's mapping was let go */
         ASSERT_STREQ(rs_engine_weight_version(e), "0");
         float *got = rs_test_probe_logits(m);
         if (!rs_test_same_probe(got, logits_a, rs_test_tiny_qwen3().vocab_size)) RS_TEST_FAIL("case %d: the served weights changed", cs);
@@ -391,6 +397,185 @@ RS_TEST(sync_shm_segment_truncated_mid_request) {
     bucket_free(&k2);
 
     rs_st_dir_close(bt);
+    rs_sync_stop(s);
+    rs_engine_stop(e);
+    rs_engine_free(e);
+    rs_model_free(m);
+    rs_backend_free(b);
+    free(logits_a);
+    free(logits_b);
+}
+
+/* ---------------------------------------------------------------- kept mappings */
+
+static void seg_fill(seg *s, uint8_t v) {
+    uint8_t *p = mmap(NULL, s->size, PROT_READ | PROT_WRITE, MAP_SHARED, s->fd, 0);
+    ASSERT_TRUE(p != MAP_FAILED);
+    memset(p, v, s->size);
+    munmap(p, s->size);
+}
+
+/* Opens `name` through `maps`, checks every byte is v, closes; returns the base it was read at. */
+static const uint8_t *read_kept(rs_shm_maps *maps, const char *name, size_t size, uint8_t v) {
+    rs_shm_segment g;
+    rs_error err = {0};
+    if (rs_shm_open_kept(maps, name, &g, &err) != RS_OK) RS_TEST_FAIL("open %s: %s", name, err.message);
+    ASSERT_EQ(g.size, size);
+    ASSERT_TRUE(g.kept);
+    for (size_t i = 0; i < size; i++)
+        if (g.base[i] != v) RS_TEST_FAIL("%s byte %zu is %u, want %u", name, i, g.base[i], v);
+    const uint8_t *base = g.base;
+    rs_shm_close_segment(&g);
+    return base;
+}
+
+RS_TEST(shm_kept_mappings) {
+    const size_t page = (size_t)sysconf(_SC_PAGESIZE);
+    rs_shm_maps *maps = rs_shm_maps_new();
+    rs_error err = {0};
+
+    /* reused while the trainer keeps the segment, and it sees what the trainer writes */
+    seg a = seg_create(3 * page);
+    seg_fill(&a, 1);
+    const uint8_t *base = read_kept(maps, a.name, a.size, 1);
+    ASSERT_EQ(rs_shm_maps_bytes(maps), a.size);
+    seg_fill(&a, 2);
+    ASSERT_TRUE(read_kept(maps, a.name, a.size, 2) == base);
+    rs_shm_maps_sweep(maps);
+    ASSERT_EQ(rs_shm_maps_bytes(maps), a.size);
+
+    /* resized: mapped anew at the new size, the old mapping dropped */
+    ASSERT_EQ(ftruncate(a.fd, (off_t)(5 * page)), 0);
+    a.size = 5 * page;
+    seg_fill(&a, 3);
+    read_kept(maps, a.name, a.size, 3);
+    ASSERT_EQ(rs_shm_maps_bytes(maps), 5 * page);
+
+    /* a new segment under the old name is a new file: its own bytes, never the old mapping's */
+    ASSERT_EQ(shm_unlink(a.name), 0);
+    close(a.fd);
+    a.fd = shm_open(a.name, O_CREAT | O_EXCL | O_RDWR, 0600);
+    ASSERT_TRUE(a.fd >= 0);
+    ASSERT_EQ(ftruncate(a.fd, (off_t)a.size), 0);
+    seg_fill(&a, 4);
+    read_kept(maps, a.name, a.size, 4);
+    rs_shm_maps_sweep(maps); /* the unlinked file's mapping goes */
+    ASSERT_EQ(rs_shm_maps_bytes(maps), a.size);
+
+    /* every check runs again on a kept segment: one made group-readable is refused */
+    ASSERT_EQ(fchmod(a.fd, 0640), 0);
+    rs_shm_segment g;
+    ASSERT_EQ(rs_shm_open_kept(maps, a.name, &g, &err), RS_EINVAL);
+    ASSERT_TRUE(strstr(err.message, "mode 0640") != NULL);
+    ASSERT_EQ(fchmod(a.fd, 0600), 0);
+
+    /* unlinked: let go at the next sweep */
+    seg_destroy(&a);
+    rs_shm_maps_sweep(maps);
+    ASSERT_EQ(rs_shm_maps_bytes(maps), 0);
+
+    /* at most RS_SHM_KEEP, the least recently used dropped first */
+    seg many[RS_SHM_KEEP + 1];
+    for (int i = 0; i <= RS_SHM_KEEP; i++) {
+        many[i] = seg_create((size_t)(i + 1) * page);
+        seg_fill(&many[i], (uint8_t)(10 + i));
+    }
+    for (int i = 0; i < RS_SHM_KEEP; i++) read_kept(maps, many[i].name, many[i].size, (uint8_t)(10 + i));
+    const uint8_t *first = read_kept(maps, many[0].name, many[0].size, 10); /* 1 is now the oldest */
+    read_kept(maps, many[RS_SHM_KEEP].name, many[RS_SHM_KEEP].size, (uint8_t)(10 + RS_SHM_KEEP));
+    size_t want = 0;
+    for (int i = 0; i <= RS_SHM_KEEP; i++) want += i == 1 ? 0 : many[i].size;
+    ASSERT_EQ(rs_shm_maps_bytes(maps), want);
+    ASSERT_TRUE(read_kept(maps, many[0].name, many[0].size, 10) == first);
+
+    /* a request's own mapping (maps NULL) is not kept */
+    ASSERT_EQ(rs_shm_open_kept(NULL, many[1].name, &g, &err), RS_OK);
+    ASSERT_TRUE(!g.kept);
+    rs_shm_close_segment(&g);
+    for (int i = 0; i <= RS_SHM_KEEP; i++) seg_destroy(&many[i]);
+    rs_shm_maps_free(maps);
+}
+
+/* The same two segments carry two updates (the client's keep_segments): the second must deliver
+ * the bytes the trainer wrote for it, through the kept mappings, bit for bit. */
+RS_TEST(sync_shm_kept_segments_carry_the_next_update) {
+    char dir_a[512], dir_b[512];
+    snprintf(dir_a, sizeof dir_a, "%s/ka", rs_test_tmpdir());
+    snprintf(dir_b, sizeof dir_b, "%s/kb", rs_test_tmpdir());
+    rs_model_config c = rs_test_tiny_qwen3();
+    rs_error err = {0};
+    ASSERT_EQ(rs_testmodel_write(dir_a, &c, 1, &err), RS_OK);
+    ASSERT_EQ(rs_testmodel_write(dir_b, &c, 2, &err), RS_OK);
+    rs_backend *b = rs_backend_cpu_init(2);
+    rs_quant_policy qp;
+    ASSERT_EQ(rs_quant_policy_init(&qp, "fp8", "", 0, 0, &err), RS_OK);
+    rs_model *m = NULL;
+    ASSERT_EQ(rs_model_load(dir_a, b, &qp, &m, &err), RS_OK);
+    float *logits_a = rs_test_probe_logits(m);
+    rs_model *ref_b = NULL;
+    ASSERT_EQ(rs_model_load(dir_b, b, &qp, &ref_b, &err), RS_OK);
+    float *logits_b = rs_test_probe_logits(ref_b);
+    rs_model_free(ref_b);
+    rs_engine *e = NULL;
+    rs_engine_opts eo = {.kv_cache_bytes = 2 << 20, .max_running = 4, .max_step_tokens = 256,
+                         .limits = {.max_context = 256, .max_new_tokens = 128, .max_n = 2, .max_batch = 4}};
+    ASSERT_EQ(rs_engine_init(&e, m, &eo, &err), RS_OK);
+    ASSERT_EQ(rs_engine_start(e), RS_OK);
+    rs_sync *s = NULL;
+    rs_sync_opts so = {.threads = 2, .keep_shm_maps = true};
+    ASSERT_EQ(rs_sync_start(&s, e, m, &so, &err), RS_OK);
+    rs_st_dir *ta = NULL, *tb = NULL;
+    ASSERT_EQ(rs_st_dir_open(&ta, dir_a, &err), RS_OK);
+    ASSERT_EQ(rs_st_dir_open(&tb, dir_b, &err), RS_OK);
+    const size_t n = rs_st_dir_count(tb), half = n / 2;
+    ASSERT_EQ(rs_st_dir_count(ta), n);
+
+    bucket k1 = bucket_make(tb, 0, half), k2 = bucket_make(tb, half, n);
+    rs_sync_job job;
+    ASSERT_EQ(send_bucket(s, &k1, RS_WEIGHT_LAST_NO, &job), RS_OK);
+    if (send_bucket(s, &k2, RS_WEIGHT_LAST_YES, &job) != RS_OK) RS_TEST_FAIL("%s", job.err.message);
+    float *got = rs_test_probe_logits(m);
+    if (!rs_test_same_probe(got, logits_b, c.vocab_size)) RS_TEST_FAIL("the first update is not B's weights");
+    free(got);
+    rs_sync_stats st;
+    rs_sync_get_stats(s, &st);
+    ASSERT_EQ(st.shm_mapped_bytes, k1.sg.size + k2.sg.size);
+
+    /* the trainer rewrites the same segments with A (same layout: same names, shapes, dtypes) */
+    bucket a1 = bucket_make(ta, 0, half), a2 = bucket_make(ta, half, n);
+    ASSERT_EQ(a1.sg.size, k1.sg.size);
+    ASSERT_EQ(a2.sg.size, k2.sg.size);
+    const bucket *src[2] = {&a1, &a2};
+    const bucket *dst[2] = {&k1, &k2};
+    for (int i = 0; i < 2; i++) {
+        uint8_t *from = mmap(NULL, src[i]->sg.size, PROT_READ, MAP_SHARED, src[i]->sg.fd, 0);
+        uint8_t *to = mmap(NULL, dst[i]->sg.size, PROT_READ | PROT_WRITE, MAP_SHARED, dst[i]->sg.fd, 0);
+        ASSERT_TRUE(from != MAP_FAILED && to != MAP_FAILED);
+        memcpy(to, from, dst[i]->sg.size);
+        munmap(from, src[i]->sg.size);
+        munmap(to, dst[i]->sg.size);
+    }
+    ASSERT_EQ(send_bucket(s, &k1, RS_WEIGHT_LAST_NO, &job), RS_OK);
+    if (send_bucket(s, &k2, RS_WEIGHT_LAST_YES, &job) != RS_OK) RS_TEST_FAIL("%s", job.err.message);
+    ASSERT_TRUE(job.res.committed);
+    got = rs_test_probe_logits(m);
+    if (!rs_test_same_probe(got, logits_a, c.vocab_size)) RS_TEST_FAIL("the second update is not A's weights");
+    free(got);
+
+    /* the trainer unlinks its segments: the service lets them go within about a second */
+    bucket_free(&a1);
+    bucket_free(&a2);
+    bucket_free(&k1);
+    bucket_free(&k2);
+    for (int i = 0; i < 40; i++) {
+        rs_sync_get_stats(s, &st);
+        if (st.shm_mapped_bytes == 0) break;
+        usleep(50 * 1000);
+    }
+    ASSERT_EQ(st.shm_mapped_bytes, 0);
+
+    rs_st_dir_close(ta);
+    rs_st_dir_close(tb);
     rs_sync_stop(s);
     rs_engine_stop(e);
     rs_engine_free(e);

@@ -315,7 +315,8 @@ class Client:
         fp8=True: q/k/v/o, gate/up/down and expert matrices are quantized here (128x128 blocks,
         DESIGN.md "Numerics"; fp8.py) and sent as float8_e4m3fn + `<name>_scale_inv`, half the
         bytes; fp8_filter(name) overrides which names.
-        keep_segments=True (shm): keep the two bucket segments allocated for the next push instead of
+        keep_segments=True (shm): keep the bucket segments (two, plus one for tensors larger than a
+        bucket) allocated for the next push instead of
         unlinking them (allocating tmpfs pages costs more than copying into them; see shm.py); they
         are unlinked by close(), on error, and at exit.
         Returns PushResult; raises RolloutdError when the server refuses a bucket (the update is

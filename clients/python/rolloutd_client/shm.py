@@ -15,8 +15,10 @@ at the end, also when a POST fails or packing raises.
 
 Segments are mapped with MAP_POPULATE. Allocating tmpfs pages is the expensive part of a push (the
 kernel zeroes them: ~1.5 GB/s on a small VM, against >10 GB/s for the copy itself), so a trainer that
-pushes every step should pass keep_segments=True: the two bucket segments then stay allocated between
-pushes (owned by the Client; unlinked by Client.close(), on any error, and at interpreter exit).
+pushes every step should pass keep_segments=True: the two bucket segments, and a third for tensors
+larger than a bucket, then stay allocated between pushes (owned by the Client; unlinked by
+Client.close(), on any error, and at interpreter exit). rolloutd keeps its mappings of segments that
+stay (weight-shm-keep), so a reused segment costs neither side a page fault or an mmap.
 """
 import concurrent.futures as cf
 import itertools
@@ -116,10 +118,21 @@ class Segment:
 
 
 class SegmentPool:
-    """The two bucket segments a Client keeps between pushes with keep_segments=True."""
+    """The segments a Client keeps between pushes with keep_segments=True: two for buckets, one for
+    tensors larger than a bucket."""
 
     def __init__(self):
         self.segs = []
+        self.big = None
+
+    def take_big(self, size):
+        """The segment for a tensor larger than a bucket: kept if big enough, else replaced."""
+        if self.big is None or self.big.size < size:
+            if self.big is not None:
+                self.big.close()
+                self.big = None
+            self.big = Segment(size)
+        return self.big
 
     def take(self, n, size):
         """n segments of at least `size` bytes (reused when big enough, else replaced)."""
@@ -136,6 +149,9 @@ class SegmentPool:
         for s in self.segs:
             s.close()
         self.segs = []
+        if self.big is not None:
+            self.big.close()
+            self.big = None
 
 
 def push_shm(client, entries, version, bucket_bytes, timeout=None, pool=None):
@@ -149,14 +165,14 @@ def push_shm(client, entries, version, bucket_bytes, timeout=None, pool=None):
     t0 = time.perf_counter()
     segs, extra = [], []
     executor = cf.ThreadPoolExecutor(max_workers=1, thread_name_prefix="rolloutd-shm-post")
-    inflight = None   # (future, segment to free when done or None)
+    inflight = None   # (future, segment to free when done or None, segment it reads)
     final, total, server_s = None, 0, 0.0
 
     def wait_inflight():
         nonlocal inflight, final, server_s
         if inflight is None:
             return
-        fut, tmp = inflight
+        fut, tmp, _ = inflight
         inflight = None
         try:
             final = fut.result()
@@ -174,14 +190,20 @@ def push_shm(client, entries, version, bucket_bytes, timeout=None, pool=None):
             segs = [Segment(size) for _ in range(n_shared)]
         slot = 0
         for i, (items, used, own) in enumerate(buckets):
-            if own:
+            if own and pool is not None:
+                seg = pool.take_big(max(b[1] for b in buckets if b[2]))
+                own = False  # kept, not freed after its POST
+            elif own:
                 seg = Segment(used)
                 extra.append(seg)
             else:
                 seg = segs[slot % len(segs)]
                 slot += 1
-            # Pack while the previous bucket's POST is in flight (it reads the other segment; the
-            # one before it, which used this segment, has returned).
+            # Pack while the previous bucket's POST is in flight (it reads another segment; the
+            # one before it, which may have used this segment, has returned). Two large tensors in a
+            # row share the kept big segment: wait for the first before packing the second.
+            if inflight is not None and inflight[2] is seg:
+                wait_inflight()
             for e, off in items:
                 e.write_into(seg.buf[off:off + e.nbytes])
                 total += e.nbytes
@@ -189,7 +211,7 @@ def push_shm(client, entries, version, bucket_bytes, timeout=None, pool=None):
                     "is_last": i == len(buckets) - 1, "weight_version": str(version)}
             wait_inflight()
             fut = executor.submit(client.update_weights_from_shm_body, body, timeout)
-            inflight = (fut, seg if own else None)
+            inflight = (fut, seg if own else None, seg)
             if own:
                 extra.remove(seg)
         wait_inflight()
