@@ -84,6 +84,9 @@ static const rs_config_entry entries[] = {
      "segments cost no mmap; a segment is let go within a second of being unlinked)", 0},
     {"allowed-weight-dir", RS_CONFIG_TYPE_STRING, F(allowed_weight_dir), 0, 4095, "", NULL,
      "/update_weights_from_disk reads checkpoints only below this directory; empty = the route is disabled", 0},
+    {"weight-sync-threads", RS_CONFIG_TYPE_INT, F(weight_sync_threads), 0, 1024, "0", NULL,
+     "threads that quantize pushed weights; 0 = every online CPU (a push usually lands between rollout steps, "
+     "while generation is idle; set fewer to leave cores to generation when updates overlap it)", 0},
     {"weight-update-timeout", RS_CONFIG_TYPE_FLOAT, F(weight_update_timeout), 0, 86400, "300", NULL,
      "seconds a streamed weight update may wait for its next bucket before it is dropped (0 = forever)", 0},
     {"api-key", RS_CONFIG_TYPE_STRING, F(api_key), 0, 255, "", NULL,

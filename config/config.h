@@ -56,6 +56,7 @@ typedef struct rs_config {
     bool weight_shm_keep;                /* keep update segments mapped between requests (sync/shm.h) */
     bool weight_staging_keep;            /* recycle replaced weights' memory as the next update's staging */
     char allowed_weight_dir[4096];       /* /update_weights_from_disk reads only below this; empty = off */
+    int weight_sync_threads;             /* quantization threads of the sync service; 0 = all CPUs */
     double weight_update_timeout;        /* seconds an open streamed update may wait for its next bucket */
 } rs_config;
 

@@ -1,25 +1,28 @@
 #!/usr/bin/env python3
 """Weight-sync benchmark: push a Qwen3-0.6B-shaped BF16 model into rolloutd over shared memory.
 
-    python3 scripts/bench_weight_sync.py [--bin build/rolloutd] [--quantizations bf16,fp8]
+    python3 scripts/bench_weight_sync.py [--bin build/rolloutd] [--quantizations bf16/bf16,fp8] [--sync-threads 2]
 
 Writes the preset model (`make-default-model --preset qwen3-0.6b`, 1.19 GB BF16, 310 tensors) unless
 --model-dir is given, loads it into memory (disk reads are not timed), starts the daemon once per
---quantization (default KV cache: FP8, so every update also recalibrates KV scales) and pushes the
-model --repeat times with rolloutd_client.Client.push_weights. Each push is end to end: packing into
-the segments (allocated per push by default; "kept segs" rows reuse them), every POST, validation, conversion (requantization to FP8 blocks with
---quantization fp8), the commit and the KV recalibration; the answer to the last POST ends it.
-In the same run it times a plain copy of the same number of bytes (numpy copyto between two
-pre-faulted buffers: the memcpy rate of this machine) and reports push rate / memcpy rate (target:
->= 0.5x). Prints a markdown table. --client-fp8 adds a push quantized by the client (E4M3 codes +
-_scale_inv, half the bytes) into the fp8 daemon. --stub replaces the daemon with an HTTP stub that
-answers at once (client-side cost only).
+--quantizations entry and pushes the model --repeat times with fresh segments, then --repeat times
+with kept ones (rolloutd_client.Client.push_weights keep_segments=True, what a trainer pushing every
+step uses). Each push is end to end: packing into the segments, every POST, validation, conversion
+(requantization to FP8 blocks with --quantization fp8), the commit and, with an FP8 KV cache in the
+default per-head mode, the KV recalibration (a prefill of the fixed calibration set that holds
+generation); the answer to the last POST ends it. `--kv-scale-mode dynamic` scales each token as it
+is written, so its updates recalibrate nothing. In the same run it times a plain copy of the same
+number of bytes (numpy copyto between two pre-faulted buffers: the memcpy rate of this machine) and
+reports push rate / memcpy rate (target: >= 0.5x). Prints a markdown table. --client-fp8 adds a push
+quantized by the client (E4M3 codes + _scale_inv, half the bytes) into the fp8 daemons. --stub
+replaces the daemon with an HTTP stub that answers at once (client-side cost only).
 """
 import argparse
 import http.server
 import json
 import os
 import pathlib
+import re
 import shutil
 import signal
 import socket
@@ -135,15 +138,18 @@ def main():
     ap.add_argument("--make-model", default=None, help="make-default-model binary (default: next to --bin)")
     ap.add_argument("--model-dir", default=None, help="an existing BF16 model directory (default: write the preset)")
     ap.add_argument("--preset", default="qwen3-0.6b")
-    ap.add_argument("--quantizations", default="bf16,fp8,bf16/bf16",
-                    help="daemon configs, comma-separated QUANT[/KV_DTYPE] (KV default: the daemon's, fp8, "
-                         "which recalibrates KV scales on every update); e.g. bf16,fp8,bf16/bf16")
+    ap.add_argument("--quantizations", default="bf16/bf16,fp8/bf16,fp8/fp8/dynamic,fp8,bf16",
+                    help="daemon configs, comma-separated QUANT[/KV_DTYPE[/KV_SCALE_MODE]] (KV default: the "
+                         "daemon's, fp8 with per-head scales recalibrated on every update; 'dynamic' scales "
+                         "each token as it is written, so an update recalibrates nothing)")
     ap.add_argument("--bucket-mb", type=int, default=512)
     ap.add_argument("--repeat", type=int, default=2)
     ap.add_argument("--threads", type=int, default=0, help="daemon --threads (0 = all cores)")
     ap.add_argument("--kv-cache-mb", type=int, default=256)
     ap.add_argument("--client-fp8", action="store_true", help="also push client-quantized FP8 into the fp8 daemon")
     ap.add_argument("--stub", action="store_true", help="push to an HTTP stub instead of rolloutd")
+    ap.add_argument("--sync-threads", type=int, default=0,
+                    help="daemon --weight-sync-threads (0 = the daemon's default, every core)")
     ap.add_argument("--daemon-args", default="", help="extra daemon flags")
     args = ap.parse_args()
 
@@ -168,6 +174,7 @@ def main():
         bucket = args.bucket_mb << 20
         for q in [x for x in args.quantizations.split(",") if x]:
             quant, _, kv = q.partition("/")
+            kv, _, kv_mode = kv.partition("/")
             srv = daemon = None
             if args.stub:
                 srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Stub)
@@ -175,8 +182,10 @@ def main():
                 url, startup = f"http://127.0.0.1:{srv.server_address[1]}", 0.0
             else:
                 dargs = ["--quantization", quant, "--threads", str(args.threads), "--kv-cache-mb", str(args.kv_cache_mb),
-                         *(["--kv-cache-dtype", kv] if kv else []), *args.daemon_args.split()]
-                daemon = Daemon(args.bin, model_dir, dargs, tmp / f"rolloutd-{quant}-{kv or 'kv'}.log")
+                         *(["--kv-cache-dtype", kv] if kv else []), *(["--kv-scale-mode", kv_mode] if kv_mode else []),
+                         *(["--weight-sync-threads", str(args.sync_threads)] if args.sync_threads else []),
+                         *args.daemon_args.split()]
+                daemon = Daemon(args.bin, model_dir, dargs, tmp / f"rolloutd-{q.replace('/', '-')}.log")
                 url, startup = daemon.url, daemon.startup_s
                 print(f"[{q}] daemon healthy after {startup:.1f} s", flush=True)
             try:
@@ -187,7 +196,7 @@ def main():
                 if args.client_fp8 and quant == "fp8":
                     pushes += [("client fp8, kept segs", True, True)] * args.repeat
                 for i, (kind, fp8, keep) in enumerate(pushes):
-                    v = f"bench-{quant}-{kv or 'kv'}-{i}"
+                    v = f"bench-{q.replace('/', '-')}-{i}"
                     res = c.push_weights(sd, version=v, bucket_bytes=bucket, fp8=fp8, keep_segments=keep)
                     assert res.response.get("weight_version") == v, res.response
                     if not args.stub:
@@ -213,14 +222,16 @@ def main():
               f"bucket {args.bucket_mb} MiB, {os.cpu_count()} CPUs{', STUB server' if args.stub else ''}; "
               f"memcpy {mc:.2f} GB/s (pre-faulted), {mc_fresh:.2f} GB/s (fresh pages)")
         print()
-        print("| daemon --quantization[/--kv-cache-dtype] | push | # | bytes sent | POSTs | end-to-end s | GB/s | server s | vs memcpy |")
-        print("|---|---|---|---|---|---|---|---|---|")
+        print("| daemon --quantization[/--kv-cache-dtype[/--kv-scale-mode]] | push | # | bytes sent | POSTs | "
+              "end-to-end s | GB/s | server s | generation held s | vs memcpy |")
+        print("|---|---|---|---|---|---|---|---|---|---|")
         for q, kind, i, res, _ in rows:
             # the rate is over the BF16 model size for every row, so client-side FP8 (half the bytes
             # on the wire) is compared with the same amount of model
             rate = total / res.seconds / 1e9
+            held = re.search(r"generation held ([0-9.]+) s", str(res.response.get("message")))
             print(f"| {q} | {kind} | {i} | {res.bytes / 1e9:.3f} GB | {res.posts} | {res.seconds:.3f} | "
-                  f"{rate:.2f} | {res.server_seconds:.3f} | {rate / mc:.2f}x |")
+                  f"{rate:.2f} | {res.server_seconds:.3f} | {held.group(1) if held else '-'} | {rate / mc:.2f}x |")
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 

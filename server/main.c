@@ -182,7 +182,8 @@ static int load(rs_daemon *d, rs_error *err) {
         return rs_error_set(err, rc, NULL, "cannot start the engine thread");
     rs_sync_opts so = {.staging_limit = (size_t)c->weight_staging_mb << 20, .keep_staging = c->weight_staging_keep,
                        .keep_shm_maps = c->weight_shm_keep,
-                       .allowed_weight_dir = c->allowed_weight_dir, .txn_idle_timeout = c->weight_update_timeout};
+                       .allowed_weight_dir = c->allowed_weight_dir, .txn_idle_timeout = c->weight_update_timeout,
+                       .threads = c->weight_sync_threads};
     if ((rc = rs_sync_start(&d->sync, d->engine, d->model, &so, err)) != RS_OK) return rc;
     return RS_OK;
 }

@@ -46,7 +46,7 @@ typedef struct rs_sync_opts {
     bool keep_shm_maps;                 /* weight-shm-keep: keep segments mapped between requests (shm.h) */
     const char *allowed_weight_dir;     /* copied; NULL or "" = /update_weights_from_disk disabled */
     double txn_idle_timeout;            /* seconds; 0 = an open transaction never expires */
-    int threads;                        /* quantization threads; 0 = half the online CPUs */
+    int threads;                        /* quantization threads; 0 = every online CPU */
 } rs_sync_opts;
 
 /* What a job did, for the answer. */
