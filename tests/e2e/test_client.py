@@ -383,7 +383,7 @@ def _expected_bytes(v):
 def test_shm_push_buckets(stub):
     sd = _state_dict()
     c = Client(f"http://127.0.0.1:{stub.server_address[1]}")
-    res = c.push_weights(sd, version="7", bucket_bytes=10000)
+    res = c.push_weights(sd, version="7", bucket_bytes=10000, keep_segments=False)
     calls = stub.calls
     assert len(calls) == res.posts >= 3
     assert [x["body"]["is_last"] for x in calls] == [False] * (len(calls) - 1) + [True]

@@ -14,9 +14,9 @@ after its POST (peak extra memory: 2 x bucket_bytes + the largest tensor). Every
 at the end, also when a POST fails or packing raises.
 
 Segments are mapped with MAP_POPULATE. Allocating tmpfs pages is the expensive part of a push (the
-kernel zeroes them: ~1.5 GB/s on a small VM, against >10 GB/s for the copy itself), so a trainer that
-pushes every step should pass keep_segments=True: the two bucket segments, and a third for tensors
-larger than a bucket, then stay allocated between pushes (owned by the Client; unlinked by
+kernel zeroes them: ~1.5 GB/s on a small VM, against >10 GB/s for the copy itself), so by default
+(keep_segments=True) the two bucket segments, and a third for tensors larger than a bucket, stay
+allocated between pushes (owned by the Client; unlinked by
 Client.close(), on any error, and at interpreter exit). rolloutd keeps its mappings of segments that
 stay (weight-shm-keep), so a reused segment costs neither side a page fault or an mmap.
 """
