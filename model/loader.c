@@ -309,6 +309,32 @@ void rs_model_free(rs_model *m) {
     free(m);
 }
 
+rs_model *rs_model_view(const rs_model *m, rs_backend *b) {
+    const rs_model_config *c = &m->cfg;
+    int n_moe = 0;
+    for (int l = 0; l < c->n_layers; l++) n_moe += m->layers[l].e_gate != NULL;
+    const size_t ne = (size_t)c->n_experts, layers = (size_t)c->n_layers * sizeof *m->layers;
+    /* one allocation: the struct, the layers, then every MoE layer's expert arrays */
+    rs_model *v = rs_xmalloc(sizeof *v + layers + (size_t)n_moe * 3 * ne * sizeof(rs_tensor));
+    *v = *m;
+    v->backend = b ? b : m->backend;
+    v->layers = (rs_layer_weights *)(v + 1);
+    memcpy(v->layers, m->layers, layers);
+    rs_tensor *ex = (rs_tensor *)((char *)v->layers + layers);
+    for (int l = 0; l < c->n_layers; l++) {
+        rs_layer_weights *w = &v->layers[l];
+        if (!w->e_gate) continue;
+        memcpy(ex, m->layers[l].e_gate, ne * sizeof *ex);
+        memcpy(ex + ne, m->layers[l].e_up, ne * sizeof *ex);
+        memcpy(ex + 2 * ne, m->layers[l].e_down, ne * sizeof *ex);
+        w->e_gate = ex, w->e_up = ex + ne, w->e_down = ex + 2 * ne;
+        ex += 3 * ne;
+    }
+    return v;
+}
+
+void rs_model_view_free(rs_model *v) { free(v); }
+
 /* The quantization summary: one info line, and the warnings described at the top of this file. */
 static void log_quantization(const loader *L, rs_model *m) {
     m->n_quantized = L->n_quantized;

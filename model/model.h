@@ -126,6 +126,14 @@ int rs_model_config_load(const char *dir, rs_model_config *cfg, rs_error *err);
 int rs_model_load(const char *dir, rs_backend *b, const rs_quant_policy *qp, rs_model **out, rs_error *err);
 void rs_model_free(rs_model *m);
 
+/* A view of m for running the forward pass over other weights: its own rs_model, layers and MoE
+ * expert arrays, with every tensor, the store, the config and the RoPE table shared with m (so
+ * repointing a tensor of the view, as rs_model_slot(view, ...) returns it, leaves m alone). It
+ * runs on backend b (NULL: m's), which must be able to read m's weights: another CPU backend for
+ * a CPU model. Free with rs_model_view_free, never rs_model_free; m must outlive it. */
+rs_model *rs_model_view(const rs_model *m, rs_backend *b);
+void rs_model_view_free(rs_model *v);
+
 /* Writes a model directory (config.json + model.safetensors, BF16 weights) with deterministic
  * pseudo-random weights for `cfg` and `seed`: the embedded default model and the benchmark models.
  * Same cfg and seed give the same bytes on every machine. */

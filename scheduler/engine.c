@@ -107,6 +107,7 @@ typedef struct rs_ctl {
     rs_weights_apply_fn apply;  /* RS_CTL_WEIGHTS */
     void *apply_ctx;
     const float *k_scales, *v_scales; /* RS_CTL_WEIGHTS: pushed static KV scales, or NULL */
+    bool kv_calibrated;                /* RS_CTL_WEIGHTS: k/v_scales are the calibration of the new weights */
     const char *version;        /* RS_CTL_WEIGHTS, RS_CTL_VERSION */
     double seconds;             /* RS_CTL_WEIGHTS: time the step loop was held */
     rs_error *err;
@@ -300,19 +301,19 @@ static int load_static_kv_scales(rs_engine *e, rs_error *err) {
     return rc;
 }
 
-int rs_engine_calibrate_kv(rs_engine *e, rs_error *err) {
-    const rs_model_config *c = &e->model->cfg;
-    if (e->pool.layers[0].scale_mode != RS_KV_SCALE_PER_HEAD || e->opts.kv_scales_static) return RS_OK;
-    size_t n = (size_t)c->n_layers * (size_t)c->n_kv_heads;
-    float *k = rs_xmalloc(sizeof(float) * n), *v = rs_xmalloc(sizeof(float) * n);
+bool rs_engine_calibrates_kv(const rs_engine *e) {
+    return e->pool.layers[0].scale_mode == RS_KV_SCALE_PER_HEAD && !e->opts.kv_scales_static;
+}
+
+int rs_engine_calibrate_kv_on(const rs_engine *e, const rs_model *m, float *k, float *v, rs_error *err) {
+    const rs_model_config *c = &m->cfg;
     rs_kv_calib_opts co = {.tokens = NULL, .n_tokens = RS_MIN(e->opts.kv_calib_tokens, c->max_position),
                            .percentile = e->opts.kv_calib_percentile > 0 ? e->opts.kv_calib_percentile : 1.0f,
                            .margin = e->opts.kv_calib_margin > 0 ? e->opts.kv_calib_margin : 1.0f};
-    double t0 = rs_now_s();
-    int rc = rs_kv_calibrate(e->model, &co, k, v, err);
-    if (rc == RS_OK && (rc = rs_kv_pool_set_scales(&e->pool, k, v)) != RS_OK)
-        rs_error_set(err, rc, "kv-cache-dtype", "calibration produced unusable KV scales");
+    const double t0 = rs_now_s();
+    int rc = rs_kv_calibrate(m, &co, k, v, err);
     if (rc == RS_OK) {
+        const size_t n = (size_t)c->n_layers * (size_t)c->n_kv_heads;
         float kmax = 0, vmax = 0;
         for (size_t i = 0; i < n; i++) {
             kmax = fmaxf(kmax, k[i]);
@@ -322,6 +323,17 @@ int rs_engine_calibrate_kv(rs_engine *e, rs_error *err) {
                 "max k_scale %.4g, v_scale %.4g",
                 n, co.percentile, co.margin, rs_now_s() - t0, kmax, vmax);
     }
+    return rc;
+}
+
+int rs_engine_calibrate_kv(rs_engine *e, rs_error *err) {
+    const rs_model_config *c = &e->model->cfg;
+    if (!rs_engine_calibrates_kv(e)) return RS_OK;
+    size_t n = (size_t)c->n_layers * (size_t)c->n_kv_heads;
+    float *k = rs_xmalloc(sizeof(float) * n), *v = rs_xmalloc(sizeof(float) * n);
+    int rc = rs_engine_calibrate_kv_on(e, e->model, k, v, err);
+    if (rc == RS_OK && (rc = rs_kv_pool_set_scales(&e->pool, k, v)) != RS_OK)
+        rs_error_set(err, rc, "kv-cache-dtype", "calibration produced unusable KV scales");
     free(k);
     free(v);
     return rc;
@@ -986,7 +998,8 @@ bool rs_engine_takes_kv_scales(const rs_engine *e) {
     return e->opts.kv_scales_static && e->pool.layers[0].scale_mode == RS_KV_SCALE_PER_HEAD;
 }
 
-static int after_weight_change(rs_engine *e, const float *k_scales, const float *v_scales, rs_error *err) {
+static int after_weight_change(rs_engine *e, const float *k_scales, const float *v_scales, bool calibrated,
+                               rs_error *err) {
     while (e->n_running > 0) preempt(e, e->running[e->n_running - 1]);
     for (rs_seq *s = e->wait_head; s; s = s->next) {
         if (s->kv.n_blocks == 0) continue;
@@ -998,6 +1011,11 @@ static int after_weight_change(rs_engine *e, const float *k_scales, const float 
         if (rs_kv_pool_set_scales(&e->pool, k_scales, v_scales) != RS_OK)
             return rs_error_set(err, RS_EINVAL, "k_scale", "the pushed KV scales are unusable");
         RS_INFO("kv cache: static per-head FP8 scales from the weight update");
+        return RS_OK;
+    }
+    if (k_scales && calibrated && rs_engine_calibrates_kv(e)) { /* calibrated before the commit */
+        if (rs_kv_pool_set_scales(&e->pool, k_scales, v_scales) != RS_OK)
+            return rs_error_set(err, RS_EINVAL, "kv-cache-dtype", "calibration produced unusable KV scales");
         return RS_OK;
     }
     return rs_engine_calibrate_kv(e, err); /* no-op unless calibrated per-head FP8 scales */
@@ -1024,7 +1042,7 @@ static void apply_control(rs_engine *e, rs_ctl *c) {
     case RS_CTL_WEIGHTS: {
         double t0 = rs_now_s();
         c->apply(e->model, c->apply_ctx);
-        c->rc = after_weight_change(e, c->k_scales, c->v_scales, c->err);
+        c->rc = after_weight_change(e, c->k_scales, c->v_scales, c->kv_calibrated, c->err);
         set_weight_version(e, c->version);
         e->stats.weight_updates++;
         c->seconds = rs_now_s() - t0;
@@ -1078,9 +1096,10 @@ static int engine_control(rs_engine *e, rs_ctl_kind kind, int arg) {
 }
 
 int rs_engine_update_weights(rs_engine *e, rs_weights_apply_fn apply, void *ctx, const float *k_scales,
-                             const float *v_scales, const char *version, double *seconds_paused, rs_error *err) {
+                             const float *v_scales, bool kv_calibrated, const char *version, double *seconds_paused,
+                             rs_error *err) {
     rs_ctl c = {.kind = RS_CTL_WEIGHTS, .apply = apply, .apply_ctx = ctx, .k_scales = k_scales,
-                .v_scales = v_scales, .version = version, .err = err};
+                .v_scales = v_scales, .kv_calibrated = kv_calibrated, .version = version, .err = err};
     int rc = engine_control_req(e, &c);
     if (seconds_paused) *seconds_paused = c.seconds;
     if (rc == RS_EBUSY) return rs_error_set(err, rc, NULL, "the engine is shutting down");

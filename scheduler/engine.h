@@ -186,12 +186,16 @@ int rs_engine_flush_cache(rs_engine *e, rs_error *err);
  * their tokens with the new weights (KV from the old weights is never read again, so a token's
  * logprob is exactly that of the version it reports), the prefix cache is dropped, per-head FP8
  * KV scales are recalibrated (static mode: set from k_scales / v_scales [n_layers][n_kv_heads]
- * when given, validated by the caller; otherwise kept), and weight_version is set. In-flight requests are not aborted:
- * tokens sampled after the commit come from the new weights, and outputs record version spans.
- * Thread-safe; returns once committed. RS_EBUSY when the engine is shutting down. */
+ * when given, validated by the caller; otherwise kept. Calibrate mode: set from k_scales /
+ * v_scales when kv_calibrated says the caller already ran rs_engine_calibrate_kv_on over the new
+ * weights, else calibrated here, holding the step loop), and weight_version is set. In-flight
+ * requests are not aborted: tokens sampled after the commit come from the new weights, and outputs
+ * record version spans. Thread-safe; returns once committed. RS_EBUSY when the engine is shutting
+ * down. */
 typedef void (*rs_weights_apply_fn)(rs_model *m, void *ctx);
 int rs_engine_update_weights(rs_engine *e, rs_weights_apply_fn apply, void *ctx, const float *k_scales,
-                             const float *v_scales, const char *version, double *seconds_paused, rs_error *err);
+                             const float *v_scales, bool kv_calibrated, const char *version, double *seconds_paused,
+                             rs_error *err);
 
 /* Whether rs_engine_update_weights applies pushed KV scales: FP8 KV with static per-head scales
  * (--kv-scale-mode static). Otherwise pushed scales are not used: calibrate recomputes them from
@@ -239,6 +243,18 @@ void rs_engine_get_stats(const rs_engine *e, rs_engine_stats *out);
  * modes). Runs on the caller's thread: call it at init or from the engine thread at a step
  * boundary with no sequence holding KV (it flushes the prefix cache). */
 int rs_engine_calibrate_kv(rs_engine *e, rs_error *err);
+
+/* Whether this engine recalibrates per-head FP8 KV scales after every weight update
+ * (--kv-cache-dtype fp8 --kv-scale-mode calibrate). */
+bool rs_engine_calibrates_kv(const rs_engine *e);
+/* The scales rs_engine_calibrate_kv would compute for model m (the engine's options, m's
+ * weights), into k, v [n_layers][n_kv_heads], without installing them. Runs on m's backend on
+ * the caller's thread, which must be the only user of that backend; m may be a view holding
+ * staged weights on a backend of the caller's own (rs_model_view), so that an update calibrates
+ * before its commit while the engine keeps generating. Bit-identical to the engine's own
+ * calibration of the same weights on the CPU backend (its forward pass does not depend on the
+ * thread count). Thread-safe with respect to the engine (reads only its immutable options). */
+int rs_engine_calibrate_kv_on(const rs_engine *e, const rs_model *m, float *k, float *v, rs_error *err);
 
 const rs_model_config *rs_engine_model_config(const rs_engine *e);
 const rs_engine_limits *rs_engine_get_limits(const rs_engine *e);

@@ -35,6 +35,7 @@ struct rs_sync {
     char allowed_dir[PATH_MAX];         /* realpath of allowed-weight-dir, or "" */
     double idle_timeout;
     rs_pool *pool;                      /* quantizes staged matrices; service thread only */
+    rs_backend *calib;                  /* calibrates KV scales of staged weights before a commit, or NULL */
 
     pthread_t thread;
     bool started;
@@ -127,6 +128,7 @@ int rs_sync_txn(rs_sync *s, const char *version, rs_update **out, rs_error *err)
         int rc = rs_update_begin(&s->txn, s->m, version, s->staging_limit, err);
         if (rc != RS_OK) return rc;
         rs_update_set_pool(s->txn, s->pool);
+        rs_update_set_calib_backend(s->txn, s->calib);
         RS_INFO("sync | update to version '%s' begins (%d parameters, staging limit %.1f MiB)",
                 version ? version : "(unchanged)", rs_update_n_required(s->txn),
                 (double)(s->staging_limit ? s->staging_limit : s->m->weight_bytes) / (1 << 20));
@@ -344,7 +346,12 @@ int rs_sync_start(rs_sync **out, rs_engine *e, rs_model *m, const rs_sync_opts *
     long cpus = sysconf(_SC_NPROCESSORS_ONLN);
     /* every core by default: a push usually lands between rollout steps, while generation is idle
      * (measured: a BF16 push into an FP8 daemon on two cores, 0.17 s with one thread, 0.12 s with two) */
-    s->pool = rs_pool_init(opts->threads > 0 ? opts->threads : (int)RS_MAX(1, cpus));
+    const int threads = opts->threads > 0 ? opts->threads : (int)RS_MAX(1, cpus);
+    s->pool = rs_pool_init(threads);
+    /* An engine that recalibrates KV scales after every update gets them computed here, before the
+     * commit, on a CPU backend of the service's own (it reads the host-memory weights the model's
+     * backend holds), so that generation goes on meanwhile instead of waiting for a prefill. */
+    if (rs_engine_calibrates_kv(e) && m->backend->ops->host_memory) s->calib = rs_backend_cpu_init(threads);
     pthread_mutex_init(&s->mu, NULL);
     pthread_mutex_init(&s->stats_mu, NULL);
     pthread_condattr_t ca;
@@ -354,6 +361,7 @@ int rs_sync_start(rs_sync **out, rs_engine *e, rs_model *m, const rs_sync_opts *
     pthread_condattr_destroy(&ca);
     if (pthread_create(&s->thread, NULL, sync_main, s) != 0) {
         rs_pool_free(s->pool);
+        rs_backend_free(s->calib);
         rs_shm_maps_free(s->shm_maps);
         pthread_cond_destroy(&s->cv);
         pthread_mutex_destroy(&s->mu);
@@ -363,10 +371,11 @@ int rs_sync_start(rs_sync **out, rs_engine *e, rs_model *m, const rs_sync_opts *
     }
     s->started = true;
     RS_INFO("sync | weight updates ready: staging limit %s (%s), disk updates %s%s, idle timeout %g s, %d "
-            "quantization thread%s", s->staging_limit ? "weight-staging-mb" : "the model's size",
+            "quantization thread%s%s", s->staging_limit ? "weight-staging-mb" : "the model's size",
             opts->keep_staging ? "kept for reuse between updates" : "freed after each update",
             s->allowed_dir[0] ? "from " : "disabled", s->allowed_dir, s->idle_timeout, rs_pool_threads(s->pool),
-            rs_pool_threads(s->pool) == 1 ? "" : "s");
+            rs_pool_threads(s->pool) == 1 ? "" : "s",
+            s->calib ? ", KV scales calibrated before each commit" : "");
     *out = s;
     return RS_OK;
 }
@@ -390,6 +399,7 @@ void rs_sync_stop(rs_sync *s) {
     drop_txn(s, "server shutting down");
     rs_nccl_release(s);
     rs_shm_maps_free(s->shm_maps);
+    rs_backend_free(s->calib);
     rs_pool_free(s->pool);
     pthread_cond_destroy(&s->cv);
     pthread_mutex_destroy(&s->mu);

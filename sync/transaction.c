@@ -45,6 +45,7 @@ struct rs_update {
     float *kv_k, *kv_v;                 /* [n_layers][n_kv_heads]; NULL until the first one */
     uint8_t *kv_seen;                   /* [n_layers]: bit 0 k_scale, bit 1 v_scale */
     int kv_count;                       /* scale tensors staged */
+    rs_backend *calib;                  /* borrowed: calibrates KV scales before the commit, or NULL */
 };
 
 static void fmt_shape(char *buf, size_t cap, int ndim, const int64_t *shape) {
@@ -82,6 +83,7 @@ void rs_update_abort(rs_update *u) {
 }
 
 void rs_update_set_pool(rs_update *u, rs_pool *pool) { rs_weight_store_set_pool(u->stage, pool); }
+void rs_update_set_calib_backend(rs_update *u, rs_backend *b) { u->calib = b; }
 
 void rs_update_set_version(rs_update *u, const char *version) {
     snprintf(u->version, sizeof u->version, "%s", version ? version : "");
@@ -328,6 +330,26 @@ static int missing_error(rs_update *u, rs_error *err) {
     return rs_error_set(err, RS_EINTERNAL, NULL, "update incomplete but no parameter is missing");
 }
 
+/* The per-head KV scales the engine would calibrate for the staged weights, computed on u->calib
+ * over a view of the model that holds them (the served model is not touched). */
+static int calibrate_staged(rs_update *u, rs_engine *e, float *k, float *v, rs_error *err) {
+    rs_model *view = rs_model_view(u->m, u->calib);
+    char name[300];
+    for (int i = 0; i < u->n_params; i++) {
+        rs_tensor *t = rs_model_param_at(view, i, name, sizeof name, NULL);
+        t->data = u->e[i].t.data;
+        t->scale_inv = u->e[i].t.scale_inv;
+    }
+    if (view->cfg.tie_embeddings) view->lm_head = view->embed;
+    rs_error why = {0};
+    int rc = rs_engine_calibrate_kv_on(e, view, k, v, &why);
+    rs_model_view_free(view);
+    if (rc != RS_OK)
+        rs_error_set(err, rc, "kv-cache-dtype", "the new weights cannot be served with an FP8 KV cache (%s); the "
+                     "update is dropped and the weights in service are unchanged", why.message);
+    return rc;
+}
+
 int rs_update_commit(rs_update *u, rs_engine *e, bool abort_all, double *seconds_paused, rs_error *err) {
     if (seconds_paused) *seconds_paused = 0;
     if (!rs_update_complete(u)) {
@@ -341,8 +363,22 @@ int rs_update_commit(rs_update *u, rs_engine *e, bool abort_all, double *seconds
     } else {
         char version[RS_UPDATE_VERSION_BYTES];
         snprintf(version, sizeof version, "%s", u->version[0] ? u->version : rs_engine_weight_version(e));
-        if (abort_all) rs_engine_abort(e, NULL);
-        rc = rs_engine_update_weights(e, apply, u, u->kv_k, u->kv_v, version, seconds_paused, err);
+        const float *k = u->kv_k, *v = u->kv_v;
+        float *ck = NULL, *cv = NULL;
+        const bool precalibrate = u->calib && rs_engine_calibrates_kv(e);
+        if (precalibrate) {
+            const size_t n = (size_t)u->m->cfg.n_layers * (size_t)u->m->cfg.n_kv_heads;
+            ck = rs_xmalloc(n * sizeof *ck);
+            cv = rs_xmalloc(n * sizeof *cv);
+            rc = calibrate_staged(u, e, ck, cv, err);
+            k = ck, v = cv;
+        }
+        if (rc == RS_OK) {
+            if (abort_all) rs_engine_abort(e, NULL);
+            rc = rs_engine_update_weights(e, apply, u, k, v, precalibrate, version, seconds_paused, err);
+        }
+        free(ck);
+        free(cv);
     }
     /* After the swap the model owns every staged allocation and staging is empty; if the engine
      * refused (shutting down) nothing was swapped and staging is freed here. A failure after the

@@ -90,7 +90,14 @@ bool rs_update_has_kv_scales(const rs_update *u);
  * (at a step boundary; in-flight sequences are recomputed, not aborted, unless abort_all) and
  * frees the old allocations. `e` NULL swaps directly on the caller's thread (no engine: tests,
  * tools; the caller guarantees no forward pass runs meanwhile). *seconds_paused (may be NULL)
- * receives how long the engine's step loop was held. */
+ * receives how long the engine's step loop was held.
+ *
+ * With a calibration backend (rs_update_set_calib_backend) and an engine that recalibrates
+ * per-head FP8 KV scales after every update, the calibration runs here, on the caller's thread,
+ * over a view of the model holding the staged weights, before the commit: the engine keeps
+ * generating with the old weights meanwhile and is held only for the swap. New weights whose
+ * K/V come out non-finite on the calibration set are then refused (RS_EINVAL, "kv-cache-dtype")
+ * before anything is swapped. */
 int rs_update_commit(rs_update *u, rs_engine *e, bool abort_all, double *seconds_paused, rs_error *err);
 
 /* Drops the transaction and frees everything it staged. NULL is a no-op. */
@@ -98,6 +105,10 @@ void rs_update_abort(rs_update *u);
 
 /* Threads to quantize with (borrowed, used only inside rs_update_add; NULL = the caller's). */
 void rs_update_set_pool(rs_update *u, rs_pool *pool);
+
+/* A backend of the caller's own (borrowed; NULL = none) that can read the model's weights, to
+ * calibrate KV scales before the commit (above). */
+void rs_update_set_calib_backend(rs_update *u, rs_backend *b);
 
 /* Names the version the commit sets when the transaction was opened without one. */
 void rs_update_set_version(rs_update *u, const char *version);

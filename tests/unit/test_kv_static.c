@@ -12,6 +12,7 @@
 #include "../../kvcache/calibrate.h"
 #include "../../model/kv_scales.h"
 #include "../../model/presets.h"
+#include "../../model/quant.h"
 #include "../../model/safetensors.h"
 #include "../../scheduler/engine.h"
 #include "../../sync/transaction.h"
@@ -247,5 +248,116 @@ RS_TEST(kv_static_scales_pushed_with_weights) {
     rs_engine_free(fresh);
     rs_engine_free(ec);
     rs_model_free(m);
+    rs_backend_free(b);
+}
+
+/* Rewrites dir's model.safetensors with every BF16 projection (q/k/v/o, gate/up/down) times 2:
+ * exact, and quantized to the same E4M3 codes with twice the block scales. */
+static void double_projections(const char *dir) {
+    char path[600], tmp[700];
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    snprintf(tmp, sizeof tmp, "%s.new", path);
+    rs_error err = {0};
+    rs_st_file *f = NULL;
+    ASSERT_EQ(rs_st_open(&f, path, &err), RS_OK);
+    size_t n = rs_st_count(f);
+    rs_st_wtensor *w = calloc(n, sizeof *w);
+    uint16_t **bufs = calloc(n, sizeof *bufs);
+    for (size_t i = 0; i < n; i++) {
+        const rs_st_tensor *t = rs_st_tensor_at(f, i);
+        w[i] = (rs_st_wtensor){.name = t->name, .dtype = t->dtype, .ndim = t->ndim, .data = t->data};
+        for (int d = 0; d < t->ndim; d++) w[i].shape[d] = t->shape[d];
+        if (t->dtype != RS_DTYPE_BF16 || t->ndim != 2 || !strstr(t->name, "_proj.")) continue;
+        const size_t numel = (size_t)(t->shape[0] * t->shape[1]);
+        bufs[i] = malloc(numel * sizeof(uint16_t));
+        for (size_t j = 0; j < numel; j++) {
+            uint16_t h;
+            memcpy(&h, (const uint8_t *)t->data + 2 * j, 2);
+            bufs[i][j] = rs_f32_to_bf16(2.0f * rs_bf16_to_f32(h));
+        }
+        w[i].data = bufs[i];
+    }
+    ASSERT_EQ(rs_st_write(tmp, w, n, &err), RS_OK);
+    rs_st_close(f);
+    ASSERT_EQ(rename(tmp, path), 0);
+    for (size_t i = 0; i < n; i++) free(bufs[i]);
+    free(bufs);
+    free(w);
+}
+
+/* Calibrate mode with a calibration backend (the sync service's): the scales are computed over
+ * the staged weights before the commit, on that backend (here with another thread count than the
+ * engine's), and what the engine then serves is bit for bit what an engine started on the new
+ * checkpoint serves, FP8 weights included. The new weights are the old ones with every projection
+ * doubled: the same E4M3 codes with twice the block scales, so a calibration that read the old
+ * scales (or the old weights) would get other KV scales. New weights whose K/V are not finite on
+ * the calibration set are refused before the swap: the old weights keep serving. */
+RS_TEST(kv_calibrated_before_commit) {
+    char a_dir[512], b_dir[512];
+    snprintf(a_dir, sizeof a_dir, "%s/ca", rs_test_tmpdir());
+    snprintf(b_dir, sizeof b_dir, "%s/cb", rs_test_tmpdir());
+    rs_model_config cfg;
+    small_config(&cfg);
+    rs_error err = {0};
+    ASSERT_EQ(rs_testmodel_write(a_dir, &cfg, 5, &err), RS_OK);
+    ASSERT_EQ(rs_testmodel_write(b_dir, &cfg, 5, &err), RS_OK);
+    double_projections(b_dir);
+    rs_quant_policy qp;
+    ASSERT_EQ(rs_quant_policy_init(&qp, "fp8", "", 0, 0, &err), RS_OK);
+    rs_backend *b = rs_backend_cpu_init(1), *calib = rs_backend_cpu_init(3);
+
+    float sa[39], sb[39], s[39];
+    rs_model *mb = NULL, *m = NULL;
+    rs_engine *e = NULL;
+    ASSERT_EQ(rs_model_load(b_dir, b, &qp, &mb, &err), RS_OK);
+    ASSERT_TRUE(mb->n_quantized > 0);
+    ASSERT_EQ(engine_for(mb, false, &e, &err), RS_OK);
+    score(e, sb);
+    rs_engine_free(e);
+    rs_model_free(mb);
+
+    ASSERT_EQ(rs_model_load(a_dir, b, &qp, &m, &err), RS_OK);
+    ASSERT_EQ(engine_for(m, false, &e, &err), RS_OK);
+    ASSERT_TRUE(rs_engine_calibrates_kv(e));
+    score(e, sa);
+    ASSERT_TRUE(!(same(sa, sb, 39)));
+
+    rs_update *u = NULL;
+    ASSERT_EQ(rs_update_begin(&u, m, "v1", 0, &err), RS_OK);
+    rs_update_set_calib_backend(u, calib);
+    stage_dir(u, b_dir, false, -1);
+    if (rs_update_commit(u, e, false, NULL, &err) != RS_OK) RS_TEST_FAIL("commit: %s", err.message);
+    score(e, s);
+    ASSERT_TRUE(same(s, sb, 39));
+
+    /* back to A, with layer 0's k_norm made infinite: K, and so the calibration, is not finite */
+    ASSERT_EQ(rs_update_begin(&u, m, "v2", 0, &err), RS_OK);
+    rs_update_set_calib_backend(u, calib);
+    rs_st_dir *d = NULL;
+    ASSERT_EQ(rs_st_dir_open(&d, a_dir, &err), RS_OK);
+    float inf[16];
+    for (int i = 0; i < 16; i++) inf[i] = INFINITY;
+    for (size_t i = 0; i < rs_st_dir_count(d); i++) {
+        const rs_st_tensor *t = rs_st_dir_tensor_at(d, i, NULL);
+        rs_update_tensor ut = {.name = t->name, .dtype = t->dtype, .ndim = t->ndim, .shape = t->shape,
+                               .data = t->data};
+        if (!strcmp(t->name, "model.layers.0.self_attn.k_norm.weight")) {
+            ASSERT_EQ(t->shape[0], 16);
+            ut.dtype = RS_DTYPE_F32;
+            ut.data = inf;
+        }
+        if (rs_update_add(u, &ut, &err) != RS_OK) RS_TEST_FAIL("add %s: %s", t->name, err.message);
+    }
+    rs_st_dir_close(d);
+    ASSERT_EQ(rs_update_commit(u, e, false, NULL, &err), RS_EINVAL);
+    ASSERT_STREQ(err.param, "kv-cache-dtype");
+    if (!strstr(err.message, "weights in service are unchanged")) RS_TEST_FAIL("message: %s", err.message);
+    ASSERT_STREQ(rs_engine_weight_version(e), "v1");
+    score(e, s);
+    ASSERT_TRUE(same(s, sb, 39));
+
+    rs_engine_free(e);
+    rs_model_free(m);
+    rs_backend_free(calib);
     rs_backend_free(b);
 }
