@@ -139,6 +139,17 @@ static void stage_dir(rs_update *u, const char *dir, bool with_scales, int only_
     rs_st_dir_close(d);
 }
 
+/* Checkpoints <tmp>/<tag>a and <tag>b of small_config, both with seed 5 (the same weights). */
+static void two_checkpoints(char *a_dir, char *b_dir, size_t cap, const char *tag) {
+    snprintf(a_dir, cap, "%s/%sa", rs_test_tmpdir(), tag);
+    snprintf(b_dir, cap, "%s/%sb", rs_test_tmpdir(), tag);
+    rs_model_config cfg;
+    small_config(&cfg);
+    rs_error err = {0};
+    ASSERT_EQ(rs_testmodel_write(a_dir, &cfg, 5, &err), RS_OK);
+    ASSERT_EQ(rs_testmodel_write(b_dir, &cfg, 5, &err), RS_OK);
+}
+
 static bool same(const float *a, const float *b, int n) {
     for (int i = 0; i < n; i++)
         if (!(a[i] == b[i])) return false;
@@ -151,13 +162,8 @@ static bool same(const float *a, const float *b, int n) {
  * use them. */
 RS_TEST(kv_static_scales_pushed_with_weights) {
     char a_dir[512], b_dir[512];
-    snprintf(a_dir, sizeof a_dir, "%s/a", rs_test_tmpdir());
-    snprintf(b_dir, sizeof b_dir, "%s/b", rs_test_tmpdir());
-    rs_model_config cfg;
-    small_config(&cfg);
+    two_checkpoints(a_dir, b_dir, sizeof a_dir, ""); /* the same weights */
     rs_error err = {0};
-    ASSERT_EQ(rs_testmodel_write(a_dir, &cfg, 5, &err), RS_OK);
-    ASSERT_EQ(rs_testmodel_write(b_dir, &cfg, 5, &err), RS_OK); /* the same weights */
     rs_backend *b = rs_backend_cpu_init(1);
     rs_model *m = NULL;
     ASSERT_EQ(rs_model_load(a_dir, b, NULL, &m, &err), RS_OK);
@@ -294,14 +300,9 @@ static void double_projections(const char *dir) {
  * the calibration set are refused before the swap: the old weights keep serving. */
 RS_TEST(kv_calibrated_before_commit) {
     char a_dir[512], b_dir[512];
-    snprintf(a_dir, sizeof a_dir, "%s/ca", rs_test_tmpdir());
-    snprintf(b_dir, sizeof b_dir, "%s/cb", rs_test_tmpdir());
-    rs_model_config cfg;
-    small_config(&cfg);
-    rs_error err = {0};
-    ASSERT_EQ(rs_testmodel_write(a_dir, &cfg, 5, &err), RS_OK);
-    ASSERT_EQ(rs_testmodel_write(b_dir, &cfg, 5, &err), RS_OK);
+    two_checkpoints(a_dir, b_dir, sizeof a_dir, "c");
     double_projections(b_dir);
+    rs_error err = {0};
     rs_quant_policy qp;
     ASSERT_EQ(rs_quant_policy_init(&qp, "fp8", "", 0, 0, &err), RS_OK);
     rs_backend *b = rs_backend_cpu_init(1), *calib = rs_backend_cpu_init(3);
