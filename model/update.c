@@ -8,7 +8,8 @@
  *
  * Conversion happens on the host. A matrix to quantize is processed in bands of 128 rows (one row
  * of weight blocks), in parallel on the store's pool when it has one: each band is copied into an
- * aligned buffer (BF16 as it is, F16 and F32 as F32) and quantized by rs_fp8_quantize_weight into
+ * aligned buffer when it must be (F16 as F32; BF16 and F32 are read where they lie) and quantized
+ * by rs_fp8_quantize_weight into
  * its rows of codes and its row of block scales. Blocks never span bands, so the result is bit for
  * bit that of quantizing the whole matrix at once. Only codes and scales are uploaded; peak host
  * memory is the matrix's codes and scales plus one band per thread. On a host-memory backend (the
@@ -516,21 +517,24 @@ typedef struct quant_job {
     atomic_int rc;                      /* the first failure, RS_OK when none */
 } quant_job;
 
-/* Bands [b0, b1) of 128 rows: a sequential copy into an aligned buffer (BF16, or F32 for F16/F32
- * sources), then quantize. Quantizing BF16 where it lies measured slower on a push: the kernel
- * walks a 128x128 block down 128 rows, a 4 KiB page apart each in a segment without huge pages. */
+/* Bands [b0, b1) of 128 rows. BF16 and F32 sources aligned to their element size are quantized
+ * where they lie (the kernel reads a band row by row, front to back, so a push reads it straight
+ * out of the trainer's segment: a BF16 push into an FP8 daemon spent a quarter of its service time
+ * copying bands before); F16 goes through an aligned F32 copy. */
 static void quantize_bands(void *ctx, int64_t b0, int64_t b1, int tid) {
     (void)tid;
     quant_job *j = ctx;
     const rs_dtype host_dt = j->src->dtype == RS_DTYPE_BF16 ? RS_DTYPE_BF16 : RS_DTYPE_F32;
     const size_t esz = rs_dtype_size(j->src->dtype), hsz = rs_dtype_size(host_dt);
-    void *buf = rs_xmalloc((size_t)RS_FP8_BLOCK * (size_t)j->cols * hsz); /* [128][cols] */
+    const bool in_place = j->src->dtype == host_dt && (uintptr_t)j->src->data % esz == 0;
+    void *buf = in_place ? NULL : rs_xmalloc((size_t)RS_FP8_BLOCK * (size_t)j->cols * hsz); /* [128][cols] */
     for (int64_t b = b0; b < b1; b++) {
         const int64_t r0 = b * RS_FP8_BLOCK, r1 = RS_MIN(r0 + RS_FP8_BLOCK, j->rows);
         const size_t n = (size_t)(r1 - r0) * (size_t)j->cols;
-        convert_elems(buf, host_dt, (const uint8_t *)j->src->data + (size_t)r0 * (size_t)j->cols * esz,
-                      j->src->dtype, n);
-        rs_tensor band = {.dtype = host_dt, .ndim = 2, .shape = {r1 - r0, j->cols}, .data = buf};
+        const uint8_t *src = (const uint8_t *)j->src->data + (size_t)r0 * (size_t)j->cols * esz;
+        if (!in_place) convert_elems(buf, host_dt, src, j->src->dtype, n);
+        rs_tensor band = {.dtype = host_dt, .ndim = 2, .shape = {r1 - r0, j->cols},
+                          .data = in_place ? (void *)src : buf};
         int rc = rs_fp8_quantize_weight(&band, j->codes + (size_t)r0 * (size_t)j->cols,
                                         j->scales + (size_t)b * (size_t)rs_fp8_blocks(j->cols));
         int ok = RS_OK;

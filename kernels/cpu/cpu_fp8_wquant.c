@@ -92,8 +92,67 @@ RS_T512 RS_INLINE void block_avx512(const void *w, int bf16, int64_t ld, int64_t
     }
 }
 
+/* Row-major band: the same amax and codes as block_avx512 over every block of the band (a maximum
+ * does not depend on the order it is taken in, and each code depends on its element and its
+ * block's scale only), but the band is read row by row, front to back: amax over each row's
+ * blocks into per-block vectors (L1), then the codes. Sequential reads let the hardware prefetch
+ * and touch each 4 KiB page once per pass, so the band can be quantized where it lies (a weight
+ * push reads it straight out of the trainer's shared memory) rather than copied first; the second
+ * pass finds the band in L2 (128 rows x in: 256 KiB at in = 1024 in BF16). */
+#define RS_WQ_ROWMAJOR_MAX_BLOCKS 128 /* in <= 16384: the per-block maxima stay on the stack (64 KiB) */
+
+RS_T512 static void band_avx512_rows(const void *w, int bf16, int64_t rows, int64_t in, uint8_t *q, float *srow) {
+    const size_t esz = bf16 ? 2 : 4;
+    const int64_t nfull = in / RS_FP8_BLOCK, tail = in - nfull * RS_FP8_BLOCK, nb = nfull + (tail > 0);
+    /* acc[8c + k]: lanes 16k..16k+15 of block column c, each updated as fmaxf(acc, |w|) is: the
+     * accumulator is vmaxps's second operand, which it returns when |w| is NaN (a tree of maxima
+     * over |w| alone could let a NaN hide a real value) */
+    __m512 acc[8 * RS_WQ_ROWMAJOR_MAX_BLOCKS];
+    for (int64_t c = 0; c < 8 * nb; c++) acc[c] = _mm512_setzero_ps();
+    for (int64_t r = 0; r < rows; r++) {
+        const char *row = (const char *)w + (size_t)(r * in) * esz;
+        for (int64_t c = 0; c < nfull; c++)
+            for (int k = 0; k < 8; k++)
+                acc[8 * c + k] = _mm512_max_ps(_mm512_abs_ps(ld16(row, bf16, c * RS_FP8_BLOCK + 16 * k)), acc[8 * c + k]);
+        for (int64_t j = 0; j < tail; j += 16) {
+            const int64_t i = nfull * RS_FP8_BLOCK + j;
+            const __m512 v = tail - j >= 16 ? ld16(row, bf16, i) : ld16_part(row, bf16, i, tail - j);
+            acc[8 * nfull + j / 16] = _mm512_max_ps(_mm512_abs_ps(v), acc[8 * nfull + j / 16]);
+        }
+    }
+    for (int64_t c = 0; c < nb; c++) /* no NaN left: plain maxima */
+        for (int k = 1; k < 8; k++) acc[8 * c] = _mm512_max_ps(acc[8 * c + k], acc[8 * c]);
+    __m512 sv[RS_WQ_ROWMAJOR_MAX_BLOCKS];
+    for (int64_t c = 0; c < nb; c++) {
+        const float s = fmaxf(_mm512_reduce_max_ps(acc[8 * c]), RS_FP8_AMAX_FLOOR) / RS_FP8_E4M3_MAX;
+        srow[c] = s;
+        sv[c] = _mm512_set1_ps(s);
+    }
+    for (int64_t r = 0; r < rows; r++) {
+        const char *row = (const char *)w + (size_t)(r * in) * esz;
+        uint8_t *qr = q + r * in;
+        for (int64_t c = 0; c < nfull; c++) {
+            const int64_t c0 = c * RS_FP8_BLOCK;
+            for (int k = 0; k < 8; k++)
+                _mm_storeu_si128((__m128i *)(qr + c0 + 16 * k),
+                                 _mm512_cvtepi32_epi8(rs_cpu_e4m3_encode16(_mm512_div_ps(ld16(row, bf16, c0 + 16 * k), sv[c]))));
+        }
+        for (int64_t j = 0; j < tail; j += 16) {
+            const int64_t i = nfull * RS_FP8_BLOCK + j, n = RS_MIN(tail - j, 16);
+            const __m512 v = n == 16 ? ld16(row, bf16, i) : ld16_part(row, bf16, i, n);
+            _mm512_mask_cvtepi32_storeu_epi8(qr + i, (__mmask16)((1u << n) - 1u),
+                                             rs_cpu_e4m3_encode16(_mm512_div_ps(v, sv[nfull])));
+        }
+    }
+}
+
 /* Rows [0, rows <= 128) of a [.][in] matrix: one row of blocks. */
 RS_T512 static void band_avx512(const void *w, int bf16, int64_t rows, int64_t in, uint8_t *q, float *srow) {
+    if (rs_fp8_blocks(in) <= RS_WQ_ROWMAJOR_MAX_BLOCKS) {
+        if (bf16) band_avx512_rows(w, 1, rows, in, q, srow);
+        else band_avx512_rows(w, 0, rows, in, q, srow);
+        return;
+    }
     const size_t esz = bf16 ? 2 : 4;
     for (int64_t c0 = 0; c0 < in; c0 += RS_FP8_BLOCK) {
         const int64_t cw = RS_MIN((int64_t)RS_FP8_BLOCK, in - c0);

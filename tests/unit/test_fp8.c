@@ -706,7 +706,10 @@ static void check_weight_both_dtypes(const float *wf, int64_t out, int64_t in, c
 RS_TEST(fp8_quantize_weight_fast_bit_identical_random_shapes) {
     static const int64_t shapes[][2] = {{1, 1},     {1, 7},     {1, 15},    {2, 17},    {3, 33},
                                         {5, 127},   {128, 128}, {127, 129}, {129, 127}, {130, 255},
-                                        {257, 300}, {300, 1000}, {64, 2049}, {256, 512}};
+                                        {257, 300}, {300, 1000}, {64, 2049}, {256, 512},
+                                        /* past the row-major kernel's 128 block columns: the
+                                         * block-by-block one */
+                                        {3, 16384 + 130}};
     uint64_t seed = 77;
     for (size_t si = 0; si < RS_ARRAY_LEN(shapes); si++) {
         const int64_t out = shapes[si][0], in = shapes[si][1];
