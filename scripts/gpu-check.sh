@@ -46,4 +46,12 @@ echo "== benchmarks (CPU backend on this host's $(nproc) cores)"
 # have the compute to be memory-bound (issue 3's 1.5x target; README "Decode: FP8 vs BF16 weights").
 timeout 240 ./build-cuda/rollout-bench --preset all --quantization both --batches 1,32
 ./build-cuda/bench-matmul 3072 1024 fp8,bf16 "$(nproc)" 1,32
+# Weight sync with the quantization on this host's cores (issue 6's 0.5x memcpy target; README
+# "Weight sync": on the CI VM's two cores the FP8 rows reach 0.40-0.47x)
+if python3 -c 'import requests, numpy' 2>/dev/null; then
+  timeout 180 python3 scripts/bench_weight_sync.py --bin build-cuda/rolloutd --repeat 2 \
+    --quantizations bf16/bf16,fp8/bf16,fp8/fp8/dynamic,fp8
+else
+  echo "weight-sync bench skipped: needs python3 with requests and numpy"
+fi
 echo "== done"
