@@ -16,7 +16,8 @@ golden.json / golden_fp8.json transformers computed. After a push the daemon mus
     scales serves; a partial set or a q_scale gets 400; calibrate mode says it does not use them;
   - generation keeps running through 20 back-to-back updates: every request completes, every version
     span is a version that was pushed, and every token's logprob is what the weights of its reported
-    version give (teacher-forced on daemons started on those weights; bf16, f32 KV);
+    version give (teacher-forced on daemons started on those weights; bf16 with f32 KV, and with
+    the default FP8 KV, recalibrated over the staged weights on every update);
   - /update_weights_from_disk accepts paths under --allowed-weight-dir only;
   - the NCCL routes answer 400 with a clear message in a build without CUDA.
 """
@@ -351,8 +352,17 @@ N_UPDATES = 20
 GEN_TOKENS = 40
 
 
-def test_generation_during_updates(rolloutd, tmp_path):
-    d = rolloutd(ORIG, *BF16_ARGS)
+# f32 KV, and the default FP8 KV whose per-head scales every update recalibrates over the staged
+# weights on the sync service's threads while generation goes on (then the references, daemons
+# started on each weight set, calibrate the same scales at start: the logprobs must still match)
+KV_UNDER_LOAD = {"f32": BF16_ARGS,
+                 "fp8-calibrate": ["--quantization", "bf16", "--kv-cache-dtype", "fp8", "--kv-scale-mode", "calibrate"]}
+
+
+@pytest.mark.parametrize("kv", list(KV_UNDER_LOAD))
+def test_generation_during_updates(rolloutd, tmp_path, kv):
+    args = KV_UNDER_LOAD[kv]
+    d = rolloutd(ORIG, *args)
     c = Client(d.url)
     orig, pert = weights(ORIG), weights(PERT)
     v0 = c.get_weight_version()
@@ -412,7 +422,7 @@ def test_generation_during_updates(rolloutd, tmp_path):
     d.stop()
 
     # Teacher-force every output on daemons serving each weight set; compare token by token.
-    refs = {"orig": rolloutd(ORIG, *BF16_ARGS), "pert": rolloutd(PERT, *BF16_ARGS)}
+    refs = {"orig": rolloutd(ORIG, *args), "pert": rolloutd(PERT, *args)}
     worst, checked, bad = 0.0, 0, []
     for prompt, o in results:
         seq = list(prompt) + o.output_ids.tolist()
