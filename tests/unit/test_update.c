@@ -297,6 +297,39 @@ RS_TEST(update_full_fp8_qwen3_moe) { full_update(RS_ARCH_QWEN3_MOE, false, "fp8"
 RS_TEST(update_full_bf16_qwen2) { full_update(RS_ARCH_QWEN2, false, "bf16"); }
 RS_TEST(update_full_fp8_llama) { full_update(RS_ARCH_LLAMA, false, "fp8"); }
 
+/* rs_model_view (what the sync service calibrates KV scales on before a commit): a view of A with
+ * every parameter repointed, through rs_model_param_at, to B's tensors computes B's logits bit for
+ * bit (so every slot, MoE experts included, belongs to the view), and A is untouched. */
+static void view_of(rs_arch arch, bool tied) {
+    rs_backend *b = rs_backend_cpu_init(2), *other = rs_backend_cpu_init(1);
+    rs_model_config c = cfg_for(arch, tied);
+    rs_quant_policy qp = policy("fp8");
+    const char *da = model_dir("va", &c, 21), *db = model_dir("vb", &c, 22);
+    rs_model *a = load(da, b, &qp), *mb = load(db, b, &qp), *fresh_a = load(da, b, &qp);
+    rs_model *v = rs_model_view(a, other);
+    ASSERT_TRUE(v->backend == other && v->layers != a->layers);
+    char name[300];
+    for (int i = 0; i < rs_model_param_count(a); i++) {
+        rs_tensor *t = rs_model_param_at(v, i, name, sizeof name, NULL);
+        const rs_tensor *src = rs_model_param_at(mb, i, name, sizeof name, NULL);
+        t->data = src->data;
+        t->scale_inv = src->scale_inv;
+    }
+    if (tied) v->lm_head = v->embed;
+    expect_same_logits(v, mb);
+    expect_same_logits(a, fresh_a);
+    rs_model_view_free(v);
+    rs_model_free(a);
+    rs_model_free(mb);
+    rs_model_free(fresh_a);
+    rs_backend_free(other);
+    rs_backend_free(b);
+}
+
+RS_TEST(update_model_view_qwen3_tied) { view_of(RS_ARCH_QWEN3, true); }
+RS_TEST(update_model_view_qwen3_moe) { view_of(RS_ARCH_QWEN3_MOE, false); }
+RS_TEST(update_model_view_llama) { view_of(RS_ARCH_LLAMA, false); }
+
 /* An FP8 update (codes + `_scale_inv`, the trainer-side quantization of slime / SGLang): the pair
  * may come in either order, in separate adds or together; the result equals quantizing on arrival. */
 RS_TEST(update_fp8_pairs_equal_quantize_on_arrival) {
