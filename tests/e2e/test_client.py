@@ -356,8 +356,25 @@ def stub():
     srv.server_close()
 
 
+def _all_my_segments():
+    return {p for p in os.listdir("/dev/shm") if p.startswith(f"rolloutd-w-{os.getpid()}-")}
+
+
+_SEGMENTS_BEFORE = set()
+
+
+@pytest.fixture(autouse=True)
+def _segments_before():
+    """Segments of this process that exist before a test (a Client of an earlier test that was not
+    closed keeps its segments until it is collected) are not the test's."""
+    global _SEGMENTS_BEFORE
+    _SEGMENTS_BEFORE = _all_my_segments()
+    yield
+
+
 def _my_segments():
-    return sorted(p for p in os.listdir("/dev/shm") if p.startswith(f"rolloutd-w-{os.getpid()}-"))
+    """This test's segments of this process, sorted."""
+    return sorted(_all_my_segments() - _SEGMENTS_BEFORE)
 
 
 def _state_dict():
