@@ -145,26 +145,40 @@ RS_TARGET_VNNI INLINE void dp_digit(__m512i *a, __m512i *b, __m512i xl, __m512i 
             : [xl] "v"(xl), [xh] "v"(xh), [w] "m"(*w));
 }
 
-/* dp_digit for the H digits of four outputs at once (one asm statement, so that GCC keeps the eight
- * accumulators in place: with one statement per output it copied them every iteration). */
-RS_TARGET_VNNI INLINE void dp_h4(__m512i a[4], __m512i b[4], __m512i xl, __m512i xh, const int32_t *w0,
-                                 const int32_t *w1, const int32_t *w2, const int32_t *w3) {
-    __m512i t0, t1;
-    __asm__("vpbroadcastd %[w0], %[t0]\n\t"
-            "vpbroadcastd %[w1], %[t1]\n\t"
+/* The H-digit products of four outputs over pairs [0, np) of a block, as one asm loop: for each pair
+ * p, with xl, xh the rows' L and H word pairs (xt[0][p], xt[1][p]) and w_q the output's H word
+ * pair broadcast, a[q] += xl.w_q and b[q] += xh.w_q. In asm because GCC 12 copies the eight
+ * loop-carried accumulators between registers every iteration, with intrinsics or with an asm
+ * statement per pair alike. x: &xt[0][0] ([2][64][16] int32, so xt[1][p] is 4096 bytes after
+ * xt[0][p]); w: &wd[0][1][0] ([4][2][64] int32, so output q's digit is 512 q bytes on). */
+RS_TARGET_VNNI INLINE void dp_h4_block(__m512i a[4], __m512i b[4], const int32_t *x, const int32_t *w, int np) {
+    __m512i xl, xh, t0, t1;
+    const int32_t *px = x, *pw = w;
+    long n = np;
+    __asm__("1:\n\t"
+            "vmovdqa64 (%[px]), %[xl]\n\t"
+            "vmovdqa64 4096(%[px]), %[xh]\n\t"
+            "vpbroadcastd (%[pw]), %[t0]\n\t"
+            "vpbroadcastd 512(%[pw]), %[t1]\n\t"
             "vpdpwssd %[t0], %[xl], %[a0]\n\t"
             "vpdpwssd %[t0], %[xh], %[b0]\n\t"
-            "vpbroadcastd %[w2], %[t0]\n\t"
+            "vpbroadcastd 1024(%[pw]), %[t0]\n\t"
             "vpdpwssd %[t1], %[xl], %[a1]\n\t"
             "vpdpwssd %[t1], %[xh], %[b1]\n\t"
-            "vpbroadcastd %[w3], %[t1]\n\t"
+            "vpbroadcastd 1536(%[pw]), %[t1]\n\t"
             "vpdpwssd %[t0], %[xl], %[a2]\n\t"
             "vpdpwssd %[t0], %[xh], %[b2]\n\t"
             "vpdpwssd %[t1], %[xl], %[a3]\n\t"
-            "vpdpwssd %[t1], %[xh], %[b3]"
+            "vpdpwssd %[t1], %[xh], %[b3]\n\t"
+            "add $64, %[px]\n\t"
+            "add $4, %[pw]\n\t"
+            "dec %[n]\n\t"
+            "jnz 1b"
             : [a0] "+v"(a[0]), [a1] "+v"(a[1]), [a2] "+v"(a[2]), [a3] "+v"(a[3]), [b0] "+v"(b[0]),
-              [b1] "+v"(b[1]), [b2] "+v"(b[2]), [b3] "+v"(b[3]), [t0] "=&v"(t0), [t1] "=&v"(t1)
-            : [xl] "v"(xl), [xh] "v"(xh), [w0] "m"(*w0), [w1] "m"(*w1), [w2] "m"(*w2), [w3] "m"(*w3));
+              [b1] "+v"(b[1]), [b2] "+v"(b[2]), [b3] "+v"(b[3]), [xl] "=&v"(xl), [xh] "=&v"(xh), [t0] "=&v"(t0),
+              [t1] "=&v"(t1), [px] "+r"(px), [pw] "+r"(pw), [n] "+r"(n)
+            : "m"(*(const int32_t(*)[2 * 64 * R2_ROWS])x), "m"(*(const int32_t(*)[R2_NO * 2 * 64])(w - 64))
+            : "cc");
 }
 
 /* The first n of 64 bytes (n may be <= 0 or >= 64). */
@@ -490,10 +504,8 @@ RS_TARGET_VNNI static void r2_group(r2_state *st, __mmask16 xnan, const vjob *jb
     __m512i ll[R2_NO], xa[R2_NO], xb[R2_NO], hh[R2_NO];
 #pragma GCC unroll 16
     for (int q = 0; q < R2_NO; q++) ll[q] = xa[q] = xb[q] = hh[q] = _mm512_setzero_si512();
-    _Static_assert(R2_NO == 4, "dp_h4 takes four outputs");
-    for (int p = 0; p < np; p++)
-        dp_h4(xb, hh, _mm512_load_si512(st->xt[0][p]), _mm512_load_si512(st->xt[1][p]), &st->wd[0][1][p],
-              &st->wd[1][1][p], &st->wd[2][1][p], &st->wd[3][1][p]);
+    _Static_assert(R2_NO == 4 && R2_ROWS == 16, "dp_h4_block's layout");
+    dp_h4_block(xb, hh, &st->xt[0][0][0], &st->wd[0][1][0], np);
 #pragma GCC unroll 16
     for (int q = 0; q < R2_NO; q++) {
         for (uint64_t m = lpairs[q]; m; m &= m - 1) {
