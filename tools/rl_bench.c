@@ -3,7 +3,10 @@
  *
  *   build/rl-bench [--model DIR | --preset NAME] [--prompts 64] [--n 8] [--prompt-len 128]
  *                  [--gen 256] [--kv-mb 0] [--threads N] [--runs all|engine|skeleton|kv|loop]
- *                  [--loop-prompts 2]
+ *                  [--loop-prompts 2] [--quantization bf16|fp8]
+ *
+ * Weights are served as stored (BF16) by default; --quantization fp8 serves the attention and MLP
+ * matrices as W8A8 FP8 blocks, as the daemon's default does.
  *
  * A GRPO step: P prompts, n samples each, fixed-length outputs (ignore_eos), sampled at T = 1.
  * Every configuration runs the same requests in the same process:
@@ -32,10 +35,11 @@
 #include "../core/rs.h"
 #include "../model/model.h"
 #include "../model/presets.h"
+#include "../model/quant.h"
 #include "../scheduler/engine.h"
 
 typedef struct opts {
-    const char *model, *preset, *runs;
+    const char *model, *preset, *runs, *quantization;
     int prompts, n, prompt_len, gen, threads, kv_mb, loop_prompts;
 } opts;
 
@@ -135,13 +139,14 @@ static void print_row(const char *name, const char *kv, size_t kv_bytes, const r
 
 static void usage(void) {
     fprintf(stderr, "usage: rl-bench [--model DIR | --preset NAME] [--prompts 64] [--n 8] [--prompt-len 128] "
-                    "[--gen 256] [--kv-mb 0] [--threads N] [--runs all|engine|skeleton|kv|loop] [--loop-prompts 2]\n");
+                    "[--gen 256] [--kv-mb 0] [--threads N] [--runs all|engine|skeleton|kv|loop] [--loop-prompts 2] "
+                    "[--quantization bf16|fp8]\n");
     exit(2);
 }
 
 int main(int argc, char **argv) {
     opts o = {.preset = "default", .runs = "all", .prompts = 64, .n = 8, .prompt_len = 128, .gen = 256,
-              .loop_prompts = 2};
+              .loop_prompts = 2, .quantization = "bf16"};
     for (int i = 1; i < argc; i += 2) {
         if (i + 1 >= argc) usage();
         const char *a = argv[i], *v = argv[i + 1];
@@ -155,6 +160,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(a, "--kv-mb")) o.kv_mb = atoi(v);
         else if (!strcmp(a, "--threads")) o.threads = atoi(v);
         else if (!strcmp(a, "--loop-prompts")) o.loop_prompts = atoi(v);
+        else if (!strcmp(a, "--quantization")) o.quantization = v;
         else usage();
     }
     if (o.prompts < 1 || o.n < 1 || o.prompt_len < 1 || o.gen < 1) usage();
@@ -175,9 +181,14 @@ int main(int argc, char **argv) {
             return 1;
         }
     }
+    rs_quant_policy qp;
+    if (rs_quant_policy_init(&qp, o.quantization, "", 0, 0, &err) != RS_OK) {
+        fprintf(stderr, "%s\n", err.message);
+        return 2;
+    }
     rs_backend *b = rs_backend_cpu_init(o.threads);
     rs_model *m = NULL;
-    if (rs_model_load(dir, b, NULL, &m, &err) != RS_OK) {
+    if (rs_model_load(dir, b, &qp, &m, &err) != RS_OK) {
         fprintf(stderr, "%s\n", err.message);
         return 1;
     }
@@ -185,10 +196,10 @@ int main(int argc, char **argv) {
     int seqs = o.prompts * o.n, ctx = o.prompt_len + o.gen;
     size_t f32_token = (size_t)c->n_layers * 2 * (size_t)c->n_kv_heads * (size_t)c->head_dim * 4;
     size_t demand = (size_t)seqs * (size_t)(ctx + RS_KV_BLOCK) * f32_token;
-    printf("model %s: %s, %d layers, hidden %d, %d kv heads x %d; workload %d prompts x n=%d, prompt %d, "
-           "%d new tokens, T=1\n",
-           dir, rs_arch_name(c->arch), c->n_layers, c->hidden, c->n_kv_heads, c->head_dim, o.prompts, o.n,
-           o.prompt_len, o.gen);
+    printf("model %s: %s, %d layers, hidden %d, %d kv heads x %d, weights %s; workload %d prompts x n=%d, "
+           "prompt %d, %d new tokens, T=1\n",
+           dir, rs_arch_name(c->arch), c->n_layers, c->hidden, c->n_kv_heads, c->head_dim, o.quantization,
+           o.prompts, o.n, o.prompt_len, o.gen);
     printf("| run       | KV    | KV budget    | seconds  | tokens/s   | peak running | preemptions | prefix hits |\n");
     printf("|---|---|---|---|---|---|---|---|\n");
 
