@@ -39,7 +39,7 @@
  *     per block into L1 and broadcast, no horizontal sums. Each k-pair takes 2 vpdpwssd per output
  *     and tile for the weight's H digits (one asm loop per block); the L-digit products run only
  *     over the pairs where the weight has an L digit, which a block scaled to amax 448 gives to
- *     few codes (|w| < 2 in E4M3 units). At 16-64 rows FP8 takes 1.45-1.6x the BF16 time: the
+ *     few codes (|w| < 2 in E4M3 units). At 16-64 rows FP8 takes 1.44-1.58x the BF16 time: the
  *     price of an exact sum (fp32 FMAs would round). Outputs leave through 16 x 16 transposes.
  * Work items are (chunk of 64 outputs, row tile), the tile varying fastest so that a chunk's
  * weights stay in L2 across the tiles; threads take contiguous runs of items. Nothing is
