@@ -57,34 +57,56 @@ static void score(rs_engine *e, float *out /* [39] */) {
 
 enum { L = 2, H = 2 }; /* small_config's layers and KV heads */
 
-/* Rewrites dir's model.safetensors with per-head k[L*H], v[L*H] as self_attn.k_scale / v_scale. */
-static void add_scales(const char *dir, int nl, int nh, const float *k, const float *v) {
+/* Rewrites dir's model.safetensors: every tensor as it is, except that with double_proj every BF16
+ * projection (q/k/v/o, gate/up/down) is multiplied by 2 (exact, and quantized to the same E4M3
+ * codes with twice the block scales); then `extra` is appended. */
+static void rewrite_checkpoint(const char *dir, bool double_proj, const rs_st_wtensor *extra, size_t n_extra) {
     char path[600], tmp[700];
     snprintf(path, sizeof path, "%s/model.safetensors", dir);
     snprintf(tmp, sizeof tmp, "%s.new", path);
     rs_error err = {0};
     rs_st_file *f = NULL;
     ASSERT_EQ(rs_st_open(&f, path, &err), RS_OK);
-    size_t n = rs_st_count(f);
-    rs_st_wtensor *w = calloc(n + 2 * (size_t)nl, sizeof *w);
-    char(*names)[64] = calloc(2 * (size_t)nl, 64);
+    const size_t n = rs_st_count(f);
+    rs_st_wtensor *w = calloc(n + n_extra, sizeof *w);
+    uint16_t **bufs = calloc(n, sizeof *bufs);
     for (size_t i = 0; i < n; i++) {
         const rs_st_tensor *t = rs_st_tensor_at(f, i);
         w[i] = (rs_st_wtensor){.name = t->name, .dtype = t->dtype, .ndim = t->ndim, .data = t->data};
         for (int d = 0; d < t->ndim; d++) w[i].shape[d] = t->shape[d];
+        if (!double_proj || t->dtype != RS_DTYPE_BF16 || t->ndim != 2 || !strstr(t->name, "_proj.")) continue;
+        const size_t numel = (size_t)(t->shape[0] * t->shape[1]);
+        bufs[i] = malloc(numel * sizeof(uint16_t));
+        for (size_t j = 0; j < numel; j++) {
+            uint16_t h;
+            memcpy(&h, (const uint8_t *)t->data + 2 * j, 2);
+            bufs[i][j] = rs_f32_to_bf16(2.0f * rs_bf16_to_f32(h));
+        }
+        w[i].data = bufs[i];
     }
+    for (size_t i = 0; i < n_extra; i++) w[n + i] = extra[i];
+    ASSERT_EQ(rs_st_write(tmp, w, n + n_extra, &err), RS_OK);
+    rs_st_close(f);
+    ASSERT_EQ(rename(tmp, path), 0);
+    for (size_t i = 0; i < n; i++) free(bufs[i]);
+    free(bufs);
+    free(w);
+}
+
+/* Rewrites dir's model.safetensors with per-head k[L*H], v[L*H] as self_attn.k_scale / v_scale. */
+static void add_scales(const char *dir, int nl, int nh, const float *k, const float *v) {
+    rs_st_wtensor *extra = calloc(2 * (size_t)nl, sizeof *extra);
+    char(*names)[64] = calloc(2 * (size_t)nl, 64);
     for (int l = 0; l < nl; l++) {
         for (int kv = 0; kv < 2; kv++) {
             int i = 2 * l + kv;
             snprintf(names[i], 64, "model.layers.%d.self_attn.%s", l, kv ? "v_scale" : "k_scale");
-            w[n + i] = (rs_st_wtensor){.name = names[i], .dtype = RS_DTYPE_F32, .ndim = 1, .shape = {nh},
+            extra[i] = (rs_st_wtensor){.name = names[i], .dtype = RS_DTYPE_F32, .ndim = 1, .shape = {nh},
                                        .data = (kv ? v : k) + l * nh};
         }
     }
-    ASSERT_EQ(rs_st_write(tmp, w, n + 2 * (size_t)nl, &err), RS_OK);
-    rs_st_close(f);
-    ASSERT_EQ(rename(tmp, path), 0);
-    free(w);
+    rewrite_checkpoint(dir, false, extra, 2 * (size_t)nl);
+    free(extra);
     free(names);
 }
 
@@ -257,40 +279,6 @@ RS_TEST(kv_static_scales_pushed_with_weights) {
     rs_backend_free(b);
 }
 
-/* Rewrites dir's model.safetensors with every BF16 projection (q/k/v/o, gate/up/down) times 2:
- * exact, and quantized to the same E4M3 codes with twice the block scales. */
-static void double_projections(const char *dir) {
-    char path[600], tmp[700];
-    snprintf(path, sizeof path, "%s/model.safetensors", dir);
-    snprintf(tmp, sizeof tmp, "%s.new", path);
-    rs_error err = {0};
-    rs_st_file *f = NULL;
-    ASSERT_EQ(rs_st_open(&f, path, &err), RS_OK);
-    size_t n = rs_st_count(f);
-    rs_st_wtensor *w = calloc(n, sizeof *w);
-    uint16_t **bufs = calloc(n, sizeof *bufs);
-    for (size_t i = 0; i < n; i++) {
-        const rs_st_tensor *t = rs_st_tensor_at(f, i);
-        w[i] = (rs_st_wtensor){.name = t->name, .dtype = t->dtype, .ndim = t->ndim, .data = t->data};
-        for (int d = 0; d < t->ndim; d++) w[i].shape[d] = t->shape[d];
-        if (t->dtype != RS_DTYPE_BF16 || t->ndim != 2 || !strstr(t->name, "_proj.")) continue;
-        const size_t numel = (size_t)(t->shape[0] * t->shape[1]);
-        bufs[i] = malloc(numel * sizeof(uint16_t));
-        for (size_t j = 0; j < numel; j++) {
-            uint16_t h;
-            memcpy(&h, (const uint8_t *)t->data + 2 * j, 2);
-            bufs[i][j] = rs_f32_to_bf16(2.0f * rs_bf16_to_f32(h));
-        }
-        w[i].data = bufs[i];
-    }
-    ASSERT_EQ(rs_st_write(tmp, w, n, &err), RS_OK);
-    rs_st_close(f);
-    ASSERT_EQ(rename(tmp, path), 0);
-    for (size_t i = 0; i < n; i++) free(bufs[i]);
-    free(bufs);
-    free(w);
-}
-
 /* Calibrate mode with a calibration backend (the sync service's): the scales are computed over
  * the staged weights before the commit, on that backend (here with another thread count than the
  * engine's), and what the engine then serves is bit for bit what an engine started on the new
@@ -301,7 +289,7 @@ static void double_projections(const char *dir) {
 RS_TEST(kv_calibrated_before_commit) {
     char a_dir[512], b_dir[512];
     two_checkpoints(a_dir, b_dir, sizeof a_dir, "c");
-    double_projections(b_dir);
+    rewrite_checkpoint(b_dir, true, NULL, 0); /* every projection doubled */
     rs_error err = {0};
     rs_quant_policy qp;
     ASSERT_EQ(rs_quant_policy_init(&qp, "fp8", "", 0, 0, &err), RS_OK);

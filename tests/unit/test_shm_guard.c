@@ -313,70 +313,19 @@ static void truncate_now(const char *shm_name) {
     if (ftruncate(hook_fd, hook_size) != 0) RS_TEST_FAIL("ftruncate: %s", strerror(errno));
 }
 
-/* Two tiny FP8-served checkpoints A and B (dir_a, dir_b), the engine serving A, the sync service
- * in the daemon's configuration, and the probe logits of both (the references). */
-typedef struct sync_fixture {
-    char dir_a[512], dir_b[512];
-    rs_backend *b;
-    rs_model *m;
-    rs_engine *e;
-    rs_sync *s;
-    float *logits_a, *logits_b;
-} sync_fixture;
-
-static void fixture_start(sync_fixture *f, const char *tag) {
-    snprintf(f->dir_a, sizeof f->dir_a, "%s/%sa", rs_test_tmpdir(), tag);
-    snprintf(f->dir_b, sizeof f->dir_b, "%s/%sb", rs_test_tmpdir(), tag);
-    rs_model_config c = rs_test_tiny_qwen3();
-    rs_error err = {0};
-    ASSERT_EQ(rs_testmodel_write(f->dir_a, &c, 1, &err), RS_OK);
-    ASSERT_EQ(rs_testmodel_write(f->dir_b, &c, 2, &err), RS_OK);
-    f->b = rs_backend_cpu_init(2);
-    rs_quant_policy qp;
-    ASSERT_EQ(rs_quant_policy_init(&qp, "fp8", "", 0, 0, &err), RS_OK);
-    rs_model *ref_b = NULL;
-    ASSERT_EQ(rs_model_load(f->dir_b, f->b, &qp, &ref_b, &err), RS_OK);
-    f->logits_b = rs_test_probe_logits(ref_b);
-    rs_model_free(ref_b);
-    ASSERT_EQ(rs_model_load(f->dir_a, f->b, &qp, &f->m, &err), RS_OK);
-    f->logits_a = rs_test_probe_logits(f->m);
-    ASSERT_TRUE(!rs_test_same_probe(f->logits_a, f->logits_b, c.vocab_size));
-    rs_engine_opts eo = {.kv_cache_bytes = 2 << 20, .max_running = 4, .max_step_tokens = 256,
-                         .limits = {.max_context = 256, .max_new_tokens = 128, .max_n = 2, .max_batch = 4}};
-    ASSERT_EQ(rs_engine_init(&f->e, f->m, &eo, &err), RS_OK);
-    ASSERT_EQ(rs_engine_start(f->e), RS_OK);
-    rs_sync_opts so = {.threads = 2, .keep_shm_maps = true}; /* the daemon's default */
-    ASSERT_EQ(rs_sync_start(&f->s, f->e, f->m, &so, &err), RS_OK);
-}
-
-static void fixture_stop(sync_fixture *f) {
-    rs_sync_stop(f->s);
-    rs_engine_stop(f->e);
-    rs_engine_free(f->e);
-    rs_model_free(f->m);
-    rs_backend_free(f->b);
-    free(f->logits_a);
-    free(f->logits_b);
-}
-
-/* Whether the engine now serves exactly `want` (probe logits, bit for bit). */
-static bool serves(const sync_fixture *f, const float *want) {
-    float *got = rs_test_probe_logits(f->m);
-    const bool same = rs_test_same_probe(got, want, rs_test_tiny_qwen3().vocab_size);
-    free(got);
-    return same;
+/* The daemon's sync configuration: quantizing threads and kept mappings. */
+static rs_test_sync_env open_fp8(void) {
+    rs_sync_opts so = {.threads = 2, .keep_shm_maps = true};
+    return rs_test_sync_open("fp8", &so);
 }
 
 /* The FP8-served model quantizes BF16 matrices on the sync pool's workers, so the reads that fault
  * run on worker threads as well as on the service thread. */
 RS_TEST(sync_shm_segment_truncated_mid_request) {
-    sync_fixture f;
-    fixture_start(&f, "t");
+    rs_test_sync_env f = open_fp8();
     rs_sync *s = f.s;
     rs_engine *e = f.e;
-    rs_error err = {0};
-    rs_st_dir *bt = NULL;
-    ASSERT_EQ(rs_st_dir_open(&bt, f.dir_b, &err), RS_OK);
+    rs_st_dir *bt = f.bt;
     const size_t n = rs_st_dir_count(bt), half = n / 2, page = (size_t)sysconf(_SC_PAGESIZE);
 
     enum { PAST_PAGES, INSIDE_LAST_PAGE, N_CASES };
@@ -410,7 +359,7 @@ RS_TEST(sync_shm_segment_truncated_mid_request) {
         ASSERT_EQ(st.updates_failed, (uint64_t)cs + 1);
         ASSERT_EQ(st.shm_mapped_bytes, k1.sg.size); /* the shrunk segment's mapping was let go */
         ASSERT_STREQ(rs_engine_weight_version(e), "0");
-        if (!serves(&f, f.logits_a)) RS_TEST_FAIL("case %d: the served weights changed", cs);
+        if (!rs_test_sync_serves(&f, f.logits_a)) RS_TEST_FAIL("case %d: the served weights changed", cs);
         bucket_free(&k1);
         bucket_free(&k2);
     }
@@ -422,12 +371,10 @@ RS_TEST(sync_shm_segment_truncated_mid_request) {
     if (send_bucket(s, &k2, RS_WEIGHT_LAST_YES, &job) != RS_OK) RS_TEST_FAIL("%s", job.err.message);
     ASSERT_TRUE(job.res.committed);
     ASSERT_STREQ(rs_engine_weight_version(e), "5");
-    if (!serves(&f, f.logits_b)) RS_TEST_FAIL("the committed weights are not B's");
+    if (!rs_test_sync_serves(&f, f.logits_b)) RS_TEST_FAIL("the committed weights are not B's");
     bucket_free(&k1);
     bucket_free(&k2);
-
-    rs_st_dir_close(bt);
-    fixture_stop(&f);
+    rs_test_sync_close(&f);
 }
 
 /* ---------------------------------------------------------------- kept mappings */
@@ -523,13 +470,11 @@ RS_TEST(shm_kept_mappings) {
 /* The same two segments carry two updates (the client's keep_segments): the second must deliver
  * the bytes the trainer wrote for it, through the kept mappings, bit for bit. */
 RS_TEST(sync_shm_kept_segments_carry_the_next_update) {
-    sync_fixture f;
-    fixture_start(&f, "k");
+    rs_test_sync_env f = open_fp8();
     rs_sync *s = f.s;
     rs_error err = {0};
-    rs_st_dir *ta = NULL, *tb = NULL;
+    rs_st_dir *ta = NULL, *tb = f.bt;
     ASSERT_EQ(rs_st_dir_open(&ta, f.dir_a, &err), RS_OK);
-    ASSERT_EQ(rs_st_dir_open(&tb, f.dir_b, &err), RS_OK);
     const size_t n = rs_st_dir_count(tb), half = n / 2;
     ASSERT_EQ(rs_st_dir_count(ta), n);
 
@@ -537,7 +482,7 @@ RS_TEST(sync_shm_kept_segments_carry_the_next_update) {
     rs_sync_job job;
     ASSERT_EQ(send_bucket(s, &k1, RS_WEIGHT_LAST_NO, &job), RS_OK);
     if (send_bucket(s, &k2, RS_WEIGHT_LAST_YES, &job) != RS_OK) RS_TEST_FAIL("%s", job.err.message);
-    if (!serves(&f, f.logits_b)) RS_TEST_FAIL("the first update is not B's weights");
+    if (!rs_test_sync_serves(&f, f.logits_b)) RS_TEST_FAIL("the first update is not B's weights");
     rs_sync_stats st;
     rs_sync_get_stats(s, &st);
     ASSERT_EQ(st.shm_mapped_bytes, k1.sg.size + k2.sg.size);
@@ -559,7 +504,7 @@ RS_TEST(sync_shm_kept_segments_carry_the_next_update) {
     ASSERT_EQ(send_bucket(s, &k1, RS_WEIGHT_LAST_NO, &job), RS_OK);
     if (send_bucket(s, &k2, RS_WEIGHT_LAST_YES, &job) != RS_OK) RS_TEST_FAIL("%s", job.err.message);
     ASSERT_TRUE(job.res.committed);
-    if (!serves(&f, f.logits_a)) RS_TEST_FAIL("the second update is not A's weights");
+    if (!rs_test_sync_serves(&f, f.logits_a)) RS_TEST_FAIL("the second update is not A's weights");
 
     /* the trainer unlinks its segments: the service lets them go within about a second */
     bucket_free(&a1);
@@ -574,6 +519,5 @@ RS_TEST(sync_shm_kept_segments_carry_the_next_update) {
     ASSERT_EQ(st.shm_mapped_bytes, 0);
 
     rs_st_dir_close(ta);
-    rs_st_dir_close(tb);
-    fixture_stop(&f);
+    rs_test_sync_close(&f);
 }

@@ -41,61 +41,10 @@ static void write_model(const char *dir, uint64_t seed) {
     if (rs_testmodel_write(dir, &c, seed, &err) != RS_OK) RS_TEST_FAIL("testmodel: %s", err.message);
 }
 
-
-/* The served model A (seed 1) with an engine thread and the sync service; checkpoint B (seed 2)
- * for the trainer side, and B's reference logits. */
-typedef struct env {
-    rs_backend *b;
-    rs_model *m;
-    rs_engine *e;
-    rs_sync *s;
-    char dir_a[512], dir_b[512];
-    rs_st_dir *bt;                      /* B's tensors */
-    float *logits_a, *logits_b;
-} env;
-
-static env env_open(const char *mode, const rs_sync_opts *so) {
-    env v;
-    memset(&v, 0, sizeof v);
-    snprintf(v.dir_a, sizeof v.dir_a, "%s/a", rs_test_tmpdir());
-    snprintf(v.dir_b, sizeof v.dir_b, "%s/b", rs_test_tmpdir());
-    write_model(v.dir_a, 1);
-    write_model(v.dir_b, 2);
-    v.b = rs_backend_cpu_init(2);
-    rs_quant_policy qp;
-    rs_error err = {0};
-    ASSERT_EQ(rs_quant_policy_init(&qp, mode, "", 0, 0, &err), RS_OK);
-    rs_model *ref_b = NULL;
-    ASSERT_EQ(rs_model_load(v.dir_b, v.b, &qp, &ref_b, &err), RS_OK);
-    v.logits_b = rs_test_probe_logits(ref_b);
-    rs_model_free(ref_b);
-    ASSERT_EQ(rs_model_load(v.dir_a, v.b, &qp, &v.m, &err), RS_OK);
-    v.logits_a = rs_test_probe_logits(v.m);
-    ASSERT_TRUE(!rs_test_same_probe(v.logits_a, v.logits_b, rs_test_tiny_qwen3().vocab_size));
-    rs_engine_opts eo = {.kv_cache_bytes = 2 << 20, .max_running = 4, .max_step_tokens = 256,
-                         .limits = {.max_context = 256, .max_new_tokens = 128, .max_n = 2, .max_batch = 4}};
-    ASSERT_EQ(rs_engine_init(&v.e, v.m, &eo, &err), RS_OK);
-    ASSERT_EQ(rs_engine_start(v.e), RS_OK);
-    rs_sync_opts def = {0};
-    if (rs_sync_start(&v.s, v.e, v.m, so ? so : &def, &err) != RS_OK) RS_TEST_FAIL("sync: %s", err.message);
-    ASSERT_EQ(rs_st_dir_open(&v.bt, v.dir_b, &err), RS_OK);
-    return v;
-}
-
-static void env_close(env *v) {
-    rs_sync_stop(v->s);
-    rs_engine_stop(v->e);
-    rs_engine_free(v->e);
-    rs_model_free(v->m);
-    rs_st_dir_close(v->bt);
-    rs_backend_free(v->b);
-    free(v->logits_a), free(v->logits_b);
-}
+typedef rs_test_sync_env env;
 
 static void expect_serving(env *v, const float *want) {
-    float *got = rs_test_probe_logits(v->m);
-    if (!rs_test_same_probe(got, want, rs_test_tiny_qwen3().vocab_size)) RS_TEST_FAIL("the served logits are not the expected model's");
-    free(got);
+    if (!rs_test_sync_serves(v, want)) RS_TEST_FAIL("the served logits are not the expected model's");
 }
 
 static rs_sync_stats stats(env *v) {
@@ -199,7 +148,7 @@ static void update_to_b(env *v, rs_weight_last last1, rs_weight_last last2, cons
 }
 
 static void shm_end_to_end(const char *mode) {
-    env v = env_open(mode, NULL);
+    env v = rs_test_sync_open(mode, NULL);
     size_t n = rs_st_dir_count(v.bt);
     bucket k1 = bucket_make(&v, 0, n / 2, 0), k2 = bucket_make(&v, n / 2, n, 0);
     rs_sync_job job;
@@ -225,7 +174,7 @@ static void shm_end_to_end(const char *mode) {
     ASSERT_TRUE(!st.txn_open);
     bucket_free(&k1);
     bucket_free(&k2);
-    env_close(&v);
+    rs_test_sync_close(&v);
 }
 
 RS_TEST(sync_shm_end_to_end_bf16) { shm_end_to_end("bf16"); }
@@ -233,15 +182,15 @@ RS_TEST(sync_shm_end_to_end_fp8) { shm_end_to_end("fp8"); }
 
 /* is_last absent: the bucket that completes the set commits (SGLang-style trainers). */
 RS_TEST(sync_shm_auto_commit) {
-    env v = env_open("fp8", NULL);
+    env v = rs_test_sync_open("fp8", NULL);
     update_to_b(&v, RS_WEIGHT_LAST_AUTO, RS_WEIGHT_LAST_AUTO, "3");
     expect_serving(&v, v.logits_b);
-    env_close(&v);
+    rs_test_sync_close(&v);
 }
 
 /* The request as JSON through the parser: what a trainer posts. */
 RS_TEST(sync_shm_from_json_body) {
-    env v = env_open("bf16", NULL);
+    env v = rs_test_sync_open("bf16", NULL);
     size_t n = rs_st_dir_count(v.bt);
     bucket k = bucket_make(&v, 0, n, 0);
     json_t *tensors = json_array();
@@ -278,13 +227,13 @@ RS_TEST(sync_shm_from_json_body) {
     rs_shm_update_req_free(&job.req.shm);
     bucket_free(&k);
     expect_serving(&v, v.logits_b);
-    env_close(&v);
+    rs_test_sync_close(&v);
 }
 
 /* Each corrupt update fails whole with a clear error; the old weights keep serving, the
  * transaction is gone, and the next good update goes through. */
 RS_TEST(sync_shm_corrupt_updates_fail_whole) {
-    env v = env_open("fp8", NULL);
+    env v = rs_test_sync_open("fp8", NULL);
     const size_t n = rs_st_dir_count(v.bt), half = n / 2;
     enum { UNKNOWN, SHAPE, DTYPE, OFFSET, MISSING, SMALL, NOSEG, MODE, DUP, OTHER_UID, N_CASES };
     static const char *const what[N_CASES] = {"unknown name", "wrong shape", "wrong dtype", "offset beyond the segment",
@@ -368,12 +317,12 @@ RS_TEST(sync_shm_corrupt_updates_fail_whole) {
     /* still healthy: a good update commits */
     update_to_b(&v, RS_WEIGHT_LAST_NO, RS_WEIGHT_LAST_YES, "10");
     expect_serving(&v, v.logits_b);
-    env_close(&v);
+    rs_test_sync_close(&v);
 }
 
 /* A bucket for another version while a transaction is open: 409, and the open one is untouched. */
 RS_TEST(sync_version_conflict_409) {
-    env v = env_open("bf16", NULL);
+    env v = rs_test_sync_open("bf16", NULL);
     size_t n = rs_st_dir_count(v.bt);
     bucket k1 = bucket_make(&v, 0, n / 2, 0), k2 = bucket_make(&v, n / 2, n, 0);
     rs_sync_job job;
@@ -392,13 +341,13 @@ RS_TEST(sync_version_conflict_409) {
     expect_serving(&v, v.logits_b);
     bucket_free(&k1);
     bucket_free(&k2);
-    env_close(&v);
+    rs_test_sync_close(&v);
 }
 
 /* A transaction whose trainer went away expires and stops blocking other versions. */
 RS_TEST(sync_idle_transaction_expires) {
     rs_sync_opts so = {.txn_idle_timeout = 0.2};
-    env v = env_open("bf16", &so);
+    env v = rs_test_sync_open("bf16", &so);
     size_t n = rs_st_dir_count(v.bt);
     bucket k1 = bucket_make(&v, 0, n / 2, 0);
     rs_sync_job job;
@@ -411,13 +360,13 @@ RS_TEST(sync_idle_transaction_expires) {
     update_to_b(&v, RS_WEIGHT_LAST_NO, RS_WEIGHT_LAST_YES, "6");
     expect_serving(&v, v.logits_b);
     bucket_free(&k1);
-    env_close(&v);
+    rs_test_sync_close(&v);
 }
 
 /* weight-staging-mb: a bucket over the limit is a 400, not an out-of-memory crash. */
 RS_TEST(sync_staging_limit) {
     rs_sync_opts so = {.staging_limit = 100 << 10};
-    env v = env_open("bf16", &so);
+    env v = rs_test_sync_open("bf16", &so);
     size_t n = rs_st_dir_count(v.bt);
     bucket k = bucket_make(&v, 0, n, 0);
     rs_sync_job job;
@@ -426,7 +375,7 @@ RS_TEST(sync_staging_limit) {
     ASSERT_TRUE(!stats(&v).txn_open);
     expect_serving(&v, v.logits_a);
     bucket_free(&k);
-    env_close(&v);
+    rs_test_sync_close(&v);
 }
 
 /* /update_weight_version relabels; with abort_all_requests it aborts what is running. */
@@ -446,7 +395,7 @@ static void on_gen_done(rs_gen_job *job, void *user) {
 }
 
 RS_TEST(sync_update_weight_version) {
-    env v = env_open("bf16", NULL);
+    env v = rs_test_sync_open("bf16", NULL);
     rs_sync_job job = {.kind = RS_SYNC_VERSION};
     snprintf(job.req.version.new_version, sizeof job.req.version.new_version, "v42");
     ASSERT_EQ(rs_sync_run(v.s, &job), RS_OK);
@@ -481,7 +430,7 @@ RS_TEST(sync_update_weight_version) {
     rs_gen_job_free(g);
     rs_engine_continue(v.e);
     ASSERT_STREQ(rs_engine_weight_version(v.e), "v43");
-    env_close(&v);
+    rs_test_sync_close(&v);
 }
 
 /* ---------------------------------------------------------------- disk */
@@ -506,7 +455,7 @@ RS_TEST(sync_disk_update_and_path_restriction) {
     mkdir_ok(allowed);
     mkdir_ok(outside);
     rs_sync_opts so = {.allowed_weight_dir = allowed};
-    env v = env_open("fp8", &so);
+    env v = rs_test_sync_open("fp8", &so);
     rs_sync_job job;
 
     /* escapes: "..", a symlinked directory, a symlinked shard, a missing path */
@@ -549,17 +498,17 @@ RS_TEST(sync_disk_update_and_path_restriction) {
     ASSERT_TRUE(job.res.committed);
     ASSERT_STREQ(job.res.weight_version, "disk");
     expect_serving(&v, v.logits_b);
-    env_close(&v);
+    rs_test_sync_close(&v);
 }
 
 RS_TEST(sync_disk_disabled_by_default) {
-    env v = env_open("bf16", NULL);
+    env v = rs_test_sync_open("bf16", NULL);
     rs_sync_job job;
     ASSERT_EQ(disk_update(&v, v.dir_b, &job), RS_EINVAL);
     ASSERT_STREQ(job.err.param, "model_path");
     ASSERT_TRUE(strstr(job.err.message, "disabled"));
     expect_serving(&v, v.logits_a);
-    env_close(&v);
+    rs_test_sync_close(&v);
 }
 
 RS_TEST(sync_disk_path_inside) {
@@ -585,7 +534,7 @@ static void on_count(rs_sync_job *job, void *user) {
 }
 
 RS_TEST(sync_stop_answers_queued_jobs) {
-    env v = env_open("bf16", NULL);
+    env v = rs_test_sync_open("bf16", NULL);
     enum { N = 8 };
     rs_sync_job jobs[N];
     counter c = {PTHREAD_MUTEX_INITIALIZER, 0};
@@ -602,7 +551,7 @@ RS_TEST(sync_stop_answers_queued_jobs) {
     ASSERT_EQ(c.n, N);
     for (int i = 0; i < N; i++) ASSERT_TRUE(jobs[i].rc == RS_OK || jobs[i].rc == RS_EBUSY);
     v.s = NULL;
-    env_close(&v);
+    rs_test_sync_close(&v);
 }
 
 /* ---------------------------------------------------------------- the parsers */

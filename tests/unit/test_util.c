@@ -4,8 +4,10 @@
 #include "test_util.h"
 
 #include "../../kvcache/kvcache.h"
+#include "../../model/quant.h"
 #include "test.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -99,4 +101,52 @@ rs_model_config rs_test_tiny_qwen3(void) {
     c.eos_token_ids[0] = 2;
     c.n_eos = 1;
     return c;
+}
+
+/* ---------------------------------------------------------------- the sync service in process */
+
+rs_test_sync_env rs_test_sync_open(const char *mode, const rs_sync_opts *so) {
+    rs_test_sync_env v;
+    memset(&v, 0, sizeof v);
+    snprintf(v.dir_a, sizeof v.dir_a, "%s/a", rs_test_tmpdir());
+    snprintf(v.dir_b, sizeof v.dir_b, "%s/b", rs_test_tmpdir());
+    rs_model_config c = rs_test_tiny_qwen3();
+    rs_error err = {0};
+    if (rs_testmodel_write(v.dir_a, &c, 1, &err) != RS_OK || rs_testmodel_write(v.dir_b, &c, 2, &err) != RS_OK)
+        RS_TEST_FAIL("testmodel: %s", err.message);
+    v.b = rs_backend_cpu_init(2);
+    rs_quant_policy qp;
+    ASSERT_EQ(rs_quant_policy_init(&qp, mode, "", 0, 0, &err), RS_OK);
+    rs_model *ref_b = NULL;
+    ASSERT_EQ(rs_model_load(v.dir_b, v.b, &qp, &ref_b, &err), RS_OK);
+    v.logits_b = rs_test_probe_logits(ref_b);
+    rs_model_free(ref_b);
+    ASSERT_EQ(rs_model_load(v.dir_a, v.b, &qp, &v.m, &err), RS_OK);
+    v.logits_a = rs_test_probe_logits(v.m);
+    ASSERT_TRUE(!rs_test_same_probe(v.logits_a, v.logits_b, c.vocab_size));
+    rs_engine_opts eo = {.kv_cache_bytes = 2 << 20, .max_running = 4, .max_step_tokens = 256,
+                         .limits = {.max_context = 256, .max_new_tokens = 128, .max_n = 2, .max_batch = 4}};
+    ASSERT_EQ(rs_engine_init(&v.e, v.m, &eo, &err), RS_OK);
+    ASSERT_EQ(rs_engine_start(v.e), RS_OK);
+    rs_sync_opts def = {0};
+    if (rs_sync_start(&v.s, v.e, v.m, so ? so : &def, &err) != RS_OK) RS_TEST_FAIL("sync: %s", err.message);
+    ASSERT_EQ(rs_st_dir_open(&v.bt, v.dir_b, &err), RS_OK);
+    return v;
+}
+
+void rs_test_sync_close(rs_test_sync_env *v) {
+    rs_sync_stop(v->s);
+    rs_engine_stop(v->e);
+    rs_engine_free(v->e);
+    rs_model_free(v->m);
+    rs_st_dir_close(v->bt);
+    rs_backend_free(v->b);
+    free(v->logits_a), free(v->logits_b);
+}
+
+int rs_test_sync_serves(rs_test_sync_env *v, const float *want) {
+    float *got = rs_test_probe_logits(v->m);
+    const int same = rs_test_same_probe(got, want, rs_test_tiny_qwen3().vocab_size);
+    free(got);
+    return same;
 }

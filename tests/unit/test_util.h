@@ -11,6 +11,9 @@
  * compare two ways of arriving at the same weights. rs_test_probe_logits runs a fixed 10-token
  * probe through it, and rs_test_same_probe compares two such results bit for bit.
  *
+ * rs_test_sync_open: two tiny checkpoints, the engine serving one and the weight-sync service,
+ * for the tests that push the other through a transport (test_sync.c, test_shm_guard.c).
+ *
  * rs_test_tiny_qwen3: a two-layer Qwen3 config (hidden 160, vocab 256; tied embeddings, q/k
  * norms) small enough for a test to load, update and score many times.
  */
@@ -19,6 +22,9 @@
 
 #include "../../kernels/backend.h"
 #include "../../model/model.h"
+#include "../../model/safetensors.h"
+#include "../../scheduler/engine.h"
+#include "../../sync/sync.h"
 
 extern int rs_test_live_allocs; /* allocations not yet freed, in this test process */
 
@@ -34,5 +40,23 @@ float *rs_test_probe_logits(rs_model *m);
 int rs_test_same_probe(const float *x, const float *y, int vocab);
 
 rs_model_config rs_test_tiny_qwen3(void);
+
+/* The weight-sync service in process: the served tiny Qwen3 A (seed 1, quantization `mode`) with
+ * a running engine thread and the sync service (opts so, NULL = defaults); checkpoint B (seed 2)
+ * on the trainer side, open as bt; and the probe logits of a fresh load of each (the references).
+ * The checkpoints live in rs_test_tmpdir()/a and /b. */
+typedef struct rs_test_sync_env {
+    rs_backend *b;
+    rs_model *m;
+    rs_engine *e;
+    rs_sync *s;
+    char dir_a[512], dir_b[512];
+    rs_st_dir *bt;                      /* B's tensors */
+    float *logits_a, *logits_b;
+} rs_test_sync_env;
+rs_test_sync_env rs_test_sync_open(const char *mode, const rs_sync_opts *so);
+void rs_test_sync_close(rs_test_sync_env *v);
+/* Whether the engine now serves exactly `want` (probe logits, bit for bit). */
+int rs_test_sync_serves(rs_test_sync_env *v, const float *want);
 
 #endif /* RS_TEST_UTIL_H */
