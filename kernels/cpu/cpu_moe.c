@@ -23,6 +23,7 @@
 #include <string.h>
 
 #include "../../core/rs.h"
+#include "../moe_route.h"
 #include "cpu_internal.h"
 
 /* The context's MoE scratch buffers. */
@@ -38,33 +39,6 @@ enum moe_buf {
 };
 _Static_assert(BUF_COUNT <= RS_ARRAY_LEN(((rs_cpu_ctx *)0)->moe), "rs_cpu_ctx.moe too small");
 
-/* Softmax of logits [n] in place, then the k largest into sel_e / sel_w in descending order. */
-static void route_row(float *logits, int n, int k, bool norm, int32_t *sel_e, float *sel_w) {
-    float max = logits[0], sum = 0.0f;
-    for (int e = 1; e < n; e++) max = logits[e] > max ? logits[e] : max;
-    for (int e = 0; e < n; e++) {
-        logits[e] = expf(logits[e] - max);
-        sum += logits[e];
-    }
-    for (int e = 0; e < n; e++) logits[e] = logits[e] / sum;
-
-    for (int i = 0; i < k; i++) {
-        int best = -1;
-        for (int e = 0; e < n; e++) {
-            bool taken = false;
-            for (int m = 0; m < i; m++) taken |= sel_e[m] == e;
-            if (!taken && (best < 0 || logits[e] > logits[best])) best = e;
-        }
-        sel_e[i] = best;
-        sel_w[i] = logits[best];
-    }
-    if (norm) {
-        float s = 0.0f;
-        for (int i = 0; i < k; i++) s += sel_w[i];
-        for (int i = 0; i < k; i++) sel_w[i] = sel_w[i] / s;
-    }
-}
-
 /* Per-expert lists of (row, weight) in row order. offsets [n_experts + 1]; rows, wts [n_rows * k]. */
 typedef struct expert_lists {
     int32_t *offsets;
@@ -79,18 +53,8 @@ static expert_lists group_by_expert(rs_cpu_ctx *c, const int32_t *sel_e, const f
     expert_lists l = {.offsets = (int32_t *)mem};
     l.rows = l.offsets + n_experts + 1;
     l.wts = (float *)(l.rows + n_sel);
-    memset(l.offsets, 0, ((size_t)n_experts + 1) * sizeof(int32_t));
-    for (size_t i = 0; i < n_sel; i++) l.offsets[sel_e[i] + 1]++;
-    for (int e = 0; e < n_experts; e++) l.offsets[e + 1] += l.offsets[e];
     int32_t *fill = rs_cpu_scratch(&c->moe[BUF_FILL], (size_t)n_experts * sizeof(int32_t));
-    memcpy(fill, l.offsets, (size_t)n_experts * sizeof(int32_t));
-    for (int r = 0; r < n_rows; r++) {
-        for (int i = 0; i < k; i++) {
-            int32_t at = fill[sel_e[(size_t)r * k + i]]++;
-            l.rows[at] = r;
-            l.wts[at] = sel_w[(size_t)r * k + i];
-        }
-    }
+    rs_moe_group(sel_e, sel_w, n_rows, k, n_experts, l.offsets, fill, l.rows, l.wts);
     return l;
 }
 
@@ -141,7 +105,7 @@ void rs_cpu_op_moe(rs_backend *b, float *out, const float *x, int rows, int hidd
         rs_cpu_scratch(&c->moe[BUF_SELECTED], n_sel * (sizeof(int32_t) + sizeof(float))); /* [rows][k] */
     float *sel_w = (float *)(sel_e + n_sel);                                              /* [rows][k] */
     for (int r = 0; r < rows; r++)
-        route_row(logits + (size_t)r * (size_t)n_exp, n_exp, k, w->norm_topk_prob, sel_e + (size_t)r * k,
+        rs_moe_route_row(logits + (size_t)r * (size_t)n_exp, n_exp, k, w->norm_topk_prob, sel_e + (size_t)r * k,
                   sel_w + (size_t)r * k);
 
     expert_lists l = group_by_expert(c, sel_e, sel_w, rows, k, n_exp);
