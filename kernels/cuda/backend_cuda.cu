@@ -2,34 +2,22 @@
  * backend_cuda.cu — the CUDA backend: device memory, one stream, the cuBLASLt handle, and the op
  * table of kernels/backend.h.
  *
- * At this stage the backend owns the device plumbing that every kernel will use (allocation,
- * transfers on its stream, the single cuBLASLt handle with its workspace, NCCL's presence) and
- * publishes an op table whose compute entries are filled as each kernel lands with its CPU-twin
- * comparison test. rs_backend_missing_op() names the first op not yet provided, and model loading
- * refuses a backend that lacks any op it needs, so nothing silently runs a partial forward pass.
+ * This file owns the device plumbing every kernel uses: allocation, transfers on the one stream,
+ * the stream-ordered scratch buffers and host-array mirrors of cuda_internal.h, the cuBLASLt handle
+ * with its workspace, and NCCL's presence. The compute ops live one concept per file (cuda_ops.cu,
+ * cuda_matmul.cu, cuda_attention.cu, cuda_moe.cu), each with its CPU-twin comparison tests in
+ * tests/unit/test_cuda_*.c, which scripts/gpu-check.sh runs on a machine with a GPU.
  */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-extern "C" {
-#include "../backend.h"
-}
-#include "cuda_check.h"
+#include "cuda_internal.h"
 
-struct cuda_ctx {
-    int device;
-    cudaStream_t stream;
-    cublasLtHandle_t lt;
-    void *lt_workspace; /* cuBLASLt workspace, 32 MiB (Hopper recommendation) */
-    size_t lt_workspace_bytes;
-    size_t bytes_allocated;
-};
-
-static cuda_ctx *ctx_of(rs_backend *b) { return (cuda_ctx *)b->ctx; }
+static rs_cuda_ctx *ctx_of(rs_backend *b) { return rs_cuda_ctx_of(b); }
 
 static void *cuda_alloc(rs_backend *b, size_t bytes) {
-    cuda_ctx *c = ctx_of(b);
+    rs_cuda_ctx *c = ctx_of(b);
     void *p = NULL;
     cudaError_t e = cudaMalloc(&p, bytes ? bytes : 1);
     if (e != cudaSuccess) {
@@ -47,14 +35,14 @@ static void cuda_free(rs_backend *b, void *p) {
 }
 
 static void cuda_upload(rs_backend *b, void *dst, const void *src, size_t bytes) {
-    cuda_ctx *c = ctx_of(b);
+    rs_cuda_ctx *c = ctx_of(b);
     CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, c->stream));
     /* The source is host memory the caller may reuse at once: wait until it has been read. */
     CUDA_CHECK(cudaStreamSynchronize(c->stream));
 }
 
 static void cuda_download(rs_backend *b, void *dst, const void *src, size_t bytes) {
-    cuda_ctx *c = ctx_of(b);
+    rs_cuda_ctx *c = ctx_of(b);
     CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, c->stream));
     CUDA_CHECK(cudaStreamSynchronize(c->stream));
 }
@@ -63,8 +51,54 @@ static void cuda_copy(rs_backend *b, void *dst, const void *src, size_t bytes) {
     CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, ctx_of(b)->stream));
 }
 
+/* ---- scratch and mirrors (cuda_internal.h) ---- */
+
+/* buf holds at least `bytes`; the old contents are not kept. Stream-ordered, so a kernel queued
+ * earlier still reads the old allocation before it is released. */
+static void *buf_reserve(rs_cuda_ctx *c, rs_cuda_buf *buf, size_t bytes) {
+    if (bytes <= buf->cap && buf->p) return buf->p;
+    size_t cap = RS_MAX(bytes, buf->cap + buf->cap / 2);
+    cap = (cap + ((size_t)1 << 16) - 1) & ~(((size_t)1 << 16) - 1); /* 64 KiB granules */
+    if (buf->p) CUDA_CHECK(cudaFreeAsync(buf->p, c->stream));
+    buf->p = NULL;
+    CUDA_CHECK(cudaMallocAsync(&buf->p, cap, c->stream));
+    buf->cap = cap;
+    return buf->p;
+}
+
+void *rs_cuda_scratch(rs_cuda_ctx *c, int slot, size_t bytes) {
+    RS_ASSERT(slot >= 0 && slot < RS_CUDA_S_COUNT);
+    return buf_reserve(c, &c->scratch[slot], bytes);
+}
+
+const void *rs_cuda_mirror_of(rs_cuda_ctx *c, int slot, const void *host, size_t bytes) {
+    RS_ASSERT(slot >= 0 && slot < RS_CUDA_M_COUNT);
+    rs_cuda_mirror *m = &c->mirror[slot];
+    if (bytes == 0) return buf_reserve(c, &m->dev, 1);
+    if (m->dev.p && bytes == m->bytes && memcmp(host, m->host, bytes) == 0) return m->dev.p;
+    void *dev = buf_reserve(c, &m->dev, bytes);
+    /* Pageable source: the driver stages it before returning, so `host` may change afterwards;
+     * the copy is queued behind every kernel that still reads the previous contents. */
+    CUDA_CHECK(cudaMemcpyAsync(dev, host, bytes, cudaMemcpyHostToDevice, c->stream));
+    if (m->host_cap < bytes) {
+        free(m->host);
+        m->host = rs_xmalloc(bytes);
+        m->host_cap = bytes;
+    }
+    memcpy(m->host, host, bytes);
+    m->bytes = bytes;
+    return dev;
+}
+
 static void cuda_destroy(rs_backend *b) {
-    cuda_ctx *c = ctx_of(b);
+    rs_cuda_ctx *c = ctx_of(b);
+    CUDA_CHECK(cudaStreamSynchronize(c->stream));
+    for (int i = 0; i < RS_CUDA_S_COUNT; i++)
+        if (c->scratch[i].p) CUDA_CHECK(cudaFreeAsync(c->scratch[i].p, c->stream));
+    for (int i = 0; i < RS_CUDA_M_COUNT; i++) {
+        if (c->mirror[i].dev.p) CUDA_CHECK(cudaFreeAsync(c->mirror[i].dev.p, c->stream));
+        free(c->mirror[i].host);
+    }
     CUDA_CHECK(cudaStreamSynchronize(c->stream));
     CUDA_CHECK(cudaFree(c->lt_workspace));
     CUBLAS_CHECK(cublasLtDestroy(c->lt));
@@ -82,6 +116,16 @@ static rs_backend_ops make_ops(void) {
     ops.upload = cuda_upload;
     ops.download = cuda_download;
     ops.copy = cuda_copy;
+    ops.embed = rs_cuda_op_embed;
+    ops.rmsnorm = rs_cuda_op_rmsnorm;
+    ops.matmul = rs_cuda_op_matmul;
+    ops.rope = rs_cuda_op_rope;
+    ops.kv_store = rs_cuda_op_kv_store;
+    ops.attention = rs_cuda_op_attention;
+    ops.swiglu = rs_cuda_op_swiglu;
+    ops.add = rs_cuda_op_add;
+    ops.gather_rows = rs_cuda_op_gather_rows;
+    ops.moe = rs_cuda_op_moe;
     ops.destroy = cuda_destroy;
     return ops;
 }
@@ -102,8 +146,9 @@ extern "C" rs_backend *rs_backend_cuda_init(int device) {
     int nccl_version = 0;
     NCCL_CHECK(ncclGetVersion(&nccl_version));
 
-    cuda_ctx *c = (cuda_ctx *)rs_xcalloc(1, sizeof *c);
+    rs_cuda_ctx *c = (rs_cuda_ctx *)rs_xcalloc(1, sizeof *c);
     c->device = device;
+    c->sm_count = prop.multiProcessorCount;
     CUDA_CHECK(cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking));
     CUBLAS_CHECK(cublasLtCreate(&c->lt));
     c->lt_workspace_bytes = (size_t)32 << 20;

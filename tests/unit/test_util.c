@@ -103,6 +103,30 @@ rs_model_config rs_test_tiny_qwen3(void) {
     return c;
 }
 
+uint64_t rs_test_rng(uint64_t *s) {
+    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+float rs_test_uniform(uint64_t *s) {
+    return (float)((double)(rs_test_rng(s) >> 11) * (2.0 / 9007199254740992.0) - 1.0);
+}
+
+void *rs_test_to_backend(rs_backend *b, const void *host, size_t bytes) {
+    void *p = rs_backend_alloc(b, bytes ? bytes : 1);
+    ASSERT_TRUE(p != NULL);
+    if (bytes) rs_backend_upload(b, p, host, bytes);
+    return p;
+}
+
+void *rs_test_to_host(rs_backend *b, const void *src, size_t bytes) {
+    void *p = malloc(bytes ? bytes : 1);
+    if (bytes) rs_backend_download(b, p, src, bytes);
+    return p;
+}
+
 /* ---------------------------------------------------------------- the sync service in process */
 
 rs_test_sync_env rs_test_sync_open(const char *mode, const rs_sync_opts *so) {
@@ -150,3 +174,15 @@ int rs_test_sync_serves(rs_test_sync_env *v, const float *want) {
     free(got);
     return same;
 }
+
+#ifdef RS_CUDA
+#include <cuda_runtime.h>
+
+rs_backend *rs_test_cuda_or_skip(void) {
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) RS_TEST_SKIP("no CUDA device");
+    rs_backend *b = rs_backend_cuda_init(0);
+    ASSERT_TRUE(b != NULL);
+    return b;
+}
+#endif

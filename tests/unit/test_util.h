@@ -41,6 +41,21 @@ int rs_test_same_probe(const float *x, const float *y, int vocab);
 
 rs_model_config rs_test_tiny_qwen3(void);
 
+/* splitmix64: the next pseudo-random word of the stream *s. */
+uint64_t rs_test_rng(uint64_t *s);
+/* Uniform in [-1, 1), from rs_test_rng. */
+float rs_test_uniform(uint64_t *s);
+
+/* A copy of host[0..bytes) in a new allocation of b (at least one byte). */
+void *rs_test_to_backend(rs_backend *b, const void *host, size_t bytes);
+/* A malloc'd host copy of b's src[0..bytes). */
+void *rs_test_to_host(rs_backend *b, const void *src, size_t bytes);
+
+#ifdef RS_CUDA
+/* The CUDA backend on device 0, or the test ends as skipped when this machine has no GPU. */
+rs_backend *rs_test_cuda_or_skip(void);
+#endif
+
 /* The weight-sync service in process: the served tiny Qwen3 A (seed 1, quantization `mode`) with
  * a running engine thread and the sync service (opts so, NULL = defaults); checkpoint B (seed 2)
  * on the trainer side, open as bt; and the probe logits of a fresh load of each (the references).

@@ -1,0 +1,327 @@
+/*
+ * cuda_attention.cu — writing K/V into the paged cache, and causal attention over it, on the GPU.
+ * The CPU twins are in kernels/cpu/cpu_attention.c (the reference); kernels/backend.h has the
+ * contracts and the page layout [n_blocks][2 (K, V)][RS_KV_BLOCK][n_kv_heads][head_dim].
+ *
+ * kv_store — bit-identical to the CPU for every dtype and scale mode.
+ *   One block per (row, K-or-V); warp w takes KV heads w, w + 4, ..., its lanes the head's dims
+ *   d = lane, lane + 32, .... F32 is a copy of the bits (NaN payloads kept). BF16 repeats the CPU's
+ *   integer rounding (rs_f32_to_bf16: round to nearest even, NaN quieted with its sign and payload);
+ *   __float2bfloat16_rn would agree except on NaN, which it canonicalizes. E4M3 codes are
+ *   __nv_cvt_float_to_fp8(__fdiv_rn(x, s), SATFINITE, E4M3), the encoder fp8.h matches on all 2^32
+ *   inputs, of the same correctly rounded quotient; PER_TOKEN's s = fmaxf(amax, 1e-10) / 448 with
+ *   amax a warp max of fabsf (fmaxf skips NaN; max is exact, so the reduction order is irrelevant).
+ *
+ * attention — flash-decoding style: one pass over the context with an online softmax in fp32, no
+ *   score buffer, compared with the CPU under a tolerance (other summation order, CUDA's expf).
+ *   Block (row r, KV head kvh, chunk z) does query heads kvh * group + [z * gc, z * gc + ng) of row
+ *   r, ng <= gc <= 16 of the group that shares the KV head, so each K/V element read serves ng heads.
+ *   128 threads (4 warps). The positions 0..pos[r] go by tiles of 64; per tile:
+ *     A  threads j < n look up position t0 + j's page in the block table: its K row index and
+ *        score multiplier (scale, scale * k_scale[kvh] or scale * ks_j) and V weight (vs_j or 1);
+ *     B  warp w scores positions j = w, w + 4, ...: lanes load the K row's dims d = lane + 32 k
+ *        (k < 8, head_dim <= 256), decode exactly, dot with each head's q (in shared memory), warp
+ *        sum; score = dot * multiplier, as the CPU folds the E4M3 scales;
+ *     C  warp w updates heads w, w + 4, ...: tile max, new running max m', correction
+ *        exp(m - m'), p_j = exp(s_j - m'), l = l * corr + sum p_j; the tile keeps p_j * vs_j;
+ *     D  thread t owns outputs i = t + 128 a (a < 16) of the [ng][head_dim] block, i.e. head i / hd,
+ *        dim i % hd: acc = acc * corr + sum_j p_j * V[j][dim], in registers.
+ *   gc * head_dim <= 128 * 16, so D covers every output; shared memory holds q, one tile of p and
+ *   per-position metadata (~13 KiB), independent of the context length. The end writes
+ *   acc / l (times v_scale[kvh] for PER_HEAD: softmax(s V) = s softmax(V), as on the CPU).
+ *   gc = min(group, 16, 2048 / head_dim) (>= 8), any value of which is correct; the grid is
+ *   (n_tok, n_kv_heads, ceil(group / gc)). One block walks a row's whole context, so a decode step
+ *   of few rows at long context uses few SMs: splitting the context over blocks with a combine
+ *   pass (flash-decoding's split-K) is the next step for speed, not needed for correctness.
+ *   The host checks what the CPU asserts as it reads (positions, the pages a row can reach,
+ *   every row in a sequence), since a kernel cannot; rows, positions and block tables reach the
+ *   GPU through the context's mirrors.
+ */
+#include <math.h>
+#include <stdlib.h>
+
+#include <cuda_fp8.h>
+
+#include "cuda_internal.h"
+
+extern "C" {
+#include "../fp8.h"
+}
+
+#define KV_THREADS 128 /* kv_store: 4 warps, one KV head at a time each */
+
+#define ATT_THREADS 128                               /* 4 warps */
+#define ATT_WARPS (ATT_THREADS / 32)
+#define ATT_TILE 64                                   /* context positions per tile */
+#define ATT_MAX_HD 256                                /* lanes hold K dims lane + 32 k, k < 8 */
+#define ATT_KREG (ATT_MAX_HD / 32)
+#define ATT_MAX_HEADS 16                              /* query heads per block (gc) */
+#define ATT_ACC 16                                    /* output accumulators per thread */
+#define ATT_MAX_OUT (ATT_THREADS * ATT_ACC)           /* gc * head_dim <= this */
+
+/* backend.h's contract for a layer (kv_check on the CPU). */
+static void kv_layer_check(const rs_kv_layer *kv) {
+    if (kv->dtype == RS_DTYPE_E4M3) {
+        RS_ASSERT((kv->scale_mode == RS_KV_SCALE_PER_HEAD && kv->k_scale && kv->v_scale) ||
+                  (kv->scale_mode == RS_KV_SCALE_PER_TOKEN && kv->token_scales));
+    } else {
+        RS_ASSERT(kv->dtype == RS_DTYPE_F32 || kv->dtype == RS_DTYPE_BF16);
+        RS_ASSERT(kv->scale_mode == RS_KV_SCALE_NONE);
+    }
+    RS_ASSERT(kv->pages && kv->n_blocks > 0 && kv->n_kv_heads > 0 && kv->head_dim > 0);
+}
+
+/* ---- kv_store ---- */
+
+/* rs_f32_to_bf16 (kernels/tensor.c), step for step. */
+__device__ __forceinline__ uint16_t bf16_bits(float f) {
+    uint32_t u = __float_as_uint(f);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40u);
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (uint16_t)(u >> 16);
+}
+
+__device__ __forceinline__ float warp_max(float x) {
+    for (int o = 16; o >= 1; o /= 2) x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, o));
+    return x;
+}
+
+__device__ __forceinline__ float warp_sum(float x) {
+    for (int o = 16; o >= 1; o /= 2) x += __shfl_xor_sync(0xffffffffu, x, o);
+    return x;
+}
+
+/* Block (r, half): row r of k (half 0) or v (half 1) into slot[r]. */
+static __global__ void kv_store_kernel(void *pages /* [n_blocks][2][16][n_kv][hd] of dt */, rs_dtype dt,
+                                       rs_kv_scale_mode mode, const float *k /* [n_tok][n_kv][hd] */,
+                                       const float *v /* [n_tok][n_kv][hd] */, const int32_t *slot /* [n_tok] */,
+                                       const float *k_scale /* [n_kv] */, const float *v_scale /* [n_kv] */,
+                                       float *token_scales /* [n_blocks][2][16][n_kv] */, int n_kv, int hd) {
+    const int r = blockIdx.x, half = blockIdx.y, lane = threadIdx.x % 32;
+    const size_t row_elems = (size_t)n_kv * (size_t)hd;
+    const float *src = (half ? v : k) + (size_t)r * row_elems;
+    const int64_t s = slot[r];
+    /* the [n_kv][hd] row of (slot, half) in the pages; token_scales is the same without hd */
+    const size_t prow = ((size_t)(s / RS_KV_BLOCK) * 2 + (size_t)half) * RS_KV_BLOCK + (size_t)(s % RS_KV_BLOCK);
+    /* h is the same for all lanes of a warp, so the warp reductions below see all 32 lanes */
+    for (int h = threadIdx.x / 32; h < n_kv; h += KV_THREADS / 32) {
+        const float *x = src + (size_t)h * (size_t)hd;
+        const size_t at = prow * row_elems + (size_t)h * (size_t)hd;
+        if (dt == RS_DTYPE_F32) {
+            const uint32_t *xb = (const uint32_t *)x; /* the bits, NaN payloads included */
+            for (int d = lane; d < hd; d += 32) ((uint32_t *)pages)[at + (size_t)d] = xb[d];
+        } else if (dt == RS_DTYPE_BF16) {
+            for (int d = lane; d < hd; d += 32) ((uint16_t *)pages)[at + (size_t)d] = bf16_bits(x[d]);
+        } else {
+            float sc;
+            if (mode == RS_KV_SCALE_PER_TOKEN) {
+                float amax = 0.0f;
+                for (int d = lane; d < hd; d += 32) amax = fmaxf(amax, fabsf(x[d]));
+                amax = warp_max(amax);
+                sc = __fdiv_rn(fmaxf(amax, RS_FP8_AMAX_FLOOR), RS_FP8_E4M3_MAX);
+                if (lane == 0) token_scales[prow * (size_t)n_kv + (size_t)h] = sc;
+            } else {
+                sc = (half ? v_scale : k_scale)[h];
+            }
+            for (int d = lane; d < hd; d += 32)
+                ((uint8_t *)pages)[at + (size_t)d] =
+                    (uint8_t)__nv_cvt_float_to_fp8(__fdiv_rn(x[d], sc), __NV_SATFINITE, __NV_E4M3);
+        }
+    }
+}
+
+void rs_cuda_op_kv_store(rs_backend *b, rs_kv_layer *kv, const float *k, const float *v, const rs_batch *batch) {
+    rs_cuda_ctx *c = rs_cuda_ctx_of(b);
+    kv_layer_check(kv);
+    const int n = batch->n_tok;
+    if (n <= 0) return;
+    RS_ASSERT(k && v && batch->slot);
+    for (int r = 0; r < n; r++)
+        RS_ASSERT(batch->slot[r] >= 0 && batch->slot[r] < (int64_t)kv->n_blocks * RS_KV_BLOCK);
+    const int32_t *dslot = (const int32_t *)rs_cuda_mirror_of(c, RS_CUDA_M_KV_SLOT, batch->slot, (size_t)n * sizeof(int32_t));
+    kv_store_kernel<<<dim3((unsigned)n, 2), KV_THREADS, 0, c->stream>>>(
+        kv->pages, kv->dtype, kv->scale_mode, k, v, dslot, kv->k_scale, kv->v_scale, kv->token_scales,
+        kv->n_kv_heads, kv->head_dim);
+    CUDA_CHECK_LAUNCH();
+}
+
+/* ---- attention ---- */
+
+/* Element i of the pages as fp32, exactly (every BF16 and E4M3 value is an fp32 value). */
+template <int DT>
+__device__ __forceinline__ float page_elem(const void *pages, size_t i) {
+    if (DT == RS_DTYPE_F32) return ((const float *)pages)[i];
+    if (DT == RS_DTYPE_BF16) return __uint_as_float((uint32_t)((const uint16_t *)pages)[i] << 16);
+    const __half_raw h = __nv_cvt_fp8_to_halfraw(((const __nv_fp8_storage_t *)pages)[i], __NV_E4M3);
+    return __half2float(__half(h));
+}
+
+/* Block (r, kvh, z); see the file comment for the phases. DT is the pages' dtype. */
+template <int DT>
+static __global__ void __launch_bounds__(ATT_THREADS)
+attention_kernel(float *out /* [n_tok][n_heads][hd] */, const float *q /* [n_tok][n_heads][hd] */,
+                 const void *pages /* [n_blocks][2][16][n_kv][hd] of DT */, rs_kv_scale_mode mode,
+                 const float *k_scale /* [n_kv] */, const float *v_scale /* [n_kv] */,
+                 const float *token_scales /* [n_blocks][2][16][n_kv] */, const int32_t *pos /* [n_tok] */,
+                 const int32_t *row_seq /* [n_tok] */, const int32_t *tables /* [n_seq][max_blocks] */,
+                 int max_blocks, int n_heads, int n_kv, int hd, int group, int gc, float scale) {
+    __shared__ float q_s[ATT_MAX_OUT];                /* [ng][hd] this block's query heads */
+    __shared__ float p_s[ATT_MAX_HEADS][ATT_TILE];    /* scores, then p_j * vs_j, of one tile */
+    __shared__ size_t krow_s[ATT_TILE];               /* page row of K at each tile position */
+    __shared__ float kmul_s[ATT_TILE], vmul_s[ATT_TILE];
+    __shared__ float m_s[ATT_MAX_HEADS], l_s[ATT_MAX_HEADS], corr_s[ATT_MAX_HEADS];
+
+    const int r = blockIdx.x, kvh = blockIdx.y, h0 = blockIdx.z * gc;
+    const int ng = min(gc, group - h0);
+    const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+    const int n_out = ng * hd; /* <= ATT_MAX_OUT (host check) */
+    const size_t head0 = (size_t)r * (size_t)n_heads + (size_t)kvh * (size_t)group + (size_t)h0;
+    const size_t row_elems = (size_t)n_kv * (size_t)hd;
+    const int n_ctx = pos[r] + 1;
+    const int32_t *table = tables + (size_t)row_seq[r] * (size_t)max_blocks;
+    const bool per_token = DT == RS_DTYPE_E4M3 && mode == RS_KV_SCALE_PER_TOKEN;
+    const float head_mul = DT == RS_DTYPE_E4M3 && !per_token ? scale * k_scale[kvh] : scale;
+
+    /* heads head0 .. head0 + ng - 1 are contiguous in q and out */
+    for (int i = tid; i < n_out; i += ATT_THREADS) q_s[i] = q[head0 * (size_t)hd + (size_t)i];
+    if (tid < ng) m_s[tid] = -INFINITY, l_s[tid] = 0.0f;
+    float acc[ATT_ACC];
+#pragma unroll
+    for (int a = 0; a < ATT_ACC; a++) acc[a] = 0.0f;
+
+    for (int t0 = 0; t0 < n_ctx; t0 += ATT_TILE) {
+        const int n = min(ATT_TILE, n_ctx - t0);
+        /* A: where each position lives, and its scale factors */
+        if (tid < n) {
+            const int p = t0 + tid;
+            const size_t krow = ((size_t)table[p / RS_KV_BLOCK] * 2) * RS_KV_BLOCK + (size_t)(p % RS_KV_BLOCK);
+            krow_s[tid] = krow;
+            kmul_s[tid] = per_token ? scale * token_scales[krow * (size_t)n_kv + (size_t)kvh] : head_mul;
+            vmul_s[tid] = per_token ? token_scales[(krow + RS_KV_BLOCK) * (size_t)n_kv + (size_t)kvh] : 1.0f;
+        }
+        __syncthreads(); /* also orders the q_s / m_s / l_s initialization before their first use */
+
+        /* B: scores, a warp per position */
+        for (int j = warp; j < n; j += ATT_WARPS) {
+            const size_t at = krow_s[j] * row_elems + (size_t)kvh * (size_t)hd;
+            float kr[ATT_KREG];
+#pragma unroll
+            for (int k = 0; k < ATT_KREG; k++) {
+                const int d = lane + 32 * k;
+                kr[k] = d < hd ? page_elem<DT>(pages, at + (size_t)d) : 0.0f;
+            }
+            for (int h = 0; h < ng; h++) {
+                float part = 0.0f;
+#pragma unroll
+                for (int k = 0; k < ATT_KREG; k++) {
+                    const int d = lane + 32 * k;
+                    if (d < hd) part += q_s[h * hd + d] * kr[k];
+                }
+                part = warp_sum(part);
+                if (lane == 0) p_s[h][j] = part * kmul_s[j];
+            }
+        }
+        __syncthreads();
+
+        /* C: online softmax, a warp per head */
+        for (int h = warp; h < ng; h += ATT_WARPS) {
+            const float m_old = m_s[h];
+            float mx = -INFINITY;
+            for (int j = lane; j < n; j += 32) mx = fmaxf(mx, p_s[h][j]);
+            const float m_new = fmaxf(m_old, warp_max(mx));
+            float sum = 0.0f;
+            for (int j = lane; j < n; j += 32) {
+                const float e = expf(p_s[h][j] - m_new);
+                sum += e;
+                p_s[h][j] = e * vmul_s[j]; /* PER_TOKEN weighs V row j by p_j * vs_j; else * 1 */
+            }
+            sum = warp_sum(sum);
+            __syncwarp(); /* every lane has read m_s[h] before lane 0 replaces it */
+            if (lane == 0) {
+                /* the first tile has nothing to rescale (and -inf - -inf would be NaN) */
+                const float corr = m_old == -INFINITY ? 0.0f : expf(m_old - m_new);
+                corr_s[h] = corr;
+                l_s[h] = l_s[h] * corr + sum;
+                m_s[h] = m_new;
+            }
+        }
+        __syncthreads();
+
+        /* D: acc = acc * corr + sum_j p_j V[j], thread tid owning outputs tid + 128 a */
+#pragma unroll
+        for (int a = 0; a < ATT_ACC; a++) {
+            const int i = tid + ATT_THREADS * a;
+            if (i < n_out) acc[a] *= corr_s[i / hd];
+        }
+        for (int j = 0; j < n; j++) {
+            const size_t at = (krow_s[j] + RS_KV_BLOCK) * row_elems + (size_t)kvh * (size_t)hd; /* V row */
+#pragma unroll
+            for (int a = 0; a < ATT_ACC; a++) {
+                const int i = tid + ATT_THREADS * a;
+                if (i < n_out) acc[a] += p_s[i / hd][j] * page_elem<DT>(pages, at + (size_t)(i % hd));
+            }
+        }
+        __syncthreads(); /* the tile's shared arrays are rewritten by the next A */
+    }
+
+    const float out_mul = DT == RS_DTYPE_E4M3 && !per_token ? v_scale[kvh] : 1.0f;
+#pragma unroll
+    for (int a = 0; a < ATT_ACC; a++) {
+        const int i = tid + ATT_THREADS * a;
+        if (i < n_out) out[head0 * (size_t)hd + (size_t)i] = acc[a] / l_s[i / hd] * out_mul;
+    }
+}
+
+void rs_cuda_op_attention(rs_backend *b, float *out, const float *q, const rs_kv_layer *kv, int n_heads,
+                          float scale, const rs_batch *batch) {
+    rs_cuda_ctx *c = rs_cuda_ctx_of(b);
+    kv_layer_check(kv);
+    const int n_tok = batch->n_tok, n_seq = batch->n_seq, n_kv = kv->n_kv_heads, hd = kv->head_dim;
+    if (n_tok <= 0) return;
+    RS_ASSERT(n_heads > 0 && n_heads % n_kv == 0);
+    RS_ASSERT(hd <= ATT_MAX_HD);
+    RS_ASSERT(n_seq > 0 && batch->max_blocks > 0);
+
+    /* the CPU's checks, plus: every row belongs to a sequence, and every page a row reads is one of
+     * the layer's (the CPU asserts that as it reads; the kernel cannot) */
+    int32_t *row_seq = (int32_t *)rs_xmalloc((size_t)n_tok * sizeof(int32_t));
+    for (int r = 0; r < n_tok; r++) row_seq[r] = -1;
+    for (int s = 0; s < n_seq; s++) {
+        const int r0 = batch->seq_start[s], r1 = batch->seq_start[s + 1];
+        RS_ASSERT(r0 >= 0 && r0 <= r1 && r1 <= n_tok);
+        int max_pos = -1;
+        for (int r = r0; r < r1; r++) {
+            const int p = batch->pos[r];
+            RS_ASSERT(p >= 0 && p < batch->seq_ctx[s] && p < batch->max_blocks * RS_KV_BLOCK);
+            row_seq[r] = s;
+            max_pos = RS_MAX(max_pos, p);
+        }
+        const int32_t *table = batch->block_tables + (size_t)s * (size_t)batch->max_blocks;
+        if (max_pos >= 0)
+            for (int blk = 0; blk <= max_pos / RS_KV_BLOCK; blk++)
+                RS_ASSERT(table[blk] >= 0 && table[blk] < kv->n_blocks);
+    }
+    for (int r = 0; r < n_tok; r++) RS_ASSERT(row_seq[r] >= 0);
+
+    const int group = n_heads / n_kv;
+    const int gc = RS_MIN(RS_MIN(group, ATT_MAX_HEADS), ATT_MAX_OUT / hd); /* >= 8: hd <= 256 */
+    const int n_chunks = (group + gc - 1) / gc;
+    RS_ASSERT(n_kv <= 65535 && n_chunks <= 65535);
+
+    const int32_t *dpos = (const int32_t *)rs_cuda_mirror_of(c, RS_CUDA_M_ATTN_POS, batch->pos, (size_t)n_tok * sizeof(int32_t));
+    const int32_t *drow = (const int32_t *)rs_cuda_mirror_of(c, RS_CUDA_M_ATTN_ROW_SEQ, row_seq, (size_t)n_tok * sizeof(int32_t));
+    const int32_t *dtab = (const int32_t *)rs_cuda_mirror_of(c, RS_CUDA_M_ATTN_TABLES, batch->block_tables,
+                                                             (size_t)n_seq * (size_t)batch->max_blocks * sizeof(int32_t));
+    free(row_seq); /* the mirror has staged (and kept) its bytes */
+
+    const dim3 grid((unsigned)n_tok, (unsigned)n_kv, (unsigned)n_chunks);
+#define ATT_LAUNCH(DT)                                                                                            \
+    attention_kernel<DT><<<grid, ATT_THREADS, 0, c->stream>>>(out, q, kv->pages, kv->scale_mode, kv->k_scale,     \
+                                                              kv->v_scale, kv->token_scales, dpos, drow, dtab,   \
+                                                              batch->max_blocks, n_heads, n_kv, hd, group, gc, scale)
+    if (kv->dtype == RS_DTYPE_F32) ATT_LAUNCH(RS_DTYPE_F32);
+    else if (kv->dtype == RS_DTYPE_BF16) ATT_LAUNCH(RS_DTYPE_BF16);
+    else ATT_LAUNCH(RS_DTYPE_E4M3);
+#undef ATT_LAUNCH
+    CUDA_CHECK_LAUNCH();
+}
