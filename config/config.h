@@ -27,6 +27,8 @@ typedef struct rs_config {
     int bf16_last_layers;       /* last N decoder layers kept as stored */
     char host[256];             /* bind address */
     int port;                   /* 0 = any free port */
+    char device[8];             /* cpu | cuda: the backend that runs the model */
+    int cuda_device;            /* CUDA device ordinal with --device cuda */
     int threads;                /* CPU backend threads; 0 = all cores */
     int kv_cache_mb;            /* KV pool budget in MiB */
     int max_running;            /* sequences per engine step */

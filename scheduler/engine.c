@@ -219,6 +219,10 @@ static int load_static_kv_scales(rs_engine *e, rs_error *err);
 
 int rs_engine_init(rs_engine **out, rs_model *m, const rs_engine_opts *opts, rs_error *err) {
     const rs_model_config *c = &m->cfg;
+    const char *missing = rs_backend_missing_op(m->backend);
+    if (missing) /* a model only ever runs on a complete backend */
+        return rs_error_set(err, RS_EUNSUPPORTED, "device", "the %s backend does not provide op '%s'",
+                            m->backend->ops->name, missing);
     rs_engine *e = rs_xcalloc(1, sizeof *e);
     e->model = m;
     e->opts = *opts;

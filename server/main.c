@@ -161,8 +161,20 @@ static int default_model_dir(char *out, size_t n, rs_error *err) {
 
 static int load(rs_daemon *d, rs_error *err) {
     const rs_config *c = &d->cfg;
-    d->backend = rs_backend_cpu_init(c->threads);
-    if (!d->backend) return rs_error_set(err, RS_EINTERNAL, "threads", "cannot create the CPU backend");
+    if (strcmp(c->device, "cuda") == 0) {
+#ifdef RS_CUDA
+        d->backend = rs_backend_cuda_init(c->cuda_device);
+        if (!d->backend)
+            return rs_error_set(err, RS_EINVAL, "cuda-device", "cannot use CUDA device %d (the log says why)",
+                                c->cuda_device);
+#else
+        return rs_error_set(err, RS_EUNSUPPORTED, "device",
+                            "--device cuda needs a CUDA build of rolloutd (make CUDA=1); this one is CPU-only");
+#endif
+    } else {
+        d->backend = rs_backend_cpu_init(c->threads);
+        if (!d->backend) return rs_error_set(err, RS_EINTERNAL, "threads", "cannot create the CPU backend");
+    }
 
     char *dir = d->model_dir;
     int rc;

@@ -3,6 +3,7 @@
  *
  *   build/rollout-bench [--preset default|qwen3-0.6b|all] [--model DIR] [--threads N]
  *                       [--batches 1,16] [--prompt 32] [--gen 32] [--quantization bf16|fp8|both]
+ *                       [--device cpu|cuda]
  *
  * For each batch size B it runs B greedy sequences twice through the real engine: once with
  * max_new_tokens = 1 (prefill + first token) and once with max_new_tokens = gen. Decode tokens/s
@@ -14,6 +15,8 @@
  * weights, so the read figure is the closer ceiling; the copy figure is kept for comparison with
  * earlier runs. --quantization picks
  * the weight precision the model is loaded with (model/quant.h; "both" runs bf16, then fp8).
+ * --device cuda (a `make CUDA=1` build) runs the model on GPU 0; both bandwidth figures are then
+ * the GPU's own device-to-device copy (read + write bytes), the ceiling for its weight reads.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -39,7 +42,51 @@ typedef struct bench_opts {
     int prompt_len;
     int gen;
     const char *quantization;   /* bf16 | fp8 | both */
+    const char *device;         /* cpu | cuda */
 } bench_opts;
+
+static rs_backend *make_backend(const bench_opts *o) {
+    rs_backend *b = NULL;
+    if (strcmp(o->device, "cuda") == 0) {
+#ifdef RS_CUDA
+        b = rs_backend_cuda_init(0);
+#else
+        fprintf(stderr, "--device cuda needs a CUDA build (make CUDA=1)\n");
+        exit(2);
+#endif
+    } else {
+        b = rs_backend_cpu_init(o->threads);
+    }
+    if (!b) {
+        fprintf(stderr, "cannot create the %s backend\n", o->device);
+        exit(1);
+    }
+    return b;
+}
+
+/* A device backend's copy bandwidth in GB/s (bytes read + written), best of a few 512 MiB copies. */
+static double device_copy_gbs(const bench_opts *o) {
+    rs_backend *b = make_backend(o);
+    const size_t n = (size_t)512 << 20;
+    char *x = rs_backend_alloc(b, n), *y = rs_backend_alloc(b, n);
+    if (!x || !y) {
+        fprintf(stderr, "cannot allocate 1 GiB on the %s backend\n", o->device);
+        exit(1);
+    }
+    char sync;
+    double best = 0;
+    for (int rep = 0; rep < 6; rep++) {
+        double t0 = rs_now_s();
+        rs_backend_copy(b, y, x, n);
+        rs_backend_download(b, &sync, y, 1); /* waits for the copy */
+        double gbs = 2.0 * (double)n / (rs_now_s() - t0) / 1e9;
+        if (gbs > best) best = gbs;
+    }
+    rs_backend_free_mem(b, x);
+    rs_backend_free_mem(b, y);
+    rs_backend_free(b);
+    return best;
+}
 
 /* Copy bandwidth in GB/s (bytes read + written), best of a few passes over 512 MiB. */
 static double stream_copy_gbs(void) {
@@ -174,7 +221,7 @@ static long thp_mib(void) {
 /* Benchmarks one model under one policy; tps_out[i] receives batches[i]'s decode tokens/s. */
 static void bench_model(const char *label, const char *dir, const bench_opts *o, const rs_quant_policy *qp,
                         const double bw[2], double *tps_out) {
-    rs_backend *b = rs_backend_cpu_init(o->threads);
+    rs_backend *b = make_backend(o);
     rs_model *m = NULL;
     rs_error err = {0};
     if (rs_model_load(dir, b, qp, &m, &err) != RS_OK) {
@@ -200,9 +247,10 @@ static void bench_model(const char *label, const char *dir, const bench_opts *o,
      * token (it is re-read as lm_head when tied). */
     double step_bytes = (double)m->weight_bytes;
     if (!m->cfg.tie_embeddings) step_bytes -= (double)rs_tensor_nbytes(&m->embed);
-    printf("\n%s [%s]: %s, %d layers, hidden %d, vocab %d, weights %.1f MiB (%s), %d threads\n", label,
-           rs_quant_mode_name(qp->mode), rs_arch_name(m->cfg.arch), m->cfg.n_layers, m->cfg.hidden,
-           m->cfg.vocab_size, (double)m->weight_bytes / (1 << 20), rs_dtype_name(m->layers[0].wq.dtype), o->threads);
+    printf("\n%s [%s]: %s, %d layers, hidden %d, vocab %d, weights %.1f MiB (%s), %s backend, %d threads\n",
+           label, rs_quant_mode_name(qp->mode), rs_arch_name(m->cfg.arch), m->cfg.n_layers, m->cfg.hidden,
+           m->cfg.vocab_size, (double)m->weight_bytes / (1 << 20), rs_dtype_name(m->layers[0].wq.dtype),
+           b->ops->name, o->threads);
     printf("  %-6s %-10s %-12s %-14s %-12s %s\n", "batch", "decode", "ms/step", "tokens/s", "x batch 1",
            "weight GB/s (share of copy / read bw)");
     run_batch(e, &m->cfg, 1, o->prompt_len, 2); /* warm-up: page in the weights */
@@ -254,13 +302,14 @@ static const char *ensure_preset(const char *name, char *dir, size_t cap) {
 
 static void usage(void) {
     fprintf(stderr, "usage: rollout-bench [--preset default|qwen3-0.6b|all] [--model DIR] [--threads N]\n"
-                    "                     [--batches 1,16] [--prompt 32] [--gen 32] [--quantization bf16|fp8|both]\n");
+                    "                     [--batches 1,16] [--prompt 32] [--gen 32] [--quantization bf16|fp8|both]\n"
+                    "                     [--device cpu|cuda]\n");
     exit(2);
 }
 
 int main(int argc, char **argv) {
     bench_opts o = {.preset = "all", .threads = 0, .batches = {1, 16}, .n_batches = 2, .prompt_len = 32,
-                    .gen = 32, .quantization = "bf16"};
+                    .gen = 32, .quantization = "bf16", .device = "cpu"};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -271,6 +320,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(a, "--prompt")) o.prompt_len = atoi(v);
         else if (!strcmp(a, "--gen")) o.gen = atoi(v);
         else if (!strcmp(a, "--quantization")) o.quantization = v;
+        else if (!strcmp(a, "--device")) o.device = v;
         else if (!strcmp(a, "--batches")) {
             o.n_batches = 0;
             for (char *s = (char *)v; *s && o.n_batches < 8; s++) {
@@ -281,6 +331,7 @@ int main(int argc, char **argv) {
         i++;
     }
     if (o.gen < 2 || o.prompt_len < 1 || o.n_batches < 1) usage();
+    if (strcmp(o.device, "cpu") != 0 && strcmp(o.device, "cuda") != 0) usage();
     /* the policies to run, in order */
     rs_quant_policy policies[2];
     int n_policies = 0;
@@ -293,9 +344,18 @@ int main(int argc, char **argv) {
     if (o.threads <= 0) o.threads = (int)sysconf(_SC_NPROCESSORS_ONLN);
     rs_log_min_level = RS_LOG_LEVEL_WARN;
 
-    const double bw[2] = {stream_copy_gbs(), stream_read_gbs(o.threads)};
-    printf("memory: STREAM-like copy %.1f GB/s (read + write, 1 thread; %.1f with the CPU backend's streaming-store "
-           "upload), read %.1f GB/s (%d threads, weight-like memory)\n", bw[0], upload_copy_gbs(), bw[1], o.threads);
+    double bw[2]; /* copy, read */
+    if (strcmp(o.device, "cuda") == 0) {
+        bw[0] = bw[1] = device_copy_gbs(&o);
+        printf("memory: device-to-device copy %.1f GB/s (read + write; the GPU's bandwidth, both columns below)\n",
+               bw[0]);
+    } else {
+        bw[0] = stream_copy_gbs();
+        bw[1] = stream_read_gbs(o.threads);
+        printf("memory: STREAM-like copy %.1f GB/s (read + write, 1 thread; %.1f with the CPU backend's "
+               "streaming-store upload), read %.1f GB/s (%d threads, weight-like memory)\n",
+               bw[0], upload_copy_gbs(), bw[1], o.threads);
+    }
     printf("workload: greedy, prompt %d tokens, %d new tokens; decode tokens/s = B*(gen-1)/(t_gen - t_1)\n",
            o.prompt_len, o.gen);
     char dir[4096];

@@ -11,6 +11,7 @@
 #include "../../model/presets.h"
 #include "../../scheduler/engine.h"
 #include "test.h"
+#include "test_util.h"
 
 typedef struct env {
     rs_backend *b;
@@ -622,4 +623,26 @@ RS_TEST(engine_weight_updates_during_generation) {
     ASSERT_TRUE(crossed >= 1);
     rs_model_free(other);
     env_close(&v);
+}
+
+/* A model only runs on a backend with every op: a partial one (here the memory-only test backend,
+ * as a device backend would be with a kernel missing) is refused when the engine is made, with the
+ * missing op named, instead of crashing on the first step. */
+RS_TEST(engine_refuses_an_incomplete_backend) {
+    char dir[512];
+    snprintf(dir, sizeof dir, "%s/model", rs_test_tmpdir());
+    rs_model_config c = rs_test_tiny_qwen3();
+    rs_error err = {0};
+    if (rs_testmodel_write(dir, &c, 3, &err) != RS_OK) RS_TEST_FAIL("testmodel: %s", err.message);
+    rs_backend *b = rs_test_host_backend();
+    rs_model *m = NULL;
+    ASSERT_EQ(rs_model_load(dir, b, NULL, &m, &err), RS_OK);
+    rs_engine_opts o = {.kv_cache_bytes = 1 << 20, .max_running = 2, .max_step_tokens = 64,
+                        .limits = {.max_context = 64, .max_new_tokens = 8, .max_n = 1, .max_batch = 2}};
+    rs_engine *e = NULL;
+    ASSERT_EQ(rs_engine_init(&e, m, &o, &err), RS_EUNSUPPORTED);
+    ASSERT_TRUE(e == NULL);
+    ASSERT_TRUE(strstr(err.message, "does not provide op 'embed'") != NULL);
+    rs_model_free(m);
+    rs_backend_free(b);
 }
