@@ -17,6 +17,7 @@
 #include "../../sync/nccl.h"
 #include "../../sync/sync.h"
 #include "test.h"
+#include "test_util.h"
 
 static const char B64[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
 
@@ -251,14 +252,6 @@ RS_TEST(nccl_cpu_build_unsupported) {
 
 /* The NCCL routes touch only the service's NCCL slot: a service without engine or model will do,
  * as long as no job is submitted (the routes are called directly, on this thread). */
-static rs_sync *bare_sync(void) {
-    rs_sync *s = NULL;
-    rs_sync_opts o = {0};
-    rs_error err = {0};
-    if (rs_sync_start(&s, NULL, NULL, &o, &err) != RS_OK) RS_TEST_FAIL("rs_sync_start: %s", err.message);
-    return s;
-}
-
 RS_TEST(nccl_cuda_no_device_is_unsupported) {
     if (rs_nccl_cuda_device_count() > 0) RS_TEST_SKIP("a CUDA device is present (this checks the answer without one)");
     char body[1024];
@@ -266,12 +259,12 @@ RS_TEST(nccl_cuda_no_device_is_unsupported) {
     rs_error err = {0};
     group_body(body, sizeof body, 1, 2, false, true);
     ASSERT_EQ(rs_nccl_group_parse(body, strlen(body), &g, &err), RS_OK);
-    rs_sync *s = bare_sync();
+    rs_test_sync_env v = rs_test_sync_open("bf16", NULL);
     memset(&err, 0, sizeof err);
-    ASSERT_EQ(rs_nccl_init_group(s, &g, &err), RS_EUNSUPPORTED);
+    ASSERT_EQ(rs_nccl_init_group(v.s, &g, &err), RS_EUNSUPPORTED);
     ASSERT_TRUE(strstr(err.message, "no CUDA device") != NULL);
-    ASSERT_EQ(*rs_sync_nccl_state(s), NULL);
-    rs_sync_stop(s);
+    ASSERT_EQ(*rs_sync_nccl_state(v.s), NULL);
+    rs_test_sync_close(&v);
 }
 
 RS_TEST(nccl_cuda_join_times_out_without_peers) {
@@ -296,20 +289,20 @@ RS_TEST(nccl_cuda_join_times_out_without_peers) {
     rs_error err = {0};
     ASSERT_EQ(rs_nccl_new_unique_id(g.unique_id, &err), RS_OK);
 
-    rs_sync *s = bare_sync();
+    rs_test_sync_env v = rs_test_sync_open("bf16", NULL);
     double t0 = rs_now_s();
     memset(&err, 0, sizeof err);
-    int rc = rs_nccl_init_group(s, &g, &err);
+    int rc = rs_nccl_init_group(v.s, &g, &err);
     double dt = rs_now_s() - t0;
     fprintf(stderr, "  join without peers: %s after %.2f s: %s\n", rs_err_name(rc), dt, err.message);
     ASSERT_EQ(rc, RS_EBUSY);
     ASSERT_EQ(rs_err_http_status(rc), 503);
     ASSERT_TRUE(strstr(err.message, "did not join") != NULL);
     ASSERT_TRUE(dt >= 2.9 && dt < 30.0);
-    ASSERT_EQ(*rs_sync_nccl_state(s), NULL);
+    ASSERT_EQ(*rs_sync_nccl_state(v.s), NULL);
 
     memset(&err, 0, sizeof err);
-    ASSERT_EQ(rs_nccl_destroy_group(s, "lonely", &err), RS_EINVAL);
+    ASSERT_EQ(rs_nccl_destroy_group(v.s, "lonely", &err), RS_EINVAL);
     ASSERT_STREQ(err.param, "group_name");
 
     rs_nccl_update_req u;
@@ -317,12 +310,12 @@ RS_TEST(nccl_cuda_join_times_out_without_peers) {
     rs_sync_result res;
     memset(&res, 0, sizeof res);
     memset(&err, 0, sizeof err);
-    ASSERT_EQ(rs_nccl_update(s, &u, &res, &err), RS_EINVAL);
+    ASSERT_EQ(rs_nccl_update(v.s, &u, &res, &err), RS_EINVAL);
     ASSERT_STREQ(err.param, "group_name");
     ASSERT_TRUE(strstr(err.message, "/init_weights_update_group") != NULL);
     rs_nccl_update_req_free(&u);
 
-    rs_sync_stop(s);
+    rs_test_sync_close(&v);
     rs_nccl_set_opts(&saved);
 }
 
