@@ -350,3 +350,23 @@ def test_bad_flag_exits_1_naming_it(tmp_path):
     p = subprocess.run([BIN, "--config", str(conf)], capture_output=True, text=True, timeout=30)
     assert p.returncode == 1
     assert "max-n" in p.stderr and "bad.conf:1" in p.stderr
+
+
+def test_device_flag_is_checked_at_start(tmp_path):
+    """--device takes cpu|cuda; a CPU-only build refuses cuda at start (exit 1, saying how to get it)
+    instead of serving on the CPU behind the operator's back."""
+    import subprocess
+    from conftest import BIN
+    p = subprocess.run([BIN, "--device", "tpu"], capture_output=True, text=True, timeout=30)
+    assert p.returncode == 1
+    assert "device" in p.stderr and "cpu|cuda" in p.stderr
+    if _links_cudart(BIN):
+        pytest.skip("a CUDA build: --device cuda is valid here")
+    p = subprocess.run([BIN, "--device", "cuda", "--port", "0"], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 1
+    assert "make CUDA=1" in p.stderr and "device" in p.stderr
+
+
+def _links_cudart(path):
+    import subprocess
+    return "libcudart" in subprocess.run(["ldd", path], capture_output=True, text=True).stdout
