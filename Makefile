@@ -34,12 +34,19 @@ CFLAGS  += -fsanitize=$(SANITIZE) -fno-sanitize-recover=all
 LDFLAGS += -fsanitize=$(SANITIZE)
 endif
 
+comma := ,
 CUDA_HOME ?= /usr/local/cuda
 NVCC      ?= $(CUDA_HOME)/bin/nvcc
+# NCCL from elsewhere than the toolkit or /usr (e.g. the nvidia-nccl pip wheel, which ships only
+# libnccl.so.2): NCCL_HOME=DIR with DIR/include/nccl.h and DIR/lib, and NCCL_LIB=-l:libnccl.so.2.
+NCCL_HOME ?=
+NCCL_LIB  ?= -lnccl
 ifneq ($(CUDA),)
-CFLAGS    += -DRS_CUDA -I$(CUDA_HOME)/include
-NVFLAGS   := -O2 -g -std=c++17 -arch=sm_90 -DRS_CUDA -Xcompiler -fno-fast-math,-pthread --fmad=false
-LDLIBS    += -L$(CUDA_HOME)/lib64 -lcudart -lcublasLt -lcublas -lnccl -lstdc++
+CFLAGS    += -DRS_CUDA -I$(CUDA_HOME)/include $(if $(NCCL_HOME),-I$(NCCL_HOME)/include)
+NVFLAGS   := -O2 -g -std=c++17 -arch=sm_90 -DRS_CUDA -Xcompiler -fno-fast-math,-pthread --fmad=false \
+             $(if $(NCCL_HOME),-I$(NCCL_HOME)/include)
+LDLIBS    += -L$(CUDA_HOME)/lib64 $(if $(NCCL_HOME),-L$(NCCL_HOME)/lib -Wl$(comma)-rpath$(comma)$(NCCL_HOME)/lib) \
+             -lcudart -lcublasLt -lcublas $(NCCL_LIB) -lstdc++
 CU_SRC    := $(wildcard kernels/cuda/*.cu)
 CU_OBJ    := $(patsubst %.cu,$(BUILD)/%.o,$(CU_SRC))
 endif
@@ -66,7 +73,8 @@ $(DEPS_OK):
 ifneq ($(CUDA),)
 	@test -x $(NVCC) || { echo "CUDA=1 but $(NVCC) not found"; exit 1; }
 	@printf '  cuda   %s\n' "$$($(NVCC) --version | tail -1)"
-	@test -e $(CUDA_HOME)/include/nccl.h -o -e /usr/include/nccl.h && echo "  ✓ NCCL found" || { echo "NCCL not found"; exit 1; }
+	@test -e $(CUDA_HOME)/include/nccl.h -o -e /usr/include/nccl.h -o -e "$(NCCL_HOME)/include/nccl.h" && echo "  ✓ NCCL found" \
+	  || { echo "NCCL not found (nccl.h): set NCCL_HOME, see the Makefile"; exit 1; }
 endif
 	@touch $@
 

@@ -1,0 +1,11 @@
+#!/usr/bin/env bash
+# Downloads the Debian packages of rolloutd's C dependencies (libmicrohttpd, jansson, libuv, runtime
+# and -dev) into .debs/ (git-ignored), for a machine that cannot install them itself: the device
+# machine of scripts/gpu-check.sh has no network. Name `.debs` in the device tool's `carry`; the
+# check unpacks them into .debs/root and points the compiler and loader there.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+mkdir -p .debs
+cd .debs
+apt-get download libmicrohttpd12 libmicrohttpd-dev libjansson4 libjansson-dev libuv1 libuv1-dev
+ls -l ./*.deb
