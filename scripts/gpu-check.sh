@@ -49,10 +49,10 @@ echo "   NCCL: ${nccl_args[*]:-toolkit or /usr}"
 make -j"$(nproc)" CUDA=1 BUILD=build-cuda "${nccl_args[@]}" all || { echo "BUILD FAILED"; exit 1; }
 echo "== CUDA op tests (every test named cuda_*: each CUDA op against the CPU backend)"
 timeout 300 ./build-cuda/unit-tests cuda_
-echo "== golden e2e on the GPU (tests/e2e/test_golden.py: transformers' logprobs, daemon --device cuda)"
+echo "== end-to-end on the GPU: golden (transformers' logprobs), weight pushes, generation API; daemons --device cuda"
 if python3 -c 'import pytest, requests, numpy' 2>/dev/null; then
-  ROLLOUTD_BIN=$PWD/build-cuda/rolloutd ROLLOUTD_GOLDEN_ARGS="--device cuda" \
-    timeout 240 python3 -m pytest -q -x -rs tests/e2e/test_golden.py
+  ROLLOUTD_BIN=$PWD/build-cuda/rolloutd ROLLOUTD_ARGS="--device cuda" \
+    timeout 300 python3 -m pytest -q -rs tests/e2e/test_golden.py tests/e2e/test_weight_sync.py tests/e2e/test_generate_api.py
 else
   echo "skipped: needs python3 with pytest, requests and numpy"
 fi

@@ -3,9 +3,12 @@
 `rolloutd(model_dir=None, *args)` starts a daemon (the embedded default model when model_dir is
 None), waits until GET /health answers 200, and returns a Daemon with .url and .proc. Every daemon
 is stopped with SIGTERM at the end of the test and must exit 0: a crash anywhere fails the test.
+ROLLOUTD_ARGS="--flag value ..." adds flags to every daemon (scripts/gpu-check.sh runs end-to-end
+tests with "--device cuda"); a test's own flags come after them and win.
 """
 import os
 import pathlib
+import shlex
 import signal
 import socket
 import subprocess
@@ -17,6 +20,7 @@ import requests
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 BIN = os.environ.get("ROLLOUTD_BIN", str(ROOT / "build" / "rolloutd"))
 FIXTURES = ROOT / "tests" / "fixtures"
+EXTRA_ARGS = shlex.split(os.environ.get("ROLLOUTD_ARGS", ""))
 
 
 def free_port():
@@ -32,7 +36,7 @@ class Daemon:
         cmd = [BIN, "--host", "127.0.0.1", "--port", str(self.port), "--threads", "2"]
         if model_dir is not None:
             cmd += ["--model", str(model_dir)]
-        cmd += [str(a) for a in args]
+        cmd += EXTRA_ARGS + [str(a) for a in args]
         self.log_path = log_path
         self.log = open(log_path, "wb")
         self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT)
