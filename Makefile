@@ -7,6 +7,7 @@
 #   make SANITIZE=address,undefined unit   unit tests under ASan+UBSan (own build dir)
 #   make fuzz            libFuzzer targets (clang), bounded run
 #   make fp8-exhaustive  FP8 encoders vs CUDA's cuda_fp8.h host path on all 2^32 floats
+#   make cuda-emu        the CUDA kernels under a CPU emulation of CUDA: every cuda_* test, no GPU
 #
 # Missing Debian packages are installed by scripts/install-deps.sh on first use.
 
@@ -62,7 +63,7 @@ DEPS_OK  := $(BUILD)/.deps-ok
 PROGRAMS := $(BUILD)/rolloutd $(BUILD)/rollout-bench $(BUILD)/make-default-model $(BUILD)/unit-tests \
             $(BUILD)/bench-matmul $(BUILD)/bench-quant $(BUILD)/fp8-mismatch $(BUILD)/rl-bench $(BUILD)/bench-inproc
 
-.PHONY: all run test unit e2e fuzz clean deps
+.PHONY: all run test unit e2e fuzz clean deps cuda-emu
 all: $(PROGRAMS)
 
 $(DEPS_OK):
@@ -119,6 +120,12 @@ $(BUILD)/unit-tests: $(TEST_OBJ) $(BUILD)/librolloutd.a
 
 run: $(BUILD)/rolloutd
 	$(abspath $(BUILD))/rolloutd --host 127.0.0.1 --port $(PORT)
+
+# The CUDA backend's kernels under the CPU emulation of CUDA (tests/cuda_emu/README.md): every cuda_*
+# unit test on a machine without a GPU.
+cuda-emu: $(DEPS_OK)
+	tests/cuda_emu/build.sh $(abspath build-emu)
+	RS_FIXTURES=$(abspath tests/fixtures) $(abspath build-emu)/unit-tests cuda_
 
 unit: $(BUILD)/unit-tests
 	$(abspath $(BUILD))/unit-tests

@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# tests/cuda_emu/build.sh OUT: builds OUT/unit-tests, the unit-test runner with the CUDA backend's
+# real kernel sources (kernels/cuda/*.cu but the NCCL staging) compiled for the CPU emulation of
+# CUDA in this folder, linked with the rest of rolloutd (the CPU backend is the tests' reference).
+# `make cuda-emu` builds and runs it; see README.md here for what it can and cannot show.
+#   EMU_CXXFLAGS / EMU_CFLAGS   extra flags (e.g. -fsanitize=address,undefined for both)
+set -euo pipefail
+root=$(cd "$(dirname "$0")/../.." && pwd)
+out=${1:-$root/build-emu}
+emu=$root/tests/cuda_emu
+mkdir -p "$out/obj" "$out/gen"
+common="-O2 -g -pthread -ffp-contract=off -fno-fast-math -D_GNU_SOURCE -fno-omit-frame-pointer -DRS_CUDA -I$emu/include"
+cflags="-std=c11 -Wall -Wextra $common ${EMU_CFLAGS:-}"
+cxxflags="-std=c++17 -Wall -Wno-unknown-pragmas -Wno-unused-function $common -I$root/kernels/cuda ${EMU_CXXFLAGS:-}"
+jobs=$(nproc)
+
+objs=()
+compile() { # compile SRC OBJ CMD...: CMD on SRC unless OBJ is newer than SRC and the headers
+  local src=$1 obj=$2; shift 2
+  objs+=("$obj")
+  if [ ! -e "$obj" ] || [ "$src" -nt "$obj" ] || [ -n "$(find "$root" -name '*.h' -newer "$obj" -print -quit)" ]; then
+    "$@" -c "$src" -o "$obj" &
+    while [ "$(jobs -rp | wc -l)" -ge "$jobs" ]; do wait -n; done
+  fi
+}
+
+for d in core config protocol scheduler kvcache model kernels kernels/cpu sync server; do
+  for f in "$root/$d"/*.c; do
+    [ "$f" = "$root/server/main.c" ] && continue
+    o=$out/obj/$(echo "${f#"$root"/}" | tr / _).o
+    if [ "$f" = "$root/sync/nccl.c" ]; then # NCCL is not emulated: its CPU-build form
+      compile "$f" "$o" gcc ${cflags/-DRS_CUDA/}
+    else
+      compile "$f" "$o" gcc $cflags
+    fi
+  done
+done
+for f in runner test_util test_cuda_ops test_cuda_matmul test_cuda_attention test_cuda_backend; do
+  compile "$root/tests/unit/$f.c" "$out/obj/t_$f.o" gcc $cflags
+done
+for f in backend_cuda cuda_ops cuda_matmul cuda_moe cuda_attention; do
+  python3 "$emu/gen.py" "$root/kernels/cuda/$f.cu" "$out/gen/$f.cpp"
+  compile "$out/gen/$f.cpp" "$out/obj/cu_$f.o" g++ $cxxflags
+done
+compile "$emu/emu_rt.cpp" "$out/obj/emu_rt.o" g++ $cxxflags
+wait
+g++ ${EMU_CXXFLAGS:-} -o "$out/unit-tests" "${objs[@]}" -lmicrohttpd -ljansson -luv -lm -pthread
+echo "built $out/unit-tests"

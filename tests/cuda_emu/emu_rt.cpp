@@ -1,0 +1,367 @@
+/* emu_rt.cpp — the CUDA emulation runtime: CUDA blocks as fibers on one OS thread, device memory as tracked host memory. */
+#include <cuda_runtime.h>
+#include <map>
+#include <mutex>
+#include <set>
+#include <string>
+#include <vector>
+#include <algorithm>
+#include <random>
+#include <sys/mman.h>
+
+extern "C" {
+size_t emu_launches, emu_blocks_run;
+}
+dim3 threadIdx, blockIdx, blockDim, gridDim;
+
+/* ---------------- fibers ---------------- */
+extern "C" void emu_ctx_switch(void **save_sp, void *new_sp);
+asm(R"(
+.text
+.globl emu_ctx_switch
+.type emu_ctx_switch,@function
+emu_ctx_switch:
+    pushq %rbp
+    pushq %rbx
+    pushq %r12
+    pushq %r13
+    pushq %r14
+    pushq %r15
+    subq $8, %rsp
+    stmxcsr (%rsp)
+    fnstcw 4(%rsp)
+    movq %rsp, (%rdi)
+    movq %rsi, %rsp
+    ldmxcsr (%rsp)
+    fldcw 4(%rsp)
+    addq $8, %rsp
+    popq %r15
+    popq %r14
+    popq %r13
+    popq %r12
+    popq %rbx
+    popq %rbp
+    ret
+.size emu_ctx_switch,.-emu_ctx_switch
+)");
+
+enum { F_RUN, F_WARP, F_BLOCK, F_DONE };
+struct Fiber {
+    void *sp;
+    char *stack;
+    int state;
+    unsigned tid;
+    unsigned shfl_count;
+};
+static const size_t STACK = 256 << 10;
+static std::vector<Fiber> fibers;
+static void *sched_sp;
+static Fiber *cur;
+static void (*g_body)(void *);
+static void *g_arg;
+static uint64_t shfl_buf[2][1024];
+static unsigned shfl_tag[2][1024];
+static const char *g_name;
+static std::set<std::string> warned;
+static int sched_mode = -1; /* 0 forward, 1 reverse, 2 random */
+static std::mt19937 rng(12345);
+
+static void warn_once(const char *what) {
+    std::string k = std::string(g_name) + ": " + what;
+    if (warned.insert(k).second) fprintf(stderr, "emu WARNING: %s\n", k.c_str());
+}
+[[noreturn]] static void emu_die(const char *what) {
+    fprintf(stderr, "emu ERROR in kernel %s block (%u,%u,%u) thread %u: %s\n", g_name, blockIdx.x, blockIdx.y,
+            blockIdx.z, cur ? cur->tid : 0u, what);
+    abort();
+}
+
+#if defined(__SANITIZE_ADDRESS__)
+#include <sanitizer/asan_interface.h>
+#include <sanitizer/common_interface_defs.h>
+#define EMU_ASAN 1
+static void *sched_fake;
+static const void *sched_bottom;
+static size_t sched_size;
+#endif
+
+/* scheduler -> fiber f */
+static void switch_to_fiber(Fiber &f) {
+#ifdef EMU_ASAN
+    __sanitizer_start_switch_fiber(&sched_fake, f.stack + 4096, STACK - 4096);
+#endif
+    emu_ctx_switch(&sched_sp, f.sp);
+#ifdef EMU_ASAN
+    __sanitizer_finish_switch_fiber(sched_fake, NULL, NULL);
+#endif
+}
+#ifdef EMU_ASAN
+struct FiberFake { void *fake = NULL; };
+static FiberFake fakes[1024];
+#endif
+/* fiber -> scheduler */
+static void switch_to_sched(bool finished) {
+#ifdef EMU_ASAN
+    __sanitizer_start_switch_fiber(finished ? NULL : &fakes[cur->tid].fake, sched_bottom, sched_size);
+#else
+    (void)finished;
+#endif
+    Fiber *me = cur;
+    emu_ctx_switch(&me->sp, sched_sp);
+#ifdef EMU_ASAN
+    __sanitizer_finish_switch_fiber(fakes[me->tid].fake, NULL, NULL);
+#endif
+}
+
+static void fiber_entry(void) {
+#ifdef EMU_ASAN
+    __sanitizer_finish_switch_fiber(NULL, &sched_bottom, &sched_size);
+#endif
+    g_body(g_arg);
+    cur->state = F_DONE;
+    switch_to_sched(true);
+    abort();
+}
+
+static void fiber_prepare(Fiber &f) {
+    if (!f.stack) {
+        f.stack = (char *)mmap(NULL, STACK, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (f.stack == MAP_FAILED) abort();
+        mprotect(f.stack, 4096, PROT_NONE); /* guard page */
+    }
+#ifdef EMU_ASAN
+    __asan_unpoison_memory_region(f.stack + 4096, STACK - 4096);
+#endif
+    uintptr_t top = ((uintptr_t)f.stack + STACK) & ~(uintptr_t)15;
+    uint64_t *s = (uint64_t *)top;
+    *--s = 0;                           /* fake return address of fiber_entry */
+    *--s = (uint64_t)(uintptr_t)&fiber_entry;
+    for (int i = 0; i < 6; i++) *--s = 0; /* rbp rbx r12..r15 */
+    --s;
+    uint32_t csr = 0x1f80;
+    uint16_t cw = 0x37f;
+    memcpy((char *)s, &csr, 4);
+    memcpy((char *)s + 4, &cw, 2);
+    f.sp = s;
+    f.state = F_RUN;
+    f.shfl_count = 0;
+    shfl_tag[0][f.tid] = shfl_tag[1][f.tid] = ~0u;
+}
+
+static void yield_to_sched(int st) {
+    cur->state = st;
+    switch_to_sched(false);
+}
+
+void emu_syncthreads(void) { yield_to_sched(F_BLOCK); }
+void emu_syncwarp(void) { yield_to_sched(F_WARP); }
+void emu_check_mask(unsigned m) {
+    if (m != 0xffffffffu) emu_die("partial warp mask not emulated");
+}
+void emu_shfl_put(uint64_t v) {
+    shfl_buf[cur->shfl_count & 1][cur->tid] = v;
+    shfl_tag[cur->shfl_count & 1][cur->tid] = cur->shfl_count;
+    yield_to_sched(F_WARP);
+}
+uint64_t emu_shfl_get(int src) {
+    unsigned base = cur->tid & ~31u;
+    unsigned s = base + (unsigned)src;
+    if (s >= fibers.size() || s >= blockDim.x) emu_die("shuffle source outside the block");
+    if (shfl_tag[cur->shfl_count & 1][s] != cur->shfl_count) emu_die("shuffle source lane is not at the same shuffle");
+    uint64_t v = shfl_buf[cur->shfl_count & 1][s];
+    cur->shfl_count++;
+    return v;
+}
+
+static void run_block(unsigned T) {
+    if (fibers.size() < T) fibers.resize(T);
+    for (unsigned t = 0; t < T; t++) {
+        fibers[t].tid = t;
+        fiber_prepare(fibers[t]);
+    }
+    std::vector<unsigned> order(T);
+    for (unsigned t = 0; t < T; t++) order[t] = sched_mode == 1 ? T - 1 - t : t;
+    for (;;) {
+        if (sched_mode == 2) std::shuffle(order.begin(), order.end(), rng);
+        for (unsigned t : order) {
+            Fiber &f = fibers[t];
+            if (f.state != F_RUN) continue;
+            cur = &f;
+            threadIdx = dim3(t, 0, 0);
+            switch_to_fiber(f);
+        }
+        cur = NULL;
+        /* everybody is blocked or done: release what can be released */
+        unsigned done = 0, at_block = 0, at_warp = 0;
+        for (unsigned t = 0; t < T; t++) {
+            int s = fibers[t].state;
+            done += s == F_DONE, at_block += s == F_BLOCK, at_warp += s == F_WARP;
+        }
+        if (done == T) return;
+        bool released = false;
+        for (unsigned w = 0; w < (T + 31) / 32; w++) {
+            unsigned lo = w * 32, hi = std::min(T, lo + 32), nw = 0, nd = 0;
+            for (unsigned t = lo; t < hi; t++) nw += fibers[t].state == F_WARP, nd += fibers[t].state == F_DONE;
+            if (nw && nw + nd == hi - lo) {
+                if (nd) {
+                    fprintf(stderr, "emu ERROR in kernel %s block (%u,%u,%u): warp %u syncs/shuffles with %u exited lanes\n",
+                            g_name, blockIdx.x, blockIdx.y, blockIdx.z, w, nd);
+                    abort();
+                }
+                for (unsigned t = lo; t < hi; t++) fibers[t].state = F_RUN;
+                released = true;
+            }
+        }
+        if (released) continue;
+        if (at_block && at_block + done == T) {
+            if (done) warn_once("__syncthreads() after some threads of the block exited");
+            for (unsigned t = 0; t < T; t++)
+                if (fibers[t].state == F_BLOCK) fibers[t].state = F_RUN;
+            continue;
+        }
+        fprintf(stderr, "emu ERROR in kernel %s block (%u,%u,%u): deadlock: %u at __syncthreads, %u at warp sync, %u exited of %u\n",
+                g_name, blockIdx.x, blockIdx.y, blockIdx.z, at_block, at_warp, done, T);
+        for (unsigned t = 0; t < T; t++) fprintf(stderr, "%d", fibers[t].state);
+        fprintf(stderr, "\n");
+        abort();
+    }
+}
+
+void emu_run_grid(const char *name, dim3 g, dim3 b, void (*body)(void *), void *arg) {
+    if (sched_mode < 0) {
+        const char *m = getenv("EMU_SCHED");
+        sched_mode = m ? atoi(m) : 0;
+        if (getenv("EMU_SEED")) rng.seed(atoi(getenv("EMU_SEED")));
+    }
+    g_name = name;
+    if (b.y != 1 || b.z != 1) { fprintf(stderr, "emu: %s: 2-D/3-D blocks not emulated\n", name); abort(); }
+    if (b.x == 0 || b.x > 1024) { fprintf(stderr, "emu: %s: bad block size %u\n", name, b.x); abort(); }
+    if (b.x % 32) warn_once("block size not a multiple of 32");
+    if (g.x == 0 || g.y == 0 || g.z == 0 || g.y > 65535 || g.z > 65535 || g.x > 2147483647u) {
+        fprintf(stderr, "emu: %s: invalid grid (%u,%u,%u)\n", name, g.x, g.y, g.z);
+        abort();
+    }
+    emu_launches++;
+    static int trace = getenv("EMU_TRACE") != NULL;
+    if (trace) fprintf(stderr, "emu launch %s grid (%u,%u,%u) block %u\n", name, g.x, g.y, g.z, b.x);
+    g_body = body, g_arg = arg;
+    blockDim = b, gridDim = g;
+    for (unsigned z = 0; z < g.z; z++)
+        for (unsigned y = 0; y < g.y; y++)
+            for (unsigned x = 0; x < g.x; x++) {
+                blockIdx = dim3(x, y, z);
+                run_block(b.x);
+                emu_blocks_run++;
+            }
+}
+
+/* ---------------- device memory ---------------- */
+static std::mutex mu;
+static std::map<uintptr_t, size_t> allocs; /* base -> bytes */
+
+extern "C" int emu_is_device_ptr(const void *p) {
+    std::lock_guard<std::mutex> l(mu);
+    uintptr_t u = (uintptr_t)p;
+    auto it = allocs.upper_bound(u);
+    if (it == allocs.begin()) return 0;
+    --it;
+    return u >= it->first && u <= it->first + it->second; /* one past the end counts */
+}
+static void check_range(const void *p, size_t n, bool dev, const char *what) {
+    if (n == 0) return;
+    uintptr_t u = (uintptr_t)p;
+    std::lock_guard<std::mutex> l(mu);
+    auto it = allocs.upper_bound(u);
+    bool in = false;
+    if (it != allocs.begin()) {
+        --it;
+        in = u >= it->first && u < it->first + it->second;
+        if (in && dev && u + n > it->first + it->second) {
+            fprintf(stderr, "emu ERROR: %s: %zu bytes at %p overrun a %zu-byte device allocation\n", what, n, p,
+                    it->second);
+            abort();
+        }
+    }
+    if (in != dev) {
+        fprintf(stderr, "emu ERROR: %s: %p is %s memory, expected %s\n", what, p, in ? "device" : "host",
+                dev ? "device" : "host");
+        abort();
+    }
+}
+
+extern "C" {
+cudaError_t cudaGetDeviceCount(int *n) { *n = 1; return cudaSuccess; }
+cudaError_t cudaSetDevice(int d) { return d == 0 ? cudaSuccess : cudaErrorInvalidDevice; }
+cudaError_t cudaGetDevice(int *d) { *d = 0; return cudaSuccess; }
+cudaError_t cudaGetDeviceProperties(cudaDeviceProp *p, int d) {
+    if (d != 0) return cudaErrorInvalidDevice;
+    memset(p, 0, sizeof *p);
+    strcpy(p->name, "CPU emulation of CUDA");
+    p->totalGlobalMem = (size_t)16 << 30;
+    p->major = 9, p->minor = 0, p->multiProcessorCount = 4, p->warpSize = 32;
+    return cudaSuccess;
+}
+cudaError_t cudaMalloc(void **p, size_t n) {
+    if (n == 0) { *p = NULL; return cudaSuccess; }
+    void *q = NULL;
+    if (posix_memalign(&q, 256, n)) return cudaErrorMemoryAllocation;
+    memset(q, 0xFF, n); /* device memory is not zeroed: NaN floats, -1 ints */
+    std::lock_guard<std::mutex> l(mu);
+    allocs[(uintptr_t)q] = n;
+    *p = q;
+    return cudaSuccess;
+}
+cudaError_t cudaFree(void *p) {
+    if (!p) return cudaSuccess;
+    {
+        std::lock_guard<std::mutex> l(mu);
+        auto it = allocs.find((uintptr_t)p);
+        if (it == allocs.end()) { fprintf(stderr, "emu ERROR: cudaFree(%p): not a device allocation\n", p); abort(); }
+        memset(p, 0x5A, it->second);
+        allocs.erase(it);
+    }
+    free(p);
+    return cudaSuccess;
+}
+cudaError_t cudaMallocAsync(void **p, size_t n, cudaStream_t) { return cudaMalloc(p, n); }
+cudaError_t cudaFreeAsync(void *p, cudaStream_t) { return cudaFree(p); }
+cudaError_t cudaMallocHost(void **p, size_t n) { *p = malloc(n ? n : 1); return *p ? cudaSuccess : cudaErrorMemoryAllocation; }
+cudaError_t cudaFreeHost(void *p) { free(p); return cudaSuccess; }
+cudaError_t cudaMemcpy(void *d, const void *s, size_t n, cudaMemcpyKind k) {
+    switch (k) {
+    case cudaMemcpyHostToDevice: check_range(d, n, true, "memcpy H2D dst"), check_range(s, n, false, "memcpy H2D src"); break;
+    case cudaMemcpyDeviceToHost: check_range(d, n, false, "memcpy D2H dst"), check_range(s, n, true, "memcpy D2H src"); break;
+    case cudaMemcpyDeviceToDevice: check_range(d, n, true, "memcpy D2D dst"), check_range(s, n, true, "memcpy D2D src"); break;
+    default: break;
+    }
+    if (n) memmove(d, s, n);
+    return cudaSuccess;
+}
+cudaError_t cudaMemcpyAsync(void *d, const void *s, size_t n, cudaMemcpyKind k, cudaStream_t) { return cudaMemcpy(d, s, n, k); }
+cudaError_t cudaMemset(void *d, int v, size_t n) {
+    check_range(d, n, true, "memset dst");
+    memset(d, v, n);
+    return cudaSuccess;
+}
+cudaError_t cudaMemsetAsync(void *d, int v, size_t n, cudaStream_t) { return cudaMemset(d, v, n); }
+cudaError_t cudaStreamSynchronize(cudaStream_t) { return cudaSuccess; }
+cudaError_t cudaDeviceSynchronize(void) { return cudaSuccess; }
+cudaError_t cudaStreamCreate(cudaStream_t *s) { *s = (cudaStream_t)0x5; return cudaSuccess; }
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t *s, unsigned) { *s = (cudaStream_t)0x5; return cudaSuccess; }
+cudaError_t cudaStreamDestroy(cudaStream_t) { return cudaSuccess; }
+cudaError_t cudaGetLastError(void) { return cudaSuccess; }
+cudaError_t cudaPeekAtLastError(void) { return cudaSuccess; }
+const char *cudaGetErrorName(cudaError_t) { return "emuError"; }
+const char *cudaGetErrorString(cudaError_t) { return "emu error"; }
+}
+
+/* kernel pointer arguments must be device memory (or NULL) */
+void emu_check_kernel_ptr(const char *name, int i, const void *p) {
+    if (p && !emu_is_device_ptr(p)) {
+        fprintf(stderr, "emu ERROR: kernel %s argument %d = %p is not device memory\n", name, i, p);
+        abort();
+    }
+}
+__attribute__((destructor)) static void emu_stats(void) {
+    if (getenv("EMU_STATS")) fprintf(stderr, "emu stats: %zu launches, %zu blocks\n", emu_launches, emu_blocks_run);
+}
