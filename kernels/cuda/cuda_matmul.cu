@@ -14,13 +14,16 @@
  *             acc) over the blocks IN ORDER, one unsplit sequential chain per output. NaN block
  *             sums and NaN outputs are the canonical 0x7FC00000 (glibc's NAN), as on the CPU.
  * BF16 / F16 / F32 weights: fp32 products of x and the exactly widened weight, summed in fp32 in an
- *   order of our own (lane-strided then a warp tree, or a K-stepped tile): tests use a tolerance.
+ *   order of our own (lane-strided, then a warp tree; the same for every row): tests use a tolerance.
  *
- * Kernels: for rows <= 8 (decode) a GEMV with one warp per output feature that reads the weight
- * row once, coalesced, for every row of the batch (the step is bound by weight bandwidth); above
- * that a 32-row x 64-output tile per 128-thread block staged through shared memory, each thread
- * owning 4 x 4 (row, output) pairs. Everything runs on the context's stream; the only memory used
- * besides the operands is the activation scratch of the FP8 path.
+ * Kernels: E4M3 weights for rows <= 8 (decode) go through a GEMV with one warp per output feature
+ * that reads the weight row once, coalesced, for every row of the batch (the step is bound by weight
+ * bandwidth); above that a 32-row x 64-output tile per 128-thread block staged through shared
+ * memory, each thread owning 4 x 4 (row, output) pairs; both give the reference's bits, so a token's
+ * result never depends on its batch. Dense weights always take the GEMV, over groups of 8 rows, so
+ * that their fp32 sums too are the same whatever the batch (dense_matmul says why). Everything runs
+ * on the context's stream; the only memory used besides the operands is the activation scratch of
+ * the FP8 path.
  */
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
@@ -328,19 +331,27 @@ __device__ __forceinline__ void unpack16(float *f, uint4 u) {
     }
 }
 
-/* One warp per output feature o. vec (k * size % 16 == 0, w and x 16-byte aligned): lane l reads
- * the 16-byte pieces l, l + 32, ... of the weight row (VE elements each) and the matching float4s
- * of every x row; otherwise elements l, l + 32, .... Per-lane fp32 sums, a warp tree, + bias. */
+/* One warp per output feature o and group of up to R rows (blockIdx.y). vec (k * size % 16 == 0, w
+ * and x 16-byte aligned): lane l reads the 16-byte pieces l, l + 32, ... of the weight row (VE
+ * elements each) and the matching float4s of every x row; otherwise elements l, l + 32, .... Per-lane
+ * fp32 sums, a warp tree, + bias. Every output element is the same sequence of operations whatever
+ * the number of rows in the call and the row's place among them: the result of a token does not
+ * depend on its batch (the CPU backend has the same property, and the tests that teacher-force a
+ * generated sequence rely on it), which is why there is no separate tiled kernel for long batches. */
 template <int DT, int R>
 __global__ void __launch_bounds__(GEMV_WARPS * 32)
-    dense_gemv_kernel(float *__restrict__ out /* [R][n] f32 */, const float *__restrict__ x /* [R][k] f32 */,
+    dense_gemv_kernel(float *__restrict__ out /* [rows][n] f32 */, const float *__restrict__ x /* [rows][k] f32 */,
                       const void *__restrict__ w /* [n][k] DT */, const void *__restrict__ bias /* [n] or NULL */,
-                      rs_dtype bdt, int n, int k, bool vec) {
+                      rs_dtype bdt, int rows, int n, int k, bool vec) {
     constexpr int VE = DT == RS_DTYPE_F32 ? 4 : 8; /* elements per 16 bytes */
     constexpr int ES = 16 / VE;                    /* bytes per element */
     const int lane = threadIdx.x & 31;
     const int o = blockIdx.x * GEMV_WARPS + threadIdx.x / 32;
     if (o >= n) return; /* whole warps only */
+    const int64_t r0 = (int64_t)blockIdx.y * R;
+    const int nr = (int)min((int64_t)R, rows - r0); /* rows of this group */
+    x += r0 * k;
+    out += r0 * n;
     float s[R];
 #pragma unroll
     for (int r = 0; r < R; r++) s[r] = 0.0f;
@@ -351,6 +362,7 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32)
             unpack16<DT>(wf, __ldg(wrow + j / VE));
 #pragma unroll
             for (int r = 0; r < R; r++) {
+                if (r >= nr) break;
                 const float4 *xr = (const float4 *)(x + (int64_t)r * k + j);
 #pragma unroll
                 for (int q = 0; q < VE / 4; q++) {
@@ -366,7 +378,10 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32)
         for (int64_t j = lane; j < k; j += 32) {
             const float wf = welem<DT>(w, (int64_t)o * k + j);
 #pragma unroll
-            for (int r = 0; r < R; r++) s[r] = __fmaf_rn(x[(int64_t)r * k + j], wf, s[r]);
+            for (int r = 0; r < R; r++) {
+                if (r >= nr) break;
+                s[r] = __fmaf_rn(x[(int64_t)r * k + j], wf, s[r]);
+            }
         }
     }
 #pragma unroll
@@ -376,79 +391,23 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32)
     if (lane == 0) {
         const float bv = bias ? rs_cuda_elem(bias, bdt, (size_t)o) : 0.0f;
 #pragma unroll
-        for (int r = 0; r < R; r++) out[(int64_t)r * n + o] = bias ? __fadd_rn(s[r], bv) : s[r];
+        for (int r = 0; r < R; r++)
+            if (r < nr) out[(int64_t)r * n + o] = bias ? __fadd_rn(s[r], bv) : s[r];
     }
 }
 
-/* A TILE_M x TILE_N tile of out per block, K staged TILE_K at a time as fp32 in shared memory (rows
- * padded to TILE_K + 1: conflict-free reads); thread (tx, ty) owns rows r0 + ty + 8i and outputs
- * o0 + tx + 16j, fmaf over K in order, + bias. Elements past k, rows and n are staged as 0. */
-template <int DT>
-__global__ void __launch_bounds__(TILE_THREADS)
-    dense_gemm_tiled_kernel(float *__restrict__ out /* [rows][n] f32 */, const float *__restrict__ x /* [rows][k] f32 */,
-                            const void *__restrict__ w /* [n][k] DT */, const void *__restrict__ bias /* [n] or NULL */,
-                            rs_dtype bdt, int rows, int n, int k) {
-    __shared__ float xt[TILE_M][TILE_K + 1];
-    __shared__ float wt[TILE_N][TILE_K + 1];
-    const int tid = threadIdx.x, tx = tid % 16, ty = tid / 16;
-    const int o0 = blockIdx.x * TILE_N, r0 = blockIdx.y * TILE_M;
-    float s[4][4];
-#pragma unroll
-    for (int i = 0; i < 4; i++)
-#pragma unroll
-        for (int j = 0; j < 4; j++) s[i][j] = 0.0f;
-    for (int js = 0; js < k; js += TILE_K) {
-        __syncthreads(); /* the previous stage has been read */
-        for (int e = tid; e < TILE_M * TILE_K; e += TILE_THREADS) {
-            const int rr = e / TILE_K, kk = e % TILE_K, r = r0 + rr, j = js + kk;
-            xt[rr][kk] = (r < rows && j < k) ? x[(int64_t)r * k + j] : 0.0f;
-        }
-        for (int e = tid; e < TILE_N * TILE_K; e += TILE_THREADS) {
-            const int oo = e / TILE_K, kk = e % TILE_K, o = o0 + oo, j = js + kk;
-            wt[oo][kk] = (o < n && j < k) ? welem<DT>(w, (int64_t)o * k + j) : 0.0f;
-        }
-        __syncthreads();
-#pragma unroll 8
-        for (int kk = 0; kk < TILE_K; kk++) {
-            float xv[4], wv[4];
-#pragma unroll
-            for (int i = 0; i < 4; i++) xv[i] = xt[ty + 8 * i][kk];
-#pragma unroll
-            for (int j = 0; j < 4; j++) wv[j] = wt[tx + 16 * j][kk];
-#pragma unroll
-            for (int i = 0; i < 4; i++)
-#pragma unroll
-                for (int j = 0; j < 4; j++) s[i][j] = __fmaf_rn(xv[i], wv[j], s[i][j]);
-        }
-    }
-#pragma unroll
-    for (int i = 0; i < 4; i++) {
-        const int r = r0 + ty + 8 * i;
-#pragma unroll
-        for (int j = 0; j < 4; j++) {
-            const int o = o0 + tx + 16 * j;
-            if (r < rows && o < n)
-                out[(int64_t)r * n + o] = bias ? __fadd_rn(s[i][j], rs_cuda_elem(bias, bdt, (size_t)o)) : s[i][j];
-        }
-    }
-}
-
+/* Rows go in groups of GEMV_MAX_ROWS (grid y): each weight row is read once per group. Long
+ * prefills therefore re-read the weights rows / 8 times; a batch-invariant tensor-core path is the
+ * way to make them fast, not a differently ordered tile. */
 template <int DT>
 static void dense_matmul(rs_cuda_ctx *c, float *out, const float *x, const void *w, const void *bias, rs_dtype bdt,
                          int rows, int n, int k) {
-    if (rows <= GEMV_MAX_ROWS) {
-        const int es = DT == RS_DTYPE_F32 ? 4 : 2;
-        const bool vec = ((int64_t)k * es) % 16 == 0 && aligned16(w) && aligned16(x);
-        const unsigned grid = rs_cuda_blocks((size_t)n, GEMV_WARPS);
-#define DENSE_GEMV(R) \
-    dense_gemv_kernel<DT, R><<<grid, GEMV_WARPS * 32, 0, c->stream>>>(out, x, w, bias, bdt, n, k, vec)
-        ROWS_SWITCH(rows, DENSE_GEMV)
-#undef DENSE_GEMV
-    } else {
-        RS_ASSERT(rs_cuda_blocks((size_t)rows, TILE_M) <= 65535u);
-        const dim3 grid(rs_cuda_blocks((size_t)n, TILE_N), rs_cuda_blocks((size_t)rows, TILE_M));
-        dense_gemm_tiled_kernel<DT><<<grid, TILE_THREADS, 0, c->stream>>>(out, x, w, bias, bdt, rows, n, k);
-    }
+    const int es = DT == RS_DTYPE_F32 ? 4 : 2;
+    const bool vec = ((int64_t)k * es) % 16 == 0 && aligned16(w) && aligned16(x);
+    const unsigned groups = rs_cuda_blocks((size_t)rows, GEMV_MAX_ROWS);
+    RS_ASSERT(groups <= 65535u);
+    const dim3 grid(rs_cuda_blocks((size_t)n, GEMV_WARPS), groups);
+    dense_gemv_kernel<DT, GEMV_MAX_ROWS><<<grid, GEMV_WARPS * 32, 0, c->stream>>>(out, x, w, bias, bdt, rows, n, k, vec);
     CUDA_CHECK_LAUNCH();
 }
 

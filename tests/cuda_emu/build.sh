@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # tests/cuda_emu/build.sh OUT: builds OUT/unit-tests, the unit-test runner with the CUDA backend's
 # real kernel sources (kernels/cuda/*.cu but the NCCL staging) compiled for the CPU emulation of
-# CUDA in this folder, linked with the rest of rolloutd (the CPU backend is the tests' reference).
+# CUDA in this folder, linked with the rest of rolloutd (the CPU backend is the tests' reference),
+# and OUT/rolloutd, the daemon on that backend (--device cuda), for end-to-end tests.
 # `make cuda-emu` builds and runs it; see README.md here for what it can and cannot show.
 #   EMU_CXXFLAGS / EMU_CFLAGS   extra flags (e.g. -fsanitize=address,undefined for both)
 set -euo pipefail
@@ -44,5 +45,12 @@ for f in backend_cuda cuda_ops cuda_matmul cuda_moe cuda_attention; do
 done
 compile "$emu/emu_rt.cpp" "$out/obj/emu_rt.o" g++ $cxxflags
 wait
-g++ ${EMU_CXXFLAGS:-} -o "$out/unit-tests" "${objs[@]}" -lmicrohttpd -ljansson -luv -lm -pthread
-echo "built $out/unit-tests"
+lib=("${objs[@]}")
+compile "$root/server/main.c" "$out/obj/server_main.o" gcc $cflags
+wait
+g++ ${EMU_CXXFLAGS:-} -o "$out/unit-tests" "${lib[@]}" -lmicrohttpd -ljansson -luv -lm -pthread
+# the daemon too, for end-to-end tests with --device cuda (without the unit tests' objects)
+daemon=()
+for o in "${lib[@]}"; do case $o in */t_*) ;; *) daemon+=("$o") ;; esac; done
+g++ ${EMU_CXXFLAGS:-} -o "$out/rolloutd" "$out/obj/server_main.o" "${daemon[@]}" -lmicrohttpd -ljansson -luv -lm -pthread
+echo "built $out/unit-tests and $out/rolloutd"

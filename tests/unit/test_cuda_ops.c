@@ -62,14 +62,14 @@ static void free_on(rs_backend *b, rs_tensor *t) {
     rs_backend_free_mem(b, t->scale_inv);
 }
 
-/* Bit-identical float arrays (NaN bits included). */
+/* Bit-identical float arrays (NaN bits included); `what` names the two sides, a first. */
 static void assert_same_bits(const float *a, const float *b, size_t n, const char *what) {
     for (size_t i = 0; i < n; i++) {
         uint32_t x, y;
         memcpy(&x, a + i, 4);
         memcpy(&y, b + i, 4);
-        if (x != y) RS_TEST_FAIL("%s: element %zu differs: cuda %.9g (0x%08x), cpu %.9g (0x%08x)", what, i,
-                                 (double)a[i], x, (double)b[i], y);
+        if (x != y) RS_TEST_FAIL("%s: element %zu differs: %.9g (0x%08x) vs %.9g (0x%08x)", what, i, (double)a[i], x,
+                                 (double)b[i], y);
     }
 }
 
@@ -91,7 +91,9 @@ RS_TEST(cuda_embed_add_gather_bit_identical) {
         rs_op_embed(g, og, &tg, ids, n);
         rs_op_embed(c, oc, &tc, ids, n);
         float *hg = from_backend(g, og, (size_t)n * dim);
-        assert_same_bits(hg, oc, (size_t)n * dim, rs_dtype_name(float_dtypes[d]));
+        char what[64];
+        snprintf(what, sizeof what, "embed %s, cuda vs cpu", rs_dtype_name(float_dtypes[d]));
+        assert_same_bits(hg, oc, (size_t)n * dim, what);
         free(hg);
         rs_backend_free_mem(g, og), rs_backend_free_mem(c, oc);
         free_on(g, &tg), free_on(c, &tc), free(h.data);
@@ -104,7 +106,7 @@ RS_TEST(cuda_embed_add_gather_bit_identical) {
     rs_op_add(g, xg, yg, nx);
     rs_op_add(c, xc, yc, nx);
     float *hg = from_backend(g, xg, nx);
-    assert_same_bits(hg, xc, nx, "add");
+    assert_same_bits(hg, xc, nx, "add, cuda vs cpu");
     free(hg);
 
     /* gather rows of the sums: [nx / dim] rows available */
@@ -113,7 +115,7 @@ RS_TEST(cuda_embed_add_gather_bit_identical) {
     rs_op_gather_rows(g, gg, xg, idx, 9, dim);
     rs_op_gather_rows(c, gc, xc, idx, 9, dim);
     hg = from_backend(g, gg, 9 * (size_t)dim);
-    assert_same_bits(hg, gc, 9 * (size_t)dim, "gather_rows");
+    assert_same_bits(hg, gc, 9 * (size_t)dim, "gather_rows, cuda vs cpu");
     free(hg);
     rs_backend_free_mem(g, gg), rs_backend_free_mem(c, gc);
     rs_backend_free_mem(g, xg), rs_backend_free_mem(g, yg), rs_backend_free_mem(c, xc), rs_backend_free_mem(c, yc);
@@ -141,13 +143,13 @@ RS_TEST(cuda_rmsnorm_bit_identical) {
             rs_op_rmsnorm(g, og, xg, &wg, rows, dim, 1e-6f);
             rs_op_rmsnorm(c, oc, xc, &wc, rows, dim, 1e-6f);
             float *hg = from_backend(g, og, n);
-            assert_same_bits(hg, oc, n, "rmsnorm");
+            assert_same_bits(hg, oc, n, "rmsnorm, cuda vs cpu");
             free(hg);
             /* in place, as the per-head q/k norms run */
             rs_op_rmsnorm(g, xg, xg, &wg, rows, dim, 1e-5f);
             rs_op_rmsnorm(c, xc, xc, &wc, rows, dim, 1e-5f);
             hg = from_backend(g, xg, n);
-            assert_same_bits(hg, xc, n, "rmsnorm in place");
+            assert_same_bits(hg, xc, n, "rmsnorm in place, cuda vs cpu");
             free(hg);
             rs_backend_free_mem(g, og), rs_backend_free_mem(c, oc);
             rs_backend_free_mem(g, xg), rs_backend_free_mem(c, xc);
@@ -337,6 +339,43 @@ RS_TEST(cuda_forward_matches_cpu_on_fixture_models) {
     }
     rs_backend_free(g), rs_backend_free(c);
 }
+/* ---- batch invariance ---- */
+
+/* A row's matmul result must not depend on how many rows share the call or where it sits among
+ * them: the engine batches decode rows and prefill chunks freely, and a trainer teacher-forcing a
+ * sampled sequence in one prefill must get the logprobs the rollout reported. The CPU backend has
+ * this property by construction; here the CUDA one must too, bit for bit, for every weight dtype. */
+RS_TEST(cuda_matmul_rows_do_not_depend_on_batch) {
+    rs_backend *g = rs_test_cuda_or_skip();
+    uint64_t rng = 606;
+    enum { ROWS = 37, N = 200, K = 264 };
+    static const rs_dtype dts[] = {RS_DTYPE_BF16, RS_DTYPE_F16, RS_DTYPE_F32, RS_DTYPE_E4M3};
+    for (size_t di = 0; di < RS_ARRAY_LEN(dts); di++) {
+        rs_tensor h = expert_weight(dts[di], N, K, &rng);
+        rs_tensor w = tensor_on(g, &h);
+        float *x = rand_floats((size_t)ROWS * K, &rng, 2.0f);
+        float *xg = rs_test_to_backend(g, x, sizeof(float) * ROWS * K);
+        float *all = rs_backend_alloc(g, sizeof(float) * ROWS * N), *part = rs_backend_alloc(g, sizeof(float) * ROWS * N);
+        rs_op_matmul(g, all, xg, &w, NULL, ROWS);
+        float *ha = from_backend(g, all, (size_t)ROWS * N);
+        static const int spans[][2] = {{0, 1}, {36, 1}, {3, 5}, {8, 9}, {1, 17}, {20, 17}};
+        for (size_t si = 0; si < RS_ARRAY_LEN(spans); si++) {
+            const int r0 = spans[si][0], nr = spans[si][1];
+            rs_op_matmul(g, part, xg + (size_t)r0 * K, &w, NULL, nr);
+            float *hp = from_backend(g, part, (size_t)nr * N);
+            char what[96];
+            snprintf(what, sizeof what, "%s rows %d..%d alone vs in the batch of %d", rs_dtype_name(dts[di]), r0,
+                     r0 + nr - 1, ROWS);
+            assert_same_bits(hp, ha + (size_t)r0 * N, (size_t)nr * N, what);
+            free(hp);
+        }
+        free(ha), free(x);
+        rs_backend_free_mem(g, all), rs_backend_free_mem(g, part), rs_backend_free_mem(g, xg);
+        free_on(g, &w), free(h.data), free(h.scale_inv);
+    }
+    rs_backend_free(g);
+}
+
 /* ---- engine-shaped steps: mixed prefill, then decode ---- */
 
 enum { NS = 3, STEPS = 6, MAXT = 64 };
