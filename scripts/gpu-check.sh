@@ -48,11 +48,11 @@ echo "== build (make CUDA=1)"
 echo "   NCCL: ${nccl_args[*]:-toolkit or /usr}"
 make -j"$(nproc)" CUDA=1 BUILD=build-cuda "${nccl_args[@]}" all || { echo "BUILD FAILED"; exit 1; }
 echo "== CUDA op tests (every test named cuda_*: each CUDA op against the CPU backend)"
-timeout 300 ./build-cuda/unit-tests cuda_
+timeout 150 ./build-cuda/unit-tests cuda_
 echo "== end-to-end on the GPU: golden (transformers' logprobs), weight pushes, generation API; daemons --device cuda"
 if python3 -c 'import pytest, requests, numpy' 2>/dev/null; then
   ROLLOUTD_BIN=$PWD/build-cuda/rolloutd ROLLOUTD_ARGS="--device cuda" \
-    timeout 300 python3 -m pytest -q -rs tests/e2e/test_golden.py tests/e2e/test_weight_sync.py tests/e2e/test_generate_api.py
+    timeout 200 python3 -m pytest -q -rs tests/e2e/test_golden.py tests/e2e/test_weight_sync.py tests/e2e/test_generate_api.py
 else
   echo "skipped: needs python3 with pytest, requests and numpy"
 fi
@@ -60,7 +60,7 @@ echo "== GPU decode: FP8 vs BF16 weights (issue 3), the model on the H200"
 timeout 180 ./build-cuda/rollout-bench --device cuda --preset qwen3-0.6b --quantization both --batches 1,32,256
 echo "== NCCL weight updates end to end (tests/e2e/test_nccl_gpu.py; trainer = this python, rank 0)"
 if python3 -c 'import pytest, requests, numpy, torch; assert torch.cuda.is_available()' 2>/dev/null; then
-  ROLLOUTD_BIN=$PWD/build-cuda/rolloutd timeout 300 python3 -m pytest -q -rs tests/e2e/test_nccl_gpu.py
+  ROLLOUTD_BIN=$PWD/build-cuda/rolloutd timeout 180 python3 -m pytest -q -rs tests/e2e/test_nccl_gpu.py
 else
   echo "skipped: needs python3 with pytest, requests, numpy and torch with CUDA"
 fi

@@ -25,7 +25,6 @@ static void *cuda_alloc(rs_backend *b, size_t bytes) {
         return NULL;
     }
     CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, c->stream));
-    c->bytes_allocated += bytes;
     return p;
 }
 

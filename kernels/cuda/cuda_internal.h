@@ -76,12 +76,21 @@ struct rs_cuda_ctx {
     cublasLtHandle_t lt;
     void *lt_workspace; /* cuBLASLt workspace, 32 MiB (Hopper recommendation) */
     size_t lt_workspace_bytes;
-    size_t bytes_allocated;
     rs_cuda_buf scratch[RS_CUDA_S_COUNT];
     rs_cuda_mirror mirror[RS_CUDA_M_COUNT];
 };
 
-static inline rs_cuda_ctx *rs_cuda_ctx_of(rs_backend *b) { return (rs_cuda_ctx *)b->ctx; }
+/* The backend's context, with its device made current on the calling thread. The CUDA runtime's
+ * current device is per thread, and the backend is called from threads other than the one that
+ * created it (the engine, the weight-sync service): without this, --cuda-device 1 would launch the
+ * engine's kernels on device 0 with device 1's stream. Every entry point goes through here. */
+static inline rs_cuda_ctx *rs_cuda_ctx_of(rs_backend *b) {
+    rs_cuda_ctx *c = (rs_cuda_ctx *)b->ctx;
+    int current = -1; /* asked each time: the NCCL transport may set another device on this thread */
+    CUDA_CHECK(cudaGetDevice(&current));
+    if (current != c->device) CUDA_CHECK(cudaSetDevice(c->device));
+    return c;
+}
 
 /* A scratch slot with room for `bytes` (contents undefined). Never NULL: out of memory aborts. */
 void *rs_cuda_scratch(rs_cuda_ctx *c, int slot, size_t bytes);
