@@ -106,7 +106,7 @@ void rs_cpu_op_moe(rs_backend *b, float *out, const float *x, int rows, int hidd
     float *sel_w = (float *)(sel_e + n_sel);                                              /* [rows][k] */
     for (int r = 0; r < rows; r++)
         rs_moe_route_row(logits + (size_t)r * (size_t)n_exp, n_exp, k, w->norm_topk_prob, sel_e + (size_t)r * k,
-                  sel_w + (size_t)r * k);
+                         sel_w + (size_t)r * k);
 
     expert_lists l = group_by_expert(c, sel_e, sel_w, rows, k, n_exp);
     memset(out, 0, xbytes);
