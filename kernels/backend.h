@@ -135,6 +135,8 @@ struct rs_backend {
 rs_backend *rs_backend_cpu_init(int n_threads);
 #ifdef RS_CUDA
 rs_backend *rs_backend_cuda_init(int device);
+/* The CUDA device ordinal of a CUDA backend, -1 for any other backend. */
+int rs_backend_cuda_device(const rs_backend *b);
 #endif
 void rs_backend_free(rs_backend *b);
 

@@ -349,9 +349,16 @@ int rs_sync_start(rs_sync **out, rs_engine *e, rs_model *m, const rs_sync_opts *
     const int threads = opts->threads > 0 ? opts->threads : (int)RS_MAX(1, cpus);
     s->pool = rs_pool_init(threads);
     /* An engine that recalibrates KV scales after every update gets them computed here, before the
-     * commit, on a CPU backend of the service's own (it reads the host-memory weights the model's
-     * backend holds), so that generation goes on meanwhile instead of waiting for a prefill. */
-    if (rs_engine_calibrates_kv(e) && m->backend->ops->host_memory) s->calib = rs_backend_cpu_init(threads);
+     * commit, on a backend of the service's own that reads the staged weights where the model's
+     * backend holds them: a CPU backend for host memory, a CUDA backend with a stream of its own on
+     * the same GPU for device memory. Generation goes on meanwhile instead of waiting for a prefill. */
+    if (rs_engine_calibrates_kv(e)) {
+        if (m->backend->ops->host_memory) s->calib = rs_backend_cpu_init(threads);
+#ifdef RS_CUDA
+        else if (rs_backend_cuda_device(m->backend) >= 0)
+            s->calib = rs_backend_cuda_init(rs_backend_cuda_device(m->backend));
+#endif
+    }
     pthread_mutex_init(&s->mu, NULL);
     pthread_mutex_init(&s->stats_mu, NULL);
     pthread_condattr_t ca;

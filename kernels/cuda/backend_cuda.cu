@@ -131,6 +131,10 @@ static rs_backend_ops make_ops(void) {
 
 static const rs_backend_ops cuda_ops = make_ops();
 
+extern "C" int rs_backend_cuda_device(const rs_backend *b) {
+    return b->ops == &cuda_ops ? ((const rs_cuda_ctx *)b->ctx)->device : -1;
+}
+
 extern "C" rs_backend *rs_backend_cuda_init(int device) {
     int n = 0;
     cudaError_t e = cudaGetDeviceCount(&n);

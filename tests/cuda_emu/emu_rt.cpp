@@ -227,7 +227,13 @@ static void run_block(unsigned T) {
     }
 }
 
+/* One launch at a time in the process: the scheduler's state and every kernel's __shared__ arrays
+ * are globals, and a daemon launches from two threads (the engine, and the weight-sync service's
+ * KV calibration on a backend of its own). A GPU would run them concurrently; here they queue. */
+static std::mutex launch_mu;
+
 void emu_run_grid(const char *name, dim3 g, dim3 b, void (*body)(void *), void *arg) {
+    std::lock_guard<std::mutex> launch_lock(launch_mu);
     if (sched_mode < 0) {
         const char *m = getenv("EMU_SCHED");
         sched_mode = m ? atoi(m) : 0;
