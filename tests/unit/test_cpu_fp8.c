@@ -22,6 +22,7 @@
 #include "../../kernels/cpu/fp8_gemm.h"
 #include "../../kernels/fp8.h"
 #include "test.h"
+#include "test_util.h"
 
 /* ---- helpers ---- */
 
@@ -38,12 +39,6 @@ static float rng_sym(uint64_t *s) { return (float)(2.0 * rng_unit(s) - 1.0); } /
 
 /* 2^u for u uniform in [lo, hi): scales spread over many binades. */
 static float rng_log2(uint64_t *s, double lo, double hi) { return (float)exp2(lo + (hi - lo) * rng_unit(s)); }
-
-static uint32_t f32_bits(float f) {
-    uint32_t u;
-    memcpy(&u, &f, sizeof u);
-    return u;
-}
 
 static int is_nan_code(uint8_t c) { return (c & 0x7f) == 0x7f; }
 
@@ -127,10 +122,10 @@ static void expect_all_isas_equal_ref(gcase *c) {
                                            c->k),
                       RS_OK);
             for (size_t j = 0; j < no; j++)
-                if (f32_bits(c->got[j]) != f32_bits(c->ref[j]))
+                if (rs_test_f32_bits(c->got[j]) != rs_test_f32_bits(c->ref[j]))
                     RS_TEST_FAIL("rows %d n %d k %d isa %s threads %d: out[%zu][%zu] %a (0x%08x) vs ref %a (0x%08x)",
                                  c->rows, c->n, c->k, rs_fp8_gemm_isa_name(all_isas[i]), p, j / (size_t)c->n,
-                                 j % (size_t)c->n, c->got[j], f32_bits(c->got[j]), c->ref[j], f32_bits(c->ref[j]));
+                                 j % (size_t)c->n, c->got[j], rs_test_f32_bits(c->got[j]), c->ref[j], rs_test_f32_bits(c->ref[j]));
         }
     }
     for (int p = 1; p < 4; p++) rs_pool_free(pools[p]);
@@ -191,7 +186,7 @@ RS_TEST(cpu_fp8_gemm_every_isa_adversarial_codes) {
                 for (int64_t i = 0; i < (int64_t)c.rows * c.n; i++) {
                     double want = 0.0;
                     for (int64_t b = 0; b < kb; b++) want += 200704.0 * (double)RS_MIN((int64_t)128, c.k - 128 * b);
-                    ASSERT_EQ(f32_bits(c.ref[i]), f32_bits((float)want));
+                    ASSERT_EQ(rs_test_f32_bits(c.ref[i]), rs_test_f32_bits((float)want));
                 }
         }
         gcase_free(&c);
@@ -204,7 +199,7 @@ RS_TEST(cpu_fp8_gemm_every_isa_adversarial_codes) {
     for (int o = 0; o < 5; o++) memcpy(d.wq + 3 * o, w3, 3);
     d.xs[0] = 1.0f, d.ws[0] = 1.0f;
     expect_all_isas_equal_ref(&d);
-    ASSERT_EQ(f32_bits(d.ref[0]), f32_bits(0x1p-18f));
+    ASSERT_EQ(rs_test_f32_bits(d.ref[0]), rs_test_f32_bits(0x1p-18f));
     gcase_free(&d);
 }
 
@@ -223,9 +218,9 @@ RS_TEST(cpu_fp8_gemm_every_isa_all_256_codes) {
     expect_all_isas_equal_ref(&w);
     for (int c = 0; c < 256; c++) {
         float v = rs_fp8_e4m3_to_f32((uint8_t)c);
-        uint32_t want = isnan(v) ? f32_bits(NAN) : f32_bits(v + 0.0f);
-        ASSERT_EQ(f32_bits(a.ref[c * 3 + 2]), want);
-        ASSERT_EQ(f32_bits(w.ref[c]), want);
+        uint32_t want = isnan(v) ? rs_test_f32_bits(NAN) : rs_test_f32_bits(v + 0.0f);
+        ASSERT_EQ(rs_test_f32_bits(a.ref[c * 3 + 2]), want);
+        ASSERT_EQ(rs_test_f32_bits(w.ref[c]), want);
     }
     gcase_free(&a);
     gcase_free(&w);
@@ -254,7 +249,7 @@ RS_TEST(cpu_fp8_gemm_every_isa_nan_codes_and_scales) {
         ASSERT_TRUE(isnan(c.ref[(c.rows - 1) * c.n + 0]) && isnan(c.ref[7]) && isnan(c.ref[c.n - 1]));
         ASSERT_TRUE(isnan(c.ref[2])); /* 0 * inf, then the NaN scale with a payload */
         for (int64_t i = 0; i < (int64_t)c.rows * c.n; i++) /* every NaN output is the canonical NaN */
-            if (isnan(c.ref[i])) ASSERT_EQ(f32_bits(c.ref[i]), f32_bits(NAN));
+            if (isnan(c.ref[i])) ASSERT_EQ(rs_test_f32_bits(c.ref[i]), rs_test_f32_bits(NAN));
         gcase_free(&c);
     }
 }
@@ -292,7 +287,7 @@ RS_TEST(cpu_fp8_quantize_act_matches_reference) {
         for (size_t i = 0; i < N; i++)
             if (got[i] != want[i])
                 RS_TEST_FAIL("simd %s: encode(%a = 0x%08x) 0x%02x, want 0x%02x", rs_cpu_simd_name((rs_cpu_simd)simd),
-                             f[i], f32_bits(f[i]), got[i], want[i]);
+                             f[i], rs_test_f32_bits(f[i]), got[i], want[i]);
     }
     /* and 64k bit patterns 65521 apart, spread evenly over all of fp32 (all 2^32 were compared once
      * by hand; that takes seconds) */
@@ -401,7 +396,7 @@ RS_TEST(cpu_matmul_fp8_bit_identical_to_reference) {
                         memset(got, 0xA5, no * sizeof(float));
                         rs_op_matmul(b, got, x, &w.t, bias, rows);
                         for (size_t i = 0; i < no; i++)
-                            if (f32_bits(got[i]) != f32_bits(want[i]))
+                            if (rs_test_f32_bits(got[i]) != rs_test_f32_bits(want[i]))
                                 RS_TEST_FAIL("fp8 matmul simd %s threads %d N %lld K %lld rows %d bias %s: out[%zu] "
                                              "%a vs %a",
                                              rs_cpu_simd_name((rs_cpu_simd)simd), threads, (long long)n, (long long)k,
@@ -573,7 +568,7 @@ RS_TEST(cpu_moe_fp8_bit_identical_to_reference) {
                     memcpy(got, x, nx * sizeof(float));
                     rs_op_moe(b, got, got, rows, m.hidden, &m.w); /* out aliases x */
                     for (size_t i = 0; i < nx; i++)
-                        if (f32_bits(got[i]) != f32_bits(want[i]))
+                        if (rs_test_f32_bits(got[i]) != rs_test_f32_bits(want[i]))
                             RS_TEST_FAIL("fp8 moe variant %d simd %s threads %d rows %d: out[%zu] %a vs %a", variant,
                                          rs_cpu_simd_name((rs_cpu_simd)simd), threads, rows, i, got[i], want[i]);
                     rs_backend_free(b);

@@ -38,18 +38,6 @@ static float rng_mag(uint64_t *s, double lo, double hi) {
     return rs_test_rng(s) & 1 ? -v : v;
 }
 
-static uint32_t f32_bits(float f) {
-    uint32_t u;
-    memcpy(&u, &f, sizeof u);
-    return u;
-}
-
-static float f32_from_bits(uint32_t u) {
-    float f;
-    memcpy(&f, &u, sizeof f);
-    return f;
-}
-
 static uint8_t rand_code(uint64_t *s) { /* any of the 254 non-NaN codes */
     uint8_t c;
     do c = (uint8_t)rs_test_rng(s);
@@ -108,9 +96,9 @@ static float special_value(uint64_t *s) {
     case 0: return 0.0f;
     case 1: return -0.0f;
     case 2: return NAN;
-    case 3: return f32_from_bits(0xffc00000u);  /* -NaN */
-    case 4: return f32_from_bits(0x7f800001u);  /* signaling NaN */
-    case 5: return f32_from_bits(0xff812345u);  /* negative NaN with a payload */
+    case 3: return rs_test_f32_from_bits(0xffc00000u);  /* -NaN */
+    case 4: return rs_test_f32_from_bits(0x7f800001u);  /* signaling NaN */
+    case 5: return rs_test_f32_from_bits(0xff812345u);  /* negative NaN with a payload */
     case 6: return INFINITY;
     case 7: return -INFINITY;
     case 8: return 3.0e38f;
@@ -136,13 +124,13 @@ static void check_quantize(rs_backend *g, const float *x, int rows, int k, const
     rs_backend_download(g, got_q, dq, nq);
     rs_backend_download(g, got_s, ds, ns * sizeof(float));
     for (size_t i = 0; i < ns; i++)
-        if (f32_bits(got_s[i]) != f32_bits(want_s[i]))
+        if (rs_test_f32_bits(got_s[i]) != rs_test_f32_bits(want_s[i]))
             RS_TEST_FAIL("%s rows %d k %d: scale[%zu][%zu] %a (0x%08x), want %a (0x%08x)", what, rows, k, i / ng,
-                         i % ng, got_s[i], f32_bits(got_s[i]), want_s[i], f32_bits(want_s[i]));
+                         i % ng, got_s[i], rs_test_f32_bits(got_s[i]), want_s[i], rs_test_f32_bits(want_s[i]));
     for (size_t i = 0; i < nq; i++)
         if (got_q[i] != want_q[i])
             RS_TEST_FAIL("%s rows %d k %d: q[%zu][%zu] of x = %a (0x%08x), scale %a: 0x%02x, want 0x%02x", what, rows,
-                         k, i / (size_t)k, i % (size_t)k, x[i], f32_bits(x[i]),
+                         k, i / (size_t)k, i % (size_t)k, x[i], rs_test_f32_bits(x[i]),
                          want_s[(i / (size_t)k) * ng + (i % (size_t)k) / 128], got_q[i], want_q[i]);
     rs_backend_free_mem(g, dx);
     rs_backend_free_mem(g, dq);
@@ -167,7 +155,7 @@ RS_TEST(cuda_fp8_quantize_act_matches_cpu) {
                 uint64_t u = rs_test_rng(&s);
                 switch (r) {
                 case 0: xr[j] = (u & 1) ? 0.0f : -0.0f; break;                       /* all zeros */
-                case 1: xr[j] = (u & 1) ? NAN : f32_from_bits(0xffc00001u); break;   /* all NaN */
+                case 1: xr[j] = (u & 1) ? NAN : rs_test_f32_from_bits(0xffc00001u); break;   /* all NaN */
                 case 2: xr[j] = j % 128 == 5 % k ? INFINITY : rng_mag(&s, -10, 10); break;
                 case 3: xr[j] = rng_mag(&s, -60, -40); break;                        /* amax < floor */
                 case 4: xr[j] = rng_mag(&s, 100, 127); break;                        /* huge */
@@ -205,7 +193,7 @@ RS_TEST(cuda_fp8_quantize_act_matches_cpu) {
         for (size_t i = 0; i < RS_ARRAY_LEN(extra); i++) vals[nv++] = extra[i];
         while (nv < RS_ARRAY_LEN(vals)) {
             uint32_t u = (uint32_t)rs_test_rng(&s);
-            float v = f32_from_bits(u);
+            float v = rs_test_f32_from_bits(u);
             if (fabsf(v) <= 448.0f) vals[nv++] = v; /* NaN fails the test and is skipped */
         }
         size_t vi = 0;
@@ -250,9 +238,9 @@ static int expect_gemm_equal(rs_backend *g, const uint8_t *xq, const float *xs, 
     int nonzero = 0;
     for (size_t i = 0; i < no; i++) {
         nonzero += want[i] != 0.0f;
-        if (f32_bits(got[i]) != f32_bits(want[i]))
+        if (rs_test_f32_bits(got[i]) != rs_test_f32_bits(want[i]))
             RS_TEST_FAIL("%s rows %d n %d k %d: out[%zu][%zu] %a (0x%08x), want %a (0x%08x)", what, rows, n, k,
-                         i / (size_t)n, i % (size_t)n, got[i], f32_bits(got[i]), want[i], f32_bits(want[i]));
+                         i / (size_t)n, i % (size_t)n, got[i], rs_test_f32_bits(got[i]), want[i], rs_test_f32_bits(want[i]));
     }
     rs_backend_free_mem(g, dxq), rs_backend_free_mem(g, dwq), rs_backend_free_mem(g, dxs);
     rs_backend_free_mem(g, dws), rs_backend_free_mem(g, dout);
@@ -277,7 +265,7 @@ static void check_gemm_random(rs_backend *g, int rows, int n, int k, int special
             xq[rs_test_rng(s) % nx] = i & 1 ? 0xff : 0x7f;
             wq[rs_test_rng(s) % nw] = i & 1 ? 0x7f : 0xff;
         }
-        xs[rs_test_rng(s) % ((size_t)rows * kb)] = f32_from_bits(0x7fc01234u);
+        xs[rs_test_rng(s) % ((size_t)rows * kb)] = rs_test_f32_from_bits(0x7fc01234u);
         ws[rs_test_rng(s) % (nbn * kb)] = INFINITY;
         xs[rs_test_rng(s) % ((size_t)rows * kb)] = 0.0f;
         if (n > 2) memset(wq + 2 * (size_t)k, 0x80, (size_t)k);
@@ -365,10 +353,10 @@ RS_TEST(cuda_matmul_fp8_matches_cpu) {
                 int nonzero = 0;
                 for (size_t i = 0; i < (size_t)nr * (size_t)n; i++) {
                     nonzero += want[i] != 0.0f;
-                    if (f32_bits(got[i]) != f32_bits(want[i]))
+                    if (rs_test_f32_bits(got[i]) != rs_test_f32_bits(want[i]))
                         RS_TEST_FAIL("e4m3 n %d k %d rows %d bias %d: out[%zu][%zu] %a (0x%08x), cpu %a (0x%08x)", n,
-                                     k, nr, with_bias, i / (size_t)n, i % (size_t)n, got[i], f32_bits(got[i]), want[i],
-                                     f32_bits(want[i]));
+                                     k, nr, with_bias, i / (size_t)n, i % (size_t)n, got[i], rs_test_f32_bits(got[i]), want[i],
+                                     rs_test_f32_bits(want[i]));
                 }
                 ASSERT_TRUE(nonzero > 0);
                 free(want), free(got);

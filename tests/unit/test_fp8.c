@@ -21,20 +21,9 @@
 #include "../../kernels/cpu/fp8_gemm.h"
 #include "../../kernels/fp8.h"
 #include "test.h"
+#include "test_util.h"
 
 /* ---- helpers ---- */
-
-static uint32_t f32_bits(float f) {
-    uint32_t u;
-    memcpy(&u, &f, sizeof u);
-    return u;
-}
-
-static float f32_from_bits(uint32_t u) {
-    float f;
-    memcpy(&f, &u, sizeof f);
-    return f;
-}
 
 /* splitmix64: a small deterministic generator for the tests */
 static uint64_t rng_next(uint64_t *s) {
@@ -116,11 +105,11 @@ RS_TEST(fp8_e4m3_decode_all_codes) {
         }
         float want = e ? ldexpf(1.0f + m / 8.0f, e - 7) : ldexpf((float)m, -9);
         if (c & 0x80) want = -want;
-        ASSERT_EQ(f32_bits(v), f32_bits(want)); /* exact, including -0 for 0x80 */
+        ASSERT_EQ(rs_test_f32_bits(v), rs_test_f32_bits(want)); /* exact, including -0 for 0x80 */
     }
-    ASSERT_EQ(f32_bits(rs_fp8_e4m3_to_f32(0x7e)), f32_bits(448.0f));
-    ASSERT_EQ(f32_bits(rs_fp8_e4m3_to_f32(0x01)), f32_bits(0x1p-9f));
-    ASSERT_EQ(f32_bits(rs_fp8_e4m3_to_f32(0x80)), f32_bits(-0.0f));
+    ASSERT_EQ(rs_test_f32_bits(rs_fp8_e4m3_to_f32(0x7e)), rs_test_f32_bits(448.0f));
+    ASSERT_EQ(rs_test_f32_bits(rs_fp8_e4m3_to_f32(0x01)), rs_test_f32_bits(0x1p-9f));
+    ASSERT_EQ(rs_test_f32_bits(rs_fp8_e4m3_to_f32(0x80)), rs_test_f32_bits(-0.0f));
 }
 
 RS_TEST(fp8_e5m2_decode_all_codes) {
@@ -134,10 +123,10 @@ RS_TEST(fp8_e5m2_decode_all_codes) {
         }
         float want = e == 31 ? INFINITY : e ? ldexpf(1.0f + m / 4.0f, e - 15) : ldexpf((float)m, -16);
         if (c & 0x80) want = -want;
-        ASSERT_EQ(f32_bits(v), f32_bits(want));
+        ASSERT_EQ(rs_test_f32_bits(v), rs_test_f32_bits(want));
     }
-    ASSERT_EQ(f32_bits(rs_fp8_e5m2_to_f32(0x7b)), f32_bits(57344.0f));
-    ASSERT_EQ(f32_bits(rs_fp8_e5m2_to_f32(0xfc)), f32_bits(-INFINITY));
+    ASSERT_EQ(rs_test_f32_bits(rs_fp8_e5m2_to_f32(0x7b)), rs_test_f32_bits(57344.0f));
+    ASSERT_EQ(rs_test_f32_bits(rs_fp8_e5m2_to_f32(0xfc)), rs_test_f32_bits(-INFINITY));
 }
 
 RS_TEST(fp8_array_conversions) {
@@ -154,9 +143,9 @@ RS_TEST(fp8_array_conversions) {
         ASSERT_EQ(q5[i], rs_fp8_e5m2_from_f32(src[i]));
     }
     rs_fp8_e4m3_to_f32_n(back, q4, 512);
-    for (int i = 0; i < 512; i++) ASSERT_EQ(f32_bits(back[i]), f32_bits(rs_fp8_e4m3_to_f32(q4[i])));
+    for (int i = 0; i < 512; i++) ASSERT_EQ(rs_test_f32_bits(back[i]), rs_test_f32_bits(rs_fp8_e4m3_to_f32(q4[i])));
     rs_fp8_e5m2_to_f32_n(back, q5, 512);
-    for (int i = 0; i < 512; i++) ASSERT_EQ(f32_bits(back[i]), f32_bits(rs_fp8_e5m2_to_f32(q5[i])));
+    for (int i = 0; i < 512; i++) ASSERT_EQ(rs_test_f32_bits(back[i]), rs_test_f32_bits(rs_fp8_e5m2_to_f32(q5[i])));
     /* every non-NaN code is its own encoding */
     for (int c = 0; c < 256; c++)
         if (!e4m3_is_nan_code((uint8_t)c)) ASSERT_EQ(q4[c], c);
@@ -175,7 +164,7 @@ RS_TEST(fp8_encode_specials) {
     ASSERT_EQ(rs_fp8_e4m3_from_f32(-INFINITY), 0xfe);
     ASSERT_EQ(rs_fp8_e4m3_from_f32(NAN), 0x7f);
     ASSERT_EQ(rs_fp8_e4m3_from_f32(-NAN), 0x7f);    /* CUDA drops the NaN sign */
-    ASSERT_EQ(rs_fp8_e4m3_from_f32(f32_from_bits(0xff800001u)), 0x7f);
+    ASSERT_EQ(rs_fp8_e4m3_from_f32(rs_test_f32_from_bits(0xff800001u)), 0x7f);
     ASSERT_EQ(rs_fp8_e4m3_from_f32(-0.0f), 0x80);
     ASSERT_EQ(rs_fp8_e4m3_from_f32(-1e-30f), 0x80);  /* underflow keeps the sign */
     ASSERT_EQ(rs_fp8_e4m3_from_f32(0x1p-10f), 0x00); /* half the smallest subnormal: tie to 0 */
@@ -225,7 +214,7 @@ RS_TEST(fp8_encode_matches_ml_dtypes_vectors) {
         sub4 += (e4[i] & 0x78) == 0 && (e4[i] & 7) != 0;
         if (!ok && bad++ < 10)
             fprintf(stderr, "  x=%a (0x%08x): e4m3 ours 0x%02x ml_dtypes 0x%02x, "
-                    "e5m2 ours 0x%02x ml_dtypes 0x%02x\n", x[i], f32_bits(x[i]), o4, e4[i], o5, e5[i]);
+                    "e5m2 ours 0x%02x ml_dtypes 0x%02x\n", x[i], rs_test_f32_bits(x[i]), o4, e4[i], o5, e5[i]);
     }
     ASSERT_EQ(bad, 0);
     /* the file really covers the edges */
@@ -260,7 +249,7 @@ RS_TEST(fp8_encode_random_10m_vs_search_oracle) {
     for (int i = 0; i < 10000000; i++) {
         float x;
         switch (i & 3) {
-        case 0: x = f32_from_bits((uint32_t)rng_next(&s)); break; /* any bit pattern */
+        case 0: x = rs_test_f32_from_bits((uint32_t)rng_next(&s)); break; /* any bit pattern */
         case 1: x = rng_logf(&s, -20.0, 17.0); break;             /* both formats' ranges */
         case 2: x = rng_logf(&s, -12.0, -5.0); break;             /* e4m3 subnormals */
         default: x = rng_logf(&s, -19.0, -13.0); break;           /* e5m2 subnormals */
@@ -290,14 +279,14 @@ RS_TEST(fp8_quantize_weight_matches_fixture) {
     float *s = malloc((size_t)(nbo * nbi) * sizeof *s);
     rs_tensor w = {.dtype = RS_DTYPE_BF16, .ndim = 2, .shape = {out, in}, .data = wb};
     ASSERT_EQ(rs_fp8_quantize_weight(&w, q, s), RS_OK);
-    for (int64_t i = 0; i < nbo * nbi; i++) ASSERT_EQ(f32_bits(s[i]), f32_bits(s_want[i]));
+    for (int64_t i = 0; i < nbo * nbi; i++) ASSERT_EQ(rs_test_f32_bits(s[i]), rs_test_f32_bits(s_want[i]));
     int bad = 0;
     for (int64_t i = 0; i < out * in; i++)
         if (q[i] != q_want[i] && bad++ < 10)
             fprintf(stderr, "  [%lld][%lld] w=%a: 0x%02x vs 0x%02x\n", (long long)(i / in),
                     (long long)(i % in), rs_bf16_to_f32(wb[i]), q[i], q_want[i]);
     ASSERT_EQ(bad, 0);
-    ASSERT_EQ(f32_bits(s[0 * nbi + 1]), f32_bits(1e-10f / 448.0f)); /* the all-zero block */
+    ASSERT_EQ(rs_test_f32_bits(s[0 * nbi + 1]), rs_test_f32_bits(1e-10f / 448.0f)); /* the all-zero block */
 
     /* the same values as an F32 tensor quantize identically */
     float *wf = malloc((size_t)(out * in) * sizeof *wf);
@@ -306,7 +295,7 @@ RS_TEST(fp8_quantize_weight_matches_fixture) {
     memset(q, 0xAA, (size_t)(out * in));
     ASSERT_EQ(rs_fp8_quantize_weight(&w32, q, s), RS_OK);
     ASSERT_EQ(memcmp(q, q_want, (size_t)(out * in)), 0);
-    for (int64_t i = 0; i < nbo * nbi; i++) ASSERT_EQ(f32_bits(s[i]), f32_bits(s_want[i]));
+    for (int64_t i = 0; i < nbo * nbi; i++) ASSERT_EQ(rs_test_f32_bits(s[i]), rs_test_f32_bits(s_want[i]));
 
     /* dequantization is within E4M3's half-ulp: 2^-4 relative, or 2^-10 * scale for subnormals */
     float *deq = malloc((size_t)(out * in) * sizeof *deq);
@@ -349,7 +338,7 @@ RS_TEST(fp8_quantize_act_matches_fixture) {
     uint8_t *q = malloc((size_t)(rows * k));
     float *s = malloc((size_t)(rows * ng) * sizeof *s);
     rs_fp8_quantize_act(x, rows, k, q, s);
-    for (int64_t i = 0; i < rows * ng; i++) ASSERT_EQ(f32_bits(s[i]), f32_bits(s_want[i]));
+    for (int64_t i = 0; i < rows * ng; i++) ASSERT_EQ(rs_test_f32_bits(s[i]), rs_test_f32_bits(s_want[i]));
     for (int64_t i = 0; i < rows * k; i++) {
         if (q[i] != q_want[i])
             RS_TEST_FAIL("[%lld] x=%a: 0x%02x vs 0x%02x", (long long)i, x[i], q[i], q_want[i]);
@@ -439,13 +428,13 @@ static int expect_fast_equals_ref(gemm_case *c, rs_pool *p1, rs_pool *p2) {
             memset(c->got, 0xA5, bytes); /* garbage: the fast path must not read out before writing */
             ASSERT_EQ(run_isa(c, isas[i], pools[p]), RS_OK);
             for (int64_t j = 0; j < (int64_t)c->rows * c->n; j++)
-                if (f32_bits(c->got[j]) != f32_bits(c->ref[j]))
+                if (rs_test_f32_bits(c->got[j]) != rs_test_f32_bits(c->ref[j]))
                     RS_TEST_FAIL("rows=%d n=%d k=%d isa=%s threads=%d: out[%lld][%lld] %a (0x%08x) "
                                  "vs ref %a (0x%08x)",
                                  c->rows, c->n, c->k, rs_fp8_gemm_isa_name(isas[i]),
                                  pools[p] ? rs_pool_threads(pools[p]) : 0, (long long)(j / c->n),
-                                 (long long)(j % c->n), c->got[j], f32_bits(c->got[j]), c->ref[j],
-                                 f32_bits(c->ref[j]));
+                                 (long long)(j % c->n), c->got[j], rs_test_f32_bits(c->got[j]), c->ref[j],
+                                 rs_test_f32_bits(c->ref[j]));
             variants++;
         }
     }
@@ -509,7 +498,7 @@ RS_TEST(fp8_gemm_fast_bit_identical_adversarial) {
         expect_fast_equals_ref(&c, p1, p2);
         if (variant == 4) /* 3 exact blocks of 128 * 448^2 = 25690112: exactly representable */
             for (int64_t i = 0; i < (int64_t)rows * n; i++)
-                ASSERT_EQ(f32_bits(c.ref[i]), f32_bits(3.0f * 25690112.0f));
+                ASSERT_EQ(rs_test_f32_bits(c.ref[i]), rs_test_f32_bits(3.0f * 25690112.0f));
     }
     gemm_case_free(&c);
 
@@ -521,7 +510,7 @@ RS_TEST(fp8_gemm_fast_bit_identical_adversarial) {
     d.xs[0] = 1.0f;
     d.ws[0] = 1.0f;
     expect_fast_equals_ref(&d, p1, p2);
-    ASSERT_EQ(f32_bits(d.ref[0]), f32_bits(0x1p-18f));
+    ASSERT_EQ(rs_test_f32_bits(d.ref[0]), rs_test_f32_bits(0x1p-18f));
     gemm_case_free(&d);
     rs_pool_free(p1);
     rs_pool_free(p2);
@@ -547,11 +536,11 @@ RS_TEST(fp8_gemm_all_256_codes) {
     for (int c = 0; c < 256; c++) {
         float v = rs_fp8_e4m3_to_f32((uint8_t)c);
         if (isnan(v)) {
-            ASSERT_EQ(f32_bits(a.ref[c]), f32_bits(NAN));
-            ASSERT_EQ(f32_bits(w.ref[c]), f32_bits(NAN));
+            ASSERT_EQ(rs_test_f32_bits(a.ref[c]), rs_test_f32_bits(NAN));
+            ASSERT_EQ(rs_test_f32_bits(w.ref[c]), rs_test_f32_bits(NAN));
         } else {
-            ASSERT_EQ(f32_bits(a.ref[c]), f32_bits(v + 0.0f)); /* fmaf(v, 1, +0): -0 becomes +0 */
-            ASSERT_EQ(f32_bits(w.ref[c]), f32_bits(v + 0.0f));
+            ASSERT_EQ(rs_test_f32_bits(a.ref[c]), rs_test_f32_bits(v + 0.0f)); /* fmaf(v, 1, +0): -0 becomes +0 */
+            ASSERT_EQ(rs_test_f32_bits(w.ref[c]), rs_test_f32_bits(v + 0.0f));
         }
     }
     gemm_case_free(&a);
@@ -674,7 +663,7 @@ static void check_weight_paths(const rs_tensor *w, const char *what) {
             rs_pool_run(pool, rs_fp8_blocks(out), 1, wq_band_fn, &j);
         }
         for (size_t i = 0; i < ns; i++)
-            if (f32_bits(s[i]) != f32_bits(s_ref[i]))
+            if (rs_test_f32_bits(s[i]) != rs_test_f32_bits(s_ref[i]))
                 RS_TEST_FAIL("%s %s [%lld][%lld] %s: scale[%zu] %a vs %a", what, w->dtype == RS_DTYPE_BF16 ? "bf16" : "f32",
                              (long long)out, (long long)in, name, i, s[i], s_ref[i]);
         for (size_t i = 0; i < n; i++)
@@ -728,9 +717,9 @@ RS_TEST(fp8_quantize_weight_fast_bit_identical_random_shapes) {
 /* v moved by d units in the last place of its dtype (fp32, or bf16 when bf16), away from zero for
  * d > 0. Stays a value of that dtype. */
 static float nudge(float v, int d, int bf16) {
-    uint32_t u = f32_bits(v);
+    uint32_t u = rs_test_f32_bits(v);
     if (bf16) return rs_bf16_to_f32((uint16_t)((u >> 16) + (uint32_t)d));
-    return f32_from_bits(u + (uint32_t)d);
+    return rs_test_f32_from_bits(u + (uint32_t)d);
 }
 
 /* Fills block (bo, bi) of w [out][in] in one of 11 adversarial styles. */
@@ -760,9 +749,9 @@ static void fill_adversarial(float *w, int64_t out, int64_t in, int64_t bo, int6
             case 4: v = rng_logf(seed, -60.0, -36.6); break;                        /* amax < 1e-10 */
             case 5: v = rng_logf(seed, bf16 ? -133.0 : -149.0, -127.0); break;      /* subnormal amax */
             case 6:                                                                /* NaNs, ignored */
-                v = r % 3 == 0 ? f32_from_bits((r & 0x80000000u) | 0x7f800001u | ((uint32_t)(r >> 8) & 0x7fffffu))
+                v = r % 3 == 0 ? rs_test_f32_from_bits((r & 0x80000000u) | 0x7f800001u | ((uint32_t)(r >> 8) & 0x7fffffu))
                                : rng_logf(seed, -5.0, 5.0);
-                if (bf16 && isnan(v)) v = f32_from_bits((f32_bits(v) | 0x10000u) & 0xffff0000u);
+                if (bf16 && isnan(v)) v = rs_test_f32_from_bits((rs_test_f32_bits(v) | 0x10000u) & 0xffff0000u);
                 break;
             case 7: v = (r & 1) ? -NAN : NAN; break;                               /* all NaN */
             case 8: v = r % 50 == 0 ? ((r & 2) ? -INFINITY : INFINITY) : rng_logf(seed, -5.0, 5.0); break;
@@ -804,7 +793,7 @@ RS_TEST(fp8_quantize_weight_fast_bit_identical_adversarial) {
     float s;
     rs_tensor t = {.dtype = RS_DTYPE_F32, .ndim = 2, .shape = {1, 127}, .data = row};
     ASSERT_EQ(rs_cpu_fp8_quantize_weight(rs_cpu_fp8_wquant_simd(), &t, q, &s), RS_OK);
-    ASSERT_EQ(f32_bits(s), f32_bits(1.0f));
+    ASSERT_EQ(rs_test_f32_bits(s), rs_test_f32_bits(1.0f));
     for (int c = 0; c < 126; c++) ASSERT_EQ(q[1 + c], (uint8_t)((c + 1) & ~1)); /* ties to the even code */
 }
 
@@ -812,7 +801,7 @@ RS_TEST(fp8_quantize_weight_fast_bit_identical_adversarial) {
  * the other elements (glibc's fmaxf returns NaN for a signaling NaN, which once made the amax
  * forget the elements before it). Weights and activations, scalar and vector. */
 RS_TEST(fp8_quantize_ignores_signaling_nan) {
-    const float snan = f32_from_bits(0xff800001u), qnan = f32_from_bits(0x7fc00000u);
+    const float snan = rs_test_f32_from_bits(0xff800001u), qnan = rs_test_f32_from_bits(0x7fc00000u);
     ASSERT_TRUE(isnan(snan));
     for (int pos = 0; pos < 3; pos++) {
         float x[3] = {5.0f, -1.0f, 0.25f};
@@ -822,21 +811,21 @@ RS_TEST(fp8_quantize_ignores_signaling_nan) {
         float s, s2;
         rs_tensor t = {.dtype = RS_DTYPE_F32, .ndim = 2, .shape = {1, 3}, .data = x};
         ASSERT_EQ(rs_fp8_quantize_weight_ref(&t, q, &s), RS_OK);
-        ASSERT_EQ(f32_bits(s), f32_bits(amax / 448.0f));
+        ASSERT_EQ(rs_test_f32_bits(s), rs_test_f32_bits(amax / 448.0f));
         ASSERT_EQ(q[pos], RS_FP8_NAN_CODE);
         ASSERT_EQ(rs_fp8_quantize_weight(&t, q2, &s2), RS_OK);
-        ASSERT_EQ(f32_bits(s2), f32_bits(s));
+        ASSERT_EQ(rs_test_f32_bits(s2), rs_test_f32_bits(s));
         ASSERT_EQ(memcmp(q, q2, 3), 0);
         rs_fp8_quantize_act(x, 1, 3, q2, &s2);
-        ASSERT_EQ(f32_bits(s2), f32_bits(s));
+        ASSERT_EQ(rs_test_f32_bits(s2), rs_test_f32_bits(s));
         ASSERT_EQ(memcmp(q, q2, 3), 0);
         for (int simd = 0; simd <= (int)rs_cpu_fp8_wquant_simd(); simd++) {
             rs_cpu_fp8_quantize_act((rs_cpu_simd)simd, x, 1, 3, q2, &s2);
-            ASSERT_EQ(f32_bits(s2), f32_bits(s));
+            ASSERT_EQ(rs_test_f32_bits(s2), rs_test_f32_bits(s));
             ASSERT_EQ(memcmp(q, q2, 3), 0);
         }
         x[pos] = qnan;
         ASSERT_EQ(rs_fp8_quantize_weight_ref(&t, q2, &s2), RS_OK);
-        ASSERT_EQ(f32_bits(s2), f32_bits(s));
+        ASSERT_EQ(rs_test_f32_bits(s2), rs_test_f32_bits(s));
     }
 }

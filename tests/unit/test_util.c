@@ -114,6 +114,18 @@ float rs_test_uniform(uint64_t *s) {
     return (float)((double)(rs_test_rng(s) >> 11) * (2.0 / 9007199254740992.0) - 1.0);
 }
 
+uint32_t rs_test_f32_bits(float f) {
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    return u;
+}
+
+float rs_test_f32_from_bits(uint32_t u) {
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
 void *rs_test_to_backend(rs_backend *b, const void *host, size_t bytes) {
     void *p = rs_backend_alloc(b, bytes ? bytes : 1);
     ASSERT_TRUE(p != NULL);

@@ -46,6 +46,10 @@ uint64_t rs_test_rng(uint64_t *s);
 /* Uniform in [-1, 1), from rs_test_rng. */
 float rs_test_uniform(uint64_t *s);
 
+/* A float's bits, and the float of some bits. */
+uint32_t rs_test_f32_bits(float f);
+float rs_test_f32_from_bits(uint32_t u);
+
 /* A copy of host[0..bytes) in a new allocation of b (at least one byte). */
 void *rs_test_to_backend(rs_backend *b, const void *host, size_t bytes);
 /* A malloc'd host copy of b's src[0..bytes). */
