@@ -25,6 +25,17 @@ const char *rs_backend_missing_op(const rs_backend *b) {
     return NULL;
 }
 
+size_t rs_kv_layer_check(const rs_kv_layer *kv) {
+    if (kv->dtype == RS_DTYPE_E4M3) {
+        RS_ASSERT((kv->scale_mode == RS_KV_SCALE_PER_HEAD && kv->k_scale && kv->v_scale) ||
+                  (kv->scale_mode == RS_KV_SCALE_PER_TOKEN && kv->token_scales));
+    } else {
+        RS_ASSERT(kv->dtype == RS_DTYPE_F32 || kv->dtype == RS_DTYPE_BF16);
+        RS_ASSERT(kv->scale_mode == RS_KV_SCALE_NONE);
+    }
+    return rs_dtype_size(kv->dtype);
+}
+
 void *rs_backend_alloc(rs_backend *b, size_t bytes) { return b->ops->alloc(b, bytes); }
 
 void rs_backend_free_mem(rs_backend *b, void *p) {

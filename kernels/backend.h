@@ -44,6 +44,11 @@ typedef struct rs_kv_layer {
     float *token_scales;            /* PER_TOKEN: [n_blocks][2][RS_KV_BLOCK][n_kv_heads] f32 */
 } rs_kv_layer;
 
+/* Asserts the layer's contract above (F32/BF16 pages carry no scales; E4M3 pages carry per-head or
+ * per-token scales): a layer that breaks it is a bug in kvcache/ or the caller. Returns the size of
+ * a page element. Every backend's kv_store and attention start with it. */
+size_t rs_kv_layer_check(const rs_kv_layer *kv);
+
 /* The flattened batch of one engine step: n_seq sequences, each contributing a contiguous run of
  * rows (a prefill chunk or one decode token). Host memory. */
 typedef struct rs_batch {

@@ -58,20 +58,6 @@ const rs_cpu_vec *rs_cpu_vec_for(rs_cpu_simd s) {
 
 /* ---- page addressing ---- */
 
-/* The layer's contract (backend.h): F32/BF16 pages carry no scales; E4M3 pages carry per-head or
- * per-token scales. A layer that breaks it is a bug in kvcache/ or the caller. Returns the element
- * size. */
-static size_t kv_check(const rs_kv_layer *kv) {
-    if (kv->dtype == RS_DTYPE_E4M3) {
-        RS_ASSERT((kv->scale_mode == RS_KV_SCALE_PER_HEAD && kv->k_scale && kv->v_scale) ||
-                  (kv->scale_mode == RS_KV_SCALE_PER_TOKEN && kv->token_scales));
-    } else {
-        RS_ASSERT(kv->dtype == RS_DTYPE_F32 || kv->dtype == RS_DTYPE_BF16);
-        RS_ASSERT(kv->scale_mode == RS_KV_SCALE_NONE);
-    }
-    return rs_dtype_size(kv->dtype);
-}
-
 /* Start of the [n_kv_heads][head_dim] row of `slot` in half `kv_idx` (0 = K, 1 = V). */
 static char *kv_row(const rs_kv_layer *kv, int64_t slot, int kv_idx, size_t es) {
     int64_t block = slot / RS_KV_BLOCK, off = slot % RS_KV_BLOCK;
@@ -151,7 +137,7 @@ static void store_e4m3_range(void *arg, int64_t r0, int64_t r1, int tid) {
 
 void rs_cpu_op_kv_store(rs_backend *b, rs_kv_layer *kv, const float *k, const float *v,
                         const rs_batch *batch) {
-    size_t es = kv_check(kv);
+    size_t es = rs_kv_layer_check(kv);
     size_t row = (size_t)kv->n_kv_heads * (size_t)kv->head_dim;
     for (int r = 0; r < batch->n_tok; r++)
         RS_ASSERT(batch->slot[r] >= 0 && batch->slot[r] < (int64_t)kv->n_blocks * RS_KV_BLOCK);
@@ -313,7 +299,7 @@ static void attn_range(void *arg, int64_t w0, int64_t w1, int tid) {
 void rs_cpu_op_attention(rs_backend *b, float *out, const float *q, const rs_kv_layer *kv, int n_heads,
                          float scale, const rs_batch *batch) {
     rs_cpu_ctx *c = rs_cpu_ctx_of(b);
-    kv_check(kv);
+    rs_kv_layer_check(kv);
     if (batch->n_tok == 0) return;
     RS_ASSERT(kv->n_kv_heads > 0 && n_heads % kv->n_kv_heads == 0);
     int32_t *row_seq = rs_cpu_scratch(&c->row_seq, (size_t)batch->n_tok * sizeof(int32_t));

@@ -59,15 +59,9 @@ extern "C" {
 #define ATT_ACC 16                                    /* output accumulators per thread */
 #define ATT_MAX_OUT (ATT_THREADS * ATT_ACC)           /* gc * head_dim <= this */
 
-/* backend.h's contract for a layer (kv_check on the CPU). */
+/* backend.h's contract for a layer (rs_kv_layer_check), and a cache the kernels can index. */
 static void kv_layer_check(const rs_kv_layer *kv) {
-    if (kv->dtype == RS_DTYPE_E4M3) {
-        RS_ASSERT((kv->scale_mode == RS_KV_SCALE_PER_HEAD && kv->k_scale && kv->v_scale) ||
-                  (kv->scale_mode == RS_KV_SCALE_PER_TOKEN && kv->token_scales));
-    } else {
-        RS_ASSERT(kv->dtype == RS_DTYPE_F32 || kv->dtype == RS_DTYPE_BF16);
-        RS_ASSERT(kv->scale_mode == RS_KV_SCALE_NONE);
-    }
+    rs_kv_layer_check(kv);
     RS_ASSERT(kv->pages && kv->n_blocks > 0 && kv->n_kv_heads > 0 && kv->head_dim > 0);
 }
 
