@@ -185,6 +185,7 @@ static void fault_outside_the_guard(void) {
     rs_shm_segment m;
     rs_error err = {0};
     if (rs_shm_open_segment(s.name, &m, &err) != RS_OK) _exit(3);
+    shm_unlink(s.name); /* the child dies below: its segment's name must not outlive it (pid reuse) */
     char path[300];
     snprintf(path, sizeof path, "%s/truncated", rs_test_tmpdir());
     int fd = open(path, O_CREAT | O_RDWR | O_TRUNC, 0600);
