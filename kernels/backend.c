@@ -57,6 +57,20 @@ void rs_backend_copy(rs_backend *b, void *dst, const void *src, size_t bytes) {
     b->ops->copy(b, dst, src, bytes);
 }
 
+rs_layout rs_backend_fp8_layout(rs_backend *b, int64_t n, int64_t k) {
+    return b->ops->fp8_layout ? b->ops->fp8_layout(b, n, k) : RS_LAYOUT_ROWS;
+}
+
+void rs_backend_fp8_pack(rs_backend *b, rs_layout layout, void *dst, const uint8_t *src_host, int64_t n, int64_t k) {
+    RS_ASSERT(dst && n >= 0 && k >= 0 && (src_host || n * k == 0));
+    if (layout == RS_LAYOUT_ROWS) {
+        b->ops->upload(b, dst, src_host, (size_t)(n * k));
+        return;
+    }
+    RS_ASSERT(b->ops->fp8_pack && b->ops->host_memory); /* rows may be a band of a weight: any n */
+    b->ops->fp8_pack(b, layout, dst, src_host, n, k);
+}
+
 void rs_op_embed(rs_backend *b, float *out, const rs_tensor *table, const int32_t *ids, int n) {
     RS_ASSERT(out && ids && table->ndim == 2 && n >= 0);
     b->ops->embed(b, out, table, ids, n);

@@ -87,6 +87,12 @@ typedef struct rs_backend_ops {
     void (*download)(rs_backend *b, void *dst_host, const void *src, size_t bytes); /* synchronizes */
     void (*copy)(rs_backend *b, void *dst, const void *src, size_t bytes);   /* within the backend */
 
+    /* Optional, host-memory backends only (NULL: FP8 weights are read row-major, as stored).
+     * fp8_layout: the layout (rs_tensor.layout) the backend serves an E4M3 weight [n][k] in;
+     * fp8_pack: row-major codes src [n][k] (host) -> dst (backend memory) in that layout. */
+    rs_layout (*fp8_layout)(rs_backend *b, int64_t n, int64_t k);
+    void (*fp8_pack)(rs_backend *b, rs_layout layout, uint8_t *dst, const uint8_t *src, int64_t n, int64_t k);
+
     /* out[i][:] = table[ids[i]][:]  (table [vocab][dim] bf16/f16/f32) */
     void (*embed)(rs_backend *b, float *out, const rs_tensor *table, const int32_t *ids, int n);
 
@@ -155,6 +161,10 @@ void rs_backend_free_mem(rs_backend *b, void *p);
 void rs_backend_upload(rs_backend *b, void *dst, const void *src_host, size_t bytes);
 void rs_backend_download(rs_backend *b, void *dst_host, const void *src, size_t bytes);
 void rs_backend_copy(rs_backend *b, void *dst, const void *src, size_t bytes);
+/* The layout in which b serves an E4M3 weight [n][k] (RS_LAYOUT_ROWS without fp8_layout), and the
+ * packing of row-major host codes into b's memory in it (a plain upload for RS_LAYOUT_ROWS). */
+rs_layout rs_backend_fp8_layout(rs_backend *b, int64_t n, int64_t k);
+void rs_backend_fp8_pack(rs_backend *b, rs_layout layout, void *dst, const uint8_t *src_host, int64_t n, int64_t k);
 void rs_op_embed(rs_backend *b, float *out, const rs_tensor *table, const int32_t *ids, int n);
 void rs_op_rmsnorm(rs_backend *b, float *out, const float *x, const rs_tensor *w, int rows, int dim, float eps);
 void rs_op_matmul(rs_backend *b, float *out, const float *x, const rs_tensor *w, const rs_tensor *bias, int rows);

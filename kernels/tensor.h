@@ -24,6 +24,13 @@ typedef enum rs_dtype {
 
 #define RS_TENSOR_MAX_DIMS 4
 
+/* How an E4M3 weight's codes are laid out in backend memory (rs_tensor.layout). Every other tensor,
+ * and an FP8 weight a backend reads as the checkpoint stores it, is RS_LAYOUT_ROWS. */
+typedef enum rs_layout {
+    RS_LAYOUT_ROWS = 0, /* row-major [out][in], as in safetensors */
+    RS_LAYOUT_FP8_PAIRS32, /* the CPU backend's AVX-512 VNNI layout: kernels/cpu/fp8_layout.h */
+} rs_layout;
+
 typedef struct rs_tensor {
     rs_dtype dtype;
     int ndim;                           /* 0 means "absent" (an optional weight not present) */
@@ -32,6 +39,9 @@ typedef struct rs_tensor {
     /* FP8 weights only: per 128x128 block dequantization scales, [ceil(out/128)][ceil(in/128)] f32,
      * the checkpoint's `weight_scale_inv`. NULL for other dtypes. */
     float *scale_inv;
+    /* FP8 weights only: the order of the codes in `data`, chosen by the backend that serves the
+     * tensor when the weight is converted (rs_weight_convert); scale_inv is always as above. */
+    rs_layout layout;
 } rs_tensor;
 
 size_t rs_dtype_size(rs_dtype dt);               /* bytes per element */

@@ -512,7 +512,9 @@ int rs_weight_convert_scales(rs_weight_store *ws, const char *name, const void *
 typedef struct quant_job {
     const rs_weight_src *src;
     int64_t rows, cols;
-    uint8_t *codes;                     /* [rows][cols] e4m3 */
+    rs_backend *backend;                /* packs the codes when layout is not RS_LAYOUT_ROWS */
+    rs_layout layout;
+    uint8_t *codes;                     /* [rows][cols] e4m3, in layout */
     float *scales;                      /* [ceil(rows/128)][ceil(cols/128)] f32 */
     atomic_int rc;                      /* the first failure, RS_OK when none */
 } quant_job;
@@ -528,6 +530,8 @@ static void quantize_bands(void *ctx, int64_t b0, int64_t b1, int tid) {
     const size_t esz = rs_dtype_size(j->src->dtype), hsz = rs_dtype_size(host_dt);
     const bool in_place = j->src->dtype == host_dt && (uintptr_t)j->src->data % esz == 0;
     void *buf = in_place ? NULL : rs_xmalloc((size_t)RS_FP8_BLOCK * (size_t)j->cols * hsz); /* [128][cols] */
+    /* a band's row-major codes, packed from here into the backend's layout (bands are whole groups) */
+    uint8_t *band_codes = j->layout == RS_LAYOUT_ROWS ? NULL : rs_xmalloc((size_t)RS_FP8_BLOCK * (size_t)j->cols);
     for (int64_t b = b0; b < b1; b++) {
         const int64_t r0 = b * RS_FP8_BLOCK, r1 = RS_MIN(r0 + RS_FP8_BLOCK, j->rows);
         const size_t n = (size_t)(r1 - r0) * (size_t)j->cols;
@@ -535,12 +539,15 @@ static void quantize_bands(void *ctx, int64_t b0, int64_t b1, int tid) {
         if (!in_place) convert_elems(buf, host_dt, src, j->src->dtype, n);
         rs_tensor band = {.dtype = host_dt, .ndim = 2, .shape = {r1 - r0, j->cols},
                           .data = in_place ? (void *)src : buf};
-        int rc = rs_fp8_quantize_weight(&band, j->codes + (size_t)r0 * (size_t)j->cols,
+        uint8_t *dst = j->codes + (size_t)r0 * (size_t)j->cols;
+        int rc = rs_fp8_quantize_weight(&band, band_codes ? band_codes : dst,
                                         j->scales + (size_t)b * (size_t)rs_fp8_blocks(j->cols));
+        if (rc == RS_OK && band_codes) rs_backend_fp8_pack(j->backend, j->layout, dst, band_codes, r1 - r0, j->cols);
         int ok = RS_OK;
         if (rc != RS_OK) atomic_compare_exchange_strong(&j->rc, &ok, rc);
     }
     free(buf);
+    free(band_codes);
 }
 
 /* BF16/F16/F32 [out][in] -> E4M3 codes + block scales (kernels/fp8.h), uploaded. */
@@ -549,10 +556,13 @@ static int quantize_into(rs_weight_store *ws, const char *name, const rs_weight_
     const int64_t rows = src->shape[0], cols = src->shape[1];
     const size_t n = (size_t)rows * (size_t)cols;
     const size_t n_scales = (size_t)(rs_fp8_blocks(rows) * rs_fp8_blocks(cols));
-    quant_job j = {.src = src, .rows = rows, .cols = cols};
+    quant_job j = {.src = src, .rows = rows, .cols = cols, .backend = ws->backend,
+                   .layout = rs_backend_fp8_layout(ws->backend, rows, cols)};
     atomic_init(&j.rc, RS_OK);
-    /* A host-memory backend takes the codes where they will be served: no second copy. */
+    /* A host-memory backend takes the codes where they will be served: no second copy. (Only a
+     * host-memory backend has a layout of its own.) */
     const bool direct = ws->backend->ops->host_memory;
+    RS_ASSERT(direct || j.layout == RS_LAYOUT_ROWS);
     void *d = NULL, *s = NULL;
     if (direct) {
         d = rs_weight_store_alloc(ws, n);
@@ -590,6 +600,7 @@ static int quantize_into(rs_weight_store *ws, const char *name, const rs_weight_
     out->dtype = RS_DTYPE_E4M3;
     out->data = d;
     out->scale_inv = s;
+    out->layout = j.layout;
     return RS_OK;
 }
 
@@ -608,7 +619,16 @@ int rs_weight_convert(rs_weight_store *ws, const char *name, rs_dtype served, co
                                 "F32 or F8_E4M3 with its scale_inv", name, rs_dtype_name(src->dtype));
         void *codes = NULL;
         float *scales = NULL;
-        int rc = upload_new(ws, name, src->data, n, &codes, err);
+        const rs_layout layout = rs_backend_fp8_layout(ws->backend, out->shape[0], out->shape[1]);
+        int rc = RS_OK;
+        if (layout == RS_LAYOUT_ROWS) {
+            rc = upload_new(ws, name, src->data, n, &codes, err);
+        } else if (!(codes = rs_weight_store_alloc(ws, n))) {
+            rc = rs_error_set(err, RS_ENOMEM, name, "backend out of memory allocating %zu bytes for tensor '%s'", n,
+                              name);
+        } else {
+            rs_backend_fp8_pack(ws->backend, layout, codes, src->data, out->shape[0], out->shape[1]);
+        }
         if (rc != RS_OK) return rc;
         if (src->scale_inv) {
             char sname[300];
@@ -623,6 +643,7 @@ int rs_weight_convert(rs_weight_store *ws, const char *name, rs_dtype served, co
         out->dtype = RS_DTYPE_E4M3;
         out->data = codes;
         out->scale_inv = scales;
+        out->layout = layout;
         return RS_OK;
     }
     if (src->dtype == RS_DTYPE_E4M3)

@@ -5,9 +5,10 @@
  *   bench-matmul 3072 1024 fp8,bf16 1 1,16,32                 FP8 against BF16, one thread
  *   RS_CPU_SIMD=avx2 bench-matmul ...                          cap the SIMD level
  *
- * dtypes is a comma list of bf16, f16, f32 and fp8 (E4M3 codes with 128x128 block scales: the
- * W8A8 path, whose time includes quantizing the activations). With two or more, each line ends
- * with the time of the first relative to the second.
+ * dtypes is a comma list of bf16, f16, f32, fp8 (E4M3 codes with 128x128 block scales: the W8A8
+ * path, whose time includes quantizing the activations; in the layout the backend serves them in,
+ * RS_LAYOUT_FP8_PAIRS32 on AVX-512 VNNI) and fp8rows (the same kept row-major). With two or more,
+ * each line ends with the time of the first relative to the second.
  *
  * Prints, per batch size, the time per call, the weight bytes streamed per second and rows per
  * second (and that as a multiple of batch 1). Weights are random; several copies are cycled when
@@ -15,6 +16,7 @@
  * the best of 5 windows of at least 0.1 s each, so that a shared machine's noise does not pass for
  * the kernel's speed.
  */
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -34,7 +36,9 @@ static float frand(uint64_t *s) {
 static const struct {
     const char *name;
     rs_dtype dt;
-} dtype_names[] = {{"bf16", RS_DTYPE_BF16}, {"f16", RS_DTYPE_F16}, {"f32", RS_DTYPE_F32}, {"fp8", RS_DTYPE_E4M3}};
+    bool rows; /* fp8: kept row-major, not in the backend's layout */
+} dtype_names[] = {{"bf16", RS_DTYPE_BF16, false}, {"f16", RS_DTYPE_F16, false}, {"f32", RS_DTYPE_F32, false},
+                   {"fp8", RS_DTYPE_E4M3, false},  {"fp8rows", RS_DTYPE_E4M3, true}};
 
 /* The dtype named by s[0..len), or -1. */
 static int parse_dtype(const char *s, size_t len) {
@@ -43,11 +47,15 @@ static int parse_dtype(const char *s, size_t len) {
     return -1;
 }
 
-/* `copies` random [n][k] weights of dtype dt in backend memory (fp8: quantized from fp32). */
-static rs_tensor *make_weights(rs_backend *b, rs_dtype dt, int64_t n, int64_t k, int copies, uint64_t *seed) {
+/* `copies` random [n][k] weights of dtype dt in backend memory (fp8: quantized from fp32, in the
+ * backend's layout unless `rows`). */
+static rs_tensor *make_weights(rs_backend *b, rs_dtype dt, bool rows, int64_t n, int64_t k, int copies,
+                               uint64_t *seed) {
     size_t numel = (size_t)n * (size_t)k, wbytes = numel * rs_dtype_size(dt);
     size_t sbytes = (size_t)rs_fp8_blocks(n) * (size_t)rs_fp8_blocks(k) * sizeof(float);
     float *wf = dt == RS_DTYPE_E4M3 ? rs_xmalloc(numel * sizeof(float)) : NULL;
+    uint8_t *codes = dt == RS_DTYPE_E4M3 ? rs_xmalloc(numel) : NULL;
+    const rs_layout layout = dt == RS_DTYPE_E4M3 && !rows ? rs_backend_fp8_layout(b, n, k) : RS_LAYOUT_ROWS;
     rs_tensor *w = rs_xcalloc((size_t)copies, sizeof *w);
     for (int c = 0; c < copies; c++) {
         w[c] = (rs_tensor){.dtype = dt, .ndim = 2, .shape = {n, k}, .data = rs_backend_alloc(b, wbytes)};
@@ -62,10 +70,13 @@ static rs_tensor *make_weights(rs_backend *b, rs_dtype dt, int64_t n, int64_t k,
         if (wf) {
             rs_tensor src = {.dtype = RS_DTYPE_F32, .ndim = 2, .shape = {n, k}, .data = wf};
             w[c].scale_inv = rs_backend_alloc(b, sbytes);
-            RS_ASSERT(w[c].scale_inv && rs_fp8_quantize_weight(&src, w[c].data, w[c].scale_inv) == RS_OK);
+            RS_ASSERT(w[c].scale_inv && rs_fp8_quantize_weight(&src, codes, w[c].scale_inv) == RS_OK);
+            rs_backend_fp8_pack(b, layout, w[c].data, codes, n, k);
+            w[c].layout = layout;
         }
     }
     free(wf);
+    free(codes);
     return w;
 }
 
@@ -92,17 +103,18 @@ int main(int argc, char **argv) {
     int threads = argc > 4 ? atoi(argv[4]) : 0;
     const char *rows_arg = argc > 5 ? argv[5] : "1,2,4,8,16";
     rs_dtype dt[MAX_DTYPES];
+    bool dt_rows[MAX_DTYPES];
     const char *label[MAX_DTYPES];
     int ndt = 0, ok = n > 0 && k > 0;
     for (const char *p = dts; ok && *p;) {
         size_t len = strcspn(p, ",");
         int i = parse_dtype(p, len);
         ok = ndt < MAX_DTYPES && i >= 0;
-        if (ok) dt[ndt] = dtype_names[i].dt, label[ndt++] = dtype_names[i].name;
+        if (ok) dt[ndt] = dtype_names[i].dt, dt_rows[ndt] = dtype_names[i].rows, label[ndt++] = dtype_names[i].name;
         p += len + (p[len] == ',');
     }
     if (!ok || ndt == 0) {
-        fprintf(stderr, "usage: bench-matmul [N K [bf16|f16|f32|fp8[,...] [threads [rows,...]]]]\n");
+        fprintf(stderr, "usage: bench-matmul [N K [bf16|f16|f32|fp8|fp8rows[,...] [threads [rows,...]]]]\n");
         return 2;
     }
 
@@ -113,9 +125,10 @@ int main(int argc, char **argv) {
     for (int d = 0; d < ndt; d++) {
         size_t wbytes = (size_t)n * (size_t)k * rs_dtype_size(dt[d]);
         copies[d] = (int)RS_MAX((size_t)1, RS_MIN((size_t)16, ((size_t)256 << 20) / wbytes)); /* > L3 in all */
-        w[d] = make_weights(b, dt[d], n, k, copies[d], &seed);
-        printf("matmul %s [%lld][%lld] (%.1f MB, %d cop%s cycled), threads %d\n", rs_dtype_name(dt[d]),
-               (long long)n, (long long)k, wbytes / 1e6, copies[d], copies[d] == 1 ? "y" : "ies", threads);
+        w[d] = make_weights(b, dt[d], dt_rows[d], n, k, copies[d], &seed);
+        printf("matmul %s [%lld][%lld]%s (%.1f MB, %d cop%s cycled), threads %d\n", rs_dtype_name(dt[d]),
+               (long long)n, (long long)k, w[d][0].layout == RS_LAYOUT_FP8_PAIRS32 ? " pairs32 layout" : "",
+               wbytes / 1e6, copies[d], copies[d] == 1 ? "y" : "ies", threads);
     }
     int max_rows = 1;
     for (const char *p = rows_arg; *p; p = strchr(p, ',') ? strchr(p, ',') + 1 : p + strlen(p))

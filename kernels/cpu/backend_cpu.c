@@ -17,6 +17,8 @@
 
 #include "../../core/rs.h"
 #include "cpu_internal.h"
+#include "fp8_gemm.h"
+#include "fp8_layout.h"
 
 /* ---- scratch ---- */
 
@@ -186,6 +188,23 @@ static void cpu_download(rs_backend *b, void *dst_host, const void *src, size_t 
     if (bytes) memcpy(dst_host, src, bytes);
 }
 
+/* ---- FP8 weight layout ---- */
+
+/* Weights that the AVX-512 VNNI GEMM will read are kept in its layout (fp8_layout.h). */
+static rs_layout cpu_fp8_layout(rs_backend *b, int64_t n, int64_t k) {
+    const rs_cpu_ctx *c = rs_cpu_ctx_of(b);
+    return c->simd == RS_CPU_SIMD_AVX512 && rs_fp8_gemm_isa_supported(RS_FP8_GEMM_ISA_AVX512_VNNI) &&
+                   rs_fp8_pairs32_fits(n, k)
+               ? RS_LAYOUT_FP8_PAIRS32
+               : RS_LAYOUT_ROWS;
+}
+
+static void cpu_fp8_pack(rs_backend *b, rs_layout layout, uint8_t *dst, const uint8_t *src, int64_t n, int64_t k) {
+    (void)b;
+    RS_ASSERT(layout == RS_LAYOUT_FP8_PAIRS32);
+    rs_fp8_pairs32_pack(dst, src, n, k);
+}
+
 /* ---- lifetime ---- */
 
 static void cpu_destroy(rs_backend *b) {
@@ -197,6 +216,7 @@ static void cpu_destroy(rs_backend *b) {
     free(c->row_seq.p);
     for (size_t i = 0; i < RS_ARRAY_LEN(c->moe); i++) free(c->moe[i].p);
     free(c->fp8_act.p);
+    free(c->fp8_rows.p);
     free(c);
     free(b);
 }
@@ -209,6 +229,8 @@ static const rs_backend_ops cpu_ops = {
     .upload = cpu_upload,
     .download = cpu_download,
     .copy = cpu_copy,
+    .fp8_layout = cpu_fp8_layout,
+    .fp8_pack = cpu_fp8_pack,
     .embed = rs_cpu_op_embed,
     .rmsnorm = rs_cpu_op_rmsnorm,
     .matmul = rs_cpu_op_matmul,

@@ -42,6 +42,7 @@ typedef struct rs_cpu_ctx {
     rs_cpu_buf row_seq;      /* attention: sequence of each row */
     rs_cpu_buf moe[8];       /* cpu_moe.c's scratch, indexed by its moe_buf enum */
     rs_cpu_buf fp8_act;      /* FP8 matmul: the quantized activations, scales then codes */
+    rs_cpu_buf fp8_rows;     /* FP8 matmul below AVX-512 VNNI: a packed weight unpacked to row-major */
 } rs_cpu_ctx;
 
 static inline rs_cpu_ctx *rs_cpu_ctx_of(rs_backend *b) { return (rs_cpu_ctx *)b->ctx; }

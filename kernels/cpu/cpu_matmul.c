@@ -26,6 +26,7 @@
 #include "../fp8.h"
 #include "cpu_internal.h"
 #include "fp8_gemm.h"
+#include "fp8_layout.h"
 
 #define NT_SCALAR          4
 #define TOKEN_BLOCK_BYTES  (512u << 10) /* x rows of one token block, fp32 */
@@ -189,8 +190,14 @@ static void matmul_fp8(rs_cpu_ctx *c, float *out, const float *x, const rs_tenso
     else
         quant_rows(&q, 0, rows, 0);
     rs_pool *pool = n * k * rows < MIN_PARALLEL_MACS ? NULL : c->pool;
-    int rc = rs_fp8_gemm_with_isa(fp8_isa(c->simd), pool, out, q.q, q.s, w->data, w->scale_inv, rows, (int)n,
-                                  (int)k);
+    int rc = rs_fp8_gemm_layout_with_isa(fp8_isa(c->simd), pool, out, q.q, q.s, w->data, w->layout, w->scale_inv,
+                                         rows, (int)n, (int)k);
+    if (rc == RS_EUNSUPPORTED && w->layout != RS_LAYOUT_ROWS) {
+        /* a packed weight at a SIMD level below its kernel's (rs_cpu_set_simd after loading) */
+        uint8_t *wr = rs_cpu_scratch(&c->fp8_rows, (size_t)(n * k));
+        rs_fp8_pairs32_unpack(wr, w->data, n, k);
+        rc = rs_fp8_gemm_with_isa(fp8_isa(c->simd), pool, out, q.q, q.s, wr, w->scale_inv, rows, (int)n, (int)k);
+    }
     RS_ASSERT(rc == RS_OK);
     const float *b = rs_cpu_param_f32(&c->param_buf[0], bias, n);
     if (b) add_bias(out, b, rows, n);
@@ -235,7 +242,13 @@ void rs_cpu_matmul_ref(float *out, const float *x, const rs_tensor *w, const rs_
         uint8_t *xq = rs_xmalloc((size_t)rows * (size_t)k + 1);
         float *xs = rs_xmalloc(((size_t)rows * (size_t)kb + 1) * sizeof(float));
         rs_fp8_quantize_act(x, rows, k, xq, xs);
-        rs_fp8_gemm_ref(out, xq, xs, w->data, w->scale_inv, rows, (int)n, (int)k);
+        uint8_t *wr = NULL;
+        if (w->layout == RS_LAYOUT_FP8_PAIRS32) {
+            wr = rs_xmalloc((size_t)(n * k) + 1);
+            rs_fp8_pairs32_unpack(wr, w->data, n, k);
+        }
+        rs_fp8_gemm_ref(out, xq, xs, wr ? wr : w->data, w->scale_inv, rows, (int)n, (int)k);
+        free(wr);
         if (rs_tensor_present(bias))
             for (int t = 0; t < rows; t++)
                 for (int64_t i = 0; i < n; i++) out[t * n + i] += rs_cpu_elem(bias->data, bias->dtype, i);

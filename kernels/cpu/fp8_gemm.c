@@ -44,6 +44,7 @@
 #include "../../core/rs.h"
 #include "../fp8.h"
 #include "fp8_gemm_vnni.h"
+#include "fp8_layout.h"
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #define RS_FP8_GEMM_X86 1
@@ -371,8 +372,17 @@ const char *rs_fp8_gemm_isa_name(rs_fp8_gemm_isa isa) {
 
 int rs_fp8_gemm_with_isa(rs_fp8_gemm_isa isa, rs_pool *pool, float *out, const uint8_t *xq, const float *xs,
                          const uint8_t *wq, const float *ws, int rows, int n, int k) {
+    return rs_fp8_gemm_layout_with_isa(isa, pool, out, xq, xs, wq, RS_LAYOUT_ROWS, ws, rows, n, k);
+}
+
+int rs_fp8_gemm_layout_with_isa(rs_fp8_gemm_isa isa, rs_pool *pool, float *out, const uint8_t *xq,
+                                const float *xs, const uint8_t *wq, rs_layout layout, const float *ws, int rows,
+                                int n, int k) {
     if (isa == RS_FP8_GEMM_ISA_AUTO) isa = rs_fp8_gemm_detect_isa();
     if (!rs_fp8_gemm_isa_supported(isa)) return RS_EUNSUPPORTED;
+    if (layout != RS_LAYOUT_ROWS &&
+        (layout != RS_LAYOUT_FP8_PAIRS32 || isa != RS_FP8_GEMM_ISA_AVX512_VNNI || !rs_fp8_pairs32_fits(n, k)))
+        return RS_EUNSUPPORTED;
     RS_ASSERT(rows >= 0 && n >= 0 && k >= 0);
     if (rows == 0 || n == 0) return RS_OK;
     if (k == 0) {
@@ -380,7 +390,7 @@ int rs_fp8_gemm_with_isa(rs_fp8_gemm_isa isa, rs_pool *pool, float *out, const u
         return RS_OK;
     }
     if (isa == RS_FP8_GEMM_ISA_AVX512_VNNI) {
-        rs_fp8_gemm_vnni(pool, out, xq, xs, wq, ws, rows, n, k);
+        rs_fp8_gemm_vnni(pool, out, xq, xs, wq, layout == RS_LAYOUT_FP8_PAIRS32, ws, rows, n, k);
         return RS_OK;
     }
     rs_pool_fn fn = gemm_items_generic;

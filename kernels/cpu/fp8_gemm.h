@@ -25,6 +25,7 @@
 #include <stdint.h>
 
 #include "../../core/pool.h"
+#include "../tensor.h"
 
 typedef enum rs_fp8_gemm_isa {
     RS_FP8_GEMM_ISA_AUTO = 0, /* the best one this CPU supports */
@@ -62,6 +63,13 @@ int rs_fp8_gemm_with_isa(rs_fp8_gemm_isa isa, rs_pool *pool, float *out /* [rows
                          const uint8_t *wq /* [n][k] e4m3 */,
                          const float *ws /* [ceil(n/128)][ceil(k/128)] f32 */,
                          int rows, int n, int k);
+
+/* Same for weights in `layout` (rs_tensor.layout): RS_LAYOUT_ROWS as above, or
+ * RS_LAYOUT_FP8_PAIRS32 (fp8_layout.h) with the AVX-512 VNNI ISA only (RS_EUNSUPPORTED for any
+ * other, or where the layout does not fit [n][k]). The result is the same bits. */
+int rs_fp8_gemm_layout_with_isa(rs_fp8_gemm_isa isa, rs_pool *pool, float *out, const uint8_t *xq,
+                                const float *xs, const uint8_t *wq, rs_layout layout, const float *ws, int rows,
+                                int n, int k);
 
 rs_fp8_gemm_isa rs_fp8_gemm_detect_isa(void);          /* never AUTO */
 int rs_fp8_gemm_isa_supported(rs_fp8_gemm_isa isa);    /* 1 if this CPU can run it */

@@ -52,9 +52,12 @@
 
 #include "../../core/rs.h"
 #include "../fp8.h"
+#include "fp8_layout.h"
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #include <immintrin.h>
+
+#include "avx512_transpose.h"
 
 #define RS_TARGET_VNNI \
     __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vbmi,avx512vnni,gfni,fma")))
@@ -68,6 +71,7 @@
 #define SB      8  /* K blocks per lanes = k super-block */
 #define R1_PREFETCH 2 /* lanes = k: prefetch the weight rows this many output groups ahead */
 #define R2_NO   4  /* outputs decoded and accumulated together in a lanes = rows tile */
+#define R2_TILES 2 /* lanes = rows tiles sharing a decode of RS_LAYOUT_FP8_PAIRS32 weights */
 
 /* gf2p8affineqb matrix: output bit i = parity(code & byte[7 - i]); swaps bits 6 and 7. */
 #define SWAP67 0x0102040810208040ull
@@ -151,36 +155,94 @@ RS_TARGET_VNNI INLINE void dp_digit(__m512i *a, __m512i *b, __m512i xl, __m512i 
  * p, with xl, xh the rows' L and H word pairs (xt[0][p], xt[1][p]) and w_q the output's H word
  * pair broadcast, a[q] += xl.w_q and b[q] += xh.w_q. In asm because GCC 12 copies the eight
  * loop-carried accumulators between registers every iteration, with intrinsics or with an asm
- * statement per pair alike. x: &xt[0][0] ([2][64][16] int32, so xt[1][p] is 4096 bytes after
- * xt[0][p]); w: &wd[0][1][0] ([4][2][64] int32, so output q's digit is 512 q bytes on). */
-RS_TARGET_VNNI INLINE void dp_h4_block(__m512i a[4], __m512i b[4], const int32_t *x, const int32_t *w, int np) {
-    __m512i xl, xh, t0, t1;
+ * statement per pair alike. x: &xt[0][0][0] ([2][64][16] int32, so xt[1][p] is 4096 bytes after
+ * xt[0][p]); w: output 0's H digit of pair 0, output q's at w + Q q bytes, pair p + 1's P bytes
+ * after pair p's (dp_h4_rows: wd [4][2][64], Q = 512, P = 4; dp_h4_pairs: wdp [64][2][32],
+ * Q = 4, P = 256); wall: the whole digit array, WN int32, which the loop reads. */
+#define RS_STR_(x) #x
+#define RS_STR(x)  RS_STR_(x)
+#define DP_H4(NAME, Q, P, WN)                                                                             \
+    RS_TARGET_VNNI INLINE void NAME(__m512i a[4], __m512i b[4], const int32_t *x, const int32_t *wall,      \
+                                    const int32_t *w, int np) {                                           \
+        __m512i xl, xh, t0, t1;                                                                           \
+        const int32_t *px = x, *pw = w;                                                                   \
+        long n = np;                                                                                      \
+        if (n <= 0) return;                                                                               \
+        __asm__("1:\n\t"                                                                                  \
+                "vmovdqa64 (%[px]), %[xl]\n\t"                                                            \
+                "vmovdqa64 4096(%[px]), %[xh]\n\t"                                                        \
+                "vpbroadcastd (%[pw]), %[t0]\n\t"                                                         \
+                "vpbroadcastd " RS_STR(Q) "(%[pw]), %[t1]\n\t"                                            \
+                "vpdpwssd %[t0], %[xl], %[a0]\n\t"                                                        \
+                "vpdpwssd %[t0], %[xh], %[b0]\n\t"                                                        \
+                "vpbroadcastd " RS_STR(2 * Q) "(%[pw]), %[t0]\n\t"                                        \
+                "vpdpwssd %[t1], %[xl], %[a1]\n\t"                                                        \
+                "vpdpwssd %[t1], %[xh], %[b1]\n\t"                                                        \
+                "vpbroadcastd " RS_STR(3 * Q) "(%[pw]), %[t1]\n\t"                                        \
+                "vpdpwssd %[t0], %[xl], %[a2]\n\t"                                                        \
+                "vpdpwssd %[t0], %[xh], %[b2]\n\t"                                                        \
+                "vpdpwssd %[t1], %[xl], %[a3]\n\t"                                                        \
+                "vpdpwssd %[t1], %[xh], %[b3]\n\t"                                                        \
+                "add $64, %[px]\n\t"                                                                      \
+                "add $" RS_STR(P) ", %[pw]\n\t"                                                           \
+                "dec %[n]\n\t"                                                                            \
+                "jnz 1b"                                                                                  \
+                : [a0] "+v"(a[0]), [a1] "+v"(a[1]), [a2] "+v"(a[2]), [a3] "+v"(a[3]), [b0] "+v"(b[0]),    \
+                  [b1] "+v"(b[1]), [b2] "+v"(b[2]), [b3] "+v"(b[3]), [xl] "=&v"(xl), [xh] "=&v"(xh),      \
+                  [t0] "=&v"(t0), [t1] "=&v"(t1), [px] "+r"(px), [pw] "+r"(pw), [n] "+r"(n)               \
+                : "m"(*(const int32_t(*)[2 * 64 * R2_ROWS])x), "m"(*(const int32_t(*)[WN])wall)            \
+                : "cc");                                                                                  \
+    }
+DP_H4(dp_h4_rows, 512, 4, R2_NO * 2 * 64)
+DP_H4(dp_h4_pairs, 4, 256, 64 * 2 * 32)
+
+/* dp_h4_pairs for two row tiles at once, from zero (x: xt[0], tile 1's 8192 bytes on): one
+ * broadcast of each weight digit feeds both tiles. Stores acc[0..3] = tile 0's xl products of the
+ * four outputs, [4..7] its xh products, [8..15] the same for tile 1. Fixed registers (16
+ * accumulators are more operands than an asm statement may have). */
+RS_TARGET_VNNI static void dp_h4_pairs2(int32_t acc[16][16], const int32_t *x, const int32_t *wall, const int32_t *w,
+                                        int np) {
     const int32_t *px = x, *pw = w;
     long n = np;
-    __asm__("1:\n\t"
-            "vmovdqa64 (%[px]), %[xl]\n\t"
-            "vmovdqa64 4096(%[px]), %[xh]\n\t"
-            "vpbroadcastd (%[pw]), %[t0]\n\t"
-            "vpbroadcastd 512(%[pw]), %[t1]\n\t"
-            "vpdpwssd %[t0], %[xl], %[a0]\n\t"
-            "vpdpwssd %[t0], %[xh], %[b0]\n\t"
-            "vpbroadcastd 1024(%[pw]), %[t0]\n\t"
-            "vpdpwssd %[t1], %[xl], %[a1]\n\t"
-            "vpdpwssd %[t1], %[xh], %[b1]\n\t"
-            "vpbroadcastd 1536(%[pw]), %[t1]\n\t"
-            "vpdpwssd %[t0], %[xl], %[a2]\n\t"
-            "vpdpwssd %[t0], %[xh], %[b2]\n\t"
-            "vpdpwssd %[t1], %[xl], %[a3]\n\t"
-            "vpdpwssd %[t1], %[xh], %[b3]\n\t"
-            "add $64, %[px]\n\t"
-            "add $4, %[pw]\n\t"
-            "dec %[n]\n\t"
-            "jnz 1b"
-            : [a0] "+v"(a[0]), [a1] "+v"(a[1]), [a2] "+v"(a[2]), [a3] "+v"(a[3]), [b0] "+v"(b[0]),
-              [b1] "+v"(b[1]), [b2] "+v"(b[2]), [b3] "+v"(b[3]), [xl] "=&v"(xl), [xh] "=&v"(xh), [t0] "=&v"(t0),
-              [t1] "=&v"(t1), [px] "+r"(px), [pw] "+r"(pw), [n] "+r"(n)
-            : "m"(*(const int32_t(*)[2 * 64 * R2_ROWS])x), "m"(*(const int32_t(*)[R2_NO * 2 * 64])(w - 64))
-            : "cc");
+#define DP2_Q(OFF, A, B, C, D)                                                                            \
+    "vpbroadcastd " OFF "(%[pw]), %%zmm20\n\t"                                                          \
+    "vpdpwssd %%zmm20, %%zmm16, %%zmm" A "\n\t"                                                          \
+    "vpdpwssd %%zmm20, %%zmm17, %%zmm" B "\n\t"                                                          \
+    "vpdpwssd %%zmm20, %%zmm18, %%zmm" C "\n\t"                                                          \
+    "vpdpwssd %%zmm20, %%zmm19, %%zmm" D "\n\t"
+#define DP2_ZERO(R) "vpxord %%zmm" R ", %%zmm" R ", %%zmm" R "\n\t"
+#define DP2_STORE(R, OFF) "vmovdqu32 %%zmm" R ", " OFF "(%[acc])\n\t"
+    __asm__ volatile(DP2_ZERO("0") DP2_ZERO("1") DP2_ZERO("2") DP2_ZERO("3") DP2_ZERO("4") DP2_ZERO("5")
+                     DP2_ZERO("6") DP2_ZERO("7") DP2_ZERO("8") DP2_ZERO("9") DP2_ZERO("10") DP2_ZERO("11")
+                     DP2_ZERO("12") DP2_ZERO("13") DP2_ZERO("14") DP2_ZERO("15")
+                     "test %[n], %[n]\n\t"
+                     "jle 2f\n\t"
+                     "1:\n\t"
+                     "vmovdqa64 (%[px]), %%zmm16\n\t"
+                     "vmovdqa64 4096(%[px]), %%zmm17\n\t"
+                     "vmovdqa64 8192(%[px]), %%zmm18\n\t"
+                     "vmovdqa64 12288(%[px]), %%zmm19\n\t"
+                     DP2_Q("0", "0", "4", "8", "12")
+                     DP2_Q("4", "1", "5", "9", "13")
+                     DP2_Q("8", "2", "6", "10", "14")
+                     DP2_Q("12", "3", "7", "11", "15")
+                     "add $64, %[px]\n\t"
+                     "add $256, %[pw]\n\t"
+                     "dec %[n]\n\t"
+                     "jnz 1b\n\t"
+                     "2:\n\t"
+                     DP2_STORE("0", "0") DP2_STORE("1", "64") DP2_STORE("2", "128") DP2_STORE("3", "192")
+                     DP2_STORE("4", "256") DP2_STORE("5", "320") DP2_STORE("6", "384") DP2_STORE("7", "448")
+                     DP2_STORE("8", "512") DP2_STORE("9", "576") DP2_STORE("10", "640") DP2_STORE("11", "704")
+                     DP2_STORE("12", "768") DP2_STORE("13", "832") DP2_STORE("14", "896") DP2_STORE("15", "960")
+                     : [px] "+r"(px), [pw] "+r"(pw), [n] "+r"(n), "=m"(*(int32_t(*)[16][16])acc)
+                     : [acc] "r"(acc), "m"(*(const int32_t(*)[R2_TILES * 2 * 64 * R2_ROWS])x),
+                       "m"(*(const int32_t(*)[64 * 2 * 32])wall)
+                     : "zmm0", "zmm1", "zmm2", "zmm3", "zmm4", "zmm5", "zmm6", "zmm7", "zmm8", "zmm9", "zmm10",
+                       "zmm11", "zmm12", "zmm13", "zmm14", "zmm15", "zmm16", "zmm17", "zmm18", "zmm19", "zmm20", "cc");
+#undef DP2_Q
+#undef DP2_ZERO
+#undef DP2_STORE
 }
 
 /* The first n of 64 bytes (n may be <= 0 or >= 64). */
@@ -216,6 +278,8 @@ typedef struct vjob {
     int n_r2;     /* lanes = rows tiles: rows [16 t, min(16 t + 16, rows)) */
     int r1_start; /* lanes = k tiles of 4 rows from here */
     int n_tiles;
+    int64_t n_packed; /* outputs [0, n_packed) are whole groups of RS_LAYOUT_FP8_PAIRS32; 0: row-major */
+    int r2_rows;      /* rows of a lanes = rows item: R2_ROWS, or R2_TILES * R2_ROWS with packed weights */
 } vjob;
 
 /* ---------------------------------------------------------------------------------------------
@@ -391,51 +455,349 @@ RS_TARGET_VNNI static void r1_item(const vjob *jb, const vlut *l, int r0, int nr
 }
 
 /* ---------------------------------------------------------------------------------------------
- * Many rows: lanes = rows
+ * Few rows, RS_LAYOUT_FP8_PAIRS32 weights: lanes = outputs
  * ------------------------------------------------------------------------------------------- */
 
-/* Transposes a 16 x 16 matrix of dwords held as 16 row vectors, in place. */
-RS_TARGET_VNNI INLINE void transpose16(__m512i r[16]) {
-    __m512i t[16], u[16];
+#define R3_ROWS 2 /* rows of a lanes = outputs tile (registers: 6 or 8 accumulators a row, 8 LUT) */
+
+/* The tile's activation word pairs for one super-block, in k order (pair p = codes 2p, 2p + 1). */
+typedef struct r3_x {
+    _Alignas(64) int32_t w[R1_ROWS][SB][2][64]; /* [row][block][L/H][pair] */
+    float s[R1_ROWS][SB];
+    uint8_t nan[R1_ROWS][SB];
+} r3_x;
+
+RS_TARGET_VNNI static void r3_prep(r3_x *px, const vjob *jb, const vlut *l, int r0, int nr, int64_t b0, int nb) {
+    /* decode64's words: vector 0 lane 4L + i holds pair 8L + i, vector 1 lane 4L + i pair 8L + 4 + i */
+    const __m512i ia = _mm512_setr_epi32(0, 1, 2, 3, 16, 17, 18, 19, 4, 5, 6, 7, 20, 21, 22, 23);
+    const __m512i ib = _mm512_setr_epi32(8, 9, 10, 11, 24, 25, 26, 27, 12, 13, 14, 15, 28, 29, 30, 31);
+    for (int r = 0; r < nr; r++) {
+        const uint8_t *x = jb->xq + (int64_t)(r0 + r) * jb->k;
+        for (int bi = 0; bi < nb; bi++) {
+            const int64_t j0 = (b0 + bi) * BLK;
+            __mmask64 nan = 0;
 #pragma GCC unroll 16
-    for (int i = 0; i < 8; i++) {
-        t[2 * i] = _mm512_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
-        t[2 * i + 1] = _mm512_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
-    }
+            for (int h = 0; h < 2; h++) {
+                __m512i d[4];
+                decode64(_mm512_maskz_loadu_epi8(tail_mask(jb->k - j0 - 64 * h), x + j0 + 64 * h), l, d, &nan);
 #pragma GCC unroll 16
-    for (int i = 0; i < 4; i++) { /* u[4i + c], 128-bit lane L: column 4L + c of rows 4i..4i+3 */
-        u[4 * i + 0] = _mm512_unpacklo_epi64(t[4 * i], t[4 * i + 2]);
-        u[4 * i + 1] = _mm512_unpackhi_epi64(t[4 * i], t[4 * i + 2]);
-        u[4 * i + 2] = _mm512_unpacklo_epi64(t[4 * i + 1], t[4 * i + 3]);
-        u[4 * i + 3] = _mm512_unpackhi_epi64(t[4 * i + 1], t[4 * i + 3]);
-    }
-#pragma GCC unroll 16
-    for (int c = 0; c < 4; c++) {
-        __m512i s0 = _mm512_shuffle_i32x4(u[c], u[4 + c], 0x44), s1 = _mm512_shuffle_i32x4(u[c], u[4 + c], 0xee);
-        __m512i s2 = _mm512_shuffle_i32x4(u[8 + c], u[12 + c], 0x44);
-        __m512i s3 = _mm512_shuffle_i32x4(u[8 + c], u[12 + c], 0xee);
-        r[c] = _mm512_shuffle_i32x4(s0, s2, 0x88);
-        r[4 + c] = _mm512_shuffle_i32x4(s0, s2, 0xdd);
-        r[8 + c] = _mm512_shuffle_i32x4(s1, s3, 0x88);
-        r[12 + c] = _mm512_shuffle_i32x4(s1, s3, 0xdd);
+                for (int dg = 0; dg < 2; dg++) {
+                    _mm512_store_si512(&px->w[r][bi][dg][32 * h], _mm512_permutex2var_epi32(d[2 * dg], ia, d[2 * dg + 1]));
+                    _mm512_store_si512(&px->w[r][bi][dg][32 * h + 16],
+                                       _mm512_permutex2var_epi32(d[2 * dg], ib, d[2 * dg + 1]));
+                }
+            }
+            px->nan[r][bi] = nan != 0;
+            px->s[r][bi] = jb->xs[(int64_t)(r0 + r) * jb->kb + b0 + bi];
+        }
     }
 }
 
-/* A row tile's state for one item: the block's transposed activation digits, the running fmaf
+/* The outputs (bit j: output 32 g + j) that a group's NaN codes reach, from decode64's byte mask. */
+static uint32_t pairs32_nan_outputs(__mmask64 bytes) {
+    uint32_t m = 0;
+    for (uint64_t b = bytes; b; b &= b - 1) m |= 1u << rs_fp8_pairs32_row(__builtin_ctzll(b) / 2);
+    return m;
+}
+
+/* One block of a lanes = outputs tile, as one asm loop over its np pairs (np >= 1): wp, the
+ * block's first pair of the group (64 bytes a pair); xp, the rows' L word pairs of the block
+ * (r3_x.w[row][block][0]; H at +256 bytes, the next row at +SB * 512). Stores the accumulators to
+ * acc (one row: S_LL, S_LL, S_X(a), S_X(a), S_X(b), S_X(b), S_HH, S_HH, the two vectors of each
+ * being outputs 0-15 and 16-31; two rows: S_LL, S_LL, S_X, S_X, S_HH, S_HH for row 0, then row 1)
+ * and returns the NaN-byte mask of the block's codes. In asm because GCC 12 copies every
+ * loop-carried accumulator between registers each iteration (measured: a fifth slower); the
+ * registers are fixed, the digit tables loaded once per block. */
+#define R3_DECODE(C, L0, L1, H0, D0, D2)                                                                  \
+    "vmovdqu8 (%[wp]), %%zmm" C "\n\t"                                                                 \
+    "prefetcht0 2048(%[wp])\n\t"                                                                        \
+    "vgf2p8affineqb $0xff, %[sw]%{1to8%}, %%zmm" C ", %%zmm" C "\n\t"                                  \
+    "vpmovb2m %%zmm" C ", %%k1\n\t"                                                                     \
+    "vptestnmb %[nm], %%zmm" C ", %%k3\n\t"                                                             \
+    "knotq %%k1, %%k2\n\t"                                                                              \
+    "korq %%k3, %%k4, %%k4\n\t"                                                                         \
+    "vmovdqa64 %%zmm" T0 ", %%zmm" L0 "\n\t"                                                            \
+    "vpermt2b %%zmm" T1 ", %%zmm" C ", %%zmm" L0 "%{%%k1%}%{z%}\n\t"                                   \
+    "vmovdqa64 %%zmm" T2 ", %%zmm" L1 "\n\t"                                                            \
+    "vpermt2b %%zmm" T3 ", %%zmm" C ", %%zmm" L1 "%{%%k1%}%{z%}\n\t"                                   \
+    "vmovdqa64 %%zmm" T4 ", %%zmm" H0 "\n\t"                                                            \
+    "vpermt2b %%zmm" T5 ", %%zmm" C ", %%zmm" H0 "%{%%k2%}%{z%}\n\t"                                   \
+    "vpermi2b %%zmm" T7 ", %%zmm" T6 ", %%zmm" C "%{%%k2%}%{z%}\n\t"                                   \
+    "vpunpcklbw %%zmm" L1 ", %%zmm" L0 ", %%zmm" D0 "\n\t"                                              \
+    "vpunpckhbw %%zmm" L1 ", %%zmm" L0 ", %%zmm" L1 "\n\t"                                              \
+    "vpunpcklbw %%zmm" C ", %%zmm" H0 ", %%zmm" D2 "\n\t"                                               \
+    "vpunpckhbw %%zmm" C ", %%zmm" H0 ", %%zmm" C "\n\t"
+#define R3_LOAD_TABLES                                                                                    \
+    "vmovdqa64 0(%[tab]), %%zmm" T0 "\n\t"                                                              \
+    "vmovdqa64 64(%[tab]), %%zmm" T1 "\n\t"                                                             \
+    "vmovdqa64 128(%[tab]), %%zmm" T2 "\n\t"                                                            \
+    "vmovdqa64 192(%[tab]), %%zmm" T3 "\n\t"                                                            \
+    "vmovdqa64 256(%[tab]), %%zmm" T4 "\n\t"                                                            \
+    "vmovdqa64 320(%[tab]), %%zmm" T5 "\n\t"                                                            \
+    "vmovdqa64 384(%[tab]), %%zmm" T6 "\n\t"                                                            \
+    "vmovdqa64 448(%[tab]), %%zmm" T7 "\n\t"                                                            \
+    "kxorq %%k4, %%k4, %%k4\n\t"
+
+static const uint64_t swap67_q = SWAP67;
+static const _Alignas(64) uint8_t nan_test_b[64] = {
+    0xbf, 0xbf, 0xbf, 0xbf, 0xbf, 0xbf, 0xbf, 0xbf, 0xbf, 0xbf, 0xbf, 0xbf, 0xbf, 0xbf, 0xbf, 0xbf,
+    0xbf, 0xbf, 0xbf, 0xbf, 0xbf, 0xbf, 0xbf, 0xbf, 0xbf, 0xbf, 0xbf, 0xbf, 0xbf, 0xbf, 0xbf, 0xbf,
+    0xbf, 0xbf, 0xbf, 0xbf, 0xbf, 0xbf, 0xbf, 0xbf, 0xbf, 0xbf, 0xbf, 0xbf, 0xbf, 0xbf, 0xbf, 0xbf,
+    0xbf, 0xbf, 0xbf, 0xbf, 0xbf, 0xbf, 0xbf, 0xbf, 0xbf, 0xbf, 0xbf, 0xbf, 0xbf, 0xbf, 0xbf, 0xbf,
+};
+
+/* one row: accumulators zmm0-7, decode temps zmm8-13, broadcasts zmm14-15, tables zmm16-23 */
+#define T0 "16"
+#define T1 "17"
+#define T2 "18"
+#define T3 "19"
+#define T4 "20"
+#define T5 "21"
+#define T6 "22"
+#define T7 "23"
+RS_TARGET_VNNI static uint64_t r3_block_1(const uint8_t *wp, const int32_t *xp, long np, int32_t acc[8][16]) {
+    uint64_t nan;
+    __asm__ volatile(R3_LOAD_TABLES
+                     "vpxord %%zmm0, %%zmm0, %%zmm0\n\t"
+                     "vmovdqa64 %%zmm0, %%zmm1\n\t"
+                     "vmovdqa64 %%zmm0, %%zmm2\n\t"
+                     "vmovdqa64 %%zmm0, %%zmm3\n\t"
+                     "vmovdqa64 %%zmm0, %%zmm4\n\t"
+                     "vmovdqa64 %%zmm0, %%zmm5\n\t"
+                     "vmovdqa64 %%zmm0, %%zmm6\n\t"
+                     "vmovdqa64 %%zmm0, %%zmm7\n\t"
+                     "1:\n\t"
+                     R3_DECODE("8", "9", "10", "11", "12", "13")
+                     "vpbroadcastd (%[xp]), %%zmm14\n\t"
+                     "vpbroadcastd 256(%[xp]), %%zmm15\n\t"
+                     "vpdpwssd %%zmm14, %%zmm12, %%zmm0\n\t"  /* S_LL: d0 . xl */
+                     "vpdpwssd %%zmm14, %%zmm10, %%zmm1\n\t"  /*       d1 . xl */
+                     "vpdpwssd %%zmm15, %%zmm12, %%zmm2\n\t"  /* S_X:  d0 . xh */
+                     "vpdpwssd %%zmm15, %%zmm10, %%zmm3\n\t"
+                     "vpdpwssd %%zmm14, %%zmm13, %%zmm4\n\t"  /*       d2 . xl */
+                     "vpdpwssd %%zmm14, %%zmm8, %%zmm5\n\t"
+                     "vpdpwssd %%zmm15, %%zmm13, %%zmm6\n\t"  /* S_HH: d2 . xh */
+                     "vpdpwssd %%zmm15, %%zmm8, %%zmm7\n\t"
+                     "add $64, %[wp]\n\t"
+                     "add $4, %[xp]\n\t"
+                     "dec %[n]\n\t"
+                     "jnz 1b\n\t"
+                     "vmovdqu32 %%zmm0, 0(%[acc])\n\t"
+                     "vmovdqu32 %%zmm1, 64(%[acc])\n\t"
+                     "vmovdqu32 %%zmm2, 128(%[acc])\n\t"
+                     "vmovdqu32 %%zmm3, 192(%[acc])\n\t"
+                     "vmovdqu32 %%zmm4, 256(%[acc])\n\t"
+                     "vmovdqu32 %%zmm5, 320(%[acc])\n\t"
+                     "vmovdqu32 %%zmm6, 384(%[acc])\n\t"
+                     "vmovdqu32 %%zmm7, 448(%[acc])\n\t"
+                     "kmovq %%k4, %[nan]"
+                     : [wp] "+r"(wp), [xp] "+r"(xp), [n] "+r"(np), [nan] "=r"(nan)
+                     : [tab] "r"(digit_tab), [sw] "m"(swap67_q), [nm] "m"(nan_test_b), [acc] "r"(acc)
+                     : "zmm0", "zmm1", "zmm2", "zmm3", "zmm4", "zmm5", "zmm6", "zmm7", "zmm8", "zmm9", "zmm10",
+                       "zmm11", "zmm12", "zmm13", "zmm14", "zmm15", "zmm16", "zmm17", "zmm18", "zmm19", "zmm20",
+                       "zmm21", "zmm22", "zmm23", "k1", "k2", "k3", "k4", "cc", "memory");
+    return nan;
+}
+#undef T0
+#undef T1
+#undef T2
+#undef T3
+#undef T4
+#undef T5
+#undef T6
+#undef T7
+
+/* two rows: accumulators zmm0-11, decode temps zmm12-17, broadcasts zmm18-21, tables zmm22-29 */
+#define T0 "22"
+#define T1 "23"
+#define T2 "24"
+#define T3 "25"
+#define T4 "26"
+#define T5 "27"
+#define T6 "28"
+#define T7 "29"
+RS_TARGET_VNNI static uint64_t r3_block_2(const uint8_t *wp, const int32_t *xp, long np, int32_t acc[12][16]) {
+    uint64_t nan;
+    __asm__ volatile(R3_LOAD_TABLES
+                     "vpxord %%zmm0, %%zmm0, %%zmm0\n\t"
+                     "vmovdqa64 %%zmm0, %%zmm1\n\t"
+                     "vmovdqa64 %%zmm0, %%zmm2\n\t"
+                     "vmovdqa64 %%zmm0, %%zmm3\n\t"
+                     "vmovdqa64 %%zmm0, %%zmm4\n\t"
+                     "vmovdqa64 %%zmm0, %%zmm5\n\t"
+                     "vmovdqa64 %%zmm0, %%zmm6\n\t"
+                     "vmovdqa64 %%zmm0, %%zmm7\n\t"
+                     "vmovdqa64 %%zmm0, %%zmm8\n\t"
+                     "vmovdqa64 %%zmm0, %%zmm9\n\t"
+                     "vmovdqa64 %%zmm0, %%zmm10\n\t"
+                     "vmovdqa64 %%zmm0, %%zmm11\n\t"
+                     "1:\n\t"
+                     R3_DECODE("12", "13", "14", "15", "16", "17")
+                     "vpbroadcastd (%[xp]), %%zmm18\n\t"
+                     "vpbroadcastd 256(%[xp]), %%zmm19\n\t"
+                     "vpbroadcastd 4096(%[xp]), %%zmm20\n\t"
+                     "vpbroadcastd 4352(%[xp]), %%zmm21\n\t"
+                     "vpdpwssd %%zmm18, %%zmm16, %%zmm0\n\t"  /* row 0 S_LL: d0 . xl, d1 . xl */
+                     "vpdpwssd %%zmm18, %%zmm14, %%zmm1\n\t"
+                     "vpdpwssd %%zmm19, %%zmm16, %%zmm2\n\t"  /* S_X: d0 . xh + d2 . xl */
+                     "vpdpwssd %%zmm19, %%zmm14, %%zmm3\n\t"
+                     "vpdpwssd %%zmm19, %%zmm17, %%zmm4\n\t"  /* S_HH: d2 . xh */
+                     "vpdpwssd %%zmm19, %%zmm12, %%zmm5\n\t"
+                     "vpdpwssd %%zmm20, %%zmm16, %%zmm6\n\t"  /* row 1 */
+                     "vpdpwssd %%zmm20, %%zmm14, %%zmm7\n\t"
+                     "vpdpwssd %%zmm21, %%zmm16, %%zmm8\n\t"
+                     "vpdpwssd %%zmm21, %%zmm14, %%zmm9\n\t"
+                     "vpdpwssd %%zmm21, %%zmm17, %%zmm10\n\t"
+                     "vpdpwssd %%zmm21, %%zmm12, %%zmm11\n\t"
+                     "vpdpwssd %%zmm18, %%zmm17, %%zmm2\n\t"
+                     "vpdpwssd %%zmm18, %%zmm12, %%zmm3\n\t"
+                     "vpdpwssd %%zmm20, %%zmm17, %%zmm8\n\t"
+                     "vpdpwssd %%zmm20, %%zmm12, %%zmm9\n\t"
+                     "add $64, %[wp]\n\t"
+                     "add $4, %[xp]\n\t"
+                     "dec %[n]\n\t"
+                     "jnz 1b\n\t"
+                     "vmovdqu32 %%zmm0, 0(%[acc])\n\t"
+                     "vmovdqu32 %%zmm1, 64(%[acc])\n\t"
+                     "vmovdqu32 %%zmm2, 128(%[acc])\n\t"
+                     "vmovdqu32 %%zmm3, 192(%[acc])\n\t"
+                     "vmovdqu32 %%zmm4, 256(%[acc])\n\t"
+                     "vmovdqu32 %%zmm5, 320(%[acc])\n\t"
+                     "vmovdqu32 %%zmm6, 384(%[acc])\n\t"
+                     "vmovdqu32 %%zmm7, 448(%[acc])\n\t"
+                     "vmovdqu32 %%zmm8, 512(%[acc])\n\t"
+                     "vmovdqu32 %%zmm9, 576(%[acc])\n\t"
+                     "vmovdqu32 %%zmm10, 640(%[acc])\n\t"
+                     "vmovdqu32 %%zmm11, 704(%[acc])\n\t"
+                     "kmovq %%k4, %[nan]"
+                     : [wp] "+r"(wp), [xp] "+r"(xp), [n] "+r"(np), [nan] "=r"(nan)
+                     : [tab] "r"(digit_tab), [sw] "m"(swap67_q), [nm] "m"(nan_test_b), [acc] "r"(acc)
+                     : "zmm0", "zmm1", "zmm2", "zmm3", "zmm4", "zmm5", "zmm6", "zmm7", "zmm8", "zmm9", "zmm10",
+                       "zmm11", "zmm12", "zmm13", "zmm14", "zmm15", "zmm16", "zmm17", "zmm18", "zmm19", "zmm20",
+                       "zmm21", "zmm22", "zmm23", "zmm24", "zmm25", "zmm26", "zmm27", "zmm28", "zmm29", "k1", "k2",
+                       "k3", "k4", "cc", "memory");
+    return nan;
+}
+#undef T0
+#undef T1
+#undef T2
+#undef T3
+#undef T4
+#undef T5
+#undef T6
+#undef T7
+#undef R3_DECODE
+#undef R3_LOAD_TABLES
+
+/* NR rows (of the super-block's px, from row ro) x the 32 outputs of group g, blocks [b0, b0 + nb);
+ * acc [NR][32] holds the fmaf accumulators between super-blocks. Each 64-byte load is pair p of
+ * all 32 outputs; decode64 makes its L and H words, output j in lane j (j < 16) of d[0] / d[2] and
+ * output 16 + j in lane j of d[1] / d[3], and the row's L and H word pairs are broadcast. With
+ * more than one row, S_X takes one accumulator per half (two products a pair), which keeps the
+ * tile in registers. */
+RS_TARGET_VNNI INLINE void r3_group(const vjob *jb, const r3_x *px, const int NR, int ro, int64_t g, int64_t b0,
+                                    int nb, float acc[][32]) {
+    const int64_t k = jb->k, kb = jb->kb;
+    const uint8_t *wg = jb->wq + g * RS_FP8_PAIRS32_ROWS * k;
+    const float *wsb = jb->ws + (g * RS_FP8_PAIRS32_ROWS / BLK) * kb;
+    _Static_assert(sizeof px->w[0] == 4096 && sizeof px->w[0][0] == 512, "r3_block_*'s offsets");
+    __m512 a[R3_ROWS][2];
+#pragma GCC unroll 16
+    for (int r = 0; r < NR; r++) {
+        a[r][0] = _mm512_loadu_ps(acc[r]);
+        a[r][1] = _mm512_loadu_ps(acc[r] + 16);
+    }
+    _Alignas(64) int32_t sums[12][16];
+    for (int bi = 0; bi < nb; bi++) {
+        const int64_t b = b0 + bi, np = RS_MIN((int64_t)BLK, k - b * BLK) / 2;
+        const uint8_t *wp = wg + b * (BLK / 2) * 64;
+        const uint64_t wnan = NR == 1 ? r3_block_1(wp, px->w[ro][bi][0], (long)np, sums)
+                                      : r3_block_2(wp, px->w[ro][bi][0], (long)np, sums);
+        const uint32_t wout = __builtin_expect(wnan != 0, 0) ? pairs32_nan_outputs(wnan) : 0;
+#pragma GCC unroll 16
+        for (int r = 0; r < NR; r++) {
+            const uint32_t nan = px->nan[ro + r][bi] ? 0xffffffffu : wout;
+            const __m512 sx = _mm512_set1_ps(px->s[ro + r][bi] * wsb[b]);
+#pragma GCC unroll 16
+            for (int v = 0; v < 2; v++) {
+                const int32_t *ll = sums[NR == 1 ? v : 6 * r + v], *hh = sums[NR == 1 ? 6 + v : 6 * r + 4 + v];
+                const __m512i x = NR == 1 ? _mm512_add_epi32(_mm512_load_si512(sums[2 + v]), _mm512_load_si512(sums[4 + v]))
+                                          : _mm512_load_si512(sums[6 * r + 2 + v]);
+                const __m256 lo = combine8(_mm256_load_si256((const __m256i *)ll), _mm512_castsi512_si256(x),
+                                           _mm256_load_si256((const __m256i *)hh));
+                const __m256 hi = combine8(_mm256_load_si256((const __m256i *)(ll + 8)), _mm512_extracti64x4_epi64(x, 1),
+                                           _mm256_load_si256((const __m256i *)(hh + 8)));
+                __m512 bs = _mm512_insertf32x8(_mm512_castps256_ps512(lo), hi, 1);
+                bs = _mm512_mask_mov_ps(bs, (__mmask16)(nan >> (16 * v)), _mm512_set1_ps(NAN));
+                a[r][v] = _mm512_fmadd_ps(bs, sx, a[r][v]);
+            }
+        }
+    }
+#pragma GCC unroll 16
+    for (int r = 0; r < NR; r++) {
+        _mm512_storeu_ps(acc[r], a[r][0]);
+        _mm512_storeu_ps(acc[r] + 16, a[r][1]);
+    }
+}
+
+RS_TARGET_VNNI static void r3_group_1(const vjob *jb, const r3_x *px, int ro, int64_t g, int64_t b0, int nb,
+                                      float acc[][32]) {
+    r3_group(jb, px, 1, ro, g, b0, nb, acc);
+}
+
+RS_TARGET_VNNI static void r3_group_2(const vjob *jb, const r3_x *px, int ro, int64_t g, int64_t b0, int nb,
+                                      float acc[][32]) {
+    r3_group(jb, px, 2, ro, g, b0, nb, acc);
+}
+
+/* Rows [r0, r0 + nr) (nr <= R1_ROWS) x the whole groups of outputs [o0, o1). */
+RS_TARGET_VNNI static void r3_item(const vjob *jb, const vlut *l, int r0, int nr, int64_t o0, int64_t o1) {
+    r3_x px;
+    float acc[CHUNK / RS_FP8_PAIRS32_ROWS][R1_ROWS][32];
+    memset(acc, 0, sizeof acc);
+    for (int64_t b0 = 0; b0 < jb->kb; b0 += SB) {
+        const int nb = (int)RS_MIN((int64_t)SB, jb->kb - b0);
+        r3_prep(&px, jb, l, r0, nr, b0, nb);
+        for (int64_t o = o0; o < o1; o += RS_FP8_PAIRS32_ROWS) {
+            float(*a)[32] = acc[(o - o0) / RS_FP8_PAIRS32_ROWS];
+            for (int ro = 0; ro < nr; ro += R3_ROWS) {
+                if (nr - ro >= 2)
+                    r3_group_2(jb, &px, ro, o / RS_FP8_PAIRS32_ROWS, b0, nb, a + ro);
+                else
+                    r3_group_1(jb, &px, ro, o / RS_FP8_PAIRS32_ROWS, b0, nb, a + ro);
+            }
+        }
+    }
+    for (int64_t o = o0; o < o1; o += RS_FP8_PAIRS32_ROWS)
+        for (int r = 0; r < nr; r++)
+            for (int v = 0; v < 2; v++)
+                _mm512_storeu_ps(jb->out + (int64_t)(r0 + r) * jb->n + o + 16 * v,
+                                 canonical_nan16(_mm512_loadu_ps(acc[(o - o0) / RS_FP8_PAIRS32_ROWS][r] + 16 * v)));
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Many rows: lanes = rows
+ * ------------------------------------------------------------------------------------------- */
+
+/* The state of an item's one or two row tiles (two only with RS_LAYOUT_FP8_PAIRS32 weights, whose
+ * decoded digits then serve 32 rows): the block's transposed activation digits, the running fmaf
  * accumulators of the chunk, and one group's decoded weight digits. Pair p of a block is dword
  * p % 16 of word vector p / 16 in the order (L_a, L_b) of codes 0-63, then of codes 64-127 — the
  * same for x (per row) and w. */
 typedef struct r2_state {
-    _Alignas(64) int32_t xt[2][64][R2_ROWS];  /* [L/H][pair][row] */
+    _Alignas(64) int32_t xt[R2_TILES][2][64][R2_ROWS]; /* [tile][L/H][pair][row] */
     _Alignas(64) int32_t rowv[2][4][R2_ROWS][16]; /* [L/H][word vector][row][dword]: before transposing */
     _Alignas(64) int32_t wd[R2_NO][2][64];     /* [output][L/H][pair] */
-    _Alignas(64) float acc[CHUNK][R2_ROWS];    /* [output - o0][row] */
-    _Alignas(64) float s[R2_ROWS];             /* x scales of the block */
+    _Alignas(64) float acc[CHUNK][R2_TILES * R2_ROWS]; /* [output - o0][row of the item] */
+    _Alignas(64) float s[R2_TILES][R2_ROWS];   /* x scales of the block */
     _Alignas(64) int32_t sums[R2_NO][3][R2_ROWS]; /* [output][S_LL, S_X, S_HH][row] */
+    _Alignas(64) int32_t wdp[64][2][32];       /* RS_LAYOUT_FP8_PAIRS32: [pair][L/H][output] of a group */
+    uint64_t lpairs[32];                       /* ... the pairs where the output has an L digit */
 } r2_state;
 
-RS_TARGET_VNNI static void r2_prep(r2_state *st, __mmask16 *xnan, const vjob *jb, const vlut *l, int r0, int nr,
-                                   int64_t b) {
+/* Tile t's rows [r0, r0 + nr) (nr <= R2_ROWS; the rest padded with zeros) for block b. */
+RS_TARGET_VNNI static void r2_prep(r2_state *st, int t, __mmask16 *xnan, const vjob *jb, const vlut *l, int r0,
+                                   int nr, int64_t b) {
     const int64_t j0 = b * BLK;
     *xnan = 0;
     for (int r = 0; r < R2_ROWS; r++) {
@@ -452,21 +814,51 @@ RS_TARGET_VNNI static void r2_prep(r2_state *st, __mmask16 *xnan, const vjob *jb
             _mm512_store_si512(st->rowv[1][2 * h + 1][r], d[3]);
         }
         if (nan) *xnan |= (__mmask16)(1u << r);
-        st->s[r] = r < nr ? jb->xs[(int64_t)(r0 + r) * jb->kb + b] : 0.0f;
+        st->s[t][r] = r < nr ? jb->xs[(int64_t)(r0 + r) * jb->kb + b] : 0.0f;
     }
     for (int dg = 0; dg < 2; dg++)
         for (int g = 0; g < 4; g++) {
             __m512i v[16];
 #pragma GCC unroll 16
             for (int r = 0; r < 16; r++) v[r] = _mm512_load_si512(st->rowv[dg][g][r]);
-            transpose16(v);
+            rs_transpose16_epi32(v);
 #pragma GCC unroll 16
-            for (int j = 0; j < 16; j++) _mm512_store_si512(st->xt[dg][16 * g + j], v[j]);
+            for (int j = 0; j < 16; j++) _mm512_store_si512(st->xt[t][dg][16 * g + j], v[j]);
         }
 }
 
+/* Tile t's block sums of R2_NO outputs (the first cnt stored) into their fmaf accumulators
+ * acc[q][16 t ..]: with wnan[q] the output's block is NaN, with bit r of xnan row r's. */
+RS_TARGET_VNNI INLINE void r2_finish(r2_state *st, int t, const __m512i ll[R2_NO], const __m512i xa[R2_NO],
+                                     const __m512i xb[R2_NO], const __m512i hh[R2_NO], __mmask16 xnan,
+                                     const bool wnan[R2_NO], float wsb, int64_t b,
+                                     float (*acc)[R2_TILES * R2_ROWS], int cnt) {
+#pragma GCC unroll 16
+    for (int q = 0; q < R2_NO; q++) {
+        _mm512_store_si512(st->sums[q][0], ll[q]);
+        _mm512_store_si512(st->sums[q][1], _mm512_add_epi32(xa[q], xb[q]));
+        _mm512_store_si512(st->sums[q][2], hh[q]);
+    }
+    const __m512 sx = _mm512_load_ps(st->s[t]);
+#pragma GCC unroll 16
+    for (int q = 0; q < R2_NO; q++) {
+        if (q >= cnt) break;
+        const __m256 lo = combine8(_mm256_load_si256((const __m256i *)st->sums[q][0]),
+                                   _mm256_load_si256((const __m256i *)st->sums[q][1]),
+                                   _mm256_load_si256((const __m256i *)st->sums[q][2]));
+        const __m256 hi = combine8(_mm256_load_si256((const __m256i *)(st->sums[q][0] + 8)),
+                                   _mm256_load_si256((const __m256i *)(st->sums[q][1] + 8)),
+                                   _mm256_load_si256((const __m256i *)(st->sums[q][2] + 8)));
+        __m512 bs = _mm512_insertf32x8(_mm512_castps256_ps512(lo), hi, 1);
+        bs = _mm512_mask_mov_ps(bs, wnan[q] ? (__mmask16)0xffff : xnan, _mm512_set1_ps(NAN));
+        float *a = acc[q] + R2_ROWS * t;
+        const __m512 prev = b == 0 ? _mm512_setzero_ps() : _mm512_load_ps(a);
+        _mm512_store_ps(a, _mm512_fmadd_ps(bs, _mm512_mul_ps(sx, _mm512_set1_ps(wsb)), prev));
+    }
+}
+
 /* R2_NO outputs o.. (the last ones repeated past o1, not stored) over block b. */
-RS_TARGET_VNNI static void r2_group(r2_state *st, __mmask16 xnan, const vjob *jb, const vlut *l, int64_t o0,
+RS_TARGET_VNNI static void r2_group(r2_state *st, int t, __mmask16 xnan, const vjob *jb, const vlut *l, int64_t o0,
                                     int64_t o, int64_t o1, int64_t b) {
     const int64_t k = jb->k, j0 = b * BLK, kw = RS_MIN((int64_t)BLK, k - j0);
     const int np = kw > 64 ? 64 : 32; /* pairs past the codes are zero */
@@ -506,61 +898,121 @@ RS_TARGET_VNNI static void r2_group(r2_state *st, __mmask16 xnan, const vjob *jb
     __m512i ll[R2_NO], xa[R2_NO], xb[R2_NO], hh[R2_NO];
 #pragma GCC unroll 16
     for (int q = 0; q < R2_NO; q++) ll[q] = xa[q] = xb[q] = hh[q] = _mm512_setzero_si512();
-    _Static_assert(R2_NO == 4 && R2_ROWS == 16, "dp_h4_block's layout");
-    dp_h4_block(xb, hh, &st->xt[0][0][0], &st->wd[0][1][0], np);
+    _Static_assert(R2_NO == 4 && R2_ROWS == 16, "dp_h4_rows' layout");
+    dp_h4_rows(xb, hh, &st->xt[t][0][0][0], &st->wd[0][0][0], &st->wd[0][1][0], np);
 #pragma GCC unroll 16
     for (int q = 0; q < R2_NO; q++) {
         for (uint64_t m = lpairs[q]; m; m &= m - 1) {
             const int p = __builtin_ctzll(m);
-            dp_digit(&ll[q], &xa[q], _mm512_load_si512(st->xt[0][p]), _mm512_load_si512(st->xt[1][p]),
+            dp_digit(&ll[q], &xa[q], _mm512_load_si512(st->xt[t][0][p]), _mm512_load_si512(st->xt[t][1][p]),
                      &st->wd[q][0][p]);
         }
     }
+    bool nan[R2_NO];
 #pragma GCC unroll 16
-    for (int q = 0; q < R2_NO; q++) {
-        _mm512_store_si512(st->sums[q][0], ll[q]);
-        _mm512_store_si512(st->sums[q][1], _mm512_add_epi32(xa[q], xb[q]));
-        _mm512_store_si512(st->sums[q][2], hh[q]);
+    for (int q = 0; q < R2_NO; q++) nan[q] = wnan[q] != 0;
+    r2_finish(st, t, ll, xa, xb, hh, xnan, nan, jb->ws[(o / BLK) * jb->kb + b], b, &st->acc[o - o0],
+              (int)RS_MIN((int64_t)R2_NO, o1 - o));
+}
+
+/* r2 numbers a block's pairs in decode64's order (r2_state): pair p = 32h + 8L + i (i < 8) of the
+ * block is dword 4L + i % 4 of word vector 2h + i / 4. */
+#define R2_PO(p) (16 * (2 * ((p) / 32) + ((p) % 8) / 4) + 4 * (((p) % 32) / 8) + (p) % 4)
+#define R2_PO4(p)  R2_PO(p), R2_PO((p) + 1), R2_PO((p) + 2), R2_PO((p) + 3)
+#define R2_PO16(p) R2_PO4(p), R2_PO4((p) + 4), R2_PO4((p) + 8), R2_PO4((p) + 12)
+static const uint8_t r2_pair_order[64] = {R2_PO16(0), R2_PO16(16), R2_PO16(32), R2_PO16(48)};
+
+/* The 32 outputs of RS_LAYOUT_FP8_PAIRS32 group g over block b: the group's weight digits decoded
+ * once into wdp ([pair][L/H][output], pair p's 64 bytes giving one row of each digit), then
+ * R2_NO outputs at a time as in r2_group, broadcasting from wdp. */
+RS_TARGET_VNNI static void r2_group_pairs(r2_state *st, int nt, const __mmask16 xnan[R2_TILES], const vjob *jb,
+                                          const vlut *l, int64_t o0, int64_t g, int64_t b) {
+    const int64_t k = jb->k, kw = RS_MIN((int64_t)BLK, k - b * BLK), np = kw / 2;
+    const int npr = kw > 64 ? 64 : 32; /* pairs in r2's order, as in r2_group */
+    const uint8_t *wp = jb->wq + g * RS_FP8_PAIRS32_ROWS * k + b * (BLK / 2) * 64;
+    const int64_t gstride = RS_FP8_PAIRS32_ROWS * k;
+    __mmask64 wnan = 0;
+    memset(st->lpairs, 0, sizeof st->lpairs);
+    if (np < npr) memset(st->wdp, 0, sizeof st->wdp); /* a ragged last block: missing pairs are zeros */
+    for (int64_t p = 0; p < np; p++) {
+        __m512i d[4];
+        const int pr = r2_pair_order[p];
+        _mm_prefetch((const char *)(wp + 64 * p + 4096), _MM_HINT_T0);   /* this group's next block */
+        _mm_prefetch((const char *)(wp + 64 * p + gstride), _MM_HINT_T0); /* the next group's block */
+        decode64(_mm512_loadu_si512(wp + 64 * p), l, d, &wnan);
+#pragma GCC unroll 16
+        for (int v = 0; v < 4; v++) _mm512_store_si512(&st->wdp[pr][v / 2][16 * (v % 2)], d[v]);
+        /* L digits are rare (see r2_group): note the outputs that have one at this pair */
+        const __mmask32 lm = _mm512_kunpackw(_mm512_test_epi32_mask(d[1], d[1]), _mm512_test_epi32_mask(d[0], d[0]));
+        if (__builtin_expect(!_kortestz_mask32_u8(lm, lm), 0))
+            for (uint32_t m = _cvtmask32_u32(lm); m; m &= m - 1) st->lpairs[__builtin_ctz(m)] |= (uint64_t)1 << pr;
     }
-    const __m512 sx = _mm512_load_ps(st->s);
-    const float wsb = jb->ws[(o / BLK) * jb->kb + b];
+    const uint32_t wout = __builtin_expect(wnan != 0, 0) ? pairs32_nan_outputs(wnan) : 0;
+    const float wsb = jb->ws[(g * RS_FP8_PAIRS32_ROWS / BLK) * jb->kb + b];
+    for (int q0 = 0; q0 < RS_FP8_PAIRS32_ROWS; q0 += R2_NO) {
+        __m512i ll[R2_TILES][R2_NO], xa[R2_TILES][R2_NO], xb[R2_TILES][R2_NO], hh[R2_TILES][R2_NO];
 #pragma GCC unroll 16
-    for (int q = 0; q < R2_NO; q++) {
-        if (o + q >= o1) break;
-        const __m256 lo = combine8(_mm256_load_si256((const __m256i *)st->sums[q][0]),
-                                   _mm256_load_si256((const __m256i *)st->sums[q][1]),
-                                   _mm256_load_si256((const __m256i *)st->sums[q][2]));
-        const __m256 hi = combine8(_mm256_load_si256((const __m256i *)(st->sums[q][0] + 8)),
-                                   _mm256_load_si256((const __m256i *)(st->sums[q][1] + 8)),
-                                   _mm256_load_si256((const __m256i *)(st->sums[q][2] + 8)));
-        __m512 bs = _mm512_insertf32x8(_mm512_castps256_ps512(lo), hi, 1);
-        bs = _mm512_mask_mov_ps(bs, wnan[q] ? (__mmask16)0xffff : xnan, _mm512_set1_ps(NAN));
-        float *a = st->acc[o + q - o0];
-        const __m512 prev = b == 0 ? _mm512_setzero_ps() : _mm512_load_ps(a);
-        _mm512_store_ps(a, _mm512_fmadd_ps(bs, _mm512_mul_ps(sx, _mm512_set1_ps(wsb)), prev));
+        for (int t = 0; t < R2_TILES; t++)
+#pragma GCC unroll 16
+            for (int q = 0; q < R2_NO; q++) ll[t][q] = xa[t][q] = xb[t][q] = hh[t][q] = _mm512_setzero_si512();
+        if (nt == 2) {
+            _Alignas(64) int32_t h4[16][16];
+            dp_h4_pairs2(h4, &st->xt[0][0][0][0], &st->wdp[0][0][0], &st->wdp[0][1][q0], npr);
+#pragma GCC unroll 16
+            for (int t = 0; t < 2; t++)
+#pragma GCC unroll 16
+                for (int q = 0; q < R2_NO; q++) {
+                    xb[t][q] = _mm512_load_si512(h4[8 * t + q]);
+                    hh[t][q] = _mm512_load_si512(h4[8 * t + 4 + q]);
+                }
+        } else
+            dp_h4_pairs(xb[0], hh[0], &st->xt[0][0][0][0], &st->wdp[0][0][0], &st->wdp[0][1][q0], npr);
+        bool nan[R2_NO];
+#pragma GCC unroll 16
+        for (int q = 0; q < R2_NO; q++) {
+            for (uint64_t m = st->lpairs[q0 + q]; m; m &= m - 1) {
+                const int p = __builtin_ctzll(m);
+                for (int t = 0; t < nt; t++)
+                    dp_digit(&ll[t][q], &xa[t][q], _mm512_load_si512(st->xt[t][0][p]),
+                             _mm512_load_si512(st->xt[t][1][p]), &st->wdp[p][0][q0 + q]);
+            }
+            nan[q] = (wout >> (q0 + q)) & 1;
+        }
+        for (int t = 0; t < nt; t++)
+            r2_finish(st, t, ll[t], xa[t], xb[t], hh[t], xnan[t], nan, wsb, b,
+                      &st->acc[g * RS_FP8_PAIRS32_ROWS + q0 - o0], R2_NO);
     }
 }
 
+/* Rows [r0, r0 + nr) x outputs [o0, o1): one tile of up to R2_ROWS rows, or, when the chunk's
+ * weights are RS_LAYOUT_FP8_PAIRS32, up to R2_TILES of them sharing each decoded weight block. */
 RS_TARGET_VNNI static void r2_item(const vjob *jb, const vlut *l, int r0, int nr, int64_t o0, int64_t o1) {
     r2_state st;
+    const int nt = (nr + R2_ROWS - 1) / R2_ROWS;
+    RS_ASSERT(nt <= R2_TILES && (nt == 1 || o1 <= jb->n_packed));
     for (int64_t b = 0; b < jb->kb; b++) {
-        __mmask16 xnan;
-        r2_prep(&st, &xnan, jb, l, r0, nr, b);
-        for (int64_t o = o0; o < o1; o += R2_NO) r2_group(&st, xnan, jb, l, o0, o, o1, b);
+        __mmask16 xnan[R2_TILES];
+        for (int t = 0; t < nt; t++)
+            r2_prep(&st, t, &xnan[t], jb, l, r0 + R2_ROWS * t, RS_MIN(R2_ROWS, nr - R2_ROWS * t), b);
+        int64_t o = o0;
+        for (; o < RS_MIN(o1, jb->n_packed); o += RS_FP8_PAIRS32_ROWS)
+            r2_group_pairs(&st, nt, xnan, jb, l, o0, o / RS_FP8_PAIRS32_ROWS, b);
+        for (; o < o1; o += R2_NO) r2_group(&st, 0, xnan[0], jb, l, o0, o, o1, b);
     }
     /* acc is [output][row]: transpose 16 x 16 tiles so that each row's outputs are one store */
-    for (int64_t o = o0; o < o1; o += 16) {
-        const int cnt = (int)RS_MIN((int64_t)16, o1 - o);
-        __m512i v[16];
+    for (int t = 0; t < nt; t++)
+        for (int64_t o = o0; o < o1; o += 16) {
+            const int cnt = (int)RS_MIN((int64_t)16, o1 - o);
+            __m512i v[16];
 #pragma GCC unroll 16
-        for (int j = 0; j < 16; j++)
-            v[j] = j < cnt ? _mm512_castps_si512(canonical_nan16(_mm512_load_ps(st.acc[o + j - o0])))
-                           : _mm512_setzero_si512();
-        transpose16(v);
-        for (int r = 0; r < nr; r++)
-            _mm512_mask_storeu_ps(jb->out + (int64_t)(r0 + r) * jb->n + o, (__mmask16)((1u << cnt) - 1u),
-                                  _mm512_castsi512_ps(v[r]));
-    }
+            for (int j = 0; j < 16; j++)
+                v[j] = j < cnt ? _mm512_castps_si512(canonical_nan16(_mm512_load_ps(st.acc[o + j - o0] + R2_ROWS * t)))
+                               : _mm512_setzero_si512();
+            rs_transpose16_epi32(v);
+            for (int r = 0; r < RS_MIN(R2_ROWS, nr - R2_ROWS * t); r++)
+                _mm512_mask_storeu_ps(jb->out + (int64_t)(r0 + R2_ROWS * t + r) * jb->n + o,
+                                      (__mmask16)((1u << cnt) - 1u), _mm512_castsi512_ps(v[r]));
+        }
 }
 
 /* ---------------------------------------------------------------------------------------------
@@ -577,11 +1029,19 @@ RS_TARGET_VNNI static void vnni_items(void *ctx, int64_t it0, int64_t it1, int t
         const int64_t o0 = (it / jb->n_tiles) * CHUNK, o1 = RS_MIN(o0 + CHUNK, (int64_t)jb->n);
         const int t = (int)(it % jb->n_tiles);
         if (t < jb->n_r2) {
-            const int r0 = t * R2_ROWS;
-            r2_item(jb, &l, r0, RS_MIN(R2_ROWS, jb->rows - r0), o0, o1);
+            const int r0 = t * jb->r2_rows, nr = RS_MIN(jb->r2_rows, jb->rows - r0);
+            /* a chunk whose outputs are not all packed takes its double tile as two single ones */
+            if (nr > R2_ROWS && o1 > jb->n_packed) {
+                r2_item(jb, &l, r0, R2_ROWS, o0, o1);
+                r2_item(jb, &l, r0 + R2_ROWS, nr - R2_ROWS, o0, o1);
+            } else {
+                r2_item(jb, &l, r0, nr, o0, o1);
+            }
         } else {
-            const int r0 = jb->r1_start + (t - jb->n_r2) * R1_ROWS;
-            r1_item(jb, &l, r0, RS_MIN(R1_ROWS, jb->rows - r0), o0, o1);
+            const int r0 = jb->r1_start + (t - jb->n_r2) * R1_ROWS, nr = RS_MIN(R1_ROWS, jb->rows - r0);
+            const int64_t op = RS_MAX(o0, RS_MIN(o1, jb->n_packed)); /* packed groups end */
+            if (op > o0) r3_item(jb, &l, r0, nr, o0, op);
+            if (o1 > op) r1_item(jb, &l, r0, nr, op, o1);
         }
     }
 }
@@ -595,14 +1055,18 @@ int rs_fp8_gemm_vnni_supported(void) {
 }
 
 void rs_fp8_gemm_vnni(rs_pool *pool, float *out, const uint8_t *xq, const float *xs, const uint8_t *wq,
-                      const float *ws, int rows, int n, int k) {
+                      int packed, const float *ws, int rows, int n, int k) {
     RS_ASSERT(rows > 0 && n > 0 && k > 0);
+    RS_ASSERT(!packed || rs_fp8_pairs32_fits(n, k));
     vjob jb = {
         .out = out, .xq = xq, .xs = xs, .wq = wq, .ws = ws, .rows = rows, .n = n, .k = k,
         .kb = rs_fp8_blocks(k), .n_chunks = ((int64_t)n + CHUNK - 1) / CHUNK,
+        .n_packed = packed ? (int64_t)n / RS_FP8_PAIRS32_ROWS * RS_FP8_PAIRS32_ROWS : 0,
     };
-    jb.n_r2 = rows / R2_ROWS + (rows % R2_ROWS >= R2_MIN ? 1 : 0);
-    jb.r1_start = RS_MIN(rows, jb.n_r2 * R2_ROWS);
+    /* packed weights: lanes = rows items of two tiles (32 rows), which share each weight decode */
+    jb.r2_rows = packed ? R2_TILES * R2_ROWS : R2_ROWS;
+    jb.n_r2 = rows / jb.r2_rows + (rows % jb.r2_rows >= R2_MIN ? 1 : 0);
+    jb.r1_start = RS_MIN(rows, jb.n_r2 * jb.r2_rows);
     jb.n_tiles = jb.n_r2 + (rows - jb.r1_start + R1_ROWS - 1) / R1_ROWS;
     const int64_t items = jb.n_chunks * jb.n_tiles;
     if (pool)
@@ -616,8 +1080,8 @@ void rs_fp8_gemm_vnni(rs_pool *pool, float *out, const uint8_t *xq, const float 
 int rs_fp8_gemm_vnni_supported(void) { return 0; }
 
 void rs_fp8_gemm_vnni(rs_pool *pool, float *out, const uint8_t *xq, const float *xs, const uint8_t *wq,
-                      const float *ws, int rows, int n, int k) {
-    (void)pool, (void)out, (void)xq, (void)xs, (void)wq, (void)ws, (void)rows, (void)n, (void)k;
+                      int packed, const float *ws, int rows, int n, int k) {
+    (void)pool, (void)out, (void)xq, (void)xs, (void)wq, (void)packed, (void)ws, (void)rows, (void)n, (void)k;
     RS_ASSERT(!"rs_fp8_gemm_vnni on a CPU without AVX-512 VNNI");
 }
 

@@ -20,7 +20,8 @@ int rs_fp8_gemm_vnni_supported(void);
 void rs_fp8_gemm_vnni(rs_pool *pool, float *out /* [rows][n] f32 */,
                       const uint8_t *xq /* [rows][k] e4m3 */,
                       const float *xs /* [rows][ceil(k/128)] f32 */,
-                      const uint8_t *wq /* [n][k] e4m3 */,
+                      const uint8_t *wq /* [n][k] e4m3, row-major or (packed) RS_LAYOUT_FP8_PAIRS32 */,
+                      int packed,
                       const float *ws /* [ceil(n/128)][ceil(k/128)] f32 */,
                       int rows, int n, int k);
 

@@ -20,6 +20,7 @@
 #include "../../kernels/backend.h"
 #include "../../kernels/cpu/cpu_internal.h"
 #include "../../kernels/cpu/fp8_gemm.h"
+#include "../../kernels/cpu/fp8_layout.h"
 #include "../../kernels/fp8.h"
 #include "test.h"
 #include "test_util.h"
@@ -128,7 +129,56 @@ static void expect_all_isas_equal_ref(gcase *c) {
                                  j % (size_t)c->n, c->got[j], rs_test_f32_bits(c->got[j]), c->ref[j], rs_test_f32_bits(c->ref[j]));
         }
     }
+    /* the same weights in RS_LAYOUT_FP8_PAIRS32: the VNNI kernel only, the same bits */
+    if (rs_fp8_pairs32_fits(c->n, c->k)) {
+        uint8_t *packed = malloc((size_t)c->n * (size_t)c->k);
+        ASSERT_TRUE(packed != NULL);
+        rs_fp8_pairs32_pack(packed, c->wq, c->n, c->k);
+        for (size_t i = 0; i < RS_ARRAY_LEN(all_isas); i++) {
+            const bool ok = rs_fp8_gemm_isa_supported(all_isas[i]) &&
+                            (all_isas[i] == RS_FP8_GEMM_ISA_AVX512_VNNI ||
+                             (all_isas[i] == RS_FP8_GEMM_ISA_AUTO &&
+                              rs_fp8_gemm_detect_isa() == RS_FP8_GEMM_ISA_AVX512_VNNI));
+            for (int p = 0; p < 4; p++) {
+                memset(c->got, 0xA5, no * sizeof(float));
+                ASSERT_EQ(rs_fp8_gemm_layout_with_isa(all_isas[i], pools[p], c->got, c->xq, c->xs, packed,
+                                                      RS_LAYOUT_FP8_PAIRS32, c->ws, c->rows, c->n, c->k),
+                          ok ? RS_OK : RS_EUNSUPPORTED);
+                if (!ok) break;
+                for (size_t j = 0; j < no; j++)
+                    if (rs_test_f32_bits(c->got[j]) != rs_test_f32_bits(c->ref[j]))
+                        RS_TEST_FAIL("pairs32 layout: rows %d n %d k %d threads %d: out[%zu][%zu] %a vs ref %a", c->rows,
+                                     c->n, c->k, p, j / (size_t)c->n, j % (size_t)c->n, c->got[j], c->ref[j]);
+            }
+        }
+        free(packed);
+    }
     for (int p = 1; p < 4; p++) rs_pool_free(pools[p]);
+}
+
+/* Packing permutes each group's bytes and nothing else: unpack undoes it, every code is where
+ * rs_fp8_pairs32_at says, and the slot order is the one the header defines. */
+RS_TEST(cpu_fp8_pairs32_pack_round_trip) {
+    static const int shapes[][2] = {{32, 2}, {33, 126}, {64, 128}, {95, 1026}, {130, 300}, {200, 66}};
+    uint64_t s = 5;
+    for (size_t i = 0; i < RS_ARRAY_LEN(shapes); i++) {
+        const int n = shapes[i][0], k = shapes[i][1];
+        uint8_t *w = malloc((size_t)n * k), *p = malloc((size_t)n * k), *u = malloc((size_t)n * k);
+        ASSERT_TRUE(w && p && u);
+        for (int j = 0; j < n * k; j++) w[j] = (uint8_t)rng_next(&s);
+        rs_fp8_pairs32_pack(p, w, n, k);
+        rs_fp8_pairs32_unpack(u, p, n, k);
+        ASSERT_TRUE(memcmp(u, w, (size_t)n * k) == 0);
+        for (int r = 0; r < n; r++)
+            for (int c = 0; c < k; c++) ASSERT_EQ(rs_fp8_pairs32_at(p, n, k, r, c), w[r * k + c]);
+        /* group 0, pair 1: slots 0..7 hold rows 0 1 2 3 16 17 18 19, slot 8 row 4 */
+        static const int rows8[9] = {0, 1, 2, 3, 16, 17, 18, 19, 4};
+        for (int sl = 0; sl < 9 && k >= 4; sl++) {
+            ASSERT_EQ(p[64 + 2 * sl], w[rows8[sl] * k + 2]);
+            ASSERT_EQ(p[64 + 2 * sl + 1], w[rows8[sl] * k + 3]);
+        }
+        free(w), free(p), free(u);
+    }
 }
 
 RS_TEST(cpu_fp8_gemm_every_isa_bit_identical_tile_edges) {
@@ -141,6 +191,11 @@ RS_TEST(cpu_fp8_gemm_every_isa_bit_identical_tile_edges) {
         {4, 131, 1030}, {5, 67, 257},  {7, 66, 33},    {8, 40, 384},   {11, 13, 190},  {12, 20, 130},
         {13, 65, 257},  {15, 3, 64},   {16, 64, 128},  {16, 131, 1100}, {17, 70, 257}, {20, 35, 300},
         {27, 129, 100}, {28, 64, 500}, {33, 130, 257}, {40, 5, 129},   {64, 66, 384},
+        /* RS_LAYOUT_FP8_PAIRS32 too (k even, n >= 32): whole groups with and without row-major
+         * tail rows, 1..3 rows (lanes = outputs, tiles of 2 and 1), many rows, k = 2 */
+        {1, 32, 2},    {1, 96, 1024},  {2, 33, 126},  {3, 288, 1280}, {4, 63, 130},   {5, 160, 2},
+        {9, 100, 258}, {13, 32, 384},  {17, 96, 1026}, {31, 65, 512}, {45, 64, 256}, {48, 96, 384},
+        {77, 130, 128},
     };
     uint64_t s = 11;
     for (size_t i = 0; i < RS_ARRAY_LEN(shapes); i++) {
@@ -239,6 +294,7 @@ RS_TEST(cpu_fp8_gemm_every_isa_nan_codes_and_scales) {
         c.xq[(c.rows - 1) * c.k + 5] = 0xff;      /* -NaN code, last row, block 0 */
         c.wq[7 * c.k + c.k - 1] = 0x7f;            /* +NaN code, weight row 7, last (ragged) block */
         c.wq[(c.n - 1) * c.k + 130] = 0xff;        /* the last output: a tail group */
+        c.wq[21 * c.k + 64] = 0x7f;                /* an odd slot of a packed group, block 0's second half */
         float nan_a;                               /* a NaN scale with its own payload */
         uint32_t nan_bits = 0x7fc01234u;
         memcpy(&nan_a, &nan_bits, sizeof nan_a);
@@ -389,22 +445,35 @@ RS_TEST(cpu_matmul_fp8_bit_identical_to_reference) {
             fp8_matmul_expected(want, x, &w.t, bias, rows);
             rs_cpu_matmul_ref(got, x, &w.t, bias, rows);
             ASSERT_EQ(memcmp(got, want, no * sizeof(float)), 0);
+            /* the same weight in RS_LAYOUT_FP8_PAIRS32, as the backend keeps it on AVX-512 VNNI; at
+             * lower SIMD levels the matmul unpacks it, and the reference reads it through the layout */
+            rs_tensor wp = w.t;
+            if (rs_fp8_pairs32_fits(n, k)) {
+                wp.data = malloc((size_t)(n * k));
+                rs_fp8_pairs32_pack(wp.data, w.t.data, n, k);
+                wp.layout = RS_LAYOUT_FP8_PAIRS32;
+                rs_cpu_matmul_ref(got, x, &wp, bias, rows);
+                ASSERT_EQ(memcmp(got, want, no * sizeof(float)), 0);
+            }
             for (int simd = 0; simd <= max_simd(); simd++) {
                 for (int threads = 1; threads <= 2; threads++) {
                     rs_backend *b = backend_at(threads, simd);
-                    for (int rep = 0; rep < 2; rep++) { /* the second call runs on warm scratch */
+                    for (int rep = 0; rep < 4; rep++) { /* rep 1, 3: warm scratch; 2, 3: packed */
+                        if (rep >= 2 && wp.layout == RS_LAYOUT_ROWS) break;
                         memset(got, 0xA5, no * sizeof(float));
-                        rs_op_matmul(b, got, x, &w.t, bias, rows);
+                        rs_op_matmul(b, got, x, rep < 2 ? &w.t : &wp, bias, rows);
                         for (size_t i = 0; i < no; i++)
                             if (rs_test_f32_bits(got[i]) != rs_test_f32_bits(want[i]))
-                                RS_TEST_FAIL("fp8 matmul simd %s threads %d N %lld K %lld rows %d bias %s: out[%zu] "
+                                RS_TEST_FAIL("fp8 matmul simd %s threads %d N %lld K %lld rows %d bias %s%s: out[%zu] "
                                              "%a vs %a",
                                              rs_cpu_simd_name((rs_cpu_simd)simd), threads, (long long)n, (long long)k,
-                                             rows, bias ? rs_dtype_name(bias->dtype) : "none", i, got[i], want[i]);
+                                             rows, bias ? rs_dtype_name(bias->dtype) : "none",
+                                             rep >= 2 ? " pairs32" : "", i, got[i], want[i]);
                     }
                     rs_backend_free(b);
                 }
             }
+            if (wp.data != w.t.data) free(wp.data);
             free(x), free(want), free(got);
         }
         free(bf), free(bb);
@@ -485,7 +554,26 @@ static void make_fp8moe(fp8moe *m, int n_exp, int top_k, int hidden, int inter, 
                             .top_k = top_k, .norm_topk_prob = norm};
 }
 
+/* The experts the op sees (not the references' copies) in RS_LAYOUT_FP8_PAIRS32 where it fits. */
+static void pack_fp8moe(fp8moe *m) {
+    rs_tensor *all[3] = {m->gt, m->ut, m->dt};
+    for (int i = 0; i < 3; i++)
+        for (int e = 0; e < m->n_exp; e++) {
+            rs_tensor *t = &all[i][e];
+            if (!rs_fp8_pairs32_fits(t->shape[0], t->shape[1])) continue;
+            uint8_t *p = malloc((size_t)(t->shape[0] * t->shape[1]));
+            rs_fp8_pairs32_pack(p, t->data, t->shape[0], t->shape[1]);
+            t->data = p;
+            t->layout = RS_LAYOUT_FP8_PAIRS32;
+        }
+}
+
 static void free_fp8moe(fp8moe *m) {
+    for (int e = 0; e < m->n_exp; e++) {
+        if (m->gt[e].data != m->gate[e].t.data) free(m->gt[e].data);
+        if (m->ut[e].data != m->up[e].t.data) free(m->ut[e].data);
+        if (m->dt[e].data != m->down[e].t.data) free(m->dt[e].data);
+    }
     if (m->router.data != m->router_w) free(m->router.data);
     free(m->router_w);
     for (int e = 0; e < m->n_exp; e++)
@@ -554,6 +642,7 @@ RS_TEST(cpu_moe_fp8_bit_identical_to_reference) {
             make_fp8moe(&m, 5, 3, 130, 70, RS_DTYPE_BF16, false, &s);
         else /* big enough for the expert matmuls to split over threads and use lanes = rows tiles */
             make_fp8moe(&m, 4, 2, 264, 300, RS_DTYPE_BF16, true, &s);
+        if (variant > 0) pack_fp8moe(&m); /* as the backend keeps them on AVX-512 VNNI */
         for (size_t ri = 0; ri < RS_ARRAY_LEN(rows_list); ri++) {
             if (variant == 2 && ri == 1) continue;
             int rows = variant == 2 && ri == 2 ? 33 : rows_list[ri];
