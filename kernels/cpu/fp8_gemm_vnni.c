@@ -27,23 +27,33 @@
  * words come out in a fixed permuted order of k (always adjacent pairs 2i, 2i+1 in one dword);
  * activations go through the same routine, so the pairs of both sides line up.
  *
- * Two layouts of the products:
- *   - few rows (tiles of <= 4 rows): lanes = k. One decode per 64 weight codes (11 instructions),
- *     then 8 vpdpwssd per row; at the end of a block the 3 accumulators of each (row, output) are
- *     summed across lanes by a transpose tree (a quarter of the time at batch 1). Weight rows are
- *     read 1 KB at a time (a super-block of 8 K blocks), four side by side, two groups prefetched
- *     ahead. Batch 1 runs at ~20 G weights/s on one Zen 5 core: compute-bound on one core (~0.75x
- *     the time of the BF16 matmul, which streams twice the bytes), memory-bound with two or more.
- *   - many rows (tiles of 12..16 rows): lanes = rows. The tile's activation digits are transposed
- *     so that one zmm holds one k-pair of 16 rows; the weight digits of 4 outputs are decoded once
- *     per block into L1 and broadcast, no horizontal sums. Each k-pair takes 2 vpdpwssd per output
- *     and tile for the weight's H digits (one asm loop per block); the L-digit products run only
- *     over the pairs where the weight has an L digit, which a block scaled to amax 448 gives to
- *     few codes (|w| < 2 in E4M3 units). At 16-64 rows FP8 takes 1.44-1.58x the BF16 time: the
- *     price of an exact sum (fp32 FMAs would round). Outputs leave through 16 x 16 transposes.
+ * Weights come in two layouts (rs_tensor.layout): row-major, as checkpoints store them, or
+ * RS_LAYOUT_FP8_PAIRS32 (fp8_layout.h), in which the CPU backend keeps the weights it serves:
+ * groups of 32 rows interleaved pair by pair, so that one 64-byte load is codes 2p, 2p + 1 of 32
+ * outputs and decode64 puts output j in dword lane j (j < 16) of one vector, 16 + j of the other.
+ * Three arrangements of the products:
+ *   - few rows, packed weights (r3, tiles of <= 2 rows inside tiles of <= 4): lanes = outputs.
+ *     One decode per 64 codes, the row's L and H word pairs of k-pair p broadcast, 8 vpdpwssd per
+ *     row; the block sums come out of the accumulators lane by lane, no horizontal sums. One asm
+ *     loop per block. Batch 1 streams ~26 G weights/s from memory on one Zen 5 core (vs 21 with
+ *     row-major weights), so two cores reach the memory's read bandwidth.
+ *   - few rows, row-major weights (r1, tiles of <= 4 rows): lanes = k. One decode per 64 weight
+ *     codes, then 8 vpdpwssd per row; at the end of a block the 3 accumulators of each (row,
+ *     output) are summed across lanes by a transpose tree (a quarter of the time at batch 1).
+ *     Weight rows are read 1 KB at a time (a super-block of 8 K blocks), four side by side, two
+ *     groups prefetched ahead. Also the path of the row-major tail rows of a packed weight.
+ *   - many rows (tiles of 12..16 rows; with packed weights, items of two tiles): lanes = rows.
+ *     The tile's activation digits are transposed so that one zmm holds one k-pair of 16 rows; the
+ *     weight digits are decoded once per block into L1 (4 outputs at a time from row-major
+ *     weights, a whole 32-output group from packed ones, which then serves both tiles of the item)
+ *     and broadcast, no horizontal sums. Each k-pair takes 2 vpdpwssd per output and tile for the
+ *     weight's H digits (one asm loop per block); the L-digit products run only over the pairs
+ *     where the weight has an L digit, which a block scaled to amax 448 gives to few codes
+ *     (|w| < 2 in E4M3 units). FP8 takes ~1.5x the BF16 time here: the price of an exact sum
+ *     (fp32 FMAs would round). Outputs leave through 16 x 16 transposes.
  * Work items are (chunk of 64 outputs, row tile), the tile varying fastest so that a chunk's
  * weights stay in L2 across the tiles; threads take contiguous runs of items. Nothing is
- * allocated: the scratch (under 25 KB) is on the stack.
+ * allocated: the scratch (under 64 KB) is on the stack.
  */
 #include "fp8_gemm_vnni.h"
 
