@@ -206,6 +206,13 @@ RS_TARGET_VNNI INLINE void dp_digit(__m512i *a, __m512i *b, __m512i xl, __m512i 
 DP_H4(dp_h4_rows, 512, 4, R2_NO * 2 * 64)
 DP_H4(dp_h4_pairs, 4, 256, 64 * 2 * 32)
 
+/* asm text: zero zmm R; store zmm R to OFF(%[acc]) */
+#define ASM_ZERO(R)       "vpxord %%zmm" R ", %%zmm" R ", %%zmm" R "\n\t"
+#define ASM_STORE(R, OFF) "vmovdqu32 %%zmm" R ", " OFF "(%[acc])\n\t"
+#define ASM_STORE_0_7                                                                                     \
+    ASM_STORE("0", "0") ASM_STORE("1", "64") ASM_STORE("2", "128") ASM_STORE("3", "192")                  \
+    ASM_STORE("4", "256") ASM_STORE("5", "320") ASM_STORE("6", "384") ASM_STORE("7", "448")
+
 /* dp_h4_pairs for two row tiles at once, from zero (x: xt[0], tile 1's 8192 bytes on): one
  * broadcast of each weight digit feeds both tiles. Stores acc[0..3] = tile 0's xl products of the
  * four outputs, [4..7] its xh products, [8..15] the same for tile 1. Fixed registers (16
@@ -220,11 +227,9 @@ RS_TARGET_VNNI static void dp_h4_pairs2(int32_t acc[16][16], const int32_t *x, c
     "vpdpwssd %%zmm20, %%zmm17, %%zmm" B "\n\t"                                                          \
     "vpdpwssd %%zmm20, %%zmm18, %%zmm" C "\n\t"                                                          \
     "vpdpwssd %%zmm20, %%zmm19, %%zmm" D "\n\t"
-#define DP2_ZERO(R) "vpxord %%zmm" R ", %%zmm" R ", %%zmm" R "\n\t"
-#define DP2_STORE(R, OFF) "vmovdqu32 %%zmm" R ", " OFF "(%[acc])\n\t"
-    __asm__ volatile(DP2_ZERO("0") DP2_ZERO("1") DP2_ZERO("2") DP2_ZERO("3") DP2_ZERO("4") DP2_ZERO("5")
-                     DP2_ZERO("6") DP2_ZERO("7") DP2_ZERO("8") DP2_ZERO("9") DP2_ZERO("10") DP2_ZERO("11")
-                     DP2_ZERO("12") DP2_ZERO("13") DP2_ZERO("14") DP2_ZERO("15")
+    __asm__ volatile(ASM_ZERO("0") ASM_ZERO("1") ASM_ZERO("2") ASM_ZERO("3") ASM_ZERO("4") ASM_ZERO("5")
+                     ASM_ZERO("6") ASM_ZERO("7") ASM_ZERO("8") ASM_ZERO("9") ASM_ZERO("10") ASM_ZERO("11")
+                     ASM_ZERO("12") ASM_ZERO("13") ASM_ZERO("14") ASM_ZERO("15")
                      "test %[n], %[n]\n\t"
                      "jle 2f\n\t"
                      "1:\n\t"
@@ -241,18 +246,15 @@ RS_TARGET_VNNI static void dp_h4_pairs2(int32_t acc[16][16], const int32_t *x, c
                      "dec %[n]\n\t"
                      "jnz 1b\n\t"
                      "2:\n\t"
-                     DP2_STORE("0", "0") DP2_STORE("1", "64") DP2_STORE("2", "128") DP2_STORE("3", "192")
-                     DP2_STORE("4", "256") DP2_STORE("5", "320") DP2_STORE("6", "384") DP2_STORE("7", "448")
-                     DP2_STORE("8", "512") DP2_STORE("9", "576") DP2_STORE("10", "640") DP2_STORE("11", "704")
-                     DP2_STORE("12", "768") DP2_STORE("13", "832") DP2_STORE("14", "896") DP2_STORE("15", "960")
+                     ASM_STORE_0_7
+                     ASM_STORE("8", "512") ASM_STORE("9", "576") ASM_STORE("10", "640") ASM_STORE("11", "704")
+                     ASM_STORE("12", "768") ASM_STORE("13", "832") ASM_STORE("14", "896") ASM_STORE("15", "960")
                      : [px] "+r"(px), [pw] "+r"(pw), [n] "+r"(n), "=m"(*(int32_t(*)[16][16])acc)
                      : [acc] "r"(acc), "m"(*(const int32_t(*)[R2_TILES * 2 * 64 * R2_ROWS])x),
                        "m"(*(const int32_t(*)[64 * 2 * 32])wall)
                      : "zmm0", "zmm1", "zmm2", "zmm3", "zmm4", "zmm5", "zmm6", "zmm7", "zmm8", "zmm9", "zmm10",
                        "zmm11", "zmm12", "zmm13", "zmm14", "zmm15", "zmm16", "zmm17", "zmm18", "zmm19", "zmm20", "cc");
 #undef DP2_Q
-#undef DP2_ZERO
-#undef DP2_STORE
 }
 
 /* The first n of 64 bytes (n may be <= 0 or >= 64). */
@@ -292,6 +294,16 @@ typedef struct vjob {
     int r2_rows;      /* rows of a lanes = rows item: R2_ROWS, or R2_TILES * R2_ROWS with packed weights */
 } vjob;
 
+/* Row r's activation codes of the block at j0 as decode64 words, d[h] from codes j0 + 64h (zeros
+ * past k); true when one of them is a NaN code. */
+RS_TARGET_VNNI INLINE bool decode_x_block(const vjob *jb, const vlut *l, int64_t r, int64_t j0, __m512i d[2][4]) {
+    const uint8_t *x = jb->xq + r * jb->k + j0;
+    __mmask64 nan = 0;
+#pragma GCC unroll 16
+    for (int h = 0; h < 2; h++) decode64(_mm512_maskz_loadu_epi8(tail_mask(jb->k - j0 - 64 * h), x + 64 * h), l, d[h], &nan);
+    return nan != 0;
+}
+
 /* ---------------------------------------------------------------------------------------------
  * Few rows: lanes = k
  * ------------------------------------------------------------------------------------------- */
@@ -308,19 +320,15 @@ RS_TARGET_VNNI static void r1_prep(r1_x *px, const vjob *jb, const vlut *l, int 
                                    int nb) {
     memset(px->nan_any, 0, sizeof px->nan_any);
     for (int r = 0; r < nr; r++) {
-        const uint8_t *x = jb->xq + (int64_t)(r0 + r) * jb->k;
         for (int bi = 0; bi < nb; bi++) {
-            int64_t j0 = (b0 + bi) * BLK;
-            __mmask64 nan = 0;
+            __m512i d[2][4];
+            const bool nan = decode_x_block(jb, l, r0 + r, (b0 + bi) * BLK, d);
 #pragma GCC unroll 16
-            for (int h = 0; h < 2; h++) {
-                __m512i d[4];
-                decode64(_mm512_maskz_loadu_epi8(tail_mask(jb->k - j0 - 64 * h), x + j0 + 64 * h), l, d, &nan);
+            for (int h = 0; h < 2; h++)
 #pragma GCC unroll 16
-                for (int i = 0; i < 4; i++) _mm512_store_si512(px->d[r][bi][h][i], d[i]);
-            }
-            px->nan[r][bi] = nan != 0;
-            px->nan_any[bi] |= nan != 0;
+                for (int i = 0; i < 4; i++) _mm512_store_si512(px->d[r][bi][h][i], d[h][i]);
+            px->nan[r][bi] = nan;
+            px->nan_any[bi] |= nan;
             px->s[r][bi] = jb->xs[(int64_t)(r0 + r) * jb->kb + b0 + bi];
         }
     }
@@ -482,22 +490,18 @@ RS_TARGET_VNNI static void r3_prep(r3_x *px, const vjob *jb, const vlut *l, int 
     const __m512i ia = _mm512_setr_epi32(0, 1, 2, 3, 16, 17, 18, 19, 4, 5, 6, 7, 20, 21, 22, 23);
     const __m512i ib = _mm512_setr_epi32(8, 9, 10, 11, 24, 25, 26, 27, 12, 13, 14, 15, 28, 29, 30, 31);
     for (int r = 0; r < nr; r++) {
-        const uint8_t *x = jb->xq + (int64_t)(r0 + r) * jb->k;
         for (int bi = 0; bi < nb; bi++) {
-            const int64_t j0 = (b0 + bi) * BLK;
-            __mmask64 nan = 0;
+            __m512i d[2][4];
+            px->nan[r][bi] = decode_x_block(jb, l, r0 + r, (b0 + bi) * BLK, d);
 #pragma GCC unroll 16
-            for (int h = 0; h < 2; h++) {
-                __m512i d[4];
-                decode64(_mm512_maskz_loadu_epi8(tail_mask(jb->k - j0 - 64 * h), x + j0 + 64 * h), l, d, &nan);
+            for (int h = 0; h < 2; h++)
 #pragma GCC unroll 16
                 for (int dg = 0; dg < 2; dg++) {
-                    _mm512_store_si512(&px->w[r][bi][dg][32 * h], _mm512_permutex2var_epi32(d[2 * dg], ia, d[2 * dg + 1]));
+                    _mm512_store_si512(&px->w[r][bi][dg][32 * h],
+                                       _mm512_permutex2var_epi32(d[h][2 * dg], ia, d[h][2 * dg + 1]));
                     _mm512_store_si512(&px->w[r][bi][dg][32 * h + 16],
-                                       _mm512_permutex2var_epi32(d[2 * dg], ib, d[2 * dg + 1]));
+                                       _mm512_permutex2var_epi32(d[h][2 * dg], ib, d[h][2 * dg + 1]));
                 }
-            }
-            px->nan[r][bi] = nan != 0;
             px->s[r][bi] = jb->xs[(int64_t)(r0 + r) * jb->kb + b0 + bi];
         }
     }
@@ -537,6 +541,10 @@ static uint32_t pairs32_nan_outputs(__mmask64 bytes) {
     "vpunpckhbw %%zmm" L1 ", %%zmm" L0 ", %%zmm" L1 "\n\t"                                              \
     "vpunpcklbw %%zmm" C ", %%zmm" H0 ", %%zmm" D2 "\n\t"                                               \
     "vpunpckhbw %%zmm" C ", %%zmm" H0 ", %%zmm" C "\n\t"
+#define R3_NEXT "add $64, %[wp]\n\t" "add $4, %[xp]\n\t" "dec %[n]\n\t" "jnz 1b\n\t"
+#define R3_OPERANDS                                                                                       \
+    : [wp] "+r"(wp), [xp] "+r"(xp), [n] "+r"(np), [nan] "=r"(nan)                                       \
+    : [tab] "r"(digit_tab), [sw] "m"(swap67_q), [nm] "m"(nan_test_b), [acc] "r"(acc)
 #define R3_LOAD_TABLES                                                                                    \
     "vmovdqa64 0(%[tab]), %%zmm" T0 "\n\t"                                                              \
     "vmovdqa64 64(%[tab]), %%zmm" T1 "\n\t"                                                             \
@@ -556,26 +564,22 @@ static const _Alignas(64) uint8_t nan_test_b[64] = {
     0xbf, 0xbf, 0xbf, 0xbf, 0xbf, 0xbf, 0xbf, 0xbf, 0xbf, 0xbf, 0xbf, 0xbf, 0xbf, 0xbf, 0xbf, 0xbf,
 };
 
-/* one row: accumulators zmm0-7, decode temps zmm8-13, broadcasts zmm14-15, tables zmm16-23 */
-#define T0 "16"
-#define T1 "17"
-#define T2 "18"
-#define T3 "19"
-#define T4 "20"
-#define T5 "21"
-#define T6 "22"
-#define T7 "23"
+/* the digit tables, in zmm22-29 in both variants */
+#define T0 "22"
+#define T1 "23"
+#define T2 "24"
+#define T3 "25"
+#define T4 "26"
+#define T5 "27"
+#define T6 "28"
+#define T7 "29"
+
+/* one row: accumulators zmm0-7, decode temps zmm8-13, broadcasts zmm14-15 */
 RS_TARGET_VNNI static uint64_t r3_block_1(const uint8_t *wp, const int32_t *xp, long np, int32_t acc[8][16]) {
     uint64_t nan;
     __asm__ volatile(R3_LOAD_TABLES
-                     "vpxord %%zmm0, %%zmm0, %%zmm0\n\t"
-                     "vmovdqa64 %%zmm0, %%zmm1\n\t"
-                     "vmovdqa64 %%zmm0, %%zmm2\n\t"
-                     "vmovdqa64 %%zmm0, %%zmm3\n\t"
-                     "vmovdqa64 %%zmm0, %%zmm4\n\t"
-                     "vmovdqa64 %%zmm0, %%zmm5\n\t"
-                     "vmovdqa64 %%zmm0, %%zmm6\n\t"
-                     "vmovdqa64 %%zmm0, %%zmm7\n\t"
+                     ASM_ZERO("0") ASM_ZERO("1") ASM_ZERO("2") ASM_ZERO("3") ASM_ZERO("4") ASM_ZERO("5")
+                     ASM_ZERO("6") ASM_ZERO("7")
                      "1:\n\t"
                      R3_DECODE("8", "9", "10", "11", "12", "13")
                      "vpbroadcastd (%[xp]), %%zmm14\n\t"
@@ -588,59 +592,21 @@ RS_TARGET_VNNI static uint64_t r3_block_1(const uint8_t *wp, const int32_t *xp, 
                      "vpdpwssd %%zmm14, %%zmm8, %%zmm5\n\t"
                      "vpdpwssd %%zmm15, %%zmm13, %%zmm6\n\t"  /* S_HH: d2 . xh */
                      "vpdpwssd %%zmm15, %%zmm8, %%zmm7\n\t"
-                     "add $64, %[wp]\n\t"
-                     "add $4, %[xp]\n\t"
-                     "dec %[n]\n\t"
-                     "jnz 1b\n\t"
-                     "vmovdqu32 %%zmm0, 0(%[acc])\n\t"
-                     "vmovdqu32 %%zmm1, 64(%[acc])\n\t"
-                     "vmovdqu32 %%zmm2, 128(%[acc])\n\t"
-                     "vmovdqu32 %%zmm3, 192(%[acc])\n\t"
-                     "vmovdqu32 %%zmm4, 256(%[acc])\n\t"
-                     "vmovdqu32 %%zmm5, 320(%[acc])\n\t"
-                     "vmovdqu32 %%zmm6, 384(%[acc])\n\t"
-                     "vmovdqu32 %%zmm7, 448(%[acc])\n\t"
+                     R3_NEXT
+                     ASM_STORE_0_7
                      "kmovq %%k4, %[nan]"
-                     : [wp] "+r"(wp), [xp] "+r"(xp), [n] "+r"(np), [nan] "=r"(nan)
-                     : [tab] "r"(digit_tab), [sw] "m"(swap67_q), [nm] "m"(nan_test_b), [acc] "r"(acc)
+                     R3_OPERANDS
                      : "zmm0", "zmm1", "zmm2", "zmm3", "zmm4", "zmm5", "zmm6", "zmm7", "zmm8", "zmm9", "zmm10",
-                       "zmm11", "zmm12", "zmm13", "zmm14", "zmm15", "zmm16", "zmm17", "zmm18", "zmm19", "zmm20",
-                       "zmm21", "zmm22", "zmm23", "k1", "k2", "k3", "k4", "cc", "memory");
+                       "zmm11", "zmm12", "zmm13", "zmm14", "zmm15", "zmm22", "zmm23", "zmm24", "zmm25", "zmm26",
+                       "zmm27", "zmm28", "zmm29", "k1", "k2", "k3", "k4", "cc", "memory");
     return nan;
 }
-#undef T0
-#undef T1
-#undef T2
-#undef T3
-#undef T4
-#undef T5
-#undef T6
-#undef T7
-
-/* two rows: accumulators zmm0-11, decode temps zmm12-17, broadcasts zmm18-21, tables zmm22-29 */
-#define T0 "22"
-#define T1 "23"
-#define T2 "24"
-#define T3 "25"
-#define T4 "26"
-#define T5 "27"
-#define T6 "28"
-#define T7 "29"
+/* two rows: accumulators zmm0-11, decode temps zmm12-17, broadcasts zmm18-21 */
 RS_TARGET_VNNI static uint64_t r3_block_2(const uint8_t *wp, const int32_t *xp, long np, int32_t acc[12][16]) {
     uint64_t nan;
     __asm__ volatile(R3_LOAD_TABLES
-                     "vpxord %%zmm0, %%zmm0, %%zmm0\n\t"
-                     "vmovdqa64 %%zmm0, %%zmm1\n\t"
-                     "vmovdqa64 %%zmm0, %%zmm2\n\t"
-                     "vmovdqa64 %%zmm0, %%zmm3\n\t"
-                     "vmovdqa64 %%zmm0, %%zmm4\n\t"
-                     "vmovdqa64 %%zmm0, %%zmm5\n\t"
-                     "vmovdqa64 %%zmm0, %%zmm6\n\t"
-                     "vmovdqa64 %%zmm0, %%zmm7\n\t"
-                     "vmovdqa64 %%zmm0, %%zmm8\n\t"
-                     "vmovdqa64 %%zmm0, %%zmm9\n\t"
-                     "vmovdqa64 %%zmm0, %%zmm10\n\t"
-                     "vmovdqa64 %%zmm0, %%zmm11\n\t"
+                     ASM_ZERO("0") ASM_ZERO("1") ASM_ZERO("2") ASM_ZERO("3") ASM_ZERO("4") ASM_ZERO("5")
+                     ASM_ZERO("6") ASM_ZERO("7") ASM_ZERO("8") ASM_ZERO("9") ASM_ZERO("10") ASM_ZERO("11")
                      "1:\n\t"
                      R3_DECODE("12", "13", "14", "15", "16", "17")
                      "vpbroadcastd (%[xp]), %%zmm18\n\t"
@@ -663,25 +629,11 @@ RS_TARGET_VNNI static uint64_t r3_block_2(const uint8_t *wp, const int32_t *xp, 
                      "vpdpwssd %%zmm18, %%zmm12, %%zmm3\n\t"
                      "vpdpwssd %%zmm20, %%zmm17, %%zmm8\n\t"
                      "vpdpwssd %%zmm20, %%zmm12, %%zmm9\n\t"
-                     "add $64, %[wp]\n\t"
-                     "add $4, %[xp]\n\t"
-                     "dec %[n]\n\t"
-                     "jnz 1b\n\t"
-                     "vmovdqu32 %%zmm0, 0(%[acc])\n\t"
-                     "vmovdqu32 %%zmm1, 64(%[acc])\n\t"
-                     "vmovdqu32 %%zmm2, 128(%[acc])\n\t"
-                     "vmovdqu32 %%zmm3, 192(%[acc])\n\t"
-                     "vmovdqu32 %%zmm4, 256(%[acc])\n\t"
-                     "vmovdqu32 %%zmm5, 320(%[acc])\n\t"
-                     "vmovdqu32 %%zmm6, 384(%[acc])\n\t"
-                     "vmovdqu32 %%zmm7, 448(%[acc])\n\t"
-                     "vmovdqu32 %%zmm8, 512(%[acc])\n\t"
-                     "vmovdqu32 %%zmm9, 576(%[acc])\n\t"
-                     "vmovdqu32 %%zmm10, 640(%[acc])\n\t"
-                     "vmovdqu32 %%zmm11, 704(%[acc])\n\t"
+                     R3_NEXT
+                     ASM_STORE_0_7
+                     ASM_STORE("8", "512") ASM_STORE("9", "576") ASM_STORE("10", "640") ASM_STORE("11", "704")
                      "kmovq %%k4, %[nan]"
-                     : [wp] "+r"(wp), [xp] "+r"(xp), [n] "+r"(np), [nan] "=r"(nan)
-                     : [tab] "r"(digit_tab), [sw] "m"(swap67_q), [nm] "m"(nan_test_b), [acc] "r"(acc)
+                     R3_OPERANDS
                      : "zmm0", "zmm1", "zmm2", "zmm3", "zmm4", "zmm5", "zmm6", "zmm7", "zmm8", "zmm9", "zmm10",
                        "zmm11", "zmm12", "zmm13", "zmm14", "zmm15", "zmm16", "zmm17", "zmm18", "zmm19", "zmm20",
                        "zmm21", "zmm22", "zmm23", "zmm24", "zmm25", "zmm26", "zmm27", "zmm28", "zmm29", "k1", "k2",
@@ -698,6 +650,8 @@ RS_TARGET_VNNI static uint64_t r3_block_2(const uint8_t *wp, const int32_t *xp, 
 #undef T7
 #undef R3_DECODE
 #undef R3_LOAD_TABLES
+#undef R3_NEXT
+#undef R3_OPERANDS
 
 /* NR rows (of the super-block's px, from row ro) x the 32 outputs of group g, blocks [b0, b0 + nb);
  * acc [NR][32] holds the fmaf accumulators between super-blocks. Each 64-byte load is pair p of
