@@ -550,6 +550,26 @@ static void quantize_bands(void *ctx, int64_t b0, int64_t b1, int tid) {
     free(band_codes);
 }
 
+/* FP8 codes as they arrived (row-major) into the backend's layout, 128-row bands [b0, b1) at a
+ * time (bands are whole groups of any layout), on the store's pool like quantization. */
+typedef struct pack_job {
+    rs_backend *backend;
+    rs_layout layout;
+    uint8_t *dst;
+    const uint8_t *src;
+    int64_t rows, cols;
+} pack_job;
+
+static void pack_bands(void *ctx, int64_t b0, int64_t b1, int tid) {
+    (void)tid;
+    const pack_job *j = ctx;
+    for (int64_t b = b0; b < b1; b++) {
+        const int64_t r0 = b * RS_FP8_BLOCK, r1 = RS_MIN(r0 + RS_FP8_BLOCK, j->rows);
+        const size_t off = (size_t)r0 * (size_t)j->cols;
+        rs_backend_fp8_pack(j->backend, j->layout, j->dst + off, j->src + off, r1 - r0, j->cols);
+    }
+}
+
 /* BF16/F16/F32 [out][in] -> E4M3 codes + block scales (kernels/fp8.h), uploaded. */
 static int quantize_into(rs_weight_store *ws, const char *name, const rs_weight_src *src, rs_tensor *out,
                          rs_error *err) {
@@ -627,7 +647,11 @@ int rs_weight_convert(rs_weight_store *ws, const char *name, rs_dtype served, co
             rc = rs_error_set(err, RS_ENOMEM, name, "backend out of memory allocating %zu bytes for tensor '%s'", n,
                               name);
         } else {
-            rs_backend_fp8_pack(ws->backend, layout, codes, src->data, out->shape[0], out->shape[1]);
+            pack_job pj = {.backend = ws->backend, .layout = layout, .dst = codes, .src = src->data,
+                           .rows = out->shape[0], .cols = out->shape[1]};
+            const int64_t bands = rs_fp8_blocks(pj.rows);
+            if (ws->pool && bands > 1) rs_pool_run(ws->pool, bands, 1, pack_bands, &pj);
+            else pack_bands(&pj, 0, bands, 0);
         }
         if (rc != RS_OK) return rc;
         if (src->scale_inv) {
