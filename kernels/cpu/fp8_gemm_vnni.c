@@ -78,6 +78,7 @@
 #define R1_ROWS 4  /* rows of a lanes = k tile */
 #define R2_ROWS 16 /* rows of a lanes = rows tile: one zmm of int32 */
 #define R2_MIN  12 /* a remainder of at least this many rows still takes a lanes = rows tile */
+#define R2P_DOUBLE_MIN 28 /* ... and with packed weights, of this many a padded item of two */
 #define SB      8  /* K blocks per lanes = k super-block */
 #define R1_PREFETCH 2 /* lanes = k: prefetch the weight rows this many output groups ahead */
 #define R2_NO   4  /* outputs decoded and accumulated together in a lanes = rows tile */
@@ -292,6 +293,7 @@ typedef struct vjob {
     int n_tiles;
     int64_t n_packed; /* outputs [0, n_packed) are whole groups of RS_LAYOUT_FP8_PAIRS32; 0: row-major */
     int r2_rows;      /* rows of a lanes = rows item: R2_ROWS, or R2_TILES * R2_ROWS with packed weights */
+    int r2_last;      /* rows of the last lanes = rows item (<= r2_rows) */
 } vjob;
 
 /* Row r's activation codes of the block at j0 as decode64 words, d[h] from codes j0 + 64h (zeros
@@ -756,7 +758,7 @@ typedef struct r2_state {
     _Alignas(64) float s[R2_TILES][R2_ROWS];   /* x scales of the block */
     _Alignas(64) int32_t sums[R2_NO][3][R2_ROWS]; /* [output][S_LL, S_X, S_HH][row] */
     _Alignas(64) int32_t wdp[64][2][32];       /* RS_LAYOUT_FP8_PAIRS32: [pair][L/H][output] of a group */
-    uint64_t lpairs[32];                       /* ... the pairs where the output has an L digit */
+    _Alignas(64) uint32_t lmask[64];           /* ... per pair, the outputs with an L digit there */
 } r2_state;
 
 /* Tile t's rows [r0, r0 + nr) (nr <= R2_ROWS; the rest padded with zeros) for block b. */
@@ -896,21 +898,30 @@ RS_TARGET_VNNI static void r2_group_pairs(r2_state *st, int nt, const __mmask16 
     const uint8_t *wp = jb->wq + g * RS_FP8_PAIRS32_ROWS * k + b * (BLK / 2) * 64;
     const int64_t gstride = RS_FP8_PAIRS32_ROWS * k;
     __mmask64 wnan = 0;
-    memset(st->lpairs, 0, sizeof st->lpairs);
-    if (np < npr) memset(st->wdp, 0, sizeof st->wdp); /* a ragged last block: missing pairs are zeros */
-    for (int64_t p = 0; p < np; p++) {
-        __m512i d[4];
-        const int pr = r2_pair_order[p];
-        _mm_prefetch((const char *)(wp + 64 * p + 4096), _MM_HINT_T0);   /* this group's next block */
-        _mm_prefetch((const char *)(wp + 64 * p + gstride), _MM_HINT_T0); /* the next group's block */
-        decode64(_mm512_loadu_si512(wp + 64 * p), l, d, &wnan);
-#pragma GCC unroll 16
-        for (int v = 0; v < 4; v++) _mm512_store_si512(&st->wdp[pr][v / 2][16 * (v % 2)], d[v]);
-        /* L digits are rare (see r2_group): note the outputs that have one at this pair */
-        const __mmask32 lm = _mm512_kunpackw(_mm512_test_epi32_mask(d[1], d[1]), _mm512_test_epi32_mask(d[0], d[0]));
-        if (__builtin_expect(!_kortestz_mask32_u8(lm, lm), 0))
-            for (uint32_t m = _cvtmask32_u32(lm); m; m &= m - 1) st->lpairs[__builtin_ctz(m)] |= (uint64_t)1 << pr;
+    if (np < npr) { /* a ragged last block: missing pairs are zeros */
+        memset(st->wdp, 0, sizeof st->wdp);
+        memset(st->lmask, 0, sizeof st->lmask);
     }
+    for (int64_t p0 = 0; p0 < np; p0 += 4) {
+        const int pr0 = r2_pair_order[p0]; /* pairs p0 .. p0 + 3 are consecutive in r2's order too */
+#pragma GCC unroll 4
+        for (int i = 0; i < 4; i++) {
+            if (p0 + i >= np) break;
+            const uint8_t *c = wp + 64 * (p0 + i);
+            __m512i d[4];
+            _mm_prefetch((const char *)(c + 4096), _MM_HINT_T0);   /* this group's next block */
+            _mm_prefetch((const char *)(c + gstride), _MM_HINT_T0); /* the next group's block */
+            decode64(_mm512_loadu_si512(c), l, d, &wnan);
+#pragma GCC unroll 16
+            for (int v = 0; v < 4; v++) _mm512_store_si512(&st->wdp[pr0 + i][v / 2][16 * (v % 2)], d[v]);
+            /* L digits are rare (see r2_group): note the outputs that have one at this pair */
+            st->lmask[pr0 + i] = _cvtmask32_u32(
+                _mm512_kunpackw(_mm512_test_epi32_mask(d[1], d[1]), _mm512_test_epi32_mask(d[0], d[0])));
+        }
+    }
+    __m512i lmv[4];
+#pragma GCC unroll 4
+    for (int v = 0; v < 4; v++) lmv[v] = _mm512_load_si512(&st->lmask[16 * v]);
     const uint32_t wout = __builtin_expect(wnan != 0, 0) ? pairs32_nan_outputs(wnan) : 0;
     const float wsb = jb->ws[(g * RS_FP8_PAIRS32_ROWS / BLK) * jb->kb + b];
     for (int q0 = 0; q0 < RS_FP8_PAIRS32_ROWS; q0 += R2_NO) {
@@ -931,17 +942,22 @@ RS_TARGET_VNNI static void r2_group_pairs(r2_state *st, int nt, const __mmask16 
                 }
         } else
             dp_h4_pairs(xb[0], hh[0], &st->xt[0][0][0][0], &st->wdp[0][0][0], &st->wdp[0][1][q0], npr);
+        /* the pairs where one of the quad's outputs has an L digit (a zero digit adds nothing) */
+        const __m512i qm = _mm512_set1_epi32((int)(0xFu << q0));
+        uint64_t lp = 0;
+#pragma GCC unroll 4
+        for (int v = 0; v < 4; v++) lp |= (uint64_t)_mm512_test_epi32_mask(lmv[v], qm) << (16 * v);
+        for (uint64_t m = lp; m; m &= m - 1) {
+            const int p = __builtin_ctzll(m);
+            for (int t = 0; t < nt; t++) {
+                const __m512i xl = _mm512_load_si512(st->xt[t][0][p]), xh = _mm512_load_si512(st->xt[t][1][p]);
+#pragma GCC unroll 16
+                for (int q = 0; q < R2_NO; q++) dp_digit(&ll[t][q], &xa[t][q], xl, xh, &st->wdp[p][0][q0 + q]);
+            }
+        }
         bool nan[R2_NO];
 #pragma GCC unroll 16
-        for (int q = 0; q < R2_NO; q++) {
-            for (uint64_t m = st->lpairs[q0 + q]; m; m &= m - 1) {
-                const int p = __builtin_ctzll(m);
-                for (int t = 0; t < nt; t++)
-                    dp_digit(&ll[t][q], &xa[t][q], _mm512_load_si512(st->xt[t][0][p]),
-                             _mm512_load_si512(st->xt[t][1][p]), &st->wdp[p][0][q0 + q]);
-            }
-            nan[q] = (wout >> (q0 + q)) & 1;
-        }
+        for (int q = 0; q < R2_NO; q++) nan[q] = (wout >> (q0 + q)) & 1;
         for (int t = 0; t < nt; t++)
             r2_finish(st, t, ll[t], xa[t], xb[t], hh[t], xnan[t], nan, wsb, b,
                       &st->acc[g * RS_FP8_PAIRS32_ROWS + q0 - o0], R2_NO);
@@ -993,7 +1009,7 @@ RS_TARGET_VNNI static void vnni_items(void *ctx, int64_t it0, int64_t it1, int t
         const int64_t o0 = (it / jb->n_tiles) * CHUNK, o1 = RS_MIN(o0 + CHUNK, (int64_t)jb->n);
         const int t = (int)(it % jb->n_tiles);
         if (t < jb->n_r2) {
-            const int r0 = t * jb->r2_rows, nr = RS_MIN(jb->r2_rows, jb->rows - r0);
+            const int r0 = t * jb->r2_rows, nr = t == jb->n_r2 - 1 ? jb->r2_last : jb->r2_rows;
             /* a chunk whose outputs are not all packed takes its double tile as two single ones */
             if (nr > R2_ROWS && o1 > jb->n_packed) {
                 r2_item(jb, &l, r0, R2_ROWS, o0, o1);
@@ -1029,8 +1045,14 @@ void rs_fp8_gemm_vnni(rs_pool *pool, float *out, const uint8_t *xq, const float 
     };
     /* packed weights: lanes = rows items of two tiles (32 rows), which share each weight decode */
     jb.r2_rows = packed ? R2_TILES * R2_ROWS : R2_ROWS;
-    jb.n_r2 = rows / jb.r2_rows + (rows % jb.r2_rows >= R2_MIN ? 1 : 0);
-    jb.r1_start = RS_MIN(rows, jb.n_r2 * jb.r2_rows);
+    /* The rows past whole items: a padded item of their own from R2_MIN on; with packed weights,
+     * below R2P_DOUBLE_MIN only one 16-row tile of them, the rest in lanes = outputs tiles (cheaper
+     * than padding a second tile). */
+    const int rem = rows % jb.r2_rows;
+    const int last = rem < R2_MIN ? 0 : packed && rem < R2P_DOUBLE_MIN ? RS_MIN(rem, R2_ROWS) : rem;
+    jb.n_r2 = rows / jb.r2_rows + (last > 0);
+    jb.r2_last = last > 0 ? last : jb.r2_rows;
+    jb.r1_start = rows / jb.r2_rows * jb.r2_rows + last;
     jb.n_tiles = jb.n_r2 + (rows - jb.r1_start + R1_ROWS - 1) / R1_ROWS;
     const int64_t items = jb.n_chunks * jb.n_tiles;
     if (pool)
