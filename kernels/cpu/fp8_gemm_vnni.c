@@ -526,7 +526,7 @@ static uint32_t pairs32_nan_outputs(__mmask64 bytes) {
  * registers are fixed, the digit tables loaded once per block. */
 #define R3_DECODE(C, L0, L1, H0, D0, D2)                                                                  \
     "vmovdqu8 (%[wp]), %%zmm" C "\n\t"                                                                 \
-    "prefetcht0 2048(%[wp])\n\t"                                                                        \
+    "prefetcht0 8192(%[wp])\n\t"                                                                        \
     "vgf2p8affineqb $0xff, %[sw]%{1to8%}, %%zmm" C ", %%zmm" C "\n\t"                                  \
     "vpmovb2m %%zmm" C ", %%k1\n\t"                                                                     \
     "vptestnmb %[nm], %%zmm" C ", %%k3\n\t"                                                             \
@@ -721,11 +721,13 @@ RS_TARGET_VNNI static void r3_item(const vjob *jb, const vlut *l, int r0, int nr
     r3_x px;
     float acc[CHUNK / RS_FP8_PAIRS32_ROWS][R1_ROWS][32];
     memset(acc, 0, sizeof acc);
-    for (int64_t b0 = 0; b0 < jb->kb; b0 += SB) {
-        const int nb = (int)RS_MIN((int64_t)SB, jb->kb - b0);
-        r3_prep(&px, jb, l, r0, nr, b0, nb);
-        for (int64_t o = o0; o < o1; o += RS_FP8_PAIRS32_ROWS) {
-            float(*a)[32] = acc[(o - o0) / RS_FP8_PAIRS32_ROWS];
+    /* a group's weights are one contiguous run: read it front to back (the activation digits of a
+     * super-block are decoded again for each group, ~2% of the work) */
+    for (int64_t o = o0; o < o1; o += RS_FP8_PAIRS32_ROWS) {
+        float(*a)[32] = acc[(o - o0) / RS_FP8_PAIRS32_ROWS];
+        for (int64_t b0 = 0; b0 < jb->kb; b0 += SB) {
+            const int nb = (int)RS_MIN((int64_t)SB, jb->kb - b0);
+            if (o == o0 || jb->kb > SB) r3_prep(&px, jb, l, r0, nr, b0, nb); /* one super-block: once */
             for (int ro = 0; ro < nr; ro += R3_ROWS) {
                 if (nr - ro >= 2)
                     r3_group_2(jb, &px, ro, o / RS_FP8_PAIRS32_ROWS, b0, nb, a + ro);
