@@ -261,6 +261,7 @@ int rs_update_add(rs_update *u, const rs_update_tensor *t, rs_error *err) {
             if (rc == RS_OK) {
                 RS_ASSERT(conv.dtype == slot->dtype); /* the served dtype of a slot never changes */
                 s->t.data = conv.data;
+                s->t.layout = conv.layout; /* the backend's choice for this weight */
                 if (conv.scale_inv) {
                     s->t.scale_inv = conv.scale_inv;
                     s->has_scale = true;
@@ -292,6 +293,7 @@ static void apply(rs_model *m, void *ctx) {
         rs_weight_store_adopt(m->store, u->stage, s->t.scale_inv);
         slot->data = s->t.data;
         slot->scale_inv = s->t.scale_inv;
+        slot->layout = s->t.layout;
     }
     if (m->cfg.tie_embeddings) m->lm_head = m->embed;
     m->weight_bytes = rs_weight_store_bytes(m->store);
@@ -339,6 +341,7 @@ static int calibrate_staged(rs_update *u, rs_engine *e, float *k, float *v, rs_e
         rs_tensor *t = rs_model_param_at(view, i, name, sizeof name, NULL);
         t->data = u->e[i].t.data;
         t->scale_inv = u->e[i].t.scale_inv;
+        t->layout = u->e[i].t.layout;
     }
     if (view->cfg.tie_embeddings) view->lm_head = view->embed;
     rs_error why = {0};

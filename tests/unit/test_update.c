@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../../kernels/cpu/cpu_internal.h"
 #include "../../kernels/fp8.h"
 #include "../../kvcache/kvcache.h"
 #include "../../model/model.h"
@@ -111,6 +112,7 @@ static void expect_same_weights(rs_model *a, rs_model *b) {
         rs_tensor *x = rs_model_param_at(a, i, name, sizeof name, NULL), *y = rs_model_param_at(b, i, name, sizeof name,
                                                                                              NULL);
         if (x->dtype != y->dtype) RS_TEST_FAIL("%s: dtype %s vs %s", name, rs_dtype_name(x->dtype), rs_dtype_name(y->dtype));
+        if (x->layout != y->layout) RS_TEST_FAIL("%s: layout %d vs %d", name, (int)x->layout, (int)y->layout);
         if (memcmp(x->data, y->data, rs_tensor_nbytes(x)) != 0) RS_TEST_FAIL("%s: bytes differ", name);
         ASSERT_EQ(x->scale_inv == NULL, y->scale_inv == NULL);
         if (x->scale_inv && memcmp(x->scale_inv, y->scale_inv, scale_bytes(x)) != 0)
@@ -430,6 +432,30 @@ RS_TEST(update_fp8_slot_quantizes_bf16_bit_identically) {
     rs_model_free(a);
     rs_model_free(fresh_b);
     rs_backend_free(b);
+}
+
+/* A weight takes the layout its backend chooses when it is staged, not the one its slot had: with
+ * the CPU backend's SIMD level lowered below AVX-512 VNNI after loading (where the FP8 weights were
+ * packed), an update commits row-major weights and the slots say so. */
+RS_TEST(update_fp8_layout_is_the_staged_weights) {
+    rs_backend *b = rs_backend_cpu_init(1), *rows = rs_backend_cpu_init(1);
+    rs_cpu_set_simd(rows, RS_CPU_SIMD_AVX2);
+    rs_model_config c = cfg_for(RS_ARCH_QWEN3, true);
+    rs_quant_policy fp8 = policy("fp8");
+    const char *da = model_dir("a", &c, 33), *db = model_dir("b", &c, 34);
+    rs_model *a = load(da, b, &fp8), *fresh_b = load(db, rows, &fp8);
+    rs_cpu_set_simd(b, RS_CPU_SIMD_AVX2);
+    rs_update *u = NULL;
+    rs_error err = {0};
+    ASSERT_EQ(rs_update_begin(&u, a, NULL, 0, &err), RS_OK);
+    stage_dir(u, db, NULL);
+    ASSERT_EQ(rs_update_commit(u, NULL, false, NULL, &err), RS_OK);
+    expect_same_weights(a, fresh_b); /* codes, scales and layouts */
+    ASSERT_EQ(a->layers[1].w_down.layout, RS_LAYOUT_ROWS);
+    rs_model_free(a);
+    rs_model_free(fresh_b);
+    rs_backend_free(b);
+    rs_backend_free(rows);
 }
 
 /* Tied lm_head may be sent (validated, ignored) and follows embed_tokens. */
