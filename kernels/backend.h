@@ -89,7 +89,8 @@ typedef struct rs_backend_ops {
 
     /* Optional, host-memory backends only (NULL: FP8 weights are read row-major, as stored).
      * fp8_layout: the layout (rs_tensor.layout) the backend serves an E4M3 weight [n][k] in;
-     * fp8_pack: row-major codes src [n][k] (host) -> dst (backend memory) in that layout. */
+     * fp8_pack: row-major codes src [n][k] (host) -> dst (backend memory) in that layout; n may
+     * also be a 128-row band of the weight (bands of any layout are whole groups). */
     rs_layout (*fp8_layout)(rs_backend *b, int64_t n, int64_t k);
     void (*fp8_pack)(rs_backend *b, rs_layout layout, uint8_t *dst, const uint8_t *src, int64_t n, int64_t k);
 

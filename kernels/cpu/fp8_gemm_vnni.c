@@ -35,22 +35,25 @@
  *   - few rows, packed weights (r3, tiles of <= 2 rows inside tiles of <= 4): lanes = outputs.
  *     One decode per 64 codes, the row's L and H word pairs of k-pair p broadcast, 8 vpdpwssd per
  *     row; the block sums come out of the accumulators lane by lane, no horizontal sums. One asm
- *     loop per block. Batch 1 streams ~26 G weights/s from memory on one Zen 5 core (vs 21 with
- *     row-major weights), so two cores reach the memory's read bandwidth.
+ *     loop per block; an item reads each group's contiguous run front to back, 8 KB prefetched
+ *     ahead. Batch 1 streams ~29 G weights/s from memory on one Zen 5 core (vs 21 with row-major
+ *     weights), ~56 on two: more than the memory gives BF16 weights most of the time.
  *   - few rows, row-major weights (r1, tiles of <= 4 rows): lanes = k. One decode per 64 weight
  *     codes, then 8 vpdpwssd per row; at the end of a block the 3 accumulators of each (row,
  *     output) are summed across lanes by a transpose tree (a quarter of the time at batch 1).
  *     Weight rows are read 1 KB at a time (a super-block of 8 K blocks), four side by side, two
  *     groups prefetched ahead. Also the path of the row-major tail rows of a packed weight.
- *   - many rows (tiles of 12..16 rows; with packed weights, items of two tiles): lanes = rows.
+ *   - many rows (tiles of 12..16 rows; with packed weights, items of two tiles, a remainder of
+ *     12..27 rows one tile and lanes = outputs tiles for the rest): lanes = rows.
  *     The tile's activation digits are transposed so that one zmm holds one k-pair of 16 rows; the
  *     weight digits are decoded once per block into L1 (4 outputs at a time from row-major
  *     weights, a whole 32-output group from packed ones, which then serves both tiles of the item)
  *     and broadcast, no horizontal sums. Each k-pair takes 2 vpdpwssd per output and tile for the
  *     weight's H digits (one asm loop per block); the L-digit products run only over the pairs
  *     where the weight has an L digit, which a block scaled to amax 448 gives to few codes
- *     (|w| < 2 in E4M3 units). FP8 takes ~1.5x the BF16 time here: the price of an exact sum
- *     (fp32 FMAs would round). Outputs leave through 16 x 16 transposes.
+ *     (|w| < 2 in E4M3 units; with packed weights, the pairs where one of 4 outputs has one).
+ *     FP8 takes ~1.5x the BF16 time here: the price of an exact sum (fp32 FMAs would round).
+ *     Outputs leave through 16 x 16 transposes.
  * Work items are (chunk of 64 outputs, row tile), the tile varying fastest so that a chunk's
  * weights stay in L2 across the tiles; threads take contiguous runs of items. Nothing is
  * allocated: the scratch (under 64 KB) is on the stack.
