@@ -75,13 +75,6 @@ static rs_kv_layer layer_new(rs_backend *b, const kv_kind *kind, int n_blocks, i
     return kv;
 }
 
-static void layer_free(rs_backend *b, rs_kv_layer *kv) {
-    rs_backend_free_mem(b, kv->pages);
-    if (kv->k_scale) rs_backend_free_mem(b, kv->k_scale);
-    if (kv->v_scale) rs_backend_free_mem(b, kv->v_scale);
-    if (kv->token_scales) rs_backend_free_mem(b, kv->token_scales);
-}
-
 /* The pages (and per-token scales) of the CPU's layer kc and the GPU's kg, byte for byte. On a
  * difference, names the first element: (slot, half, head, dim) and both values' bytes. */
 static void assert_same_layers(rs_backend *c, const rs_kv_layer *kc, rs_backend *g, const rs_kv_layer *kg,
@@ -165,8 +158,8 @@ RS_TEST(cuda_kv_store_matches_cpu) {
             store_both(c, &kc, g, &kg, k, v, slots, N1);
             store_both(c, &kc, g, &kg, k + (size_t)N1 * row, v + (size_t)N1 * row, slots + N1, N2);
             assert_same_layers(c, &kc, g, &kg, what);
-            layer_free(c, &kc);
-            layer_free(g, &kg);
+            rs_test_kv_layer_free(c, &kc);
+            rs_test_kv_layer_free(g, &kg);
             free(k), free(v);
         }
     }
@@ -277,8 +270,8 @@ static double check_attention(rs_backend *c, rs_backend *g, const kv_kind *kind,
     rs_backend_free_mem(g, qg), rs_backend_free_mem(g, og);
     free(pos), free(slot), free(kstep), free(vstep);
     for (int s = 0; s < N_SEQ; s++) free(kall[s]), free(vall[s]);
-    layer_free(c, &kc);
-    layer_free(g, &kg);
+    rs_test_kv_layer_free(c, &kc);
+    rs_test_kv_layer_free(g, &kg);
     return worst / tol;
 }
 

@@ -25,6 +25,7 @@
 #include "../../kvcache/kvcache.h"
 #include "../../model/presets.h"
 #include "test.h"
+#include "test_util.h"
 
 /* ---- helpers ---- */
 
@@ -75,13 +76,6 @@ static rs_kv_layer layer_new(rs_backend *b, rs_dtype dt, rs_kv_scale_mode mode, 
         kv.token_scales = rs_backend_alloc(b, (size_t)n_blocks * 2 * RS_KV_BLOCK * (size_t)n_kv * sizeof(float));
     }
     return kv;
-}
-
-static void layer_free(rs_backend *b, rs_kv_layer *kv) {
-    rs_backend_free_mem(b, kv->pages);
-    if (kv->k_scale) rs_backend_free_mem(b, kv->k_scale);
-    if (kv->v_scale) rs_backend_free_mem(b, kv->v_scale);
-    if (kv->token_scales) rs_backend_free_mem(b, kv->token_scales);
 }
 
 /* Element index of (slot, half, head, i) in the pages; the scale index drops i. */
@@ -368,7 +362,7 @@ RS_TEST(kv_fp8_store_codes_bit_exact) {
             /* the NaN becomes the NaN code; the per-head scales above do saturate some values */
             ASSERT_EQ(((uint8_t *)kv.pages)[page_index(&kv, s.slot[1][1], 0, 0, 3)], RS_FP8_NAN_CODE);
             ASSERT_TRUE(n_sat > 0);
-            layer_free(b, &kv);
+            rs_test_kv_layer_free(b, &kv);
             rs_backend_free(b);
             scen_free(&s);
         }
@@ -406,8 +400,8 @@ static void check_folding(int n_heads, int n_kv, int hd, rs_kv_scale_mode mode, 
                      "%.3g, output rms %.3g",
                      (int)mode, n_heads, n_kv, hd, threads, simd, e.rms_err, e.max_abs, e.rms_ref);
     free(got), free(want), free(q);
-    layer_free(b, &ref);
-    layer_free(b, &kv);
+    rs_test_kv_layer_free(b, &ref);
+    rs_test_kv_layer_free(b, &kv);
     rs_backend_free(b);
     scen_free(&s);
 }
@@ -450,9 +444,9 @@ static err_stats fp8_error(int n_heads, int n_kv, int hd, rs_kv_scale_mode mode,
     float *got = scen_attention(b, &s, &kv, n_heads, q), *want = scen_attention(b, &s, &f, n_heads, q);
     err_stats e = compare(got, want, n);
     free(got), free(want), free(q);
-    layer_free(b, &deq);
-    layer_free(b, &f);
-    layer_free(b, &kv);
+    rs_test_kv_layer_free(b, &deq);
+    rs_test_kv_layer_free(b, &f);
+    rs_test_kv_layer_free(b, &kv);
     rs_backend_free(b);
     scen_free(&s);
     return e;
@@ -511,7 +505,7 @@ RS_TEST(kv_fp8_bf16_and_f32_pages_unchanged) {
     err_stats e = compare(a, c, n);
     ASSERT_TRUE(e.max_abs <= 1e-6 * e.rms_ref);
     free(a), free(c), free(q);
-    layer_free(b, &h), layer_free(b, &f);
+    rs_test_kv_layer_free(b, &h), rs_test_kv_layer_free(b, &f);
     rs_backend_free(b);
     scen_free(&s);
 }
@@ -954,7 +948,7 @@ RS_TEST(kv_fp8_attention_speed_print) {
                        CTX, n_seq, heads, N_KV, HD, rs_cpu_ctx_of(b)->n_threads, names[cfg], dt_s * 1e6,
                        bytes / dt_s / 1e9, t_f32[heads / 32] / dt_s);
             }
-            layer_free(b, &kv);
+            rs_test_kv_layer_free(b, &kv);
         }
         free(q), free(out);
         free(tables);

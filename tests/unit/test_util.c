@@ -133,6 +133,13 @@ void *rs_test_to_backend(rs_backend *b, const void *host, size_t bytes) {
     return p;
 }
 
+void rs_test_kv_layer_free(rs_backend *b, rs_kv_layer *kv) {
+    rs_backend_free_mem(b, kv->pages);
+    if (kv->k_scale) rs_backend_free_mem(b, kv->k_scale);
+    if (kv->v_scale) rs_backend_free_mem(b, kv->v_scale);
+    if (kv->token_scales) rs_backend_free_mem(b, kv->token_scales);
+}
+
 void *rs_test_to_host(rs_backend *b, const void *src, size_t bytes) {
     void *p = malloc(bytes ? bytes : 1);
     if (bytes) rs_backend_download(b, p, src, bytes);

@@ -54,6 +54,8 @@ float rs_test_f32_from_bits(uint32_t u);
 void *rs_test_to_backend(rs_backend *b, const void *host, size_t bytes);
 /* A malloc'd host copy of b's src[0..bytes). */
 void *rs_test_to_host(rs_backend *b, const void *src, size_t bytes);
+/* Frees a test KV layer's backend allocations: pages and whichever scales it has. */
+void rs_test_kv_layer_free(rs_backend *b, rs_kv_layer *kv);
 
 #ifdef RS_CUDA
 /* The CUDA backend on device 0, or the test ends as skipped when this machine has no GPU. */
