@@ -14,6 +14,7 @@
 #ifndef RS_CPU_FP8_WQUANT_H
 #define RS_CPU_FP8_WQUANT_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "../tensor.h"
@@ -24,6 +25,14 @@
 int rs_cpu_fp8_quantize_weight(rs_cpu_simd simd, const rs_tensor *w /* [out][in] bf16/f32 */,
                                uint8_t *q /* [out][in] e4m3 */,
                                float *scale_inv /* [ceil(out/128)][ceil(in/128)] f32 */);
+
+/* The same with the BF16 table encoder (cpu_fp8_wquant.c) on or off at RS_CPU_SIMD_AVX512; table
+ * requires rs_cpu_fp8_wquant_has_table(). rs_cpu_fp8_quantize_weight uses it where the CPU has
+ * it; tests run both. */
+int rs_cpu_fp8_quantize_weight_ex(rs_cpu_simd simd, bool table, const rs_tensor *w, uint8_t *q, float *scale_inv);
+
+/* Whether this CPU runs the table encoder: AVX-512 BW and VBMI, at the detected level below. */
+bool rs_cpu_fp8_wquant_has_table(void);
 
 /* The level the weight quantizer uses without a backend context: what the CPU supports (AVX-512F,
  * else AVX2, else scalar), capped by RS_CPU_SIMD=scalar|avx2|avx512 like the backend's. Detected

@@ -9,6 +9,8 @@
  */
 #include "fp8_layout.h"
 
+#include <stdbool.h>
+#include <stdint.h>
 #include <string.h>
 
 static void pack_group_c(uint8_t *dst, const uint8_t *src, int64_t k) {
@@ -32,7 +34,9 @@ static int have_avx512bw(void) {
     return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw");
 }
 
-RS_TARGET_PACK static void pack_group_avx512(uint8_t *dst, const uint8_t *src, int64_t k) {
+/* nt: dst is 64-byte aligned and written with streaming stores (the packed weights are not read
+ * again soon, and a push writes hundreds of MB of them: no read for ownership, no cache pollution). */
+RS_TARGET_PACK static void pack_group_avx512(uint8_t *dst, const uint8_t *src, int64_t k, bool nt) {
     const int64_t np = k / 2;
     for (int64_t p0 = 0; p0 < np; p0 += 32) {
         const int64_t cnt = np - p0 < 32 ? np - p0 : 32; /* pairs in this step */
@@ -50,8 +54,13 @@ RS_TARGET_PACK static void pack_group_avx512(uint8_t *dst, const uint8_t *src, i
 #pragma GCC unroll 16
         for (int c = 0; c < 16; c++) {
             const int64_t pl = p0 + 8 * (c / 4) + c % 4, ph = pl + 4;
-            if (pl < np) _mm512_storeu_si512(dst + 64 * pl, lo[c]);
-            if (ph < np) _mm512_storeu_si512(dst + 64 * ph, hi[c]);
+            if (nt) {
+                if (pl < np) _mm512_stream_si512((void *)(dst + 64 * pl), lo[c]);
+                if (ph < np) _mm512_stream_si512((void *)(dst + 64 * ph), hi[c]);
+            } else {
+                if (pl < np) _mm512_storeu_si512(dst + 64 * pl, lo[c]);
+                if (ph < np) _mm512_storeu_si512(dst + 64 * ph, hi[c]);
+            }
         }
     }
 }
@@ -60,9 +69,11 @@ RS_TARGET_PACK static void pack_group_avx512(uint8_t *dst, const uint8_t *src, i
 void rs_fp8_pairs32_pack(uint8_t *dst, const uint8_t *src, int64_t n, int64_t k) {
     const int64_t groups = n / RS_FP8_PAIRS32_ROWS, gbytes = RS_FP8_PAIRS32_ROWS * k;
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-    if (have_avx512bw())
-        for (int64_t g = 0; g < groups; g++) pack_group_avx512(dst + g * gbytes, src + g * gbytes, k);
-    else
+    if (have_avx512bw()) {
+        const bool nt = (uintptr_t)dst % 64 == 0; /* then every group is: gbytes = 32 k, k even */
+        for (int64_t g = 0; g < groups; g++) pack_group_avx512(dst + g * gbytes, src + g * gbytes, k, nt);
+        if (nt) _mm_sfence(); /* streaming stores are weakly ordered: visible before whoever runs next */
+    } else
 #endif
         for (int64_t g = 0; g < groups; g++) pack_group_c(dst + g * gbytes, src + g * gbytes, k);
     memcpy(dst + groups * gbytes, src + groups * gbytes, (size_t)((n - groups * RS_FP8_PAIRS32_ROWS) * k));

@@ -646,15 +646,21 @@ static void check_weight_paths(const rs_tensor *w, const char *what) {
     ASSERT_EQ(rs_fp8_quantize_weight_ref(w, q_ref, s_ref), RS_OK);
     static rs_pool *pool;
     if (!pool) pool = rs_pool_init(2);
-    const int top = (int)rs_cpu_fp8_wquant_simd();
-    for (int path = 0; path <= top + 2; path++) { /* levels 0..top, then dispatch, then 2 threads */
+    const int top = (int)rs_cpu_fp8_wquant_simd(), table = rs_cpu_fp8_wquant_has_table();
+    /* levels 0..top without the BF16 table encoder, then with it (if this CPU has it), then the
+     * dispatch, then 2 threads */
+    for (int path = 0; path <= top + 3; path++) {
         memset(q, 0xcc, n);
         memset(s, 0xcc, ns * sizeof(float));
         const char *name;
         if (path <= top) {
             name = rs_cpu_simd_name((rs_cpu_simd)path);
-            ASSERT_EQ(rs_cpu_fp8_quantize_weight((rs_cpu_simd)path, w, q, s), RS_OK);
+            ASSERT_EQ(rs_cpu_fp8_quantize_weight_ex((rs_cpu_simd)path, false, w, q, s), RS_OK);
         } else if (path == top + 1) {
+            if (!table) continue;
+            name = "avx512 + table";
+            ASSERT_EQ(rs_cpu_fp8_quantize_weight_ex(RS_CPU_SIMD_AVX512, true, w, q, s), RS_OK);
+        } else if (path == top + 2) {
             name = "rs_fp8_quantize_weight";
             ASSERT_EQ(rs_fp8_quantize_weight(w, q, s), RS_OK);
         } else {
@@ -795,6 +801,43 @@ RS_TEST(fp8_quantize_weight_fast_bit_identical_adversarial) {
     ASSERT_EQ(rs_cpu_fp8_quantize_weight(rs_cpu_fp8_wquant_simd(), &t, q, &s), RS_OK);
     ASSERT_EQ(rs_test_f32_bits(s), rs_test_f32_bits(1.0f));
     for (int c = 0; c < 126; c++) ASSERT_EQ(q[1 + c], (uint8_t)((c + 1) & ~1)); /* ties to the even code */
+}
+
+/* The BF16 table encoder against the reference on every BF16 value a block can hold: for each of
+ * 60 block maxima (binades from the amax floor to the largest finite BF16, 448 * 2^k where the
+ * quotients are exact and hit every tie, and random ones), a [128][512] matrix whose four blocks
+ * hold all 2 x 32768 signed magnitudes folded below that maximum (bits m -> m mod (amax + 1)),
+ * zeros and BF16 subnormals included. */
+RS_TEST(fp8_quantize_weight_table_every_bf16_value) {
+    if (!rs_cpu_fp8_wquant_has_table()) RS_TEST_SKIP("no AVX-512 VBMI");
+    enum { OUT = 128, IN = 512, N = OUT * IN };
+    uint16_t *w = malloc(N * sizeof *w);
+    uint8_t *q = malloc(N), *q_ref = malloc(N);
+    float s[4], s_ref[4];
+    uint64_t seed = 99;
+    for (int k = 0; k < 60; k++) {
+        uint16_t amax;
+        if (k < 20) amax = rs_f32_to_bf16(ldexpf(1.0f, -40 + 9 * k));                /* binades */
+        else if (k < 40) amax = rs_f32_to_bf16(448.0f * ldexpf(1.0f, -70 + 7 * (k - 20))); /* exact */
+        else amax = (uint16_t)(rng_next(&seed) % 0x7f80u);                            /* random */
+        if (k == 19) amax = 0x7f7f;                                                   /* largest finite */
+        for (int i = 0; i < N; i++) {
+            const uint16_t m = (uint16_t)(i & 0x7fff);
+            w[i] = (uint16_t)((i & 0x8000) | (m % (amax + 1u)));
+        }
+        w[0] = amax;
+        rs_tensor t = {.dtype = RS_DTYPE_BF16, .ndim = 2, .shape = {OUT, IN}, .data = w};
+        ASSERT_EQ(rs_fp8_quantize_weight_ref(&t, q_ref, s_ref), RS_OK);
+        ASSERT_EQ(rs_cpu_fp8_quantize_weight_ex(RS_CPU_SIMD_AVX512, true, &t, q, s), RS_OK);
+        for (int b = 0; b < 4; b++)
+            if (rs_test_f32_bits(s[b]) != rs_test_f32_bits(s_ref[b]))
+                RS_TEST_FAIL("amax 0x%04x block %d: scale %a vs %a", amax, b, s[b], s_ref[b]);
+        for (int i = 0; i < N; i++)
+            if (q[i] != q_ref[i])
+                RS_TEST_FAIL("amax 0x%04x: w[%d] = 0x%04x (%a): 0x%02x vs 0x%02x", amax, i, w[i],
+                             rs_bf16_to_f32(w[i]), q[i], q_ref[i]);
+    }
+    free(w), free(q), free(q_ref);
 }
 
 /* A signaling NaN is ignored like a quiet one, wherever it sits in the block: the scale is that of

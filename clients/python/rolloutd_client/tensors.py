@@ -51,8 +51,9 @@ class Entry:
         elif self._kind == "numpy":
             a = self._obj
             np.copyto(np.frombuffer(mv, dtype=a.dtype).reshape(a.shape), a, casting="no")
-        else:  # raw bytes-like
-            mv[:] = self._obj
+        else:  # raw bytes-like: copied by numpy, which lets go of the GIL (a memoryview slice
+            # assignment holds it, stalling the thread that POSTs the previous bucket)
+            np.copyto(np.frombuffer(mv, dtype=np.uint8), np.frombuffer(self._obj, dtype=np.uint8))
 
     def float32(self):
         if self._kind == "torch":
