@@ -25,6 +25,7 @@
 
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -56,6 +57,8 @@ struct rs_pool {
     rs_pool_fn fn;
     void *ctx;
     int64_t n, grain;
+    bool dynamic;            /* rs_pool_run_dynamic: grains are taken from `next` */
+    _Atomic int64_t next;    /* the next grain to take */
 };
 
 typedef struct worker_arg {
@@ -65,6 +68,11 @@ typedef struct worker_arg {
 
 static void run_range(rs_pool *p, int tid) {
     int64_t chunks = (p->n + p->grain - 1) / p->grain;
+    if (p->dynamic) {
+        for (int64_t c; (c = atomic_fetch_add_explicit(&p->next, 1, memory_order_relaxed)) < chunks;)
+            p->fn(p->ctx, c * p->grain, c + 1 < chunks ? (c + 1) * p->grain : p->n, tid);
+        return;
+    }
     int64_t per = chunks / p->n_threads, extra = chunks % p->n_threads;
     int64_t c0 = tid * per + (tid < extra ? tid : extra);
     int64_t c1 = c0 + per + (tid < extra ? 1 : 0);
@@ -152,7 +160,7 @@ void rs_pool_free(rs_pool *p) {
 
 int rs_pool_threads(const rs_pool *p) { return p->n_threads; }
 
-void rs_pool_run(rs_pool *p, int64_t n, int64_t grain, rs_pool_fn fn, void *ctx) {
+static void run(rs_pool *p, int64_t n, int64_t grain, rs_pool_fn fn, void *ctx, bool dynamic) {
     if (n <= 0) return;
     if (grain < 1) grain = 1;
     if (p->n_threads == 1 || n <= grain) {
@@ -163,6 +171,8 @@ void rs_pool_run(rs_pool *p, int64_t n, int64_t grain, rs_pool_fn fn, void *ctx)
     p->ctx = ctx;
     p->n = n;
     p->grain = grain;
+    p->dynamic = dynamic;
+    atomic_store_explicit(&p->next, 0, memory_order_relaxed);
     atomic_store_explicit(&p->pending, p->n_threads - 1, memory_order_relaxed);
     atomic_fetch_add_explicit(&p->generation, 1, memory_order_release); /* publishes the fields above */
     pthread_mutex_lock(&p->mu);
@@ -180,4 +190,10 @@ void rs_pool_run(rs_pool *p, int64_t n, int64_t grain, rs_pool_fn fn, void *ctx)
     while (atomic_load_explicit(&p->pending, memory_order_acquire) > 0) pthread_cond_wait(&p->done, &p->mu);
     p->caller_asleep = 0;
     pthread_mutex_unlock(&p->mu);
+}
+
+void rs_pool_run(rs_pool *p, int64_t n, int64_t grain, rs_pool_fn fn, void *ctx) { run(p, n, grain, fn, ctx, false); }
+
+void rs_pool_run_dynamic(rs_pool *p, int64_t n, int64_t grain, rs_pool_fn fn, void *ctx) {
+    run(p, n, grain, fn, ctx, true);
 }

@@ -517,6 +517,7 @@ typedef struct quant_job {
     uint8_t *codes;                     /* [rows][cols] e4m3, in layout */
     float *scales;                      /* [ceil(rows/128)][ceil(cols/128)] f32 */
     atomic_int rc;                      /* the first failure, RS_OK when none */
+    void **buf, **band_codes;           /* [pool threads]: each thread's scratch, made on first use */
 } quant_job;
 
 /* Bands [b0, b1) of 128 rows. BF16 and F32 sources aligned to their element size are quantized
@@ -524,14 +525,16 @@ typedef struct quant_job {
  * out of the trainer's segment: a BF16 push into an FP8 daemon spent a quarter of its service time
  * copying bands before); F16 goes through an aligned F32 copy. */
 static void quantize_bands(void *ctx, int64_t b0, int64_t b1, int tid) {
-    (void)tid;
     quant_job *j = ctx;
     const rs_dtype host_dt = j->src->dtype == RS_DTYPE_BF16 ? RS_DTYPE_BF16 : RS_DTYPE_F32;
     const size_t esz = rs_dtype_size(j->src->dtype), hsz = rs_dtype_size(host_dt);
     const bool in_place = j->src->dtype == host_dt && (uintptr_t)j->src->data % esz == 0;
-    void *buf = in_place ? NULL : rs_xmalloc((size_t)RS_FP8_BLOCK * (size_t)j->cols * hsz); /* [128][cols] */
+    if (!in_place && !j->buf[tid]) j->buf[tid] = rs_xmalloc((size_t)RS_FP8_BLOCK * (size_t)j->cols * hsz);
     /* a band's row-major codes, packed from here into the backend's layout (bands are whole groups) */
-    uint8_t *band_codes = j->layout == RS_LAYOUT_ROWS ? NULL : rs_xmalloc((size_t)RS_FP8_BLOCK * (size_t)j->cols);
+    if (j->layout != RS_LAYOUT_ROWS && !j->band_codes[tid])
+        j->band_codes[tid] = rs_xmalloc((size_t)RS_FP8_BLOCK * (size_t)j->cols);
+    void *buf = j->buf[tid]; /* [128][cols] */
+    uint8_t *band_codes = j->band_codes[tid];
     for (int64_t b = b0; b < b1; b++) {
         const int64_t r0 = b * RS_FP8_BLOCK, r1 = RS_MIN(r0 + RS_FP8_BLOCK, j->rows);
         const size_t n = (size_t)(r1 - r0) * (size_t)j->cols;
@@ -546,8 +549,6 @@ static void quantize_bands(void *ctx, int64_t b0, int64_t b1, int tid) {
         int ok = RS_OK;
         if (rc != RS_OK) atomic_compare_exchange_strong(&j->rc, &ok, rc);
     }
-    free(buf);
-    free(band_codes);
 }
 
 /* FP8 codes as they arrived (row-major) into the backend's layout, 128-row bands [b0, b1) at a
@@ -599,8 +600,19 @@ static int quantize_into(rs_weight_store *ws, const char *name, const rs_weight_
         j.scales = rs_xmalloc((n_scales ? n_scales : 1) * sizeof *j.scales);
     }
     const int64_t bands = rs_fp8_blocks(rows);
-    if (ws->pool && bands > 1) rs_pool_run(ws->pool, bands, 1, quantize_bands, &j);
+    const int threads = ws->pool ? rs_pool_threads(ws->pool) : 1;
+    j.buf = rs_xcalloc((size_t)threads, sizeof *j.buf);
+    j.band_codes = rs_xcalloc((size_t)threads, sizeof *j.band_codes);
+    /* a band at a time to whichever thread is free: a push shares the CPUs with the trainer packing
+     * the next bucket, and a fixed split would wait for a descheduled thread's whole share */
+    if (ws->pool && bands > 1) rs_pool_run_dynamic(ws->pool, bands, 1, quantize_bands, &j);
     else if (n) quantize_bands(&j, 0, bands, 0);
+    for (int t = 0; t < threads; t++) {
+        free(j.buf[t]);
+        free(j.band_codes[t]);
+    }
+    free(j.buf);
+    free(j.band_codes);
     int rc = atomic_load(&j.rc);
     if (rc != RS_OK) {
         rc = rs_error_set(err, RS_EINTERNAL, name, "cannot quantize tensor '%s' (%s)", name, rs_err_name(rc));
@@ -650,7 +662,7 @@ int rs_weight_convert(rs_weight_store *ws, const char *name, rs_dtype served, co
             pack_job pj = {.backend = ws->backend, .layout = layout, .dst = codes, .src = src->data,
                            .rows = out->shape[0], .cols = out->shape[1]};
             const int64_t bands = rs_fp8_blocks(pj.rows);
-            if (ws->pool && bands > 1) rs_pool_run(ws->pool, bands, 1, pack_bands, &pj);
+            if (ws->pool && bands > 1) rs_pool_run_dynamic(ws->pool, bands, 1, pack_bands, &pj);
             else pack_bands(&pj, 0, bands, 0);
         }
         if (rc != RS_OK) return rc;

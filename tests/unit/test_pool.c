@@ -31,17 +31,25 @@ static void sleep_us(long us) {
     nanosleep(&ts, NULL);
 }
 
-/* One job over [0, n) with `grain`; asserts each item ran once and ranges are whole grains. */
-static void run_and_check(rs_pool *p, job *j, int64_t n, int64_t grain) {
+/* One job over [0, n) with `grain` (rs_pool_run, or rs_pool_run_dynamic: one call per grain);
+ * asserts each item ran once. */
+static void run_and_check_how(rs_pool *p, job *j, int64_t n, int64_t grain, int dynamic) {
     for (int64_t i = 0; i < n; i++) atomic_store(&j->hits[i], 0);
     atomic_store(&j->calls, 0);
-    rs_pool_run(p, n, grain, count, j);
+    (dynamic ? rs_pool_run_dynamic : rs_pool_run)(p, n, grain, count, j);
     for (int64_t i = 0; i < n; i++)
         if (atomic_load(&j->hits[i]) != 1)
-            RS_TEST_FAIL("n %lld grain %lld: item %lld ran %d times", (long long)n, (long long)grain, (long long)i,
-                         atomic_load(&j->hits[i]));
-    ASSERT_TRUE(atomic_load(&j->calls) <= j->n_threads);
+            RS_TEST_FAIL("n %lld grain %lld%s: item %lld ran %d times", (long long)n, (long long)grain,
+                         dynamic ? " dynamic" : "", (long long)i, atomic_load(&j->hits[i]));
+    const int64_t grains = (n + grain - 1) / grain;
+    if (dynamic) ASSERT_EQ(atomic_load(&j->calls), j->n_threads == 1 || n <= grain ? 1 : grains);
+    else ASSERT_TRUE(atomic_load(&j->calls) <= j->n_threads);
     ASSERT_EQ(atomic_load(&j->bad_tid), 0);
+}
+
+static void run_and_check(rs_pool *p, job *j, int64_t n, int64_t grain) {
+    run_and_check_how(p, j, n, grain, 0);
+    run_and_check_how(p, j, n, grain, 1);
 }
 
 RS_TEST(pool_every_item_once_spinning_and_sleeping) {
@@ -83,4 +91,30 @@ RS_TEST(pool_waits_for_the_slowest_worker) {
     }
     rs_pool_free(p);
     rs_pool_free(NULL);
+}
+
+/* rs_pool_run_dynamic around a thread that is slow on every grain (as if descheduled): the others
+ * take the grains it would have had under a fixed split, and every item still runs once. */
+typedef struct slow_job {
+    job j;
+    atomic_int by_tid[3];
+} slow_job;
+
+static void slow_last(void *ctx, int64_t begin, int64_t end, int tid) {
+    slow_job *s = ctx;
+    if (tid == 2) sleep_us(20000);
+    atomic_fetch_add(&s->by_tid[tid], 1);
+    count(&s->j, begin, end, tid);
+}
+
+RS_TEST(pool_dynamic_others_take_a_slow_threads_share) {
+    static slow_job s;
+    rs_pool *p = rs_pool_init(3);
+    s.j.n_threads = 3;
+    rs_pool_run_dynamic(p, 300, 1, slow_last, &s);
+    for (int64_t i = 0; i < 300; i++) ASSERT_EQ(atomic_load(&s.j.hits[i]), 1);
+    /* a fixed split gives thread 2 a hundred grains (2 s); here it holds one or two */
+    ASSERT_TRUE(atomic_load(&s.by_tid[2]) <= 5);
+    ASSERT_EQ(atomic_load(&s.by_tid[0]) + atomic_load(&s.by_tid[1]) + atomic_load(&s.by_tid[2]), 300);
+    rs_pool_free(p);
 }
