@@ -168,7 +168,8 @@ RS_T512 static void band_avx512_rows(const void *w, int bf16, int64_t rows, int6
  * of x, whose bit 7 the instruction ignores), t comes from the high byte. The result is the
  * reference's exactly when code >= 9 and 0 <= t <= 15: code >= 9 means a >= 2^-6 (a < 0x3c800000
  * gives at most (0x3c87ffff >> 20) - 960 = 8), the normal branch, and t >= 0 means y >= 2^-7, a
- * normal fp32; the branch's clamp to 0x7e is applied too. x = +-0 and BF16 subnormals (ex = 0)
+ * normal fp32 (a negative t cannot pass for a small one: E0 <= 240 for any finite BF16 amax, so it
+ * wraps to a byte above 15); the branch's clamp to 0x7e is applied too. x = +-0 and BF16 subnormals (ex = 0)
  * give a signed zero, as the reference does (|x / s| < 2^-84 as s > 2^-42). Any other lane
  * (E4M3 subnormals, y near 2^-6) sends its 64 elements through the fp32 encoder with a true
  * division; for trained weights that is about one chunk in a hundred. Blocks holding a NaN or an
