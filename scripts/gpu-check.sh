@@ -66,7 +66,7 @@ else
 fi
 echo "== weight sync into a GPU-served daemon (issue 6: requantization and KV recalibration on the GPU)"
 if python3 -c 'import requests, numpy' 2>/dev/null; then
-  timeout 150 python3 scripts/bench_weight_sync.py --bin build-cuda/rolloutd --repeat 2 --daemon-args "--device cuda" \
+  timeout 180 python3 scripts/bench_weight_sync.py --bin build-cuda/rolloutd --repeat 3 --daemon-args "--device cuda" \
     --quantizations bf16/bf16,fp8/bf16,fp8
 else
   echo "weight-sync bench skipped: needs python3 with requests and numpy"
@@ -76,6 +76,8 @@ echo "== benchmarks (CPU backend on this host's $(nproc) cores)"
 # have the compute to be memory-bound (issue 3's 1.5x target; README "Decode: FP8 vs BF16 weights").
 timeout 150 ./build-cuda/rollout-bench --preset qwen3-0.6b --quantization both --batches 1,32
 ./build-cuda/bench-matmul 3072 1024 fp8,bf16 "$(nproc)" 1,32
+# the host-side quantizer a push into the GPU daemon runs (table encoder where the CPU has VBMI)
+./build-cuda/bench-quant 4096 7168 bf16 "$(nproc)" normal
 if python3 -c 'import requests, numpy' 2>/dev/null; then
   timeout 120 python3 scripts/bench_weight_sync.py --bin build-cuda/rolloutd --repeat 2 \
     --quantizations bf16/bf16,fp8/bf16,fp8
