@@ -9,6 +9,7 @@
  */
 #include "calibrate.h"
 
+#include <float.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -82,9 +83,11 @@ static float percentile_of(float *a, size_t n, float p) {
     return select_kth(a, n, k < n ? k : n - 1);
 }
 
-/* max(stat * margin, floor) / 448, raised an ulp at a time until stat * margin / scale <= 448. */
+/* max(stat * margin, floor) / 448, raised an ulp at a time until stat * margin / scale <= 448.
+ * A finite stat whose product with the margin overflows is taken as FLT_MAX (the scale stays
+ * finite: inf / inf would end the loop with an infinite scale). */
 static float scale_for(float stat, float margin) {
-    float a = fmaxf(stat * margin, RS_KV_CALIB_SCALE_FLOOR);
+    float a = fminf(fmaxf(stat * margin, RS_KV_CALIB_SCALE_FLOOR), FLT_MAX);
     float s = a / RS_FP8_E4M3_MAX;
     while (a / s > RS_FP8_E4M3_MAX) s = nextafterf(s, INFINITY);
     return s;

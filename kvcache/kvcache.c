@@ -313,6 +313,12 @@ void rs_kv_pool_free(rs_kv_pool *p) {
     memset(p, 0, sizeof *p);
 }
 
+bool rs_kv_scales_valid(const float *k_scales, const float *v_scales, size_t n) {
+    for (size_t i = 0; i < n; i++)
+        if (!(isfinite(k_scales[i]) && k_scales[i] > 0.0f && isfinite(v_scales[i]) && v_scales[i] > 0.0f)) return false;
+    return true;
+}
+
 int rs_kv_pool_set_scales(rs_kv_pool *p, const float *k_scales, const float *v_scales) {
     if (p->scale_mode != RS_KV_SCALE_PER_HEAD) {
         RS_ERROR("kv cache: per-head scales given to a pool without them (dtype %s)", rs_dtype_name(p->dtype));

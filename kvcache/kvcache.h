@@ -116,8 +116,10 @@ void rs_kv_pool_free(rs_kv_pool *p);
 /* Backend bytes of one block across all layers: its pages, plus its per-token scales (PER_TOKEN).
  * Reads only n_layers, n_kv_heads, head_dim, dtype and scale_mode of p. */
 size_t rs_kv_bytes_per_block(const rs_kv_pool *p);
+/* Whether each of k_scales[0..n), v_scales[0..n) is finite and > 0: usable as per-head scales. */
+bool rs_kv_scales_valid(const float *k_scales, const float *v_scales, size_t n);
 /* Installs per-head scales (PER_HEAD pools): k_scales, v_scales [n_layers][n_kv_heads] f32, host
- * memory (borrowed), each finite and > 0 — else RS_EINVAL and nothing changes; RS_EINVAL too for a
+ * memory (borrowed), each finite and > 0 (rs_kv_scales_valid) — else RS_EINVAL and nothing changes; RS_EINVAL too for a
  * pool that is not PER_HEAD. Codes already in the pages were written with the old scales and would
  * be misread with the new ones, so this also flushes the prefix cache (rs_kv_pool_flush_cache);
  * the caller installs scales when no running sequence's KV still matters (at start-up, or after a

@@ -105,6 +105,7 @@ typedef struct rs_ctl {
     rs_ctl_kind kind;
     int arg;                    /* RS_CTL_PAUSE: rs_pause_mode */
     rs_weights_apply_fn apply;  /* RS_CTL_WEIGHTS */
+    rs_weights_calibrate_fn calibrate; /* RS_CTL_WEIGHTS: scales for the new weights, before apply */
     void *apply_ctx;
     const float *k_scales, *v_scales; /* RS_CTL_WEIGHTS: pushed static KV scales, or NULL */
     bool kv_calibrated;                /* RS_CTL_WEIGHTS: k/v_scales are the calibration of the new weights */
@@ -994,16 +995,15 @@ static void set_weight_version(rs_engine *e, const char *version) {
     for (rs_seq *s = e->wait_head; s; s = s->next) seq_new_version(s, version);
 }
 
-/* New weights are in. No KV computed by the old ones is used again: sequences in flight are
- * retracted and recompute their tokens with the new weights (so every token's logprob is exactly
- * that of the version it reports), waiting ones drop matched or forked pages, the prefix cache is
- * dropped, and per-head FP8 KV scales are recalibrated for the new weights. */
 bool rs_engine_takes_kv_scales(const rs_engine *e) {
     return e->opts.kv_scales_static && e->pool.layers[0].scale_mode == RS_KV_SCALE_PER_HEAD;
 }
 
-static int after_weight_change(rs_engine *e, const float *k_scales, const float *v_scales, bool calibrated,
-                               rs_error *err) {
+/* New weights are in. No KV computed by the old ones is used again: sequences in flight are
+ * retracted and recompute their tokens with the new weights (so every token's logprob is exactly
+ * that of the version it reports), waiting ones drop matched or forked pages, and the prefix cache
+ * is dropped. */
+static void drop_old_kv(rs_engine *e) {
     while (e->n_running > 0) preempt(e, e->running[e->n_running - 1]);
     for (rs_seq *s = e->wait_head; s; s = s->next) {
         if (s->kv.n_blocks == 0) continue;
@@ -1011,18 +1011,52 @@ static int after_weight_change(rs_engine *e, const float *k_scales, const float 
         s->n_computed = 0;
     }
     rs_kv_pool_flush_cache(&e->pool);
-    if (k_scales && rs_engine_takes_kv_scales(e)) {
-        if (rs_kv_pool_set_scales(&e->pool, k_scales, v_scales) != RS_OK)
-            return rs_error_set(err, RS_EINVAL, "k_scale", "the pushed KV scales are unusable");
-        RS_INFO("kv cache: static per-head FP8 scales from the weight update");
-        return RS_OK;
+}
+
+/* RS_CTL_WEIGHTS. Everything that can fail happens before c->apply swaps the tensors: the KV
+ * scales the new weights will be served with are settled first (static mode: the pushed ones, or
+ * the old ones kept; calibrate mode: the caller's calibration of the new weights, or c->calibrate
+ * run here over the staged weights, holding the step loop) and checked. A refusal leaves the old
+ * weights, scales and version in service. After the swap nothing can fail. */
+static int commit_weights(rs_engine *e, rs_ctl *c) {
+    const size_t n = (size_t)e->pool.n_layers * (size_t)e->pool.n_kv_heads;
+    const float *k = NULL, *v = NULL;
+    float *ck = NULL, *cv = NULL;
+    const char *param = "k_scale", *what = "the pushed KV scales are unusable";
+    int rc = RS_OK;
+    if (rs_engine_takes_kv_scales(e)) {
+        k = c->k_scales, v = c->v_scales; /* NULL: the scales in service stay */
+    } else if (rs_engine_calibrates_kv(e)) {
+        param = "kv-cache-dtype", what = "calibration of the new weights produced unusable KV scales";
+        if (c->kv_calibrated && c->k_scales) {
+            k = c->k_scales, v = c->v_scales;
+        } else if (c->calibrate) {
+            ck = rs_xmalloc(n * sizeof *ck);
+            cv = rs_xmalloc(n * sizeof *cv);
+            rc = c->calibrate(c->apply_ctx, e, ck, cv, c->err);
+            k = ck, v = cv;
+        } else {
+            rc = rs_error_set(c->err, RS_EINVAL, "kv-cache-dtype",
+                              "an engine that calibrates FP8 KV scales needs them for the new weights");
+        }
     }
-    if (k_scales && calibrated && rs_engine_calibrates_kv(e)) { /* calibrated before the commit */
-        if (rs_kv_pool_set_scales(&e->pool, k_scales, v_scales) != RS_OK)
-            return rs_error_set(err, RS_EINVAL, "kv-cache-dtype", "calibration produced unusable KV scales");
-        return RS_OK;
+    if (rc == RS_OK && k && !rs_kv_scales_valid(k, v, n))
+        rc = rs_error_set(c->err, RS_EINVAL, param, "%s; the update is dropped and the weights in service are "
+                          "unchanged", what);
+    if (rc == RS_OK) {
+        c->apply(e->model, c->apply_ctx);
+        drop_old_kv(e);
+        if (k) {
+            int set = rs_kv_pool_set_scales(&e->pool, k, v);
+            RS_ASSERT(set == RS_OK); /* checked above */
+            if (rs_engine_takes_kv_scales(e)) RS_INFO("kv cache: static per-head FP8 scales from the weight update");
+        }
+        set_weight_version(e, c->version);
+        e->stats.weight_updates++;
     }
-    return rs_engine_calibrate_kv(e, err); /* no-op unless calibrated per-head FP8 scales */
+    free(ck);
+    free(cv);
+    return rc;
 }
 
 static void apply_control(rs_engine *e, rs_ctl *c) {
@@ -1045,13 +1079,11 @@ static void apply_control(rs_engine *e, rs_ctl *c) {
         break;
     case RS_CTL_WEIGHTS: {
         double t0 = rs_now_s();
-        c->apply(e->model, c->apply_ctx);
-        c->rc = after_weight_change(e, c->k_scales, c->v_scales, c->kv_calibrated, c->err);
-        set_weight_version(e, c->version);
-        e->stats.weight_updates++;
+        c->rc = commit_weights(e, c);
         c->seconds = rs_now_s() - t0;
-        RS_INFO("engine: weights updated to version %s (step loop held %.3f s, %d running, %d waiting)", c->version,
-                c->seconds, e->n_running, e->n_waiting);
+        if (c->rc == RS_OK)
+            RS_INFO("engine: weights updated to version %s (step loop held %.3f s, %d running, %d waiting)",
+                    c->version, c->seconds, e->n_running, e->n_waiting);
         break;
     }
     case RS_CTL_VERSION:
@@ -1099,10 +1131,10 @@ static int engine_control(rs_engine *e, rs_ctl_kind kind, int arg) {
     return engine_control_req(e, &c);
 }
 
-int rs_engine_update_weights(rs_engine *e, rs_weights_apply_fn apply, void *ctx, const float *k_scales,
-                             const float *v_scales, bool kv_calibrated, const char *version, double *seconds_paused,
-                             rs_error *err) {
-    rs_ctl c = {.kind = RS_CTL_WEIGHTS, .apply = apply, .apply_ctx = ctx, .k_scales = k_scales,
+int rs_engine_update_weights(rs_engine *e, rs_weights_apply_fn apply, rs_weights_calibrate_fn calibrate, void *ctx,
+                             const float *k_scales, const float *v_scales, bool kv_calibrated, const char *version,
+                             double *seconds_paused, rs_error *err) {
+    rs_ctl c = {.kind = RS_CTL_WEIGHTS, .apply = apply, .calibrate = calibrate, .apply_ctx = ctx, .k_scales = k_scales,
                 .v_scales = v_scales, .kv_calibrated = kv_calibrated, .version = version, .err = err};
     int rc = engine_control_req(e, &c);
     if (seconds_paused) *seconds_paused = c.seconds;

@@ -182,20 +182,25 @@ int rs_engine_flush_cache(rs_engine *e, rs_error *err);
 
 /* Weight updates. `apply` runs on the engine thread at a step boundary, when no forward pass is
  * in flight, and swaps the staged tensors into the model (it must not fail: everything that can
- * fail happens before, while staging). Then sequences in flight are retracted and recompute
- * their tokens with the new weights (KV from the old weights is never read again, so a token's
- * logprob is exactly that of the version it reports), the prefix cache is dropped, per-head FP8
- * KV scales are recalibrated (static mode: set from k_scales / v_scales [n_layers][n_kv_heads]
- * when given, validated by the caller; otherwise kept. Calibrate mode: set from k_scales /
- * v_scales when kv_calibrated says the caller already ran rs_engine_calibrate_kv_on over the new
- * weights, else calibrated here, holding the step loop), and weight_version is set. In-flight
- * requests are not aborted: tokens sampled after the commit come from the new weights, and outputs
- * record version spans. Thread-safe; returns once committed. RS_EBUSY when the engine is shutting
- * down. */
+ * fail happens before it, while staging, or in `calibrate`). Then sequences in flight are
+ * retracted and recompute their tokens with the new weights (KV from the old weights is never
+ * read again, so a token's logprob is exactly that of the version it reports), the prefix cache
+ * is dropped, the FP8 KV scales for the new weights are installed, and weight_version is set.
+ * The scales, [n_layers][n_kv_heads] each, are settled and checked (finite, > 0) before the swap:
+ *   static mode     k_scales / v_scales when given (pushed with the weights), else the old ones;
+ *   calibrate mode  k_scales / v_scales when kv_calibrated says the caller already ran
+ *                   rs_engine_calibrate_kv_on over the new weights, else what `calibrate(ctx, e,
+ *                   k, v, err)` computes on the engine thread before the swap (holding the step
+ *                   loop; e.g. over a view of the staged weights on the engine's backend).
+ * Any failure there refuses the update with nothing swapped: the old weights, scales and version
+ * stay in service. In-flight requests are not aborted: tokens sampled after the commit come from
+ * the new weights, and outputs record version spans. Thread-safe; returns once committed. RS_EBUSY
+ * when the engine is shutting down. */
 typedef void (*rs_weights_apply_fn)(rs_model *m, void *ctx);
-int rs_engine_update_weights(rs_engine *e, rs_weights_apply_fn apply, void *ctx, const float *k_scales,
-                             const float *v_scales, bool kv_calibrated, const char *version, double *seconds_paused,
-                             rs_error *err);
+typedef int (*rs_weights_calibrate_fn)(void *ctx, const rs_engine *e, float *k, float *v, rs_error *err);
+int rs_engine_update_weights(rs_engine *e, rs_weights_apply_fn apply, rs_weights_calibrate_fn calibrate, void *ctx,
+                             const float *k_scales, const float *v_scales, bool kv_calibrated, const char *version,
+                             double *seconds_paused, rs_error *err);
 
 /* Whether rs_engine_update_weights applies pushed KV scales: FP8 KV with static per-head scales
  * (--kv-scale-mode static). Otherwise pushed scales are not used: calibrate recomputes them from

@@ -296,7 +296,8 @@ static void apply(rs_model *m, void *ctx) {
         slot->layout = s->t.layout;
     }
     if (m->cfg.tie_embeddings) m->lm_head = m->embed;
-    m->weight_bytes = rs_weight_store_bytes(m->store);
+    /* read by /metrics and /get_server_info on HTTP threads (model.h) */
+    __atomic_store_n(&m->weight_bytes, rs_weight_store_bytes(m->store), __ATOMIC_RELAXED);
     u->applied = true;
 }
 
@@ -332,10 +333,10 @@ static int missing_error(rs_update *u, rs_error *err) {
     return rs_error_set(err, RS_EINTERNAL, NULL, "update incomplete but no parameter is missing");
 }
 
-/* The per-head KV scales the engine would calibrate for the staged weights, computed on u->calib
- * over a view of the model that holds them (the served model is not touched). */
-static int calibrate_staged(rs_update *u, rs_engine *e, float *k, float *v, rs_error *err) {
-    rs_model *view = rs_model_view(u->m, u->calib);
+/* The per-head KV scales the engine would calibrate for the staged weights, computed on backend
+ * b over a view of the model that holds them (the served model is not touched). */
+static int calibrate_staged(rs_update *u, const rs_engine *e, rs_backend *b, float *k, float *v, rs_error *err) {
+    rs_model *view = rs_model_view(u->m, b);
     char name[300];
     for (int i = 0; i < u->n_params; i++) {
         rs_tensor *t = rs_model_param_at(view, i, name, sizeof name, NULL);
@@ -353,6 +354,13 @@ static int calibrate_staged(rs_update *u, rs_engine *e, float *k, float *v, rs_e
     return rc;
 }
 
+/* rs_weights_calibrate_fn for a service without a calibration backend of its own: the engine runs
+ * it before the swap, on its thread, over the staged weights on the model's own backend. */
+static int calibrate_on_engine(void *ctx, const rs_engine *e, float *k, float *v, rs_error *err) {
+    rs_update *u = ctx;
+    return calibrate_staged(u, e, u->m->backend, k, v, err);
+}
+
 int rs_update_commit(rs_update *u, rs_engine *e, bool abort_all, double *seconds_paused, rs_error *err) {
     if (seconds_paused) *seconds_paused = 0;
     if (!rs_update_complete(u)) {
@@ -368,24 +376,28 @@ int rs_update_commit(rs_update *u, rs_engine *e, bool abort_all, double *seconds
         snprintf(version, sizeof version, "%s", u->version[0] ? u->version : rs_engine_weight_version(e));
         const float *k = u->kv_k, *v = u->kv_v;
         float *ck = NULL, *cv = NULL;
-        const bool precalibrate = u->calib && rs_engine_calibrates_kv(e);
+        /* Calibrate mode: the scales of the new weights are computed before the commit, on the
+         * service's calibration backend while generation goes on, or else by the engine before its
+         * swap. Either way a calibration that fails leaves the weights in service alone. */
+        const bool calibrates = rs_engine_calibrates_kv(e), precalibrate = calibrates && u->calib;
         if (precalibrate) {
             const size_t n = (size_t)u->m->cfg.n_layers * (size_t)u->m->cfg.n_kv_heads;
             ck = rs_xmalloc(n * sizeof *ck);
             cv = rs_xmalloc(n * sizeof *cv);
-            rc = calibrate_staged(u, e, ck, cv, err);
+            rc = calibrate_staged(u, e, u->calib, ck, cv, err);
             k = ck, v = cv;
         }
         if (rc == RS_OK) {
             if (abort_all) rs_engine_abort(e, NULL);
-            rc = rs_engine_update_weights(e, apply, u, k, v, precalibrate, version, seconds_paused, err);
+            rc = rs_engine_update_weights(e, apply, calibrates && !precalibrate ? calibrate_on_engine : NULL, u, k, v,
+                                          precalibrate, version, seconds_paused, err);
         }
         free(ck);
         free(cv);
     }
     /* After the swap the model owns every staged allocation and staging is empty; if the engine
-     * refused (shutting down) nothing was swapped and staging is freed here. A failure after the
-     * swap (KV recalibration) leaves the new weights in service and is reported as it is. */
+     * refused (shutting down, or KV scales it could not use) nothing was swapped and staging is
+     * freed here. */
     RS_ASSERT(!u->applied || rs_weight_store_count(u->stage) == 0);
     rs_update_abort(u);
     return rc;

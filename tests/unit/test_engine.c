@@ -578,7 +578,7 @@ RS_TEST(engine_weight_updates_during_generation) {
     for (int u = 1; u <= 20; u++) {
         char ver[16];
         snprintf(ver, sizeof ver, "%d", u);
-        ASSERT_EQ(rs_engine_update_weights(v.e, swap_weights, &sc, NULL, NULL, false, ver, NULL, &err), RS_OK);
+        ASSERT_EQ(rs_engine_update_weights(v.e, swap_weights, NULL, &sc, NULL, NULL, false, ver, NULL, &err), RS_OK);
     }
     wait_done(&w, R);
     rs_engine_stop(v.e);
