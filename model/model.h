@@ -109,7 +109,9 @@ typedef struct rs_model {
     rs_tensor lm_head;              /* lm_head.weight [vocab][hidden], or == embed when tied */
     rs_layer_weights *layers;       /* [n_layers] */
     float *rope_inv_freq;           /* [head_dim/2], host memory, scaling applied */
-    size_t weight_bytes;            /* resident bytes of all weights on the backend (FP8: codes + scales) */
+    size_t weight_bytes;            /* resident bytes of all weights on the backend (FP8: codes + scales);
+                                     * a weight update sets it on the engine thread, so other threads
+                                     * read it with __atomic_load_n */
     int n_quantized;                /* FP8 matrices, quantized at load or stored FP8 */
     size_t quantized_bytes;         /* their resident bytes: E4M3 codes + fp32 block scales */
     size_t quantized_bf16_bytes;    /* what the same matrices would take in BF16 */

@@ -81,7 +81,8 @@ static enum MHD_Result metrics(rs_http_req *r, rs_engine *e) {
     const bool have_sync = rs_weights_routes_stats(&sy);
     rs_metrics_input in = {.stats = &st, .http_in_flight = rs_http_in_flight(h), .http = counts, .n_http = n,
                            .rss_bytes = rss_bytes(), .start_time_s = h->start_time_unix, .version = RS_VERSION,
-                           .sync = have_sync ? &sy : NULL, .weight_bytes = (double)h->info.model->weight_bytes,
+                           .sync = have_sync ? &sy : NULL,
+                           .weight_bytes = (double)__atomic_load_n(&h->info.model->weight_bytes, __ATOMIC_RELAXED),
                            .weight_spare_bytes = (double)rs_weight_store_spare_bytes(h->info.model->store)};
     size_t len = 0;
     char *body = rs_metrics_text(&in, &len);
@@ -97,7 +98,7 @@ static enum MHD_Result server_info(rs_http_req *r, rs_engine *e) {
         .backend = h->info.backend,
         .limits = rs_engine_get_limits(e),
         .stats = &st,
-        .weight_bytes = h->info.model->weight_bytes,
+        .weight_bytes = __atomic_load_n(&h->info.model->weight_bytes, __ATOMIC_RELAXED),
         .kv_cache_bytes = (size_t)h->info.cfg->kv_cache_mb << 20,
         .http_in_flight = rs_http_in_flight(h),
         .uptime_s = 0,
