@@ -381,7 +381,10 @@ static json_t *output_json(const rs_generate_req *r, int p, int s, int from, boo
     json_object_set_new(meta, "prompt_tokens", json_integer(o->prompt_tokens));
     json_object_set_new(meta, "completion_tokens", json_integer(o->n_output));
     json_object_set_new(meta, "cached_tokens", json_integer(o->cached_tokens));
-    json_object_set_new(meta, "weight_version", json_string(job->weight_version));
+    /* the version of this output's last token (of its prompt scores when it has none); a request
+     * that crossed an update lists the others in weight_version_spans */
+    json_object_set_new(meta, "weight_version",
+                        json_string(o->n_spans > 0 ? o->spans[o->n_spans - 1].version : job->weight_version));
     json_object_set_new(meta, "num_retractions", json_integer(o->num_retractions));
     if (o->n_spans > 0) json_object_set_new(meta, "weight_version_spans", spans_json(o));
     if (job->return_logprob) {

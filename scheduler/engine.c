@@ -557,6 +557,8 @@ static bool job_finished(const rs_gen_job *job) {
 }
 
 static void set_finish(rs_gen_output *o, rs_finish_type type, int32_t matched, const char *msg, double t_arrival) {
+    /* an update after the last token (then an abort, or a stop found on it) gave it no token */
+    if (o->n_spans > 1 && o->spans[o->n_spans - 1].start == o->n_output) o->n_spans--;
     if (o->n_spans > 0) o->spans[o->n_spans - 1].end = o->n_output;
     o->finish.type = type;
     o->finish.matched = matched;
@@ -968,8 +970,10 @@ static int engine_step(rs_engine *e) {
 static void out_new_span(rs_gen_output *o, const char *version) {
     rs_weight_span *last = &o->spans[o->n_spans - 1];
     if (strcmp(last->version, version) == 0) return;
-    if (last->start == o->n_output) { /* no token under the old version: relabel */
-        snprintf(last->version, sizeof last->version, "%s", version);
+    if (last->start == o->n_output) { /* no token under the old version: relabel it, or */
+        if (o->n_spans > 1 && strcmp(o->spans[o->n_spans - 2].version, version) == 0)
+            o->n_spans--; /* go on with the span before it, of this version (A, B, A) */
+        else snprintf(last->version, sizeof last->version, "%s", version);
         return;
     }
     last->end = o->n_output;
@@ -979,8 +983,22 @@ static void out_new_span(rs_gen_output *o, const char *version) {
     sp->start = sp->end = o->n_output;
 }
 
+/* A prompt whose scores are not all computed yet is scored again from the start (with the new
+ * weights: the sequence recomputes after the update), so that a prompt's scores all come from one
+ * version, that of the output's first span. */
+static void out_restart_scoring(rs_gen_output *o, int k) {
+    const int n = o->n_input_logprobs;
+    if (n == 0 || !isnan(o->input_logprobs[n - 1])) return; /* scored in position order: all done */
+    for (int i = 0; i < n; i++) o->input_logprobs[i] = NAN;
+    for (size_t i = 0; k > 0 && i < (size_t)n * (size_t)k; i++) {
+        o->input_top_ids[i] = -1;
+        o->input_top_lps[i] = NAN;
+    }
+}
+
 static void seq_new_version(rs_seq *s, const char *version) {
     rs_gen_job *job = s->job;
+    out_restart_scoring(s->out, job->top_logprobs_num);
     out_new_span(s->out, version);
     for (int k = 1; k <= s->n_forks; k++) out_new_span(&job->outputs[s->prompt_index * job->sp.n + k], version);
     snprintf(job->weight_version, sizeof job->weight_version, "%s", version);
@@ -1162,6 +1180,13 @@ int rs_engine_flush_cache(rs_engine *e, rs_error *err) {
 void rs_engine_run_until_idle(rs_engine *e) {
     RS_ASSERT(!e->thread_started);
     while (take_inbox(e, false)) engine_step(e);
+}
+
+bool rs_engine_step_once(rs_engine *e) {
+    RS_ASSERT(!e->thread_started);
+    if (!take_inbox(e, false)) return false;
+    engine_step(e);
+    return true;
 }
 
 static void *engine_main(void *arg) {

@@ -67,7 +67,9 @@ typedef struct rs_gen_output {
     float *output_top_lps;      /* [n_output][top_logprobs_num] */
     int n_output, cap;
     /* Prompt scoring when logprob_start_len >= 0: input_logprobs[i] is the logprob of prompt token
-     * logprob_start_len + i given the tokens before it; NAN for position 0 (no context). */
+     * logprob_start_len + i given the tokens before it; NAN for position 0 (no context). All of
+     * them come from one weight version, spans[0]'s: a prompt not fully scored at an update is
+     * scored again with the new weights. */
     float *input_logprobs;
     int32_t *input_top_ids;     /* [n_input_logprobs][top_logprobs_num], -1 where absent (position 0) */
     float *input_top_lps;
@@ -77,8 +79,9 @@ typedef struct rs_gen_output {
     int cached_tokens;          /* prompt tokens whose KV this sample did not compute itself: prefix
                                  * cache hits, or the shared prefill of its n-sample group */
     int num_retractions;        /* times this sample was preempted and recomputed */
-    /* Weight versions that produced the output tokens, in order; more than one when the request
-     * crossed a weight update. spans[n_spans - 1].end == n_output once finished. */
+    /* Weight versions that produced the output tokens, in order, adjacent spans of different
+     * versions; more than one when the request crossed a weight update. Once finished, the spans
+     * tile [0, n_output) and only the first may be empty (an output without tokens). */
     rs_weight_span *spans;
     int n_spans;
     double e2e_latency;         /* seconds from arrival to finish */
@@ -101,7 +104,7 @@ struct rs_gen_job {
     bool stream;                /* reserved: the API issue adds SSE */
     /* filled by the engine */
     rs_gen_output *outputs;     /* [n_prompts * sp.n] */
-    char weight_version[64];
+    char weight_version[64];    /* the version in service at the job's last update or admission */
     double t_arrival;
     /* completion: called once on the engine thread when every output has finished */
     rs_job_done_fn on_done;
@@ -213,6 +216,10 @@ int rs_engine_set_weight_version(rs_engine *e, const char *version, rs_error *er
 /* Without a thread (tests, benchmarks): run steps on the caller's thread until every submitted
  * job has finished. */
 void rs_engine_run_until_idle(rs_engine *e);
+/* One step of rs_engine_run_until_idle (false: nothing left to do). Between two calls is a step
+ * boundary, where a control (a weight update, a version) applies at once: tests of what crosses
+ * an update use it to place the update exactly. */
+bool rs_engine_step_once(rs_engine *e);
 
 /* A snapshot of the engine's counters and occupancy; thread-safe (published after every step). */
 /* Latency histogram: counts of observations <= each bound (Prometheus "le" buckets) plus sum. */
