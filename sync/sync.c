@@ -46,6 +46,7 @@ struct rs_sync {
 
     /* service thread only */
     rs_update *txn;                     /* the open transaction, or NULL */
+    char auto_version[RS_UPDATE_VERSION_BYTES]; /* committed by an update without is_last, or "" */
     double txn_touched;                 /* rs_now_s() of its last bucket */
     bool joined;                        /* the running job joined txn */
     void *nccl;                         /* sync/nccl.c's state */
@@ -153,11 +154,41 @@ static void st_commit(rs_sync_stats *st, const void *arg) {
     st->last_update_bytes = c->bytes;
 }
 
+/* The open transaction is the tail of the update committed without is_last (see below). */
+static int finish_tail(rs_sync *s, rs_sync_result *res, rs_error *err) {
+    rs_update *u = s->txn;
+    s->txn = NULL;
+    const bool kv = rs_update_has_kv_scales(u);
+    bool installed = false;
+    int rc = rs_update_commit_extras(u, s->e, &installed, err);
+    stats_add(s, st_txn_state, s);
+    if (rc != RS_OK) {
+        stats_add(s, st_failed_update, NULL);
+        return rc;
+    }
+    snprintf(res->message, sizeof res->message, "the tail of version '%s', committed without is_last: %s",
+             s->auto_version,
+             !kv         ? "a tied lm_head.weight follows embed_tokens; nothing changes"
+             : installed ? "KV scales from this bucket installed"
+                         : "the pushed KV scales are unused (only --kv-cache-dtype fp8 --kv-scale-mode static takes "
+                           "them)");
+    RS_INFO("sync | %s", res->message);
+    return RS_OK;
+}
+
 int rs_sync_txn_finish(rs_sync *s, rs_weight_last last, bool abort_all, rs_sync_result *res, rs_error *err) {
     RS_ASSERT(s->txn);
     rs_update *u = s->txn;
     res->n_staged = rs_update_n_staged(u);
     res->n_required = rs_update_n_required(u);
+    const char *uv = rs_update_version(u);
+    /* Without is_last an update commits once every parameter is in; a bucket of nothing but a
+     * tied lm_head or KV scales after it, for the same version, is its tail, not a new update
+     * (which could never complete, and would hold off the next version for weight-update-timeout). */
+    if (last == RS_WEIGHT_LAST_AUTO && s->e && s->auto_version[0] && rs_update_only_extras(u) &&
+        (!uv[0] || !strcmp(uv, s->auto_version)) && !strcmp(rs_engine_weight_version(s->e), s->auto_version) &&
+        rs_update_kv_scales_whole(u))
+        return finish_tail(s, res, err);
     const bool commit = last == RS_WEIGHT_LAST_YES || (last == RS_WEIGHT_LAST_AUTO && rs_update_complete(u));
     if (!commit) {
         snprintf(res->message, sizeof res->message,
@@ -180,6 +211,8 @@ int rs_sync_txn_finish(rs_sync *s, rs_weight_last last, bool abort_all, rs_sync_
     }
     c.seconds = rs_now_s() - t_begin;
     stats_add(s, st_commit, &c);
+    snprintf(s->auto_version, sizeof s->auto_version, "%s",
+             last == RS_WEIGHT_LAST_AUTO && s->e ? rs_engine_weight_version(s->e) : "");
     res->committed = true;
     res->n_staged = res->n_required;
     res->seconds_paused = c.paused;

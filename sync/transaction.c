@@ -301,6 +301,21 @@ static void apply(rs_model *m, void *ctx) {
     u->applied = true;
 }
 
+/* The first layer whose pushed KV scale pair is not whole, described for the 400 answer; RS_OK
+ * when none was pushed or all are. */
+static int kv_missing_error(const rs_update *u, rs_error *err) {
+    for (int l = 0; u->kv_count > 0 && l < u->m->cfg.n_layers; l++) {
+        if (u->kv_seen[l] == 3) continue;
+        char name[96];
+        snprintf(name, sizeof name, "model.layers.%d.self_attn.%s", l, (u->kv_seen[l] & 1) ? "v_scale" : "k_scale");
+        return rs_error_set(err, RS_EINVAL, name,
+                            "missing tensor '%s' at is_last: KV scales are pushed for every layer (k_scale and "
+                            "v_scale) or not at all; %d of %d staged; the update is dropped", name, u->kv_count,
+                            2 * u->m->cfg.n_layers);
+    }
+    return RS_OK;
+}
+
 /* The first parameter that is not staged whole, described for the 400 answer. */
 static int missing_error(rs_update *u, rs_error *err) {
     for (int i = 0; i < u->n_params; i++) {
@@ -321,15 +336,8 @@ static int missing_error(rs_update *u, rs_error *err) {
                             "missing tensor '%s' at is_last: every parameter must be sent; the update is dropped "
                             "(%d of %d parameters staged)", name, u->n_complete, u->n_params);
     }
-    for (int l = 0; u->kv_count > 0 && l < u->m->cfg.n_layers; l++) {
-        if (u->kv_seen[l] == 3) continue;
-        char name[96];
-        snprintf(name, sizeof name, "model.layers.%d.self_attn.%s", l, (u->kv_seen[l] & 1) ? "v_scale" : "k_scale");
-        return rs_error_set(err, RS_EINVAL, name,
-                            "missing tensor '%s' at is_last: KV scales are pushed for every layer (k_scale and "
-                            "v_scale) or not at all; %d of %d staged; the update is dropped", name, u->kv_count,
-                            2 * u->m->cfg.n_layers);
-    }
+    int rc = kv_missing_error(u, err);
+    if (rc != RS_OK) return rc;
     return rs_error_set(err, RS_EINTERNAL, NULL, "update incomplete but no parameter is missing");
 }
 
@@ -359,6 +367,36 @@ static int calibrate_staged(rs_update *u, const rs_engine *e, rs_backend *b, flo
 static int calibrate_on_engine(void *ctx, const rs_engine *e, float *k, float *v, rs_error *err) {
     rs_update *u = ctx;
     return calibrate_staged(u, e, u->m->backend, k, v, err);
+}
+
+bool rs_update_only_extras(const rs_update *u) {
+    for (int i = 0; i < u->n_params; i++)
+        if (u->e[i].has_data || u->e[i].has_scale) return false;
+    return u->tied_seen || u->kv_count > 0;
+}
+
+bool rs_update_kv_scales_whole(const rs_update *u) {
+    return u->kv_count == 0 || u->kv_count == 2 * u->m->cfg.n_layers;
+}
+
+static void apply_nothing(rs_model *m, void *ctx) {
+    (void)m;
+    (void)ctx;
+}
+
+int rs_update_commit_extras(rs_update *u, rs_engine *e, bool *kv_installed, rs_error *err) {
+    RS_ASSERT(rs_update_only_extras(u));
+    *kv_installed = false;
+    int rc = kv_missing_error(u, err);
+    if (rc == RS_OK && u->kv_count > 0 && e && rs_engine_takes_kv_scales(e)) {
+        /* the version in service stays; its KV, written with the old scales, is recomputed */
+        char version[RS_UPDATE_VERSION_BYTES];
+        snprintf(version, sizeof version, "%s", rs_engine_weight_version(e));
+        rc = rs_engine_update_weights(e, apply_nothing, NULL, u, u->kv_k, u->kv_v, false, version, NULL, err);
+        *kv_installed = rc == RS_OK;
+    }
+    rs_update_abort(u);
+    return rc;
 }
 
 int rs_update_commit(rs_update *u, rs_engine *e, bool abort_all, double *seconds_paused, rs_error *err) {

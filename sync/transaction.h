@@ -100,6 +100,20 @@ bool rs_update_has_kv_scales(const rs_update *u);
  * before anything is swapped. */
 int rs_update_commit(rs_update *u, rs_engine *e, bool abort_all, double *seconds_paused, rs_error *err);
 
+/* True when u stages no parameter, only what may come besides them: a tied lm_head.weight
+ * (validated, then ignored) and/or KV scales. A bucket like that after an update committed
+ * without is_last is its tail (a trainer sending state_dict() order puts lm_head last, alone in
+ * a bucket when it is larger than one): see rs_update_commit_extras. */
+bool rs_update_only_extras(const rs_update *u);
+/* True unless u holds KV scales for some layers but not yet all of them. */
+bool rs_update_kv_scales_whole(const rs_update *u);
+
+/* Ends u, which holds only extras (rs_update_only_extras) for the weights in service: pushed KV
+ * scales covering every layer are installed when the engine takes them (static mode), else
+ * unused; a tied lm_head is ignored. Nothing else changes (not the version). *kv_installed says
+ * whether scales went in. u is freed either way. */
+int rs_update_commit_extras(rs_update *u, rs_engine *e, bool *kv_installed, rs_error *err);
+
 /* Drops the transaction and frees everything it staged. NULL is a no-op. */
 void rs_update_abort(rs_update *u);
 
