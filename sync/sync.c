@@ -42,6 +42,7 @@ struct rs_sync {
     pthread_mutex_t mu;                 /* guards the queue and stop */
     pthread_cond_t cv;
     rs_sync_job *head, *tail;
+    int n_queued;                       /* jobs in head..tail */
     bool stop;
 
     /* service thread only */
@@ -349,6 +350,7 @@ static void *sync_main(void *arg) {
         rs_sync_job *job = s->head;
         s->head = job->next;
         if (!s->head) s->tail = NULL;
+        s->n_queued--;
         pthread_mutex_unlock(&s->mu);
         run_job(s, job);
         job->on_done(job, job->user); /* the job belongs to its submitter again */
@@ -456,6 +458,16 @@ int rs_sync_submit(rs_sync *s, rs_sync_job *job, rs_error *err) {
         pthread_mutex_unlock(&s->mu);
         return rs_error_set(err, RS_EBUSY, NULL, "the server is shutting down");
     }
+    /* A trainer sends one bucket at a time. Each queued job holds its parsed tensor list (a few
+     * times its body), so a client that posts without waiting is answered 503 instead of growing
+     * the daemon's memory without bound. */
+    if (s->n_queued >= RS_SYNC_MAX_QUEUED) {
+        pthread_mutex_unlock(&s->mu);
+        return rs_error_set(err, RS_EBUSY, NULL,
+                            "%d weight requests are already waiting for the weight-sync service; send the next "
+                            "one when an earlier one is answered", RS_SYNC_MAX_QUEUED);
+    }
+    s->n_queued++;
     if (s->tail) s->tail->next = job;
     else s->head = job;
     s->tail = job;

@@ -98,8 +98,9 @@ int rs_sync_start(rs_sync **out, rs_engine *e, rs_model *m, const rs_sync_opts *
  * open transaction, joins the thread and frees the service. Call before stopping the engine. */
 void rs_sync_stop(rs_sync *s);
 
-/* Thread-safe: queues `job` (the service owns it until on_done). RS_EBUSY once stopping; the job
- * is then not queued and on_done is not called. */
+/* Thread-safe: queues `job` (the service owns it until on_done). RS_EBUSY once stopping, or when
+ * RS_SYNC_MAX_QUEUED jobs already wait; the job is then not queued and on_done is not called. */
+#define RS_SYNC_MAX_QUEUED 8
 int rs_sync_submit(rs_sync *s, rs_sync_job *job, rs_error *err);
 
 /* Submits and waits for the job (tests, tools): returns job->rc. Must not be called from on_done
