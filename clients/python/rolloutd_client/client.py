@@ -1,5 +1,6 @@
 """HTTP client for rolloutd (API.md): generation, control, weight updates."""
 import math
+import operator
 import threading
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Tuple
@@ -26,6 +27,9 @@ class RolloutdError(Exception):
         else:
             self.message, self.type, self.param = (str(body)[:500] if body else None), None, None
         super().__init__(f"{path} -> {status}: {self.message}")
+
+    def __reduce__(self):  # survives pickle (Ray, multiprocessing): rebuilt from what __init__ takes
+        return type(self), (self.status, self.body, self.path)
 
 
 @dataclass
@@ -84,6 +88,44 @@ def _spans(meta, n_out):
             v, s, e = x
             spans.append((str(v), int(s), int(e)))
     return spans, True
+
+
+def _int(v, what):
+    """v as a Python int (np.int64 and other integer types included; a float is a TypeError)."""
+    try:
+        return operator.index(v)
+    except TypeError:
+        raise TypeError(f"{what}: expected an integer, got {type(v).__name__} {v!r}") from None
+
+
+def _is_seq(v):
+    return isinstance(v, (list, tuple)) or getattr(v, "ndim", 0) >= 1
+
+
+def _token_list(x, what):
+    """One sequence of token ids (list, tuple, 1-D numpy array or torch tensor) as a list of ints."""
+    if not isinstance(x, (list, tuple)) and hasattr(x, "tolist"):
+        x = x.tolist()
+    if not isinstance(x, (list, tuple)):
+        raise TypeError(f"{what}: expected a sequence of token ids, got {type(x).__name__}")
+    return [_int(t, what) for t in x]
+
+
+def _prompts(input_ids):
+    """input_ids as JSON: one prompt ([int]) or a batch ([[int]]), from lists, tuples, numpy arrays
+    (1-D, 2-D, or a list of 1-D: a ragged batch) or torch tensors, with numpy integer elements."""
+    x = input_ids
+    if not isinstance(x, (list, tuple)) and hasattr(x, "tolist"):
+        x = x.tolist()
+    if isinstance(x, (list, tuple)) and x and _is_seq(x[0]):
+        return [_token_list(s, f"input_ids[{i}]") for i, s in enumerate(x)]
+    return _token_list(x, "input_ids")
+
+
+def _py(v):
+    """A numpy scalar (np.int64, np.float32, np.bool_) as the Python value json can write; anything
+    else unchanged (the server validates it)."""
+    return v.item() if isinstance(v, np.generic) else v
 
 
 def parse_output(obj):
@@ -191,24 +233,24 @@ class Client:
                  min_p=None, sampling_seed=None, stop_token_ids=None, ignore_eos=None, min_new_tokens=None,
                  return_logprob=True, logprob_start_len=-1, top_logprobs_num=None, logprobs_mode=None,
                  rid=None, extra_sampling_params=None, extra=None, timeout=None):
-        """POST /generate. input_ids: one prompt (list of ints) or a batch (list of lists).
+        """POST /generate. input_ids: one prompt (list of ints) or a batch (list of lists); numpy
+        arrays (1-D, 2-D, or a list of 1-D for a ragged batch), torch tensors and numpy integers
+        are accepted, as are numpy values for the sampling parameters.
         Returns a list of GenerateResult, in the server's order (prompt-major, then sample), also
         for one prompt with n=1. Parameters left at None take the server's default."""
-        if isinstance(input_ids, np.ndarray):
-            input_ids = input_ids.tolist()
         sp = {"n": n, "max_new_tokens": max_new_tokens, "temperature": temperature, "top_p": top_p,
               "top_k": top_k, "min_p": min_p, "sampling_seed": sampling_seed,
-              "stop_token_ids": list(stop_token_ids) if stop_token_ids is not None else None,
+              "stop_token_ids": _token_list(stop_token_ids, "stop_token_ids") if stop_token_ids is not None else None,
               "ignore_eos": ignore_eos, "min_new_tokens": min_new_tokens}
-        sp = {k: v for k, v in sp.items() if v is not None}
+        sp = {k: _py(v) for k, v in sp.items() if v is not None}
         if n == 1:
             sp.pop("n")
         sp.update(extra_sampling_params or {})
-        body = {"input_ids": input_ids, "sampling_params": sp, "return_logprob": bool(return_logprob)}
+        body = {"input_ids": _prompts(input_ids), "sampling_params": sp, "return_logprob": bool(return_logprob)}
         if return_logprob and logprob_start_len is not None:
-            body["logprob_start_len"] = logprob_start_len
+            body["logprob_start_len"] = _py(logprob_start_len)
         if top_logprobs_num is not None:
-            body["top_logprobs_num"] = top_logprobs_num
+            body["top_logprobs_num"] = _py(top_logprobs_num)
         if logprobs_mode is not None:
             body["logprobs_mode"] = logprobs_mode
         if rid is not None:
@@ -220,9 +262,9 @@ class Client:
     def score(self, input_ids, logprob_start_len=0, timeout=None):
         """Teacher forcing: prompt logprobs of each sequence (max_new_tokens 0). Returns one float64
         array per sequence, NaN where the server sends null (the first position)."""
-        batch = input_ids if input_ids and isinstance(input_ids[0], (list, tuple, np.ndarray)) else [input_ids]
-        res = self.generate([list(map(int, s)) for s in batch], max_new_tokens=0,
-                            logprob_start_len=logprob_start_len, timeout=timeout)
+        ids = _prompts(input_ids)
+        batch = ids if ids and isinstance(ids[0], list) else [ids]
+        res = self.generate(batch, max_new_tokens=0, logprob_start_len=logprob_start_len, timeout=timeout)
         return [r.input_logprobs for r in res]
 
     # ------------------------------------------------------------ operations
@@ -322,7 +364,9 @@ class Client:
         unlinked by close(), on error, and at exit (also if the process dies: they are registered
         with multiprocessing's resource tracker). False: fresh segments, unlinked after the push.
         Returns PushResult; raises RolloutdError when the server refuses a bucket (the update is
-        then void and the previous weights keep serving)."""
+        then void and the previous weights keep serving). Any other failure once a bucket was sent
+        (an exception while packing, Ctrl-C, a POST timeout) ends the server's open update as well
+        (shm.abort_update) before it propagates, so the next push is not refused with 409."""
         if transport == "nccl":
             from .nccl import push_weights_nccl
             return push_weights_nccl(self, state_dict, version, bucket_bytes=bucket_bytes, fp8=fp8,

@@ -91,8 +91,9 @@ def e4m3_bits_to_f32(codes):
 
 def f32_to_e4m3_bits(x):
     """float32 array -> uint8 E4M3FN codes: clamp to +-448 (saturating, as rolloutd's encoder and
-    __nv_cvt_float_to_fp8(..., __NV_SATFINITE, __NV_E4M3)), then round to nearest even; NaN -> 0x7F
-    (sign kept). Bit-exact with ml_dtypes' cast of the clamped value (tests/e2e/test_client.py).
+    __nv_cvt_float_to_fp8(..., __NV_SATFINITE, __NV_E4M3)), then round to nearest even; every NaN ->
+    0x7F whatever its sign bit (rolloutd's rs_fp8_e4m3_from_f32, which canonicalizes NaN as CUDA
+    does). Bit-exact with ml_dtypes' cast of the clamped value for non-NaN (tests/e2e/test_client.py).
     Pure numpy integer arithmetic (no ml_dtypes needed; releases the GIL, so it parallelizes)."""
     x = np.clip(np.asarray(x, dtype=np.float32), np.float32(-E4M3_MAX), np.float32(E4M3_MAX))
     u = x.view(np.uint32)
@@ -104,9 +105,9 @@ def f32_to_e4m3_bits(x):
     # Subnormal E4M3 (|x| < 2^-6): steps of 2^-9, code = rint(|x| * 2^9) (exact scaling; 8 = 2^-6).
     with np.errstate(invalid="ignore"):  # NaN: replaced below
         sub = np.rint(np.abs(x) * np.float32(512)).astype(np.int32)
-    code = np.where(a < np.uint32(121 << 23), sub, code)
-    code = np.where(a > np.uint32(0x7F800000), 0x7F, code).astype(np.uint8)  # NaN
-    return code | ((u >> np.uint32(24)).astype(np.uint8) & np.uint8(0x80))
+    code = np.where(a < np.uint32(121 << 23), sub, code).astype(np.uint8)
+    code |= (u >> np.uint32(24)).astype(np.uint8) & np.uint8(0x80)
+    return np.where(a > np.uint32(0x7F800000), np.uint8(0x7F), code)  # NaN, either sign
 
 
 def _f32_to_e4m3_bits_frexp(x):
@@ -120,8 +121,7 @@ def _f32_to_e4m3_bits_frexp(x):
     e = np.where(a < 2.0 ** -6, -6, ex.astype(np.int64) - 1)
     q = np.rint(np.ldexp(a, (3 - e).astype(np.int32))).astype(np.int64)
     code = ((e + 7) << 3) + (q - 8)        # e = -6 covers the subnormals (and 0) too: code = q
-    code = np.where(nan, 0x7F, code).astype(np.uint8)
-    return code | sign
+    return np.where(nan, np.uint8(0x7F), code.astype(np.uint8) | sign)
 
 
 def to_e4m3(x):

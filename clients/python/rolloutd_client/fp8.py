@@ -2,7 +2,10 @@
 
 A weight matrix w [out][in] is cut into 128x128 blocks (ragged at the right and bottom edges); each
 block gets `scale_inv = max(amax, 1e-10) / 448` (fp32), and its elements become
-`q = sat_e4m3(w / scale_inv)`: fp32 division, clamp to +-448, round to nearest even. The scales form
+`q = sat_e4m3(w / scale_inv)`: fp32 division, clamp to +-448, round to nearest even. Non-finite
+weights as in rolloutd's reference (kernels/fp8.c rs_fp8_quantize_weight_ref): a NaN does not count
+in its block's amax (fmaxf), an inf makes the amax inf (the block's finite values become 0, the inf
+itself inf/inf = NaN), and every NaN encodes as 0x7F, whatever its sign. The scales form
 `<name>_scale_inv` float32 [ceil(out/128)][ceil(in/128)], the layout of Qwen3-FP8 / DeepSeek-V3
 checkpoints' `weight_scale_inv` and of slime / veRL's trainer-side quantizer.
 
@@ -51,9 +54,14 @@ def _quantize_rows(w, codes, scale_inv, bo0, bo1):
         pad = np.zeros((nr * BLOCK, nbi * BLOCK), dtype=np.float32)
         pad[:r1 - r0, :cols] = part
         blocks = pad.reshape(nr, BLOCK, nbi, BLOCK)
-    amax = np.abs(blocks).max(axis=(1, 3))
+    a = np.abs(blocks)
+    amax = a.max(axis=(1, 3))
+    if np.isnan(amax).any():  # NaN is ignored, as fmaxf does (0 for a block of nothing but NaN)
+        amax = np.fmax.reduce(a, axis=(1, 3), initial=np.float32(0))
+    del a
     s = (np.maximum(amax, AMAX_FLOOR) / np.float32(E4M3_MAX)).astype(np.float32)
-    q = blocks / s[:, None, :, None]                        # fp32 IEEE division per element
+    with np.errstate(invalid="ignore"):  # inf / inf in a block whose amax is inf: NaN, as in C
+        q = blocks / s[:, None, :, None]                    # fp32 IEEE division per element
     codes[r0:r1] = f32_to_e4m3_bits(q).reshape(nr * BLOCK, nbi * BLOCK)[:r1 - r0, :cols]
     scale_inv[bo0:bo1] = s
 
@@ -111,9 +119,12 @@ def quantize_weight_torch(w):
     pad = torch.zeros(nbo * BLOCK, nbi * BLOCK, dtype=torch.float32, device=w.device)
     pad[:rows, :cols] = w
     blocks = pad.view(nbo, BLOCK, nbi, BLOCK)
-    amax = blocks.abs().amax(dim=(1, 3))
+    a = blocks.abs()
+    amax = a.masked_fill(a.isnan(), 0).amax(dim=(1, 3))     # NaN ignored, as fmaxf does
     s = torch.clamp_min(amax, float(AMAX_FLOOR)) / E4M3_MAX
-    q = (blocks / s[:, None, :, None]).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
+    x = blocks / s[:, None, :, None]
+    q = x.clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
+    q.view(torch.uint8).masked_fill_(x.isnan(), 0x7F)        # torch keeps NaN's sign bit; rolloutd does not
     return q.view(nbo * BLOCK, nbi * BLOCK)[:rows, :cols].contiguous(), s.contiguous()
 
 

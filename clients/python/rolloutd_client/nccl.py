@@ -28,7 +28,11 @@ commits the whole update there, or refuses it naming a missing parameter.
 Failures. Every wait is bounded (`timeout`) and polls the communicator's asynchronous error and the
 POSTs: a refused request (bad name or shape, 409) is still received and discarded by rolloutd, so the
 group stays usable and RolloutdError is raised; a transport failure or timeout aborts the local
-communicator (ncclCommAbort), and the group must be initialized again.
+communicator (ncclCommAbort), and the group must be initialized again. Whatever ends a push after a
+bucket was sent (also an exception while packing, or Ctrl-C), each engine that did not refuse it is
+then told to drop the update (rolloutd_client.shm.abort_update, over the shm route: an
+/update_weights_from_distributed with no names would abort the group), so that the next version is
+not refused with 409 until weight-update-timeout.
 
 NCCL rules the caller must keep:
   - both sides must run the same NCCL release (NCCL refuses mismatched versions at init): point
@@ -52,6 +56,7 @@ import socket
 import threading
 import time
 
+from . import shm as _shm
 from . import tensors as _tensors
 
 NCCL_UNIQUE_ID_BYTES = 128
@@ -441,6 +446,34 @@ def plan_buckets(entries, bucket_bytes):
     return out
 
 
+_ABORT_WAIT_S = 30.0
+
+
+def _abort_open_updates(clients, version, futures, timeout):
+    """After a failed push: once each engine's POST in flight (`futures`, one per engine, of the
+    last bucket sent) has returned, or after `timeout` seconds (rolloutd runs weight requests in
+    arrival order, so a later one still comes after it), end every engine's open update to
+    `version` in parallel, except where the engine refused the bucket (it dropped the update)."""
+    deadline = time.monotonic() + timeout
+    refused = set()
+    for k, f in enumerate(futures):
+        try:
+            f.result(timeout=max(0.0, deadline - time.monotonic()))
+        except cf.TimeoutError:
+            pass
+        except Exception as e:  # noqa: BLE001 -- only whether it is a refusal matters here
+            if _shm._refused(e):
+                refused.add(k)
+    targets = [c for k, c in enumerate(clients) if k not in refused]
+    if not targets:
+        return
+    ex = cf.ThreadPoolExecutor(max_workers=len(targets), thread_name_prefix="rolloutd-nccl-abort")
+    try:
+        cf.wait([ex.submit(_shm.abort_update, c, version, None, timeout) for c in targets], timeout=timeout + 5)
+    finally:
+        ex.shutdown(wait=False)
+
+
 def push_weights_nccl(client, state_dict, version, group_name=DEFAULT_GROUP, bucket_bytes=512 << 20,
                       fp8=False, fp8_filter=None, timeout=None, flattened=True, group=None, device=None,
                       nccl_so=None, init_timeout=300.0):
@@ -471,6 +504,7 @@ def push_weights_nccl(client, state_dict, version, group_name=DEFAULT_GROUP, buc
     t0 = time.perf_counter()
     total, server_s, final = 0, 0.0, None
     pool = cf.ThreadPoolExecutor(max_workers=len(group.clients), thread_name_prefix="rolloutd-nccl-post")
+    futures, posted, ok = [], False, False
     try:
         with torch.cuda.device(group.device):
             group.stream.wait_stream(torch.cuda.current_stream(group.device))
@@ -493,6 +527,7 @@ def push_weights_nccl(client, state_dict, version, group_name=DEFAULT_GROUP, buc
                         sends = [_as_device_bytes(torch, e, dev).to(dev) for e in items]
                 futures = _post_all(pool, group.clients, "/update_weights_from_distributed",
                                     [body] * len(group.clients), op_timeout + 60)
+                posted = True
                 try:
                     for s in sends:
                         group.broadcast(s, futures, op_timeout)
@@ -511,8 +546,13 @@ def push_weights_nccl(client, state_dict, version, group_name=DEFAULT_GROUP, buc
                     server_s += float(final.get("seconds") or 0.0)
                 total += nbytes
                 del sends
+        ok = True
     finally:
-        pool.shutdown(wait=False)
+        try:
+            if not ok and posted:
+                _abort_open_updates(group.clients, version, futures, min(op_timeout, _ABORT_WAIT_S))
+        finally:
+            pool.shutdown(wait=False)
     secs = time.perf_counter() - t0
     return PushResult(response=final, bytes=total, seconds=secs,
                       gb_per_s=total / secs / 1e9 if secs > 0 else math.inf, posts=len(buckets),

@@ -13,6 +13,18 @@ A tensor larger than bucket_bytes is sent alone in its own segment, sized to it 
 after its POST (peak extra memory: 2 x bucket_bytes + the largest tensor). Every segment is unlinked
 at the end, also when a POST fails or packing raises.
 
+Segments are reserved with posix_fallocate before they are mapped: on tmpfs, ftruncate only makes a
+sparse file and MAP_POPULATE ignores pages it cannot get, so a /dev/shm smaller than a bucket (Docker's
+default is 64 MiB) would otherwise kill the trainer with SIGBUS at the first write past what fits;
+reserved, it is an OSError (ENOSPC) naming /dev/shm, and the segment is unlinked.
+
+A push that fails after a bucket reached the server (an exception while packing, Ctrl-C, a POST
+timeout) leaves the server's update transaction open, which would refuse the next version (409) until
+weight-update-timeout. Once the last POST has returned, push_shm ends it with abort_update: a final
+bucket with no tensors for the same version, which the server answers with 400 ("missing tensor")
+and drops the whole update. A bucket the server itself refused (400, 409) needs none: that already
+dropped it.
+
 Segments are mapped with MAP_POPULATE. Allocating tmpfs pages is the expensive part of a push (the
 kernel zeroes them: ~1.5 GB/s on a small VM, against >10 GB/s for the copy itself), so by default
 (keep_segments=True) the two bucket segments, and a third for tensors larger than a bucket, stay
@@ -21,6 +33,7 @@ Client.close(), on any error, and at interpreter exit). rolloutd keeps its mappi
 stay (weight-shm-keep), so a reused segment costs neither side a page fault or an mmap.
 """
 import concurrent.futures as cf
+import errno
 import itertools
 import mmap
 import os
@@ -62,49 +75,91 @@ def plan_buckets(entries, bucket_bytes):
     return buckets
 
 
-def _unlink(name, fd_mmap):
-    fd, mm = fd_mmap
+def _unlink(name, state):
+    """Finalizer of a Segment. state: {"fd", "mm", "pid" (the creator), "registered"}. A forked child
+    inherits the finalizer (it runs at the child's exit): there it only drops the child's copies of
+    the fd and the mapping, never the parent's segment."""
     try:
-        mm.close()
+        state["mm"].close()
     except BufferError:  # a view is still alive somewhere: the mapping goes with the process
         pass
-    os.close(fd)
+    os.close(state["fd"])
+    if os.getpid() != state["pid"]:
+        return
     try:
         _posixshmem.shm_unlink(name)
     except FileNotFoundError:
         pass
+    if state["registered"]:
+        try:
+            from multiprocessing import resource_tracker
+            resource_tracker.unregister(name, "shared_memory")
+        except Exception:  # noqa: BLE001
+            pass
+
+
+_NO_RESERVE = {errno.EINVAL, errno.EOPNOTSUPP, errno.ENOSYS, getattr(errno, "ENOTSUP", errno.EOPNOTSUPP)}
+
+
+def _reserve(fd, size, name):
+    """Allocates the segment's pages now (posix_fallocate), so that a full /dev/shm is an OSError
+    here, not a SIGBUS at the first write into a page tmpfs cannot supply. Where the platform or
+    filesystem cannot reserve (no posix_fallocate, EOPNOTSUPP), the segment stays as ftruncate left
+    it, as before."""
+    fallocate = getattr(os, "posix_fallocate", None)
+    if fallocate is None:
+        return
     try:
-        from multiprocessing import resource_tracker
-        resource_tracker.unregister(name, "shared_memory")
-    except Exception:  # noqa: BLE001
-        pass
+        fallocate(fd, 0, size)
+    except OSError as e:
+        if e.errno in _NO_RESERVE:
+            return
+        if e.errno != errno.ENOSPC:
+            raise
+        try:
+            st = os.statvfs("/dev/shm")
+            free = f"{st.f_bavail * st.f_frsize} of {st.f_blocks * st.f_frsize} bytes free"
+        except OSError:
+            free = "size unknown"
+        raise OSError(errno.ENOSPC,
+                      f"No space left on device: cannot reserve {size} bytes for shared-memory segment "
+                      f"{name} in /dev/shm ({free}); enlarge /dev/shm (docker run --shm-size, a memory-"
+                      f"backed emptyDir on Kubernetes) or push with a smaller bucket_bytes") from e
 
 
 class Segment:
-    """An owned POSIX shm segment: shm_open(O_CREAT | O_EXCL | O_RDWR, 0600), sized, mapped
-    MAP_SHARED | MAP_POPULATE. `name` is what the server opens ("/rolloutd-w-..."). Registered with
-    multiprocessing's resource tracker, so it is unlinked even if this process dies."""
+    """An owned POSIX shm segment: shm_open(O_CREAT | O_EXCL | O_RDWR, 0600), sized, reserved
+    (posix_fallocate: OSError ENOSPC when /dev/shm is full), mapped MAP_SHARED | MAP_POPULATE.
+    `name` is what the server opens ("/rolloutd-w-..."). Registered with multiprocessing's resource
+    tracker, so it is unlinked even if this process dies; unlinked only by the process that made it
+    (not by a forked child's exit)."""
 
     def __init__(self, size):
         size = max(int(size), 1)
         self.name = f"/rolloutd-w-{os.getpid()}-{next(_counter)}-{secrets.token_hex(4)}"
+        self.size = size
+        self.buf = None
         fd = _posixshmem.shm_open(self.name, os.O_CREAT | os.O_EXCL | os.O_RDWR, mode=0o600)
         try:
             os.ftruncate(fd, size)
+            _reserve(fd, size, self.name)
             mm = mmap.mmap(fd, size, flags=mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0),
                            prot=mmap.PROT_READ | mmap.PROT_WRITE)
         except BaseException:
             os.close(fd)
             _posixshmem.shm_unlink(self.name)
             raise
+        # The finalizer before anything else can raise (a Ctrl-C in the tracker registration below
+        # would otherwise leave a segment nobody unlinks).
+        state = {"fd": fd, "mm": mm, "pid": os.getpid(), "registered": False}
+        self._fin = weakref.finalize(self, _unlink, self.name, state)
+        self.buf = memoryview(mm)
         try:
             from multiprocessing import resource_tracker
             resource_tracker.register(self.name, "shared_memory")
+            state["registered"] = True
         except Exception:  # noqa: BLE001 -- cleanup on crash is a bonus
             pass
-        self.size = size
-        self.buf = memoryview(mm)
-        self._fin = weakref.finalize(self, _unlink, self.name, (fd, mm))
 
     def close(self):
         """Unmap and unlink (idempotent)."""
@@ -140,9 +195,9 @@ class SegmentPool:
         for s in self.segs:
             if s not in keep:
                 s.close()
+        self.segs = keep  # new ones join at once: if the next cannot be made, close() frees them
         while len(keep) < n:
             keep.append(Segment(size))
-        self.segs = keep
         return list(keep)
 
     def close(self):
@@ -154,9 +209,54 @@ class SegmentPool:
             self.big = None
 
 
+def _refused(exc):
+    """True for the server's refusal of a bucket (400, 409): it dropped the update itself, or never
+    opened one for this version."""
+    from .client import RolloutdError
+    return isinstance(exc, RolloutdError) and exc.status in (400, 409)
+
+
+def _update_left_open(futures, n_buckets):
+    """Whether the POSTs `futures` (every one sent, in order, all returned) of a failed push of
+    n_buckets may have left the server's update open: something was sent, the last bucket did not
+    commit, and no bucket was refused."""
+    if not futures:
+        return False
+    done = [f for f in futures if f.done() and not f.cancelled()]
+    if len(futures) == n_buckets and futures[-1] in done and futures[-1].exception() is None:
+        return False
+    return not any(_refused(f.exception()) for f in done)
+
+
+def abort_update(client, version, shm_name=None, timeout=None):
+    """Best effort: make the server drop its open update to `version` (after a push failed on this
+    side). POSTs a last bucket with no tensors for that version; the server answers 400 ("missing
+    tensor ... the update is dropped") and keeps serving the weights it had. An update to another
+    version is left alone (the server answers 409). shm_name: one of this process's segments; by
+    default a one-page segment made for the call (or, if none can be made, a name that does not
+    exist, which the server also answers by dropping the update). Never raises for the server's
+    answer or a transport error; returns the answer, or the exception."""
+    tmp = None
+    if shm_name is None:
+        try:
+            tmp = Segment(ALIGN)
+            shm_name = tmp.name
+        except Exception:  # noqa: BLE001 -- /dev/shm full or absent: a missing segment does as well
+            shm_name = f"/rolloutd-w-{os.getpid()}-abort-{secrets.token_hex(4)}"
+    body = {"shm_name": shm_name, "tensors": [], "is_last": True, "weight_version": str(version)}
+    try:
+        return client.update_weights_from_shm_body(body, timeout)
+    except Exception as e:  # noqa: BLE001 -- 400 is the expected answer
+        return e
+    finally:
+        if tmp is not None:
+            tmp.close()
+
+
 def push_shm(client, entries, version, bucket_bytes, timeout=None, pool=None):
     """Returns (final response, bytes, seconds, posts, server_seconds). pool: a SegmentPool whose
-    segments are used and kept (unlinked here only on error)."""
+    segments are used and kept (unlinked here only on error). On any failure after a bucket was
+    sent, the server's update is ended (abort_update) before the exception propagates."""
     if _posixshmem is None:
         raise RuntimeError("POSIX shared memory is not available on this platform (no _posixshmem)")
     if bucket_bytes < ALIGN:
@@ -166,6 +266,7 @@ def push_shm(client, entries, version, bucket_bytes, timeout=None, pool=None):
     segs, extra = [], []
     executor = cf.ThreadPoolExecutor(max_workers=1, thread_name_prefix="rolloutd-shm-post")
     inflight = None   # (future, segment to free when done or None, segment it reads)
+    futures = []      # every POST, in order
     final, total, server_s = None, 0, 0.0
 
     def wait_inflight():
@@ -181,13 +282,15 @@ def push_shm(client, entries, version, bucket_bytes, timeout=None, pool=None):
                 tmp.close()
         server_s += float(final.get("seconds") or 0.0)
 
+    ok = False
     try:
         n_shared = min(2, sum(1 for b in buckets if not b[2]))
         size = max((b[1] for b in buckets if not b[2]), default=1)  # <= bucket_bytes
         if pool is not None:
             segs = pool.take(n_shared, size) if n_shared else []
         else:
-            segs = [Segment(size) for _ in range(n_shared)]
+            for _ in range(n_shared):
+                segs.append(Segment(size))  # one by one: those made are freed if the next fails
         slot = 0
         for i, (items, used, own) in enumerate(buckets):
             if own and pool is not None:
@@ -211,14 +314,12 @@ def push_shm(client, entries, version, bucket_bytes, timeout=None, pool=None):
                     "is_last": i == len(buckets) - 1, "weight_version": str(version)}
             wait_inflight()
             fut = executor.submit(client.update_weights_from_shm_body, body, timeout)
+            futures.append(fut)
             inflight = (fut, seg if own else None, seg)
             if own:
                 extra.remove(seg)
         wait_inflight()
         ok = True
-    except BaseException:
-        ok = False
-        raise
     finally:
         try:
             if inflight is not None:  # a packing error: let the POST finish before unmapping
@@ -229,12 +330,19 @@ def push_shm(client, entries, version, bucket_bytes, timeout=None, pool=None):
                 if inflight[1] is not None:
                     inflight[1].close()
         finally:
-            executor.shutdown(wait=True)
-            for s in extra:
-                s.close()
-            if pool is None:
-                for s in segs:
+            executor.shutdown(wait=True)  # every POST has returned
+            try:
+                if not ok and _update_left_open(futures, len(buckets)):
+                    alive = [s for s in segs + extra + ([pool.big] if pool is not None and pool.big else [])
+                             if s.buf is not None]
+                    abort_update(client, version, alive[0].name if alive else None,
+                                 timeout if timeout is not None else getattr(client, "timeout", None))
+            finally:
+                for s in extra:
                     s.close()
-            elif not ok:
-                pool.close()
+                if pool is None:
+                    for s in segs:
+                        s.close()
+                elif not ok:
+                    pool.close()
     return final, total, time.perf_counter() - t0, len(buckets), server_s

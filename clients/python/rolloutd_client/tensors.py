@@ -7,9 +7,12 @@ A state_dict maps HF tensor names to any of
   - a raw triple (bytes-like, dtype, shape), dtype one of "bfloat16", "float16", "float32",
     "float8_e4m3fn" (e.g. uint16 bfloat16 bits from a checkpoint, without ml_dtypes).
 Anything else (float64, int tensors, ...) is rejected with TypeError naming the tensor: the client
-never casts silently. torch is imported only when a torch tensor is seen.
+never casts silently. The wire is little-endian: big-endian numpy arrays (">f4", ">f2", a raw triple
+over a ">u2" array of bfloat16 bits) are byte-swapped on the way into the segment, which changes no
+value. torch is imported only when a torch tensor is seen.
 """
 import math
+import sys
 
 import numpy as np
 
@@ -49,8 +52,8 @@ class Entry:
             dst = torch.frombuffer(mv, dtype=torch.uint8).view(t.dtype).view(t.shape)
             dst.copy_(t)
         elif self._kind == "numpy":
-            a = self._obj
-            np.copyto(np.frombuffer(mv, dtype=a.dtype).reshape(a.shape), a, casting="no")
+            a = self._obj  # the segment gets little-endian bytes whatever a's byte order ("equiv")
+            np.copyto(np.frombuffer(mv, dtype=a.dtype.newbyteorder("<")).reshape(a.shape), a, casting="equiv")
         else:  # raw bytes-like: copied by numpy, which lets go of the GIL (a memoryview slice
             # assignment holds it, stalling the thread that POSTs the previous bucket)
             np.copyto(np.frombuffer(mv, dtype=np.uint8), np.frombuffer(self._obj, dtype=np.uint8))
@@ -98,6 +101,22 @@ class _Fp8Part(Entry):
             torch.frombuffer(mv, dtype=torch.uint8).view(a.dtype).view(a.shape).copy_(a)
 
 
+def _little_endian_bytes(name, data, wire):
+    """The bytes of a raw triple's data as a flat memoryview, little-endian: data whose buffer says
+    it is big-endian (a ">u2" numpy array of bfloat16 bits, say) is byte-swapped when its item size
+    is the wire dtype's, and refused otherwise (which bytes make an element would be a guess)."""
+    mv = memoryview(data)
+    order = mv.format[:1] if mv.format[:1] in ("@", "=", "<", ">", "!") else "@"
+    big = order in (">", "!") or (order in ("@", "=") and sys.byteorder == "big")
+    if big and mv.itemsize > 1:
+        if mv.itemsize != _dt.ITEMSIZE[wire]:
+            raise TypeError(f"{name}: big-endian data of {mv.itemsize}-byte items ({mv.format!r}) for {wire}; "
+                            f"pass little-endian bytes or a numpy array")
+        a = np.asarray(mv)
+        mv = memoryview(np.ascontiguousarray(a, dtype=a.dtype.newbyteorder("<")))
+    return mv.cast("B")
+
+
 def entry(name, value):
     """One state-dict value as an Entry (TypeError/ValueError naming the tensor if unsupported)."""
     if _is_torch_tensor(value):
@@ -117,7 +136,7 @@ def entry(name, value):
         data, wire, shape = value
         if wire not in _dt.ITEMSIZE:
             raise TypeError(f"{name}: dtype {wire!r} must be one of {', '.join(_dt.WIRE_DTYPES)}")
-        mv = memoryview(data).cast("B")
+        mv = _little_endian_bytes(name, data, wire)
         e = Entry(name, wire, tuple(shape), "raw", mv)
         if len(mv) != e.nbytes:
             raise ValueError(f"{name}: {len(mv)} bytes for shape {list(shape)} {wire} ({e.nbytes} expected)")

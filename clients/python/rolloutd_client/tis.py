@@ -142,10 +142,11 @@ def seq_mis_mask(lp_train, lp_rollout, cap=2.0, low=None, mask=None):
 
 def geo_rs_mask(lp_train, lp_rollout, low, high, mask=None):
     """Geometric-mean rejection (verl Geo-RS; NeMo-RL seq-mask-tis, bounds ~0.999-1.002): keep a
-    sequence when exp(mean_t log rho_t) over its real tokens lies in [low, high]."""
+    sequence when exp(mean_t log rho_t) over its real tokens lies in [low, high] (the mean log-ratio
+    is clamped to +-20 before exp)."""
     b = _Batch(lp_train, lp_rollout, mask)
     n = b.mask.sum(axis=1)
-    g = np.exp(b.seq_log_ratio_sum() / np.maximum(n, 1))
+    g = np.exp(np.clip(b.seq_log_ratio_sum() / np.maximum(n, 1), -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
     return b.seqs((g >= low) & (g <= high) & (n > 0))
 
 
@@ -156,16 +157,19 @@ def mismatch_report(lp_train, lp_rollout, mask=None, cap=2.0, low=None, high=Non
         KL(pi_rollout || pi_train) from tokens sampled by the rollout (k3 is never negative),
       ratio_mean, ratio_max of rho,
       tis_clipped_share: share of tokens with rho > cap (their TIS weight is clipped),
-      mis_masked_share (when low and high are given): share outside [low, high]."""
+      mis_masked_share (when low and high are given): share outside [low, high].
+    The delta statistics and kl_k1 are of delta as it is; rho (and so kl_k3 and the ratio and share
+    figures) is exp(clamp(delta, +-20)), the ratio the weights above use."""
     b = _Batch(lp_train, lp_rollout, mask)
-    d = b.log_ratio()[b.mask]
+    d = b.delta[b.mask]
     n = int(d.size)
     rep = {"n_tokens": n}
     if n == 0:
         return rep
-    r = np.exp(d)
+    c = np.clip(d, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+    r = np.exp(c)
     rep.update(mean_abs_diff=float(np.abs(d).mean()), max_abs_diff=float(np.abs(d).max()),
-               mean_diff=float(d.mean()), kl_k1=float((-d).mean()), kl_k3=float((r - 1 - d).mean()),
+               mean_diff=float(d.mean()), kl_k1=float((-d).mean()), kl_k3=float((r - 1 - c).mean()),
                ratio_mean=float(r.mean()), ratio_max=float(r.max()),
                tis_clipped_share=float((r > cap).mean()))
     if low is not None and high is not None:
