@@ -67,12 +67,9 @@ static const route_def routes[] = {
     {"/destroy_weights_update_group", RS_ROUTE_WEIGHTS, "POST", false},
 };
 
-/* The name a route is counted under in /metrics (its first path). */
-static const char *route_name(rs_route route) {
-    for (size_t i = 0; i < RS_ARRAY_LEN(routes); i++)
-        if (routes[i].route == route) return routes[i].path;
-    return "(none)";
-}
+/* The path a request is logged under: the one it came in on (six weight routes share
+ * RS_ROUTE_WEIGHTS, and a log line must say which one it was). */
+static const char *req_path(const rs_http_req *r) { return r->path ? r->path : "(none)"; }
 
 static bool method_allowed(const char *allow, const char *method) {
     size_t n = strlen(method);
@@ -189,7 +186,7 @@ enum MHD_Result rs_http_send_error(rs_http_req *r, const rs_error *err) {
     rs_log_level lvl = r->route == RS_ROUTE_HEALTH || r->route == RS_ROUTE_METRICS ? RS_LOG_LEVEL_DEBUG
                        : status >= 500 && err->code != RS_EBUSY                      ? RS_LOG_LEVEL_WARN
                                                                                      : RS_LOG_LEVEL_INFO;
-    rs_log(lvl, "http | %s | %d %s%s%s | %s", route_name(r->route), status, rs_err_type(err->code),
+    rs_log(lvl, "http | %s | %d %s%s%s | %s", req_path(r), status, rs_err_type(err->code),
            err->param[0] ? " " : "", err->param, err->message);
     size_t len = 0;
     char *body = rs_error_body(err, &len);
@@ -234,6 +231,7 @@ static void begin(rs_http_req *r, const char *url, const char *method) {
         return;
     }
     r->route = def->route;
+    r->path = def->path;
     if (!method_allowed(def->allow, method)) {
         char msg[300];
         snprintf(msg, sizeof msg, "method %.16s is not allowed on %s (allowed: %s)", method, url, def->allow);
@@ -356,7 +354,7 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
     bool free_now = !r->held;
     pthread_mutex_unlock(&h->mu);
     if (abort) {
-        RS_INFO("http | %s | rid %s | the client left before the answer (code %d); aborting", route_name(r->route),
+        RS_INFO("http | %s | rid %s | the client left before the answer (code %d); aborting", req_path(r),
                 r->engine_rid, (int)toe);
         if (e) rs_engine_abort(e, r->engine_rid);
     }
@@ -419,7 +417,7 @@ static void on_scan(uv_timer_t *t) {
         bool running = r->held && !r->done;
         if (r->suspended && !r->client_gone && peer_gone(r->fd)) {
             r->client_gone = true;
-            RS_INFO("http | %s | rid %s | the client closed its connection; aborting", route_name(r->route),
+            RS_INFO("http | %s | rid %s | the client closed its connection; aborting", req_path(r),
                     r->engine_rid);
             scan_add(&l, rs_http_claim_resume_locked(r) ? r : NULL, running ? r->engine_rid : NULL);
         } else if (r->route == RS_ROUTE_HEALTH_GENERATE && running && !r->answer_now && now > r->deadline) {

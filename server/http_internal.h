@@ -93,6 +93,7 @@ struct rs_http_req {
     struct MHD_Connection *conn;
     int fd;                     /* the connection's socket, for the disconnect scan */
     rs_route route;
+    const char *path;           /* the matched route's path (static; six weight routes share one rs_route), or NULL */
     rs_phase phase;
     double t_arrival;
 
