@@ -11,7 +11,10 @@
  * are tolerated; overlapping tensors are not.
  *
  * Files are mmap'ed read-only (MAP_PRIVATE), so opening a 60 GB checkpoint costs address space,
- * not memory; the loader copies each tensor to its backend and then closes the mapping.
+ * not memory; the loader copies each tensor to its backend and then closes the mapping. The header
+ * is read with pread and only tensor bytes through the mapping, so a file truncated under it can
+ * fault (SIGBUS) only where its reader chose to read; sync/disk.c guards those reads
+ * (sync/shm_guard.h) and asks rs_st_size_now afterwards.
  */
 #include "safetensors.h"
 
@@ -34,6 +37,7 @@ struct rs_st_file {
     const uint8_t *base;        /* [len] the whole file image; borrowed (parse) or our mapping (open) */
     size_t len;
     void *map;                  /* owned mapping of [len] bytes when opened from a path, else NULL */
+    int fd;                     /* the mapped file (rs_st_open), kept for rs_st_size_now; -1 for a buffer */
     rs_st_tensor *tensors;      /* [n] in data-offset order */
     size_t n;
     const rs_st_tensor **by_name; /* [n] sorted by name for rs_st_find */
@@ -177,27 +181,33 @@ static const char *arena_put(char *arena, size_t *pos, const char *s) {
     return d;
 }
 
-int rs_st_parse(rs_st_file **out, const uint8_t *buf, size_t len, const char *label, rs_error *err) {
+/* The header length of a `len`-byte file whose first 8 bytes are `le8`, bounded by the limit and
+ * by the file. */
+static int header_len(const uint8_t *le8, size_t len, const char *label, uint64_t *hlen, rs_error *err) {
+    *hlen = load_le64(le8);
+    if (*hlen > RS_ST_MAX_HEADER)
+        return st_error(err, RS_EFORMAT, label, NULL, "header length %llu exceeds the %llu-byte limit",
+                        (unsigned long long)*hlen, RS_ST_MAX_HEADER);
+    if (*hlen > len - 8)
+        return st_error(err, RS_EFORMAT, label, NULL, "header length %llu runs past the end of the %zu-byte file",
+                        (unsigned long long)*hlen, len);
+    return RS_OK;
+}
+
+/* Parses the header JSON `head` [hlen] of the file image buf [len] (head is the image's own bytes
+ * 8.., or a copy of them read before the image was mapped). */
+static int parse_header(rs_st_file **out, const char *head, uint64_t hlen, const uint8_t *buf, size_t len,
+                        const char *label, rs_error *err) {
     json_t *root = NULL;
     rs_st_file *f = NULL;
     int rc;
-    if (!label) label = "<memory>";
-    if (len < 8)
-        return st_error(err, RS_EFORMAT, label, NULL, "%zu bytes, too short for the 8-byte header length", len);
-    uint64_t hlen = load_le64(buf);
-    if (hlen > RS_ST_MAX_HEADER)
-        return st_error(err, RS_EFORMAT, label, NULL, "header length %llu exceeds the %llu-byte limit",
-                        (unsigned long long)hlen, RS_ST_MAX_HEADER);
-    if (hlen > len - 8)
-        return st_error(err, RS_EFORMAT, label, NULL, "header length %llu runs past the end of the %zu-byte file",
-                        (unsigned long long)hlen, len);
-    if (hlen < 2 || buf[8] != '{')
+    if (hlen < 2 || head[0] != '{')
         return st_error(err, RS_EFORMAT, label, NULL, "header is not a JSON object");
     uint64_t data_len = (uint64_t)(len - 8 - (size_t)hlen);
     const uint8_t *data = buf + 8 + hlen;
 
     json_error_t jerr;
-    root = json_loadb((const char *)buf + 8, (size_t)hlen, JSON_REJECT_DUPLICATES, &jerr);
+    root = json_loadb(head, (size_t)hlen, JSON_REJECT_DUPLICATES, &jerr);
     if (!root)
         return st_error(err, RS_EFORMAT, label, NULL, "header JSON: %s (line %d, column %d)", jerr.text,
                         jerr.line, jerr.column);
@@ -234,6 +244,7 @@ int rs_st_parse(rs_st_file **out, const uint8_t *buf, size_t len, const char *la
     f->label = rs_xstrdup(label);
     f->base = buf;
     f->len = len;
+    f->fd = -1;
     f->n = n;
     f->tensors = rs_xcalloc(n ? n : 1, sizeof *f->tensors);
     f->by_name = rs_xcalloc(n ? n : 1, sizeof *f->by_name);
@@ -282,44 +293,97 @@ fail:
     return rc;
 }
 
+int rs_st_parse(rs_st_file **out, const uint8_t *buf, size_t len, const char *label, rs_error *err) {
+    if (!label) label = "<memory>";
+    if (len < 8)
+        return st_error(err, RS_EFORMAT, label, NULL, "%zu bytes, too short for the 8-byte header length", len);
+    uint64_t hlen;
+    int rc = header_len(buf, len, label, &hlen, err);
+    if (rc != RS_OK) return rc;
+    return parse_header(out, (const char *)buf + 8, hlen, buf, len, label, err);
+}
+
+/* Reads exactly n bytes at off: 0, or -1 with errno set (0 when the file ended first). */
+static int pread_full(int fd, void *buf, size_t n, off_t off) {
+    for (size_t got = 0; got < n;) {
+        ssize_t k = pread(fd, (char *)buf + got, n - got, off + (off_t)got);
+        if (k < 0 && errno == EINTR) continue;
+        if (k <= 0) {
+            if (k == 0) errno = 0;
+            return -1;
+        }
+        got += (size_t)k;
+    }
+    return 0;
+}
+
 int rs_st_open(rs_st_file **out, const char *path, rs_error *err) {
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    /* O_NONBLOCK: a FIFO put where a shard is expected would otherwise block the open until some
+     * writer comes, and with it the sync thread; it now opens at once and fails S_ISREG below. It
+     * changes nothing for a regular file or its mapping. */
+    int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
     if (fd < 0)
         return st_error(err, errno == ENOENT ? RS_ENOTFOUND : RS_EIO, path, NULL, "cannot open: %s",
                         strerror(errno));
+    int rc;
+    char *head = NULL;
+    void *map = MAP_FAILED;
+    size_t len = 0;
+    rs_st_file *f = NULL;
     struct stat st;
     if (fstat(fd, &st) != 0) {
-        int e = errno;
-        close(fd);
-        return st_error(err, RS_EIO, path, NULL, "cannot stat: %s", strerror(e));
+        rc = st_error(err, RS_EIO, path, NULL, "cannot stat: %s", strerror(errno));
+        goto fail;
     }
     if (!S_ISREG(st.st_mode)) {
-        close(fd);
-        return st_error(err, RS_EIO, path, NULL, "not a regular file");
+        rc = st_error(err, RS_EIO, path, NULL, "not a regular file");
+        goto fail;
     }
-    size_t len = (size_t)st.st_size;
+    len = (size_t)st.st_size;
     if (len < 8) {
-        close(fd);
-        return st_error(err, RS_EFORMAT, path, NULL, "%zu bytes, too short for the 8-byte header length", len);
+        rc = st_error(err, RS_EFORMAT, path, NULL, "%zu bytes, too short for the 8-byte header length", len);
+        goto fail;
     }
-    void *map = mmap(NULL, len, PROT_READ, MAP_PRIVATE, fd, 0);
-    int map_errno = errno;
-    close(fd); /* the mapping keeps the file alive */
-    if (map == MAP_FAILED) return st_error(err, RS_EIO, path, NULL, "mmap failed: %s", strerror(map_errno));
-    rs_st_file *f = NULL;
-    int rc = rs_st_parse(&f, map, len, path, err);
-    if (rc != RS_OK) {
-        munmap(map, len);
-        return rc;
+    /* The header is read with pread, not through the mapping: a file truncated meanwhile then
+     * fails here with an error instead of faulting (SIGBUS) before any caller could guard the
+     * mapping (sync/shm_guard.h). Only tensor bytes are read through the mapping. */
+    uint8_t le8[8];
+    uint64_t hlen;
+    if (pread_full(fd, le8, 8, 0) != 0) {
+        rc = st_error(err, RS_EIO, path, NULL, "cannot read the header length: %s",
+                      errno ? strerror(errno) : "the file shrank while it was being opened");
+        goto fail;
     }
+    if ((rc = header_len(le8, len, path, &hlen, err)) != RS_OK) goto fail;
+    head = rs_xmalloc(hlen ? (size_t)hlen : 1);
+    if (pread_full(fd, head, (size_t)hlen, 8) != 0) {
+        rc = st_error(err, RS_EIO, path, NULL, "cannot read the %llu-byte header: %s", (unsigned long long)hlen,
+                      errno ? strerror(errno) : "the file shrank while it was being opened");
+        goto fail;
+    }
+    map = mmap(NULL, len, PROT_READ, MAP_PRIVATE, fd, 0);
+    if (map == MAP_FAILED) {
+        rc = st_error(err, RS_EIO, path, NULL, "mmap failed: %s", strerror(errno));
+        goto fail;
+    }
+    if ((rc = parse_header(&f, head, hlen, map, len, path, err)) != RS_OK) goto fail;
+    free(head);
     f->map = map;
+    f->fd = fd; /* kept, so that rs_st_size_now asks the file that is mapped (even once its path is replaced) */
     *out = f;
     return RS_OK;
+
+fail:
+    if (map != MAP_FAILED) munmap(map, len);
+    free(head);
+    close(fd);
+    return rc;
 }
 
 void rs_st_close(rs_st_file *f) {
     if (!f) return;
     if (f->map) munmap(f->map, f->len);
+    if (f->fd >= 0) close(f->fd);
     free(f->label);
     free(f->tensors);
     free(f->by_name);
@@ -329,6 +393,19 @@ void rs_st_close(rs_st_file *f) {
 }
 
 const char *rs_st_label(const rs_st_file *f) { return f->label; }
+
+const void *rs_st_mapping(const rs_st_file *f, size_t *len) {
+    *len = f->map ? f->len : 0;
+    return f->map;
+}
+
+int rs_st_size_now(const rs_st_file *f, uint64_t *size, rs_error *err) {
+    if (f->fd < 0) return st_error(err, RS_EINVAL, f->label, NULL, "not opened from a file");
+    struct stat st;
+    if (fstat(f->fd, &st) != 0) return st_error(err, RS_EIO, f->label, NULL, "cannot stat: %s", strerror(errno));
+    *size = st.st_size > 0 ? (uint64_t)st.st_size : 0;
+    return RS_OK;
+}
 size_t rs_st_count(const rs_st_file *f) { return f->n; }
 
 const rs_st_tensor *rs_st_tensor_at(const rs_st_file *f, size_t i) {
@@ -446,22 +523,40 @@ static int dir_index(rs_st_dir *d, rs_error *err) {
     return RS_OK;
 }
 
-/* Opens the shards named by an index file and checks the weight map against them. */
-static int dir_open_index(rs_st_dir *d, const char *dir, const char *index_path, rs_error *err) {
+/* Loads the index JSON into *root: opened O_NONBLOCK and checked to be a regular file before a
+ * byte is read (a FIFO under the index's name would otherwise block the open, as in rs_st_open),
+ * and bounded in size. */
+static int load_index(const char *index_path, json_t **root, rs_error *err) {
+    int fd = open(index_path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+    if (fd < 0)
+        return st_error(err, errno == ENOENT ? RS_ENOTFOUND : RS_EIO, index_path, NULL, "cannot open: %s",
+                        strerror(errno));
+    int rc = RS_OK;
+    struct stat st;
+    json_error_t jerr;
+    if (fstat(fd, &st) != 0)
+        rc = st_error(err, RS_EIO, index_path, NULL, "cannot stat: %s", strerror(errno));
+    else if (!S_ISREG(st.st_mode))
+        rc = st_error(err, RS_EIO, index_path, NULL, "not a regular file");
+    else if ((uint64_t)st.st_size > ST_INDEX_MAX_BYTES)
+        rc = st_error(err, RS_EFORMAT, index_path, NULL, "%lld bytes, over the %u-byte limit",
+                      (long long)st.st_size, ST_INDEX_MAX_BYTES);
+    else if (!(*root = json_loadfd(fd, JSON_REJECT_DUPLICATES, &jerr)))
+        rc = st_error(err, RS_EFORMAT, index_path, NULL, "%s (line %d, column %d)", jerr.text, jerr.line,
+                      jerr.column);
+    close(fd);
+    return rc;
+}
+
+/* Opens the shards named by an index file and checks the weight map against them; check (if any)
+ * sees each shard's path before it is opened. */
+static int dir_open_index(rs_st_dir *d, const char *dir, const char *index_path, rs_st_check_fn check, void *ctx,
+                          rs_error *err) {
     json_t *root = NULL;
     const char **names = NULL;
     int rc;
-    struct stat st;
-    if (stat(index_path, &st) != 0)
-        return st_error(err, RS_EIO, index_path, NULL, "cannot stat: %s", strerror(errno));
-    if ((uint64_t)st.st_size > ST_INDEX_MAX_BYTES)
-        return st_error(err, RS_EFORMAT, index_path, NULL, "%lld bytes, over the %u-byte limit",
-                        (long long)st.st_size, ST_INDEX_MAX_BYTES);
-    json_error_t jerr;
-    root = json_load_file(index_path, JSON_REJECT_DUPLICATES, &jerr);
-    if (!root)
-        return st_error(err, RS_EFORMAT, index_path, NULL, "%s (line %d, column %d)", jerr.text, jerr.line,
-                        jerr.column);
+    if (check && (rc = check(ctx, index_path, err)) != RS_OK) return rc;
+    if ((rc = load_index(index_path, &root, err)) != RS_OK) return rc;
     json_t *wm = json_is_object(root) ? json_object_get(root, "weight_map") : NULL;
     if (!json_is_object(wm)) {
         rc = st_error(err, RS_EFORMAT, index_path, "weight_map", "missing or non-object \"weight_map\"");
@@ -498,6 +593,7 @@ static int dir_open_index(rs_st_dir *d, const char *dir, const char *index_path,
     for (k = 0; k < n_unique; k++) {
         char path[ST_PATH_MAX];
         if ((rc = join_path(path, sizeof path, dir, names[k], err)) != RS_OK) goto fail;
+        if (check && (rc = check(ctx, path, err)) != RS_OK) goto fail;
         if ((rc = rs_st_open(&d->shards[k], path, err)) != RS_OK) goto fail;
         d->n_shards++;
     }
@@ -518,7 +614,7 @@ fail:
     return rc;
 }
 
-int rs_st_dir_open(rs_st_dir **out, const char *dir, rs_error *err) {
+int rs_st_dir_open_checked(rs_st_dir **out, const char *dir, rs_st_check_fn check, void *ctx, rs_error *err) {
     char single[ST_PATH_MAX], index[ST_PATH_MAX];
     int rc;
     if ((rc = join_path(single, sizeof single, dir, "model.safetensors", err)) != RS_OK) return rc;
@@ -526,10 +622,11 @@ int rs_st_dir_open(rs_st_dir **out, const char *dir, rs_error *err) {
     rs_st_dir *d = rs_xcalloc(1, sizeof *d);
     if (file_exists(single)) {
         d->shards = rs_xcalloc(1, sizeof *d->shards);
+        if (check && (rc = check(ctx, single, err)) != RS_OK) goto fail;
         if ((rc = rs_st_open(&d->shards[0], single, err)) != RS_OK) goto fail;
         d->n_shards = 1;
     } else if (file_exists(index)) {
-        if ((rc = dir_open_index(d, dir, index, err)) != RS_OK) goto fail;
+        if ((rc = dir_open_index(d, dir, index, check, ctx, err)) != RS_OK) goto fail;
     } else {
         rc = st_error(err, RS_ENOTFOUND, dir, NULL, "neither model.safetensors nor model.safetensors.index.json");
         goto fail;
@@ -542,8 +639,18 @@ fail:
     return rc;
 }
 
+int rs_st_dir_open(rs_st_dir **out, const char *dir, rs_error *err) {
+    return rs_st_dir_open_checked(out, dir, NULL, NULL, err);
+}
+
 size_t rs_st_dir_count(const rs_st_dir *d) { return d->n; }
 size_t rs_st_dir_nbytes(const rs_st_dir *d) { return d->nbytes; }
+size_t rs_st_dir_shard_count(const rs_st_dir *d) { return d->n_shards; }
+
+const rs_st_file *rs_st_dir_shard(const rs_st_dir *d, size_t s) {
+    RS_ASSERT(s < d->n_shards);
+    return d->shards[s];
+}
 
 const rs_st_tensor *rs_st_dir_tensor_at(const rs_st_dir *d, size_t i, const char **file) {
     RS_ASSERT(i < d->n);

@@ -48,11 +48,20 @@ typedef struct rs_st_file rs_st_file;
 int rs_st_parse(rs_st_file **out, const uint8_t *buf, size_t len, const char *label, rs_error *err);
 
 /* Maps `path` read-only and parses it. RS_ENOTFOUND when the file does not exist, RS_EIO when it
- * cannot be read, RS_EFORMAT / RS_EUNSUPPORTED for bad contents. */
+ * cannot be read or is not a regular file (a FIFO is refused at once, never waited on),
+ * RS_EFORMAT / RS_EUNSUPPORTED for bad contents. The header is read with pread, so nothing is
+ * read through the mapping before rs_st_open returns; the descriptor stays open until close. */
 int rs_st_open(rs_st_file **out, const char *path, rs_error *err);
 void rs_st_close(rs_st_file *f);
 
 const char *rs_st_label(const rs_st_file *f);                    /* path or label given at open */
+/* The read-only mapping of a file from rs_st_open ([*len] bytes), where every tensor's data lies;
+ * NULL (and *len 0) for one from rs_st_parse. */
+const void *rs_st_mapping(const rs_st_file *f, size_t *len);
+/* The size of the file from rs_st_open now (fstat of its descriptor: the file that is mapped, even
+ * if its path has been replaced since), to tell whether it shrank under the mapping. RS_EIO if it
+ * cannot be had, RS_EINVAL for a file from rs_st_parse. */
+int rs_st_size_now(const rs_st_file *f, uint64_t *size, rs_error *err);
 size_t rs_st_count(const rs_st_file *f);                         /* tensors, in data-offset order */
 const rs_st_tensor *rs_st_tensor_at(const rs_st_file *f, size_t i);
 const rs_st_tensor *rs_st_find(const rs_st_file *f, const char *name); /* NULL when absent; O(log n) */
@@ -69,6 +78,12 @@ typedef struct rs_st_dir rs_st_dir;
 int rs_st_dir_open(rs_st_dir **out, const char *dir, rs_error *err);
 void rs_st_dir_close(rs_st_dir *d);
 
+/* Asked about each file's path (the single file, the index, every shard) before rs_st_dir_open
+ * opens it; anything but RS_OK (with err set) stops the open with that error. */
+typedef int (*rs_st_check_fn)(void *ctx, const char *path, rs_error *err);
+/* rs_st_dir_open, with `check` (ctx passed through) vetting every path first. */
+int rs_st_dir_open_checked(rs_st_dir **out, const char *dir, rs_st_check_fn check, void *ctx, rs_error *err);
+
 /* Tensors of all shards, numbered 0..count-1 (shard by shard, data-offset order within a shard). */
 size_t rs_st_dir_count(const rs_st_dir *d);
 const rs_st_tensor *rs_st_dir_tensor_at(const rs_st_dir *d, size_t i, const char **file /* may be NULL */);
@@ -76,6 +91,10 @@ const rs_st_tensor *rs_st_dir_tensor_at(const rs_st_dir *d, size_t i, const char
 const rs_st_tensor *rs_st_dir_find(const rs_st_dir *d, const char *name, size_t *index,
                                    const char **file /* path of its shard; may be NULL */);
 size_t rs_st_dir_nbytes(const rs_st_dir *d); /* tensor bytes over all shards */
+/* The shards, in the order their tensors are numbered (shard s's tensors are rs_st_count of it,
+ * in data-offset order); borrowed, valid until rs_st_dir_close. */
+size_t rs_st_dir_shard_count(const rs_st_dir *d);
+const rs_st_file *rs_st_dir_shard(const rs_st_dir *d, size_t s);
 
 /* ---- writing ---- */
 

@@ -9,6 +9,11 @@
  * The descriptor stays open until the segment is closed, so that rs_shm_check_intact can ask the
  * same segment for its size again once every tensor has been read: a shrink inside the last page
  * raises no SIGBUS (shm_guard.h), and this is the check that sees it.
+ *
+ * A request's manifest is checked against the segment's size before anything is mapped, and a new
+ * mapping has only the pages its tensors cover populated. Populating the whole segment would let
+ * any request that names a large sparse segment make the daemon allocate (tmpfs allocates a page
+ * on a read fault in a hole) and keep every page of it, however little the manifest covers.
  */
 #include "shm.h"
 
@@ -29,7 +34,11 @@ static int open_checked(const char *name, struct stat *st, rs_error *err) {
         rs_error_set(err, RS_EINVAL, "shm_name", "shm_name '%.64s' is not a valid POSIX shared-memory name", name);
         return -1;
     }
-    int fd = shm_open(name, O_RDONLY, 0);
+    /* O_NONBLOCK: /dev/shm is world-writable, and an open of a FIFO someone made there would wait
+     * for a writer forever, on the sync thread that every weight job and shutdown wait for. A FIFO
+     * now opens at once and fails S_ISREG below; the flag changes nothing for a regular file or its
+     * mapping. */
+    int fd = shm_open(name, O_RDONLY | O_NONBLOCK, 0);
     if (fd < 0) {
         if (errno == ENOENT) rs_error_set(err, RS_EINVAL, "shm_name", "shared-memory segment '%s' does not exist", name);
         else rs_error_set(err, RS_EINVAL, "shm_name", "cannot open shared-memory segment '%s': %s", name, strerror(errno));
@@ -127,14 +136,70 @@ static shm_map *maps_slot(rs_shm_maps *maps) {
     return lru;
 }
 
+/* ---------------------------------------------------------------- populating what is read */
+
+#ifndef MADV_POPULATE_READ
+#define MADV_POPULATE_READ 22 /* Linux 5.14; headers older than that lack it, kernels older refuse it */
+#endif
+
+/* Maps bytes [from, to) of a new mapping in one pass: the tensors there are read whole right after,
+ * and one minor fault per 4 KiB page costs several times the copy on a virtual machine. A kernel
+ * without MADV_POPULATE_READ (before 5.14) answers EINVAL: the pages then fault in as they are read,
+ * which is slower but the same bytes. Any other failure (the segment shrank meanwhile) is left to
+ * the reads and the guard. */
+static void populate_range(const uint8_t *base, size_t from, size_t to) {
+    if (madvise((void *)(base + from), to - from, MADV_POPULATE_READ) != 0 && errno == EINVAL)
+        madvise((void *)(base + from), to - from, MADV_WILLNEED);
+}
+
+typedef struct byte_range {
+    uint64_t from, to;
+} byte_range;
+
+static int cmp_range(const void *a, const void *b) {
+    const byte_range *x = a, *y = b;
+    return x->from < y->from ? -1 : x->from > y->from;
+}
+
+/* Populates the pages of a new mapping [size] that r's tensors cover (all of it when r is NULL),
+ * merged into runs so that tensors packed back to back cost one call. r has passed
+ * rs_shm_check_manifest against size. */
+static void populate(const uint8_t *base, size_t size, const rs_shm_update_req *r) {
+    if (!r) {
+        populate_range(base, 0, size);
+        return;
+    }
+    const uint64_t page = (uint64_t)sysconf(_SC_PAGESIZE);
+    byte_range *rg = rs_xmalloc((size_t)(r->n_tensors ? r->n_tensors : 1) * sizeof *rg);
+    int n = 0;
+    for (int i = 0; i < r->n_tensors; i++)
+        if (r->tensors[i].nbytes > 0)
+            rg[n++] = (byte_range){r->tensors[i].offset & ~(page - 1), r->tensors[i].offset + r->tensors[i].nbytes};
+    qsort(rg, (size_t)n, sizeof *rg, cmp_range);
+    for (int i = 0; i < n;) {
+        byte_range run = rg[i++];
+        for (; i < n && rg[i].from <= ((run.to + page - 1) & ~(page - 1)); i++)
+            if (rg[i].to > run.to) run.to = rg[i].to;
+        populate_range(base, (size_t)run.from, (size_t)run.to);
+    }
+    free(rg);
+}
+
 /* ---------------------------------------------------------------- one request's segment */
 
-int rs_shm_open_kept(rs_shm_maps *maps, const char *name, rs_shm_segment *out, rs_error *err) {
+/* rs_shm_open_kept for a request's manifest r (NULL: the whole segment is read). */
+static int open_segment(rs_shm_maps *maps, const char *name, const rs_shm_update_req *r, rs_shm_segment *out,
+                        rs_error *err) {
     *out = (rs_shm_segment){.fd = -1, .guard = -1};
     struct stat st;
     int fd = open_checked(name, &st, err);
     if (fd < 0) return err ? err->code : RS_EINVAL;
     int rc;
+    /* before anything is mapped: a manifest that overruns the segment costs no page */
+    if (r && (rc = rs_shm_check_manifest(r, (size_t)st.st_size, err)) != RS_OK) {
+        close(fd);
+        return rc;
+    }
     if (st.st_size == 0) {
         out->fd = fd;
         return RS_OK;
@@ -145,9 +210,8 @@ int rs_shm_open_kept(rs_shm_maps *maps, const char *name, rs_shm_segment *out, r
         hit->used = ++maps->tick;
         *out = (rs_shm_segment){.base = hit->base, .size = hit->size, .fd = hit->fd, .guard = -1, .kept = true};
     } else {
-        /* MAP_POPULATE maps every page in one pass: the tensors are read whole right after, and one
-         * minor fault per 4 KiB page costs several times the copy on a virtual machine */
-        void *p = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_SHARED | MAP_POPULATE, fd, 0);
+        /* no MAP_POPULATE: only the pages the manifest covers are populated, once guarded (below) */
+        void *p = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_SHARED, fd, 0);
         if (p == MAP_FAILED) {
             rc = rs_error_set(err, RS_EINVAL, "shm_name", "cannot map shared-memory segment '%s' (%lld bytes): %s",
                               name, (long long)st.st_size, strerror(errno));
@@ -172,7 +236,19 @@ int rs_shm_open_kept(rs_shm_maps *maps, const char *name, rs_shm_segment *out, r
         *out = (rs_shm_segment){.fd = -1, .guard = -1};
         return rc;
     }
+    /* A kept mapping is not populated again: its pages stay mapped from earlier requests (a page a
+     * manifest covers for the first time faults in once, when read), which is what makes a steady
+     * push through kept segments cost no page-table work. */
+    if (!hit) populate(out->base, out->size, r);
     return RS_OK;
+}
+
+int rs_shm_open_kept(rs_shm_maps *maps, const char *name, rs_shm_segment *out, rs_error *err) {
+    return open_segment(maps, name, NULL, out, err);
+}
+
+int rs_shm_open_request(rs_shm_maps *maps, const rs_shm_update_req *r, rs_shm_segment *out, rs_error *err) {
+    return open_segment(maps, r->shm_name, r, out, err);
 }
 
 int rs_shm_open_segment(const char *name, rs_shm_segment *out, rs_error *err) {
@@ -232,24 +308,22 @@ int rs_shm_update(rs_sync *s, const rs_shm_update_req *r, rs_sync_result *res, r
     rs_shm_maps *maps = rs_sync_shm_maps(s);
     if (maps) rs_shm_maps_sweep(maps);
     rs_shm_segment seg;
-    if ((rc = rs_shm_open_kept(maps, r->shm_name, &seg, err)) != RS_OK) return rc;
-    if ((rc = rs_shm_check_manifest(r, seg.size, err)) == RS_OK) {
-        if (rs_shm_test_hook_mapped) rs_shm_test_hook_mapped(r->shm_name);
-        for (int i = 0; i < r->n_tensors && rc == RS_OK; i++) {
-            const rs_weight_desc *d = &r->tensors[i];
-            const rs_update_tensor t = {.name = d->name, .dtype = d->dtype, .ndim = d->ndim, .shape = d->shape,
-                                        .data = seg.base ? seg.base + d->offset : NULL};
-            if ((rc = rs_update_add(u, &t, err)) == RS_OK) res->bytes += d->nbytes;
-            /* zeros served by the guard stop the request at once rather than after the bucket */
-            if (rc == RS_OK && seg.base && rs_shm_guard_truncated(seg.guard)) break;
-        }
-        /* Checked whatever the outcome: a tensor refused because it was read as zeros (bad FP8
-         * scales, say) is really a segment that shrank, and the answer should say so. */
-        rs_error shrank = {0};
-        if (rs_shm_check_intact(&seg, r->shm_name, &shrank) != RS_OK) {
-            if (err) *err = shrank;
-            rc = shrank.code;
-        }
+    if ((rc = rs_shm_open_request(maps, r, &seg, err)) != RS_OK) return rc;
+    if (rs_shm_test_hook_mapped) rs_shm_test_hook_mapped(r->shm_name);
+    for (int i = 0; i < r->n_tensors && rc == RS_OK; i++) {
+        const rs_weight_desc *d = &r->tensors[i];
+        const rs_update_tensor t = {.name = d->name, .dtype = d->dtype, .ndim = d->ndim, .shape = d->shape,
+                                    .data = seg.base ? seg.base + d->offset : NULL};
+        if ((rc = rs_update_add(u, &t, err)) == RS_OK) res->bytes += d->nbytes;
+        /* zeros served by the guard stop the request at once rather than after the bucket */
+        if (rc == RS_OK && seg.base && rs_shm_guard_truncated(seg.guard)) break;
+    }
+    /* Checked whatever the outcome: a tensor refused because it was read as zeros (bad FP8
+     * scales, say) is really a segment that shrank, and the answer should say so. */
+    rs_error shrank = {0};
+    if (rs_shm_check_intact(&seg, r->shm_name, &shrank) != RS_OK) {
+        if (err) *err = shrank;
+        rc = shrank.code;
     }
     const rs_shm_segment read = seg;
     rs_shm_close_segment(&seg);

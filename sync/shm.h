@@ -6,9 +6,10 @@
  * dtype, shape and byte offset. rolloutd opens the segment read-only and checks it before reading
  * a byte: it must exist, belong to rolloutd's own uid and have mode exactly 0600 (no group or
  * other access: another local user must not be able to feed or read weights), and its size must
- * cover every tensor's [offset, offset + nbytes). Then it maps the segment read-only, stages each
- * tensor into the open transaction (converting it to the served precision) and answers; the
- * trainer may reuse or unlink the segment as soon as the answer arrives.
+ * cover every tensor's [offset, offset + nbytes). Then it maps the segment read-only (populating
+ * only the pages the tensors cover), stages each tensor into the open transaction (converting it to
+ * the served precision) and answers; the trainer may reuse or unlink the segment as soon as the
+ * answer arrives.
  *
  * Mappings are kept between requests (weight-shm-keep, on by default; at most RS_SHM_KEEP, least
  * recently used dropped first). A trainer that reuses its bucket segments from push to push (the
@@ -57,11 +58,17 @@ void rs_shm_maps_forget(rs_shm_maps *maps, const rs_shm_segment *seg);
 size_t rs_shm_maps_bytes(const rs_shm_maps *maps); /* bytes mapped by the kept mappings */
 
 /* rs_shm_open_segment, taking the mapping from `maps` when it holds one of the same file at the
- * same size, and keeping a new one there (maps NULL: a mapping of this request's own). */
+ * same size, and keeping a new one there (maps NULL: a mapping of this request's own). A new
+ * mapping has every page populated. */
 int rs_shm_open_kept(rs_shm_maps *maps, const char *name, rs_shm_segment *out, rs_error *err);
 
-/* Opens and maps segment `name` after the checks above, and registers the mapping with the SIGBUS
- * guard. RS_EINVAL (400) with param "shm_name" and a message saying which check failed: not a
+/* rs_shm_open_kept for request r (segment r->shm_name): r's manifest is checked against the
+ * segment's size before anything is mapped (RS_EINVAL as rs_shm_check_manifest), and a new mapping
+ * has only the pages r's tensors cover populated (a kept one is not populated again). */
+int rs_shm_open_request(rs_shm_maps *maps, const rs_shm_update_req *r, rs_shm_segment *out, rs_error *err);
+
+/* Opens and maps segment `name` after the checks above (every page populated), and registers the
+ * mapping with the SIGBUS guard. RS_EINVAL (400) with param "shm_name" and a message saying which check failed: not a
  * valid name, does not exist, cannot be opened, not owned by this uid, mode not 0600; RS_EBUSY
  * (503) if every guard slot is taken. On failure *out is closed (safe to pass to close). */
 int rs_shm_open_segment(const char *name, rs_shm_segment *out, rs_error *err);
@@ -78,8 +85,8 @@ int rs_shm_check_intact(const rs_shm_segment *seg, const char *name, rs_error *e
  * "tensors[i].offset" otherwise. */
 int rs_shm_check_manifest(const rs_shm_update_req *r, size_t size, rs_error *err);
 
-/* The job (sync service thread): join or open the transaction, map, stage, check intact, unmap,
- * commit if last. */
+/* The job (sync service thread): join or open the transaction, check the manifest, map, stage,
+ * check intact, unmap, commit if last. */
 int rs_shm_update(rs_sync *s, const rs_shm_update_req *r, rs_sync_result *res, rs_error *err);
 
 /* Tests only: when non-NULL, rs_shm_update calls it on the service thread once the segment is

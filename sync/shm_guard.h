@@ -1,10 +1,11 @@
 /*
  * shm_guard.h — survive a shared-memory segment that shrinks under a read-only mapping.
  *
- * rolloutd maps the trainer's segment (shm.h) and converts tensors straight out of the mapping,
- * on the sync thread and on its quantization pool's workers. If the trainer truncates the segment
- * meanwhile, a load from a page past the new end raises SIGBUS, whose default action kills the
- * daemon. The guard turns that into a failed request:
+ * rolloutd maps the trainer's segment (shm.h), or a checkpoint shard (disk.h), and converts
+ * tensors straight out of the mapping, on the sync thread and on its quantization pool's workers.
+ * If the trainer truncates the file meanwhile, a load from a page past the new end raises SIGBUS,
+ * whose default action kills the daemon. The guard works for any read-only file mapping, and turns
+ * that into a failed request:
  *
  *   - a process-wide SIGBUS handler, installed on the first rs_shm_guard_add, looks the faulting
  *     address up in a small lock-free registry of guarded mappings;
@@ -30,7 +31,8 @@
 #include <stdbool.h>
 #include <stddef.h>
 
-/* Mappings guarded at once: the sync thread maps one segment per request, the rest is margin. */
+/* Mappings guarded at once: the sync thread guards one segment per shm request, or one shard at a
+ * time of a disk request; the rest is margin. */
 #define RS_SHM_GUARD_SLOTS 8
 
 /* Registers the mapping [base, base + size) (borrowed: a PROT_READ mapping the caller made and

@@ -32,6 +32,7 @@
 #include "../../model/quant.h"
 #include "../../model/safetensors.h"
 #include "../../scheduler/engine.h"
+#include "../../sync/disk.h"
 #include "../../sync/shm.h"
 #include "../../sync/shm_guard.h"
 #include "../../sync/sync.h"
@@ -375,6 +376,223 @@ RS_TEST(sync_shm_segment_truncated_mid_request) {
     if (!rs_test_sync_serves(&f, f.logits_b)) RS_TEST_FAIL("the committed weights are not B's");
     bucket_free(&k1);
     bucket_free(&k2);
+    rs_test_sync_close(&f);
+}
+
+/* ---------------------------------------------------------------- a checkpoint rewritten in place */
+
+/* The trainer rewriting the checkpoint in place (safetensors' save_file and torch.save open it
+ * with O_TRUNC), run by the service thread once the shards are open and before the first tensor
+ * is read. */
+static char disk_hook_path[700];
+static off_t disk_hook_size;
+static void truncate_checkpoint(const char *model_dir) {
+    (void)model_dir;
+    if (truncate(disk_hook_path, disk_hook_size) != 0) RS_TEST_FAIL("truncate: %s", strerror(errno));
+}
+
+static int disk_update(rs_sync *s, const char *dir, rs_sync_job *job) {
+    memset(job, 0, sizeof *job);
+    job->kind = RS_SYNC_DISK;
+    snprintf(job->req.disk.model_path, sizeof job->req.disk.model_path, "%s", dir);
+    job->req.disk.has_version = true;
+    snprintf(job->req.disk.weight_version, sizeof job->req.disk.weight_version, "7");
+    return rs_sync_run(s, job);
+}
+
+/* /update_weights_from_disk reading a checkpoint that the trainer truncates under it: a 400 that
+ * drops the whole update, never SIGBUS. Shrunk by most of its pages (the reads fault, on the sync
+ * thread and on the FP8 quantizer's workers, and the guard serves zeros) or by 2 bytes inside the
+ * last page (no fault; the size check sees it). The old weights keep serving (their logits, bit
+ * for bit), and the same checkpoint written whole again commits. */
+RS_TEST(sync_disk_checkpoint_truncated_mid_request) {
+    rs_sync_opts so = {.threads = 2, .keep_shm_maps = true, .allowed_weight_dir = rs_test_tmpdir()};
+    rs_test_sync_env f = rs_test_sync_open("fp8", &so);
+    const size_t page = (size_t)sysconf(_SC_PAGESIZE);
+    const rs_model_config cfg = rs_test_tiny_qwen3();
+    char dir[600];
+    snprintf(dir, sizeof dir, "%s/step", rs_test_tmpdir());
+    snprintf(disk_hook_path, sizeof disk_hook_path, "%s/model.safetensors", dir);
+    rs_error err = {0};
+    enum { PAST_PAGES, INSIDE_LAST_PAGE, N_CASES };
+    for (int cs = 0; cs < N_CASES; cs++) {
+        ASSERT_EQ(rs_testmodel_write(dir, &cfg, 2, &err), RS_OK); /* checkpoint B, whole */
+        struct stat st;
+        ASSERT_EQ(stat(disk_hook_path, &st), 0);
+        ASSERT_TRUE((size_t)st.st_size > 8 * page);
+        disk_hook_size = cs == PAST_PAGES ? (off_t)page : st.st_size - 2;
+        rs_disk_test_hook_opened = truncate_checkpoint;
+        rs_sync_job job;
+        int rc = disk_update(f.s, dir, &job);
+        rs_disk_test_hook_opened = NULL;
+        ASSERT_EQ(rc, RS_EINVAL);
+        ASSERT_EQ(rs_err_http_status(rc), 400);
+        ASSERT_STREQ(job.err.param, "model_path");
+        if (!strstr(job.err.message, "model.safetensors' shrank while rolloutd was reading it") ||
+            !strstr(job.err.message, "the update is dropped"))
+            RS_TEST_FAIL("case %d: message '%s'", cs, job.err.message);
+        ASSERT_TRUE(!job.res.committed);
+        rs_sync_stats sst;
+        rs_sync_get_stats(f.s, &sst);
+        ASSERT_TRUE(!sst.txn_open);
+        ASSERT_EQ(sst.staged_bytes, 0);
+        ASSERT_EQ(sst.updates, 0);
+        ASSERT_EQ(sst.updates_failed, (uint64_t)cs + 1);
+        ASSERT_STREQ(rs_engine_weight_version(f.e), "0");
+        if (!rs_test_sync_serves(&f, f.logits_a)) RS_TEST_FAIL("case %d: the served weights changed", cs);
+    }
+    ASSERT_EQ(rs_testmodel_write(dir, &cfg, 2, &err), RS_OK);
+    rs_sync_job job;
+    if (disk_update(f.s, dir, &job) != RS_OK) RS_TEST_FAIL("%s", job.err.message);
+    ASSERT_TRUE(job.res.committed);
+    ASSERT_STREQ(rs_engine_weight_version(f.e), "7");
+    if (!rs_test_sync_serves(&f, f.logits_b)) RS_TEST_FAIL("the committed weights are not B's");
+    rs_test_sync_close(&f);
+}
+
+/* ---------------------------------------------------------------- what gets populated */
+
+/* Resident bytes of this process's mappings of `path` (/proc/self/smaps Rss: pages in its page
+ * tables, populated or faulted in). */
+static size_t mapped_rss(const char *path) {
+    FILE *fp = fopen("/proc/self/smaps", "r");
+    ASSERT_TRUE(fp != NULL);
+    char line[1024];
+    bool in = false;
+    size_t kb = 0, total = 0;
+    while (fgets(line, sizeof line, fp)) {
+        unsigned long a, b;
+        if (sscanf(line, "%lx-%lx ", &a, &b) == 2) {
+            size_t n = strlen(line);
+            while (n && line[n - 1] == '\n') line[--n] = '\0';
+            in = n >= strlen(path) && strcmp(line + n - strlen(path), path) == 0;
+        } else if (in && sscanf(line, "Rss: %zu kB", &kb) == 1) {
+            total += kb << 10;
+        }
+    }
+    fclose(fp);
+    return total;
+}
+
+static char rss_path[128];
+static size_t rss_at_hook;
+static void measure_rss(const char *shm_name) {
+    (void)shm_name;
+    rss_at_hook = mapped_rss(rss_path);
+}
+
+/* Tmpfs bytes allocated to a segment. */
+static size_t seg_allocated(const seg *sg) {
+    struct stat st;
+    ASSERT_EQ(fstat(sg->fd, &st), 0);
+    return (size_t)st.st_blocks * 512;
+}
+
+/* Whether this kernel has MADV_POPULATE_READ (Linux 5.14); without it the daemon's pages fault in
+ * as they are read instead of in one pass, and nothing is populated ahead of the reads. */
+static bool kernel_populates(void) {
+#ifdef MADV_POPULATE_READ
+    void *p = mmap(NULL, 4096, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    ASSERT_TRUE(p != MAP_FAILED);
+    bool ok = madvise(p, 4096, MADV_POPULATE_READ) == 0;
+    munmap(p, 4096);
+    return ok;
+#else
+    return false;
+#endif
+}
+
+/* A request names a large sparse segment (tmpfs allocates a page on a read fault in a hole):
+ *   - a manifest that overruns it is refused before anything is mapped, and allocates nothing;
+ *   - one small tensor at its start: only that tensor's pages are populated (before the first
+ *     read, in one pass) and allocated, not the other 64 MiB;
+ *   - the same segment again (a kept mapping) with a second tensor far into it: nothing is
+ *     populated again at open (the kept pages stay mapped; the new tensor's pages fault in as they
+ *     are read), and both tensors arrive;
+ *   - the rest of B packed in a new segment: all its pages are populated before the first read
+ *     (the tensors' ranges merged into runs), and the update commits B, bit for bit. */
+RS_TEST(sync_shm_populates_only_what_tensors_cover) {
+    rs_test_sync_env f = open_fp8();
+    rs_sync *s = f.s;
+    const size_t page = (size_t)sysconf(_SC_PAGESIZE), big = 64u << 20, far = 32u << 20;
+    const rs_st_tensor *t0 = rs_st_dir_tensor_at(f.bt, 0, NULL), *t1 = rs_st_dir_tensor_at(f.bt, 1, NULL);
+    const size_t t0_pages = (t0->nbytes + page - 1) / page * page;
+    const bool populates = kernel_populates();
+
+    seg sg = {.size = big};
+    snprintf(sg.name, sizeof sg.name, "/rs-guard-%d-sparse", (int)getpid());
+    snprintf(rss_path, sizeof rss_path, "/dev/shm%s", sg.name);
+    sg.fd = shm_open(sg.name, O_CREAT | O_EXCL | O_RDWR, 0600);
+    ASSERT_TRUE(sg.fd >= 0);
+    ASSERT_EQ(ftruncate(sg.fd, (off_t)big), 0);
+    ASSERT_EQ(seg_allocated(&sg), 0);
+
+    rs_weight_desc d[1];
+    memset(d, 0, sizeof d);
+    snprintf(d[0].name, sizeof d[0].name, "%s", t0->name);
+    d[0].dtype = t0->dtype;
+    d[0].ndim = t0->ndim;
+    memcpy(d[0].shape, t0->shape, sizeof d[0].shape);
+    d[0].nbytes = t0->nbytes;
+    d[0].offset = big; /* past the end */
+    bucket k = {.sg = sg, .d = d, .n = 1};
+    rs_sync_job job;
+    ASSERT_EQ(send_bucket(s, &k, RS_WEIGHT_LAST_NO, &job), RS_EINVAL);
+    ASSERT_STREQ(job.err.param, "tensors[0].offset");
+    ASSERT_EQ(seg_allocated(&sg), 0);
+    rs_sync_stats st;
+    rs_sync_get_stats(s, &st);
+    ASSERT_EQ(st.shm_mapped_bytes, 0);
+
+    /* t0 at offset 0, the rest a hole (written with pwrite: a mapping of the test's own would
+     * count in the Rss measured) */
+    ASSERT_EQ(pwrite(sg.fd, t0->data, t0->nbytes, 0), (ssize_t)t0->nbytes);
+    d[0].offset = 0;
+    rs_shm_test_hook_mapped = measure_rss;
+    int rc = send_bucket(s, &k, RS_WEIGHT_LAST_NO, &job);
+    rs_shm_test_hook_mapped = NULL;
+    if (rc != RS_OK) RS_TEST_FAIL("%s", job.err.message);
+    ASSERT_EQ(job.res.n_staged, 1);
+    if (seg_allocated(&sg) > t0_pages) RS_TEST_FAIL("%zu bytes allocated for %zu covered", seg_allocated(&sg), t0_pages);
+    if (rss_at_hook > t0_pages || (populates && rss_at_hook < t0_pages))
+        RS_TEST_FAIL("%zu bytes mapped before the first read; the tensor covers %zu", rss_at_hook, t0_pages);
+    rs_sync_get_stats(s, &st);
+    ASSERT_EQ(st.shm_mapped_bytes, big); /* kept */
+    const size_t rss_kept = mapped_rss(rss_path);
+
+    /* the kept mapping again, now also carrying t1 32 MiB in */
+    ASSERT_EQ(pwrite(sg.fd, t1->data, t1->nbytes, (off_t)far), (ssize_t)t1->nbytes);
+    rs_weight_desc d1[1] = {d[0]};
+    snprintf(d1[0].name, sizeof d1[0].name, "%s", t1->name);
+    d1[0].dtype = t1->dtype;
+    d1[0].ndim = t1->ndim;
+    memcpy(d1[0].shape, t1->shape, sizeof d1[0].shape);
+    d1[0].nbytes = t1->nbytes;
+    d1[0].offset = far;
+    bucket k1 = {.sg = sg, .d = d1, .n = 1};
+    rs_shm_test_hook_mapped = measure_rss;
+    rc = send_bucket(s, &k1, RS_WEIGHT_LAST_NO, &job);
+    rs_shm_test_hook_mapped = NULL;
+    if (rc != RS_OK) RS_TEST_FAIL("%s", job.err.message);
+    ASSERT_EQ(job.res.n_staged, 2);
+    ASSERT_EQ(rss_at_hook, rss_kept); /* not populated again */
+    if (seg_allocated(&sg) > t0_pages + (t1->nbytes + page - 1) / page * page + page)
+        RS_TEST_FAIL("%zu bytes allocated", seg_allocated(&sg));
+
+    /* the rest of B packed in a new segment */
+    bucket rest = bucket_make(f.bt, 2, rs_st_dir_count(f.bt));
+    snprintf(rss_path, sizeof rss_path, "/dev/shm%s", rest.sg.name);
+    rs_shm_test_hook_mapped = measure_rss;
+    rc = send_bucket(s, &rest, RS_WEIGHT_LAST_YES, &job);
+    rs_shm_test_hook_mapped = NULL;
+    if (rc != RS_OK) RS_TEST_FAIL("%s", job.err.message);
+    if (populates && rss_at_hook != (rest.sg.size + page - 1) / page * page)
+        RS_TEST_FAIL("%zu of the packed bucket's %zu bytes mapped before the first read", rss_at_hook, rest.sg.size);
+    ASSERT_TRUE(job.res.committed);
+    if (!rs_test_sync_serves(&f, f.logits_b)) RS_TEST_FAIL("the committed weights are not B's");
+
+    bucket_free(&rest);
+    seg_destroy(&sg);
     rs_test_sync_close(&f);
 }
 

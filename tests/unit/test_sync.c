@@ -320,6 +320,36 @@ RS_TEST(sync_shm_corrupt_updates_fail_whole) {
     rs_test_sync_close(&v);
 }
 
+/* A FIFO in /dev/shm (world-writable: anyone can make one) named as the segment gets a 400 at
+ * once; opening it without O_NONBLOCK would wait for a writer forever, holding the sync service and
+ * every weight job behind it (and shutdown, which joins the service). The next update goes
+ * through. */
+RS_TEST(sync_shm_fifo_refused_at_once) {
+    alarm(30); /* a blocked open would otherwise wait for the runner's own timeout */
+    env v = rs_test_sync_open("bf16", NULL);
+    char name[64], path[128];
+    snprintf(name, sizeof name, "/rs-test-fifo-%d", (int)getpid());
+    snprintf(path, sizeof path, "/dev/shm%s", name);
+    unlink(path);
+    ASSERT_EQ(mkfifo(path, 0600), 0);
+    rs_sync_job job;
+    memset(&job, 0, sizeof job);
+    job.kind = RS_SYNC_SHM;
+    snprintf(job.req.shm.shm_name, sizeof job.req.shm.shm_name, "%s", name);
+    job.req.shm.is_last = RS_WEIGHT_LAST_NO;
+    int rc = rs_sync_run(v.s, &job);
+    unlink(path);
+    ASSERT_EQ(rc, RS_EINVAL);
+    ASSERT_EQ(rs_err_http_status(rc), 400);
+    ASSERT_STREQ(job.err.param, "shm_name");
+    if (!strstr(job.err.message, "is not a shared-memory segment")) RS_TEST_FAIL("message '%s'", job.err.message);
+    ASSERT_TRUE(!stats(&v).txn_open);
+    expect_serving(&v, v.logits_a);
+    update_to_b(&v, RS_WEIGHT_LAST_NO, RS_WEIGHT_LAST_YES, "2");
+    expect_serving(&v, v.logits_b);
+    rs_test_sync_close(&v);
+}
+
 /* A bucket for another version while a transaction is open: 409, and the open one is untouched. */
 RS_TEST(sync_version_conflict_409) {
     env v = rs_test_sync_open("bf16", NULL);
@@ -469,7 +499,7 @@ RS_TEST(sync_disk_update_and_path_restriction) {
     snprintf(q, sizeof q, "%s/link", allowed);
     ASSERT_EQ(symlink(p, q), 0);
     ASSERT_EQ(disk_update(&v, q, &job), RS_EINVAL);
-    ASSERT_TRUE(strstr(job.err.message, "outside allowed-weight-dir"));
+    ASSERT_TRUE(strstr(job.err.message, "does not resolve to a directory inside allowed-weight-dir"));
     snprintf(q, sizeof q, "%s/evil", allowed);
     mkdir_ok(q);
     snprintf(p, sizeof p, "%s/ckpt/config.json", outside);
@@ -480,10 +510,10 @@ RS_TEST(sync_disk_update_and_path_restriction) {
     ASSERT_EQ(symlink(p, q), 0);
     snprintf(q, sizeof q, "%s/evil", allowed);
     ASSERT_EQ(disk_update(&v, q, &job), RS_EINVAL);
-    ASSERT_TRUE(strstr(job.err.message, "outside allowed-weight-dir"));
+    ASSERT_TRUE(strstr(job.err.message, "does not resolve to a file inside allowed-weight-dir"));
     snprintf(q, sizeof q, "%s/nothing-here", allowed);
     ASSERT_EQ(disk_update(&v, q, &job), RS_EINVAL);
-    ASSERT_TRUE(strstr(job.err.message, "cannot be resolved"));
+    ASSERT_TRUE(strstr(job.err.message, "does not resolve to a directory inside allowed-weight-dir"));
     ASSERT_EQ(stats(&v).updates, 0);
     expect_serving(&v, v.logits_a);
 
@@ -497,6 +527,163 @@ RS_TEST(sync_disk_update_and_path_restriction) {
     if (disk_update(&v, p, &job) != RS_OK) RS_TEST_FAIL("%s", job.err.message);
     ASSERT_TRUE(job.res.committed);
     ASSERT_STREQ(job.res.weight_version, "disk");
+    expect_serving(&v, v.logits_b);
+    rs_test_sync_close(&v);
+}
+
+/* A path outside allowed-weight-dir and one that does not resolve get the same answer, which
+ * names neither where the path leads nor why it does not resolve: the route must not be an oracle
+ * for the file system outside the directory (whether a path exists, where a symlink points). */
+RS_TEST(sync_disk_refusal_reveals_nothing_outside) {
+    char allowed[600], outside[600], p[1400], q[1400];
+    snprintf(allowed, sizeof allowed, "%s/allowed", rs_test_tmpdir());
+    snprintf(outside, sizeof outside, "%s/outside", rs_test_tmpdir());
+    mkdir_ok(allowed);
+    mkdir_ok(outside);
+    snprintf(p, sizeof p, "%s/ckpt", outside);
+    write_model(p, 2);
+    snprintf(q, sizeof q, "%s/link", allowed);
+    ASSERT_EQ(symlink(p, q), 0);
+    rs_sync_opts so = {.allowed_weight_dir = allowed};
+    env v = rs_test_sync_open("bf16", &so);
+    char cwd[1024], exe[1024];
+    ASSERT_TRUE(getcwd(cwd, sizeof cwd) != NULL);
+    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    ASSERT_TRUE(n > 0);
+    exe[n] = '\0';
+
+    char out_ckpt[700], out_none[700], in_link[700], in_none[700];
+    snprintf(out_ckpt, sizeof out_ckpt, "%s/ckpt", outside);        /* a checkpoint outside */
+    snprintf(out_none, sizeof out_none, "%s/no-such-dir", outside); /* nothing there */
+    snprintf(in_link, sizeof in_link, "%s/link", allowed);          /* inside, leading outside */
+    snprintf(in_none, sizeof in_none, "%s/nothing-here", allowed);
+    /* /proc/self/cwd and exe: symlinks to the daemon's working directory and binary */
+    const char *paths[] = {"/proc/self/cwd", "/proc/self/exe", out_ckpt, out_none, in_link, in_none};
+    const char *leaks[] = {cwd, exe, outside, strerror(ENOENT), strerror(ENOTDIR), "resolves to"};
+    char first[sizeof ((rs_error *)0)->message] = "";
+    for (size_t i = 0; i < RS_ARRAY_LEN(paths); i++) {
+        rs_sync_job job;
+        ASSERT_EQ(disk_update(&v, paths[i], &job), RS_EINVAL);
+        ASSERT_STREQ(job.err.param, "model_path");
+        /* the message starts with the request's own path; what follows must be the same for all */
+        const char *tail = strstr(job.err.message, "' does not resolve to a directory inside allowed-weight-dir");
+        if (!tail) RS_TEST_FAIL("%s: message '%s'", paths[i], job.err.message);
+        for (size_t k = 0; k < RS_ARRAY_LEN(leaks); k++)
+            if (strstr(tail, leaks[k])) RS_TEST_FAIL("%s: message '%s' tells '%s'", paths[i], job.err.message, leaks[k]);
+        if (!first[0]) snprintf(first, sizeof first, "%s", tail);
+        else ASSERT_STREQ(tail, first);
+    }
+    ASSERT_EQ(stats(&v).updates, 0);
+    expect_serving(&v, v.logits_a);
+    rs_test_sync_close(&v);
+}
+
+/* Writes dir/model.safetensors.index.json mapping every tensor of B to `shard`. */
+static void write_index(env *v, const char *dir, const char *shard) {
+    json_t *wm = json_object();
+    for (size_t i = 0; i < rs_st_dir_count(v->bt); i++)
+        json_object_set_new(wm, rs_st_dir_tensor_at(v->bt, i, NULL)->name, json_string(shard));
+    json_t *root = json_pack("{s:o}", "weight_map", wm);
+    char path[1400];
+    snprintf(path, sizeof path, "%s/model.safetensors.index.json", dir);
+    ASSERT_EQ(json_dump_file(root, path, 0), 0);
+    json_decref(root);
+}
+
+/* The shards an index names are checked against allowed-weight-dir before they are opened: one
+ * symlinked outside is refused with the same message whatever it points at (a file whose header
+ * the parser would quote, one too short to parse, one that does not exist, a FIFO that an open
+ * would wait on), so nothing of the file outside reaches the client. A shard symlinked inside is
+ * fine. */
+RS_TEST(sync_disk_shards_checked_before_open) {
+    alarm(30); /* the FIFO case, were the shard opened, would block the service for good */
+    char allowed[600], outside[600], ckpt[700], shard[800], p[1400];
+    snprintf(allowed, sizeof allowed, "%s/allowed", rs_test_tmpdir());
+    snprintf(outside, sizeof outside, "%s/outside", rs_test_tmpdir());
+    mkdir_ok(allowed);
+    mkdir_ok(outside);
+    rs_sync_opts so = {.allowed_weight_dir = allowed};
+    env v = rs_test_sync_open("bf16", &so);
+    snprintf(ckpt, sizeof ckpt, "%s/sharded", allowed);
+    mkdir_ok(ckpt);
+    write_index(&v, ckpt, "s.safetensors");
+    snprintf(shard, sizeof shard, "%s/s.safetensors", ckpt);
+
+    snprintf(p, sizeof p, "%s/secret", outside);
+    FILE *fp = fopen(p, "wb");
+    ASSERT_TRUE(fp != NULL);
+    fputs("top secret data, not a checkpoint", fp);
+    fclose(fp);
+    snprintf(p, sizeof p, "%s/short", outside);
+    fp = fopen(p, "wb");
+    ASSERT_TRUE(fp != NULL);
+    fputs("abc", fp);
+    fclose(fp);
+    snprintf(p, sizeof p, "%s/fifo", outside);
+    ASSERT_EQ(mkfifo(p, 0600), 0);
+    static const char *const targets[] = {"secret", "short", "missing", "fifo"};
+    char first[sizeof ((rs_error *)0)->message] = "";
+    for (size_t i = 0; i < RS_ARRAY_LEN(targets); i++) {
+        snprintf(p, sizeof p, "%s/%s", outside, targets[i]);
+        unlink(shard);
+        ASSERT_EQ(symlink(p, shard), 0);
+        rs_sync_job job;
+        ASSERT_EQ(disk_update(&v, ckpt, &job), RS_EINVAL);
+        ASSERT_STREQ(job.err.param, "model_path");
+        if (!strstr(job.err.message, "s.safetensors' does not resolve to a file inside allowed-weight-dir") ||
+            strstr(job.err.message, outside) || strstr(job.err.message, "top secr") ||
+            strstr(job.err.message, "header") || strstr(job.err.message, strerror(ENOENT)))
+            RS_TEST_FAIL("shard -> %s: message '%s'", targets[i], job.err.message);
+        if (!first[0]) snprintf(first, sizeof first, "%s", job.err.message);
+        else ASSERT_STREQ(job.err.message, first);
+    }
+    ASSERT_EQ(stats(&v).updates, 0);
+    expect_serving(&v, v.logits_a);
+
+    /* a shard symlinked to a file inside the directory is read */
+    snprintf(p, sizeof p, "%s/step", allowed);
+    write_model(p, 2);
+    snprintf(p, sizeof p, "%s/step/model.safetensors", allowed);
+    unlink(shard);
+    ASSERT_EQ(symlink(p, shard), 0);
+    rs_sync_job job;
+    if (disk_update(&v, ckpt, &job) != RS_OK) RS_TEST_FAIL("%s", job.err.message);
+    ASSERT_TRUE(job.res.committed);
+    expect_serving(&v, v.logits_b);
+    rs_test_sync_close(&v);
+}
+
+/* A FIFO where the checkpoint's model.safetensors, its index or one of its shards should be gets a
+ * 400 at once: an open that waited for a writer would hold the sync service (and shutdown) for
+ * good. The service then takes the next update. */
+RS_TEST(sync_disk_fifo_refused_at_once) {
+    alarm(30); /* a blocked open would otherwise wait for the runner's own timeout */
+    char allowed[600], dir[700], p[1400];
+    snprintf(allowed, sizeof allowed, "%s/allowed", rs_test_tmpdir());
+    mkdir_ok(allowed);
+    rs_sync_opts so = {.allowed_weight_dir = allowed};
+    env v = rs_test_sync_open("bf16", &so);
+    enum { SINGLE, INDEX, SHARD, N_CASES };
+    static const char *const what[N_CASES] = {"model.safetensors", "model.safetensors.index.json", "a shard"};
+    for (int c = 0; c < N_CASES; c++) {
+        snprintf(dir, sizeof dir, "%s/fifo%d", allowed, c);
+        mkdir_ok(dir);
+        if (c == SHARD) write_index(&v, dir, "s.safetensors");
+        snprintf(p, sizeof p, "%s/%s", dir, c == SINGLE ? "model.safetensors"
+                                             : c == INDEX ? "model.safetensors.index.json" : "s.safetensors");
+        ASSERT_EQ(mkfifo(p, 0600), 0);
+        rs_sync_job job;
+        int rc = disk_update(&v, dir, &job);
+        if (rc != RS_EINVAL || !strstr(job.err.message, "not a regular file"))
+            RS_TEST_FAIL("%s a FIFO: rc %d, message '%s'", what[c], rc, job.err.message);
+        ASSERT_EQ(rs_err_http_status(rc), 400);
+        ASSERT_TRUE(!stats(&v).txn_open);
+    }
+    expect_serving(&v, v.logits_a);
+    snprintf(p, sizeof p, "%s/step", allowed);
+    write_model(p, 2);
+    rs_sync_job job;
+    if (disk_update(&v, p, &job) != RS_OK) RS_TEST_FAIL("%s", job.err.message);
     expect_serving(&v, v.logits_b);
     rs_test_sync_close(&v);
 }
