@@ -300,7 +300,9 @@ def _with_kv_scales(src, dst, k, v):
     return sd
 
 
-def test_shm_push_kv_scales(rolloutd, tmp_path):
+def kv_scale_checkpoints(dir_a, dir_b):
+    """ORIG copied to dir_a and dir_b with static per-head KV scales, b's 4x (k) and 3x (v) a's;
+    returns (number of layers, b's tensors)."""
     import json
     cfg = json.loads((ORIG / "config.json").read_text())
     layers, heads = cfg["num_hidden_layers"], cfg["num_key_value_heads"]
@@ -308,8 +310,12 @@ def test_shm_push_kv_scales(rolloutd, tmp_path):
     va = [[0.01 + 0.005 * h for h in range(heads)] for _ in range(layers)]
     kb = [[4 * x for x in row] for row in ka]
     vb = [[3 * x for x in row] for row in va]
-    _with_kv_scales(ORIG, tmp_path / "a", ka, va)
-    sd_b = _with_kv_scales(ORIG, tmp_path / "b", kb, vb)
+    _with_kv_scales(ORIG, dir_a, ka, va)
+    return layers, _with_kv_scales(ORIG, dir_b, kb, vb)
+
+
+def test_shm_push_kv_scales(rolloutd, tmp_path):
+    layers, sd_b = kv_scale_checkpoints(tmp_path / "a", tmp_path / "b")
     prompts = golden(ORIG, "golden.json")["prompts"]
 
     ref = rolloutd(tmp_path / "b", *STATIC_KV_ARGS)   # the reference: started on scales b

@@ -9,10 +9,11 @@ update's tail, not the start of a new one:
 """
 import json
 
-from rolloutd_client.shm import ALIGN, Segment
 from test_golden import BF16_ARGS
-from test_weight_sync import (ORIG, PERT, STATIC_KV_ARGS, _with_kv_scales, _write_all, golden, prompt_lps,
+# (test_weight_sync puts clients/python on sys.path)
+from test_weight_sync import (ORIG, PERT, STATIC_KV_ARGS, _write_all, golden, kv_scale_checkpoints, prompt_lps,
                               score_all, weights)
+from rolloutd_client.shm import ALIGN, Segment  # noqa: E402
 
 
 def _post(d, seg, sd, version):
@@ -54,14 +55,7 @@ def test_auto_commit_then_tied_lm_head_alone(rolloutd):
 
 
 def test_auto_commit_then_kv_scales_alone(rolloutd, tmp_path):
-    cfg = json.loads((ORIG / "config.json").read_text())
-    layers, heads = cfg["num_hidden_layers"], cfg["num_key_value_heads"]
-    ka = [[0.02 + 0.01 * h for h in range(heads)] for _ in range(layers)]
-    va = [[0.01 + 0.005 * h for h in range(heads)] for _ in range(layers)]
-    kb = [[4 * x for x in row] for row in ka]
-    vb = [[3 * x for x in row] for row in va]
-    _with_kv_scales(ORIG, tmp_path / "a", ka, va)
-    sd_b = _with_kv_scales(ORIG, tmp_path / "b", kb, vb)
+    layers, sd_b = kv_scale_checkpoints(tmp_path / "a", tmp_path / "b")
     prompts = golden(ORIG, "golden.json")["prompts"]
     ref = rolloutd(tmp_path / "b", *STATIC_KV_ARGS)
     want = prompt_lps(score_all(ref, prompts))

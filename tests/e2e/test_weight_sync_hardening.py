@@ -11,7 +11,6 @@
     which names neither the symlink's target nor errno;
   - each weight route's errors are logged under its own path.
 """
-import json
 import os
 import shutil
 
@@ -19,7 +18,7 @@ import pytest
 
 from test_golden import BF16_ARGS
 # (test_weight_sync puts clients/python on sys.path)
-from test_weight_sync import ORIG, PERT, STATIC_KV_ARGS, _with_kv_scales, golden, prompt_lps, score_all
+from test_weight_sync import ORIG, PERT, STATIC_KV_ARGS, golden, kv_scale_checkpoints, prompt_lps, score_all
 from rolloutd_client import Client  # noqa: E402
 
 pytestmark = pytest.mark.skipif(not (PERT / "golden.json").is_file(), reason="no qwen3/perturbed fixture")
@@ -62,16 +61,9 @@ def test_disk_fifo_refused_at_once(rolloutd, tmp_path):
 
 
 def test_disk_update_applies_kv_scales(rolloutd, tmp_path):
-    cfg = json.loads((ORIG / "config.json").read_text())
-    layers, heads = cfg["num_hidden_layers"], cfg["num_key_value_heads"]
-    ka = [[0.02 + 0.01 * h for h in range(heads)] for _ in range(layers)]
-    va = [[0.01 + 0.005 * h for h in range(heads)] for _ in range(layers)]
-    kb = [[4 * x for x in row] for row in ka]
-    vb = [[3 * x for x in row] for row in va]
     allowed = tmp_path / "allowed"
     allowed.mkdir()
-    _with_kv_scales(ORIG, allowed / "a", ka, va)
-    _with_kv_scales(ORIG, allowed / "b", kb, vb)
+    kv_scale_checkpoints(allowed / "a", allowed / "b")
     shutil.copytree(ORIG, allowed / "no-scales", ignore=shutil.ignore_patterns("perturbed", "golden*.json"))
     prompts = golden(ORIG, "golden.json")["prompts"]
 
