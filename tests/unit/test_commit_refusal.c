@@ -87,6 +87,15 @@ static void stage_with(rs_update *u, const char *dir, const char *name, const fl
     ASSERT_TRUE(replaced);
 }
 
+/* The tiny checkpoint the tests start from, at <tmp>/ckpt. */
+static void write_ckpt(char *dir, size_t cap) {
+    snprintf(dir, cap, "%s/ckpt", rs_test_tmpdir());
+    rs_model_config cfg;
+    tiny(&cfg);
+    rs_error err = {0};
+    ASSERT_EQ(rs_testmodel_write(dir, &cfg, 7, &err), RS_OK);
+}
+
 static rs_model *load(const char *dir, rs_backend *b) {
     rs_error err = {0};
     rs_quant_policy qp;
@@ -100,11 +109,8 @@ static rs_model *load(const char *dir, rs_backend *b) {
  * service's backend and, without one, by the engine before its swap. */
 RS_TEST(commit_refused_when_calibration_fails_either_way) {
     char dir[512];
-    snprintf(dir, sizeof dir, "%s/ckpt", rs_test_tmpdir());
-    rs_model_config cfg;
-    tiny(&cfg);
+    write_ckpt(dir, sizeof dir);
     rs_error err = {0};
-    ASSERT_EQ(rs_testmodel_write(dir, &cfg, 7, &err), RS_OK);
     rs_backend *b = rs_backend_cpu_init(1), *calib = rs_backend_cpu_init(2);
     rs_model *m = load(dir, b);
     rs_engine *e = calibrating_engine(m, 1.2f);
@@ -136,13 +142,9 @@ RS_TEST(commit_refused_when_calibration_fails_either_way) {
  * margin 100 they overflow. The scales stay finite and the update commits, on either calibrator;
  * the engine serves exactly what an engine started on those weights serves. */
 RS_TEST(commit_calibrates_finite_scales_for_huge_kv) {
-    char dir[512], dir_big[512];
-    snprintf(dir, sizeof dir, "%s/ckpt", rs_test_tmpdir());
-    snprintf(dir_big, sizeof dir_big, "%s/ckpt-big", rs_test_tmpdir());
-    rs_model_config cfg;
-    tiny(&cfg);
+    char dir[512];
+    write_ckpt(dir, sizeof dir);
     rs_error err = {0};
-    ASSERT_EQ(rs_testmodel_write(dir, &cfg, 7, &err), RS_OK);
     rs_backend *b = rs_backend_cpu_init(1), *calib = rs_backend_cpu_init(2);
     float big[HD];
     for (int i = 0; i < HD; i++) big[i] = 1e37f;
@@ -181,11 +183,8 @@ static void count_apply(rs_model *m, void *ctx) {
 /* Scales a caller hands in as the calibration of the new weights are checked before the swap. */
 RS_TEST(commit_refuses_unusable_caller_scales) {
     char dir[512];
-    snprintf(dir, sizeof dir, "%s/ckpt", rs_test_tmpdir());
-    rs_model_config cfg;
-    tiny(&cfg);
+    write_ckpt(dir, sizeof dir);
     rs_error err = {0};
-    ASSERT_EQ(rs_testmodel_write(dir, &cfg, 7, &err), RS_OK);
     rs_backend *b = rs_backend_cpu_init(1);
     rs_model *m = load(dir, b);
     rs_engine *e = calibrating_engine(m, 1.2f);

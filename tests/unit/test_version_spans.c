@@ -133,13 +133,34 @@ RS_TEST(update_mid_prompt_scoring_rescores_whole_prompt) {
     rs_backend_free(b);
 }
 
-RS_TEST(update_version_reported_per_output) {
+/* Model A served by an engine (step by step), B's directory ready to be pushed. */
+typedef struct served {
     char a[512], bdir[512];
-    two_models(a, bdir, sizeof a);
-    rs_backend *b = rs_backend_cpu_init(1);
+    rs_backend *b;
+    rs_model *m;
+    rs_engine *e;
+} served;
+
+static void serve_a(served *v) {
+    two_models(v->a, v->bdir, sizeof v->a);
+    v->b = rs_backend_cpu_init(1);
+    v->m = load_bf16(v->a, v->b);
+    v->e = engine(v->m);
+}
+
+static void served_close(served *v) {
+    rs_engine_free(v->e);
+    rs_model_free(v->m);
+    rs_backend_free(v->b);
+}
+
+RS_TEST(update_version_reported_per_output) {
+    served v;
+    serve_a(&v);
+    rs_engine *e = v.e;
+    rs_model *m = v.m;
+    const char *bdir = v.bdir;
     rs_error err = {0};
-    rs_model *m = load_bf16(a, b);
-    rs_engine *e = engine(m);
     rs_generate_req r = parse("{\"rid\": \"j\", \"input_ids\": [[1, 2, 3, 4, 5, 6, 7, 8], " PROMPT64 "],"
                               " \"return_logprob\": true, \"sampling_params\": {\"max_new_tokens\": 2,"
                               " \"temperature\": 0, \"ignore_eos\": true}}");
@@ -158,8 +179,8 @@ RS_TEST(update_version_reported_per_output) {
     const char *want[2] = {"0", "v1"};
     for (size_t i = 0; i < 2; i++) {
         json_t *meta = json_object_get(json_array_get(resp, i), "meta_info");
-        const char *v = json_string_value(json_object_get(meta, "weight_version"));
-        if (!v || strcmp(v, want[i]) != 0) RS_TEST_FAIL("output %zu reports version %s, want %s", i, v, want[i]);
+        const char *got = json_string_value(json_object_get(meta, "weight_version"));
+        if (!got || strcmp(got, want[i]) != 0) RS_TEST_FAIL("output %zu reports version %s, want %s", i, got, want[i]);
         json_t *spans = json_object_get(meta, "weight_version_spans");
         ASSERT_EQ(json_array_size(spans), 1);
         ASSERT_STREQ(json_string_value(json_array_get(json_array_get(spans, 0), 0)), want[i]);
@@ -167,18 +188,14 @@ RS_TEST(update_version_reported_per_output) {
     json_decref(resp);
     free(body);
     rs_generate_req_free(&r);
-    rs_engine_free(e);
-    rs_model_free(m);
-    rs_backend_free(b);
+    served_close(&v);
 }
 
 RS_TEST(update_spans_merge_and_drop_empty_tail) {
-    char a[512], bdir[512];
-    two_models(a, bdir, sizeof a);
-    rs_backend *b = rs_backend_cpu_init(1);
+    served v;
+    serve_a(&v);
+    rs_engine *e = v.e;
     rs_error err = {0};
-    rs_model *m = load_bf16(a, b);
-    rs_engine *e = engine(m);
     rs_generate_req r = parse("{\"rid\": \"s\", \"input_ids\": [1, 2, 3, 4, 5, 6, 7, 8],"
                               " \"sampling_params\": {\"max_new_tokens\": 6, \"temperature\": 0, \"ignore_eos\": true}}");
     ASSERT_EQ(rs_engine_submit(e, r.job, &err), RS_OK);
@@ -203,7 +220,5 @@ RS_TEST(update_spans_merge_and_drop_empty_tail) {
     ASSERT_EQ(o->spans[0].start, 0);
     ASSERT_EQ(o->spans[0].end, 3);
     rs_generate_req_free(&r);
-    rs_engine_free(e);
-    rs_model_free(m);
-    rs_backend_free(b);
+    served_close(&v);
 }
