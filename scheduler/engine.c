@@ -996,21 +996,22 @@ static void out_restart_scoring(rs_gen_output *o, int k) {
     }
 }
 
-static void seq_new_version(rs_seq *s, const char *version) {
+/* new_weights: the weights changed (every sequence recomputes); else only their label did. */
+static void seq_new_version(rs_seq *s, const char *version, bool new_weights) {
     rs_gen_job *job = s->job;
-    out_restart_scoring(s->out, job->top_logprobs_num);
+    if (new_weights) out_restart_scoring(s->out, job->top_logprobs_num);
     out_new_span(s->out, version);
     for (int k = 1; k <= s->n_forks; k++) out_new_span(&job->outputs[s->prompt_index * job->sp.n + k], version);
     snprintf(job->weight_version, sizeof job->weight_version, "%s", version);
 }
 
 /* Every live output records the new version from its next token on. */
-static void set_weight_version(rs_engine *e, const char *version) {
+static void set_weight_version(rs_engine *e, const char *version, bool new_weights) {
     pthread_mutex_lock(&e->stats_mu);
     snprintf(e->weight_version, sizeof e->weight_version, "%s", version);
     pthread_mutex_unlock(&e->stats_mu);
-    for (int i = 0; i < e->n_running; i++) seq_new_version(e->running[i], version);
-    for (rs_seq *s = e->wait_head; s; s = s->next) seq_new_version(s, version);
+    for (int i = 0; i < e->n_running; i++) seq_new_version(e->running[i], version, new_weights);
+    for (rs_seq *s = e->wait_head; s; s = s->next) seq_new_version(s, version, new_weights);
 }
 
 bool rs_engine_takes_kv_scales(const rs_engine *e) {
@@ -1069,7 +1070,7 @@ static int commit_weights(rs_engine *e, rs_ctl *c) {
             RS_ASSERT(set == RS_OK); /* checked above */
             if (rs_engine_takes_kv_scales(e)) RS_INFO("kv cache: static per-head FP8 scales from the weight update");
         }
-        set_weight_version(e, c->version);
+        set_weight_version(e, c->version, true);
         e->stats.weight_updates++;
     }
     free(ck);
@@ -1105,7 +1106,7 @@ static void apply_control(rs_engine *e, rs_ctl *c) {
         break;
     }
     case RS_CTL_VERSION:
-        set_weight_version(e, c->version);
+        set_weight_version(e, c->version, false);
         break;
     case RS_CTL_FLUSH:
         if (e->n_running > 0 || e->wait_head) {

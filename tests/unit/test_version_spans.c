@@ -222,3 +222,30 @@ RS_TEST(update_spans_merge_and_drop_empty_tail) {
     rs_generate_req_free(&r);
     served_close(&v);
 }
+
+/* A relabel (/update_weight_version: same weights) in the middle of a prompt's scoring keeps the
+ * rows already scored: nothing recomputes them, so none may be cleared. */
+RS_TEST(update_relabel_mid_prompt_scoring_keeps_scores) {
+    served v;
+    serve_a(&v);
+    rs_error err = {0};
+    rs_engine *eref = engine(v.m);
+    rs_generate_req ref = parse(score_body), r = parse(score_body);
+    ASSERT_EQ(rs_engine_submit(eref, ref.job, &err), RS_OK);
+    rs_engine_run_until_idle(eref);
+    ASSERT_EQ(rs_engine_submit(v.e, r.job, &err), RS_OK);
+    ASSERT_TRUE(rs_engine_step_once(v.e));
+    ASSERT_EQ(rs_engine_set_weight_version(v.e, "relabelled", &err), RS_OK);
+    rs_engine_run_until_idle(v.e);
+    const rs_gen_output *o = &r.job->outputs[0], *w = &ref.job->outputs[0];
+    for (int i = 1; i < o->n_input_logprobs; i++)
+        if (!(o->input_logprobs[i] == w->input_logprobs[i]))
+            RS_TEST_FAIL("prompt position %d: %.9g, want %.9g", i, (double)o->input_logprobs[i],
+                         (double)w->input_logprobs[i]);
+    ASSERT_EQ(o->n_spans, 1);
+    ASSERT_STREQ(o->spans[0].version, "relabelled");
+    rs_generate_req_free(&r);
+    rs_generate_req_free(&ref);
+    rs_engine_free(eref);
+    served_close(&v);
+}
