@@ -15,6 +15,7 @@ import pathlib
 import stat
 import sys
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -314,7 +315,9 @@ def test_safetensors_reader():
 
 class _Stub(http.server.BaseHTTPRequestHandler):
     """Records each /update_weights_from_shm body plus the bytes of every tensor, read from the
-    segment the way rolloutd does (open by name, check the mode); answers 400 on bucket `fail_at`."""
+    segment the way rolloutd does (open by name, check the mode); sleeps `delay_at[n]` seconds
+    before answering call n; answers 400 on bucket `fail_at`, and to a last bucket with no tensors
+    (a client ending its update) as rolloutd does."""
 
     def do_POST(self):
         srv = self.server
@@ -329,17 +332,24 @@ class _Stub(http.server.BaseHTTPRequestHandler):
             nb = math.prod(t["shape"]) * rdt.ITEMSIZE[t["dtype"]]
             data[t["name"]] = seg[t["offset"]:t["offset"] + nb]
         srv.calls.append({"body": body, "mode": stat.S_IMODE(st.st_mode), "size": st.st_size, "data": data})
+        time.sleep(srv.delay_at.get(n, 0))
         if n == srv.fail_at:
             out, code = {"error": {"message": "stub says no", "type": "invalid_request"}}, 400
+        elif not body["tensors"] and body.get("is_last"):
+            out, code = {"error": {"message": "missing tensor 'x' at is_last; the update is dropped",
+                                   "type": "invalid_request"}}, 400
         else:
             out, code = {"success": True, "message": "ok", "weight_version": body["weight_version"],
                          "bytes": sum(len(v) for v in data.values()), "seconds": 0.001}, 200
         raw = json.dumps(out).encode()
-        self.send_response(code)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(raw)))
-        self.end_headers()
-        self.wfile.write(raw)
+        try:
+            self.send_response(code)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(raw)))
+            self.end_headers()
+            self.wfile.write(raw)
+        except OSError:  # the client timed out and left
+            pass
 
     def log_message(self, *a):
         pass
@@ -348,7 +358,7 @@ class _Stub(http.server.BaseHTTPRequestHandler):
 @pytest.fixture
 def stub():
     srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Stub)
-    srv.calls, srv.fail_at = [], -1
+    srv.calls, srv.fail_at, srv.delay_at = [], -1, {}
     t = threading.Thread(target=srv.serve_forever, daemon=True)
     t.start()
     yield srv

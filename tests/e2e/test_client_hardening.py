@@ -19,8 +19,6 @@ values in requests, an error crossing a process boundary, extreme log-ratios.
 """
 import errno
 import gc
-import http.server
-import json
 import math
 import os
 import pathlib
@@ -29,7 +27,6 @@ import shutil
 import subprocess
 import sys
 import textwrap
-import threading
 import time
 import warnings
 
@@ -80,48 +77,8 @@ def prompt_lps(c):
     return [lp[1:].tolist() for lp in c.score(PROMPTS)]
 
 
-# ================================================================ a stub server
-
-class _Stub(http.server.BaseHTTPRequestHandler):
-    """Records /update_weights_from_shm bodies (and reads each tensor out of the segment, as the
-    daemon does, before answering); sleeps `delay_at[n]` seconds before answering call n; answers
-    the poison bucket (no tensors, is_last) with the daemon's 400."""
-
-    def do_POST(self):
-        srv = self.server
-        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-        with open("/dev/shm" + body["shm_name"], "rb") as f:
-            f.read()
-        n = len(srv.calls)
-        srv.calls.append(body)
-        time.sleep(srv.delay_at.get(n, 0))
-        if not body["tensors"]:
-            out, code = {"error": {"message": "missing tensor 'x' at is_last; the update is dropped"}}, 400
-        else:
-            out, code = {"success": True, "weight_version": body["weight_version"], "seconds": 0.001}, 200
-        raw = json.dumps(out).encode()
-        try:
-            self.send_response(code)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(raw)))
-            self.end_headers()
-            self.wfile.write(raw)
-        except OSError:  # the client timed out and left
-            pass
-
-    def log_message(self, *a):
-        pass
-
-
-@pytest.fixture
-def stub():
-    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Stub)
-    srv.calls, srv.delay_at = [], {}
-    t = threading.Thread(target=srv.serve_forever, daemon=True)
-    t.start()
-    yield srv
-    srv.shutdown()
-    srv.server_close()
+# the stub server of test_client.py: each call is {"body", "mode", "size", "data"}
+from test_client import stub  # noqa: E402,F401 -- a pytest fixture
 
 
 def _small_sd(n=6, elems=1000):
@@ -242,10 +199,11 @@ def test_post_timeout_ends_the_update(stub, segments):
     c = Client(f"http://127.0.0.1:{stub.server_address[1]}")
     with pytest.raises(requests.Timeout):
         c.push_weights(_small_sd(), version="t1", bucket_bytes=8192, timeout=0.5)
-    last = stub.calls[-1]
-    assert len(stub.calls) == 3, [b["tensors"] for b in stub.calls]
+    bodies = [x["body"] for x in stub.calls]
+    last = bodies[-1]
+    assert len(bodies) == 3, [b["tensors"] for b in bodies]
     assert last["tensors"] == [] and last["is_last"] is True and last["weight_version"] == "t1"
-    assert last["shm_name"] in {b["shm_name"] for b in stub.calls[:2]}
+    assert last["shm_name"] in {b["shm_name"] for b in bodies[:2]}
     c.close()
 
 
@@ -257,7 +215,7 @@ def test_no_poison_when_nothing_was_sent_or_all_committed(stub, segments, monkey
     assert stub.calls == []
     monkeypatch.undo()
     res = c.push_weights(_small_sd(), version="b", bucket_bytes=8192)
-    assert len(stub.calls) == res.posts and all(b["tensors"] for b in stub.calls)
+    assert len(stub.calls) == res.posts and all(x["body"]["tensors"] for x in stub.calls)
     c.close()
 
 
@@ -274,8 +232,8 @@ def test_nccl_failure_ends_the_update_on_engines_that_did_not_refuse(stub):
     refused.set_exception(RolloutdError(400, {"error": {"message": "bad shape"}}, "/update_weights_from_distributed"))
     nccl._abort_open_updates([a, b], "n1", [ok, refused], 10)
     assert len(stub.calls) == 1
-    assert stub.calls[0]["tensors"] == [] and stub.calls[0]["is_last"] is True
-    assert stub.calls[0]["weight_version"] == "n1"
+    assert stub.calls[0]["body"]["tensors"] == [] and stub.calls[0]["body"]["is_last"] is True
+    assert stub.calls[0]["body"]["weight_version"] == "n1"
 
 
 # ================================================================ M2: big-endian arrays
