@@ -325,12 +325,9 @@ int rs_kv_pool_set_scales(rs_kv_pool *p, const float *k_scales, const float *v_s
         return RS_EINVAL;
     }
     size_t n = (size_t)p->n_kv_heads;
-    for (size_t i = 0; i < (size_t)p->n_layers * n; i++) {
-        if (!(isfinite(k_scales[i]) && k_scales[i] > 0.0f && isfinite(v_scales[i]) && v_scales[i] > 0.0f)) {
-            RS_ERROR("kv cache: scale of layer %zu kv head %zu is not finite and positive (k %g, v %g)", i / n,
-                     i % n, (double)k_scales[i], (double)v_scales[i]);
-            return RS_EINVAL;
-        }
+    if (!rs_kv_scales_valid(k_scales, v_scales, (size_t)p->n_layers * n)) {
+        RS_ERROR("kv cache: a per-head scale is not finite and positive; the scales in service stay");
+        return RS_EINVAL;
     }
     for (int l = 0; l < p->n_layers; l++) {
         rs_kv_layer *L = &p->layers[l];
