@@ -31,7 +31,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../kvcache/calibrate.h"
+#include "../model/kv_calibrate.h"
 #include "../kvcache/kvcache.h"
 #include "../model/kv_scales.h"
 #include "sampler.h"

@@ -9,7 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../../kvcache/calibrate.h"
+#include "../../model/kv_calibrate.h"
 #include "../../model/kv_scales.h"
 #include "../../model/presets.h"
 #include "../../model/quant.h"
