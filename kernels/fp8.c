@@ -8,7 +8,7 @@
  *
  * The quantizers use true fp32 division `w / scale`, not multiplication by a reciprocal, because
  * that is the formula of the DeepSeek-V3 reference (inference/kernel.py `act_quant`: `y = x / s`)
- * and of our DESIGN.md; `w * (1/s)` (verl's Triton kernel) differs in the last bit for some inputs
+ * and of docs/design.md; `w * (1/s)` (verl's Triton kernel) differs in the last bit for some inputs
  * and would therefore not match checkpoints quantized the reference way. Division is correctly
  * rounded in IEEE fp32, on the CPU and with CUDA's default `-prec-div=true` (`__fdiv_rn`).
  *

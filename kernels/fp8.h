@@ -17,7 +17,7 @@
  *
  * Decoding is exact (every FP8 value is an fp32 value) and goes through a 256-entry table.
  *
- * Blockwise quantization (DeepSeek-V3 style, DESIGN.md "Numerics"):
+ * Blockwise quantization (DeepSeek-V3 style, docs/design.md "Numerics"):
  *   weights     [out][in], one fp32 scale per 128x128 block, partial blocks at ragged edges:
  *               scale_inv = max(amax, 1e-10f) / 448.0f,  q = sat_e4m3(w / scale_inv)
  *   activations [rows][k], one fp32 scale per row and 128-wide group of k (last group ragged):

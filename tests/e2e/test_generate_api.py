@@ -290,7 +290,7 @@ def test_weight_version_setting_is_reported(rolloutd):
 # ---------------------------------------------------------------- SGLang-shaped payloads
 
 def test_slime_style_payload(daemon):
-    """The request slime / AReaL / NeMo-RL send (reference/engines.md 1.1), every field included; ids
+    """The request slime / AReaL / NeMo-RL send (SGLang GenerateReqInput / SamplingParams fields), every field included; ids
     remapped into the default model's 8192-token vocabulary."""
     body = {"rid": "grp7-s3", "input_ids": [1644, 872, 198, 3838],
             "sampling_params": {"max_new_tokens": 6, "temperature": 1.0, "top_p": 1.0, "top_k": -1, "min_p": 0.0,

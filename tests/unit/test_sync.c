@@ -896,7 +896,7 @@ RS_TEST(sync_parse_disk_and_version) {
     ASSERT_STREQ(v.new_version, "18");
     ASSERT_TRUE(v.abort_all_requests);
     ASSERT_EQ(rs_version_update_parse("{\"new_version\":\"1\"}", 19, &v, &err), RS_OK);
-    ASSERT_TRUE(!v.abort_all_requests); /* never abort by default (reference/engines.md §4.6) */
+    ASSERT_TRUE(!v.abort_all_requests); /* never abort unasked (some SGLang versions default to true) */
     parse_fails(version_parse, &v, "{}", RS_EINVAL, "new_version", "missing");
     parse_fails(version_parse, &v, "{\"new_version\":\"\"}", RS_EINVAL, "new_version", "empty");
 }

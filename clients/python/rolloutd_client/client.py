@@ -1,4 +1,4 @@
-"""HTTP client for rolloutd (API.md): generation, control, weight updates."""
+"""HTTP client for rolloutd (docs/api.md): generation, control, weight updates."""
 import math
 import operator
 import threading
@@ -355,7 +355,7 @@ class Client:
         transport "shm": buckets of bucket_bytes in POSIX shared memory (shm.py; a tensor larger
         than a bucket gets a segment of its own); "nccl": rolloutd_client.nccl.push_weights_nccl.
         fp8=True: q/k/v/o, gate/up/down and expert matrices are quantized here (128x128 blocks,
-        DESIGN.md "Numerics"; fp8.py) and sent as float8_e4m3fn + `<name>_scale_inv`, half the
+        docs/design.md "Numerics"; fp8.py) and sent as float8_e4m3fn + `<name>_scale_inv`, half the
         bytes; fp8_filter(name) overrides which names.
         keep_segments (shm, default True): keep the bucket segments (two, plus one for tensors
         larger than a bucket) allocated for the next push instead of unlinking them: allocating

@@ -1,4 +1,4 @@
-"""Weight push over NCCL broadcast (API.md "Weight updates": /init_weights_update_group,
+"""Weight push over NCCL broadcast (docs/api.md "Weight updates": /init_weights_update_group,
 /update_weights_from_distributed, /destroy_weights_update_group).
 
     from rolloutd_client import Client

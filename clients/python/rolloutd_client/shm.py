@@ -1,4 +1,4 @@
-"""Weight push over POSIX shared memory (POST /update_weights_from_shm, API.md "Weight updates").
+"""Weight push over POSIX shared memory (POST /update_weights_from_shm, docs/api.md "Weight updates").
 
 The client creates segments with shm_open(O_CREAT | O_EXCL | O_RDWR, 0600), as Python's
 multiprocessing.shared_memory does (only the owner can map them), packs tensors into buckets at
