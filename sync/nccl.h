@@ -14,7 +14,7 @@
  *     rank 0 then sets under "/G/G//cuda//0", and joins with it. The store connection is kept
  *     until the group is destroyed. A trainer that creates its group eagerly (device_id, or torch's
  *     "nccl2" backend) waits in init_process_group for a communicator this server only creates
- *     on the first update; such a trainer must send nccl_unique_id_b64.
+ *     on the first update; such a trainer pushes with rolloutd_client.nccl (the unique id) instead.
  *   - rolloutd's own: the trainer's ncclUniqueId, created with ncclGetUniqueId and sent base64-
  *     encoded as `nccl_unique_id_b64` (clients/python/rolloutd_client/nccl.py does this); the init
  *     request joins at once (master_address and master_port are then unused), so the trainer
@@ -34,9 +34,11 @@
  * An update. Each request names its tensors (names, dtypes, shapes, in order). The trainer then
  * broadcasts either one buffer per tensor, in that order (load_format null, SGLang's default), or
  * one buffer holding every tensor of the request concatenated in order without padding
- * (load_format "flattened_bucket", SGLang's FlattenedTensorBucket layout). Every broadcast is
- * ncclUint8 with count = the buffer's bytes on both sides, whatever the tensors' dtypes; a tensor
- * or bucket of 0 bytes is not broadcast at all. This server receives each broadcast into a device
+ * (load_format "flattened_bucket", SGLang's FlattenedTensorBucket layout). This server receives
+ * every broadcast as ncclUint8 with count = the buffer's bytes, whatever the tensors' dtypes;
+ * rolloutd_client sends the same, and a torch trainer's dist.broadcast of a tensor of N elements
+ * of S bytes meets it because NCCL carries a broadcast as N * S bytes whatever its datatype. A
+ * tensor or bucket of 0 bytes is not broadcast at all. This server receives each broadcast into a device
  * staging buffer on its own stream, copies it to pinned host memory, and hands the tensors to the
  * weight-update transaction (transaction.h: rs_update_add validates the name, dtype and shape
  * against the model and converts to the served precision). Receiving the next buffer overlaps

@@ -66,7 +66,14 @@ def probe(port, *cmds, timeout=10.0):
     r = subprocess.run([str(PROBE), "--timeout", str(timeout), "127.0.0.1", str(port), *cmds],
                        capture_output=True, text=True, timeout=120)
     lines = [json.loads(x) for x in r.stdout.splitlines() if x.strip()]
+    assert_clean(r.stderr)
     return r.returncode, lines, r.stderr
+
+
+def assert_clean(stderr):
+    """No sanitizer report (a sanitizer's exit status would pass for the probe's own 1)."""
+    for mark in ("AddressSanitizer", "LeakSanitizer", "runtime error:"):
+        assert mark not in stderr, stderr[-3000:]
 
 
 def peer_json(py, *args, timeout=240):
@@ -299,6 +306,7 @@ def test_fake_store_fails_cleanly(behaviour, cmds, want, code):
     dt = time.monotonic() - t0
     out = [json.loads(x) for x in p.stdout.read().splitlines() if x.strip()]
     err = p.stderr.read()
+    assert_clean(err)
     assert os.waitstatus_to_exitcode(status) == 1, (out, err)
     assert out[0]["ok"], out
     assert out[1]["error"] == code and want in out[1]["message"], out[1]
