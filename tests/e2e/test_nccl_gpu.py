@@ -368,7 +368,7 @@ def sglang_push(d, pg, weights, version, device, flattened):
     with cf.ThreadPoolExecutor(1) as ex:
         fut = ex.submit(d.post, "/update_weights_from_distributed", body, timeout=TIMEOUT)
         if flattened:  # SGLang's FlattenedTensorBucket: the tensors' bytes, concatenated
-            flat = torch.cat([t.view(torch.uint8).reshape(-1) for t in tensors])
+            flat = torch.cat([t.reshape(-1).view(torch.uint8) for t in tensors])
             dist.broadcast(flat, src=0, group=pg)
         else:
             for t in tensors:
@@ -393,8 +393,10 @@ def test_sglang_trainer_over_tcpstore(rolloutd, monkeypatch):
 
     device, daemon_env, trainer_env = layout()
     so = nccl_so()
-    ours, theirs = rn.load_nccl(so).version, torch.cuda.nccl.version()
-    if tuple(ours) != tuple(theirs):
+    ours, theirs = tuple(rn.load_nccl(so).version), torch.cuda.nccl.version()
+    if not isinstance(theirs, tuple):  # an NCCL_VERSION_CODE on old torch
+        theirs = (theirs // 10000, theirs // 100 % 100, theirs % 100)
+    if ours != tuple(theirs):
         pytest.skip(f"torch's NCCL {theirs} is not rolloutd's {ours} ({so}); NCCL needs one release on both sides")
     saved = {k: os.environ.get(k) for k in daemon_env}
     for k, v in daemon_env.items():
