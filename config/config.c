@@ -92,7 +92,9 @@ static const rs_config_entry entries[] = {
      "threads that quantize pushed weights; 0 = every online CPU (a push usually lands between rollout steps, "
      "while generation is idle; set fewer to leave cores to generation when updates overlap it)", 0},
     {"weight-update-timeout", RS_CONFIG_TYPE_FLOAT, F(weight_update_timeout), 0, 86400, "300", NULL,
-     "seconds a streamed weight update may wait for its next bucket before it is dropped (0 = forever)", 0},
+     "seconds a streamed weight update may wait for its next bucket before it is dropped (0 = forever); also "
+     "the most joining an NCCL weight-update group may take (the trainer's TCPStore, its unique id, the "
+     "communicator; 300 when 0)", 0},
     {"api-key", RS_CONFIG_TYPE_STRING, F(api_key), 0, 255, "", NULL,
      "if set, every route but /health and /metrics needs 'Authorization: Bearer <key>'", RS_CONFIG_SECRET},
     {"served-model-name", RS_CONFIG_TYPE_STRING, F(served_model_name), 0, 255, "", NULL,

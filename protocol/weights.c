@@ -391,6 +391,28 @@ static int b64_decode_exact(const char *s, size_t len, uint8_t *out, size_t want
     return n == want ? 0 : -1;
 }
 
+/* master_port: an integer, or a decimal string as AReaL sends it ("29500"); 1..65535. */
+static int get_port(const json_t *v, int *out, rs_error *err) {
+    long long x = 0;
+    if (!json_is_string(v)) {
+        int rc = rs_json_get_int(v, "master_port", 1, 65535, &x, err);
+        if (rc == RS_OK) *out = (int)x;
+        return rc;
+    }
+    const char *s = json_string_value(v);
+    size_t n = json_string_length(v);
+    bool digits = n >= 1 && n <= 5;
+    for (size_t i = 0; digits && i < n; i++) {
+        digits = s[i] >= '0' && s[i] <= '9';
+        x = x * 10 + (s[i] - '0');
+    }
+    if (!digits || x < 1 || x > 65535)
+        return rs_error_set(err, RS_EINVAL, "master_port",
+                            "master_port must be an integer or a decimal string in [1, 65535], got \"%.16s\"", s);
+    *out = (int)x;
+    return RS_OK;
+}
+
 int rs_nccl_group_parse(const char *body, size_t len, rs_nccl_group_req *out, rs_error *err) {
     memset(out, 0, sizeof *out);
     json_t *root;
@@ -408,8 +430,7 @@ int rs_nccl_group_parse(const char *body, size_t len, rs_nccl_group_req *out, rs
     if ((rc = get_text(f[0].v, "master_address", RS_NCCL_ADDRESS_MAX, r->master_address, sizeof r->master_address,
                        err)) != RS_OK)
         goto done;
-    if ((rc = rs_json_get_int(f[1].v, "master_port", 1, 65535, &x, err)) != RS_OK) goto done;
-    r->master_port = (int)x;
+    if ((rc = get_port(f[1].v, &r->master_port, err)) != RS_OK) goto done;
     if ((rc = rs_json_get_int(f[3].v, "world_size", 2, 65536, &x, err)) != RS_OK) goto done;
     r->world_size = (int)x;
     if ((rc = rs_json_get_int(f[2].v, "rank_offset", 0, r->world_size - 1, &x, err)) != RS_OK) goto done;

@@ -97,7 +97,9 @@ typedef struct rs_version_update_req {
 
 /* {"master_address": "127.0.0.1", "master_port": 29711, "rank_offset": 1, "world_size": 2,
  *  "group_name": "g0", "backend": "nccl", "nccl_unique_id_b64": "..."}
- * group_name defaults to "weight_update_group" and backend to "nccl" (SGLang's defaults). */
+ * group_name defaults to "weight_update_group" and backend to "nccl" (SGLang's defaults).
+ * master_port is an integer or a decimal string ("29711", as AReaL sends it). Without
+ * nccl_unique_id_b64, master_address:master_port is the trainer's c10d TCPStore (sync/nccl.h). */
 typedef struct rs_nccl_group_req {
     char master_address[RS_NCCL_ADDRESS_MAX + 1];  /* non-empty, no control characters */
     int master_port;                    /* 1..65535 */

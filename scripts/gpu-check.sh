@@ -3,8 +3,10 @@
 # eight minutes. It builds with `make CUDA=1`, runs the CUDA-vs-CPU op tests (every test whose name
 # starts with cuda_), the golden end-to-end test with the daemon on the GPU, the GPU and CPU
 # benchmarks, the NCCL end-to-end test, and last the whole unit suite on that build, and writes
-# everything to $OUT/gpu-check.txt (OUT defaults to build-cuda/). Most valuable first: a run cut
-# short by the device's time limit still brings back the CUDA verdicts.
+# everything to $OUT/gpu-check.txt (OUT defaults to build-cuda/). The NCCL test includes an
+# SGLang-style trainer (torch.distributed, init_method tcp://, dist.broadcast) joining over the
+# trainer's TCPStore. Most valuable first: a run cut short by the device's time limit still brings
+# back the CUDA verdicts.
 #
 # The device machine lacks libmicrohttpd, jansson and libuv, and has no network. Before the call,
 # run scripts/fetch-debs.sh here and name `.debs` in the device tool's `carry`; this script unpacks
@@ -58,7 +60,8 @@ else
 fi
 echo "== GPU decode: FP8 vs BF16 weights, the model on the H200"
 timeout 180 ./build-cuda/rollout-bench --device cuda --preset qwen3-0.6b --quantization both --batches 1,32,256
-echo "== NCCL weight updates end to end (tests/e2e/test_nccl_gpu.py; trainer = this python, rank 0)"
+echo "== NCCL weight updates end to end (tests/e2e/test_nccl_gpu.py; trainer = this python, rank 0: rolloutd_client's"
+echo "   unique-id push, then an SGLang-style torch.distributed trainer over the TCPStore rendezvous)"
 if python3 -c 'import pytest, requests, numpy, torch; assert torch.cuda.is_available()' 2>/dev/null; then
   ROLLOUTD_BIN=$PWD/build-cuda/rolloutd timeout 180 python3 -m pytest -q -rs tests/e2e/test_nccl_gpu.py
 else

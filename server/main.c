@@ -30,6 +30,7 @@
 #include "../model/presets.h"
 #include "../model/quant.h"
 #include "../scheduler/engine.h"
+#include "../sync/nccl.h"
 #include "../sync/sync.h"
 #include "http.h"
 #include "setup.h"
@@ -196,6 +197,12 @@ static int load(rs_daemon *d, rs_error *err) {
                        .keep_shm_maps = c->weight_shm_keep,
                        .allowed_weight_dir = c->allowed_weight_dir, .txn_idle_timeout = c->weight_update_timeout,
                        .threads = c->weight_sync_threads};
+    /* NCCL groups: joining one (the trainer's store, its unique id, the communicator) is bounded by
+     * weight-update-timeout too; 0 there means "no expiry" for transactions, not for a join */
+    rs_nccl_opts no;
+    rs_nccl_get_opts(&no);
+    if (c->weight_update_timeout > 0) no.init_timeout_s = c->weight_update_timeout;
+    rs_nccl_set_opts(&no);
     if ((rc = rs_sync_start(&d->sync, d->engine, d->model, &so, err)) != RS_OK) return rc;
     return RS_OK;
 }

@@ -1,7 +1,8 @@
 /*
  * test_nccl.c — NCCL weight updates (sync/nccl.h).
  *
- * Both builds: the group request check (rank 0 is the trainer, the unique id is required), the
+ * Both builds: the group request check (rank 0 is the trainer; with or without a unique id; a
+ * master_port as an integer or a decimal string), the
  * broadcast plan of an update request (per tensor or one flattened bucket, the staging limit),
  * both fed through the real JSON parsers (protocol/weights.h) as a server would.
  * CPU build: the three routes answer RS_EUNSUPPORTED (400) with the CUDA-build message.
@@ -71,12 +72,10 @@ RS_TEST(nccl_group_request_checks) {
     ASSERT_TRUE(strstr(err.message, "rank 0 is the trainer") != NULL);
     ASSERT_EQ(rs_err_http_status(err.code), 400);
 
-    /* without the unique id: refused, naming the unsupported TCPStore rendezvous */
+    /* without the unique id: SGLang's request, the rendezvous is the trainer's TCPStore */
     group_body(body, sizeof body, 1, 2, false, false);
     memset(&err, 0, sizeof err);
-    ASSERT_EQ(check_group(body, &err), RS_EINVAL);
-    ASSERT_STREQ(err.param, "nccl_unique_id_b64");
-    ASSERT_TRUE(strstr(err.message, "TCPStore") != NULL);
+    ASSERT_EQ(check_group(body, &err), RS_OK);
 
     group_body(body, sizeof body, 1, 2, true, true);
     memset(&err, 0, sizeof err);
@@ -125,6 +124,35 @@ RS_TEST(nccl_group_request_checks) {
     snprintf(r.group_name, sizeof r.group_name, "g0");
     snprintf(r.backend, sizeof r.backend, "gloo");
     ASSERT_EQ(rs_nccl_check_group_req(&r, &err), RS_EINVAL);
+}
+
+RS_TEST(nccl_group_master_port_integer_or_decimal_string) {
+    /* AReaL sends master_port as a string */
+    static const struct {
+        const char *port;
+        int want;                       /* 0: refused */
+    } cases[] = {
+        {"29500", 29500}, {"\"29500\"", 29500}, {"\"1\"", 1}, {"\"65535\"", 65535}, {"65535", 65535},
+        {"\"65536\"", 0}, {"\"0\"", 0}, {"\"\"", 0}, {"\"29 500\"", 0}, {"\"-1\"", 0}, {"\"0x10\"", 0},
+        {"\"123456\"", 0}, {"\"2950a\"", 0}, {"29500.5", 0}, {"true", 0}, {"0", 0},
+    };
+    for (size_t i = 0; i < RS_ARRAY_LEN(cases); i++) {
+        char body[512];
+        snprintf(body, sizeof body, "{\"master_address\": \"10.0.0.5\", \"master_port\": %s, \"rank_offset\": 1, "
+                 "\"world_size\": 2}", cases[i].port);
+        rs_nccl_group_req r;
+        rs_error err = {0};
+        int rc = rs_nccl_group_parse(body, strlen(body), &r, &err);
+        if (cases[i].want) {
+            if (rc != RS_OK) RS_TEST_FAIL("master_port %s: %s", cases[i].port, err.message);
+            ASSERT_EQ(r.master_port, cases[i].want);
+            ASSERT_TRUE(!r.has_unique_id);
+            ASSERT_EQ(rs_nccl_check_group_req(&r, &err), RS_OK);
+        } else {
+            if (rc != RS_EINVAL) RS_TEST_FAIL("master_port %s: accepted", cases[i].port);
+            ASSERT_STREQ(err.param, "master_port");
+        }
+    }
 }
 
 /* bf16 [4][8] = 64 bytes, f32 [8] = 32 bytes, e4m3 [3][5] = 15 bytes, f16 [0][4] = 0 bytes */
@@ -265,6 +293,33 @@ RS_TEST(nccl_cuda_no_device_is_unsupported) {
     ASSERT_TRUE(strstr(err.message, "no CUDA device") != NULL);
     ASSERT_EQ(*rs_sync_nccl_state(v.s), NULL);
     rs_test_sync_close(&v);
+}
+
+RS_TEST(nccl_cuda_store_rendezvous_times_out_without_a_store) {
+    if (rs_nccl_cuda_device_count() == 0) RS_TEST_SKIP("no CUDA device");
+    rs_nccl_opts saved, o;
+    rs_nccl_get_opts(&saved);
+    o = saved;
+    o.init_timeout_s = 1.0;
+    rs_nccl_set_opts(&o);
+    char body[512];
+    /* port 1 on loopback: nothing listens (connection refused until the deadline) */
+    snprintf(body, sizeof body, "{\"master_address\": \"127.0.0.1\", \"master_port\": \"1\", \"rank_offset\": 1, "
+             "\"world_size\": 2, \"group_name\": \"nostore\"}");
+    rs_nccl_group_req g;
+    rs_error err = {0};
+    ASSERT_EQ(rs_nccl_group_parse(body, strlen(body), &g, &err), RS_OK);
+    rs_test_sync_env v = rs_test_sync_open("bf16", NULL);
+    double t0 = rs_now_s();
+    int rc = rs_nccl_init_group(v.s, &g, &err);
+    double dt = rs_now_s() - t0;
+    fprintf(stderr, "  store rendezvous without a store: %s after %.2f s: %s\n", rs_err_name(rc), dt, err.message);
+    ASSERT_EQ(rc, RS_EBUSY);
+    ASSERT_TRUE(strstr(err.message, "not listening") && strstr(err.message, "nostore"));
+    ASSERT_TRUE(dt >= 0.9 && dt < 5.0);
+    ASSERT_EQ(*rs_sync_nccl_state(v.s), NULL);
+    rs_test_sync_close(&v);
+    rs_nccl_set_opts(&saved);
 }
 
 RS_TEST(nccl_cuda_join_times_out_without_peers) {

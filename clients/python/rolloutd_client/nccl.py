@@ -10,9 +10,12 @@
 
 The trainer is NCCL rank 0 and the broadcast root; engine i of `clients` is rank 1 + i (one GPU per
 engine), so one broadcast reaches every engine. The rendezvous is an ncclUniqueId made here with
-ncclGetUniqueId and sent base64-encoded as `nccl_unique_id_b64` (rolloutd does not speak torch's
-c10d TCPStore). Both sides must join at once: the init POSTs run in the background while this
-process joins as rank 0; if a POST fails first, the local join is aborted.
+ncclGetUniqueId and sent base64-encoded as `nccl_unique_id_b64`, which needs no torch.distributed
+on this side. Both sides must join at once: the init POSTs run in the background while this process
+joins as rank 0; if a POST fails first, the local join is aborted. (A trainer that already has a
+torch.distributed weight-update group, SGLang's init_custom_process_group with init_method
+tcp://..., needs none of this module: rolloutd joins that group through the trainer's TCPStore when
+the init request carries no nccl_unique_id_b64; sync/nccl.h.)
 
 Each update POSTs names/dtypes/shapes (+ group_name, load_format, weight_version, is_last) and
 broadcasts the bytes while the POST is in flight:
