@@ -1,7 +1,7 @@
 """rolloutd's TCPStore client (sync/tcpstore.h, through build/tcpstore-probe) against torch's own.
 
 With torch (each python named in $ROLLOUTD_TORCH_PYTHONS, separated by ':', else this python if it
-has torch, else /opt/torchvenv/bin/python; skipped with the reason when none imports torch):
+has torch; skipped with the reason when none imports torch):
   - byte for byte: torch's Python client and the probe make the same calls (set, get, add, check,
     compare_set, multi_set, multi_get, a wait that times out, a get after it) on fresh stores of
     both server kinds (libuv, classic) through a recording proxy; both directions must match, the
@@ -37,7 +37,7 @@ PEER = HERE / "tcpstore_peer.py"
 
 def _torch_pythons():
     env = os.environ.get("ROLLOUTD_TORCH_PYTHONS")
-    cands = env.split(":") if env else [sys.executable, "/opt/torchvenv/bin/python"]
+    cands = env.split(":") if env else [sys.executable]
     found, tried = [], []
     for py in cands:
         if not py or not os.path.exists(py) or py in found:
