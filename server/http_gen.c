@@ -210,6 +210,7 @@ static void make_probe(rs_http_req *r) {
     job->prompt_lens[0] = 1;
     job->sp.max_new_tokens = 1;
     job->sp.temperature = 0.0f;
+    job->probe = true; /* a trainer's abort-all or pause(abort) must not fail the probe */
     r->gen.job = job;
     snprintf(r->gen.rid, sizeof r->gen.rid, "health_generate");
     name_job(h, job, r->gen.rid);
@@ -303,7 +304,7 @@ int rs_http_gen_abort(rs_http *h, rs_engine *e, const char *rid) {
     char(*rids)[128] = NULL;
     pthread_mutex_lock(&h->mu);
     for (rs_http_req *r = h->live; r; r = r->live_next) {
-        if (!r->held || r->done) continue;
+        if (!r->held || r->done || (!rid && r->route == RS_ROUTE_HEALTH_GENERATE)) continue; /* the engine skips probes too */
         bool match = !rid || (r->route == RS_ROUTE_COMPLETIONS ? rs_openai_matches_rid(&r->oai, rid)
                                                                : rs_generate_matches_rid(&r->gen, rid));
         if (!match) continue;
