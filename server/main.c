@@ -299,7 +299,12 @@ int main(int argc, char **argv) {
     int status = 0;
     rs_http_opts ho = {.host = d->cfg.host, .port = d->cfg.port, .threads = d->cfg.http_threads,
                        .max_body_bytes = d->cfg.max_body_bytes, .max_waiting_requests = d->cfg.max_waiting_requests,
-                       .api_key = d->cfg.api_key};
+                       .api_key = d->cfg.api_key, .idle_timeout = d->cfg.http_idle_timeout,
+                       .max_connections = d->cfg.max_connections,
+                       .max_connections_per_ip = d->cfg.max_connections_per_ip,
+                       .body_memory_budget = d->cfg.body_memory_budget,
+                       .stream_memory_budget = d->cfg.stream_memory_budget,
+                       .max_stream_buffer = d->cfg.max_stream_buffer};
     if (rs_http_start(&d->http, &ho, &d->loop, &err) != RS_OK) {
         RS_ERROR("%s", err.message);
         status = 1;
