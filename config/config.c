@@ -75,7 +75,8 @@ static const rs_config_entry entries[] = {
      "unsent bytes of one stream before it is cut and its request aborted (a client that reads too slowly; "
      "at most stream-memory-budget)", 0},
     {"drain-timeout", RS_CONFIG_TYPE_FLOAT, F(drain_timeout), 0, 86400, "30", NULL,
-     "seconds SIGTERM waits for in-flight requests before aborting them", 0},
+     "seconds SIGTERM (or SIGHUP, SIGINT) waits for in-flight requests before aborting them; paused generation "
+     "is aborted at once", 0},
     {"log-level", RS_CONFIG_TYPE_STRING, F(log_level), 1, 15, "info", "debug|info|warn|error",
      "least severe log level printed", 0},
     {"max-top-logprobs", RS_CONFIG_TYPE_INT, F(max_top_logprobs), 0, 1024, "20", NULL,

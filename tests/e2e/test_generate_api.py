@@ -281,6 +281,44 @@ def test_drain_timeout_aborts(rolloutd):
     assert d.proc.wait(timeout=30) == 0
 
 
+def test_sigterm_while_paused_aborts_at_once(rolloutd):
+    """Paused generation cannot finish: SIGTERM aborts it at once (partial output, finish abort)
+    instead of waiting the whole drain timeout."""
+    d = rolloutd(None, "--kv-cache-mb", "64", "--drain-timeout", "60", "--log-level", "debug")
+    body = {"rid": "paused", "input_ids": PROMPT, "sampling_params": {"max_new_tokens": 4000, "ignore_eos": True}}
+    result = {}
+    t = threading.Thread(target=lambda: result.setdefault("r", d.post("/generate", body)))
+    t.start()
+    wait_submitted(d, "paused")
+    assert d.post("/pause_generation", {"mode": "in_place"}).status_code == 200
+    t0 = time.time()
+    d.proc.send_signal(signal.SIGTERM)
+    t.join(timeout=90)
+    assert time.time() - t0 < 20, "the drain waited for paused generation"
+    o = result["r"].json()
+    assert o["meta_info"]["finish_reason"]["type"] == "abort"
+    assert len(o["output_ids"]) < 4000
+    assert d.proc.wait(timeout=30) == 0
+    assert "generation is paused; aborting the 1 request in flight now" in d.read_log()
+
+
+def test_sighup_drains_like_sigterm(rolloutd):
+    """SIGHUP (the terminal or session that started rolloutd went away) drains and exits 0: the
+    request in flight gets its whole answer."""
+    d = rolloutd(None, "--kv-cache-mb", "64", "--log-level", "debug")
+    body = {"rid": "hup", "input_ids": PROMPT, "sampling_params": {"max_new_tokens": 300, "ignore_eos": True}}
+    result = {}
+    t = threading.Thread(target=lambda: result.setdefault("r", d.post("/generate", body)))
+    t.start()
+    wait_submitted(d, "hup")
+    d.proc.send_signal(signal.SIGHUP)
+    t.join(timeout=120)
+    assert result["r"].status_code == 200
+    assert len(result["r"].json()["output_ids"]) == 300  # ran to completion
+    assert d.proc.wait(timeout=60) == 0
+    assert "Hangup: draining" in d.read_log()
+
+
 def test_weight_version_setting_is_reported(rolloutd):
     d = rolloutd(None, "--weight-version", "step-17", "--kv-cache-mb", "64")
     out = generate(d, {"input_ids": PROMPT, "sampling_params": {"max_new_tokens": 2}})
