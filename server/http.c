@@ -317,13 +317,13 @@ static int check_framing(struct MHD_Connection *conn, const char *version, rs_er
         return rs_error_set(err, RS_EINVAL, NULL,
                             "Transfer-Encoding '%.64s' does not end with chunked: the body length cannot be "
                             "determined", f.te);
-    for (int i = 0; i < n - 1; i++) {
+    for (int i = 0; i < n - 1; i++)
         if (len[i] == 7 && strncasecmp(tok[i], "chunked", 7) == 0)
             return rs_error_set(err, RS_EINVAL, NULL, "Transfer-Encoding applies chunked more than once");
+    if (n > 1)
         return rs_error_set(err, RS_EUNSUPPORTED, NULL,
                             "transfer coding '%.*s' is not supported: send the body with Content-Length, or with "
-                            "Transfer-Encoding: chunked alone", (int)RS_MIN(len[i], (size_t)32), tok[i]);
-    }
+                            "Transfer-Encoding: chunked alone", (int)RS_MIN(len[0], (size_t)32), tok[0]);
     return RS_OK;
 }
 
@@ -617,9 +617,6 @@ static int check_opts(const rs_http_opts *o, rs_error *err) {
         return rs_error_set(err, RS_EINVAL, "max-stream-buffer",
                             "max-stream-buffer (%zu) must be at most stream-memory-budget (%zu)",
                             o->max_stream_buffer, o->stream_memory_budget);
-    if (o->idle_timeout <= 0 || o->max_connections <= 0 || o->max_connections_per_ip <= 0)
-        return rs_error_set(err, RS_EINVAL, "http-idle-timeout",
-                            "http-idle-timeout, max-connections and max-connections-per-ip must be positive");
     if (o->max_connections_per_ip < o->max_waiting_requests)
         RS_WARN("max-connections-per-ip %d is below max-waiting-requests %d: a trainer on one host cannot hold "
                 "that many requests in flight", o->max_connections_per_ip, o->max_waiting_requests);

@@ -290,6 +290,7 @@ def _framing():
         ("identity", "Transfer-Encoding: identity", False, "HTTP/1.1", "invalid_request"),
         ("chunked-gzip", "Transfer-Encoding: chunked, gzip", True, "HTTP/1.1", "invalid_request"),
         ("chunked-twice", "Transfer-Encoding: chunked, chunked", True, "HTTP/1.1", "invalid_request"),
+        ("gzip-chunked-chunked", "Transfer-Encoding: gzip, chunked, chunked", True, "HTTP/1.1", "invalid_request"),
         ("chunked-two-headers", "Transfer-Encoding: chunked\r\nTransfer-Encoding: chunked", True, "HTTP/1.1",
          "invalid_request"),
         ("empty-coding", "Transfer-Encoding: ,", False, "HTTP/1.1", "invalid_request"),
