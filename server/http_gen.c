@@ -328,7 +328,8 @@ int rs_http_gen_abort(rs_http *h, rs_engine *e, const char *rid) {
     char(*rids)[128] = NULL;
     pthread_mutex_lock(&h->mu);
     for (rs_http_req *r = h->live; r; r = r->live_next) {
-        if (!r->held || r->done || (!rid && r->route == RS_ROUTE_HEALTH_GENERATE)) continue; /* the engine skips probes too */
+        if (!r->held || r->done) continue;
+        if (!rid && r->route == RS_ROUTE_HEALTH_GENERATE) continue; /* as the engine: abort-all skips probes */
         bool match = !rid || (r->route == RS_ROUTE_COMPLETIONS ? rs_openai_matches_rid(&r->oai, rid)
                                                                : rs_generate_matches_rid(&r->gen, rid));
         if (!match) continue;

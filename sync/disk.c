@@ -190,6 +190,7 @@ int rs_disk_update(rs_sync *s, const rs_disk_update_req *r, rs_sync_result *res,
         rc = stage_shard(s, u, rs_st_dir_shard(d, i), res, &skipped, err);
     rs_st_dir_close(d); /* every tensor is converted into staging: the mappings can go */
     if (rc != RS_OK) return rc; /* the service drops the transaction: nothing read here is committed */
-    if (skipped) RS_INFO("sync | disk | %s: %d tensors skipped (not parameters of the served model)", r->model_path, skipped);
+    if (skipped)
+        RS_INFO("sync | disk | %s: %d tensors skipped (not parameters of the served model)", r->model_path, skipped);
     return rs_sync_txn_finish(s, RS_WEIGHT_LAST_YES, r->abort_all_requests, res, err);
 }
