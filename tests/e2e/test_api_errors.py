@@ -14,7 +14,7 @@ import pytest
 import requests
 
 import malformed_corpus
-from conftest import Daemon
+from conftest import Daemon, read_answer
 
 VOCAB = 8192
 CONTEXT = 4096
@@ -171,23 +171,10 @@ def raw_bytes_request(port, method, path, body, raw_headers, version="HTTP/1.1")
         s.sendall(head.encode() + (body or b""))
     except (BrokenPipeError, ConnectionResetError):
         pass  # answered and closed before the body was all sent
-    data = b""
     try:
-        while b"\r\n\r\n" not in data:
-            chunk = s.recv(65536)
-            assert chunk, data
-            data += chunk
-        top, rest = data.split(b"\r\n\r\n", 1)
-        hdrs = {k.strip().lower(): v.strip() for k, v in
-                (line.split(b":", 1) for line in top.split(b"\r\n")[1:])}
-        length = int(hdrs.get(b"content-length", b"0"))
-        while len(rest) < length:
-            chunk = s.recv(65536)
-            assert chunk, data
-            rest += chunk
+        return read_answer(s)
     finally:
         s.close()
-    return int(top.split()[1]), {k.decode(): v.decode() for k, v in hdrs.items()}, rest[:length]
 
 
 def raw_request(port, method, path, body, headers):

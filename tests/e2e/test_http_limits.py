@@ -27,7 +27,7 @@ import time
 import pytest
 import requests
 
-from conftest import BIN
+from conftest import BIN, read_answer
 from test_ops import m, metrics, wait_for
 
 with open(BIN, "rb") as _f:
@@ -59,24 +59,6 @@ def connect(d, src="127.0.0.1", rcvbuf=None):
     s.settimeout(10)
     s.connect(("127.0.0.1", d.port))
     return s
-
-
-def read_answer(s):
-    """(status, headers, body) of one HTTP answer on s (Content-Length framed)."""
-    data = b""
-    while b"\r\n\r\n" not in data:
-        chunk = s.recv(65536)
-        assert chunk, data
-        data += chunk
-    top, rest = data.split(b"\r\n\r\n", 1)
-    lines = top.decode().split("\r\n")
-    headers = {k.strip().lower(): v.strip() for k, v in (line.split(":", 1) for line in lines[1:])}
-    n = int(headers.get("content-length", "0"))
-    while len(rest) < n:
-        chunk = s.recv(65536)
-        assert chunk, data
-        rest += chunk
-    return int(lines[0].split()[1]), headers, rest[:n]
 
 
 def ask(d, method, path, body=b"", src="127.0.0.1", extra=""):
