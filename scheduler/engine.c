@@ -599,10 +599,31 @@ static void finish_running(rs_engine *e, rs_seq *s, rs_finish_type type, int32_t
 }
 
 static bool rid_matches(char **rids, int n, bool all, const rs_gen_job *job) {
-    if (all) return true;
+    if (all) return !job->probe;
     for (int i = 0; i < n; i++)
         if (strcmp(rids[i], job->rid) == 0) return true;
     return false;
+}
+
+/* Finishes with "abort" (`why`) every running and waiting sequence whose job rid_matches. */
+static void abort_matching(rs_engine *e, char **rids, int n_rids, bool all, const char *why) {
+    for (int i = e->n_running - 1; i >= 0; i--) {
+        rs_seq *s = e->running[i];
+        if (rid_matches(rids, n_rids, all, s->job)) finish_running(e, s, RS_FINISH_ABORT, -1, why);
+    }
+    rs_seq **link = &e->wait_head;
+    e->wait_tail = NULL;
+    while (*link) {
+        rs_seq *s = *link;
+        if (rid_matches(rids, n_rids, all, s->job)) {
+            *link = s->next;
+            e->n_waiting--;
+            finish_seq(e, s, RS_FINISH_ABORT, -1, why);
+        } else {
+            e->wait_tail = s;
+            link = &s->next;
+        }
+    }
 }
 
 /* Moves submitted jobs into the waiting queue and applies pending aborts. Returns true if the
@@ -630,25 +651,7 @@ static bool take_inbox(rs_engine *e, bool block) {
 
     for (int i = 0; i < n; i++) admit_job(e, jobs[i]);
     free(jobs);
-    if (n_rids > 0 || all) {
-        for (int i = e->n_running - 1; i >= 0; i--) {
-            rs_seq *s = e->running[i];
-            if (rid_matches(rids, n_rids, all, s->job)) finish_running(e, s, RS_FINISH_ABORT, -1, "aborted");
-        }
-        rs_seq **link = &e->wait_head;
-        e->wait_tail = NULL;
-        while (*link) {
-            rs_seq *s = *link;
-            if (rid_matches(rids, n_rids, all, s->job)) {
-                *link = s->next;
-                e->n_waiting--;
-                finish_seq(e, s, RS_FINISH_ABORT, -1, "aborted");
-            } else {
-                e->wait_tail = s;
-                link = &s->next;
-            }
-        }
-    }
+    if (n_rids > 0 || all) abort_matching(e, rids, n_rids, all, "aborted");
     for (int i = 0; i < n_rids; i++) free(rids[i]);
     free(rids);
     if (ctl) {
@@ -1083,8 +1086,7 @@ static void apply_control(rs_engine *e, rs_ctl *c) {
     switch (c->kind) {
     case RS_CTL_PAUSE:
         if (c->arg == RS_PAUSE_ABORT) {
-            while (e->n_running > 0) finish_running(e, e->running[e->n_running - 1], RS_FINISH_ABORT, -1, "paused");
-            while (e->wait_head) finish_seq(e, wait_pop_front(e), RS_FINISH_ABORT, -1, "paused");
+            abort_matching(e, NULL, 0, true, "paused"); /* probes stay, and run once generation continues */
         } else if (c->arg == RS_PAUSE_RETRACT) {
             while (e->n_running > 0) preempt(e, e->running[e->n_running - 1]);
         }

@@ -102,6 +102,10 @@ struct rs_gen_job {
     int top_logprobs_num;       /* k alternatives per scored position, 0 = none */
     rs_logprobs_mode logprobs_mode;
     bool stream;                /* reserved: the API issue adds SSE */
+    /* A health probe (/health_generate), not a user request: an abort of every job
+     * (rs_engine_abort with NULL) and pause(ABORT) leave it be, so a trainer's abort-all or pause
+     * never fails the probe; it is aborted only by its rid, or when the engine stops. */
+    bool probe;
     /* filled by the engine */
     rs_gen_output *outputs;     /* [n_prompts * sp.n] */
     char weight_version[64];    /* the version in service at the job's last update or admission */
@@ -165,14 +169,14 @@ void rs_engine_stop(rs_engine *e);               /* aborts remaining jobs, joins
 /* Thread-safe: queues the job (ownership passes to the engine until on_done). */
 int rs_engine_submit(rs_engine *e, rs_gen_job *job, rs_error *err);
 
-/* Thread-safe: aborts the jobs whose rid equals `rid` (every job when rid is NULL) at the next
- * step boundary. Their sequences free their pages at once and finish with type "abort", keeping
+/* Thread-safe: aborts the jobs whose rid equals `rid` (every job but probes when rid is NULL) at
+ * the next step boundary. Their sequences free their pages at once and finish with type "abort", keeping
  * the tokens and logprobs produced so far. */
 void rs_engine_abort(rs_engine *e, const char *rid);
 
 /* Pausing, as SGLang's /pause_generation. Thread-safe; takes effect at the next step boundary and
  * returns once it has. New requests are accepted while paused and wait.
- *   ABORT     abort every request in flight (partial outputs, finish "abort")
+ *   ABORT     abort every request in flight (partial outputs, finish "abort"); probes wait
  *   RETRACT   put every running sequence back in the queue, freeing its pages (recomputed later)
  *   IN_PLACE  stop stepping; running sequences keep their pages */
 typedef enum rs_pause_mode { RS_PAUSE_ABORT = 0, RS_PAUSE_RETRACT, RS_PAUSE_IN_PLACE } rs_pause_mode;

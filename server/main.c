@@ -1,6 +1,6 @@
 /*
  * main.c — rolloutd's lifecycle: settings, model, engine, HTTP, and the libuv loop that ties them
- * together until SIGINT or SIGTERM.
+ * together until SIGTERM, SIGINT or SIGHUP.
  *
  * Start-up: parse settings (bad ones exit 1 with a message naming them), start HTTP first in the
  * STARTING state (so that /health answers 503 while the model loads, and a taken port fails fast),
@@ -10,7 +10,14 @@
  * Shutdown: the first signal drains. /health and new /generate requests answer 503, admitted
  * requests run to completion for up to drain-timeout seconds; then anything left is aborted (its
  * client gets the partial output with finish_reason abort), MHD stops, the engine stops, and
- * everything is freed; exit status 0. A second signal stops waiting.
+ * everything is freed; exit status 0. A second signal stops waiting. While generation is paused
+ * (/pause_generation) nothing in flight can finish, so then the requests are aborted at once
+ * rather than after the drain timeout, whether the pause came before the signal or during the
+ * drain.
+ *
+ * SIGHUP drains and exits exactly as SIGTERM does. rolloutd has no configuration to reload, and a
+ * hangup (the terminal or SSH session that started it went away) is a request to end: drained,
+ * in-flight requests keep their answers, rather than the default action of dying on the spot.
  */
 #include <errno.h>
 #include <ftw.h>
@@ -47,7 +54,7 @@ typedef enum rs_phase {
 typedef struct rs_daemon {
     rs_config cfg;
     uv_loop_t loop;
-    uv_signal_t sig_int, sig_term;
+    uv_signal_t sig_int, sig_term, sig_hup;
     uv_timer_t drain_timer;
     rs_http *http;
     rs_backend *backend;
@@ -230,15 +237,28 @@ static void close_all(rs_daemon *d) {
     uv_close((uv_handle_t *)&d->drain_timer, NULL);
     uv_close((uv_handle_t *)&d->sig_int, NULL);
     uv_close((uv_handle_t *)&d->sig_term, NULL);
+    uv_close((uv_handle_t *)&d->sig_hup, NULL);
+}
+
+/* Whether the engine is paused: then nothing in flight finishes until /continue_generation. */
+static bool engine_paused(const rs_daemon *d) {
+    if (!d->engine || d->engine_stopped) return false;
+    rs_engine_stats st;
+    rs_engine_get_stats(d->engine, &st);
+    return st.paused;
 }
 
 static void on_drain_tick(uv_timer_t *t) {
     rs_daemon *d = t->data;
     int n = rs_http_in_flight(d->http);
     double now = rs_now_s();
-    if (n > 0 && now < d->deadline) return;
+    const bool paused = n > 0 && d->phase == RS_PHASE_DRAINING && engine_paused(d);
+    if (n > 0 && now < d->deadline && !paused) return;
     if (n > 0 && d->phase == RS_PHASE_DRAINING) {
-        RS_WARN("drain: %d request%s still running after the drain timeout; aborting them", n, n == 1 ? "" : "s");
+        if (paused)
+            RS_WARN("drain: generation is paused; aborting the %d request%s in flight now", n, n == 1 ? "" : "s");
+        else
+            RS_WARN("drain: %d request%s still running after the drain timeout; aborting them", n, n == 1 ? "" : "s");
         stop_engine(d);
         d->phase = RS_PHASE_ABORTING;
         d->deadline = now + RS_ABORT_GRACE_S;
@@ -299,14 +319,21 @@ int main(int argc, char **argv) {
     uv_timer_init(&d->loop, &d->drain_timer);
     uv_signal_init(&d->loop, &d->sig_int);
     uv_signal_init(&d->loop, &d->sig_term);
-    d->drain_timer.data = d->sig_int.data = d->sig_term.data = d;
+    uv_signal_init(&d->loop, &d->sig_hup);
+    d->drain_timer.data = d->sig_int.data = d->sig_term.data = d->sig_hup.data = d;
     uv_signal_start(&d->sig_int, on_signal, SIGINT);
     uv_signal_start(&d->sig_term, on_signal, SIGTERM);
+    uv_signal_start(&d->sig_hup, on_signal, SIGHUP);
 
     int status = 0;
     rs_http_opts ho = {.host = d->cfg.host, .port = d->cfg.port, .threads = d->cfg.http_threads,
                        .max_body_bytes = d->cfg.max_body_bytes, .max_waiting_requests = d->cfg.max_waiting_requests,
-                       .api_key = d->cfg.api_key};
+                       .api_key = d->cfg.api_key, .idle_timeout = d->cfg.http_idle_timeout,
+                       .max_connections = d->cfg.max_connections,
+                       .max_connections_per_ip = d->cfg.max_connections_per_ip,
+                       .body_memory_budget = d->cfg.body_memory_budget,
+                       .stream_memory_budget = d->cfg.stream_memory_budget,
+                       .max_stream_buffer = d->cfg.max_stream_buffer};
     if (rs_http_start(&d->http, &ho, &d->loop, &err) != RS_OK) {
         RS_ERROR("%s", err.message);
         status = 1;

@@ -14,6 +14,13 @@ sub-path that depends on the case). Categories:
   unknown     unknown fields at every level
   methods     every route with every method it does not take (405 + Allow)
   routes      unknown paths (404)
+  framing     a body whose length is ambiguous or whose transfer coding rolloutd does not read:
+              two Content-Length values, Transfer-Encoding with Content-Length, any coding but a
+              lone chunked, Transfer-Encoding in HTTP/1.0 (400 at once, before the body is read,
+              and the connection closed; never a hang)
+
+Framing cases are sent as raw bytes: headers holds "Raw-Headers" (header lines, CRLF-separated,
+after Host and Content-Type) and optionally "Raw-Version" (default HTTP/1.1).
 """
 import json
 from collections import namedtuple
@@ -258,9 +265,52 @@ def _routes():
     return out
 
 
+# A valid body for each route the framing cases go to: only the framing is wrong.
+FRAMED = {"/generate": enc({"input_ids": [1, 2], "sampling_params": {"max_new_tokens": 1}}),
+          "/abort_request": enc({"rid": "framing"}), "/update_weight_version": enc({"new_version": "framing"})}
+
+
+def _chunked(body):
+    return b"%x\r\n" % len(body) + body + b"\r\n0\r\n\r\n"
+
+
+def _framing():
+    rows = [  # (id, header lines given the body's length n, chunked body?, HTTP version, error type)
+        ("two-content-lengths", "Content-Length: {n}\r\nContent-Length: {m}", False, "HTTP/1.1", "invalid_request"),
+        ("two-content-lengths-spelled", "Content-Length: {n}\r\nContent-Length: 0{n}", False, "HTTP/1.1",
+         "invalid_request"),
+        ("content-length-and-chunked", "Content-Length: {n}\r\nTransfer-Encoding: chunked", True, "HTTP/1.1",
+         "invalid_request"),
+        ("chunked-and-content-length", "Transfer-Encoding: chunked\r\nContent-Length: {n}", True, "HTTP/1.1",
+         "invalid_request"),
+        ("gzip-chunked", "Transfer-Encoding: gzip, chunked", True, "HTTP/1.1", "unsupported"),
+        ("deflate-chunked-two-headers", "Transfer-Encoding: deflate\r\nTransfer-Encoding: chunked", True,
+         "HTTP/1.1", "unsupported"),
+        ("gzip", "Transfer-Encoding: gzip", False, "HTTP/1.1", "invalid_request"),
+        ("identity", "Transfer-Encoding: identity", False, "HTTP/1.1", "invalid_request"),
+        ("chunked-gzip", "Transfer-Encoding: chunked, gzip", True, "HTTP/1.1", "invalid_request"),
+        ("chunked-twice", "Transfer-Encoding: chunked, chunked", True, "HTTP/1.1", "invalid_request"),
+        ("gzip-chunked-chunked", "Transfer-Encoding: gzip, chunked, chunked", True, "HTTP/1.1", "invalid_request"),
+        ("chunked-two-headers", "Transfer-Encoding: chunked\r\nTransfer-Encoding: chunked", True, "HTTP/1.1",
+         "invalid_request"),
+        ("empty-coding", "Transfer-Encoding: ,", False, "HTTP/1.1", "invalid_request"),
+        ("http10-chunked", "Transfer-Encoding: chunked", True, "HTTP/1.0", "invalid_request"),
+    ]
+    out = []
+    for path, body in FRAMED.items():
+        for name, lines, chunked, version, etype in rows:
+            raw = lines.format(n=len(body), m=len(body) - 2)
+            out.append(Case(f"framing-{name}{path.replace('/', '-')}", "POST", path,
+                            _chunked(body) if chunked else body, {"Raw-Headers": raw, "Raw-Version": version}, 400,
+                            etype, None))
+    out.append(Case("framing-gzip-on-get", "GET", "/health", b"", {"Raw-Headers": "Transfer-Encoding: gzip"}, 400,
+                    "invalid_request", None))
+    return out
+
+
 def cases(max_body_bytes):
     out = (_truncated() + _wrong_types() + _numbers() + _literals() + _utf8() + _nesting() +
-           _oversized(max_body_bytes) + _unknown() + _methods() + _routes())
+           _oversized(max_body_bytes) + _unknown() + _methods() + _routes() + _framing())
     ids = [c.id for c in out]
     assert len(ids) == len(set(ids)), "duplicate case ids"
     return out

@@ -523,6 +523,62 @@ RS_TEST(engine_thread_pause_continue_flush_progress) {
     env_close(&v);
 }
 
+/* A probe (/health_generate's job) is not a user request: an abort of every job and
+ * pause(ABORT) finish the user's jobs with "abort" but leave the probe, which completes once
+ * generation continues; its own rid still aborts it. */
+RS_TEST(engine_probe_survives_abort_all_and_pause_abort) {
+    env v = env_open(8 << 20, 8, 512);
+    waiter w = {.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER};
+    ASSERT_EQ(rs_engine_start(v.e), RS_OK);
+    int len = 8;
+    rs_gen_job *user[2], *probe[3];
+    rs_error err = {0};
+    rs_engine_pause(v.e, RS_PAUSE_IN_PLACE); /* everything below waits in the queue */
+    for (int i = 0; i < 3; i++) {
+        probe[i] = job_new(1, &len, 90 + (unsigned)i);
+        probe[i]->probe = true;
+        probe[i]->sp.max_new_tokens = 1;
+        probe[i]->on_done = on_done_cb;
+        probe[i]->on_done_user = &w;
+        snprintf(probe[i]->rid, sizeof probe[i]->rid, "probe#%d", i);
+    }
+    for (int i = 0; i < 2; i++) {
+        user[i] = job_new(1, &len, 80 + (unsigned)i);
+        user[i]->sp.max_new_tokens = 100;
+        user[i]->on_done = on_done_cb;
+        user[i]->on_done_user = &w;
+        snprintf(user[i]->rid, sizeof user[i]->rid, "user#%d", i);
+    }
+    ASSERT_EQ(rs_engine_submit(v.e, user[0], &err), RS_OK);
+    ASSERT_EQ(rs_engine_submit(v.e, probe[0], &err), RS_OK);
+    ASSERT_EQ(rs_engine_submit(v.e, probe[2], &err), RS_OK);
+    rs_engine_abort(v.e, NULL);
+    wait_done(&w, 1);
+    ASSERT_EQ(user[0]->outputs[0].finish.type, RS_FINISH_ABORT);
+    rs_engine_abort(v.e, "probe#2"); /* by its rid, a probe is aborted like any job */
+    wait_done(&w, 2);
+    ASSERT_EQ(probe[2]->outputs[0].finish.type, RS_FINISH_ABORT);
+    ASSERT_EQ(rs_engine_submit(v.e, user[1], &err), RS_OK);
+    ASSERT_EQ(rs_engine_submit(v.e, probe[1], &err), RS_OK);
+    rs_engine_pause(v.e, RS_PAUSE_ABORT);
+    wait_done(&w, 3);
+    ASSERT_EQ(user[1]->outputs[0].finish.type, RS_FINISH_ABORT);
+    ASSERT_STREQ(user[1]->outputs[0].finish.message, "paused");
+    rs_engine_stats st;
+    rs_engine_get_stats(v.e, &st);
+    ASSERT_EQ(st.n_waiting, 2); /* both probes, still queued */
+    rs_engine_continue(v.e);
+    wait_done(&w, 5);
+    for (int i = 0; i < 2; i++) {
+        ASSERT_EQ(probe[i]->outputs[0].finish.type, RS_FINISH_LENGTH);
+        ASSERT_EQ(probe[i]->outputs[0].n_output, 1);
+    }
+    rs_engine_stop(v.e);
+    for (int i = 0; i < 3; i++) rs_gen_job_free(probe[i]);
+    for (int i = 0; i < 2; i++) rs_gen_job_free(user[i]);
+    env_close(&v);
+}
+
 /* ---- weight updates ---- */
 
 typedef struct swap_ctx {
