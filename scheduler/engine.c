@@ -217,6 +217,7 @@ int rs_gen_job_validate(const rs_gen_job *job, const rs_model_config *cfg, const
 /* ---------------------------------------------------------------- engine lifecycle */
 
 static int load_static_kv_scales(rs_engine *e, rs_error *err);
+static void publish_stats(rs_engine *e);
 
 int rs_engine_init(rs_engine **out, rs_model *m, const rs_engine_opts *opts, rs_error *err) {
     const rs_model_config *c = &m->cfg;
@@ -279,6 +280,9 @@ int rs_engine_init(rs_engine **out, rs_model *m, const rs_engine_opts *opts, rs_
     int max_top = RS_MAX(e->opts.limits.max_top_logprobs, 1);
     e->top_ids = rs_xmalloc(sizeof(int32_t) * (size_t)max_top);
     e->top_lps = rs_xmalloc(sizeof(float) * (size_t)max_top);
+    /* the capacity is readable (/get_server_info, /metrics) from the moment the pool exists, before
+     * /health turns 200 and before any step ran */
+    publish_stats(e);
     RS_INFO("engine: kv pool %d blocks x %d tokens (%.1f MiB, %s), max_running=%d max_step_tokens=%d "
             "max_context=%d prefix_cache=%s admission_new_token_ratio=%.2f",
             e->pool.n_blocks, RS_KV_BLOCK, (double)e->pool.bytes / (1 << 20), rs_dtype_name(e->pool.dtype), R, T,
