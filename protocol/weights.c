@@ -34,6 +34,15 @@ static int get_text(const json_t *v, const char *param, size_t max, char *out, s
     return RS_OK;
 }
 
+/* An optional transaction_id: absent or null leaves *has false. */
+static int get_txn_id(const json_t *v, bool *has, char *out, rs_error *err) {
+    *has = false;
+    if (!v) return RS_OK;
+    int rc = get_text(v, "transaction_id", RS_WEIGHT_TXN_ID_MAX, out, RS_WEIGHT_TXN_ID_MAX + 1, err);
+    if (rc == RS_OK) *has = true;
+    return rc;
+}
+
 /* An optional weight_version: absent or null leaves *has false. */
 static int get_version(const json_t *v, const char *param, bool *has, char *out, rs_error *err) {
     *has = false;
@@ -231,7 +240,7 @@ int rs_shm_update_parse(const char *body, size_t len, rs_shm_update_req *out, rs
     if (rc != RS_OK) return rc;
     rs_shm_update_req r = {0};
     field f[] = {{"shm_name", NULL}, {"tensors", NULL}, {"is_last", NULL}, {"weight_version", NULL},
-                 {"abort_all_requests", NULL}, {"flush_cache", NULL}};
+                 {"abort_all_requests", NULL}, {"flush_cache", NULL}, {"transaction_id", NULL}};
     const size_t nf = RS_ARRAY_LEN(f);
     bool ignored;
     if ((rc = collect(root, "", f, nf, err)) != RS_OK) goto fail;
@@ -256,6 +265,7 @@ int rs_shm_update_parse(const char *body, size_t len, rs_shm_update_req *out, rs
     if ((rc = get_version(field_get(f, nf, "weight_version"), "weight_version", &r.has_version, r.weight_version,
                           err)) != RS_OK)
         goto fail;
+    if ((rc = get_txn_id(field_get(f, nf, "transaction_id"), &r.has_txn_id, r.txn_id, err)) != RS_OK) goto fail;
     if (field_get(f, nf, "abort_all_requests") &&
         (rc = rs_json_get_bool(field_get(f, nf, "abort_all_requests"), "abort_all_requests", &r.abort_all_requests, err)))
         goto fail;
@@ -455,7 +465,7 @@ int rs_nccl_update_parse(const char *body, size_t len, rs_nccl_update_req *out, 
     rs_nccl_update_req r = {0};
     field f[] = {{"names", NULL}, {"dtypes", NULL}, {"shapes", NULL}, {"group_name", NULL},
                  {"load_format", NULL}, {"weight_version", NULL}, {"is_last", NULL},
-                 {"abort_all_requests", NULL}, {"flush_cache", NULL}};
+                 {"abort_all_requests", NULL}, {"flush_cache", NULL}, {"transaction_id", NULL}};
     const size_t nf = RS_ARRAY_LEN(f);
     json_t *names, *dtypes, *shapes, *lf;
     bool ignored;
@@ -514,6 +524,7 @@ int rs_nccl_update_parse(const char *body, size_t len, rs_nccl_update_req *out, 
     if ((rc = get_last(f[6].v, &r.is_last, err)) != RS_OK) goto fail;
     if (f[7].v && (rc = rs_json_get_bool(f[7].v, "abort_all_requests", &r.abort_all_requests, err)) != RS_OK) goto fail;
     if (f[8].v && (rc = rs_json_get_bool(f[8].v, "flush_cache", &ignored, err)) != RS_OK) goto fail;
+    if ((rc = get_txn_id(f[9].v, &r.has_txn_id, r.txn_id, err)) != RS_OK) goto fail;
     json_decref(root);
     *out = r;
     return RS_OK;
@@ -544,7 +555,7 @@ int rs_nccl_destroy_parse(const char *body, size_t len, rs_nccl_destroy_req *out
 /* ---------------------------------------------------------------- the answer */
 
 char *rs_weights_response(const char *message, const char *weight_version, uint64_t bytes, double seconds,
-                          bool committed, size_t *len) {
+                          bool committed, const char *transaction_id, size_t *len) {
     json_t *o = json_object();
     if (!o) return NULL;
     json_t *msg = json_string(message);
@@ -555,6 +566,7 @@ char *rs_weights_response(const char *message, const char *weight_version, uint6
     json_object_set_new(o, "bytes", json_integer((json_int_t)RS_MIN(bytes, (uint64_t)LLONG_MAX)));
     json_object_set_new(o, "seconds", json_real(seconds >= 0 ? seconds : 0));
     json_object_set_new(o, "committed", json_boolean(committed));
+    if (transaction_id && transaction_id[0]) json_object_set_new(o, "transaction_id", json_string(transaction_id));
     char *s = json_dumps(o, JSON_COMPACT | JSON_REAL_PRECISION(6));
     json_decref(o);
     if (s && len) *len = strlen(s);

@@ -303,7 +303,7 @@ void (*rs_shm_test_hook_mapped)(const char *shm_name);
 
 int rs_shm_update(rs_sync *s, const rs_shm_update_req *r, rs_sync_result *res, rs_error *err) {
     rs_update *u;
-    int rc = rs_sync_txn(s, r->has_version ? r->weight_version : NULL, &u, err);
+    int rc = rs_sync_txn_join(s, r->has_version ? r->weight_version : NULL, r->has_txn_id ? r->txn_id : NULL, &u, err);
     if (rc != RS_OK) return rc;
     rs_shm_maps *maps = rs_sync_shm_maps(s);
     if (maps) rs_shm_maps_sweep(maps);
