@@ -197,7 +197,7 @@ bool rs_shm_name_valid(const char *name) {
 static int parse_shm_tensor(const json_t *obj, size_t i, rs_weight_desc *d, rs_error *err) {
     char prefix[48], param[96];
     snprintf(prefix, sizeof prefix, "tensors[%zu]", i);
-    field f[] = {{"name", NULL}, {"dtype", NULL}, {"shape", NULL}, {"offset", NULL}};
+    field f[] = {{"name", NULL}, {"dtype", NULL}, {"shape", NULL}, {"offset", NULL}, {"crc32c", NULL}};
     int rc = collect(obj, prefix, f, RS_ARRAY_LEN(f), err);
     if (rc != RS_OK) return rc;
     static const char *const order[] = {"name", "dtype", "shape", "offset"};
@@ -219,6 +219,14 @@ static int parse_shm_tensor(const json_t *obj, size_t i, rs_weight_desc *d, rs_e
     if (d->offset + d->nbytes > RS_WEIGHT_MAX_BYTES) /* both <= 2^62: the sum cannot wrap */
         return rs_error_set(err, RS_EINVAL, param, "%s + the tensor's %llu bytes goes past 2^62", param,
                             (unsigned long long)d->nbytes);
+    json_t *crc = field_get(f, RS_ARRAY_LEN(f), "crc32c");
+    if (crc) {
+        snprintf(param, sizeof param, "%s.crc32c", prefix);
+        long long c;
+        if ((rc = rs_json_get_int(crc, param, 0, 0xffffffffll, &c, err)) != RS_OK) return rc;
+        d->has_crc32c = true;
+        d->crc32c = (uint32_t)c;
+    }
     return RS_OK;
 }
 

@@ -61,6 +61,8 @@ typedef struct rs_weight_desc {
                                          * the flattened bucket (the running sum of the nbytes before
                                          * it, no padding, SGLang's FlattenedTensorBucket layout) */
     uint64_t nbytes;                    /* numel * element size */
+    bool has_crc32c;                    /* shm: "crc32c", the CRC-32C of the tensor's bytes (0..2^32-1) */
+    uint32_t crc32c;
 } rs_weight_desc;
 
 typedef enum rs_weight_last {
@@ -69,7 +71,7 @@ typedef enum rs_weight_last {
     RS_WEIGHT_LAST_YES,                 /* is_last: true: commit now (every parameter must be staged) */
 } rs_weight_last;
 
-/* {"shm_name": "/rolloutd-w-1", "tensors": [{"name", "dtype", "shape", "offset"}], "is_last": true,
+/* {"shm_name": "/rolloutd-w-1", "tensors": [{"name", "dtype", "shape", "offset"[, "crc32c"]}], "is_last": true,
  *  "weight_version": "18", "transaction_id": "...", "abort_all_requests": false, "flush_cache": true}
  * transaction_id (optional, shm and distributed buckets): the id the first bucket's answer gave,
  * tying a bucket to that open transaction (sync.h). */

@@ -313,7 +313,8 @@ int rs_shm_update(rs_sync *s, const rs_shm_update_req *r, rs_sync_result *res, r
     for (int i = 0; i < r->n_tensors && rc == RS_OK; i++) {
         const rs_weight_desc *d = &r->tensors[i];
         const rs_update_tensor t = {.name = d->name, .dtype = d->dtype, .ndim = d->ndim, .shape = d->shape,
-                                    .data = seg.base ? seg.base + d->offset : NULL};
+                                    .data = seg.base ? seg.base + d->offset : NULL, .has_crc32c = d->has_crc32c,
+                                    .crc32c = d->crc32c};
         if ((rc = rs_update_add(u, &t, err)) == RS_OK) res->bytes += d->nbytes;
         /* zeros served by the guard stop the request at once rather than after the bucket */
         if (rc == RS_OK && seg.base && rs_shm_guard_truncated(seg.guard)) break;

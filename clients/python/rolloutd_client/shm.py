@@ -3,7 +3,9 @@
 The client creates segments with shm_open(O_CREAT | O_EXCL | O_RDWR, 0600), as Python's
 multiprocessing.shared_memory does (only the owner can map them), packs tensors into buckets at
 256-byte aligned offsets, and POSTs one bucket at a time: {"shm_name", "tensors": [{"name", "dtype", "shape",
-"offset"}], "is_last", "weight_version"}, every bucket after the first with the "transaction_id" the
+"offset", "crc32c"}], "is_last", "weight_version"} (crc32c: the CRC-32C of the bytes written, which
+rolloutd checks in the pass that reads them; checksums=False leaves it out), every bucket after the
+first with the "transaction_id" the
 first one's answer gave, so that a bucket can only ever join this push's update (a 409 otherwise).
 The server has read a bucket when its POST returns, so the segment can be refilled.
 
@@ -257,10 +259,23 @@ def abort_update(client, version, shm_name=None, timeout=None, transaction_id=No
             tmp.close()
 
 
-def push_shm(client, entries, version, bucket_bytes, timeout=None, pool=None):
+def _crc32c():
+    try:
+        import crc32c
+    except ImportError as e:  # pragma: no cover -- a declared dependency
+        raise ImportError("push_weights(checksums=True) needs the crc32c package (pip install crc32c, or Debian's "
+                          "python3-crc32c); pass checksums=False to push without them") from e
+    return crc32c.crc32c
+
+
+def push_shm(client, entries, version, bucket_bytes, timeout=None, pool=None, checksums=True):
     """Returns (final response, bytes, seconds, posts, server_seconds). pool: a SegmentPool whose
-    segments are used and kept (unlinked here only on error). On any failure after a bucket was
-    sent, the server's update is ended (abort_update) before the exception propagates."""
+    segments are used and kept (unlinked here only on error). checksums: each tensor's manifest
+    entry carries the CRC-32C of the bytes written into the segment ("crc32c"), which rolloutd
+    checks as it reads them: a segment that changes under the read (the trainer writing the next
+    bucket into it, a truncation) is refused with 400 instead of committed. On any failure after a
+    bucket was sent, the server's update is ended (abort_update) before the exception propagates."""
+    crc = _crc32c() if checksums else None
     if _posixshmem is None:
         raise RuntimeError("POSIX shared memory is not available on this platform (no _posixshmem)")
     if bucket_bytes < ALIGN:
@@ -311,11 +326,15 @@ def push_shm(client, entries, version, bucket_bytes, timeout=None, pool=None):
             # row share the kept big segment: wait for the first before packing the second.
             if inflight is not None and inflight[2] is seg:
                 wait_inflight()
+            metas = []
             for e, off in items:
-                e.write_into(seg.buf[off:off + e.nbytes])
+                view = seg.buf[off:off + e.nbytes]
+                e.write_into(view)
+                metas.append(e.meta(off) if crc is None else dict(e.meta(off), crc32c=crc(view)))
+                view.release()
                 total += e.nbytes
-            body = {"shm_name": seg.name, "tensors": [e.meta(off) for e, off in items],
-                    "is_last": i == len(buckets) - 1, "weight_version": str(version)}
+            body = {"shm_name": seg.name, "tensors": metas, "is_last": i == len(buckets) - 1,
+                    "weight_version": str(version)}
             wait_inflight()
             if final is not None and final.get("transaction_id"):  # ties this bucket to the first one's update
                 body["transaction_id"] = final["transaction_id"]
