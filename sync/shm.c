@@ -10,6 +10,12 @@
  * same segment for its size again once every tensor has been read: a shrink inside the last page
  * raises no SIGBUS (shm_guard.h), and this is the check that sees it.
  *
+ * Checksums. A manifest entry may carry "crc32c", the CRC-32C of the tensor's bytes as the trainer
+ * wrote them (the Python client sends one by default). The conversion checks it in the pass that
+ * reads the bytes (model/update.h), so a segment rewritten under the read, or shrunk and grown back
+ * (zeros, which the size checks here cannot see once the size is back), is refused with a 400
+ * naming the tensor instead of committed. Without it only the size checks guard the read.
+ *
  * A request's manifest is checked against the segment's size before anything is mapped, and a new
  * mapping has only the pages its tensors cover populated. Populating the whole segment would let
  * any request that names a large sparse segment make the daemon allocate (tmpfs allocates a page
