@@ -20,8 +20,21 @@
  * top-p / min-p truncation (SGLang's default; what trainers recompute); the processed one is the
  * token's logprob in the distribution actually drawn from (after truncation, renormalized).
  *
- * Logits may hold -inf: a token that cannot be drawn (a masked stop token, see the engine's
- * min_new_tokens rule); its logprob is -inf. A row with a NaN, a +inf or no finite entry is
+ * Masked steps. Before min_new_tokens outputs the engine hands the sampler its processed row, with
+ * every stop id and EOS id at -inf (engine.c, process_logits; SGLang's MinNewTokensPenalizer and
+ * vLLM's min_tokens do the same). What such a step reports follows logprobs_mode:
+ *   default    log_softmax(masked / T)[token] = lp_T(token) - log(1 - sum of p_T over the stop ids):
+ *              the masked distribution, renormalized (SGLang's, whose logprobs come after its
+ *              penalizers);
+ *   processed  the distribution drawn from: masked, T, top-k / top-p / min-p, renormalized (vLLM's
+ *              processed_logprobs);
+ *   raw        log_softmax(logits)[token] of the model's own row: unmasked, T = 1 (vLLM's
+ *              raw_logprobs, computed before its logits processors).
+ * Top logprobs come from the same distribution as the token's: in default and processed modes a
+ * masked id has logprob -inf (null in JSON) and ranks below every finite one.
+ *
+ * Logits may hold -inf: a token that cannot be drawn (a masked stop token); its logprob is -inf.
+ * A row with a NaN, a +inf or no finite entry is
  * invalid: rs_sample returns -1, the logprob functions NaN and rs_top_logprobs -1. That is a bug
  * upstream (non-finite weights are refused when loaded or pushed), never something to serve: the
  * engine fails the request with a 500 instead.
