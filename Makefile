@@ -26,7 +26,7 @@ endif
 WARN    := -Wall -Wextra -Wshadow -Wstrict-prototypes -Wmissing-prototypes
 CFLAGS  := -std=c11 -O2 -g $(WARN) -ffp-contract=off -fno-fast-math -pthread -D_GNU_SOURCE \
            -fno-omit-frame-pointer $(EXTRA_CFLAGS)
-LDLIBS  := -lmicrohttpd -ljansson -luv -lm -pthread
+LDLIBS  := -lmicrohttpd -ljansson -luv -lisal -lm -pthread
 ifneq ($(WERROR),)
 CFLAGS  += -Werror
 endif
@@ -69,9 +69,10 @@ all: $(PROGRAMS)
 
 $(DEPS_OK):
 	@mkdir -p $(BUILD)
-	@pkg-config --exists libmicrohttpd jansson libuv 2>/dev/null || ./scripts/install-deps.sh
-	@printf '  deps   libmicrohttpd %s, jansson %s, libuv %s\n' \
-	  "$$(pkg-config --modversion libmicrohttpd)" "$$(pkg-config --modversion jansson)" "$$(pkg-config --modversion libuv)"
+	@pkg-config --exists libmicrohttpd jansson libuv libisal 2>/dev/null || ./scripts/install-deps.sh
+	@printf '  deps   libmicrohttpd %s, jansson %s, libuv %s, isa-l %s\n' \
+	  "$$(pkg-config --modversion libmicrohttpd)" "$$(pkg-config --modversion jansson)" "$$(pkg-config --modversion libuv)" \
+	  "$$(pkg-config --modversion libisal)"
 ifneq ($(CUDA),)
 	@test -x $(NVCC) || { echo "CUDA=1 but $(NVCC) not found"; exit 1; }
 	@printf '  cuda   %s\n' "$$($(NVCC) --version | tail -1)"

@@ -34,6 +34,15 @@ static int get_text(const json_t *v, const char *param, size_t max, char *out, s
     return RS_OK;
 }
 
+/* An optional transaction_id: absent or null leaves *has false. */
+static int get_txn_id(const json_t *v, bool *has, char *out, rs_error *err) {
+    *has = false;
+    if (!v) return RS_OK;
+    int rc = get_text(v, "transaction_id", RS_WEIGHT_TXN_ID_MAX, out, RS_WEIGHT_TXN_ID_MAX + 1, err);
+    if (rc == RS_OK) *has = true;
+    return rc;
+}
+
 /* An optional weight_version: absent or null leaves *has false. */
 static int get_version(const json_t *v, const char *param, bool *has, char *out, rs_error *err) {
     *has = false;
@@ -188,7 +197,7 @@ bool rs_shm_name_valid(const char *name) {
 static int parse_shm_tensor(const json_t *obj, size_t i, rs_weight_desc *d, rs_error *err) {
     char prefix[48], param[96];
     snprintf(prefix, sizeof prefix, "tensors[%zu]", i);
-    field f[] = {{"name", NULL}, {"dtype", NULL}, {"shape", NULL}, {"offset", NULL}};
+    field f[] = {{"name", NULL}, {"dtype", NULL}, {"shape", NULL}, {"offset", NULL}, {"crc32c", NULL}};
     int rc = collect(obj, prefix, f, RS_ARRAY_LEN(f), err);
     if (rc != RS_OK) return rc;
     static const char *const order[] = {"name", "dtype", "shape", "offset"};
@@ -210,6 +219,14 @@ static int parse_shm_tensor(const json_t *obj, size_t i, rs_weight_desc *d, rs_e
     if (d->offset + d->nbytes > RS_WEIGHT_MAX_BYTES) /* both <= 2^62: the sum cannot wrap */
         return rs_error_set(err, RS_EINVAL, param, "%s + the tensor's %llu bytes goes past 2^62", param,
                             (unsigned long long)d->nbytes);
+    json_t *crc = field_get(f, RS_ARRAY_LEN(f), "crc32c");
+    if (crc) {
+        snprintf(param, sizeof param, "%s.crc32c", prefix);
+        long long c;
+        if ((rc = rs_json_get_int(crc, param, 0, 0xffffffffll, &c, err)) != RS_OK) return rc;
+        d->has_crc32c = true;
+        d->crc32c = (uint32_t)c;
+    }
     return RS_OK;
 }
 
@@ -231,7 +248,7 @@ int rs_shm_update_parse(const char *body, size_t len, rs_shm_update_req *out, rs
     if (rc != RS_OK) return rc;
     rs_shm_update_req r = {0};
     field f[] = {{"shm_name", NULL}, {"tensors", NULL}, {"is_last", NULL}, {"weight_version", NULL},
-                 {"abort_all_requests", NULL}, {"flush_cache", NULL}};
+                 {"abort_all_requests", NULL}, {"flush_cache", NULL}, {"transaction_id", NULL}};
     const size_t nf = RS_ARRAY_LEN(f);
     bool ignored;
     if ((rc = collect(root, "", f, nf, err)) != RS_OK) goto fail;
@@ -256,6 +273,7 @@ int rs_shm_update_parse(const char *body, size_t len, rs_shm_update_req *out, rs
     if ((rc = get_version(field_get(f, nf, "weight_version"), "weight_version", &r.has_version, r.weight_version,
                           err)) != RS_OK)
         goto fail;
+    if ((rc = get_txn_id(field_get(f, nf, "transaction_id"), &r.has_txn_id, r.txn_id, err)) != RS_OK) goto fail;
     if (field_get(f, nf, "abort_all_requests") &&
         (rc = rs_json_get_bool(field_get(f, nf, "abort_all_requests"), "abort_all_requests", &r.abort_all_requests, err)))
         goto fail;
@@ -476,7 +494,7 @@ int rs_nccl_update_parse(const char *body, size_t len, rs_nccl_update_req *out, 
     rs_nccl_update_req r = {0};
     field f[] = {{"names", NULL}, {"dtypes", NULL}, {"shapes", NULL}, {"group_name", NULL},
                  {"load_format", NULL}, {"weight_version", NULL}, {"is_last", NULL},
-                 {"abort_all_requests", NULL}, {"flush_cache", NULL}};
+                 {"abort_all_requests", NULL}, {"flush_cache", NULL}, {"transaction_id", NULL}};
     const size_t nf = RS_ARRAY_LEN(f);
     json_t *names, *dtypes, *shapes, *lf;
     bool ignored;
@@ -535,6 +553,7 @@ int rs_nccl_update_parse(const char *body, size_t len, rs_nccl_update_req *out, 
     if ((rc = get_last(f[6].v, &r.is_last, err)) != RS_OK) goto fail;
     if (f[7].v && (rc = rs_json_get_bool(f[7].v, "abort_all_requests", &r.abort_all_requests, err)) != RS_OK) goto fail;
     if (f[8].v && (rc = rs_json_get_bool(f[8].v, "flush_cache", &ignored, err)) != RS_OK) goto fail;
+    if ((rc = get_txn_id(f[9].v, &r.has_txn_id, r.txn_id, err)) != RS_OK) goto fail;
     json_decref(root);
     *out = r;
     return RS_OK;
@@ -565,7 +584,7 @@ int rs_nccl_destroy_parse(const char *body, size_t len, rs_nccl_destroy_req *out
 /* ---------------------------------------------------------------- the answer */
 
 char *rs_weights_response(const char *message, const char *weight_version, uint64_t bytes, double seconds,
-                          bool committed, size_t *len) {
+                          bool committed, const char *transaction_id, size_t *len) {
     json_t *o = json_object();
     if (!o) return NULL;
     json_t *msg = json_string(message);
@@ -576,6 +595,7 @@ char *rs_weights_response(const char *message, const char *weight_version, uint6
     json_object_set_new(o, "bytes", json_integer((json_int_t)RS_MIN(bytes, (uint64_t)LLONG_MAX)));
     json_object_set_new(o, "seconds", json_real(seconds >= 0 ? seconds : 0));
     json_object_set_new(o, "committed", json_boolean(committed));
+    if (transaction_id && transaction_id[0]) json_object_set_new(o, "transaction_id", json_string(transaction_id));
     char *s = json_dumps(o, JSON_COMPACT | JSON_REAL_PRECISION(6));
     json_decref(o);
     if (s && len) *len = strlen(s);

@@ -49,6 +49,7 @@
 #define RS_NCCL_UNIQUE_ID_BYTES 128     /* sizeof(ncclUniqueId) */
 #define RS_WEIGHT_MAX_TENSORS (1 << 20) /* per request */
 #define RS_WEIGHT_PATH_MAX 4095
+#define RS_WEIGHT_TXN_ID_MAX 63         /* bytes of a transaction_id */
 
 /* One tensor of a manifest. */
 typedef struct rs_weight_desc {
@@ -60,6 +61,8 @@ typedef struct rs_weight_desc {
                                          * the flattened bucket (the running sum of the nbytes before
                                          * it, no padding, SGLang's FlattenedTensorBucket layout) */
     uint64_t nbytes;                    /* numel * element size */
+    bool has_crc32c;                    /* shm: "crc32c", the CRC-32C of the tensor's bytes (0..2^32-1) */
+    uint32_t crc32c;
 } rs_weight_desc;
 
 typedef enum rs_weight_last {
@@ -68,8 +71,10 @@ typedef enum rs_weight_last {
     RS_WEIGHT_LAST_YES,                 /* is_last: true: commit now (every parameter must be staged) */
 } rs_weight_last;
 
-/* {"shm_name": "/rolloutd-w-1", "tensors": [{"name", "dtype", "shape", "offset"}], "is_last": true,
- *  "weight_version": "18", "abort_all_requests": false, "flush_cache": true} */
+/* {"shm_name": "/rolloutd-w-1", "tensors": [{"name", "dtype", "shape", "offset"[, "crc32c"]}], "is_last": true,
+ *  "weight_version": "18", "transaction_id": "...", "abort_all_requests": false, "flush_cache": true}
+ * transaction_id (optional, shm and distributed buckets): the id the first bucket's answer gave,
+ * tying a bucket to that open transaction (sync.h). */
 typedef struct rs_shm_update_req {
     char shm_name[RS_SHM_NAME_MAX + 1]; /* "/" + 1..254 bytes, no other '/', not "/." or "/.." */
     rs_weight_desc *tensors;            /* [n_tensors], owned; NULL when empty */
@@ -77,6 +82,8 @@ typedef struct rs_shm_update_req {
     rs_weight_last is_last;
     bool has_version;
     char weight_version[RS_WEIGHT_VERSION_MAX + 1];
+    bool has_txn_id;
+    char txn_id[RS_WEIGHT_TXN_ID_MAX + 1];
     bool abort_all_requests;
 } rs_shm_update_req;
 
@@ -125,6 +132,8 @@ typedef struct rs_nccl_update_req {
     rs_weight_last is_last;
     bool has_version;
     char weight_version[RS_WEIGHT_VERSION_MAX + 1];
+    bool has_txn_id;
+    char txn_id[RS_WEIGHT_TXN_ID_MAX + 1];
     bool abort_all_requests;
 } rs_nccl_update_req;
 
@@ -154,11 +163,12 @@ int rs_weight_dtype_parse(const char *s, rs_dtype *out);
 const char *rs_weight_dtype_name(rs_dtype dt); /* "bfloat16", "float16", "float32", "float8_e4m3fn" */
 
 /* A success answer: {"success": true, "message": "...", "weight_version": "18", "bytes": N,
- * "seconds": S, "committed": bool}. `committed` says whether this request switched the served
- * weights (false for a bucket that only staged tensors, and for the NCCL group routes).
+ * "seconds": S, "committed": bool[, "transaction_id": "..."]}. `committed` says whether this request
+ * switched the served weights (false for a bucket that only staged tensors, and for the NCCL group
+ * routes); transaction_id (NULL or "": left out) names the transaction the bucket joined.
  * Returns a new malloc'd NUL-terminated body (the caller frees it) and its length, or NULL when
  * memory is exhausted. */
 char *rs_weights_response(const char *message, const char *weight_version, uint64_t bytes, double seconds,
-                          bool committed, size_t *len);
+                          bool committed, const char *transaction_id, size_t *len);
 
 #endif /* RS_PROTOCOL_WEIGHTS_H */

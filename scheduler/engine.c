@@ -70,6 +70,7 @@ struct rs_engine {
     rs_seq **sampled;           /* [max_running] sequences that sampled this step */
     int32_t *top_ids;           /* [max_top] scratch */
     float *top_lps;
+    float *proc_logits;         /* [vocab] a row after the logits-processing step (process_logits) */
 
     rs_seq *wait_head, *wait_tail;
     int n_waiting;
@@ -188,6 +189,23 @@ int rs_gen_job_validate(const rs_gen_job *job, const rs_model_config *cfg, const
                                 "stop token id %d is outside the vocabulary [0, %d)", sp->stop_token_ids[i],
                                 cfg->vocab_size);
     }
+    if (sp->min_new_tokens > 0 && sp->n_stop_token_ids + cfg->n_eos >= cfg->vocab_size) {
+        /* every token masked until min_new_tokens: nothing could be sampled */
+        uint8_t *seen = rs_xcalloc((size_t)cfg->vocab_size, 1);
+        int distinct = 0;
+        for (int i = 0; i < sp->n_stop_token_ids + cfg->n_eos; i++) {
+            const int32_t t = i < sp->n_stop_token_ids ? sp->stop_token_ids[i] : cfg->eos_token_ids[i - sp->n_stop_token_ids];
+            if (t >= 0 && t < cfg->vocab_size && !seen[t]) {
+                seen[t] = 1;
+                distinct++;
+            }
+        }
+        free(seen);
+        if (distinct >= cfg->vocab_size)
+            return rs_error_set(err, RS_EINVAL, "sampling_params.stop_token_ids",
+                                "stop_token_ids and the EOS ids cover the whole vocabulary: with min_new_tokens=%d "
+                                "no token could be sampled", sp->min_new_tokens);
+    }
     for (int p = 0; p < job->n_prompts; p++) {
         char param[64];
         snprintf(param, sizeof param, job->batched ? "input_ids[%d]" : "input_ids", p);
@@ -217,6 +235,7 @@ int rs_gen_job_validate(const rs_gen_job *job, const rs_model_config *cfg, const
 /* ---------------------------------------------------------------- engine lifecycle */
 
 static int load_static_kv_scales(rs_engine *e, rs_error *err);
+static void publish_stats(rs_engine *e);
 
 int rs_engine_init(rs_engine **out, rs_model *m, const rs_engine_opts *opts, rs_error *err) {
     const rs_model_config *c = &m->cfg;
@@ -279,6 +298,10 @@ int rs_engine_init(rs_engine **out, rs_model *m, const rs_engine_opts *opts, rs_
     int max_top = RS_MAX(e->opts.limits.max_top_logprobs, 1);
     e->top_ids = rs_xmalloc(sizeof(int32_t) * (size_t)max_top);
     e->top_lps = rs_xmalloc(sizeof(float) * (size_t)max_top);
+    e->proc_logits = rs_xmalloc(sizeof(float) * (size_t)c->vocab_size);
+    /* the capacity is readable (/get_server_info, /metrics) from the moment the pool exists, before
+     * /health turns 200 and before any step ran */
+    publish_stats(e);
     RS_INFO("engine: kv pool %d blocks x %d tokens (%.1f MiB, %s), max_running=%d max_step_tokens=%d "
             "max_context=%d prefix_cache=%s admission_new_token_ratio=%.2f",
             e->pool.n_blocks, RS_KV_BLOCK, (double)e->pool.bytes / (1 << 20), rs_dtype_name(e->pool.dtype), R, T,
@@ -353,7 +376,7 @@ void rs_engine_free(rs_engine *e) {
     rs_sampler_scratch_free(&e->sampler);
     void *bufs[] = {e->b_tokens, e->b_pos, e->b_slot, e->logit_rows, e->b_seq_start, e->b_seq_ctx,
                     e->b_tables, e->step_seqs, e->sampled, e->running, e->logits, e->top_ids, e->top_lps,
-                    e->inbox, e->progress};
+                    e->proc_logits, e->inbox, e->progress};
     for (size_t i = 0; i < RS_ARRAY_LEN(bufs); i++) free(bufs[i]);
     for (int i = 0; i < e->n_abort_rids; i++) free(e->abort_rids[i]);
     free(e->abort_rids);
@@ -796,23 +819,59 @@ static bool row_scores_prompt(const rs_seq *s, int pos) {
     return isnan(s->out->input_logprobs[pos + 1 - start]); /* not yet scored (recompute skips it) */
 }
 
-/* The logprob of `tok` and its top alternatives under the job's logprobs mode. */
-static float logprob_in_mode(rs_engine *e, const rs_seq *s, const float *logits, int32_t tok,
+/* A bug found while producing a job's outputs (a logits row with a NaN or +inf, a NaN logprob):
+ * the job is failed whole, never served. Its sequences are aborted at the next step boundary and
+ * the server answers 500 with job->error. */
+static void fail_job(rs_engine *e, rs_gen_job *job, const char *what, int pos) {
+    if (job->error.code == RS_OK) {
+        rs_error_set(&job->error, RS_EINTERNAL, NULL,
+                     "internal error: %s at position %d (weight version '%s'); the request is failed rather than "
+                     "served", what, pos, e->weight_version);
+        RS_ERROR("rid %s | %s", job->rid, job->error.message);
+    }
+    rs_engine_abort(e, job->rid);
+}
+
+/* Stop tokens a sequence may not sample yet: before min_new_tokens outputs, every token that
+ * would stop it is masked, as SGLang's MinNewTokensPenalizer and vLLM's min_tokens do (both mask
+ * the stop ids and the model's EOS ids, ignore_eos or not). */
+static bool masks_stop_tokens(const rs_engine *e, const rs_seq *s) {
+    const rs_sampling_params *sp = &s->job->sp;
+    return s->out->n_output < sp->min_new_tokens && (sp->n_stop_token_ids > 0 || e->model->cfg.n_eos > 0);
+}
+
+/* The logits-processing step between the forward pass and the sampler: the row to sample from
+ * (the model's own when nothing changes it, else a copy in e->proc_logits). Penalties or biases
+ * that change the distribution belong here; the raw row stays for logprobs_mode "raw". */
+static const float *process_logits(rs_engine *e, const rs_seq *s, const float *logits) {
+    if (!masks_stop_tokens(e, s)) return logits;
+    const rs_model_config *c = &e->model->cfg;
+    const rs_sampling_params *sp = &s->job->sp;
+    memcpy(e->proc_logits, logits, sizeof(float) * (size_t)c->vocab_size);
+    for (int i = 0; i < sp->n_stop_token_ids; i++) e->proc_logits[sp->stop_token_ids[i]] = -INFINITY;
+    for (int i = 0; i < c->n_eos; i++) e->proc_logits[c->eos_token_ids[i]] = -INFINITY;
+    return e->proc_logits;
+}
+
+/* The logprob of `tok` and its top alternatives under the job's logprobs mode: "raw" reads the
+ * model's row, the others the processed one (what was sampled from). NaN when a row is invalid;
+ * every top entry written is finite or -inf otherwise. */
+static float logprob_in_mode(rs_engine *e, const rs_seq *s, const float *raw_logits, const float *logits, int32_t tok,
                              const rs_sample_info *sampled) {
     const rs_gen_job *job = s->job;
     int V = e->model->cfg.vocab_size, k = job->top_logprobs_num;
     rs_sampling_params raw = job->sp;
-    raw.temperature = 0.0f; /* rs_top_logprobs and rs_logprob_of read T <= 0 as T = 1 */
+    raw.temperature = 0.0f; /* rs_top_logprobs and rs_logprob_of read a greedy T as T = 1 */
     float lp;
     switch (job->logprobs_mode) {
     case RS_LOGPROBS_RAW:
-        lp = rs_logprob_of(logits, V, 0.0f, tok);
+        lp = rs_logprob_of(raw_logits, V, 0.0f, tok, &e->sampler);
         break;
     case RS_LOGPROBS_PROCESSED:
         lp = sampled ? sampled->logprob_processed : rs_logprob_processed(logits, V, &job->sp, tok, &e->sampler);
         break;
     default:
-        lp = sampled ? sampled->logprob : rs_logprob_of(logits, V, job->sp.temperature, tok);
+        lp = sampled ? sampled->logprob : rs_logprob_of(logits, V, job->sp.temperature, tok, &e->sampler);
         break;
     }
     if (k > 0) {
@@ -820,18 +879,28 @@ static float logprob_in_mode(rs_engine *e, const rs_seq *s, const float *logits,
             e->top_ids[i] = -1;
             e->top_lps[i] = NAN;
         }
-        rs_top_logprobs(logits, V, job->logprobs_mode == RS_LOGPROBS_RAW ? &raw : &job->sp,
-                        job->logprobs_mode == RS_LOGPROBS_PROCESSED, k, &e->sampler, e->top_ids, e->top_lps);
+        const bool is_raw = job->logprobs_mode == RS_LOGPROBS_RAW;
+        if (rs_top_logprobs(is_raw ? raw_logits : logits, V, is_raw ? &raw : &job->sp,
+                            job->logprobs_mode == RS_LOGPROBS_PROCESSED, k, &e->sampler, e->top_ids, e->top_lps) < 0)
+            lp = NAN;
+        for (int i = 0; i < k; i++)
+            if (e->top_ids[i] >= 0 && isnan(e->top_lps[i])) lp = NAN;
     }
     return lp;
 }
 
-static void sample_into(rs_engine *e, rs_seq *s, const float *logits) {
+/* Samples s's next token from logits; false (nothing pushed, the job failed) on a bug. */
+static bool sample_into(rs_engine *e, rs_seq *s, const float *logits) {
     RS_ASSERT(wants_sample(s));
+    const float *proc = process_logits(e, s, logits);
     rs_sample_info info;
-    int32_t tok = rs_sample(logits, e->model->cfg.vocab_size, &s->job->sp, (uint64_t)s->sample_index,
+    int32_t tok = rs_sample(proc, e->model->cfg.vocab_size, &s->job->sp, (uint64_t)s->sample_index,
                             (uint64_t)s->n_tokens, &e->sampler, &info);
-    float lp = logprob_in_mode(e, s, logits, tok, &info);
+    float lp = tok >= 0 ? logprob_in_mode(e, s, logits, proc, tok, &info) : NAN;
+    if (isnan(lp)) {
+        fail_job(e, s->job, tok < 0 ? "the logits hold a NaN or +inf" : "a logprob came out NaN", s->n_tokens);
+        return false;
+    }
     out_push(s->out, s->job->top_logprobs_num, tok, lp, e->top_ids, e->top_lps);
     seq_push_token(s, tok);
     e->stats.generation_tokens++;
@@ -843,6 +912,7 @@ static void sample_into(rs_engine *e, rs_seq *s, const float *logits) {
         rs_histogram_observe(&e->stats.itl, now - s->t_last_token);
     }
     s->t_last_token = now;
+    return true;
 }
 
 /* The group leader's prompt is computed: its siblings start from its pages and sample their
@@ -857,10 +927,10 @@ static void fan_out(rs_engine *e, rs_seq *leader, const float *logits, int *n_sa
         c->order = e->next_order++;
         c->out->cached_tokens = leader->prompt_len;
         out_copy_scoring(c->out, leader->out, job->top_logprobs_num);
-        sample_into(e, c, logits);
+        const bool ok = sample_into(e, c, logits);
         RS_ASSERT(e->n_running < e->opts.max_running); /* admission kept a slot for every sibling */
-        e->running[e->n_running++] = c;
-        e->sampled[(*n_sampled)++] = c;
+        e->running[e->n_running++] = c; /* a failed one holds pages too: the job's abort frees them */
+        if (ok) e->sampled[(*n_sampled)++] = c;
     }
     leader->n_forks = 0;
 }
@@ -869,7 +939,12 @@ static void handle_logits(rs_engine *e, rs_seq *s, int pos, const float *logits,
     const rs_gen_job *job = s->job;
     if (pos + 1 < s->prompt_len) { /* prompt scoring */
         int i = pos + 1 - job->logprob_start_len, k = job->top_logprobs_num;
-        s->out->input_logprobs[i] = logprob_in_mode(e, s, logits, s->tokens[pos + 1], NULL);
+        const float lp = logprob_in_mode(e, s, logits, logits, s->tokens[pos + 1], NULL);
+        if (isnan(lp)) { /* left NaN ("not scored"): the job's abort ends the sequence */
+            fail_job(e, s->job, "a prompt logprob came out NaN (the logits hold a NaN or +inf)", pos + 1);
+            return;
+        }
+        s->out->input_logprobs[i] = lp;
         if (k > 0) {
             memcpy(s->out->input_top_ids + (size_t)i * k, e->top_ids, sizeof(int32_t) * (size_t)k);
             memcpy(s->out->input_top_lps + (size_t)i * k, e->top_lps, sizeof(float) * (size_t)k);
@@ -877,8 +952,7 @@ static void handle_logits(rs_engine *e, rs_seq *s, int pos, const float *logits,
         return;
     }
     if (s->n_forks > 0) fan_out(e, s, logits, n_sampled);
-    sample_into(e, s, logits);
-    e->sampled[(*n_sampled)++] = s;
+    if (sample_into(e, s, logits)) e->sampled[(*n_sampled)++] = s;
 }
 
 /* Checks the finish conditions of a sequence that just sampled. */
@@ -886,7 +960,7 @@ static void check_finished(rs_engine *e, rs_seq *s) {
     const rs_sampling_params *sp = &s->job->sp;
     rs_gen_output *o = s->out;
     int32_t last = o->output_ids[o->n_output - 1];
-    if (o->n_output > sp->min_new_tokens && is_stop_token(e, sp, last))
+    if (is_stop_token(e, sp, last)) /* none before min_new_tokens: process_logits masked them */
         finish_running(e, s, RS_FINISH_STOP, last, NULL);
     else if (o->n_output >= sp->max_new_tokens || s->n_tokens >= e->opts.limits.max_context)
         finish_running(e, s, RS_FINISH_LENGTH, -1, NULL);

@@ -20,7 +20,10 @@
 
 typedef struct rs_sampling_params {
     int max_new_tokens;         /* default 128 */
-    int min_new_tokens;         /* default 0: stop tokens are ignored before this many outputs */
+    int min_new_tokens;         /* default 0: before this many outputs every stop token (stop_token_ids
+                                 * and the model's EOS ids, ignore_eos or not) is masked out of the
+                                 * distribution, as SGLang and vLLM do; see process_logits in engine.c
+                                 * and the logprob rule in sampler.h */
     float temperature;          /* default 1.0; 0 = greedy */
     float top_p;                /* default 1.0 */
     int top_k;                  /* default -1 (off) */
@@ -118,6 +121,10 @@ struct rs_gen_job {
      * touch while it runs. It must not block. */
     rs_job_done_fn on_progress;
     double t_first_token;       /* filled by the engine: first token of any output (0 = none yet) */
+    /* filled by the engine: RS_EINTERNAL when producing the outputs hit a bug (a logits row holding
+     * a NaN or +inf, a logprob that came out NaN). Every output then finishes "abort" and none may be
+     * served: the server answers 500 with this message (a stream ends without [DONE]). */
+    rs_error error;
 };
 
 rs_gen_job *rs_gen_job_new(void);                 /* zeroed, sampling defaults, rid empty */
@@ -125,6 +132,7 @@ void rs_gen_job_free(rs_gen_job *job);            /* frees everything the job ow
 
 /* Checks a parsed job against the model and server limits: token ids in [0, vocab), non-empty
  * prompts, prompt + max_new_tokens within the context limit, logprob_start_len < prompt length.
+ * With min_new_tokens > 0 the stop ids and EOS ids must leave some token to sample.
  * Returns RS_OK or RS_EINVAL with the offending param named in err. */
 typedef struct rs_engine_limits {
     int max_context;            /* tokens per sequence (prompt + output) */

@@ -66,7 +66,8 @@ static void push_stream(rs_http_req *r, rs_buf *tmp, int rc, bool final) {
             abort = !final;
         }
     } else if (rc != RS_OK) {
-        RS_ERROR("http | rid %s | out of memory writing stream events", r->engine_rid);
+        if (rc != RS_EINTERNAL) /* RS_EINTERNAL: the engine failed the job and logged why */
+            RS_ERROR("http | rid %s | out of memory writing stream events", r->engine_rid);
         cut_stream_locked(r);
         abort = !final;
     }
@@ -103,11 +104,11 @@ static void on_job_progress(rs_gen_job *job, void *user) {
 }
 
 static void on_job_done(rs_gen_job *job, void *user) {
-    (void)job;
     rs_http_req *r = user;
     if (r->stream) {
         rs_buf tmp = {0};
-        int rc = stream_events(r, true, &tmp);
+        /* a failed job (engine.h: job->error) gets no final events: the stream ends without [DONE] */
+        int rc = job->error.code != RS_OK ? RS_EINTERNAL : stream_events(r, true, &tmp);
         push_stream(r, &tmp, rc, true);
         return;
     }
@@ -304,6 +305,7 @@ enum MHD_Result rs_http_gen_answer(rs_http_req *r) {
     const rs_gen_job *job = r->job;
     size_t len = 0;
     char *body;
+    if (job->error.code != RS_OK) return rs_http_send_error(r, &job->error); /* never served: a 500 */
     if (r->route == RS_ROUTE_HEALTH_GENERATE) {
         const rs_finish *f = &job->outputs[0].finish;
         if (f->type == RS_FINISH_ABORT) {

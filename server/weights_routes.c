@@ -136,6 +136,7 @@ enum MHD_Result rs_weights_routes_answer(rs_http_req *r) {
     const rs_sync_result *res = &job->res;
     RS_INFO("http | weights | 200 | %s | %.3f s", res->message, res->seconds);
     size_t len = 0;
-    char *body = rs_weights_response(res->message, res->weight_version, res->bytes, res->seconds, res->committed, &len);
+    char *body = rs_weights_response(res->message, res->weight_version, res->bytes, res->seconds, res->committed,
+                                     res->txn_id, &len);
     return rs_http_send(r, 200, body, len, "application/json");
 }

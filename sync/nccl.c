@@ -345,7 +345,8 @@ int rs_nccl_update(rs_sync *s, const rs_nccl_update_req *r, rs_sync_result *res,
      * with the trainer; the first such error is the answer. */
     rs_update *u = NULL;
     rs_error refusal = {0};
-    int refused = rs_sync_txn(s, r->has_version ? r->weight_version : NULL, &u, &refusal);
+    int refused = rs_sync_txn_join(s, r->has_version ? r->weight_version : NULL, r->has_txn_id ? r->txn_id : NULL, &u,
+                                   &refusal);
 
     int n_buf = rs_nccl_n_buffers(r);
     uint64_t received = 0;

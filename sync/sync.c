@@ -20,6 +20,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -47,6 +48,7 @@ struct rs_sync {
 
     /* service thread only */
     rs_update *txn;                     /* the open transaction, or NULL */
+    char txn_id[RS_WEIGHT_TXN_ID_MAX + 1]; /* its id (random, 16 hex digits) */
     char auto_version[RS_UPDATE_VERSION_BYTES]; /* committed by an update without is_last, or "" */
     double txn_touched;                 /* rs_now_s() of its last bucket */
     bool joined;                        /* the running job joined txn */
@@ -115,30 +117,54 @@ static void expire_txn(rs_sync *s) {
     }
 }
 
-int rs_sync_txn(rs_sync *s, const char *version, rs_update **out, rs_error *err) {
+/* A fresh transaction id: 64 random bits (the kernel's), or the clock's if it has none to give. */
+static void new_txn_id(char *out, size_t cap) {
+    uint64_t x = 0;
+    if (getrandom(&x, sizeof x, GRND_NONBLOCK) != (ssize_t)sizeof x) x = (uint64_t)(rs_now_s() * 1e9) * 0x9e3779b97f4a7c15ull;
+    snprintf(out, cap, "%016llx", (unsigned long long)x);
+}
+
+int rs_sync_txn_join(rs_sync *s, const char *version, const char *txn_id, rs_update **out, rs_error *err) {
     if (version && !version[0]) version = NULL;
+    if (txn_id && !txn_id[0]) txn_id = NULL;
     if (s->txn) {
         const char *open = rs_update_version(s->txn);
-        if (version && open[0] && strcmp(open, version) != 0)
+        if (txn_id && strcmp(txn_id, s->txn_id) != 0)
+            return rs_error_set(err, RS_ESTATE, "transaction_id",
+                                "transaction_id '%s' is not the open weight update (transaction '%s', version '%s', %d "
+                                "of %d parameters staged); the bucket is refused and the open update is unchanged",
+                                txn_id, s->txn_id, open[0] ? open : "(unchanged)", rs_update_n_staged(s->txn),
+                                rs_update_n_required(s->txn));
+        if (strcmp(open, version ? version : "") != 0)
             return rs_error_set(err, RS_ESTATE, "weight_version",
-                                "a weight update to version '%s' is in progress (%d of %d parameters staged); "
-                                "finish it (is_last) before sending version '%s', or let it expire after "
-                                "weight-update-timeout seconds without buckets",
-                                open, rs_update_n_staged(s->txn), rs_update_n_required(s->txn), version);
-        if (version && !open[0]) rs_update_set_version(s->txn, version);
+                                "a weight update to version '%s' is in progress (transaction '%s', %d of %d parameters "
+                                "staged); a bucket %s%s%s does not join it: finish it (is_last) before sending another "
+                                "version, or let it expire after weight-update-timeout seconds without buckets",
+                                open[0] ? open : "(unchanged)", s->txn_id, rs_update_n_staged(s->txn),
+                                rs_update_n_required(s->txn), version ? "for version '" : "without a weight_version",
+                                version ? version : "", version ? "'" : "");
     } else {
+        if (txn_id)
+            return rs_error_set(err, RS_ESTATE, "transaction_id",
+                                "transaction_id '%s' is not open (it committed, was dropped or expired); send the next "
+                                "update's first bucket without a transaction_id", txn_id);
         int rc = rs_update_begin(&s->txn, s->m, version, s->staging_limit, err);
         if (rc != RS_OK) return rc;
         rs_update_set_pool(s->txn, s->pool);
         rs_update_set_calib_backend(s->txn, s->calib);
-        RS_INFO("sync | update to version '%s' begins (%d parameters, staging limit %.1f MiB)",
-                version ? version : "(unchanged)", rs_update_n_required(s->txn),
+        new_txn_id(s->txn_id, sizeof s->txn_id);
+        RS_INFO("sync | update to version '%s' begins as transaction %s (%d parameters, staging limit %.1f MiB)",
+                version ? version : "(unchanged)", s->txn_id, rs_update_n_required(s->txn),
                 (double)(s->staging_limit ? s->staging_limit : s->m->weight_bytes) / (1 << 20));
     }
     s->joined = true;
     s->txn_touched = rs_now_s();
     *out = s->txn;
     return RS_OK;
+}
+
+int rs_sync_txn(rs_sync *s, const char *version, rs_update **out, rs_error *err) {
+    return rs_sync_txn_join(s, version, NULL, out, err);
 }
 
 typedef struct commit_stats {
@@ -180,6 +206,7 @@ static int finish_tail(rs_sync *s, rs_sync_result *res, rs_error *err) {
 int rs_sync_txn_finish(rs_sync *s, rs_weight_last last, bool abort_all, rs_sync_result *res, rs_error *err) {
     RS_ASSERT(s->txn);
     rs_update *u = s->txn;
+    snprintf(res->txn_id, sizeof res->txn_id, "%s", s->txn_id);
     res->n_staged = rs_update_n_staged(u);
     res->n_required = rs_update_n_required(u);
     const char *uv = rs_update_version(u);

@@ -6,9 +6,16 @@
  * its own thread (like engine jobs), so libmicrohttpd callbacks never block on a shared-memory
  * copy, a quantization, an NCCL receive or the engine's step boundary.
  *
- * At most one transaction (transaction.h) is open at a time. A bucket (a shm or distributed
- * request) joins the open transaction when it carries the same weight_version, or none; one for a
- * different version is refused with RS_ESTATE (409) and changes nothing. Buckets keep streaming
+ * At most one transaction (transaction.h) is open at a time, named by a transaction id that every
+ * answer while it is open reports (transaction_id). A bucket (a shm or distributed request) joins
+ * the open transaction only when it names it: its transaction_id, when it carries one, is the open
+ * transaction's, and its weight_version is the open transaction's (both absent counts as equal:
+ * an SGLang-style trainer that sends neither keeps working). Anything else is refused with
+ * RS_ESTATE (409) and never joins: a bucket without a version cannot complete another writer's
+ * update to version B, a bucket for version C cannot relabel an update opened without one, a
+ * transaction_id of a transaction that committed, was dropped or expired matches nothing. The
+ * refusal changes nothing, the open transaction included. With nothing open, a bucket without a
+ * transaction_id opens a new transaction. Buckets keep streaming
  * while a transaction is open; the one marked is_last (or, with is_last absent, the one that
  * completes the set) commits it. Any other failure of a bucket that joined a transaction drops
  * the transaction whole: the old weights keep serving and the trainer starts again. A transaction
@@ -56,6 +63,7 @@ typedef struct rs_sync_result {
     double seconds;                     /* this job's time on the service thread */
     double seconds_paused;              /* how long a commit held the engine's step loop */
     bool committed;                     /* this job switched the served weights */
+    char txn_id[RS_WEIGHT_TXN_ID_MAX + 1]; /* the transaction this job joined, "" for none */
     int n_staged, n_required;           /* transaction progress after this job (0/0: none open) */
     char message[256];
 } rs_sync_result;
@@ -127,9 +135,12 @@ void rs_sync_get_stats(const rs_sync *s, rs_sync_stats *out);
 
 /* ---- for transports running on the service thread (shm.c, disk.c, nccl.c) ---- */
 
-/* The open transaction for `version` (NULL = the request named none), opened if none is. RS_ESTATE
- * (409) when the open one is for a different version: nothing changes then. Once this returns
- * RS_OK the job has joined the transaction, and if the job then fails, the service drops it. */
+/* The open transaction named by `version` and `txn_id` (NULL = the request named none), opened if
+ * none is and txn_id is NULL; RS_ESTATE (409) when they do not name the open one (the rule above):
+ * nothing changes then. Once this returns RS_OK the job has joined the transaction (res->txn_id,
+ * filled by rs_sync_txn_finish, names it), and if the job then fails, the service drops it.
+ * rs_sync_txn is rs_sync_txn_join without a transaction id (disk updates). */
+int rs_sync_txn_join(rs_sync *s, const char *version, const char *txn_id, rs_update **out, rs_error *err);
 int rs_sync_txn(rs_sync *s, const char *version, rs_update **out, rs_error *err);
 
 /* Ends the job's part in the transaction: commits when `last` is YES, or AUTO and the set is

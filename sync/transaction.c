@@ -18,6 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../core/crc32c.h"
 #include "../kernels/fp8.h"
 #include "../model/kv_scales.h"
 #include "../model/update.h"
@@ -117,6 +118,17 @@ static int check_room(rs_update *u, const char *name, size_t need, rs_error *err
 
 static bool is_float(rs_dtype dt) { return dt == RS_DTYPE_BF16 || dt == RS_DTYPE_F16 || dt == RS_DTYPE_F32; }
 
+/* A tensor converted outside rs_weight_convert (scales) with a CRC-32C to match. */
+static int check_crc(const rs_update_tensor *t, size_t bytes, rs_error *err) {
+    if (!t->has_crc32c) return RS_OK;
+    const uint32_t got = rs_crc32c(0, t->data, bytes);
+    if (got == t->crc32c) return RS_OK;
+    return rs_error_set(err, RS_EFORMAT, t->name,
+                        "tensor '%s': the CRC-32C of its %zu bytes as read is 0x%08x, the manifest says 0x%08x: its "
+                        "bytes changed while rolloutd read them (or the checksum is wrong); the weights in service are "
+                        "unchanged", t->name, bytes, got, t->crc32c);
+}
+
 static const char *dtype_label(rs_dtype dt) {
     return dt < RS_DTYPE_COUNT ? rs_dtype_name(dt) : "an unsupported dtype";
 }
@@ -140,6 +152,7 @@ static int add_scale(rs_update *u, staged *s, const rs_update_tensor *t, const r
                             name);
     const size_t need = (size_t)(info->shape[0] * info->shape[1]) * sizeof(float);
     int rc = check_room(u, name, need, err);
+    if (rc == RS_OK) rc = check_crc(t, (size_t)(info->shape[0] * info->shape[1]) * rs_dtype_size(t->dtype), err);
     if (rc != RS_OK) return rc;
     float *scales = NULL;
     rc = rs_weight_convert_scales(u->stage, name, t->data, t->dtype, info->shape[0], info->shape[1], &scales, err);
@@ -159,6 +172,12 @@ static int add_kv_scale(rs_update *u, const rs_update_tensor *t, int layer, bool
     if (u->kv_seen && (u->kv_seen[layer] & bit))
         return rs_error_set(err, RS_EINVAL, t->name, "duplicate tensor '%s' in this update", t->name);
     if (!t->data) return rs_error_set(err, RS_EINVAL, t->name, "tensor '%s' has no data", t->name);
+    if (t->has_crc32c && t->dtype < RS_DTYPE_COUNT) {
+        size_t bytes = rs_dtype_size(t->dtype);
+        for (int i = 0; i < t->ndim; i++) bytes *= (size_t)t->shape[i];
+        int rc = check_crc(t, bytes, err);
+        if (rc != RS_OK) return rc;
+    }
     if (!u->kv_k) {
         u->kv_k = rs_xcalloc(n, sizeof(float));
         u->kv_v = rs_xcalloc(n, sizeof(float));
@@ -254,7 +273,8 @@ int rs_update_add(rs_update *u, const rs_update_tensor *t, rs_error *err) {
                               "float32 or (FP8 weights) float8_e4m3fn", name, dtype_label(t->dtype));
         } else if ((rc = check_room(u, name, need, err)) == RS_OK) {
             rs_weight_src src = {.dtype = t->dtype, .ndim = info.ndim, .shape = {info.shape[0], info.shape[1]},
-                                 .data = t->data, .scale_inv = t->scale_inv, .scale_dtype = t->scale_dtype};
+                                 .data = t->data, .scale_inv = t->scale_inv, .scale_dtype = t->scale_dtype,
+                                 .has_crc32c = t->has_crc32c, .crc32c = t->crc32c};
             rs_tensor conv;
             rc = rs_weight_convert(u->stage, name, info.kind == RS_SLOT_VECTOR ? RS_DTYPE_F32 : served, &src, &conv,
                                    err);

@@ -61,6 +61,10 @@ typedef struct rs_update_tensor {
     /* optional, E4M3 matrices only: the block scales sent with the codes */
     const void *scale_inv;              /* [ceil(out/128)][ceil(in/128)] of scale_dtype, or NULL */
     rs_dtype scale_dtype;               /* F32 or BF16 */
+    /* optional: the CRC-32C data's bytes must have (an shm manifest's "crc32c"); checked in the
+     * conversion pass, a mismatch refused like a bad tensor (RS_EFORMAT, 400, naming it) */
+    bool has_crc32c;
+    uint32_t crc32c;
 } rs_update_tensor;
 
 /* Opens a transaction on `m` (borrowed; it must outlive the transaction). `version` (copied) is
@@ -69,7 +73,8 @@ typedef struct rs_update_tensor {
 int rs_update_begin(rs_update **out, rs_model *m, const char *version, size_t staging_limit, rs_error *err);
 
 /* Stages one tensor. On failure (unknown name, wrong shape or dtype, duplicate, FP8 data for a
- * slot that is not FP8, bad scales, staging limit, backend out of memory) returns the error with
+ * slot that is not FP8, bad scales, a NaN or infinity anywhere in it, a CRC-32C that does not
+ * match, staging limit, backend out of memory) returns the error with
  * err->param naming the tensor; what was staged before stays staged, and the caller decides
  * whether to abort (the sync service always does). */
 int rs_update_add(rs_update *u, const rs_update_tensor *t, rs_error *err);

@@ -48,9 +48,9 @@ wait
 lib=("${objs[@]}")
 compile "$root/server/main.c" "$out/obj/server_main.o" gcc $cflags
 wait
-g++ ${EMU_CXXFLAGS:-} -o "$out/unit-tests" "${lib[@]}" -lmicrohttpd -ljansson -luv -lm -pthread
+g++ ${EMU_CXXFLAGS:-} -o "$out/unit-tests" "${lib[@]}" -lmicrohttpd -ljansson -luv -lisal -lm -pthread
 # the daemon too, for end-to-end tests with --device cuda (without the unit tests' objects)
 daemon=()
 for o in "${lib[@]}"; do case $o in */t_*) ;; *) daemon+=("$o") ;; esac; done
-g++ ${EMU_CXXFLAGS:-} -o "$out/rolloutd" "$out/obj/server_main.o" "${daemon[@]}" -lmicrohttpd -ljansson -luv -lm -pthread
+g++ ${EMU_CXXFLAGS:-} -o "$out/rolloutd" "$out/obj/server_main.o" "${daemon[@]}" -lmicrohttpd -ljansson -luv -lisal -lm -pthread
 echo "built $out/unit-tests and $out/rolloutd"

@@ -18,6 +18,7 @@ sub-path that depends on the case). Categories:
               two Content-Length values, Transfer-Encoding with Content-Length, any coding but a
               lone chunked, Transfer-Encoding in HTTP/1.0 (400 at once, before the body is read,
               and the connection closed; never a hang)
+  weights     weight-route fields: tensors[].crc32c and transaction_id of the wrong type or range
 
 Framing cases are sent as raw bytes: headers holds "Raw-Headers" (header lines, CRLF-separated,
 after Host and Content-Type) and optionally "Raw-Version" (default HTTP/1.1).
@@ -152,6 +153,9 @@ def _numbers():
         ("stop-id-vocab", {"sampling_params": dict(sp, stop_token_ids=[10 ** 9])}, "sampling_params.stop_token_ids"),
         ("batch-over-max", {"input_ids": [[1]] * 1025, "sampling_params": dict(sp, n=1)}, "input_ids"),
         ("max-new-tokens-over-cap", {"sampling_params": dict(sp, max_new_tokens=40000)}, "sampling_params.max_new_tokens"),
+        # min_new_tokens with every token a stop id: nothing could be sampled while they are masked
+        ("min-new-tokens-all-stop", {"sampling_params": dict(sp, min_new_tokens=1, stop_token_ids=list(range(8192)))},
+         "sampling_params.stop_token_ids"),
     ]
     out = [Case(f"numbers-generate-{n}", "POST", "/generate", enc(dict(GEN, **over)), {}, 400, "invalid_request", p)
            for n, over, p in rows]
@@ -308,9 +312,28 @@ def _framing():
     return out
 
 
+def _weights():
+    t = {"name": "model.norm.weight", "dtype": "bfloat16", "shape": [8], "offset": 0}
+    shm = {"shm_name": "/rolloutd-corpus-none", "tensors": [t], "is_last": True, "weight_version": "c"}
+    rows = [("crc-neg", dict(shm, tensors=[dict(t, crc32c=-1)]), "tensors[0].crc32c"),
+            ("crc-2^32", dict(shm, tensors=[dict(t, crc32c=2 ** 32)]), "tensors[0].crc32c"),
+            ("crc-str", dict(shm, tensors=[dict(t, crc32c="e3069283")]), "tensors[0].crc32c"),
+            ("crc-float", dict(shm, tensors=[dict(t, crc32c=1.5)]), "tensors[0].crc32c"),
+            ("txn-empty", dict(shm, transaction_id=""), "transaction_id"),
+            ("txn-long", dict(shm, transaction_id="t" * 64), "transaction_id"),
+            ("txn-int", dict(shm, transaction_id=5), "transaction_id"),
+            ("txn-control", dict(shm, transaction_id="a\nb"), "transaction_id")]
+    out = [Case(f"weights-shm-{n}", "POST", "/update_weights_from_shm", enc(b), {}, 400, "invalid_request", p)
+           for n, b, p in rows]
+    dist = {"names": ["model.norm.weight"], "dtypes": ["bfloat16"], "shapes": [[8]], "transaction_id": ["x"]}
+    out.append(Case("weights-dist-txn-list", "POST", "/update_weights_from_distributed", enc(dist), {}, 400,
+                    "invalid_request", "transaction_id"))
+    return out
+
+
 def cases(max_body_bytes):
     out = (_truncated() + _wrong_types() + _numbers() + _literals() + _utf8() + _nesting() +
-           _oversized(max_body_bytes) + _unknown() + _methods() + _routes() + _framing())
+           _oversized(max_body_bytes) + _unknown() + _methods() + _routes() + _framing() + _weights())
     ids = [c.id for c in out]
     assert len(ids) == len(set(ids)), "duplicate case ids"
     return out

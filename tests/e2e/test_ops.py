@@ -336,6 +336,19 @@ def test_server_info_lists_every_setting(daemon):
     assert daemon.get("/server_info").json()["version"] == info["version"]
 
 
+def test_capacity_published_before_the_first_request(rolloutd):
+    """SGLang-shaped trainers size their batches from max_total_num_tokens right after /health turns
+    200: the KV capacity is there before any request ran an engine step."""
+    d = rolloutd(None, "--kv-cache-mb", "32")
+    info = d.get("/get_server_info").json()
+    pages = metrics(d)[("rolloutd_kv_cache_pages_total", ())]
+    assert pages > 0, "kv_cache_pages_total reads 0 before the first engine step"
+    assert info["max_total_num_tokens"] == 16 * pages > 0, info["max_total_num_tokens"]
+    assert info["memory_usage"]["token_capacity"] == 16 * pages
+    assert info["internal_states"][0]["memory_usage"]["token_capacity"] == 16 * pages
+    assert metrics(d)[("rolloutd_kv_cache_pages_free", ())] == pages
+
+
 def test_model_info_and_weight_version(daemon):
     mi = daemon.get("/get_model_info").json()
     assert mi["architecture"] == "Qwen3ForCausalLM" and mi["is_generation"] is True

@@ -41,7 +41,7 @@ static void check_desc(const rs_weight_desc *d) {
 
 static void check_answer(const char *version) {
     size_t len = 0;
-    char *body = rs_weights_response("fuzz", version, 12, 0.5, true, &len);
+    char *body = rs_weights_response("fuzz", version, 12, 0.5, true, "t1", &len);
     check(body != NULL && strlen(body) == len);
     json_error_t je;
     json_t *v = json_loads(body, 0, &je);

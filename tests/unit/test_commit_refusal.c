@@ -6,6 +6,7 @@
  * applied still get finite scales (they used to get infinite ones, which the engine refused only
  * after it had swapped the weights in).
  */
+#include <float.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -105,7 +106,7 @@ static rs_model *load(const char *dir, rs_backend *b) {
     return m;
 }
 
-/* Layer 0's k_norm made infinite: K, and so the calibration, is not finite. Refused on the sync
+/* Layer 0's k_norm made FLT_MAX: K overflows, and so the calibration is not finite. Refused on the sync
  * service's backend and, without one, by the engine before its swap. */
 RS_TEST(commit_refused_when_calibration_fails_either_way) {
     char dir[512];
@@ -115,7 +116,7 @@ RS_TEST(commit_refused_when_calibration_fails_either_way) {
     rs_model *m = load(dir, b);
     rs_engine *e = calibrating_engine(m, 1.2f);
     float before[NSCORE], after[NSCORE], inf[HD];
-    for (int i = 0; i < HD; i++) inf[i] = INFINITY;
+    for (int i = 0; i < HD; i++) inf[i] = FLT_MAX; /* finite, so staged (a non-finite weight is refused there) */
     score(e, before);
     char version[64];
     snprintf(version, sizeof version, "%s", rs_engine_weight_version(e));

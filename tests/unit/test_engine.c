@@ -185,9 +185,8 @@ RS_TEST(engine_n_samples_are_distinct_and_reproducible) {
     env_close(&v);
 }
 
-/* Stop tokens end a sequence with finish "stop" and the matched id, unless min_new_tokens says
- * it is too early. */
-RS_TEST(engine_stop_tokens_and_min_new_tokens) {
+/* Stop tokens end a sequence with finish "stop" and the matched id. */
+RS_TEST(engine_stop_tokens_end_sequences) {
     env v = env_open(8 << 20, 8, 512);
     int len = 6;
     rs_gen_job *g = job_new(1, &len, 3);
@@ -210,20 +209,132 @@ RS_TEST(engine_stop_tokens_and_min_new_tokens) {
     ASSERT_EQ(s->outputs[0].finish.type, RS_FINISH_STOP);
     ASSERT_EQ(s->outputs[0].finish.matched, stop);
     ASSERT_EQ(s->outputs[0].n_output, first + 1);
-
-    rs_gen_job *m = job_new(1, &len, 3);
-    m->sp.max_new_tokens = 12;
-    m->sp.min_new_tokens = 12;
-    m->sp.temperature = 0.0f;
-    m->sp.stop_token_ids = malloc(sizeof(int32_t));
-    m->sp.stop_token_ids[0] = stop;
-    m->sp.n_stop_token_ids = 1;
-    run(&v, m);
-    ASSERT_EQ(m->outputs[0].finish.type, RS_FINISH_LENGTH);
-    assert_same_output(&m->outputs[0], o);
     rs_gen_job_free(g);
     rs_gen_job_free(s);
-    rs_gen_job_free(m);
+    env_close(&v);
+}
+
+/* log_softmax(logits / temp)[ctx[n - 1]] given ctx[0 .. n - 1), by prompt scoring (a prefill pass,
+ * not the decode path that sampled). */
+static double score_last(env *v, const int32_t *ctx, int n, float temp) {
+    rs_gen_job *j = job_new(1, &n, 1);
+    memcpy(j->prompts[0], ctx, sizeof(int32_t) * (size_t)n);
+    j->sp.max_new_tokens = 0;
+    j->sp.temperature = temp;
+    j->logprob_start_len = n - 1;
+    run(v, j);
+    ASSERT_EQ(j->outputs[0].n_input_logprobs, 1);
+    const double lp = j->outputs[0].input_logprobs[0];
+    rs_gen_job_free(j);
+    return lp;
+}
+
+/* Before min_new_tokens outputs no stop token can be drawn, as in SGLang and vLLM: the stop ids
+ * and the model's EOS ids are masked out of the distribution. The stop ids here are the three most
+ * likely first tokens, so without the mask the first token would be one of them. The logprob of a
+ * masked step (sampler.h): "default" and "processed" are those of the masked distribution,
+ * lp(t) - log(1 - sum of the stop ids' probabilities), "raw" is the model's own log_softmax(x)
+ * (T = 1, unmasked); checked against prompt scoring of every candidate after each context. */
+RS_TEST(engine_min_new_tokens_masks_stop_tokens) {
+    env v = env_open(8 << 20, 8, 512);
+    const rs_model_config *c = &v.m->cfg;
+    int len = 6;
+    enum { MIN = 4, MAX = 6, K = 3 };
+    rs_gen_job *g = job_new(1, &len, 3);
+    g->sp.max_new_tokens = 1;
+    g->sp.temperature = 0.0f;
+    g->top_logprobs_num = K;
+    run(&v, g);
+    int32_t stops[K + RS_MAX_EOS];
+    int n_stops = 0;
+    for (int i = 0; i < K; i++) stops[n_stops++] = g->outputs[0].output_top_ids[i];
+    for (int i = 0; i < c->n_eos; i++) stops[n_stops++] = c->eos_token_ids[i];
+    const float temp = 0.05f; /* a random model is nearly flat: a low T makes the stop ids likely */
+    const rs_logprobs_mode modes[] = {RS_LOGPROBS_DEFAULT, RS_LOGPROBS_PROCESSED, RS_LOGPROBS_RAW};
+    rs_gen_job *m[3];
+    for (int k = 0; k < 3; k++) {
+        m[k] = job_new(1, &len, 3);
+        m[k]->sp.max_new_tokens = MAX;
+        m[k]->sp.min_new_tokens = MIN;
+        m[k]->sp.temperature = temp;
+        m[k]->sp.seed = 5;
+        m[k]->logprobs_mode = modes[k];
+        m[k]->sp.stop_token_ids = malloc(sizeof(int32_t) * K);
+        memcpy(m[k]->sp.stop_token_ids, stops, sizeof(int32_t) * K);
+        m[k]->sp.n_stop_token_ids = K;
+        run(&v, m[k]);
+    }
+    const rs_gen_output *o = &m[0]->outputs[0];
+    ASSERT_TRUE(o->n_output >= MIN);
+    for (int k = 1; k < 3; k++) { /* the mode changes what is reported, never what is drawn */
+        ASSERT_EQ(m[k]->outputs[0].n_output, o->n_output);
+        for (int i = 0; i < o->n_output; i++) ASSERT_EQ(m[k]->outputs[0].output_ids[i], o->output_ids[i]);
+    }
+    int32_t ctx[64];
+    memcpy(ctx, m[0]->prompts[0], sizeof(int32_t) * (size_t)len);
+    for (int i = 0; i < o->n_output; i++) {
+        const int32_t tok = o->output_ids[i];
+        ctx[len + i] = tok;
+        const double lp_t = score_last(&v, ctx, len + i + 1, temp), lp_raw = score_last(&v, ctx, len + i + 1, 0.0f);
+        double p_stop = 0.0;
+        for (int j = 0; j < n_stops; j++) {
+            if (i < MIN) ASSERT_NE(tok, stops[j]);
+            bool dup = false;
+            for (int q = 0; q < j; q++) dup |= stops[q] == stops[j];
+            if (dup) continue;
+            ctx[len + i] = stops[j];
+            p_stop += exp(score_last(&v, ctx, len + i + 1, temp));
+            ctx[len + i] = tok;
+        }
+        const double want = i < MIN ? lp_t - log1p(-p_stop) : lp_t;
+        ASSERT_NEAR(m[0]->outputs[0].output_logprobs[i], want, 2e-5);
+        ASSERT_NEAR(m[1]->outputs[0].output_logprobs[i], want, 2e-5); /* no truncation: the same */
+        ASSERT_NEAR(m[2]->outputs[0].output_logprobs[i], lp_raw, 2e-5);
+        if (i == 0) fprintf(stderr, "  p(stop) at the first step %.4f\n", p_stop);
+        if (i == 0) ASSERT_TRUE(p_stop > 0.05); /* the mask moved the logprob measurably */
+    }
+    rs_gen_job_free(g);
+    for (int k = 0; k < 3; k++) rs_gen_job_free(m[k]);
+    env_close(&v);
+}
+
+/* Logits that hold a NaN (here: a NaN written into the served final norm, past every check a load
+ * or a push makes) fail the job instead of producing tokens from NaNs: job->error is set (500),
+ * every output finishes "abort", and no NaN logprob was stored; the engine keeps serving. */
+RS_TEST(engine_nan_logits_fail_the_job) {
+    env v = env_open(8 << 20, 8, 512);
+    int len = 5;
+    rs_gen_job *ok = job_new(1, &len, 4);
+    ok->sp.max_new_tokens = 3;
+    run(&v, ok);
+    ASSERT_EQ(ok->error.code, RS_OK);
+    ASSERT_EQ(v.m->final_norm.dtype, RS_DTYPE_F32);
+    float *norm = v.m->final_norm.data, saved = norm[3];
+    norm[3] = NAN;
+    for (int scoring = 0; scoring < 2; scoring++) {
+        rs_gen_job *j = job_new(1, &len, 4);
+        j->sp.max_new_tokens = 3;
+        j->sp.n = 2;
+        j->top_logprobs_num = 2;
+        j->logprob_start_len = scoring ? 0 : -1;
+        run(&v, j);
+        ASSERT_EQ(j->error.code, RS_EINTERNAL);
+        ASSERT_TRUE(strstr(j->error.message, "NaN") != NULL);
+        for (int i = 0; i < 2; i++) {
+            const rs_gen_output *o = &j->outputs[i];
+            ASSERT_EQ(o->finish.type, RS_FINISH_ABORT);
+            for (int t = 0; t < o->n_output; t++) ASSERT_TRUE(!isnan(o->output_logprobs[t]));
+        }
+        rs_gen_job_free(j);
+    }
+    norm[3] = saved;
+    rs_gen_job *again = job_new(1, &len, 4);
+    again->sp.max_new_tokens = 3;
+    run(&v, again);
+    ASSERT_EQ(again->error.code, RS_OK);
+    assert_same_output(&again->outputs[0], &ok->outputs[0]);
+    rs_gen_job_free(ok);
+    rs_gen_job_free(again);
     env_close(&v);
 }
 

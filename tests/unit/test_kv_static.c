@@ -4,6 +4,7 @@
  * the logprobs of calibrate mode; a checkpoint without them is refused at start. Scales pushed
  * with a weight update replace them exactly as loading a checkpoint that holds them would.
  */
+#include <float.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -319,13 +320,13 @@ RS_TEST(kv_calibrated_before_commit) {
     score(e, s);
     ASSERT_TRUE(same(s, sb, 39));
 
-    /* back to A, with layer 0's k_norm made infinite: K, and so the calibration, is not finite */
+    /* back to A, with layer 0's k_norm made FLT_MAX: K overflows, and so the calibration is not finite */
     ASSERT_EQ(rs_update_begin(&u, m, "v2", 0, &err), RS_OK);
     rs_update_set_calib_backend(u, calib);
     rs_st_dir *d = NULL;
     ASSERT_EQ(rs_st_dir_open(&d, a_dir, &err), RS_OK);
     float inf[16];
-    for (int i = 0; i < 16; i++) inf[i] = INFINITY;
+    for (int i = 0; i < 16; i++) inf[i] = FLT_MAX; /* finite, so staged (a non-finite weight is refused there) */
     for (size_t i = 0; i < rs_st_dir_count(d); i++) {
         const rs_st_tensor *t = rs_st_dir_tensor_at(d, i, NULL);
         rs_update_tensor ut = {.name = t->name, .dtype = t->dtype, .ndim = t->ndim, .shape = t->shape,

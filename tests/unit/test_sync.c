@@ -213,7 +213,7 @@ RS_TEST(sync_shm_from_json_body) {
     ASSERT_TRUE(job.res.committed);
     size_t len = 0;
     char *answer = rs_weights_response(job.res.message, job.res.weight_version, job.res.bytes, job.res.seconds,
-                                       job.res.committed, &len);
+                                       job.res.committed, job.res.txn_id, &len);
     json_error_t je;
     json_t *a = json_loads(answer, 0, &je);
     ASSERT_TRUE(a != NULL);
@@ -222,6 +222,7 @@ RS_TEST(sync_shm_from_json_body) {
     ASSERT_EQ(json_integer_value(json_object_get(a, "bytes")), (long long)rs_st_dir_nbytes(v.bt));
     ASSERT_TRUE(json_is_real(json_object_get(a, "seconds")));
     ASSERT_TRUE(json_is_true(json_object_get(a, "committed")));
+    ASSERT_EQ(strlen(json_string_value(json_object_get(a, "transaction_id"))), 16);
     json_decref(a);
     free(answer);
     rs_shm_update_req_free(&job.req.shm);
@@ -369,6 +370,71 @@ RS_TEST(sync_version_conflict_409) {
     ASSERT_TRUE(job.res.n_staged > staged);
     ASSERT_STREQ(rs_engine_weight_version(v.e), "8");
     expect_serving(&v, v.logits_b);
+    bucket_free(&k1);
+    bucket_free(&k2);
+    rs_test_sync_close(&v);
+}
+
+static int send_bucket_txn(env *v, const bucket *k, rs_weight_last last, const char *version, const char *txn,
+                           rs_sync_job *job) {
+    memset(job, 0, sizeof *job);
+    job->kind = RS_SYNC_SHM;
+    rs_shm_update_req *r = &job->req.shm;
+    snprintf(r->shm_name, sizeof r->shm_name, "%s", k->sg.name);
+    r->tensors = k->d;
+    r->n_tensors = k->n;
+    r->is_last = last;
+    if (version) {
+        r->has_version = true;
+        snprintf(r->weight_version, sizeof r->weight_version, "%s", version);
+    }
+    if (txn) {
+        r->has_txn_id = true;
+        snprintf(r->txn_id, sizeof r->txn_id, "%s", txn);
+    }
+    return rs_sync_run(v->s, job);
+}
+
+/* A bucket joins the open transaction only when it names it (sync.h): bucket 1 of version B and a
+ * bucket 2 without a version (is_last absent, so it would complete the set) is a 409 that stages
+ * nothing; so is a version for an update opened without one, and a transaction_id that is not the
+ * open one. The open update is untouched by each refusal and commits when its own bucket comes. */
+RS_TEST(sync_bucket_must_name_the_open_transaction) {
+    env v = rs_test_sync_open("bf16", NULL);
+    size_t n = rs_st_dir_count(v.bt);
+    bucket k1 = bucket_make(&v, 0, n / 2, 0), k2 = bucket_make(&v, n / 2, n, 0);
+    rs_sync_job job;
+    ASSERT_EQ(send_bucket_txn(&v, &k1, RS_WEIGHT_LAST_AUTO, "B", NULL, &job), RS_OK);
+    const int staged = job.res.n_staged;
+    char txn[sizeof job.res.txn_id];
+    snprintf(txn, sizeof txn, "%s", job.res.txn_id);
+    ASSERT_EQ(strlen(txn), 16);
+    ASSERT_EQ(send_bucket_txn(&v, &k2, RS_WEIGHT_LAST_AUTO, NULL, NULL, &job), RS_ESTATE); /* the mix */
+    ASSERT_EQ(rs_err_http_status(job.rc), 409);
+    ASSERT_STREQ(job.err.param, "weight_version");
+    ASSERT_TRUE(strstr(job.err.message, "without a weight_version") && strstr(job.err.message, "'B'"));
+    ASSERT_EQ(send_bucket_txn(&v, &k2, RS_WEIGHT_LAST_AUTO, "B", "0123456789abcdef", &job), RS_ESTATE);
+    ASSERT_STREQ(job.err.param, "transaction_id");
+    ASSERT_TRUE(stats(&v).txn_open);
+    ASSERT_EQ(stats(&v).updates_failed, 0);
+    ASSERT_STREQ(rs_engine_weight_version(v.e), "0");
+    expect_serving(&v, v.logits_a);
+    ASSERT_EQ(send_bucket_txn(&v, &k2, RS_WEIGHT_LAST_AUTO, "B", txn, &job), RS_OK);
+    ASSERT_TRUE(job.res.committed && job.res.n_staged > staged);
+    ASSERT_STREQ(job.res.txn_id, txn);
+    ASSERT_STREQ(rs_engine_weight_version(v.e), "B");
+    expect_serving(&v, v.logits_b);
+    /* the id of a committed transaction matches nothing, and opens nothing */
+    ASSERT_EQ(send_bucket_txn(&v, &k1, RS_WEIGHT_LAST_NO, "C", txn, &job), RS_ESTATE);
+    ASSERT_TRUE(strstr(job.err.message, "is not open"));
+    ASSERT_TRUE(!stats(&v).txn_open);
+    /* opened without a version: a versioned bucket does not relabel it; the version-less one joins */
+    ASSERT_EQ(send_bucket_txn(&v, &k1, RS_WEIGHT_LAST_NO, NULL, NULL, &job), RS_OK);
+    ASSERT_TRUE(strcmp(job.res.txn_id, txn) != 0);
+    ASSERT_EQ(send_bucket_txn(&v, &k2, RS_WEIGHT_LAST_YES, "C", NULL, &job), RS_ESTATE);
+    ASSERT_EQ(send_bucket_txn(&v, &k2, RS_WEIGHT_LAST_YES, NULL, NULL, &job), RS_OK);
+    ASSERT_TRUE(job.res.committed);
+    ASSERT_STREQ(rs_engine_weight_version(v.e), "B"); /* kept: the update named no version */
     bucket_free(&k1);
     bucket_free(&k2);
     rs_test_sync_close(&v);
