@@ -26,7 +26,7 @@ endif
 WARN    := -Wall -Wextra -Wshadow -Wstrict-prototypes -Wmissing-prototypes
 CFLAGS  := -std=c11 -O2 -g $(WARN) -ffp-contract=off -fno-fast-math -pthread -D_GNU_SOURCE \
            -fno-omit-frame-pointer $(EXTRA_CFLAGS)
-LDLIBS  := -lmicrohttpd -ljansson -luv -lm -pthread
+LDLIBS  := -lmicrohttpd -ljansson -luv -lpcre2-8 -lutf8proc -lm -pthread
 ifneq ($(WERROR),)
 CFLAGS  += -Werror
 endif
@@ -53,7 +53,7 @@ CU_OBJ    := $(patsubst %.cu,$(BUILD)/%.o,$(CU_SRC))
 endif
 
 # Every module folder is compiled into one static library; programs link against it.
-LIB_DIRS := core config protocol scheduler kvcache model kernels kernels/cpu sync server
+LIB_DIRS := core config protocol scheduler kvcache model kernels kernels/cpu sync tokenizer server
 LIB_SRC  := $(filter-out server/main.c,$(foreach d,$(LIB_DIRS),$(wildcard $(d)/*.c)))
 LIB_OBJ  := $(patsubst %.c,$(BUILD)/%.o,$(LIB_SRC)) $(CU_OBJ)
 TEST_SRC := $(wildcard tests/unit/*.c)
@@ -61,16 +61,18 @@ TEST_OBJ := $(patsubst %.c,$(BUILD)/%.o,$(TEST_SRC))
 DEPS_OK  := $(BUILD)/.deps-ok
 
 PROGRAMS := $(BUILD)/rolloutd $(BUILD)/rollout-bench $(BUILD)/make-default-model $(BUILD)/unit-tests \
-            $(BUILD)/bench-matmul $(BUILD)/bench-quant $(BUILD)/fp8-mismatch $(BUILD)/rl-bench $(BUILD)/bench-inproc
+            $(BUILD)/bench-matmul $(BUILD)/bench-quant $(BUILD)/fp8-mismatch $(BUILD)/rl-bench $(BUILD)/bench-inproc \
+            $(BUILD)/tokenize
 
 .PHONY: all run test unit e2e fuzz clean deps cuda-emu
 all: $(PROGRAMS)
 
 $(DEPS_OK):
 	@mkdir -p $(BUILD)
-	@pkg-config --exists libmicrohttpd jansson libuv 2>/dev/null || ./scripts/install-deps.sh
-	@printf '  deps   libmicrohttpd %s, jansson %s, libuv %s\n' \
-	  "$$(pkg-config --modversion libmicrohttpd)" "$$(pkg-config --modversion jansson)" "$$(pkg-config --modversion libuv)"
+	@pkg-config --exists libmicrohttpd jansson libuv libpcre2-8 libutf8proc 2>/dev/null || ./scripts/install-deps.sh
+	@printf '  deps   libmicrohttpd %s, jansson %s, libuv %s, pcre2 %s, utf8proc %s\n' \
+	  "$$(pkg-config --modversion libmicrohttpd)" "$$(pkg-config --modversion jansson)" "$$(pkg-config --modversion libuv)" \
+	  "$$(pkg-config --modversion libpcre2-8)" "$$(pkg-config --modversion libutf8proc)"
 ifneq ($(CUDA),)
 	@test -x $(NVCC) || { echo "CUDA=1 but $(NVCC) not found"; exit 1; }
 	@printf '  cuda   %s\n' "$$($(NVCC) --version | tail -1)"
@@ -86,6 +88,9 @@ $(BUILD)/%.o: %.c $(DEPS_OK)
 $(BUILD)/%.o: %.cu $(DEPS_OK)
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVFLAGS) -c $< -o $@
+
+# the embedded default tokenizer (.incbin, relative to the repository root)
+$(BUILD)/tokenizer/default_tokenizer.o: tokenizer/default_tokenizer.json
 
 $(BUILD)/librolloutd.a: $(LIB_OBJ)
 	@rm -f $@
@@ -113,6 +118,9 @@ $(BUILD)/bench-quant: $(BUILD)/tools/bench_quant.o $(BUILD)/librolloutd.a
 	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
 
 $(BUILD)/bench-inproc: $(BUILD)/tools/bench_inproc.o $(BUILD)/librolloutd.a
+	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
+
+$(BUILD)/tokenize: $(BUILD)/tools/tokenize.o $(BUILD)/librolloutd.a
 	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
 
 $(BUILD)/unit-tests: $(TEST_OBJ) $(BUILD)/librolloutd.a
