@@ -113,6 +113,13 @@ static int get_char(const ld *l, const json_t *o, const char *prefix, const char
     return RS_OK;
 }
 
+/* Keys serde requires (no default in `tokenizers`' struct): a file without them does not load there. */
+static int require_bool(const ld *l, const json_t *o, const char *prefix, const char *k) {
+    char key[KEYLEN];
+    if (!json_is_boolean(json_object_get(o, k))) return fail(l, RS_EFORMAT, sub(key, prefix, k), "must be true or false");
+    return RS_OK;
+}
+
 static char *dup_bytes(const char *s, size_t n) {
     char *p = rs_xmalloc(n + 1);
     memcpy(p, s, n);
@@ -155,12 +162,12 @@ static int get_pattern(const ld *l, const json_t *o, const char *prefix, rs_tok_
 /* ---- normalizers ---- */
 
 static int load_normalizer(ld *l, const json_t *o, const char *prefix) {
-    static const char *const names[] = {"NFC", "NFD", "NFKC", "NFKD", "Lowercase", "Replace", "Prepend", "Sequence"};
+    static const char *const names[] = {"NFC", "NFD", "NFKC", "NFKD", "Replace", "Prepend", "Sequence"};
     rs_tok *t = l->t;
     char key[KEYLEN];
     int k = get_type(l, o, prefix, "normalizer", names, (int)RS_ARRAY_LEN(names));
     if (k < 0) return k;
-    if (k == 7) {
+    if (k == 6) {
         json_t *a = get(o, "normalizers");
         if (!json_is_array(a)) return fail(l, RS_EFORMAT, sub(key, prefix, "normalizers"), "must be an array");
         for (size_t i = 0; i < json_array_size(a); i++) {
@@ -172,9 +179,8 @@ static int load_normalizer(ld *l, const json_t *o, const char *prefix) {
     t->norms = rs_xrealloc(t->norms, (t->n_norms + 1) * sizeof *t->norms);
     rs_tok_norm *nm = &t->norms[t->n_norms++];
     memset(nm, 0, sizeof *nm);
-    static const rs_tok_norm_kind kinds[] = {RS_TOK_NORM_NFC,       RS_TOK_NORM_NFD,     RS_TOK_NORM_NFKC,
-                                             RS_TOK_NORM_NFKD,      RS_TOK_NORM_LOWERCASE, RS_TOK_NORM_REPLACE,
-                                             RS_TOK_NORM_PREPEND};
+    static const rs_tok_norm_kind kinds[] = {RS_TOK_NORM_NFC, RS_TOK_NORM_NFD, RS_TOK_NORM_NFKC,
+                                             RS_TOK_NORM_NFKD, RS_TOK_NORM_REPLACE, RS_TOK_NORM_PREPEND};
     nm->kind = kinds[k];
     const char *s;
     size_t n;
@@ -262,6 +268,8 @@ static int load_pretok(ld *l, const json_t *o, const char *prefix) {
     case 1: {
         p->kind = RS_TOK_PRE_BYTELEVEL;
         bool use_regex;
+        if ((rc = require_bool(l, o, prefix, "add_prefix_space")) != RS_OK || (rc = require_bool(l, o, prefix, "trim_offsets")) != RS_OK)
+            return rc;
         if ((rc = get_bool(l, o, prefix, "add_prefix_space", true, &p->add_prefix_space)) != RS_OK) return rc;
         if ((rc = get_bool(l, o, prefix, "use_regex", true, &use_regex)) != RS_OK) return rc;
         if (use_regex) return rs_tok_regex_compile(GPT2_PATTERN, sizeof GPT2_PATTERN - 1, false, "ByteLevel", &p->re, l->err);
@@ -269,6 +277,7 @@ static int load_pretok(ld *l, const json_t *o, const char *prefix) {
     }
     case 2:
         p->kind = RS_TOK_PRE_DIGITS;
+        if ((rc = require_bool(l, o, prefix, "individual_digits")) != RS_OK) return rc;
         return get_bool(l, o, prefix, "individual_digits", false, &p->individual_digits);
     default: {
         p->kind = RS_TOK_PRE_METASPACE;
@@ -626,11 +635,16 @@ static int load_decoder(ld *l, const json_t *o, const char *prefix) {
         return RS_OK;
     case RS_TOK_DEC_STRIP:
         if ((rc = get_char(l, o, prefix, "content", &d->ch)) != RS_OK) return rc;
+        if (!json_is_integer(get(o, "start")) || !json_is_integer(get(o, "stop")))
+            return fail(l, RS_EFORMAT, prefix, "Strip needs integer start and stop");
         if ((rc = get_size(l, o, prefix, "start", 0, 1u << 20, &d->start)) != RS_OK) return rc;
         return get_size(l, o, prefix, "stop", 0, 1u << 20, &d->stop);
     case RS_TOK_DEC_METASPACE:
         if ((rc = get_char(l, o, prefix, "replacement", &d->ch)) != RS_OK) return rc;
         return get_prepend_scheme(l, o, prefix, &d->prepend);
+    case RS_TOK_DEC_BYTELEVEL:
+        if ((rc = require_bool(l, o, prefix, "add_prefix_space")) != RS_OK) return rc;
+        return require_bool(l, o, prefix, "trim_offsets");
     default: return RS_OK;
     }
 }

@@ -1,8 +1,15 @@
 /*
  * normalize.c — the normalizers `tokenizers` applies to each piece of text between added tokens:
- * NFC, NFD, NFKC, NFKD (utf8proc), Lowercase (full lowercase mapping per character, as Rust's
- * char::to_lowercase, Unicode 16.0), Replace (every non-overlapping match of a pattern replaced by
- * the content) and Prepend (a prefix on non-empty text). A Sequence is the flat list in order.
+ * NFC, NFD, NFKC, NFKD, Replace (every non-overlapping match of a pattern replaced by the content)
+ * and Prepend (a prefix on non-empty text). A Sequence is the flat list in order.
+ *
+ * The Unicode forms are utf8proc's, restricted to what `tokenizers` knows: its normalization data
+ * is Unicode 9.0, so a code point assigned later is to it an unassigned starter, which neither
+ * decomposes, reorders nor composes. Such code points are copied through and the text between
+ * them is normalized on its own; an inert starter blocks every interaction across it, and by
+ * Unicode's stability policy utf8proc normalizes 9.0-only text as 9.0 did. (Lowercase is not
+ * offered: `tokenizers` lowercases with Rust's Unicode 16.0 case tables, which no library here
+ * has.)
  *
  * Only the normalized bytes are produced: rolloutd needs the ids, not offsets into the original.
  */
@@ -17,14 +24,8 @@ static bool all_ascii(const char *s, size_t n) {
     return true;
 }
 
-static void unicode_form(rs_tok_norm_kind k, const char *s, size_t n, rs_tok_buf *out) {
-    if (all_ascii(s, n)) { /* every form leaves ASCII alone */
-        rs_tok_buf_put(out, s, n);
-        return;
-    }
-    int opt = UTF8PROC_STABLE;
-    opt |= (k == RS_TOK_NORM_NFC || k == RS_TOK_NORM_NFKC) ? UTF8PROC_COMPOSE : UTF8PROC_DECOMPOSE;
-    if (k == RS_TOK_NORM_NFKC || k == RS_TOK_NORM_NFKD) opt |= UTF8PROC_COMPAT;
+static void form_segment(int opt, const char *s, size_t n, rs_tok_buf *out) {
+    if (n == 0) return;
     utf8proc_uint8_t *dst = NULL;
     utf8proc_ssize_t m = utf8proc_map((const utf8proc_uint8_t *)s, (utf8proc_ssize_t)n, &dst, (utf8proc_option_t)opt);
     if (m < 0) { /* only on invalid UTF-8 or out of memory; the input was validated */
@@ -35,19 +36,27 @@ static void unicode_form(rs_tok_norm_kind k, const char *s, size_t n, rs_tok_buf
     free(dst);
 }
 
-static void lowercase(const char *s, size_t n, rs_tok_buf *out) {
-    size_t i = 0;
+static void unicode_form(rs_tok_norm_kind k, const char *s, size_t n, rs_tok_buf *out) {
+    if (all_ascii(s, n)) { /* every form leaves ASCII alone */
+        rs_tok_buf_put(out, s, n);
+        return;
+    }
+    int opt = UTF8PROC_STABLE;
+    opt |= (k == RS_TOK_NORM_NFC || k == RS_TOK_NORM_NFKC) ? UTF8PROC_COMPOSE : UTF8PROC_DECOMPOSE;
+    if (k == RS_TOK_NORM_NFKC || k == RS_TOK_NORM_NFKD) opt |= UTF8PROC_COMPAT;
+    size_t seg = 0, i = 0;
     while (i < n) {
-        unsigned char c = (unsigned char)s[i];
-        if (c < 0x80) {
-            rs_tok_buf_putc(out, (char)(c >= 'A' && c <= 'Z' ? c + 32 : c));
+        size_t b = i;
+        if ((unsigned char)s[i] < 0x80) {
             i++;
             continue;
         }
-        uint32_t lo[3];
-        int k = rs_uc_lower_of(rs_utf8_next(s, &i), lo);
-        for (int j = 0; j < k; j++) rs_tok_buf_put_cp(out, lo[j]);
+        if (!rs_uc_after_9(rs_utf8_next(s, &i))) continue;
+        form_segment(opt, s + seg, b - seg, out);
+        rs_tok_buf_put(out, s + b, i - b);
+        seg = i;
     }
+    form_segment(opt, s + seg, n - seg, out);
 }
 
 static int replace(const rs_tok_norm *nm, const char *s, size_t n, rs_tok_buf *out, rs_error *err) {
@@ -76,7 +85,6 @@ int rs_tok_normalize(const rs_tok_norm *norms, size_t n, const char *s, size_t l
         case RS_TOK_NORM_NFD:
         case RS_TOK_NORM_NFKC:
         case RS_TOK_NORM_NFKD: unicode_form(nm->kind, cur, cur_n, dst); break;
-        case RS_TOK_NORM_LOWERCASE: lowercase(cur, cur_n, dst); break;
         case RS_TOK_NORM_REPLACE:
             if ((rc = replace(nm, cur, cur_n, dst, err)) != RS_OK) goto done;
             break;

@@ -140,7 +140,6 @@ typedef enum rs_tok_norm_kind {
     RS_TOK_NORM_NFD,
     RS_TOK_NORM_NFKC,
     RS_TOK_NORM_NFKD,
-    RS_TOK_NORM_LOWERCASE,
     RS_TOK_NORM_REPLACE,
     RS_TOK_NORM_PREPEND,
 } rs_tok_norm_kind;

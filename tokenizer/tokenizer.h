@@ -6,14 +6,15 @@
  * never an approximation):
  *   model          BPE (byte-level or not; unk_token, fuse_unk, byte_fallback, ignore_merges,
  *                  continuing_subword_prefix / end_of_word_suffix outside byte-level mode)
- *   normalizer     NFC, NFD, NFKC, NFKD, Lowercase, Replace, Prepend, Sequence
+ *   normalizer     NFC, NFD, NFKC, NFKD (with tokenizers' Unicode 9.0 data), Replace, Prepend,
+ *                  Sequence
  *   pre_tokenizer  Split (String or Regex pattern, every behavior, invert), ByteLevel (last in the
  *                  chain), Digits, Metaspace, Sequence
  *   post_processor TemplateProcessing, ByteLevel, Sequence
  *   decoder        ByteLevel, Replace, ByteFallback, Fuse, Strip, Metaspace, Sequence
  *   added_tokens   special, normalized, lstrip, rstrip, single_word, as AddedVocabulary matches them
  * Split patterns are Oniguruma's (Ruby syntax) and run on PCRE2 with Unicode 16.0 properties
- * (unicode.h says why); normalization forms come from utf8proc.
+ * (unicode.h says why); normalization forms come from utf8proc (normalize.c).
  *
  * From tokenizer_config.json (when present), as transformers 5 reads it: add_bos_token and
  * add_eos_token (either key present replaces the post-processor with "[bos] $A [eos]", as
@@ -116,7 +117,8 @@ size_t rs_tok_stop_holdback(const char *const *stops, const size_t *stop_lens, i
 
 /* ---- the default model's tokenizer ----
  * The tokenizer.json of the embedded default model (byte-level BPE, vocabulary 8192 with
- * <|endoftext|> = 2 as eos and <|begin_of_text|> = 1 as bos), built into the binary. */
+ * <|endoftext|> = 2 as eos and <|begin_of_text|> = 1 as bos), built into the binary; the bytes
+ * are NUL-terminated. */
 const char *rs_tok_default_json(size_t *len);
 /* Writes it as DIR/tokenizer.json and DIR/tokenizer_config.json. */
 int rs_tok_write_default(const char *dir, rs_error *err);

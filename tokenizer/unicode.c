@@ -57,27 +57,15 @@ bool rs_uc_is_word(uint32_t cp) {
     return (bit & (RS_UC_MASK_L | RS_UC_MASK_M | RS_UC_BIT(RS_UC_Nd) | RS_UC_BIT(RS_UC_Nl) | RS_UC_BIT(RS_UC_Pc))) != 0;
 }
 
-int rs_uc_lower_of(uint32_t cp, uint32_t out[3]) {
-    if (cp < 0x80) {
-        out[0] = (cp >= 'A' && cp <= 'Z') ? cp + 32 : cp;
-        return 1;
-    }
-    size_t lo = 0, hi = rs_uc_n_lower;
+bool rs_uc_after_9(uint32_t cp) {
+    if (cp < 0x560) return false; /* the first post-9.0 code point is U+0560 */
+    size_t lo = 0, hi = rs_uc_n_post9;
     while (lo < hi) {
         size_t mid = (lo + hi) / 2;
-        if (rs_uc_lower[mid].cp < cp) lo = mid + 1;
+        if (rs_uc_post9[mid][1] < cp) lo = mid + 1;
         else hi = mid;
     }
-    if (lo < rs_uc_n_lower && rs_uc_lower[lo].cp == cp) {
-        int n = 0;
-        while (n < 3 && rs_uc_lower[lo].lower[n]) {
-            out[n] = rs_uc_lower[lo].lower[n];
-            n++;
-        }
-        return n;
-    }
-    out[0] = cp;
-    return 1;
+    return lo < rs_uc_n_post9 && rs_uc_post9[lo][0] <= cp;
 }
 
 /* ---- UTF-8 ---- */

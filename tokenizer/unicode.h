@@ -1,12 +1,13 @@
 /*
  * unicode.h — the character-level facts the tokenizer needs, in one place: UTF-8 validation and
  * iteration, Rust's String::from_utf8_lossy, and Unicode 16.0 character properties (general
- * category, White_Space, numeric, word, lowercase) from the generated table in unicode_data.c.
+ * category, White_Space, numeric, word) from the generated table in unicode_data.c, plus the set
+ * of code points assigned after Unicode 9.0.
  *
  * Why our own table: Hugging Face `tokenizers` decides these with Oniguruma and Rust's standard
- * library, both at Unicode 16.0 in the versions we match; Debian's PCRE2 (Unicode 14) and utf8proc
- * (Unicode 15) are older, and a code point assigned in between would otherwise split differently.
- * scripts/gen_unicode_tables.py says how the table is made.
+ * library, both at Unicode 16.0 in the versions we match; Debian's PCRE2 (Unicode 14) is older,
+ * and a code point assigned in between would otherwise split differently. Its normalizers are at
+ * Unicode 9.0 (normalize.c). scripts/gen_unicode_tables.py says how the table is made.
  */
 #ifndef RS_TOK_UNICODE_H
 #define RS_TOK_UNICODE_H
@@ -32,16 +33,11 @@ typedef struct rs_uc_range {
     uint8_t cat;     /* rs_uc_cat */
 } rs_uc_range;
 
-typedef struct rs_uc_lower_map {
-    uint32_t cp;
-    uint32_t lower[3]; /* 0-terminated when shorter */
-} rs_uc_lower_map;
-
 extern const char rs_uc_version[];
 extern const rs_uc_range rs_uc_ranges[];
 extern const size_t rs_uc_n_ranges;
-extern const rs_uc_lower_map rs_uc_lower[];
-extern const size_t rs_uc_n_lower;
+extern const uint32_t rs_uc_post9[][2];
+extern const size_t rs_uc_n_post9;
 
 /* Bit set of categories: RS_UC_BIT(RS_UC_Lu) | ... */
 #define RS_UC_BIT(c) (1u << (c))
@@ -58,8 +54,8 @@ bool rs_uc_is_numeric(uint32_t cp);
  * Other_Alphabetic; the Other_Alphabetic code points outside M are the circled, parenthesized and
  * squared Latin letters (So), listed in unicode.c. */
 bool rs_uc_is_word(uint32_t cp);
-/* Full lowercase mapping of cp into out (up to 3 code points); returns how many. */
-int rs_uc_lower_of(uint32_t cp, uint32_t out[3]);
+/* Whether cp was assigned after Unicode 9.0 (what `tokenizers`' normalizers do not know). */
+bool rs_uc_after_9(uint32_t cp);
 
 /* ---- UTF-8 ---- */
 

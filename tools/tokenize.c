@@ -253,7 +253,7 @@ int main(int argc, char **argv) {
     size_t cap = 0;
     while (getline(&line, &cap, stdin) > 0) {
         json_error_t je;
-        json_t *req = json_loads(line, 0, &je), *out;
+        json_t *req = json_loads(line, JSON_ALLOW_NUL, &je), *out;
         out = req ? handle(t, req) : json_pack("{s:s}", "error", je.text);
         char *s = json_dumps(out, JSON_COMPACT);
         puts(s);
