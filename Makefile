@@ -165,9 +165,19 @@ fp8-exhaustive: $(BUILD)/fp8-exhaustive
 
 FUZZ_TARGETS := $(patsubst tests/fuzz/%.c,build-fuzz/%,$(wildcard tests/fuzz/fuzz_*.c))
 FUZZ_SECONDS ?= 30
-build-fuzz/%: tests/fuzz/%.c $(LIB_SRC) $(DEPS_OK)
+# The library is compiled once with the fuzzer's coverage instrumentation; each target links it.
+FUZZ_OBJ := $(patsubst %.c,build-fuzz/obj/%.o,$(LIB_SRC))
+FUZZ_CFLAGS := -std=c11 -g -O1 -D_GNU_SOURCE -fsanitize=address,undefined
+build-fuzz/obj/%.o: %.c $(DEPS_OK)
+	@mkdir -p $(dir $@)
+	clang $(FUZZ_CFLAGS) -fsanitize=fuzzer-no-link -MMD -MP -c $< -o $@
+
+build-fuzz/obj/tokenizer/default_tokenizer.o: tokenizer/default_tokenizer.json
+.SECONDARY: $(FUZZ_OBJ)
+
+build-fuzz/%: tests/fuzz/%.c $(FUZZ_OBJ) $(DEPS_OK)
 	@mkdir -p build-fuzz
-	clang -std=c11 -g -O1 -D_GNU_SOURCE -fsanitize=fuzzer,address,undefined -o $@ $< $(LIB_SRC) $(LDLIBS)
+	clang $(FUZZ_CFLAGS) -fsanitize=fuzzer -o $@ $< $(FUZZ_OBJ) $(LDLIBS)
 
 fuzz: $(FUZZ_TARGETS)
 	@for t in $(FUZZ_TARGETS); do \
@@ -179,4 +189,4 @@ fuzz: $(FUZZ_TARGETS)
 clean:
 	rm -rf build build-san build-fuzz
 
--include $(LIB_OBJ:.o=.d) $(TEST_OBJ:.o=.d) $(BUILD)/server/main.d $(wildcard $(BUILD)/tools/*.d)
+-include $(LIB_OBJ:.o=.d) $(TEST_OBJ:.o=.d) $(BUILD)/server/main.d $(wildcard $(BUILD)/tools/*.d) $(wildcard build-fuzz/obj/*/*.d build-fuzz/obj/*/*/*.d)

@@ -19,25 +19,30 @@
 #define RS_TOK_CACHE_MAX_WORD 256
 #define RS_TOK_CACHE_SHARD_WORDS 2048
 
-uint32_t rs_tok_byte_char(unsigned b) {
-    if ((b >= 0x21 && b <= 0x7E) || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE && b <= 0xFF)) return b;
-    /* the other bytes, in increasing order, map to 256, 257, ... */
+/* GPT-2's bytes_to_unicode: printable Latin-1 bytes stand for themselves, the other 68 bytes, in
+ * increasing order, for U+0100, U+0101, ... */
+static uint16_t byte_char[256];
+static int16_t char_byte[256 + 68];
+static pthread_once_t alphabet_once = PTHREAD_ONCE_INIT;
+
+static void alphabet_build(void) {
     unsigned n = 0;
-    for (unsigned c = 0; c < b; c++)
-        if (!((c >= 0x21 && c <= 0x7E) || (c >= 0xA1 && c <= 0xAC) || (c >= 0xAE && c <= 0xFF))) n++;
-    return 256 + n;
+    for (unsigned c = 0; c < 256 + 68; c++) char_byte[c] = -1;
+    for (unsigned b = 0; b < 256; b++) {
+        bool printable = (b >= 0x21 && b <= 0x7E) || (b >= 0xA1 && b <= 0xAC) || b >= 0xAE;
+        byte_char[b] = (uint16_t)(printable ? b : 256 + n++);
+        char_byte[byte_char[b]] = (int16_t)b;
+    }
+}
+
+uint32_t rs_tok_byte_char(unsigned b) {
+    pthread_once(&alphabet_once, alphabet_build);
+    return byte_char[b & 0xFF];
 }
 
 int rs_tok_char_byte(uint32_t cp) {
-    if (cp < 256) return ((cp >= 0x21 && cp <= 0x7E) || (cp >= 0xA1 && cp <= 0xAC) || cp >= 0xAE) ? (int)cp : -1;
-    if (cp >= 256 + 68) return -1;
-    unsigned n = 0;
-    for (unsigned c = 0; c < 256; c++)
-        if (!((c >= 0x21 && c <= 0x7E) || (c >= 0xA1 && c <= 0xAC) || (c >= 0xAE && c <= 0xFF))) {
-            if (256 + n == cp) return (int)c;
-            n++;
-        }
-    return -1;
+    pthread_once(&alphabet_once, alphabet_build);
+    return cp < 256 + 68 ? char_byte[cp] : -1;
 }
 
 void rs_tok_bpe_init_cache(rs_tok_bpe *m) {
@@ -168,6 +173,10 @@ static void initial_symbols(const rs_tok_bpe *m, const char *w, size_t n, word *
         if (m->byte_level) {
             i++;
             id = m->byte_id[(unsigned char)w[b]];
+            if (id >= 0 && unk < 0) {
+                word_add(wd, id, 1);
+                continue;
+            }
             sl = (size_t)rs_utf8_put(alpha, rs_tok_byte_char((unsigned char)w[b]));
             s = alpha;
         } else {

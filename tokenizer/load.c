@@ -24,6 +24,7 @@
 
 #define TOK_MAX_FILE (512u << 20)
 #define KEYLEN 256
+#define TOK_MAX_ID (1 << 24) /* ids beyond any real vocabulary: refused rather than allocated for */
 
 static const char GPT2_PATTERN[] = "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+";
 
@@ -373,8 +374,8 @@ static int load_model(ld *l, const json_t *o, int32_t *max_id) {
     json_t *v;
     *max_id = -1;
     json_object_foreach(vocab, k, v) {
-        if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) >= (1 << 30))
-            return fail(l, RS_EFORMAT, sub(key, "model.vocab", k), "must be an id in [0, 2^30)");
+        if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) >= TOK_MAX_ID)
+            return fail(l, RS_EFORMAT, sub(key, "model.vocab", k), "must be an id in [0, 2^24)");
         int32_t id = (int32_t)json_integer_value(v);
         rs_tok_strmap_put(&m->vocab, k, strlen(k), id);
         if (id > *max_id) *max_id = id;
@@ -450,6 +451,7 @@ static int load_added(ld *l, const json_t *a) {
         int32_t at = rs_tok_strmap_get(&t->added_map, s, n);
         int32_t id = at >= 0 ? t->added[at].id : rs_tok_strmap_get(&t->bpe.vocab, s, n);
         if (id < 0) id = next_id++;
+        if (id >= TOK_MAX_ID) return fail(l, RS_EFORMAT, key, "more than 2^24 ids");
         json_t *jid = get(o, "id");
         if (json_is_integer(jid) && json_integer_value(jid) != id)
             RS_WARN("%s: %s: \"%.60s\" was given id %lld but gets id %d (as in tokenizers)", l->file, key, s,
@@ -559,7 +561,7 @@ static int load_template(ld *l, const json_t *o, const char *prefix) {
             p[i].ids = rs_xmalloc((p[i].n_ids ? p[i].n_ids : 1) * sizeof *p[i].ids);
             for (size_t j = 0; j < p[i].n_ids && rc == RS_OK; j++) {
                 json_t *id = json_array_get(ids, j);
-                if (!json_is_integer(id) || json_integer_value(id) < 0 || json_integer_value(id) >= (1 << 30))
+                if (!json_is_integer(id) || json_integer_value(id) < 0 || json_integer_value(id) >= TOK_MAX_ID)
                     rc = fail(l, RS_EFORMAT, key, "special token \"%.60s\" has a bad id", s);
                 else p[i].ids[j] = (int32_t)json_integer_value(id);
             }
@@ -728,6 +730,10 @@ static int load_root(ld *l, json_t *root) {
     }
     build_ids(l, max_model_id);
     if ((rc = check_vocab_ids(l)) != RS_OK) return rc;
+    for (size_t i = 0; i < t->n_tpl; i++) /* a template may only add tokens that exist */
+        for (size_t k = 0; k < t->tpl[i].n_ids; k++)
+            if (t->tpl[i].ids[k] >= t->n_ids || !t->id_str[t->tpl[i].ids[k]])
+                return fail(l, RS_EFORMAT, "post_processor", "special token id %d is not a token", t->tpl[i].ids[k]);
     t->bos = -1;
     rs_tok_bpe_init_cache(&t->bpe);
     return RS_OK;
