@@ -723,7 +723,6 @@ static int load_root(ld *l, json_t *root) {
     if ((rc = load_added(l, get(root, "added_tokens"))) != RS_OK) return rc;
     if ((rc = build_added(l)) != RS_OK) return rc;
     if (post && (rc = load_post(l, post, "post_processor")) != RS_OK) return rc;
-    t->has_post = post != NULL;
     if (dec) {
         if ((rc = load_decoder(l, dec, "decoder")) != RS_OK) return rc;
         t->has_decoder = true;
@@ -824,7 +823,7 @@ static int check_added_decoder(const ld *l, const json_t *dec) {
 }
 
 /* tokenizer_config.json as transformers 5's TokenizersBackend applies it. */
-static int apply_tokenizer_config(ld *l, const json_t *cfg, bool had_post) {
+static int apply_tokenizer_config(ld *l, const json_t *cfg) {
     rs_tok *t = l->t;
     int rc;
     bool split_special;
@@ -837,28 +836,9 @@ static int apply_tokenizer_config(ld *l, const json_t *cfg, bool had_post) {
     if ((rc = config_token(l, cfg, "eos_token", &eos)) != RS_OK) return rc;
     if (bos >= 0) t->bos = bos;
     if (eos >= 0) add_eos(t, eos);
-    bool explicit_flags = json_object_get(cfg, "add_bos_token") || json_object_get(cfg, "add_eos_token");
-    if ((rc = get_bool(l, cfg, "", "add_bos_token", false, &t->add_bos)) != RS_OK) return rc;
-    if ((rc = get_bool(l, cfg, "", "add_eos_token", false, &t->add_eos)) != RS_OK) return rc;
-    if (bos < 0) t->add_bos = false;
-    if (eos < 0) t->add_eos = false;
-    if (!explicit_flags && had_post) return RS_OK;
-    /* update_post_processor: "[bos:0 ]$A:0[ eos:0]" replaces the file's post-processor */
-    tpl_free(t->tpl, t->n_tpl);
-    t->tpl = rs_xcalloc(3, sizeof *t->tpl);
-    t->n_tpl = 0;
-    t->has_tpl = true;
-    if (t->add_bos) {
-        t->tpl[t->n_tpl].ids = rs_xmalloc(sizeof(int32_t));
-        t->tpl[t->n_tpl].ids[0] = bos;
-        t->tpl[t->n_tpl++].n_ids = 1;
-    }
-    t->tpl[t->n_tpl++].is_seq = true;
-    if (t->add_eos) {
-        t->tpl[t->n_tpl].ids = rs_xmalloc(sizeof(int32_t));
-        t->tpl[t->n_tpl].ids[0] = eos;
-        t->tpl[t->n_tpl++].n_ids = 1;
-    }
+    /* add_bos_token / add_eos_token: transformers 5 drops them when tokenizer.json exists
+     * (PreTrainedTokenizerBase._from_pretrained), so the file's post-processor decides; without
+     * one it installs "$A", which adds nothing either. */
     return RS_OK;
 }
 
@@ -927,7 +907,6 @@ int rs_tok_load(const char *dir, rs_tok **out, rs_error *err) {
     rc = rs_tok_load_json(buf, len, path, &t, err);
     free(buf);
     if (rc != RS_OK) return rc;
-    bool had_post = t->has_post;
     json_t *cfg = NULL;
     const char *names[2] = {"tokenizer_config.json", "generation_config.json"};
     for (int f = 0; f < 2 && rc == RS_OK; f++) {
@@ -940,7 +919,7 @@ int rs_tok_load(const char *dir, rs_tok **out, rs_error *err) {
             break;
         }
         ld l = {.file = cpath, .err = err, .t = t};
-        rc = f == 0 ? apply_tokenizer_config(&l, cfg, had_post) : apply_generation_config(&l, cfg);
+        rc = f == 0 ? apply_tokenizer_config(&l, cfg) : apply_generation_config(&l, cfg);
         json_decref(cfg);
     }
     if (rc != RS_OK) {

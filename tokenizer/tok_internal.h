@@ -343,7 +343,6 @@ struct rs_tok {
     rs_tok_tpl_piece *tpl;    /* post-processor's single template; NULL: just $A */
     size_t n_tpl;
     bool has_tpl;
-    bool has_post;            /* tokenizer.json's post_processor is not null */
     rs_tok_dec *decs;
     size_t n_decs;
     bool has_decoder;
@@ -357,7 +356,6 @@ struct rs_tok {
     int32_t eos[RS_TOK_MAX_EOS];
     int n_eos;
     int32_t bos;
-    bool add_bos, add_eos;
 };
 
 #endif /* RS_TOK_INTERNAL_H */

@@ -16,10 +16,10 @@
  * Split patterns are Oniguruma's (Ruby syntax) and run on PCRE2 with Unicode 16.0 properties
  * (unicode.h says why); normalization forms come from utf8proc (normalize.c).
  *
- * From tokenizer_config.json (when present), as transformers 5 reads it: add_bos_token and
- * add_eos_token (either key present replaces the post-processor with "[bos] $A [eos]", as
- * TokenizersBackend.update_post_processor does), bos_token / eos_token, split_special_tokens, and
- * added_tokens_decoder (checked against tokenizer.json). From generation_config.json:
+ * From tokenizer_config.json (when present), as transformers 5 reads it: bos_token / eos_token,
+ * split_special_tokens, and added_tokens_decoder (checked against tokenizer.json).
+ * add_bos_token / add_eos_token change nothing: transformers 5 drops them when tokenizer.json
+ * exists, so the file's post-processor alone adds special tokens. From generation_config.json:
  * eos_token_id (an int or a list) and bos_token_id.
  *
  * Thread safety: a loaded rs_tok is immutable (its BPE word cache locks itself); any number of

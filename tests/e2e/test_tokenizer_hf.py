@@ -264,3 +264,42 @@ def test_variants(name, tmp_path):
     texts = rng.sample(lines, 1000) + random_strings(rng, lines, special_strings(ref) + extra, max(CASES // 5, 500))
     check_fast(ref, ctok, texts, rng)
     roundtrip_all(ref, ctok, texts[:500])
+
+
+def test_split_special_tokens(tmp_path):
+    """tokenizer_config.json's split_special_tokens is tokenizers' encode_special_tokens."""
+    d = tmp_path / "split"
+    d.mkdir()
+    (d / "tokenizer.json").write_bytes((FIX / "qwen2" / "tokenizer.json").read_bytes())
+    (d / "tokenizer_config.json").write_text(json.dumps({"split_special_tokens": True}))
+    ref = Tokenizer.from_file(str(d / "tokenizer.json"))
+    ref.encode_special_tokens = True
+    texts = ["<|im_start|>user\nhi<|im_end|>", "a<|endoftext|>b", "<|im_end|>"]
+    got = CTok(d).run([{"op": "encode", "text": s, "special": True} for s in texts])
+    assert [g["ids"] for g in got] == [ref.encode(s).ids for s in texts]
+
+
+def test_transformers_tokenizer_config(tmp_path):
+    """What transformers 5 makes of tokenizer_config.json: ids with add_special_tokens (its
+    add_bos_token / add_eos_token are dropped when tokenizer.json exists: spm_eos asks for eos
+    and no bos, and gets the file's template), and decode as transformers does it for BPE."""
+    transformers = pytest.importorskip("transformers", reason="transformers is not installed (optional reference)")
+    d = tmp_path / "spm_eos"
+    d.mkdir()
+    (d / "tokenizer.json").write_bytes((FIX / "spm" / "tokenizer.json").read_bytes())
+    cfg = json.loads((FIX / "spm" / "tokenizer_config.json").read_text())
+    cfg.update(add_bos_token=False, add_eos_token=True)
+    (d / "tokenizer_config.json").write_text(json.dumps(cfg))
+    lines = corpus()[:300] + ["", " ", "<s>x</s>"]
+    for path in [FIX / "qwen2", FIX / "llama3", FIX / "spm", FIX / "spm_metaspace", d]:
+        hf = transformers.AutoTokenizer.from_pretrained(str(path))
+        got = CTok(path).run([{"op": "encode", "text": s, "special": True} for s in lines])
+        for s, g in zip(lines, got):
+            want = hf(s)["input_ids"]
+            assert g["ids"] == want, (path.name, s, g, want)
+        dec = CTok(path).run([{"op": "decode", "ids": g["ids"], "skip": sk} for g in got for sk in (False, True)])
+        k = 0
+        for g in got:
+            for sk in (False, True):
+                assert dec[k]["text"] == hf.decode(g["ids"], skip_special_tokens=sk), (path.name, g["ids"], sk)
+                k += 1
