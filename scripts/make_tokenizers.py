@@ -20,7 +20,8 @@ Writes, deterministically (fixed seeds; `tokenizers` trains single-threaded here
                                          pre-tokenizer (prepend_scheme "first", split false)
   tokenizer/default_tokenizer.json       byte-level BPE, exactly 8192 ids (model/presets.h's default
                                          model): <|pad|> 0, <|begin_of_text|> 1 (bos), <|endoftext|>
-                                         2 (eos), <|im_start|> 3, <|im_end|> 4, Qwen2's pipeline
+                                         2 (eos), <|im_start|> 3, <|im_end|> 4, Qwen2's pipeline; trained
+                                         on the corpus plus English-like words made of syllables
 Vocabularies are small (a few thousand) so the files stay small. The pipelines are copied from the
 configurations those models publish (transformers' tokenization_qwen2.py, convert_slow_tokenizer.py
 TikTokenConverter and LlamaConverter).
@@ -220,9 +221,26 @@ def make_spm(lines):
                     generation={"bos_token_id": 1, "eos_token_id": 2})
 
 
+def pseudo_text(rng, n_lines):
+    """English-like words from syllables: enough distinct words for 8192 merges."""
+    onsets = ["", "b", "c", "d", "f", "g", "h", "j", "k", "l", "m", "n", "p", "r", "s", "t", "v", "w", "y", "z", "br",
+              "ch", "cl", "dr", "fl", "gr", "pl", "pr", "sh", "sl", "sp", "st", "str", "th", "tr", "wh"]
+    nuclei = ["a", "e", "i", "o", "u", "ai", "ea", "ee", "ie", "oa", "oo", "ou", "y"]
+    codas = ["", "", "n", "r", "s", "t", "l", "m", "nd", "ng", "nt", "rt", "st", "ck", "sh", "th", "x"]
+    words = sorted({"".join(rng.choice(onsets) + rng.choice(nuclei) + rng.choice(codas) for _ in range(rng.randint(1, 3)))
+                    for _ in range(20000)})
+    out = []
+    for _ in range(n_lines):
+        w = [rng.choice(words) for _ in range(rng.randint(3, 14))]
+        w[0] = w[0].capitalize()
+        out.append(" ".join(w) + rng.choice([".", ",", "!", "?", ":", ";", ""]))
+    return out
+
+
 def make_default(lines):
     specials = ["<|pad|>", "<|begin_of_text|>", "<|endoftext|>", "<|im_start|>", "<|im_end|>"]
-    tok = byte_level_bpe(lines * 3, QWEN2_PATTERN, 8192, specials, normalizers.NFC())
+    tok = byte_level_bpe(lines * 3 + pseudo_text(random.Random(8192), 40000), QWEN2_PATTERN, 8192, specials,
+                         normalizers.NFC())
     tok.post_processor = processors.ByteLevel(trim_offsets=False)
     n = tok.get_vocab_size()
     if n < 8192:  # a small corpus runs out of merges: reserved ids fill the rest, as Llama 3 ships them
