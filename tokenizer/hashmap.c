@@ -57,7 +57,7 @@ uint64_t rs_tok_hash_bytes(const void *p, size_t n) {
         s += 8, n -= 8;
     }
     uint64_t w = 0;
-    memcpy(&w, s, n);
+    if (n) memcpy(&w, s, n);
     h = (h ^ w) * 0x100000001b3ull;
     h ^= h >> 32;
     h *= 0xd6e8feb86659fd93ull;

@@ -159,8 +159,10 @@ static void tx_replace(rs_tok_stream *s, size_t k, const char *p, size_t n, bool
                 keep = q;
                 break;
             }
-    rs_tok_buf_put(&st->scratch, x + i, h - i - keep);
-    memmove(st->held.p, x + h - keep, keep);
+    if (h) {
+        rs_tok_buf_put(&st->scratch, x + i, h - i - keep);
+        memmove(st->held.p, x + h - keep, keep);
+    }
     st->held.n = keep;
     if (st->scratch.n) tx_put(s, k + 1, st->scratch.p, st->scratch.n);
 }

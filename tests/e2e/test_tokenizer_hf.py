@@ -213,6 +213,10 @@ BYTE_LEVEL_VARIANTS = {
     "split_empty_matches": lambda t: setattr(t, "pre_tokenizer", split_seq(pre_tokenizers.Split(Regex(r"a*|(?=x)"), "merged_with_previous"),
                                                                            pre_tokenizers.Split(Regex(r"^\s*|\s*$"), "contiguous"))),
     "split_anchors": lambda t: setattr(t, "pre_tokenizer", split_seq(pre_tokenizers.Split(Regex(r"(?m:^.)|\n$|[\u0300-\u036f]{,2}"), "isolated"))),
+    "deepseek": lambda t: setattr(t, "pre_tokenizer", split_seq(  # DeepSeek-V3's splits
+        pre_tokenizers.Split(Regex(r"\p{N}{1,3}"), "isolated"),
+        pre_tokenizers.Split(Regex("[一-龥\u3040-ゟ゠-ヿ]+"), "isolated"),
+        pre_tokenizers.Split(Regex(r"""[!"#$%&'()*+,\-./:;<=>?@\[\\\]^_`{|}~][A-Za-z]+|[^\r\n\p{L}\p{P}\p{S}]?[\p{L}\p{M}]+| ?[\p{P}\p{S}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""), "isolated"))),
     "digits": lambda t: setattr(t, "pre_tokenizer", split_seq(pre_tokenizers.Digits(individual_digits=True))),
     "digits_runs": lambda t: setattr(t, "pre_tokenizer", split_seq(pre_tokenizers.Digits(individual_digits=False),
                                                                    pre_tokenizers.Split(Regex(r"\h+|\d{2}|\S\s"), "isolated"))),

@@ -353,6 +353,28 @@ RS_TEST(tokenizer_stream_holds_split_characters) {
     rs_tok_free(t);
 }
 
+RS_TEST(tokenizer_stream_replace_after_join) {
+    /* Replace "ab" -> "Z" on the joined text: a match across two tokens, found only when the
+     * second arrives; Strip then removes one trailing "x" at the end */
+    const char *json = "{\"decoder\": {\"type\": \"Sequence\", \"decoders\": [{\"type\": \"Fuse\"}, "
+                       "{\"type\": \"Replace\", \"pattern\": {\"String\": \"ab\"}, \"content\": \"Z\"}, "
+                       "{\"type\": \"Strip\", \"content\": \"x\", \"start\": 0, \"stop\": 1}]}, "
+                       "\"model\": {\"type\": \"BPE\", \"vocab\": {\"xa\": 0, \"bx\": 1, \"a\": 2}, \"merges\": []}}";
+    rs_tok *t = NULL;
+    rs_error err = {0};
+    ASSERT_EQ(rs_tok_load_json(json, strlen(json), "tokenizer.json", &t, &err), RS_OK);
+    int32_t ids[] = {0, 1, 2, 1}; /* "xa" "bx" "a" "bx" = "xabxabx" -> "xZxZx" -> "xZxZ" */
+    const char *want[] = {"", "xZ", "", "xZ", ""};
+    expect_deltas(t, ids, 4, want);
+    const char *none[] = {""};
+    expect_deltas(t, ids, 0, none);
+    size_t len;
+    char *full = rs_tok_decode(t, ids, 4, false, &len);
+    ASSERT_STREQ(full, "xZxZ");
+    free(full);
+    rs_tok_free(t);
+}
+
 /* ---- threads ---- */
 
 typedef struct enc_job {
