@@ -658,7 +658,6 @@ static void build_ids(ld *l, int32_t max_model_id) {
     int32_t max_id = max_model_id;
     for (size_t i = 0; i < t->n_added; i++) max_id = RS_MAX(max_id, t->added[i].id);
     t->n_ids = max_id + 1;
-    t->model_vocab_size = (int32_t)l->model_vocab_n;
     size_t cap = (size_t)(t->n_ids ? t->n_ids : 1);
     t->id_str = rs_xcalloc(cap, sizeof *t->id_str);
     t->id_len = rs_xcalloc(cap, sizeof *t->id_len);

@@ -352,7 +352,6 @@ struct rs_tok {
     char **id_str;            /* [n_ids], NULL where no token has that id */
     uint32_t *id_len;         /* [n_ids] */
     uint8_t *id_special;      /* [n_ids] */
-    int32_t model_vocab_size; /* entries in model.vocab (HF's get_vocab_size(false)) */
     int32_t eos[RS_TOK_MAX_EOS];
     int n_eos;
     int32_t bos;

@@ -270,6 +270,26 @@ def test_variants(name, tmp_path):
     roundtrip_all(ref, ctok, texts[:500])
 
 
+def test_subword_affixes(tmp_path):
+    """BPE with continuing_subword_prefix and end_of_word_suffix (a WordPiece-like BPE, trained here),
+    unk fused, words split on whitespace, no decoder (tokens joined with spaces)."""
+    from tokenizers import models, trainers
+    tok = Tokenizer(models.BPE(unk_token="<unk>", fuse_unk=True, continuing_subword_prefix="##", end_of_word_suffix="</w>"))
+    tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Split(Regex(r"\s+"), "removed"),
+                                                 pre_tokenizers.Digits(individual_digits=False)])
+    lines = corpus()
+    tok.train_from_iterator(lines, trainers.BpeTrainer(vocab_size=1500, special_tokens=["<unk>"], limit_alphabet=120,
+                                                       continuing_subword_prefix="##", end_of_word_suffix="</w>",
+                                                       show_progress=False))
+    d = tmp_path / "affixes"
+    d.mkdir()
+    tok.save(str(d / "tokenizer.json"))
+    ref = Tokenizer.from_file(str(d / "tokenizer.json"))
+    rng = random.Random(7)
+    texts = rng.sample(lines, 1000) + random_strings(rng, lines, ["<unk>"], 1000)
+    check_fast(ref, CTok(d / "tokenizer.json"), texts, rng)
+
+
 def test_split_special_tokens(tmp_path):
     """tokenizer_config.json's split_special_tokens is tokenizers' encode_special_tokens."""
     d = tmp_path / "split"
