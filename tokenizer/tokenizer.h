@@ -50,7 +50,8 @@ void rs_tok_free(rs_tok *t);
 
 /* Encodes text[0,len) like Tokenizer.encode(text, add_special_tokens).ids. RS_OK with *ids
  * (malloc'd, free() it; NULL when *n is 0) and *n; RS_EINVAL when text is not valid UTF-8 (err
- * gives the byte offset; param left empty for the caller to name its field). */
+ * gives the byte offset; param left empty for the caller to name its field), or when a split
+ * pattern exceeds PCRE2's backtracking limit on it (only pathological patterns; err says so). */
 int rs_tok_encode(const rs_tok *t, const char *text, size_t len, bool add_special_tokens, int32_t **ids,
                   size_t *n, rs_error *err);
 
