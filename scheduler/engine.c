@@ -25,6 +25,7 @@
  */
 #include "engine.h"
 
+#include <limits.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -160,57 +161,60 @@ void rs_gen_job_free(rs_gen_job *job) {
     free(job);
 }
 
+static int invalid(rs_gen_invalid *why, rs_gen_field field, rs_gen_problem problem, long long value, long long min,
+                   long long max) {
+    *why = (rs_gen_invalid){.field = field, .problem = problem, .index = -1, .pos = -1, .value = value,
+                            .min = min, .max = max};
+    return RS_EINVAL;
+}
+
 int rs_gen_job_validate(const rs_gen_job *job, const rs_model_config *cfg, const rs_engine_limits *lim,
-                        rs_error *err) {
+                        rs_gen_invalid *why) {
     const rs_sampling_params *sp = &job->sp;
-    if (job->n_prompts <= 0) return rs_error_set(err, RS_EINVAL, "input_ids", "input_ids must not be empty");
-    if (sp->n < 1 || sp->n > lim->max_n)
-        return rs_error_set(err, RS_EINVAL, "sampling_params.n", "sampling_params.n must be in [1, %d], got %d",
-                            lim->max_n, sp->n);
-    if ((long)job->n_prompts * sp->n > lim->max_batch)
-        return rs_error_set(err, RS_EINVAL, "input_ids",
-                            "%d prompts x n=%d sequences exceeds the per-request limit of %d",
-                            job->n_prompts, sp->n, lim->max_batch);
+    if (job->n_prompts <= 0) return invalid(why, RS_GEN_FIELD_PROMPTS, RS_GEN_EMPTY, 0, 1, 0);
+    if (sp->n < 1 || sp->n > lim->max_n) return invalid(why, RS_GEN_FIELD_N, RS_GEN_RANGE, sp->n, 1, lim->max_n);
+    if ((long long)job->n_prompts * sp->n > lim->max_batch) {
+        invalid(why, RS_GEN_FIELD_PROMPTS, RS_GEN_BATCH, job->n_prompts, 1, lim->max_batch);
+        why->other = sp->n;
+        return RS_EINVAL;
+    }
     if (sp->max_new_tokens < 0 || sp->max_new_tokens > lim->max_new_tokens)
-        return rs_error_set(err, RS_EINVAL, "sampling_params.max_new_tokens",
-                            "sampling_params.max_new_tokens must be in [0, %d], got %d", lim->max_new_tokens,
-                            sp->max_new_tokens);
+        return invalid(why, RS_GEN_FIELD_MAX_NEW_TOKENS, RS_GEN_RANGE, sp->max_new_tokens, 0, lim->max_new_tokens);
     if (sp->min_new_tokens < 0 || sp->min_new_tokens > sp->max_new_tokens)
-        return rs_error_set(err, RS_EINVAL, "sampling_params.min_new_tokens",
-                            "sampling_params.min_new_tokens must be in [0, max_new_tokens=%d], got %d",
-                            sp->max_new_tokens, sp->min_new_tokens);
+        return invalid(why, RS_GEN_FIELD_MIN_NEW_TOKENS, RS_GEN_RANGE, sp->min_new_tokens, 0, sp->max_new_tokens);
     if (job->top_logprobs_num < 0 || job->top_logprobs_num > lim->max_top_logprobs)
-        return rs_error_set(err, RS_EINVAL, "top_logprobs_num", "top_logprobs_num must be in [0, %d], got %d",
-                            lim->max_top_logprobs, job->top_logprobs_num);
+        return invalid(why, RS_GEN_FIELD_TOP_LOGPROBS, RS_GEN_RANGE, job->top_logprobs_num, 0,
+                       lim->max_top_logprobs);
     for (int i = 0; i < sp->n_stop_token_ids; i++) {
-        if (sp->stop_token_ids[i] < 0 || sp->stop_token_ids[i] >= cfg->vocab_size)
-            return rs_error_set(err, RS_EINVAL, "sampling_params.stop_token_ids",
-                                "stop token id %d is outside the vocabulary [0, %d)", sp->stop_token_ids[i],
-                                cfg->vocab_size);
+        if (sp->stop_token_ids[i] < 0 || sp->stop_token_ids[i] >= cfg->vocab_size) {
+            invalid(why, RS_GEN_FIELD_STOP_TOKEN_IDS, RS_GEN_VOCAB, sp->stop_token_ids[i], 0, cfg->vocab_size);
+            why->pos = i;
+            return RS_EINVAL;
+        }
     }
     for (int p = 0; p < job->n_prompts; p++) {
-        char param[64];
-        snprintf(param, sizeof param, job->batched ? "input_ids[%d]" : "input_ids", p);
-        int len = job->prompt_lens[p];
-        if (len <= 0) return rs_error_set(err, RS_EINVAL, param, "%s must not be empty", param);
-        for (int i = 0; i < len; i++) {
+        int len = job->prompt_lens[p], rc = RS_OK;
+        if (len <= 0) rc = invalid(why, RS_GEN_FIELD_PROMPT, RS_GEN_EMPTY, 0, 1, 0);
+        for (int i = 0; rc == RS_OK && i < len; i++) {
             int32_t t = job->prompts[p][i];
-            if (t < 0 || t >= cfg->vocab_size)
-                return rs_error_set(err, RS_EINVAL, param, "%s[%d] = %d is outside the vocabulary [0, %d)", param,
-                                    i, t, cfg->vocab_size);
+            if (t < 0 || t >= cfg->vocab_size) {
+                rc = invalid(why, RS_GEN_FIELD_PROMPT, RS_GEN_VOCAB, t, 0, cfg->vocab_size);
+                why->pos = i;
+            }
         }
-        if ((long)len + sp->max_new_tokens > lim->max_context)
-            return rs_error_set(err, RS_EINVAL, param,
-                                "%s has %d tokens; with max_new_tokens=%d that exceeds the context limit of %d",
-                                param, len, sp->max_new_tokens, lim->max_context);
+        if (rc == RS_OK && (long long)len + sp->max_new_tokens > lim->max_context) {
+            rc = invalid(why, RS_GEN_FIELD_PROMPT, RS_GEN_CONTEXT, len, 0, lim->max_context);
+            why->other = sp->max_new_tokens;
+        }
+        if (rc != RS_OK) {
+            why->index = job->batched ? p : -1;
+            return rc;
+        }
         if (job->logprob_start_len >= len)
-            return rs_error_set(err, RS_EINVAL, "logprob_start_len",
-                                "logprob_start_len=%d must be less than the prompt length %d",
-                                job->logprob_start_len, len);
+            return invalid(why, RS_GEN_FIELD_LOGPROB_START, RS_GEN_PAST_PROMPT, job->logprob_start_len, -1, len);
     }
     if (job->logprob_start_len < -1)
-        return rs_error_set(err, RS_EINVAL, "logprob_start_len", "logprob_start_len must be >= -1, got %d",
-                            job->logprob_start_len);
+        return invalid(why, RS_GEN_FIELD_LOGPROB_START, RS_GEN_RANGE, job->logprob_start_len, -1, INT_MAX);
     return RS_OK;
 }
 

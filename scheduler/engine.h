@@ -30,6 +30,11 @@ typedef struct rs_sampling_params {
     int32_t *stop_token_ids;    /* owned by the job */
     int n_stop_token_ids;
     bool ignore_eos;
+    /* Penalties over the tokens this sample has output (scheduler/penalties.h), applied to the
+     * logits before temperature: default 0, 0, 1 (off). */
+    float frequency_penalty;    /* minus this x the token's count */
+    float presence_penalty;     /* minus this once the token occurs */
+    float repetition_penalty;   /* divides a positive logit, multiplies a negative one */
 } rs_sampling_params;
 
 void rs_sampling_params_default(rs_sampling_params *sp);
@@ -119,9 +124,6 @@ struct rs_gen_job {
 rs_gen_job *rs_gen_job_new(void);                 /* zeroed, sampling defaults, rid empty */
 void rs_gen_job_free(rs_gen_job *job);            /* frees everything the job owns */
 
-/* Checks a parsed job against the model and server limits: token ids in [0, vocab), non-empty
- * prompts, prompt + max_new_tokens within the context limit, logprob_start_len < prompt length.
- * Returns RS_OK or RS_EINVAL with the offending param named in err. */
 typedef struct rs_engine_limits {
     int max_context;            /* tokens per sequence (prompt + output) */
     int max_top_logprobs;       /* cap on top_logprobs_num */
@@ -129,8 +131,46 @@ typedef struct rs_engine_limits {
     int max_n;                  /* cap on sampling_params.n */
     int max_batch;              /* cap on n_prompts * n */
 } rs_engine_limits;
+
+/* Why rs_gen_job_validate refused a job, as data: which field, which problem, where and against
+ * which limit. The engine knows no API's field names; each protocol names the field in its own
+ * words (protocol/invalid.h: "sampling_params.n" for /generate, "n" for /v1/completions). */
+typedef enum rs_gen_field {
+    RS_GEN_FIELD_PROMPTS = 0,   /* the list of prompts as a whole */
+    RS_GEN_FIELD_PROMPT,        /* one prompt: `index` (-1 when the request was not batched) */
+    RS_GEN_FIELD_N,             /* samples per prompt */
+    RS_GEN_FIELD_MAX_NEW_TOKENS,
+    RS_GEN_FIELD_MIN_NEW_TOKENS,
+    RS_GEN_FIELD_TOP_LOGPROBS,  /* alternatives per position (top_logprobs_num) */
+    RS_GEN_FIELD_STOP_TOKEN_IDS,
+    RS_GEN_FIELD_LOGPROB_START, /* first prompt position scored (logprob_start_len) */
+} rs_gen_field;
+
+typedef enum rs_gen_problem {
+    RS_GEN_EMPTY = 0,           /* the field has no tokens */
+    RS_GEN_RANGE,               /* value is outside [min, max] */
+    RS_GEN_BATCH,               /* value prompts x `other` samples is over max sequences */
+    RS_GEN_VOCAB,               /* token `value` at position `pos` is outside [0, max) */
+    RS_GEN_CONTEXT,             /* a prompt of `value` tokens + `other` new tokens is over max */
+    RS_GEN_PAST_PROMPT,         /* value is not below the prompt length max */
+} rs_gen_problem;
+
+typedef struct rs_gen_invalid {
+    rs_gen_field field;
+    rs_gen_problem problem;
+    int index;                  /* RS_GEN_FIELD_PROMPT: the prompt (-1: the only one, not batched) */
+    int pos;                    /* RS_GEN_VOCAB: position in the list */
+    long long value;            /* the offending value */
+    long long min, max;         /* the limit, as `problem` says */
+    long long other;            /* RS_GEN_BATCH: n; RS_GEN_CONTEXT: max_new_tokens */
+} rs_gen_invalid;
+
+/* Checks a parsed job against the model and server limits: non-empty prompts, token ids in
+ * [0, vocab), n, prompts x n, max/min_new_tokens and top_logprobs_num within the limits, prompt +
+ * max_new_tokens within the context, logprob_start_len < prompt length. RS_OK, or RS_EINVAL with
+ * *why filled (the first problem, in that order). */
 int rs_gen_job_validate(const rs_gen_job *job, const rs_model_config *cfg, const rs_engine_limits *lim,
-                        rs_error *err);
+                        rs_gen_invalid *why);
 
 typedef struct rs_engine_opts {
     size_t kv_cache_bytes;      /* KV pool budget */

@@ -202,7 +202,8 @@ static enum MHD_Result control(rs_http_req *r, rs_engine *e) {
     rs_error err = {0};
     int rc = RS_OK;
     if (r->route == RS_ROUTE_PAUSE) rc = rs_pause_parse(r->body, r->n, &r->pause_mode, &err);
-    else rc = rs_empty_parse(r->body, r->n, r->route == RS_ROUTE_CONTINUE ? "/continue_generation" : "/flush_cache", &err);
+    else if (r->route == RS_ROUTE_CONTINUE) rc = rs_continue_parse(r->body, r->n, &err);
+    else rc = rs_flush_parse(r->body, r->n, &err);
     if (rc != RS_OK) return rs_http_send_error(r, &err);
     r->phase = RS_PHASE_WAITING;
     ctl_push(r->h, r);

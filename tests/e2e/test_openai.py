@@ -187,6 +187,8 @@ def test_max_tokens_null_fills_the_context(rolloutd):
     (dict(prompt=[1], temperature=-1), "temperature", "invalid_request"),
     (dict(prompt=[1], top_p=0), "top_p", "invalid_request"),
     (dict(prompt=[1], frequency_penalty=0.5), "frequency_penalty", "unsupported"),
+    (dict(prompt=[1], extra_body={"use_beam_search": True}), "use_beam_search", "unsupported"),
+    (dict(prompt=[1], logit_bias={"5": 1}), "logit_bias", "unsupported"),
     (dict(prompt=[1], stop=["\n"]), "stop", "unsupported"),
     (dict(prompt=[1], best_of=3), "best_of", "unsupported"),
     (dict(prompt=[1], extra_body={"bogus": 1}), "bogus", "invalid_request"),

@@ -94,7 +94,8 @@ static rs_gen_job *job_new(int n_prompts, const int *lens, unsigned seed0) {
 
 static void run(env *v, rs_gen_job *j) {
     rs_error err = {0};
-    ASSERT_EQ(rs_gen_job_validate(j, &v->m->cfg, rs_engine_get_limits(v->e), &err), RS_OK);
+    rs_gen_invalid why;
+    ASSERT_EQ(rs_gen_job_validate(j, &v->m->cfg, rs_engine_get_limits(v->e), &why), RS_OK);
     ASSERT_EQ(rs_engine_submit(v->e, j, &err), RS_OK);
     rs_engine_run_until_idle(v->e);
 }
@@ -261,20 +262,38 @@ RS_TEST(engine_small_pool_queues_requests) {
 
 RS_TEST(engine_validate_rejects_bad_jobs) {
     env v = env_open(1 << 20, 4, 64);
-    rs_error err = {0};
+    rs_gen_invalid why;
     int len = 200;
     rs_gen_job *j = job_new(1, &len, 1);
     j->prompts[0][2] = 512; /* == vocab */
-    ASSERT_EQ(rs_gen_job_validate(j, &v.m->cfg, rs_engine_get_limits(v.e), &err), RS_EINVAL);
-    ASSERT_TRUE(strstr(err.message, "vocabulary") != NULL);
+    ASSERT_EQ(rs_gen_job_validate(j, &v.m->cfg, rs_engine_get_limits(v.e), &why), RS_EINVAL);
+    ASSERT_EQ(why.field, RS_GEN_FIELD_PROMPT);
+    ASSERT_EQ(why.problem, RS_GEN_VOCAB);
+    ASSERT_EQ(why.index, -1); /* not batched */
+    ASSERT_EQ(why.pos, 2);
+    ASSERT_EQ(why.value, 512);
+    ASSERT_EQ(why.max, 512);
     j->prompts[0][2] = 1;
     j->sp.max_new_tokens = 57; /* 200 + 57 > 256 */
-    ASSERT_EQ(rs_gen_job_validate(j, &v.m->cfg, rs_engine_get_limits(v.e), &err), RS_EINVAL);
-    ASSERT_TRUE(strstr(err.message, "context") != NULL);
+    ASSERT_EQ(rs_gen_job_validate(j, &v.m->cfg, rs_engine_get_limits(v.e), &why), RS_EINVAL);
+    ASSERT_EQ(why.problem, RS_GEN_CONTEXT);
+    ASSERT_EQ(why.value, 200);
+    ASSERT_EQ(why.other, 57);
+    ASSERT_EQ(why.max, 256);
     j->sp.max_new_tokens = 8;
     j->logprob_start_len = 200;
-    ASSERT_EQ(rs_gen_job_validate(j, &v.m->cfg, rs_engine_get_limits(v.e), &err), RS_EINVAL);
-    ASSERT_STREQ(err.param, "logprob_start_len");
+    ASSERT_EQ(rs_gen_job_validate(j, &v.m->cfg, rs_engine_get_limits(v.e), &why), RS_EINVAL);
+    ASSERT_EQ(why.field, RS_GEN_FIELD_LOGPROB_START);
+    ASSERT_EQ(why.problem, RS_GEN_PAST_PROMPT);
+    j->logprob_start_len = -1;
+    j->sp.n = 5; /* over max-n (4) */
+    ASSERT_EQ(rs_gen_job_validate(j, &v.m->cfg, rs_engine_get_limits(v.e), &why), RS_EINVAL);
+    ASSERT_EQ(why.field, RS_GEN_FIELD_N);
+    ASSERT_EQ(why.problem, RS_GEN_RANGE);
+    ASSERT_EQ(why.value, 5);
+    ASSERT_EQ(why.max, rs_engine_get_limits(v.e)->max_n);
+    j->sp.n = 1;
+    ASSERT_EQ(rs_gen_job_validate(j, &v.m->cfg, rs_engine_get_limits(v.e), &why), RS_OK);
     rs_gen_job_free(j);
     env_close(&v);
 }

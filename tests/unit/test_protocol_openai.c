@@ -111,6 +111,8 @@ static const bad_case bad[] = {
      "stream_options.continuous_usage_stats", "not supported"},
     {"{\"prompt\": [1], \"frequency_penalty\": 0.5}", RS_EUNSUPPORTED, "frequency_penalty", "not supported"},
     {"{\"prompt\": [1], \"repetition_penalty\": 1.1}", RS_EUNSUPPORTED, "repetition_penalty", "not supported"},
+    {"{\"prompt\": [1], \"use_beam_search\": true}", RS_EUNSUPPORTED, "use_beam_search", "not implemented"},
+    {"{\"prompt\": [1], \"priority\": 2}", RS_EUNSUPPORTED, "priority", "accepted: null, 0; got 2"},
     {"{\"prompt\": [1], \"stop\": [\"\\n\"]}", RS_EUNSUPPORTED, "stop", "stop_token_ids"},
     {"{\"prompt\": [1], \"stop\": 5}", RS_EINVAL, "stop", "a string or a list of strings"},
     {"{\"prompt\": [1], \"logit_bias\": {\"5\": 1}}", RS_EUNSUPPORTED, "logit_bias", "not supported"},
@@ -144,21 +146,51 @@ RS_TEST(protocol_openai_model_check_and_error_names) {
     ASSERT_STREQ(err.param, "model");
     ASSERT_EQ(rs_openai_check_model(&r, "other", &err), RS_OK);
     rs_openai_req_free(&r);
-    rs_error_set(&err, RS_EINVAL, "sampling_params.max_new_tokens", "sampling_params.max_new_tokens must be in [0, 9], got 10");
-    rs_openai_map_error(&err);
+    /* the engine's refusals, in this API's words */
+    rs_gen_invalid w = {.field = RS_GEN_FIELD_MAX_NEW_TOKENS, .problem = RS_GEN_RANGE, .index = -1, .value = 10,
+                        .min = 0, .max = 9};
+    ASSERT_EQ(rs_openai_invalid(&w, &err), RS_EINVAL);
     ASSERT_STREQ(err.param, "max_tokens");
     ASSERT_STREQ(err.message, "max_tokens must be in [0, 9], got 10");
-    rs_error_set(&err, RS_EINVAL, "input_ids[1]", "input_ids[1] has 5 tokens; with max_new_tokens=9 that exceeds");
-    rs_openai_map_error(&err);
+    w = (rs_gen_invalid){.field = RS_GEN_FIELD_PROMPT, .problem = RS_GEN_CONTEXT, .index = 1, .value = 5,
+                         .max = 12, .other = 9};
+    rs_openai_invalid(&w, &err);
     ASSERT_STREQ(err.param, "prompt[1]");
-    ASSERT_STREQ(err.message, "prompt[1] has 5 tokens; with max_tokens=9 that exceeds");
-    rs_error_set(&err, RS_EINVAL, "top_logprobs_num", "top_logprobs_num must be in [0, 20], got 21");
-    rs_openai_map_error(&err);
+    ASSERT_STREQ(err.message, "prompt[1] has 5 tokens; with max_tokens=9 that exceeds the context limit of 12");
+    w = (rs_gen_invalid){.field = RS_GEN_FIELD_TOP_LOGPROBS, .problem = RS_GEN_RANGE, .index = -1, .value = 21,
+                         .max = 20};
+    rs_openai_invalid(&w, &err);
     ASSERT_STREQ(err.param, "logprobs");
-    rs_error_set(&err, RS_EINVAL, "sampling_params.n", "sampling_params.n must be in [1, 64], got 65");
-    rs_openai_map_error(&err);
+    ASSERT_STREQ(err.message, "logprobs must be in [0, 20], got 21");
+    w = (rs_gen_invalid){.field = RS_GEN_FIELD_N, .problem = RS_GEN_RANGE, .index = -1, .value = 65, .min = 1,
+                         .max = 64};
+    rs_openai_invalid(&w, &err);
     ASSERT_STREQ(err.param, "n");
     ASSERT_STREQ(err.message, "n must be in [1, 64], got 65");
+    w = (rs_gen_invalid){.field = RS_GEN_FIELD_MIN_NEW_TOKENS, .problem = RS_GEN_RANGE, .index = -1, .value = 5,
+                         .max = 4};
+    rs_openai_invalid(&w, &err);
+    ASSERT_STREQ(err.param, "min_tokens");
+    ASSERT_STREQ(err.message, "min_tokens must be in [0, max_tokens=4], got 5");
+    w = (rs_gen_invalid){.field = RS_GEN_FIELD_PROMPT, .problem = RS_GEN_VOCAB, .index = -1, .pos = 1,
+                         .value = 9000, .max = 8192};
+    rs_openai_invalid(&w, &err);
+    ASSERT_STREQ(err.param, "prompt");
+    ASSERT_STREQ(err.message, "prompt[1] = 9000 is outside the vocabulary [0, 8192)");
+    /* the same refusals in /generate's words */
+    rs_generate_invalid(&w, &err);
+    ASSERT_STREQ(err.param, "input_ids");
+    ASSERT_STREQ(err.message, "input_ids[1] = 9000 is outside the vocabulary [0, 8192)");
+    w = (rs_gen_invalid){.field = RS_GEN_FIELD_MIN_NEW_TOKENS, .problem = RS_GEN_RANGE, .index = -1, .value = 5,
+                         .max = 4};
+    rs_generate_invalid(&w, &err);
+    ASSERT_STREQ(err.param, "sampling_params.min_new_tokens");
+    ASSERT_STREQ(err.message, "sampling_params.min_new_tokens must be in [0, max_new_tokens=4], got 5");
+    w = (rs_gen_invalid){.field = RS_GEN_FIELD_PROMPTS, .problem = RS_GEN_BATCH, .index = -1, .value = 17,
+                         .max = 1024, .other = 64};
+    rs_generate_invalid(&w, &err);
+    ASSERT_STREQ(err.param, "input_ids");
+    ASSERT_STREQ(err.message, "17 prompts x n=64 sequences exceeds the per-request limit of 1024");
 }
 
 /* Fills outputs as the engine would: two tokens each, top alternatives when asked. */
