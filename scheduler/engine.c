@@ -35,6 +35,7 @@
 #include "../kvcache/calibrate.h"
 #include "../kvcache/kvcache.h"
 #include "../model/kv_scales.h"
+#include "penalties.h"
 #include "sampler.h"
 
 typedef struct rs_seq {
@@ -50,6 +51,7 @@ typedef struct rs_seq {
     double t_last_token;        /* for inter-token latency */
     bool admitted_once;
     rs_kv_seq kv;
+    rs_penalty_counts pen;      /* its output tokens, counted when the job asks for penalties */
     struct rs_seq *next;        /* waiting queue */
 } rs_seq;
 
@@ -65,6 +67,7 @@ struct rs_engine {
     int32_t *b_tokens, *b_pos, *b_slot, *b_seq_start, *b_seq_ctx, *b_tables;
     int32_t *logit_rows;
     float *logits;              /* [max_logits][vocab] host */
+    float *pen_logits;          /* [vocab] one row of logits with a sequence's penalties applied */
     int max_blocks_per_seq;
     int max_logits;             /* rows of logits per step: every decode row plus some scoring */
     rs_seq **step_seqs;         /* [max_running] sequences in this step's batch */
@@ -280,6 +283,7 @@ int rs_engine_init(rs_engine **out, rs_model *m, const rs_engine_opts *opts, rs_
     e->running = rs_xmalloc(sizeof(rs_seq *) * (size_t)R);
     e->progress = rs_xmalloc(sizeof(rs_gen_job *) * (size_t)R);
     e->logits = rs_xmalloc(sizeof(float) * (size_t)e->max_logits * (size_t)c->vocab_size);
+    e->pen_logits = rs_xmalloc(sizeof(float) * (size_t)c->vocab_size);
     int max_top = RS_MAX(e->opts.limits.max_top_logprobs, 1);
     e->top_ids = rs_xmalloc(sizeof(int32_t) * (size_t)max_top);
     e->top_lps = rs_xmalloc(sizeof(float) * (size_t)max_top);
@@ -356,7 +360,7 @@ void rs_engine_free(rs_engine *e) {
     rs_forward_ctx_free(e->fwd);
     rs_sampler_scratch_free(&e->sampler);
     void *bufs[] = {e->b_tokens, e->b_pos, e->b_slot, e->logit_rows, e->b_seq_start, e->b_seq_ctx,
-                    e->b_tables, e->step_seqs, e->sampled, e->running, e->logits, e->top_ids, e->top_lps,
+                    e->b_tables, e->step_seqs, e->sampled, e->running, e->logits, e->pen_logits, e->top_ids, e->top_lps,
                     e->inbox, e->progress};
     for (size_t i = 0; i < RS_ARRAY_LEN(bufs); i++) free(bufs[i]);
     for (int i = 0; i < e->n_abort_rids; i++) free(e->abort_rids[i]);
@@ -583,6 +587,7 @@ static void finish_seq(rs_engine *e, rs_seq *s, rs_finish_type type, int32_t mat
         set_finish(o, type == RS_FINISH_STOP ? RS_FINISH_LENGTH : type, -1, msg, job->t_arrival);
     }
     rs_kv_seq_release(&e->pool, &s->kv);
+    rs_penalty_counts_free(&s->pen);
     free(s->tokens);
     free(s);
     if (!job_finished(job)) return;
@@ -797,17 +802,18 @@ static bool row_scores_prompt(const rs_seq *s, int pos) {
     return isnan(s->out->input_logprobs[pos + 1 - start]); /* not yet scored (recompute skips it) */
 }
 
-/* The logprob of `tok` and its top alternatives under the job's logprobs mode. */
-static float logprob_in_mode(rs_engine *e, const rs_seq *s, const float *logits, int32_t tok,
+/* The logprob of `tok` and its top alternatives under the job's logprobs mode. raw: the model's
+ * logits; logits: the ones sampled from (raw with the sequence's penalties applied, or raw). */
+static float logprob_in_mode(rs_engine *e, const rs_seq *s, const float *raw, const float *logits, int32_t tok,
                              const rs_sample_info *sampled) {
     const rs_gen_job *job = s->job;
     int V = e->model->cfg.vocab_size, k = job->top_logprobs_num;
-    rs_sampling_params raw = job->sp;
-    raw.temperature = 0.0f; /* rs_top_logprobs and rs_logprob_of read T <= 0 as T = 1 */
+    rs_sampling_params raw_sp = job->sp;
+    raw_sp.temperature = 0.0f; /* rs_top_logprobs and rs_logprob_of read T <= 0 as T = 1 */
     float lp;
     switch (job->logprobs_mode) {
     case RS_LOGPROBS_RAW:
-        lp = rs_logprob_of(logits, V, 0.0f, tok);
+        lp = rs_logprob_of(raw, V, 0.0f, tok);
         break;
     case RS_LOGPROBS_PROCESSED:
         lp = sampled ? sampled->logprob_processed : rs_logprob_processed(logits, V, &job->sp, tok, &e->sampler);
@@ -821,20 +827,32 @@ static float logprob_in_mode(rs_engine *e, const rs_seq *s, const float *logits,
             e->top_ids[i] = -1;
             e->top_lps[i] = NAN;
         }
-        rs_top_logprobs(logits, V, job->logprobs_mode == RS_LOGPROBS_RAW ? &raw : &job->sp,
+        bool is_raw = job->logprobs_mode == RS_LOGPROBS_RAW;
+        rs_top_logprobs(is_raw ? raw : logits, V, is_raw ? &raw_sp : &job->sp,
                         job->logprobs_mode == RS_LOGPROBS_PROCESSED, k, &e->sampler, e->top_ids, e->top_lps);
     }
     return lp;
 }
 
+/* The logits s samples from: with its penalties over its output so far (a copy; the row of
+ * e->logits may be shared by a whole n-sample group), or the row itself. */
+static const float *penalized(rs_engine *e, const rs_seq *s, const float *logits) {
+    if (s->pen.n == 0) return logits; /* no output yet, or no penalties asked */
+    memcpy(e->pen_logits, logits, sizeof(float) * (size_t)e->model->cfg.vocab_size);
+    rs_penalties_apply(&s->job->sp, &s->pen, e->pen_logits);
+    return e->pen_logits;
+}
+
 static void sample_into(rs_engine *e, rs_seq *s, const float *logits) {
     RS_ASSERT(wants_sample(s));
     rs_sample_info info;
-    int32_t tok = rs_sample(logits, e->model->cfg.vocab_size, &s->job->sp, (uint64_t)s->sample_index,
+    const float *lg = penalized(e, s, logits);
+    int32_t tok = rs_sample(lg, e->model->cfg.vocab_size, &s->job->sp, (uint64_t)s->sample_index,
                             (uint64_t)s->n_tokens, &e->sampler, &info);
-    float lp = logprob_in_mode(e, s, logits, tok, &info);
+    float lp = logprob_in_mode(e, s, logits, lg, tok, &info);
     out_push(s->out, s->job->top_logprobs_num, tok, lp, e->top_ids, e->top_lps);
     seq_push_token(s, tok);
+    if (rs_penalties_active(&s->job->sp)) rs_penalty_counts_add(&s->pen, tok);
     e->stats.generation_tokens++;
     double now = rs_now_s();
     if (s->job->t_first_token == 0) {
@@ -870,7 +888,7 @@ static void handle_logits(rs_engine *e, rs_seq *s, int pos, const float *logits,
     const rs_gen_job *job = s->job;
     if (pos + 1 < s->prompt_len) { /* prompt scoring */
         int i = pos + 1 - job->logprob_start_len, k = job->top_logprobs_num;
-        s->out->input_logprobs[i] = logprob_in_mode(e, s, logits, s->tokens[pos + 1], NULL);
+        s->out->input_logprobs[i] = logprob_in_mode(e, s, logits, logits, s->tokens[pos + 1], NULL);
         if (k > 0) {
             memcpy(s->out->input_top_ids + (size_t)i * k, e->top_ids, sizeof(int32_t) * (size_t)k);
             memcpy(s->out->input_top_lps + (size_t)i * k, e->top_lps, sizeof(float) * (size_t)k);

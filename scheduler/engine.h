@@ -53,10 +53,15 @@ typedef struct rs_finish {
     char message[128];
 } rs_finish;
 
+/* Which distribution a returned logprob (and its top alternatives) comes from. "penalized" is the
+ * model's logits with the sample's frequency / presence / repetition penalties applied
+ * (scheduler/penalties.h; the logits themselves when no penalty is asked). */
 typedef enum rs_logprobs_mode {
-    RS_LOGPROBS_DEFAULT = 0,    /* log_softmax(logits / T), before truncation (T = 1 when greedy) */
-    RS_LOGPROBS_RAW,            /* log_softmax(logits), no temperature */
-    RS_LOGPROBS_PROCESSED,      /* the distribution actually sampled from: T, top-k/p, min-p, renormalized */
+    RS_LOGPROBS_DEFAULT = 0,    /* log_softmax(penalized / T), before top-k/p, min-p truncation (T = 1
+                                 * when greedy): SGLang's default, what its trainers recompute */
+    RS_LOGPROBS_RAW,            /* log_softmax(logits): no penalty, no temperature (vLLM's raw_logprobs) */
+    RS_LOGPROBS_PROCESSED,      /* the distribution actually sampled from: penalties, T, top-k/p, min-p,
+                                 * renormalized (vLLM's processed_logprobs) */
 } rs_logprobs_mode;
 
 /* Tokens [start, end) of an output came from weights `version`. */

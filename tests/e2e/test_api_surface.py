@@ -160,7 +160,7 @@ def test_areal_and_slime_requests(daemon):
     whenever top_p < 1 (ignored without a custom logit processor, as in SGLang)."""
     areal = {"input_ids": [5, 6, 7], "image_data": None, "return_logprob": True, "stream": False,
              "sampling_params": {"max_new_tokens": 4, "temperature": 1.0, "top_p": 1.0, "top_k": -1,
-                                 "frequency_penalty": 0.0, "stop_token_ids": [2], "ignore_eos": False}}
+                                 "frequency_penalty": 0.2, "stop_token_ids": [2], "ignore_eos": False}}
     r = daemon.post("/generate", areal)
     assert r.status_code == 200, r.text
     slime = {"input_ids": [5, 6, 7], "return_logprob": True,

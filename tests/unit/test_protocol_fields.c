@@ -65,14 +65,14 @@ RS_TEST(protocol_fields_documented_defaults_are_the_defaults) {
     const char *body = "{\"input_ids\": [1]}";
     ASSERT_EQ(rs_generate_parse(body, strlen(body), &g, &err), RS_OK);
     void *const gdst[] = {&g, g.job, &g.job->sp};
-    ASSERT_TRUE(check_defaults(&rs_generate_fields, gdst) == 14);
+    ASSERT_TRUE(check_defaults(&rs_generate_fields, gdst) == 17);
     rs_generate_req_free(&g);
 
     rs_openai_req o;
     body = "{\"prompt\": [1]}";
     ASSERT_EQ(rs_openai_parse_completions(body, strlen(body), &o, &err), RS_OK);
     void *const odst[] = {&o, o.job, &o.job->sp};
-    ASSERT_TRUE(check_defaults(&rs_openai_completion_fields, odst) == 11);
+    ASSERT_TRUE(check_defaults(&rs_openai_completion_fields, odst) == 14);
     ASSERT_EQ(o.job->sp.max_new_tokens, 16); /* documented "16" on a custom row */
     rs_openai_req_free(&o);
 }

@@ -40,7 +40,7 @@ RS_TEST(protocol_openai_parse_defaults_and_fields) {
                  " \"ignore_eos\": true, \"min_tokens\": 2, \"logprobs\": 2, \"echo\": true, \"stream\": true,"
                  " \"stream_options\": {\"include_usage\": true}, \"return_token_ids\": true,"
                  " \"return_tokens_as_token_ids\": true, \"skip_special_tokens\": false, \"user\": \"u\","
-                 " \"frequency_penalty\": 0, \"presence_penalty\": 0.0, \"repetition_penalty\": 1, \"stop\": [],"
+                 " \"frequency_penalty\": 0.5, \"presence_penalty\": -0.25, \"repetition_penalty\": 1.5, \"stop\": [],"
                  " \"logit_bias\": {}, \"best_of\": 3, \"suffix\": null, \"request_id\": \"abc\","
                  " \"logprobs_mode\": \"raw\"}");
     j = r.job;
@@ -63,6 +63,9 @@ RS_TEST(protocol_openai_parse_defaults_and_fields) {
     ASSERT_STREQ(r.request_id, "abc");
     ASSERT_STREQ(r.id, "cmpl-abc");
     ASSERT_EQ(j->logprobs_mode, RS_LOGPROBS_RAW);
+    ASSERT_NEAR(j->sp.frequency_penalty, 0.5, 0);
+    ASSERT_NEAR(j->sp.presence_penalty, -0.25, 0);
+    ASSERT_NEAR(j->sp.repetition_penalty, 1.5, 0);
     ASSERT_TRUE(rs_openai_matches_rid(&r, "abc") && rs_openai_matches_rid(&r, "cmpl-abc"));
     ASSERT_TRUE(!rs_openai_matches_rid(&r, "ab"));
     rs_openai_req_free(&r);
@@ -109,8 +112,11 @@ static const bad_case bad[] = {
     {"{\"prompt\": [1], \"stream\": true, \"stream_options\": {\"x\": 1}}", RS_EINVAL, "stream_options.x", "unknown"},
     {"{\"prompt\": [1], \"stream\": true, \"stream_options\": {\"continuous_usage_stats\": true}}", RS_EUNSUPPORTED,
      "stream_options.continuous_usage_stats", "not supported"},
-    {"{\"prompt\": [1], \"frequency_penalty\": 0.5}", RS_EUNSUPPORTED, "frequency_penalty", "not supported"},
-    {"{\"prompt\": [1], \"repetition_penalty\": 1.1}", RS_EUNSUPPORTED, "repetition_penalty", "not supported"},
+    {"{\"prompt\": [1], \"frequency_penalty\": 2.5}", RS_EINVAL, "frequency_penalty",
+     "frequency_penalty must be in [-2, 2], got 2.5"},
+    {"{\"prompt\": [1], \"presence_penalty\": \"high\"}", RS_EINVAL, "presence_penalty", "must be a number"},
+    {"{\"prompt\": [1], \"repetition_penalty\": 0}", RS_EINVAL, "repetition_penalty",
+     "repetition_penalty must be > 0, got 0"},
     {"{\"prompt\": [1], \"use_beam_search\": true}", RS_EUNSUPPORTED, "use_beam_search", "not implemented"},
     {"{\"prompt\": [1], \"priority\": 2}", RS_EUNSUPPORTED, "priority", "accepted: null, 0; got 2"},
     {"{\"prompt\": [1], \"stop\": [\"\\n\"]}", RS_EUNSUPPORTED, "stop", "stop_token_ids"},
