@@ -117,6 +117,17 @@ int rs_flush_parse(const char *body, size_t len, rs_error *err) {
     return read_body(body, len, true, &rs_flush_fields, NULL, err);
 }
 
+char *rs_load_body(const rs_engine_stats *st, size_t *len) {
+    long long used_pages = (long long)st->kv_blocks_total - st->kv_blocks_free;
+    json_t *rank = json_pack("{s:i,s:i,s:i,s:I,s:I}", "dp_rank", 0, "num_reqs", st->n_running + st->n_waiting,
+                             "num_waiting_reqs", st->n_waiting, "num_tokens",
+                             (json_int_t)(used_pages * RS_KV_PAGE_TOKENS + (long long)st->waiting_tokens),
+                             "num_pages", (json_int_t)(used_pages + (long long)st->waiting_blocks));
+    json_t *list = json_array();
+    json_array_append_new(list, rank);
+    return rs_json_dump(list, len);
+}
+
 char *rs_status_body(const char *message, size_t *len) {
     return rs_json_dump(json_pack("{s:s,s:o}", "status", "ok", "message", rs_json_string_lossy(message)), len);
 }

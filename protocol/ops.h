@@ -44,6 +44,12 @@ int rs_flush_parse(const char *body, size_t len, rs_error *err);
 struct rs_jobject;
 extern const struct rs_jobject rs_abort_fields, rs_pause_fields, rs_continue_fields, rs_flush_fields;
 
+/* GET /get_load, SGLang's shape: one entry per data-parallel rank (rolloutd is one rank),
+ * [{"dp_rank":0, "num_reqs": running + waiting, "num_waiting_reqs", "num_tokens": KV tokens in
+ * use + the waiting sequences' tokens, "num_pages": the same in 16-token pages}] (SGLang's
+ * scheduler get_load; sglang-router sums num_tokens across a worker's entries). */
+char *rs_load_body(const rs_engine_stats *st, size_t *len);
+
 /* {"status":"ok","message":message} (all bodies below: new malloc'd text and *len, NULL on OOM) */
 char *rs_status_body(const char *message, size_t *len);
 /* {"weight_version":"17"} */

@@ -380,6 +380,11 @@ static void publish_stats(rs_engine *e) {
     st.kv_blocks_cached = e->pool.n_evictable;
     st.n_running = e->n_running;
     st.n_waiting = e->n_waiting;
+    st.waiting_tokens = st.waiting_blocks = 0;
+    for (const rs_seq *s = e->wait_head; s; s = s->next) {
+        st.waiting_tokens += (uint64_t)s->n_tokens;
+        st.waiting_blocks += (uint64_t)blocks_for(s->n_tokens);
+    }
     st.prefix_hit_tokens = e->pool.hit_tokens;
     st.paused = e->paused;
     pthread_mutex_lock(&e->stats_mu);

@@ -283,6 +283,8 @@ typedef struct rs_engine_stats {
     int kv_blocks_cached;       /* evictable cached prefix blocks (part of kv_blocks_free) */
     int n_running;
     int n_waiting;
+    uint64_t waiting_tokens;    /* tokens the waiting sequences will (re)compute */
+    uint64_t waiting_blocks;    /* KV pages those tokens fill */
     int peak_running;           /* most sequences ever running in one step */
     uint64_t num_retractions;   /* preemptions since start */
     uint64_t prefix_hit_tokens; /* prompt tokens served from the prefix cache */

@@ -35,7 +35,8 @@ CMPL = {"model": "default", "prompt": [1, 2, 3], "max_tokens": 2, "temperature":
 # route -> (methods it takes)
 ROUTES = {
     "/health": ["GET"], "/health_generate": ["GET"], "/generate": ["POST", "PUT"], "/v1/completions": ["POST"],
-    "/v1/models": ["GET"], "/get_model_info": ["GET"], "/get_server_info": ["GET"], "/server_info": ["GET"],
+    "/v1/models": ["GET"], "/get_model_info": ["GET"], "/model_info": ["GET"], "/get_server_info": ["GET"],
+    "/server_info": ["GET"], "/get_load": ["GET"],
     "/get_weight_version": ["GET"], "/metrics": ["GET"], "/abort_request": ["POST"], "/pause_generation": ["POST"],
     "/continue_generation": ["POST"], "/flush_cache": ["GET", "POST"],
 }
