@@ -7,7 +7,12 @@
 #ifndef RS_PROTOCOL_FIELDS_DOC_H
 #define RS_PROTOCOL_FIELDS_DOC_H
 
+#include <stddef.h>
 #include <stdio.h>
+
+/* Every route's body table (json_util.h's rs_jobject), in the order the reference lists them. */
+struct rs_jobject;
+const struct rs_jobject *const *rs_protocol_tables(size_t *n);
 
 /* Markdown: an introduction, then one table per JSON object of every route that takes a body. */
 void rs_protocol_print_fields(FILE *out);

@@ -248,7 +248,7 @@ static void describe_quoted(const json_t *v, char *buf, size_t n) {
         s[o] = '\0';
         snprintf(buf, n, "'%s%s'", s, json_string_length(v) > 40 ? "..." : "");
     } else if (json_is_array(v)) {
-        snprintf(buf, n, "a list of %zu", json_array_size(v));
+        snprintf(buf, n, "a list of %zu entr%s", json_array_size(v), json_array_size(v) == 1 ? "y" : "ies");
     } else if (json_is_object(v)) {
         snprintf(buf, n, "an object with %zu key%s", json_object_size(v), json_object_size(v) == 1 ? "" : "s");
     } else {

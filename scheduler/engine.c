@@ -10,9 +10,10 @@
  *      (admission_new_token_ratio) of the growth of everything running, so preemption stays
  *      rare; a prompt's leading full blocks come from the prefix cache when they are there;
  *   4. runs one forward pass over decode rows first, then prefill chunks, within max_step_tokens;
- *   5. samples, scores prompt tokens, fans a prompt out to its n samples (one shared prefill, the
- *      pages forked, the partial last page copied on first write), registers full blocks in the
- *      prefix cache, and finishes sequences (stop token, EOS, max_new_tokens, context limit).
+ *   5. samples (after the sequence's penalties over its own output, scheduler/penalties.h), scores
+ *      prompt tokens, fans a prompt out to its n samples (one shared prefill, the pages forked, the
+ *      partial last page copied on first write), registers full blocks in the prefix cache, and
+ *      finishes sequences (stop token, EOS, max_new_tokens, context limit).
  *
  * Reproducibility: a token's random draw is keyed by (sampling_seed, sample index, position) and
  * every op computes each row independently of the others in the batch, so a request produces the

@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../../protocol/fields_doc.h"
 #include "../../protocol/generate.h"
 #include "../../protocol/json_util.h"
 #include "../../protocol/openai.h"
@@ -129,7 +130,7 @@ RS_TEST(protocol_fields_walker) {
         {"{\"k\": 1, \"flag\": true, \"alias\": false}", "alias", "alias and flag name the same field", RS_EINVAL},
         {"{\"k\": 1, \"name\": \"12345678\"}", "name", "at most 7 bytes", RS_EINVAL},
         {"{\"k\": 1, \"later\": [1]}", "later", "later is not supported: it is not implemented in rolloutd (later "
-         "things); accepted: null, [], \"\"; got a list of 1", RS_EUNSUPPORTED},
+         "things); accepted: null, [], \"\"; got a list of 1 entry", RS_EUNSUPPORTED},
         {"{\"k\": 1, \"later\": \"x\"}", "later", "must be a list, got a string", RS_EINVAL},
         {"{\"k\": 1, \"tag\": 5}", "tag", "tag must be a string, got 5", RS_EINVAL},
         {"{\"k\": 1, \"elsewhere\": 1}", "elsewhere", "unknown field 'elsewhere' (it belongs to /other)", RS_EINVAL},
@@ -157,4 +158,32 @@ RS_TEST(protocol_fields_neutral_literals) {
             RS_TEST_FAIL("%s against '%s': want %d", cases[i].json, cases[i].neutral, cases[i].want);
         json_decref(v);
     }
+}
+
+/* Every table's rows are well formed: a known neutral literal list (a typo would assert when a
+ * request sends the field), READ rows with a destination size, CUSTOM rows with a reader, OBJECT
+ * rows with a table, no name twice in one object. */
+static void check_table(const rs_jobject *t) {
+    json_t *probe = json_integer(12345);
+    for (size_t i = 0; i < t->n; i++) {
+        const rs_jfield *f = &t->fields[i];
+        for (size_t j = 0; j < i; j++)
+            if (strcmp(f->name, t->fields[j].name) == 0) RS_TEST_FAIL("%s: %s twice", t->title, f->name);
+        if (f->use == RS_JU_NEUTRAL) (void)rs_json_neutral(probe, f->neutral);
+        if (f->type == RS_JT_CUSTOM && !f->read) RS_TEST_FAIL("%s.%s: no reader", t->title, f->name);
+        if (f->type == RS_JT_OBJECT && !f->sub) RS_TEST_FAIL("%s.%s: no table", t->title, f->name);
+        if (f->use == RS_JU_READ && f->type != RS_JT_CUSTOM && f->type != RS_JT_OBJECT && f->size == 0)
+            RS_TEST_FAIL("%s.%s: no destination", t->title, f->name);
+        if (f->use != RS_JU_ELSEWHERE && !f->doc && f->type != RS_JT_CUSTOM && f->use != RS_JU_READ)
+            RS_TEST_FAIL("%s.%s: no doc", t->title, f->name);
+        if (f->sub) check_table(f->sub);
+    }
+    json_decref(probe);
+}
+
+RS_TEST(protocol_fields_tables_are_well_formed) {
+    size_t n;
+    const rs_jobject *const *tables = rs_protocol_tables(&n);
+    ASSERT_EQ(n, 12);
+    for (size_t i = 0; i < n; i++) check_table(tables[i]);
 }
