@@ -849,6 +849,13 @@ RS_TEST(sync_parse_nccl_requests) {
     const char *plain = "{\"names\":[\"a\"],\"dtypes\":[\"float32\"],\"shapes\":[[1]],\"load_format\":null}";
     ASSERT_EQ(rs_nccl_update_parse(plain, strlen(plain), &u, &err), RS_OK);
     ASSERT_TRUE(!u.flattened_bucket);
+    ASSERT_TRUE(!u.abort_all_requests);
+    rs_nccl_update_req_free(&u);
+    /* AReaL's /update_weights_from_distributed: abort_all_requests, and SGLang's no-effect fields */
+    const char *areal = "{\"names\":[\"a\"],\"dtypes\":[\"float32\"],\"shapes\":[[1]],\"abort_all_requests\":true,"
+                        "\"flush_cache\":true,\"torch_empty_cache\":false,\"rid\":\"u1\",\"http_worker_ipc\":null}";
+    ASSERT_EQ(rs_nccl_update_parse(areal, strlen(areal), &u, &err), RS_OK);
+    ASSERT_TRUE(u.abort_all_requests);
     ASSERT_STREQ(u.group_name, "weight_update_group");
     rs_nccl_update_req_free(&u);
     parse_fails(nccl_parse, &u, "{\"names\":[\"a\",\"b\"],\"dtypes\":[\"float32\"],\"shapes\":[[1],[1]]}", RS_EINVAL,
