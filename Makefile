@@ -1,6 +1,7 @@
 # rolloutd — plain Makefile.
 #
 #   make                 build/rolloutd, build/rollout-bench, tools (CPU backend)
+#   make docs            docs/api-fields.md from the request parsers' tables (build/print-fields)
 #   make CUDA=1          also compile and link the CUDA backend (cudart, cuBLASLt, NCCL)
 #   make run             serve the embedded default model on 127.0.0.1:8000
 #   make test            C unit tests + end-to-end tests against the real daemon
@@ -62,9 +63,9 @@ DEPS_OK  := $(BUILD)/.deps-ok
 
 PROGRAMS := $(BUILD)/rolloutd $(BUILD)/rollout-bench $(BUILD)/make-default-model $(BUILD)/unit-tests \
             $(BUILD)/bench-matmul $(BUILD)/bench-quant $(BUILD)/fp8-mismatch $(BUILD)/rl-bench $(BUILD)/bench-inproc \
-            $(BUILD)/tcpstore-probe $(BUILD)/tokenize
+            $(BUILD)/tcpstore-probe $(BUILD)/tokenize $(BUILD)/print-fields
 
-.PHONY: all run test unit e2e fuzz clean deps cuda-emu
+.PHONY: all run test unit e2e fuzz clean deps cuda-emu docs
 all: $(PROGRAMS)
 
 $(DEPS_OK):
@@ -126,8 +127,15 @@ $(BUILD)/tcpstore-probe: $(BUILD)/tools/tcpstore_probe.o $(BUILD)/librolloutd.a
 $(BUILD)/tokenize: $(BUILD)/tools/tokenize.o $(BUILD)/librolloutd.a
 	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
 
+$(BUILD)/print-fields: $(BUILD)/tools/print_fields.o $(BUILD)/librolloutd.a
+	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
+
 $(BUILD)/unit-tests: $(TEST_OBJ) $(BUILD)/librolloutd.a
 	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
+
+docs: $(BUILD)/print-fields
+	@mkdir -p docs
+	$(abspath $(BUILD))/print-fields > docs/api-fields.md
 
 run: $(BUILD)/rolloutd
 	$(abspath $(BUILD))/rolloutd --host 127.0.0.1 --port $(PORT)

@@ -8,7 +8,9 @@
  *   POST /update_weights_from_distributed  rs_nccl_update_req
  *   POST /destroy_weights_update_group     rs_nccl_destroy_req
  *
- * The parsers are strict like /generate's: unknown keys, duplicate keys, wrong JSON types,
+ * Each body is read by a descriptor table (weights.c, json_util.h; docs/api-fields.md lists them)
+ * that names every field SGLang's request struct for the route defines. The parsers are strict
+ * like /generate's: unknown keys, duplicate keys, wrong JSON types,
  * out-of-range numbers and invalid UTF-8 are RS_EINVAL with err->param naming the field
  * ("tensors[3].shape[1]", "names[7]"); a dtype rolloutd cannot take is RS_EUNSUPPORTED. Nothing
  * here knows the model: a manifest that parses may still name a tensor the model lacks (sync/
@@ -26,10 +28,13 @@
  * soon as every parameter of the model has been staged", which lets an SGLang-style trainer that
  * streams buckets without an is_last flag work unchanged.
  *
- * SGLang compatibility fields that are accepted: abort_all_requests (abort in-flight requests
- * before the commit; default false, unlike SGLang, see reference/engines.md §4.6) and flush_cache
- * (accepted and ignored: every commit drops the prefix cache, since KV computed by the old weights
- * must never be reused).
+ * SGLang compatibility fields that are accepted: abort_all_requests (and AReaL's spelling
+ * abort_all_request) on every route that commits: abort in-flight requests before the commit,
+ * which return their partial output with finish "abort"; default false, unlike SGLang's
+ * /update_weight_version, see reference/engines.md §4.6. flush_cache and torch_empty_cache are
+ * accepted and ignored: every commit drops the prefix cache, since KV computed by the old weights
+ * must never be reused. master_port may be an integer or a string of decimal digits (AReaL sends
+ * a string).
  */
 #ifndef RS_PROTOCOL_WEIGHTS_H
 #define RS_PROTOCOL_WEIGHTS_H
@@ -152,6 +157,11 @@ int rs_nccl_group_parse(const char *body, size_t len, rs_nccl_group_req *out, rs
 int rs_nccl_update_parse(const char *body, size_t len, rs_nccl_update_req *out, rs_error *err);
 void rs_nccl_update_req_free(rs_nccl_update_req *r);
 int rs_nccl_destroy_parse(const char *body, size_t len, rs_nccl_destroy_req *out, rs_error *err);
+
+/* The bodies' descriptor tables (json_util.h), for the field reference. */
+struct rs_jobject;
+extern const struct rs_jobject rs_shm_update_fields, rs_disk_update_fields, rs_version_update_fields,
+    rs_nccl_group_fields, rs_nccl_update_fields, rs_nccl_destroy_fields;
 
 /* A usable POSIX shared-memory name: "/" then 1..RS_SHM_NAME_MAX-1 bytes, no further '/', not
  * "/." or "/..", no control characters. */

@@ -849,8 +849,8 @@ RS_TEST(sync_parse_shm_request) {
 
     static const struct { const char *body, *param, *needle; int code; } bad[] = {
         {"{\"shm_name\":\"/x\",\"tensors\":[],\"is_lats\":true}", "is_lats", "unknown field", RS_EINVAL},
-        {"{\"tensors\":[]}", "shm_name", "missing", RS_EINVAL},
-        {"{\"shm_name\":\"/x\"}", "tensors", "missing", RS_EINVAL},
+        {"{\"tensors\":[]}", "shm_name", "shm_name is required", RS_EINVAL},
+        {"{\"shm_name\":\"/x\"}", "tensors", "tensors is required", RS_EINVAL},
         {"{\"shm_name\":\"x\",\"tensors\":[]}", "shm_name", "POSIX", RS_EINVAL},
         {"{\"shm_name\":\"/a/b\",\"tensors\":[]}", "shm_name", "POSIX", RS_EINVAL},
         {"{\"shm_name\":\"/..\",\"tensors\":[]}", "shm_name", "POSIX", RS_EINVAL},
@@ -858,7 +858,7 @@ RS_TEST(sync_parse_shm_request) {
         {"{\"shm_name\":\"/x\",\"tensors\":[{\"name\":\"a\",\"dtype\":\"bfloat16\",\"shape\":[1],\"offset\":0,"
          "\"stride\":1}]}", "tensors[0].stride", "unknown field", RS_EINVAL},
         {"{\"shm_name\":\"/x\",\"tensors\":[{\"name\":\"a\",\"dtype\":\"bfloat16\",\"shape\":[1]}]}",
-         "tensors[0].offset", "missing", RS_EINVAL},
+         "tensors[0].offset", "tensors[0].offset is required", RS_EINVAL},
         {"{\"shm_name\":\"/x\",\"tensors\":[{\"name\":\"a\",\"dtype\":\"int64\",\"shape\":[1],\"offset\":0}]}",
          "tensors[0].dtype", "not supported", RS_EUNSUPPORTED},
         {"{\"shm_name\":\"/x\",\"tensors\":[{\"name\":\"a\",\"dtype\":\"bf16\",\"shape\":[1],\"offset\":0}]}",
@@ -883,8 +883,12 @@ RS_TEST(sync_parse_shm_request) {
         {"{\"shm_name\":\"/x\",\"tensors\":[],\"weight_version\":\"a\\nb\"}", "weight_version", "control",
          RS_EINVAL},
         {"{\"shm_name\":\"/x\",\"shm_name\":\"/y\",\"tensors\":[]}", "", "duplicate", RS_EINVAL},
-        {"[1,2]", "the request body", "object", RS_EINVAL},
-        {"{\"shm_name\":\"/x\",", "", "malformed JSON", RS_EINVAL},
+        {"[1,2]", "", "must be a JSON object", RS_EINVAL},
+        {"{\"shm_name\":\"/x\",", "", "invalid JSON", RS_EINVAL},
+        {"{\"shm_name\":\"/x\",\"tensors\":[],\"abort_all_requests\":true,\"abort_all_request\":true}",
+         "abort_all_request", "give one of them", RS_EINVAL},
+        {"{\"shm_name\":\"/x\",\"tensors\":[],\"http_worker_ipc\":\"ipc:///x\"}", "http_worker_ipc",
+         "not implemented", RS_EUNSUPPORTED},
     };
     for (size_t i = 0; i < RS_ARRAY_LEN(bad); i++) parse_fails(shm_parse, &r, bad[i].body, bad[i].code, bad[i].param, bad[i].needle);
 }
@@ -907,6 +911,13 @@ RS_TEST(sync_parse_nccl_requests) {
     const char *plain = "{\"names\":[\"a\"],\"dtypes\":[\"float32\"],\"shapes\":[[1]],\"load_format\":null}";
     ASSERT_EQ(rs_nccl_update_parse(plain, strlen(plain), &u, &err), RS_OK);
     ASSERT_TRUE(!u.flattened_bucket);
+    ASSERT_TRUE(!u.abort_all_requests);
+    rs_nccl_update_req_free(&u);
+    /* AReaL's /update_weights_from_distributed: abort_all_requests, and SGLang's no-effect fields */
+    const char *areal = "{\"names\":[\"a\"],\"dtypes\":[\"float32\"],\"shapes\":[[1]],\"abort_all_requests\":true,"
+                        "\"flush_cache\":true,\"torch_empty_cache\":false,\"rid\":\"u1\",\"http_worker_ipc\":null}";
+    ASSERT_EQ(rs_nccl_update_parse(areal, strlen(areal), &u, &err), RS_OK);
+    ASSERT_TRUE(u.abort_all_requests);
     ASSERT_STREQ(u.group_name, "weight_update_group");
     rs_nccl_update_req_free(&u);
     parse_fails(nccl_parse, &u, "{\"names\":[\"a\",\"b\"],\"dtypes\":[\"float32\"],\"shapes\":[[1],[1]]}", RS_EINVAL,
@@ -938,6 +949,17 @@ RS_TEST(sync_parse_nccl_requests) {
                 "\"backend\":\"gloo\"}", RS_EUNSUPPORTED, "backend", NULL);
     parse_fails(group_parse, &g, "{\"master_address\":\"h\",\"master_port\":1,\"rank_offset\":1,\"world_size\":2,"
                 "\"nccl_unique_id_b64\":\"AAEC\"}", RS_EINVAL, "nccl_unique_id_b64", "128");
+    /* AReaL sends master_port as a string: a decimal port is taken, anything else is refused */
+    const char *str_port = "{\"master_address\":\"h\",\"master_port\":\"29711\",\"rank_offset\":1,\"world_size\":2}";
+    ASSERT_EQ(rs_nccl_group_parse(str_port, strlen(str_port), &g, &err), RS_OK);
+    ASSERT_EQ(g.master_port, 29711);
+    static const char *const bad_ports[] = {"\"0\"", "\"70000\"", "\"29a\"", "\"\"", "\"-1\"", "\" 80\"",
+                                            "\"123456\"", "1.5", "true", "[1]"};
+    for (size_t i = 0; i < RS_ARRAY_LEN(bad_ports); i++) {
+        snprintf(body, sizeof body, "{\"master_address\":\"h\",\"master_port\":%s,\"rank_offset\":1,"
+                 "\"world_size\":2}", bad_ports[i]);
+        parse_fails(group_parse, &g, body, RS_EINVAL, "master_port", NULL);
+    }
     rs_nccl_destroy_req dr;
     ASSERT_EQ(rs_nccl_destroy_parse("{}", 2, &dr, &err), RS_OK);
     ASSERT_STREQ(dr.group_name, "weight_update_group");
@@ -949,6 +971,14 @@ RS_TEST(sync_parse_disk_and_version) {
     const char *ok = "{\"model_path\":\"/ckpt/step18\",\"weight_version\":\"18\",\"load_format\":\"auto\"}";
     ASSERT_EQ(rs_disk_update_parse(ok, strlen(ok), &d, &err), RS_OK);
     ASSERT_STREQ(d.model_path, "/ckpt/step18");
+    ASSERT_TRUE(!d.abort_all_requests);
+    /* AReaL's spelling, and SGLang's fields that have no effect or only a neutral value here */
+    const char *areal = "{\"model_path\":\"/c\",\"abort_all_request\":true,\"flush_cache\":false,"
+                        "\"torch_empty_cache\":true,\"is_async\":false,\"keep_pause\":null,\"token_step\":0}";
+    ASSERT_EQ(rs_disk_update_parse(areal, strlen(areal), &d, &err), RS_OK);
+    ASSERT_TRUE(d.abort_all_requests);
+    parse_fails(disk_parse, &d, "{\"model_path\":\"/c\",\"is_async\":true}", RS_EUNSUPPORTED, "is_async",
+                "not implemented");
     parse_fails(disk_parse, &d, "{\"model_path\":\"ckpt\"}", RS_EINVAL, "model_path", "absolute");
     parse_fails(disk_parse, &d, "{\"model_path\":\"/c\",\"load_format\":\"pt\"}", RS_EUNSUPPORTED, "load_format",
                 NULL);
@@ -959,6 +989,6 @@ RS_TEST(sync_parse_disk_and_version) {
     ASSERT_TRUE(v.abort_all_requests);
     ASSERT_EQ(rs_version_update_parse("{\"new_version\":\"1\"}", 19, &v, &err), RS_OK);
     ASSERT_TRUE(!v.abort_all_requests); /* never abort unasked (some SGLang versions default to true) */
-    parse_fails(version_parse, &v, "{}", RS_EINVAL, "new_version", "missing");
+    parse_fails(version_parse, &v, "{}", RS_EINVAL, "new_version", "required");
     parse_fails(version_parse, &v, "{\"new_version\":\"\"}", RS_EINVAL, "new_version", "empty");
 }
