@@ -49,7 +49,7 @@ NVFLAGS   := -O2 -g -std=c++17 -arch=sm_90 -DRS_CUDA -Xcompiler -fno-fast-math,-
              $(if $(NCCL_HOME),-I$(NCCL_HOME)/include)
 LDLIBS    += -L$(CUDA_HOME)/lib64 $(if $(NCCL_HOME),-L$(NCCL_HOME)/lib -Wl$(comma)-rpath$(comma)$(NCCL_HOME)/lib) \
              -lcudart -lcublasLt -lcublas $(NCCL_LIB) -lstdc++
-CU_SRC    := $(wildcard kernels/cuda/*.cu)
+CU_SRC    := $(wildcard kernels/cuda/*.cu) sync/nccl_staging.cu
 CU_OBJ    := $(patsubst %.cu,$(BUILD)/%.o,$(CU_SRC))
 endif
 

@@ -93,15 +93,6 @@ static int get_shape(const json_t *v, const char *param, rs_weight_desc *d, rs_e
     return RS_OK;
 }
 
-bool rs_shm_name_valid(const char *name) {
-    size_t len = strnlen(name, RS_SHM_NAME_MAX + 1);
-    if (len < 2 || len > RS_SHM_NAME_MAX || name[0] != '/') return false;
-    if (strcmp(name, "/.") == 0 || strcmp(name, "/..") == 0) return false;
-    for (size_t i = 1; i < len; i++)
-        if (name[i] == '/' || (unsigned char)name[i] < 0x20 || name[i] == 0x7f) return false;
-    return true;
-}
-
 /* ---------------------------------------------------------------- readers shared by the routes */
 
 static int read_last(const rs_jctx *c, const json_t *v, rs_error *err) {
@@ -250,7 +241,7 @@ static const rs_jfield shm_fields[] = {
 const rs_jobject rs_shm_update_fields = {
     .title = "POST /update_weights_from_shm", .fields = shm_fields, .n = RS_ARRAY_LEN(shm_fields)};
 
-int rs_shm_update_parse(const char *body, size_t len, rs_shm_update_req *out, rs_error *err) {
+int rs_weights_parse_shm(const char *body, size_t len, rs_shm_update_req *out, rs_error *err) {
     memset(out, 0, sizeof *out);
     rs_shm_update_req r = {0};
     int rc = read_body(body, len, &rs_shm_update_fields, &r, err);
@@ -262,11 +253,6 @@ int rs_shm_update_parse(const char *body, size_t len, rs_shm_update_req *out, rs
     r.has_txn_id = r.txn_id[0] != '\0';
     *out = r;
     return RS_OK;
-}
-
-void rs_shm_update_req_free(rs_shm_update_req *r) {
-    free(r->tensors);
-    memset(r, 0, sizeof *r);
 }
 
 /* ---------------------------------------------------------------- /update_weights_from_disk */
@@ -309,7 +295,7 @@ static const rs_jfield disk_fields[] = {
 const rs_jobject rs_disk_update_fields = {
     .title = "POST /update_weights_from_disk", .fields = disk_fields, .n = RS_ARRAY_LEN(disk_fields)};
 
-int rs_disk_update_parse(const char *body, size_t len, rs_disk_update_req *out, rs_error *err) {
+int rs_weights_parse_disk(const char *body, size_t len, rs_disk_update_req *out, rs_error *err) {
     memset(out, 0, sizeof *out);
     rs_disk_update_req *r = rs_xcalloc(1, sizeof *r);
     int rc = read_body(body, len, &rs_disk_update_fields, r, err);
@@ -338,7 +324,7 @@ static const rs_jfield version_fields[] = {
 const rs_jobject rs_version_update_fields = {
     .title = "POST /update_weight_version", .fields = version_fields, .n = RS_ARRAY_LEN(version_fields)};
 
-int rs_version_update_parse(const char *body, size_t len, rs_version_update_req *out, rs_error *err) {
+int rs_weights_parse_version(const char *body, size_t len, rs_version_update_req *out, rs_error *err) {
     memset(out, 0, sizeof *out);
     rs_version_update_req r = {0};
     int rc = read_body(body, len, &rs_version_update_fields, &r, err);
@@ -455,7 +441,7 @@ static const rs_jfield group_fields[] = {
 const rs_jobject rs_nccl_group_fields = {
     .title = "POST /init_weights_update_group", .fields = group_fields, .n = RS_ARRAY_LEN(group_fields)};
 
-int rs_nccl_group_parse(const char *body, size_t len, rs_nccl_group_req *out, rs_error *err) {
+int rs_weights_parse_nccl_group(const char *body, size_t len, rs_nccl_group_req *out, rs_error *err) {
     memset(out, 0, sizeof *out);
     rs_nccl_group_req *r = rs_xcalloc(1, sizeof *r);
     snprintf(r->group_name, sizeof r->group_name, GROUP_DEFAULT);
@@ -548,7 +534,7 @@ static const rs_jfield nccl_update_fields[] = {
 const rs_jobject rs_nccl_update_fields = {.title = "POST /update_weights_from_distributed",
                                           .fields = nccl_update_fields, .n = RS_ARRAY_LEN(nccl_update_fields)};
 
-int rs_nccl_update_parse(const char *body, size_t len, rs_nccl_update_req *out, rs_error *err) {
+int rs_weights_parse_nccl_update(const char *body, size_t len, rs_nccl_update_req *out, rs_error *err) {
     memset(out, 0, sizeof *out);
     rs_nccl_update_req r = {0};
     snprintf(r.group_name, sizeof r.group_name, GROUP_DEFAULT);
@@ -563,11 +549,6 @@ int rs_nccl_update_parse(const char *body, size_t len, rs_nccl_update_req *out, 
     return RS_OK;
 }
 
-void rs_nccl_update_req_free(rs_nccl_update_req *r) {
-    free(r->tensors);
-    memset(r, 0, sizeof *r);
-}
-
 static const rs_jfield destroy_fields[] = {
     GROUP_FIELD(rs_nccl_destroy_req),
     {.name = "rid", .type = RS_JT_TEXT, .use = RS_JU_NO_EFFECT, .doc = "SGLang's request id; not used"},
@@ -577,7 +558,7 @@ static const rs_jfield destroy_fields[] = {
 const rs_jobject rs_nccl_destroy_fields = {
     .title = "POST /destroy_weights_update_group", .fields = destroy_fields, .n = RS_ARRAY_LEN(destroy_fields)};
 
-int rs_nccl_destroy_parse(const char *body, size_t len, rs_nccl_destroy_req *out, rs_error *err) {
+int rs_weights_parse_nccl_destroy(const char *body, size_t len, rs_nccl_destroy_req *out, rs_error *err) {
     memset(out, 0, sizeof *out);
     rs_nccl_destroy_req r = {{0}};
     snprintf(r.group_name, sizeof r.group_name, GROUP_DEFAULT);

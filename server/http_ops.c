@@ -15,7 +15,7 @@
 #include <unistd.h>
 
 #include "../model/model.h"
-#include "../model/update.h"
+#include "../model/weight_store.h"
 #include "../protocol/errors.h"
 #include "../protocol/metrics.h"
 #include "../protocol/ops.h"

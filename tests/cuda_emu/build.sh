@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # tests/cuda_emu/build.sh OUT: builds OUT/unit-tests, the unit-test runner with the CUDA backend's
-# real kernel sources (kernels/cuda/*.cu but the NCCL staging) compiled for the CPU emulation of
-# CUDA in this folder, linked with the rest of rolloutd (the CPU backend is the tests' reference),
-# and OUT/rolloutd, the daemon on that backend (--device cuda), for end-to-end tests.
+# real kernel sources (kernels/cuda/*.cu; NCCL and its transport, sync/nccl_staging.cu, are not
+# emulated) compiled for the CPU emulation of CUDA in this folder, linked with the rest of rolloutd
+# (the CPU backend is the tests' reference), and OUT/rolloutd, the daemon on that backend
+# (--device cuda), for end-to-end tests.
 # `make cuda-emu` builds and runs it; see README.md here for what it can and cannot show.
 #   EMU_CXXFLAGS / EMU_CFLAGS   extra flags (e.g. -fsanitize=address,undefined for both)
 set -euo pipefail
