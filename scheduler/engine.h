@@ -15,6 +15,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "../core/histogram.h"
 #include "../core/rs.h"
 #include "../model/model.h"
 
@@ -282,16 +283,6 @@ void rs_engine_run_until_idle(rs_engine *e);
 bool rs_engine_step_once(rs_engine *e);
 
 /* A snapshot of the engine's counters and occupancy; thread-safe (published after every step). */
-/* Latency histogram: counts of observations <= each bound (Prometheus "le" buckets) plus sum. */
-#define RS_HIST_BUCKETS 14
-extern const double rs_hist_bounds[RS_HIST_BUCKETS]; /* seconds; the last is +Inf */
-typedef struct rs_histogram {
-    uint64_t counts[RS_HIST_BUCKETS]; /* non-cumulative */
-    uint64_t n;
-    double sum;
-} rs_histogram;
-void rs_histogram_observe(rs_histogram *h, double seconds);
-
 typedef struct rs_engine_stats {
     int kv_blocks_total;
     int kv_blocks_free;         /* free or holding evictable cached prefixes */

@@ -11,7 +11,7 @@
  * transaction (rs_sync_txn), any failure drops the transaction, so a corrupt bucket can never
  * leave half an update staged for a later is_last to commit.
  */
-#include "sync.h"
+#include "sync_internal.h"
 
 #include <errno.h>
 #include <limits.h>
