@@ -717,12 +717,14 @@ static bool is_decode(const rs_seq *s) {
     return s->n_computed >= s->prompt_len && s->n_computed == s->n_tokens - 1;
 }
 
-/* Pages a sequence is expected to still need, beyond what it holds, for the admission estimate. */
-static int expected_growth(const rs_engine *e, const rs_seq *s) {
+/* The admission estimate, the one place it is made: the pages s is expected to need beyond the
+ * `held` it holds, for its tokens so far plus admission_new_token_ratio of the new tokens it may
+ * still sample, capped at max_context (where the engine stops every sequence). */
+static int blocks_needed(const rs_engine *e, const rs_seq *s, int held) {
     int remaining = s->job->sp.max_new_tokens - s->out->n_output;
     int target = s->n_tokens + (int)ceilf((float)remaining * e->opts.admission_new_token_ratio);
     if (target > e->opts.limits.max_context) target = e->opts.limits.max_context;
-    int need = blocks_for(target) - s->kv.n_blocks;
+    int need = blocks_for(target) - held;
     return need > 0 ? need : 0;
 }
 
@@ -774,7 +776,7 @@ static void admit_waiting(rs_engine *e) {
     int reserved = 0;
     for (int i = 0; i < e->n_running; i++) {
         slots += 1 + e->running[i]->n_forks;
-        reserved += expected_growth(e, e->running[i]) * (1 + e->running[i]->n_forks);
+        reserved += blocks_needed(e, e->running[i], e->running[i]->kv.n_blocks) * (1 + e->running[i]->n_forks);
     }
     while (e->wait_head) {
         rs_seq *s = e->wait_head;
@@ -787,7 +789,8 @@ static void admit_waiting(rs_engine *e) {
         int budget = s->prompt_len + s->job->sp.max_new_tokens;
         if (blocks_for(RS_MIN(budget, e->opts.limits.max_context)) > e->pool.n_blocks) {
             wait_pop_front(e);
-            RS_WARN("rid %s | needs %d KV blocks, the pool has %d", s->job->rid, blocks_for(budget), e->pool.n_blocks);
+            RS_WARN("rid %s | needs %d KV blocks, the pool has %d", s->job->rid,
+                    blocks_for(RS_MIN(budget, e->opts.limits.max_context)), e->pool.n_blocks);
             finish_seq(e, s, RS_FINISH_ABORT, -1, "request needs more KV cache than the server has");
             continue;
         }
@@ -796,10 +799,8 @@ static void admit_waiting(rs_engine *e) {
             s->n_computed = hit;
             if (!s->admitted_once) s->out->cached_tokens = RS_MIN(hit, s->prompt_len);
         }
-        int own = blocks_for(s->n_tokens) - s->kv.n_blocks;
-        int growth = blocks_for(s->n_tokens + (int)ceilf((float)(s->job->sp.max_new_tokens - s->out->n_output) *
-                                                         e->opts.admission_new_token_ratio)) -
-                     blocks_for(s->n_tokens);
+        int own = blocks_for(s->n_tokens) - s->kv.n_blocks;      /* pages for the tokens it has */
+        int growth = blocks_needed(e, s, blocks_for(s->n_tokens)); /* and for what it may sample */
         int need = own + growth * (1 + s->n_forks) + s->n_forks; /* + one copied page per sibling */
         if (e->n_running > 0 && rs_kv_available_blocks(&e->pool) - reserved < need) break;
         if (rs_kv_seq_reserve(&e->pool, &s->kv, s->n_tokens) != RS_OK) break;
