@@ -847,7 +847,8 @@ RS_TEST(engine_weight_updates_during_generation) {
     for (int u = 1; u <= 20; u++) {
         char ver[16];
         snprintf(ver, sizeof ver, "%d", u);
-        ASSERT_EQ(rs_engine_update_weights(v.e, swap_weights, NULL, &sc, NULL, NULL, false, ver, NULL, &err), RS_OK);
+        rs_weight_swap ws = {.apply = swap_weights, .ctx = &sc, .version = ver};
+        ASSERT_EQ(rs_engine_swap_weights(v.e, &ws, NULL, &err), RS_OK);
     }
     wait_done(&w, R);
     rs_engine_stop(v.e);
