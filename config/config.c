@@ -286,6 +286,10 @@ static int set_entry(rs_config *c, const rs_config_entry *e, const char *v, rs_e
 void rs_config_default(rs_config *c) {
     memset(c, 0, sizeof *c);
     for (size_t i = 0; i < RS_ARRAY_LEN(entries); i++) {
+        if ((entries[i].type == RS_CONFIG_TYPE_ENUM) != (entries[i].choices != NULL))
+            RS_ERROR("config table: %s: a setting with choices is RS_CONFIG_TYPE_ENUM, over an enum field of "
+                     "config.h, and only it has choices", entries[i].name);
+        RS_ASSERT((entries[i].type == RS_CONFIG_TYPE_ENUM) == (entries[i].choices != NULL));
         rs_error err;
         int rc = set_entry(c, &entries[i], entries[i].def, &err);
         if (rc != RS_OK) RS_ERROR("config table: default of %s: %s", entries[i].name, err.message);
