@@ -45,7 +45,7 @@ int rs_engine_init(rs_engine **out, rs_model *m, const rs_engine_opts *opts, rs_
     const char *missing = rs_backend_missing_op(m->backend);
     if (missing) /* a model only ever runs on a complete backend */
         return rs_error_set(err, RS_EUNSUPPORTED, "device", "the %s backend does not provide op '%s'",
-                            m->backend->ops->name, missing);
+                            rs_backend_name(m->backend), missing);
     rs_engine *e = rs_xcalloc(1, sizeof *e);
     e->model = m;
     e->opts = *opts;
