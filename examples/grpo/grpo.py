@@ -95,8 +95,11 @@ class Rollout:
         return self.local.c
 
     def one(self, prompt, cfg, seed):
+        # ignore_eos: EOS is the model's eos_token_id (config.json), so leaving out stop_token_ids
+        # and ignoring EOS makes every sample run max_new tokens
         return self.client().generate(prompt, n=cfg.n, max_new_tokens=cfg.max_new, temperature=cfg.temperature,
-                                      sampling_seed=seed, stop_token_ids=[task.EOS], ignore_eos=cfg.ignore_eos)
+                                      sampling_seed=seed, ignore_eos=cfg.ignore_eos,
+                                      stop_token_ids=None if cfg.ignore_eos else [task.EOS])
 
     def groups(self, prompts, cfg, seeds):
         futs = [self.pool.submit(self.one, p, cfg, s) for p, s in zip(prompts, seeds)]

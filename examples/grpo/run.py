@@ -2,7 +2,7 @@
 
     python examples/grpo/run.py demo  [--steps 80] [--runs abcd] [--seeds 1,2] [--out DIR]
     python examples/grpo/run.py bench [--shape large] [--prompts 64] [--n 8] [--max-new 128] [--steps 3]
-    python examples/grpo/run.py plot  [--out DIR]
+    python examples/grpo/run.py plot  [--out DIR]       (summary and figures again, from the logs)
 
 demo: one supervised warm start (warmstart.py), then the four runs from the same weights with the
 same seeds: (a) BF16 rollouts, (b) FP8 W8A8 + FP8 KV rollouts without correction, (c) FP8 with
@@ -21,6 +21,7 @@ import os
 import pathlib
 import platform
 import resource
+import signal
 import statistics
 import subprocess
 import sys
@@ -72,7 +73,7 @@ def median_min(recs, key):
     return (statistics.median(xs), min(xs)) if xs else (float("nan"), float("nan"))
 
 
-def summarize(out, runs, seeds, totals):
+def summarize(out, runs, seeds, totals, machine_info):
     """summary.json and a markdown table: final held-out accuracy and the checks, per run."""
     rows = []
     for run in runs:
@@ -86,6 +87,7 @@ def summarize(out, runs, seeds, totals):
             row = {"run": run, "seed": seed, "label": grpo.LABELS[run], "steps": len(steps),
                    "heldout_acc_start": evals[0]["heldout_acc"], "heldout_acc_final": evals[-1]["heldout_acc"],
                    "heldout_acc_best": max(r["heldout_acc"] for r in evals),
+                   "heldout_acc_last3": statistics.mean(r["heldout_acc"] for r in evals[-3:]),
                    "train_reward_last10": statistics.mean(r["reward"] for r in last),
                    "train_acc_last10": statistics.mean(r["acc"] for r in last),
                    "mismatch_mean_abs": statistics.mean(r["mismatch"]["mean_abs"] for r in steps),
@@ -99,11 +101,11 @@ def summarize(out, runs, seeds, totals):
             for who, ph in (("daemon", "rollout"), ("trainer", "train"), ("trainer", "push"), ("daemon", "push")):
                 row[f"cpu_{who}_{ph}_median"] = median_min(steps, f"cpu_{who}_{ph}")[0]
             rows.append(row)
-    (out / "summary.json").write_text(json.dumps({"machine": machine(), "totals": totals, "runs": rows}, indent=1) + "\n")
-    print(f"\n| run | held-out accuracy: start -> final per seed ({', '.join(map(str, seeds))}) | mean final "
-          "| train reward, last 10 steps | mean abs dlogprob | KL k3 | tokens outside [1/C, C] | BF16 check max "
-          "| fp8-mismatch checks in band (median ratio) | step s, median |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    (out / "summary.json").write_text(json.dumps({"machine": machine_info, "totals": totals, "runs": rows}, indent=1) + "\n")
+    print(f"\n| run | held-out accuracy: start -> final, per seed ({', '.join(map(str, seeds))}) | mean final "
+          "| mean of the last 3 evaluations | train reward, last 10 steps | mean abs dlogprob | KL k3 "
+          "| tokens outside [1/C, C] | BF16 check max | fp8-mismatch checks in band (median ratio) | step s, median |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for run in runs:
         rs = [r for r in rows if r["run"] == run]
         mean = lambda k: statistics.mean(r[k] for r in rs)  # noqa: E731
@@ -112,7 +114,7 @@ def summarize(out, runs, seeds, totals):
         ratios = [r["fp8_ratio_median"] for r in rs if r["fp8_ratio_median"] is not None]
         print(f"| {grpo.LABELS[run]} | {rs[0]['heldout_acc_start']:.3f} -> "
               f"{' / '.join('%.3f' % r['heldout_acc_final'] for r in rs)} | {mean('heldout_acc_final'):.3f} "
-              f"| {mean('train_reward_last10'):.3f} | {mean('mismatch_mean_abs'):.2e} | {mean('kl_k3'):.2e} "
+              f"| {mean('heldout_acc_last3'):.3f} | {mean('train_reward_last10'):.3f} | {mean('mismatch_mean_abs'):.2e} | {mean('kl_k3'):.2e} "
               f"| {100 * mean('share_outside'):.3f}% | {'%.1e' % max(bf) if bf else '-'} "
               f"| {'%d/%d (x%.2f)' % (n_ok, n_chk, statistics.median(ratios)) if n_chk else '-'} "
               f"| {statistics.median(r['t_step_median'] for r in rs):.2f} |")
@@ -154,7 +156,7 @@ def cmd_demo(a):
     wall = time.perf_counter() - t0
     cpu = sum(getattr(resource.getrusage(who), f) for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)
               for f in ("ru_utime", "ru_stime"))
-    summarize(out, a.runs, seeds, {"wall_s": wall, "cpu_s": cpu})
+    summarize(out, a.runs, seeds, {"wall_s": wall, "cpu_s": cpu}, machine())
     plots.all_figures(out)
     print(f"\ndemo done in {wall:.0f} s wall, {cpu:.0f} s CPU (trainer, daemons, fp8-mismatch); results in {out}")
 
@@ -232,12 +234,20 @@ def main(argv=None):
             s.add_argument("--micro-batch", type=int, default=32)
     a = p.parse_args(argv)
     torch.set_num_threads(a.torch_threads)
+    # SIGTERM unwinds like Ctrl-C, so the daemons a run started are stopped on the way out
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     if a.cmd == "demo":
         cmd_demo(a)
     elif a.cmd == "bench":
         cmd_bench(a)
-    else:
-        plots.all_figures(pathlib.Path(a.out))
+    else:  # the summary (keeping the demo's totals) and the figures again, from the logs
+        out = pathlib.Path(a.out)
+        runs = sorted({p.stem.split("-s")[0] for p in out.glob("[abcd]-s*.jsonl")})
+        seeds = sorted({int(p.stem.split("-s")[1]) for p in out.glob("[abcd]-s*.jsonl")})
+        if runs:
+            old = json.loads((out / "summary.json").read_text()) if (out / "summary.json").exists() else {}
+            summarize(out, runs, seeds, old.get("totals", {}), old.get("machine", machine()))
+        plots.all_figures(out)
 
 
 if __name__ == "__main__":
