@@ -74,7 +74,7 @@ class Config:
     cap: float = 2.0              # C of TIS and of the MIS band [1/C, C]
     micro_batch: int = 128        # sequences per trainer forward/backward
     heldout: int = 512            # held-out prompts, greedy, scored every check_every steps
-    check_every: int = 10
+    check_every: int = 10         # 0: no held-out scoring and no fp8-mismatch check (benchmark)
     bf16_tol: float = 1e-4
     fp8_band: float = 3.0
     fp8_check_prompts: int = 16
@@ -282,7 +282,7 @@ class Run:
         adv = advantages(rewards).ravel()
         samples = [(p, o) for p, g in zip(prompts, groups) for o in g]
         lp_roll = [o.output_logprobs for o in outs]
-        fp8_check = self.precision == "fp8" and (step == 1 or step % cfg.check_every == 0)
+        fp8_check = self.precision == "fp8" and cfg.check_every > 0 and (step == 1 or step % cfg.check_every == 0)
         if fp8_check:  # a checkpoint of the served weights (version step - 1), for fp8-mismatch
             policy.save(self.workdir / "served")
         mark = ph.now()
@@ -315,7 +315,7 @@ class Run:
             push_bytes=res.bytes, push_server_s=res.server_seconds, **ph.rec)
         if not (math.isfinite(loss) and math.isfinite(rec["reward"])):
             raise CheckFailed(f"step {step}: loss {loss}, reward {rec['reward']}")
-        if self.heldout is not None and step % cfg.check_every == 0:
+        if self.heldout is not None and cfg.check_every > 0 and step % cfg.check_every == 0:
             rec["heldout_reward"], rec["heldout_acc"] = pol.evaluate(policy.model, self.heldout)
         rec["t_step"] = time.perf_counter() - t0[0]
         return rec

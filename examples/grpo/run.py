@@ -165,7 +165,7 @@ def cmd_bench(a):
     out, work = pathlib.Path(a.out), pathlib.Path(a.work)
     out.mkdir(parents=True, exist_ok=True)
     cfg = grpo.Config(prompts=a.prompts, n=a.n, max_new=a.max_new, ignore_eos=True, lr=a.lr,
-                      micro_batch=a.micro_batch, check_every=a.steps + 1)
+                      micro_batch=a.micro_batch, check_every=0)
     pcfg = pol.config(a.shape, max_positions=task.PROMPT_LEN + a.max_new + 16)
     base = pol.Policy(pcfg, seed=a.init_seed)
     state = {n: p.detach().clone() for n, p in zip(base.names, base.params)}
