@@ -9,9 +9,16 @@
   time_split.png  the step time split into rollout, push and train (median over steps; wall and
                   CPU seconds), per run at the demo shape, and per precision at the benchmark
                   shapes when bench-*.jsonl files are present.
+
+The run logs are read as <run>-s<seed>.jsonl or, once pack_logs has compressed them (what the
+demo commits to results/), <run>-s<seed>.jsonl.gz. The figures are written at 80 dpi with a
+128-colour palette, which keeps each PNG under about 100 KB.
 """
+import gzip
+import io
 import json
 import pathlib
+import re
 import statistics
 
 import matplotlib
@@ -23,13 +30,50 @@ COLORS = {"a": "tab:blue", "b": "tab:red", "c": "tab:green", "d": "tab:orange"}
 LABELS = {"a": "(a) BF16", "b": "(b) FP8, no correction", "c": "(c) FP8 + TIS", "d": "(d) FP8 + MIS"}
 
 
+RUN_LOG = re.compile(r"([abcd])-s(\d+)\.jsonl(\.gz)?")
+
+
+def read_jsonl(path):
+    """The records of a JSONL file, plain or gzip-compressed (by its .gz suffix)."""
+    with (gzip.open(path, "rt") if str(path).endswith(".gz") else open(path)) as f:
+        return [json.loads(line) for line in f]
+
+
+def run_logs(out):
+    """{(run, seed): path} of every <run>-s<seed>.jsonl[.gz] in out (the plain file if both)."""
+    logs = {}
+    for path in sorted(pathlib.Path(out).iterdir(), key=lambda p: p.name.endswith(".gz")):
+        m = RUN_LOG.fullmatch(path.name)
+        if m and (m[1], int(m[2])) not in logs:
+            logs[(m[1], int(m[2]))] = path
+    return dict(sorted(logs.items()))
+
+
+def pack_logs(out):
+    """Compresses every plain run log in out to <name>.gz (gzip -9, no timestamp, so the same log
+    gives the same bytes) and removes the plain file."""
+    for path in run_logs(out).values():
+        if path.suffix == ".jsonl":
+            with open(path, "rb") as src, open(str(path) + ".gz", "wb") as raw, \
+                    gzip.GzipFile(filename="", mode="wb", fileobj=raw, compresslevel=9, mtime=0) as dst:
+                dst.write(src.read())
+            path.unlink()
+
+
 def load_runs(out):
-    """{(run, seed): [records]} of every <run>-s<seed>.jsonl in out."""
-    runs = {}
-    for path in sorted(pathlib.Path(out).glob("[abcd]-s*.jsonl")):
-        run, seed = path.stem.split("-s")
-        runs[(run, int(seed))] = [json.loads(line) for line in open(path)]
-    return runs
+    """{(run, seed): [records]} of every run log in out."""
+    return {key: read_jsonl(path) for key, path in run_logs(out).items()}
+
+
+def save(fig, path):
+    """fig as a PNG at 80 dpi, quantized to 128 colours (Pillow, which matplotlib depends on)."""
+    from PIL import Image
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=80)
+    plt.close(fig)
+    buf.seek(0)
+    img = Image.open(buf).convert("RGB").quantize(colors=128, method=Image.Quantize.MEDIANCUT)
+    img.save(path, optimize=True)
 
 
 def running_mean(xs, k=5):
@@ -63,8 +107,7 @@ def reward_figure(runs, path):
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save(fig, path)
 
 
 def mismatch_figure(runs, path):
@@ -100,8 +143,7 @@ def mismatch_figure(runs, path):
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save(fig, path)
 
 
 def _phase(r, name, cpu):
@@ -136,8 +178,7 @@ def time_figure(runs, benches, path):
         ax.grid(axis="x", alpha=0.3)
         ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save(fig, path)
 
 
 def all_figures(out):
@@ -145,7 +186,7 @@ def all_figures(out):
     runs = load_runs(out)
     benches = []
     for path in sorted(out.glob("bench-*.jsonl")):
-        recs = [json.loads(line) for line in open(path)]
+        recs = read_jsonl(path)
         benches.append((f"{recs[0]['shape']} ({recs[0]['params'] / 1e6:.0f}M)", [r for r in recs[1:] if "t_step" in r]))
     if runs:
         reward_figure(runs, out / "reward.png")

@@ -7,7 +7,8 @@
 demo: one supervised warm start (warmstart.py), then the four runs from the same weights with the
 same seeds: (a) BF16 rollouts, (b) FP8 W8A8 + FP8 KV rollouts without correction, (c) FP8 with
 token-level TIS, (d) FP8 with token-level MIS (grpo.py). Writes DIR/warmstart.jsonl, one
-DIR/<run>-s<seed>.jsonl per run and seed, DIR/summary.json, and the figures (plots.py).
+DIR/<run>-s<seed>.jsonl per run and seed (compressed to .jsonl.gz when all runs are done),
+DIR/summary.json, and the figures (plots.py).
 bench: the step time split (rollout / push / train) of BF16 and FP8 rollouts at a shape, from
 random weights (no warm start), every sample running --max-new tokens; the two daemons run side
 by side and the steps alternate between them, so that a change in the machine's load shows in
@@ -75,11 +76,10 @@ def median_min(recs, key):
 
 def summarize(out, runs, seeds, totals, machine_info):
     """summary.json and a markdown table: final held-out accuracy and the checks, per run."""
-    rows = []
+    rows, logs = [], plots.load_runs(out)
     for run in runs:
         for seed in seeds:
-            path = out / f"{run}-s{seed}.jsonl"
-            recs = [json.loads(line) for line in open(path)]
+            recs = logs[(run, seed)]
             steps = [r for r in recs if r["step"] > 0]
             evals = [r for r in recs if "heldout_acc" in r]
             last = steps[-10:]
@@ -157,6 +157,7 @@ def cmd_demo(a):
     cpu = sum(getattr(resource.getrusage(who), f) for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)
               for f in ("ru_utime", "ru_stime"))
     summarize(out, a.runs, seeds, {"wall_s": wall, "cpu_s": cpu}, machine())
+    plots.pack_logs(out)
     plots.all_figures(out)
     print(f"\ndemo done in {wall:.0f} s wall, {cpu:.0f} s CPU (trainer, daemons, fp8-mismatch); results in {out}")
 
@@ -187,7 +188,7 @@ def cmd_bench(a):
 
 
 def print_bench(path):
-    recs = [json.loads(line) for line in open(path)]
+    recs = plots.read_jsonl(path)
     head, steps = recs[0], [r for r in recs[1:] if "t_step" in r]
     print(f"\n{head['shape']}: {head['params'] / 1e6:.1f}M parameters, {head['prompts']} x {head['n']} x "
           f"{head['max_new']} tokens; min / median over {len(steps) // max(1, len({r['run'] for r in steps}))} steps")
@@ -242,11 +243,12 @@ def main(argv=None):
         cmd_bench(a)
     else:  # the summary (keeping the demo's totals) and the figures again, from the logs
         out = pathlib.Path(a.out)
-        runs = sorted({p.stem.split("-s")[0] for p in out.glob("[abcd]-s*.jsonl")})
-        seeds = sorted({int(p.stem.split("-s")[1]) for p in out.glob("[abcd]-s*.jsonl")})
+        logs = plots.run_logs(out)
+        runs, seeds = sorted({r for r, _ in logs}), sorted({s for _, s in logs})
         if runs:
             old = json.loads((out / "summary.json").read_text()) if (out / "summary.json").exists() else {}
             summarize(out, runs, seeds, old.get("totals", {}), old.get("machine", machine()))
+        plots.pack_logs(out)
         plots.all_figures(out)
 
 
