@@ -2,7 +2,7 @@
 
     python examples/grpo/run.py demo  [--steps 80] [--runs abcd] [--seeds 1,2] [--out DIR]
     python examples/grpo/run.py bench [--shape large] [--prompts 64] [--n 8] [--max-new 128] [--steps 3]
-    python examples/grpo/run.py plot  [--out DIR]       (summary and figures again, from the logs)
+    python examples/grpo/run.py plot  [--out DIR]       (summary, tables and figures again, from the logs)
 
 demo: one supervised warm start (warmstart.py), then the four runs from the same weights with the
 same seeds: (a) BF16 rollouts, (b) FP8 W8A8 + FP8 KV rollouts without correction, (c) FP8 with
@@ -249,6 +249,8 @@ def main(argv=None):
             old = json.loads((out / "summary.json").read_text()) if (out / "summary.json").exists() else {}
             summarize(out, runs, seeds, old.get("totals", {}), old.get("machine", machine()))
         plots.pack_logs(out)
+        for path in sorted(out.glob("bench-*.jsonl")):
+            print_bench(path)
         plots.all_figures(out)
 
 
