@@ -15,12 +15,17 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "../core/histogram.h"
 #include "../core/rs.h"
+#include "../kvcache/kvcache.h"
 #include "../model/model.h"
 
 typedef struct rs_sampling_params {
     int max_new_tokens;         /* default 128 */
-    int min_new_tokens;         /* default 0: stop tokens are ignored before this many outputs */
+    int min_new_tokens;         /* default 0: before this many outputs every stop token (stop_token_ids
+                                 * and the model's EOS ids, ignore_eos or not) is masked out of the
+                                 * distribution, as SGLang and vLLM do; see process_logits in engine.c
+                                 * and the logprob rule in sampler.h */
     float temperature;          /* default 1.0; 0 = greedy */
     float top_p;                /* default 1.0 */
     int top_k;                  /* default -1 (off) */
@@ -30,6 +35,11 @@ typedef struct rs_sampling_params {
     int32_t *stop_token_ids;    /* owned by the job */
     int n_stop_token_ids;
     bool ignore_eos;
+    /* Penalties over the tokens this sample has output (scheduler/penalties.h), applied to the
+     * logits before temperature: default 0, 0, 1 (off). */
+    float frequency_penalty;    /* minus this x the token's count */
+    float presence_penalty;     /* minus this once the token occurs */
+    float repetition_penalty;   /* divides a positive logit, multiplies a negative one */
 } rs_sampling_params;
 
 void rs_sampling_params_default(rs_sampling_params *sp);
@@ -48,10 +58,15 @@ typedef struct rs_finish {
     char message[128];
 } rs_finish;
 
+/* Which distribution a returned logprob (and its top alternatives) comes from. "penalized" is the
+ * model's logits with the sample's frequency / presence / repetition penalties applied
+ * (scheduler/penalties.h; the logits themselves when no penalty is asked). */
 typedef enum rs_logprobs_mode {
-    RS_LOGPROBS_DEFAULT = 0,    /* log_softmax(logits / T), before truncation (T = 1 when greedy) */
-    RS_LOGPROBS_RAW,            /* log_softmax(logits), no temperature */
-    RS_LOGPROBS_PROCESSED,      /* the distribution actually sampled from: T, top-k/p, min-p, renormalized */
+    RS_LOGPROBS_DEFAULT = 0,    /* log_softmax(penalized / T), before top-k/p, min-p truncation (T = 1
+                                 * when greedy): SGLang's default, what its trainers recompute */
+    RS_LOGPROBS_RAW,            /* log_softmax(logits): no penalty, no temperature (vLLM's raw_logprobs) */
+    RS_LOGPROBS_PROCESSED,      /* the distribution actually sampled from: penalties, T, top-k/p, min-p,
+                                 * renormalized (vLLM's processed_logprobs) */
 } rs_logprobs_mode;
 
 /* Tokens [start, end) of an output came from weights `version`. */
@@ -102,6 +117,10 @@ struct rs_gen_job {
     int top_logprobs_num;       /* k alternatives per scored position, 0 = none */
     rs_logprobs_mode logprobs_mode;
     bool stream;                /* reserved: the API issue adds SSE */
+    /* A health probe (/health_generate), not a user request: an abort of every job
+     * (rs_engine_abort with NULL) and pause(ABORT) leave it be, so a trainer's abort-all or pause
+     * never fails the probe; it is aborted only by its rid, or when the engine stops. */
+    bool probe;
     /* filled by the engine */
     rs_gen_output *outputs;     /* [n_prompts * sp.n] */
     char weight_version[64];    /* the version in service at the job's last update or admission */
@@ -114,14 +133,15 @@ struct rs_gen_job {
      * touch while it runs. It must not block. */
     rs_job_done_fn on_progress;
     double t_first_token;       /* filled by the engine: first token of any output (0 = none yet) */
+    /* filled by the engine: RS_EINTERNAL when producing the outputs hit a bug (a logits row holding
+     * a NaN or +inf, a logprob that came out NaN). Every output then finishes "abort" and none may be
+     * served: the server answers 500 with this message (a stream ends without [DONE]). */
+    rs_error error;
 };
 
 rs_gen_job *rs_gen_job_new(void);                 /* zeroed, sampling defaults, rid empty */
 void rs_gen_job_free(rs_gen_job *job);            /* frees everything the job owns */
 
-/* Checks a parsed job against the model and server limits: token ids in [0, vocab), non-empty
- * prompts, prompt + max_new_tokens within the context limit, logprob_start_len < prompt length.
- * Returns RS_OK or RS_EINVAL with the offending param named in err. */
 typedef struct rs_engine_limits {
     int max_context;            /* tokens per sequence (prompt + output) */
     int max_top_logprobs;       /* cap on top_logprobs_num */
@@ -129,8 +149,50 @@ typedef struct rs_engine_limits {
     int max_n;                  /* cap on sampling_params.n */
     int max_batch;              /* cap on n_prompts * n */
 } rs_engine_limits;
+
+/* Why rs_gen_job_validate refused a job, as data: which field, which problem, where and against
+ * which limit. The engine knows no API's field names; each protocol names the field in its own
+ * words (protocol/invalid.h: "sampling_params.n" for /generate, "n" for /v1/completions). */
+typedef enum rs_gen_field {
+    RS_GEN_FIELD_PROMPTS = 0,   /* the list of prompts as a whole */
+    RS_GEN_FIELD_PROMPT,        /* one prompt: `index` (-1 when the request was not batched) */
+    RS_GEN_FIELD_N,             /* samples per prompt */
+    RS_GEN_FIELD_MAX_NEW_TOKENS,
+    RS_GEN_FIELD_MIN_NEW_TOKENS,
+    RS_GEN_FIELD_TOP_LOGPROBS,  /* alternatives per position (top_logprobs_num) */
+    RS_GEN_FIELD_STOP_TOKEN_IDS,
+    RS_GEN_FIELD_LOGPROB_START, /* first prompt position scored (logprob_start_len) */
+} rs_gen_field;
+
+typedef enum rs_gen_problem {
+    RS_GEN_EMPTY = 0,           /* the field has no tokens */
+    RS_GEN_RANGE,               /* value is outside [min, max] */
+    RS_GEN_BATCH,               /* value prompts x `other` samples is over max sequences */
+    RS_GEN_VOCAB,               /* token `value` at position `pos` is outside [0, max) */
+    RS_GEN_CONTEXT,             /* a prompt of `value` tokens + `other` new tokens is over max */
+    RS_GEN_PAST_PROMPT,         /* value is not below the prompt length max */
+    RS_GEN_ALL_MASKED,          /* the stop ids and EOS ids (value distinct ids) cover the vocabulary
+                                 * `max`: with min_new_tokens = `other` nothing could be sampled */
+} rs_gen_problem;
+
+typedef struct rs_gen_invalid {
+    rs_gen_field field;
+    rs_gen_problem problem;
+    int index;                  /* RS_GEN_FIELD_PROMPT: the prompt (-1: the only one, not batched) */
+    int pos;                    /* RS_GEN_VOCAB: position in the list */
+    long long value;            /* the offending value */
+    long long min, max;         /* the limit, as `problem` says */
+    long long other;            /* RS_GEN_BATCH: n; RS_GEN_CONTEXT: max_new_tokens;
+                                 * RS_GEN_ALL_MASKED: min_new_tokens */
+} rs_gen_invalid;
+
+/* Checks a parsed job against the model and server limits: non-empty prompts, token ids in
+ * [0, vocab), n, prompts x n, max/min_new_tokens and top_logprobs_num within the limits, prompt +
+ * max_new_tokens within the context, logprob_start_len < prompt length; with min_new_tokens > 0 the
+ * stop ids and EOS ids must leave some token to sample. RS_OK, or RS_EINVAL with
+ * *why filled (the first problem, in that order). */
 int rs_gen_job_validate(const rs_gen_job *job, const rs_model_config *cfg, const rs_engine_limits *lim,
-                        rs_error *err);
+                        rs_gen_invalid *why);
 
 typedef struct rs_engine_opts {
     size_t kv_cache_bytes;      /* KV pool budget */
@@ -140,15 +202,13 @@ typedef struct rs_engine_opts {
      * that preemption stays rare (1.0: never preempt; small: admit more, preempt more). */
     float admission_new_token_ratio;
     bool prefix_cache;          /* share KV pages of identical prompt prefixes across requests */
-    /* KV cache pages: F32, BF16 or E4M3 (0 = F32). E4M3 scales: per layer and KV head, from
-     * calibration (or set later), or per token and head. */
+    /* KV cache pages: F32, BF16 or E4M3 (0 = F32), and for E4M3 where their scales come from
+     * (kvcache.h; required for E4M3, ignored otherwise). */
     rs_dtype kv_dtype;
-    rs_kv_scale_mode kv_scale_mode;
+    rs_kv_scales kv_scales;
     float kv_calib_margin;      /* calibrated scale = stat * margin / 448 */
     float kv_calib_percentile;  /* stat = this percentile of |K|, |V| (1.0 = amax) */
     int kv_calib_tokens;        /* length of the calibration token set (<= 0: 512) */
-    bool kv_scales_static;      /* per-head scales from the checkpoint (self_attn.k_scale/v_scale),
-                                 * kept across weight updates, instead of calibration */
     rs_engine_limits limits;
     const char *weight_version; /* version of the loaded weights; NULL = "0" */
 } rs_engine_opts;
@@ -165,14 +225,14 @@ void rs_engine_stop(rs_engine *e);               /* aborts remaining jobs, joins
 /* Thread-safe: queues the job (ownership passes to the engine until on_done). */
 int rs_engine_submit(rs_engine *e, rs_gen_job *job, rs_error *err);
 
-/* Thread-safe: aborts the jobs whose rid equals `rid` (every job when rid is NULL) at the next
- * step boundary. Their sequences free their pages at once and finish with type "abort", keeping
+/* Thread-safe: aborts the jobs whose rid equals `rid` (every job but probes when rid is NULL) at
+ * the next step boundary. Their sequences free their pages at once and finish with type "abort", keeping
  * the tokens and logprobs produced so far. */
 void rs_engine_abort(rs_engine *e, const char *rid);
 
 /* Pausing, as SGLang's /pause_generation. Thread-safe; takes effect at the next step boundary and
  * returns once it has. New requests are accepted while paused and wait.
- *   ABORT     abort every request in flight (partial outputs, finish "abort")
+ *   ABORT     abort every request in flight (partial outputs, finish "abort"); probes wait
  *   RETRACT   put every running sequence back in the queue, freeing its pages (recomputed later)
  *   IN_PLACE  stop stepping; running sequences keep their pages */
 typedef enum rs_pause_mode { RS_PAUSE_ABORT = 0, RS_PAUSE_RETRACT, RS_PAUSE_IN_PLACE } rs_pause_mode;
@@ -183,32 +243,36 @@ void rs_engine_continue(rs_engine *e);
  * Thread-safe; runs at the next step boundary. */
 int rs_engine_flush_cache(rs_engine *e, rs_error *err);
 
-/* Weight updates. `apply` runs on the engine thread at a step boundary, when no forward pass is
- * in flight, and swaps the staged tensors into the model (it must not fail: everything that can
- * fail happens before it, while staging, or in `calibrate`). Then sequences in flight are
- * retracted and recompute their tokens with the new weights (KV from the old weights is never
- * read again, so a token's logprob is exactly that of the version it reports), the prefix cache
- * is dropped, the FP8 KV scales for the new weights are installed, and weight_version is set.
- * The scales, [n_layers][n_kv_heads] each, are settled and checked (finite, > 0) before the swap:
- *   static mode     k_scales / v_scales when given (pushed with the weights), else the old ones;
- *   calibrate mode  k_scales / v_scales when kv_calibrated says the caller already ran
- *                   rs_engine_calibrate_kv_on over the new weights, else what `calibrate(ctx, e,
- *                   k, v, err)` computes on the engine thread before the swap (holding the step
- *                   loop; e.g. over a view of the staged weights on the engine's backend).
- * Any failure there refuses the update with nothing swapped: the old weights, scales and version
- * stay in service. In-flight requests are not aborted: tokens sampled after the commit come from
- * the new weights, and outputs record version spans. Thread-safe; returns once committed. RS_EBUSY
- * when the engine is shutting down. */
+/* Weight updates: the one operation the engine offers sync/ (whose commit policy decides what
+ * goes in it). At a step boundary, when no forward pass is in flight, the engine
+ *   1. settles the KV scales the new weights are served with: swap->k_scales / v_scales, or what
+ *      swap->calibrate computes here (holding the step loop), or, with neither, the ones in
+ *      service; given or computed, they must be finite and > 0, else the update is refused;
+ *   2. calls swap->apply, which swaps the staged tensors into the model (it cannot fail: all that
+ *      can fail happened before, while staging, or in step 1);
+ *   3. retracts sequences in flight, which recompute their tokens with the new weights (KV from
+ *      the old weights is never read again, so a token's logprob is exactly that of the version it
+ *      reports), drops the prefix cache, installs the scales and sets weight_version.
+ * A refusal in step 1 leaves the old weights, scales and version in service. In-flight requests
+ * are not aborted: tokens sampled after the commit come from the new weights, and outputs record
+ * version spans. Scales are [n_layers][n_kv_heads] each and only for an engine with per-head
+ * scales (CALIBRATE or STATIC). Thread-safe; returns once committed or refused. RS_EBUSY when the
+ * engine is shutting down. */
 typedef void (*rs_weights_apply_fn)(rs_model *m, void *ctx);
 typedef int (*rs_weights_calibrate_fn)(void *ctx, const rs_engine *e, float *k, float *v, rs_error *err);
-int rs_engine_update_weights(rs_engine *e, rs_weights_apply_fn apply, rs_weights_calibrate_fn calibrate, void *ctx,
-                             const float *k_scales, const float *v_scales, bool kv_calibrated, const char *version,
-                             double *seconds_paused, rs_error *err);
+typedef struct rs_weight_swap {
+    rs_weights_apply_fn apply;
+    void *ctx;                          /* for apply and calibrate */
+    const float *k_scales, *v_scales;   /* the scales to install, or NULL */
+    rs_weights_calibrate_fn calibrate;  /* or: computes them before the swap; NULL = none */
+    const char *scales_param;           /* what a refusal of the scales names ("k_scale") */
+    const char *scales_what;            /* and says ("the pushed KV scales") */
+    const char *version;                /* served from the swap on */
+} rs_weight_swap;
+int rs_engine_swap_weights(rs_engine *e, const rs_weight_swap *swap, double *seconds_paused, rs_error *err);
 
-/* Whether rs_engine_update_weights applies pushed KV scales: FP8 KV with static per-head scales
- * (--kv-scale-mode static). Otherwise pushed scales are not used: calibrate recomputes them from
- * the new weights, dynamic and BF16 KV have none. */
-bool rs_engine_takes_kv_scales(const rs_engine *e);
+/* Where this engine's FP8 KV scales come from: NONE unless its pages are E4M3. */
+rs_kv_scales rs_engine_kv_scales(const rs_engine *e);
 
 /* Relabels the weights in service (no weight change); later tokens report `version`. */
 int rs_engine_set_weight_version(rs_engine *e, const char *version, rs_error *err);
@@ -222,22 +286,14 @@ void rs_engine_run_until_idle(rs_engine *e);
 bool rs_engine_step_once(rs_engine *e);
 
 /* A snapshot of the engine's counters and occupancy; thread-safe (published after every step). */
-/* Latency histogram: counts of observations <= each bound (Prometheus "le" buckets) plus sum. */
-#define RS_HIST_BUCKETS 14
-extern const double rs_hist_bounds[RS_HIST_BUCKETS]; /* seconds; the last is +Inf */
-typedef struct rs_histogram {
-    uint64_t counts[RS_HIST_BUCKETS]; /* non-cumulative */
-    uint64_t n;
-    double sum;
-} rs_histogram;
-void rs_histogram_observe(rs_histogram *h, double seconds);
-
 typedef struct rs_engine_stats {
     int kv_blocks_total;
     int kv_blocks_free;         /* free or holding evictable cached prefixes */
     int kv_blocks_cached;       /* evictable cached prefix blocks (part of kv_blocks_free) */
     int n_running;
     int n_waiting;
+    uint64_t waiting_tokens;    /* tokens the waiting sequences will (re)compute */
+    uint64_t waiting_blocks;    /* KV pages those tokens fill */
     int peak_running;           /* most sequences ever running in one step */
     uint64_t num_retractions;   /* preemptions since start */
     uint64_t prefix_hit_tokens; /* prompt tokens served from the prefix cache */
@@ -251,14 +307,11 @@ typedef struct rs_engine_stats {
 } rs_engine_stats;
 void rs_engine_get_stats(const rs_engine *e, rs_engine_stats *out);
 
-/* Recomputes the per-head FP8 KV scales from the calibration token set (no-op for other KV
- * modes). Runs on the caller's thread: call it at init or from the engine thread at a step
+/* Recomputes the per-head FP8 KV scales from the calibration token set (no-op unless the engine
+ * calibrates: RS_KV_SCALES_CALIBRATE). Runs on the caller's thread: call it at init or from the engine thread at a step
  * boundary with no sequence holding KV (it flushes the prefix cache). */
 int rs_engine_calibrate_kv(rs_engine *e, rs_error *err);
 
-/* Whether this engine recalibrates per-head FP8 KV scales after every weight update
- * (--kv-cache-dtype fp8 --kv-scale-mode calibrate). */
-bool rs_engine_calibrates_kv(const rs_engine *e);
 /* The scales rs_engine_calibrate_kv would compute for model m (the engine's options, m's
  * weights), into k, v [n_layers][n_kv_heads], without installing them. Runs on m's backend on
  * the caller's thread, which must be the only user of that backend; m may be a view holding

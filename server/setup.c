@@ -23,10 +23,10 @@ void rs_setup_engine_opts(const rs_config *c, int max_position, rs_engine_opts *
         .prefix_cache = c->prefix_cache,
         .kv_dtype = !strcmp(c->kv_cache_dtype, "fp8") ? RS_DTYPE_E4M3
                     : !strcmp(c->kv_cache_dtype, "bf16") ? RS_DTYPE_BF16 : RS_DTYPE_F32,
-        .kv_scale_mode = !strcmp(c->kv_scale_mode, "dynamic") ? RS_KV_SCALE_PER_TOKEN : RS_KV_SCALE_PER_HEAD,
+        .kv_scales = !strcmp(c->kv_scale_mode, "dynamic") ? RS_KV_SCALES_DYNAMIC
+                     : !strcmp(c->kv_scale_mode, "static") ? RS_KV_SCALES_STATIC : RS_KV_SCALES_CALIBRATE,
         .kv_calib_margin = (float)c->kv_calib_margin,
         .kv_calib_percentile = (float)c->kv_calib_percentile,
         .kv_calib_tokens = c->kv_calib_tokens,
-        .kv_scales_static = !strcmp(c->kv_scale_mode, "static"),
     };
 }

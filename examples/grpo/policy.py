@@ -1,6 +1,6 @@
 """The policy: a tiny Qwen3 (transformers' Qwen3ForCausalLM) trained in fp32 on BF16 weights.
 
-rolloutd serves BF16 weights and computes in fp32 (DESIGN.md "Numerics"); the trainer must compute
+rolloutd serves BF16 weights and computes in fp32 (docs/design.md "Numerics"); the trainer must compute
 exactly that for its logprobs to equal the daemon's. So the trainer keeps two copies:
 
   - `master`: fp32 parameters, the ones the optimizer updates (small steps accumulate here);
