@@ -1,7 +1,7 @@
 """The policy: a tiny Qwen3 (transformers' Qwen3ForCausalLM) trained in fp32 on BF16 weights.
 
-rolloutd serves BF16 weights and computes in fp32 (docs/design.md "Numerics"); the trainer must compute
-exactly that for its logprobs to equal the daemon's. So the trainer keeps two copies:
+rolloutd serves BF16 weights and computes in fp32 (docs/design.md "Numerics"); the trainer must
+compute exactly that for its logprobs to equal the daemon's. So the trainer keeps two copies:
 
   - `master`: fp32 parameters, the ones the optimizer updates (small steps accumulate here);
   - `model`: the module the forward pass runs, whose fp32 parameters always hold bf16(master),

@@ -9,7 +9,8 @@ the trainer's within 1e-4 on every token, loss and rewards are finite. And the B
 fail: a "push" that only relabels the version (update_weight_version, the weights unchanged) is
 caught on the next step by the logprob check alone, the version checks passing.
 
-Needs torch and transformers (skips saying so without them), like the example itself.
+Needs torch, transformers, safetensors and crc32c (skips saying so without them), like the example
+itself.
 """
 import math
 import pathlib
@@ -23,6 +24,7 @@ from conftest import BIN, ROOT
 torch = pytest.importorskip("torch", reason="the GRPO example needs PyTorch (not importable here)")
 pytest.importorskip("transformers", reason="the GRPO example needs transformers (not importable here)")
 pytest.importorskip("safetensors", reason="the GRPO example needs safetensors (not importable here)")
+pytest.importorskip("crc32c", reason="the GRPO example's shm pushes carry CRC-32C checksums: needs crc32c")
 
 sys.path.insert(0, str(ROOT / "examples" / "grpo"))
 import daemon as dmn  # noqa: E402
