@@ -473,7 +473,7 @@ def _abort_open_updates(clients, version, futures, timeout, txn_ids=None):
         return
     ex = cf.ThreadPoolExecutor(max_workers=len(targets), thread_name_prefix="rolloutd-nccl-abort")
     try:
-        cf.wait([ex.submit(_shm.abort_update, clients[k], version, None, timeout, txn_ids[k] if txn_ids else None)
+        cf.wait([ex.submit(_shm.abort_update, clients[k], version, timeout, txn_ids[k] if txn_ids else None)
                  for k in targets], timeout=timeout + 5)
     finally:
         ex.shutdown(wait=False)
