@@ -317,8 +317,8 @@ class _Stub(http.server.BaseHTTPRequestHandler):
     """Records each /update_weights_from_shm body plus the bytes of every tensor, read from the
     segment the way rolloutd does (open by name, check the mode); sleeps `delay_at[n]` seconds
     before answering call n; answers 400 on bucket `fail_at`, to a segment that does not exist (a
-    client dropping its update) and to a last bucket with no tensors, as rolloutd does; answers
-    with `txn_id` as the transaction_id when it is set."""
+    client dropping its update) and, unless `complete` is set (every parameter staged), to a last
+    bucket with no tensors, as rolloutd does; answers with `txn_id` as the transaction_id when set."""
 
     def do_POST(self):
         srv = self.server
@@ -343,7 +343,7 @@ class _Stub(http.server.BaseHTTPRequestHandler):
         elif seg is None:
             out, code = {"error": {"message": f"shared-memory segment '{body['shm_name']}' does not exist",
                                    "type": "invalid_request", "param": "shm_name"}}, 400
-        elif not body["tensors"] and body.get("is_last"):
+        elif not body["tensors"] and body.get("is_last") and not srv.complete:
             out, code = {"error": {"message": "missing tensor 'x' at is_last; the update is dropped",
                                    "type": "invalid_request"}}, 400
         else:
@@ -368,7 +368,7 @@ class _Stub(http.server.BaseHTTPRequestHandler):
 @pytest.fixture
 def stub():
     srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Stub)
-    srv.calls, srv.fail_at, srv.delay_at, srv.txn_id = [], -1, {}, None
+    srv.calls, srv.fail_at, srv.delay_at, srv.txn_id, srv.complete = [], -1, {}, None, False
     t = threading.Thread(target=srv.serve_forever, daemon=True)
     t.start()
     yield srv
