@@ -306,6 +306,10 @@ class Fleet:
                     raise FleetError("no daemon of the fleet could take the request:\n" + "\n".join(
                         f"  {u}: {ex}" for u, ex in errors.items()), errors) from e
                 continue
+            except BaseException:  # Ctrl-C: the request is no longer ours to count
+                with self._lock:
+                    self._inflight[server] -= weight
+                raise
             with self._lock:
                 self._inflight[server] -= weight
             return res
