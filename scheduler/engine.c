@@ -10,9 +10,10 @@
  *      (admission_new_token_ratio) of the growth of everything running, so preemption stays
  *      rare; a prompt's leading full blocks come from the prefix cache when they are there;
  *   4. runs one forward pass over decode rows first, then prefill chunks, within max_step_tokens;
- *   5. samples, scores prompt tokens, fans a prompt out to its n samples (one shared prefill, the
- *      pages forked, the partial last page copied on first write), registers full blocks in the
- *      prefix cache, and finishes sequences (stop token, EOS, max_new_tokens, context limit).
+ *   5. samples (after the sequence's penalties over its own output, scheduler/penalties.h), scores
+ *      prompt tokens, fans a prompt out to its n samples (one shared prefill, the pages forked, the
+ *      partial last page copied on first write), registers full blocks in the prefix cache, and
+ *      finishes sequences (stop token, EOS, max_new_tokens, context limit).
  *
  * Reproducibility: a token's random draw is keyed by (sampling_seed, sample index, position) and
  * every op computes each row independently of the others in the batch, so a request produces the
@@ -25,6 +26,7 @@
  */
 #include "engine.h"
 
+#include <limits.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -34,6 +36,7 @@
 #include "../model/kv_calibrate.h"
 #include "../kvcache/kvcache.h"
 #include "../model/kv_scales.h"
+#include "penalties.h"
 #include "sampler.h"
 
 typedef struct rs_seq {
@@ -49,6 +52,7 @@ typedef struct rs_seq {
     double t_last_token;        /* for inter-token latency */
     bool admitted_once;
     rs_kv_seq kv;
+    rs_penalty_counts pen;      /* its output tokens, counted when the job asks for penalties */
     struct rs_seq *next;        /* waiting queue */
 } rs_seq;
 
@@ -161,33 +165,36 @@ void rs_gen_job_free(rs_gen_job *job) {
     free(job);
 }
 
+static int invalid(rs_gen_invalid *why, rs_gen_field field, rs_gen_problem problem, long long value, long long min,
+                   long long max) {
+    *why = (rs_gen_invalid){.field = field, .problem = problem, .index = -1, .pos = -1, .value = value,
+                            .min = min, .max = max};
+    return RS_EINVAL;
+}
+
 int rs_gen_job_validate(const rs_gen_job *job, const rs_model_config *cfg, const rs_engine_limits *lim,
-                        rs_error *err) {
+                        rs_gen_invalid *why) {
     const rs_sampling_params *sp = &job->sp;
-    if (job->n_prompts <= 0) return rs_error_set(err, RS_EINVAL, "input_ids", "input_ids must not be empty");
-    if (sp->n < 1 || sp->n > lim->max_n)
-        return rs_error_set(err, RS_EINVAL, "sampling_params.n", "sampling_params.n must be in [1, %d], got %d",
-                            lim->max_n, sp->n);
-    if ((long)job->n_prompts * sp->n > lim->max_batch)
-        return rs_error_set(err, RS_EINVAL, "input_ids",
-                            "%d prompts x n=%d sequences exceeds the per-request limit of %d",
-                            job->n_prompts, sp->n, lim->max_batch);
+    if (job->n_prompts <= 0) return invalid(why, RS_GEN_FIELD_PROMPTS, RS_GEN_EMPTY, 0, 1, 0);
+    if (sp->n < 1 || sp->n > lim->max_n) return invalid(why, RS_GEN_FIELD_N, RS_GEN_RANGE, sp->n, 1, lim->max_n);
+    if ((long long)job->n_prompts * sp->n > lim->max_batch) {
+        invalid(why, RS_GEN_FIELD_PROMPTS, RS_GEN_BATCH, job->n_prompts, 1, lim->max_batch);
+        why->other = sp->n;
+        return RS_EINVAL;
+    }
     if (sp->max_new_tokens < 0 || sp->max_new_tokens > lim->max_new_tokens)
-        return rs_error_set(err, RS_EINVAL, "sampling_params.max_new_tokens",
-                            "sampling_params.max_new_tokens must be in [0, %d], got %d", lim->max_new_tokens,
-                            sp->max_new_tokens);
+        return invalid(why, RS_GEN_FIELD_MAX_NEW_TOKENS, RS_GEN_RANGE, sp->max_new_tokens, 0, lim->max_new_tokens);
     if (sp->min_new_tokens < 0 || sp->min_new_tokens > sp->max_new_tokens)
-        return rs_error_set(err, RS_EINVAL, "sampling_params.min_new_tokens",
-                            "sampling_params.min_new_tokens must be in [0, max_new_tokens=%d], got %d",
-                            sp->max_new_tokens, sp->min_new_tokens);
+        return invalid(why, RS_GEN_FIELD_MIN_NEW_TOKENS, RS_GEN_RANGE, sp->min_new_tokens, 0, sp->max_new_tokens);
     if (job->top_logprobs_num < 0 || job->top_logprobs_num > lim->max_top_logprobs)
-        return rs_error_set(err, RS_EINVAL, "top_logprobs_num", "top_logprobs_num must be in [0, %d], got %d",
-                            lim->max_top_logprobs, job->top_logprobs_num);
+        return invalid(why, RS_GEN_FIELD_TOP_LOGPROBS, RS_GEN_RANGE, job->top_logprobs_num, 0,
+                       lim->max_top_logprobs);
     for (int i = 0; i < sp->n_stop_token_ids; i++) {
-        if (sp->stop_token_ids[i] < 0 || sp->stop_token_ids[i] >= cfg->vocab_size)
-            return rs_error_set(err, RS_EINVAL, "sampling_params.stop_token_ids",
-                                "stop token id %d is outside the vocabulary [0, %d)", sp->stop_token_ids[i],
-                                cfg->vocab_size);
+        if (sp->stop_token_ids[i] < 0 || sp->stop_token_ids[i] >= cfg->vocab_size) {
+            invalid(why, RS_GEN_FIELD_STOP_TOKEN_IDS, RS_GEN_VOCAB, sp->stop_token_ids[i], 0, cfg->vocab_size);
+            why->pos = i;
+            return RS_EINVAL;
+        }
     }
     if (sp->min_new_tokens > 0 && sp->n_stop_token_ids + cfg->n_eos >= cfg->vocab_size) {
         /* every token masked until min_new_tokens: nothing could be sampled */
@@ -201,34 +208,35 @@ int rs_gen_job_validate(const rs_gen_job *job, const rs_model_config *cfg, const
             }
         }
         free(seen);
-        if (distinct >= cfg->vocab_size)
-            return rs_error_set(err, RS_EINVAL, "sampling_params.stop_token_ids",
-                                "stop_token_ids and the EOS ids cover the whole vocabulary: with min_new_tokens=%d "
-                                "no token could be sampled", sp->min_new_tokens);
+        if (distinct >= cfg->vocab_size) {
+            invalid(why, RS_GEN_FIELD_STOP_TOKEN_IDS, RS_GEN_ALL_MASKED, distinct, 0, cfg->vocab_size);
+            why->other = sp->min_new_tokens;
+            return RS_EINVAL;
+        }
     }
     for (int p = 0; p < job->n_prompts; p++) {
-        char param[64];
-        snprintf(param, sizeof param, job->batched ? "input_ids[%d]" : "input_ids", p);
-        int len = job->prompt_lens[p];
-        if (len <= 0) return rs_error_set(err, RS_EINVAL, param, "%s must not be empty", param);
-        for (int i = 0; i < len; i++) {
+        int len = job->prompt_lens[p], rc = RS_OK;
+        if (len <= 0) rc = invalid(why, RS_GEN_FIELD_PROMPT, RS_GEN_EMPTY, 0, 1, 0);
+        for (int i = 0; rc == RS_OK && i < len; i++) {
             int32_t t = job->prompts[p][i];
-            if (t < 0 || t >= cfg->vocab_size)
-                return rs_error_set(err, RS_EINVAL, param, "%s[%d] = %d is outside the vocabulary [0, %d)", param,
-                                    i, t, cfg->vocab_size);
+            if (t < 0 || t >= cfg->vocab_size) {
+                rc = invalid(why, RS_GEN_FIELD_PROMPT, RS_GEN_VOCAB, t, 0, cfg->vocab_size);
+                why->pos = i;
+            }
         }
-        if ((long)len + sp->max_new_tokens > lim->max_context)
-            return rs_error_set(err, RS_EINVAL, param,
-                                "%s has %d tokens; with max_new_tokens=%d that exceeds the context limit of %d",
-                                param, len, sp->max_new_tokens, lim->max_context);
+        if (rc == RS_OK && (long long)len + sp->max_new_tokens > lim->max_context) {
+            rc = invalid(why, RS_GEN_FIELD_PROMPT, RS_GEN_CONTEXT, len, 0, lim->max_context);
+            why->other = sp->max_new_tokens;
+        }
+        if (rc != RS_OK) {
+            why->index = job->batched ? p : -1;
+            return rc;
+        }
         if (job->logprob_start_len >= len)
-            return rs_error_set(err, RS_EINVAL, "logprob_start_len",
-                                "logprob_start_len=%d must be less than the prompt length %d",
-                                job->logprob_start_len, len);
+            return invalid(why, RS_GEN_FIELD_LOGPROB_START, RS_GEN_PAST_PROMPT, job->logprob_start_len, -1, len);
     }
     if (job->logprob_start_len < -1)
-        return rs_error_set(err, RS_EINVAL, "logprob_start_len", "logprob_start_len must be >= -1, got %d",
-                            job->logprob_start_len);
+        return invalid(why, RS_GEN_FIELD_LOGPROB_START, RS_GEN_RANGE, job->logprob_start_len, -1, INT_MAX);
     return RS_OK;
 }
 
@@ -375,8 +383,8 @@ void rs_engine_free(rs_engine *e) {
     rs_forward_ctx_free(e->fwd);
     rs_sampler_scratch_free(&e->sampler);
     void *bufs[] = {e->b_tokens, e->b_pos, e->b_slot, e->logit_rows, e->b_seq_start, e->b_seq_ctx,
-                    e->b_tables, e->step_seqs, e->sampled, e->running, e->logits, e->top_ids, e->top_lps,
-                    e->proc_logits, e->inbox, e->progress};
+                    e->b_tables, e->step_seqs, e->sampled, e->running, e->logits, e->proc_logits, e->top_ids,
+                    e->top_lps, e->inbox, e->progress};
     for (size_t i = 0; i < RS_ARRAY_LEN(bufs); i++) free(bufs[i]);
     for (int i = 0; i < e->n_abort_rids; i++) free(e->abort_rids[i]);
     free(e->abort_rids);
@@ -395,6 +403,11 @@ static void publish_stats(rs_engine *e) {
     st.kv_blocks_cached = e->pool.n_evictable;
     st.n_running = e->n_running;
     st.n_waiting = e->n_waiting;
+    st.waiting_tokens = st.waiting_blocks = 0;
+    for (const rs_seq *s = e->wait_head; s; s = s->next) {
+        st.waiting_tokens += (uint64_t)s->n_tokens;
+        st.waiting_blocks += (uint64_t)blocks_for(s->n_tokens);
+    }
     st.prefix_hit_tokens = e->pool.hit_tokens;
     st.paused = e->paused;
     pthread_mutex_lock(&e->stats_mu);
@@ -602,6 +615,7 @@ static void finish_seq(rs_engine *e, rs_seq *s, rs_finish_type type, int32_t mat
         set_finish(o, type == RS_FINISH_STOP ? RS_FINISH_LENGTH : type, -1, msg, job->t_arrival);
     }
     rs_kv_seq_release(&e->pool, &s->kv);
+    rs_penalty_counts_free(&s->pen);
     free(s->tokens);
     free(s);
     if (!job_finished(job)) return;
@@ -840,21 +854,28 @@ static bool masks_stop_tokens(const rs_engine *e, const rs_seq *s) {
     return s->out->n_output < sp->min_new_tokens && (sp->n_stop_token_ids > 0 || e->model->cfg.n_eos > 0);
 }
 
-/* The logits-processing step between the forward pass and the sampler: the row to sample from
- * (the model's own when nothing changes it, else a copy in e->proc_logits). Penalties or biases
- * that change the distribution belong here; the raw row stays for logprobs_mode "raw". */
+/* The logits-processing step between the forward pass and the sampler: the row s samples from.
+ * It is the model's own row when nothing changes it, else a copy in e->proc_logits (the row of
+ * e->logits may be shared by a whole n-sample group) with s's penalties over its output so far
+ * (scheduler/penalties.h) and, before min_new_tokens outputs, its stop tokens masked. The raw row
+ * stays for logprobs_mode "raw". */
 static const float *process_logits(rs_engine *e, const rs_seq *s, const float *logits) {
-    if (!masks_stop_tokens(e, s)) return logits;
+    const bool mask = masks_stop_tokens(e, s), penalize = s->pen.n > 0;
+    if (!mask && !penalize) return logits;
     const rs_model_config *c = &e->model->cfg;
     const rs_sampling_params *sp = &s->job->sp;
     memcpy(e->proc_logits, logits, sizeof(float) * (size_t)c->vocab_size);
-    for (int i = 0; i < sp->n_stop_token_ids; i++) e->proc_logits[sp->stop_token_ids[i]] = -INFINITY;
-    for (int i = 0; i < c->n_eos; i++) e->proc_logits[c->eos_token_ids[i]] = -INFINITY;
+    if (penalize) rs_penalties_apply(sp, &s->pen, e->proc_logits);
+    if (mask) {
+        for (int i = 0; i < sp->n_stop_token_ids; i++) e->proc_logits[sp->stop_token_ids[i]] = -INFINITY;
+        for (int i = 0; i < c->n_eos; i++) e->proc_logits[c->eos_token_ids[i]] = -INFINITY;
+    }
     return e->proc_logits;
 }
 
 /* The logprob of `tok` and its top alternatives under the job's logprobs mode: "raw" reads the
- * model's row, the others the processed one (what was sampled from). NaN when a row is invalid;
+ * model's row, the others the processed one (what was sampled from: penalties applied, stop
+ * tokens masked before min_new_tokens). NaN when a row is invalid;
  * every top entry written is finite or -inf otherwise. */
 static float logprob_in_mode(rs_engine *e, const rs_seq *s, const float *raw_logits, const float *logits, int32_t tok,
                              const rs_sample_info *sampled) {
@@ -903,6 +924,7 @@ static bool sample_into(rs_engine *e, rs_seq *s, const float *logits) {
     }
     out_push(s->out, s->job->top_logprobs_num, tok, lp, e->top_ids, e->top_lps);
     seq_push_token(s, tok);
+    if (rs_penalties_active(&s->job->sp)) rs_penalty_counts_add(&s->pen, tok);
     e->stats.generation_tokens++;
     double now = rs_now_s();
     if (s->job->t_first_token == 0) {

@@ -33,6 +33,11 @@ typedef struct rs_sampling_params {
     int32_t *stop_token_ids;    /* owned by the job */
     int n_stop_token_ids;
     bool ignore_eos;
+    /* Penalties over the tokens this sample has output (scheduler/penalties.h), applied to the
+     * logits before temperature: default 0, 0, 1 (off). */
+    float frequency_penalty;    /* minus this x the token's count */
+    float presence_penalty;     /* minus this once the token occurs */
+    float repetition_penalty;   /* divides a positive logit, multiplies a negative one */
 } rs_sampling_params;
 
 void rs_sampling_params_default(rs_sampling_params *sp);
@@ -51,10 +56,15 @@ typedef struct rs_finish {
     char message[128];
 } rs_finish;
 
+/* Which distribution a returned logprob (and its top alternatives) comes from. "penalized" is the
+ * model's logits with the sample's frequency / presence / repetition penalties applied
+ * (scheduler/penalties.h; the logits themselves when no penalty is asked). */
 typedef enum rs_logprobs_mode {
-    RS_LOGPROBS_DEFAULT = 0,    /* log_softmax(logits / T), before truncation (T = 1 when greedy) */
-    RS_LOGPROBS_RAW,            /* log_softmax(logits), no temperature */
-    RS_LOGPROBS_PROCESSED,      /* the distribution actually sampled from: T, top-k/p, min-p, renormalized */
+    RS_LOGPROBS_DEFAULT = 0,    /* log_softmax(penalized / T), before top-k/p, min-p truncation (T = 1
+                                 * when greedy): SGLang's default, what its trainers recompute */
+    RS_LOGPROBS_RAW,            /* log_softmax(logits): no penalty, no temperature (vLLM's raw_logprobs) */
+    RS_LOGPROBS_PROCESSED,      /* the distribution actually sampled from: penalties, T, top-k/p, min-p,
+                                 * renormalized (vLLM's processed_logprobs) */
 } rs_logprobs_mode;
 
 /* Tokens [start, end) of an output came from weights `version`. */
@@ -130,10 +140,6 @@ struct rs_gen_job {
 rs_gen_job *rs_gen_job_new(void);                 /* zeroed, sampling defaults, rid empty */
 void rs_gen_job_free(rs_gen_job *job);            /* frees everything the job owns */
 
-/* Checks a parsed job against the model and server limits: token ids in [0, vocab), non-empty
- * prompts, prompt + max_new_tokens within the context limit, logprob_start_len < prompt length.
- * With min_new_tokens > 0 the stop ids and EOS ids must leave some token to sample.
- * Returns RS_OK or RS_EINVAL with the offending param named in err. */
 typedef struct rs_engine_limits {
     int max_context;            /* tokens per sequence (prompt + output) */
     int max_top_logprobs;       /* cap on top_logprobs_num */
@@ -141,8 +147,50 @@ typedef struct rs_engine_limits {
     int max_n;                  /* cap on sampling_params.n */
     int max_batch;              /* cap on n_prompts * n */
 } rs_engine_limits;
+
+/* Why rs_gen_job_validate refused a job, as data: which field, which problem, where and against
+ * which limit. The engine knows no API's field names; each protocol names the field in its own
+ * words (protocol/invalid.h: "sampling_params.n" for /generate, "n" for /v1/completions). */
+typedef enum rs_gen_field {
+    RS_GEN_FIELD_PROMPTS = 0,   /* the list of prompts as a whole */
+    RS_GEN_FIELD_PROMPT,        /* one prompt: `index` (-1 when the request was not batched) */
+    RS_GEN_FIELD_N,             /* samples per prompt */
+    RS_GEN_FIELD_MAX_NEW_TOKENS,
+    RS_GEN_FIELD_MIN_NEW_TOKENS,
+    RS_GEN_FIELD_TOP_LOGPROBS,  /* alternatives per position (top_logprobs_num) */
+    RS_GEN_FIELD_STOP_TOKEN_IDS,
+    RS_GEN_FIELD_LOGPROB_START, /* first prompt position scored (logprob_start_len) */
+} rs_gen_field;
+
+typedef enum rs_gen_problem {
+    RS_GEN_EMPTY = 0,           /* the field has no tokens */
+    RS_GEN_RANGE,               /* value is outside [min, max] */
+    RS_GEN_BATCH,               /* value prompts x `other` samples is over max sequences */
+    RS_GEN_VOCAB,               /* token `value` at position `pos` is outside [0, max) */
+    RS_GEN_CONTEXT,             /* a prompt of `value` tokens + `other` new tokens is over max */
+    RS_GEN_PAST_PROMPT,         /* value is not below the prompt length max */
+    RS_GEN_ALL_MASKED,          /* the stop ids and EOS ids (value distinct ids) cover the vocabulary
+                                 * `max`: with min_new_tokens = `other` nothing could be sampled */
+} rs_gen_problem;
+
+typedef struct rs_gen_invalid {
+    rs_gen_field field;
+    rs_gen_problem problem;
+    int index;                  /* RS_GEN_FIELD_PROMPT: the prompt (-1: the only one, not batched) */
+    int pos;                    /* RS_GEN_VOCAB: position in the list */
+    long long value;            /* the offending value */
+    long long min, max;         /* the limit, as `problem` says */
+    long long other;            /* RS_GEN_BATCH: n; RS_GEN_CONTEXT: max_new_tokens;
+                                 * RS_GEN_ALL_MASKED: min_new_tokens */
+} rs_gen_invalid;
+
+/* Checks a parsed job against the model and server limits: non-empty prompts, token ids in
+ * [0, vocab), n, prompts x n, max/min_new_tokens and top_logprobs_num within the limits, prompt +
+ * max_new_tokens within the context, logprob_start_len < prompt length; with min_new_tokens > 0 the
+ * stop ids and EOS ids must leave some token to sample. RS_OK, or RS_EINVAL with
+ * *why filled (the first problem, in that order). */
 int rs_gen_job_validate(const rs_gen_job *job, const rs_model_config *cfg, const rs_engine_limits *lim,
-                        rs_error *err);
+                        rs_gen_invalid *why);
 
 typedef struct rs_engine_opts {
     size_t kv_cache_bytes;      /* KV pool budget */
@@ -250,6 +298,8 @@ typedef struct rs_engine_stats {
     int kv_blocks_cached;       /* evictable cached prefix blocks (part of kv_blocks_free) */
     int n_running;
     int n_waiting;
+    uint64_t waiting_tokens;    /* tokens the waiting sequences will (re)compute */
+    uint64_t waiting_blocks;    /* KV pages those tokens fill */
     int peak_running;           /* most sequences ever running in one step */
     uint64_t num_retractions;   /* preemptions since start */
     uint64_t prefix_hit_tokens; /* prompt tokens served from the prefix cache */

@@ -26,7 +26,8 @@
 
 void rs_sampling_params_default(rs_sampling_params *sp) {
     *sp = (rs_sampling_params){.max_new_tokens = 128, .min_new_tokens = 0, .temperature = 1.0f,
-                               .top_p = 1.0f, .top_k = -1, .min_p = 0.0f, .n = 1, .seed = 0};
+                               .top_p = 1.0f, .top_k = -1, .min_p = 0.0f, .n = 1, .seed = 0,
+                               .repetition_penalty = 1.0f};
 }
 
 bool rs_sampling_greedy(const rs_sampling_params *sp) { return !(sp->temperature >= RS_SAMPLING_EPS); }

@@ -72,8 +72,10 @@ static const route_def routes[] = {
     {"/v1/completions", RS_ROUTE_COMPLETIONS, "POST", false},
     {"/v1/models", RS_ROUTE_MODELS, "GET", false},
     {"/get_model_info", RS_ROUTE_MODEL_INFO, "GET", false},
+    {"/model_info", RS_ROUTE_MODEL_INFO, "GET", false}, /* SGLang's newer names */
     {"/get_server_info", RS_ROUTE_SERVER_INFO, "GET", false},
-    {"/server_info", RS_ROUTE_SERVER_INFO, "GET", false}, /* SGLang's newer name */
+    {"/server_info", RS_ROUTE_SERVER_INFO, "GET", false},
+    {"/get_load", RS_ROUTE_LOAD, "GET", false},
     {"/get_weight_version", RS_ROUTE_WEIGHT_VERSION, "GET", false},
     {"/metrics", RS_ROUTE_METRICS, "GET", true},
     {"/abort_request", RS_ROUTE_ABORT, "POST", false},

@@ -195,7 +195,10 @@ static int parse_generate(rs_http_req *r, rs_engine *e, rs_error *err) {
      * requests does not sample n identical rollouts. A given seed reproduces the tokens exactly. */
     if (!r->gen.seed_given) r->job->sp.seed = splitmix64(atomic_fetch_add(&h->seed_state, 0x9e3779b97f4a7c15ull));
     name_job(h, r->job, r->gen.rid);
-    return rs_gen_job_validate(r->job, rs_engine_model_config(e), rs_engine_get_limits(e), err);
+    rs_gen_invalid why;
+    if (rs_gen_job_validate(r->job, rs_engine_model_config(e), rs_engine_get_limits(e), &why) != RS_OK)
+        return rs_generate_invalid(&why, err);
+    return RS_OK;
 }
 
 static int parse_completions(rs_http_req *r, rs_engine *e, rs_error *err) {
@@ -221,9 +224,9 @@ static int parse_completions(rs_http_req *r, rs_engine *e, rs_error *err) {
     r->job = job;
     r->stream = q->stream;
     name_job(h, job, q->id);
-    rc = rs_gen_job_validate(job, rs_engine_model_config(e), lim, err);
-    if (rc != RS_OK) rs_openai_map_error(err);
-    return rc;
+    rs_gen_invalid why;
+    if (rs_gen_job_validate(job, rs_engine_model_config(e), lim, &why) != RS_OK) return rs_openai_invalid(&why, err);
+    return RS_OK;
 }
 
 /* /health_generate: one greedy token after token 0, as SGLang's probe. */

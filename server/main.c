@@ -39,6 +39,7 @@
 #include "../scheduler/engine.h"
 #include "../sync/nccl.h"
 #include "../sync/sync.h"
+#include "../tokenizer/tokenizer.h"
 #include "http.h"
 #include "setup.h"
 #include "weights_routes.h"
@@ -76,7 +77,8 @@ static uint64_t fnv1a(const char *s) {
     return h;
 }
 
-/* A name for the preset's exact contents, so a changed preset never reuses a stale cache. */
+/* A name for the preset's exact contents and its tokenizer, so a changed preset never reuses a
+ * stale cache. */
 static uint64_t preset_hash(const rs_model_config *c, uint64_t seed) {
     char buf[1024];
     int n = snprintf(buf, sizeof buf,
@@ -91,7 +93,8 @@ static uint64_t preset_hash(const rs_model_config *c, uint64_t seed) {
                      c->bos_token_id, (unsigned long long)seed);
     for (int i = 0; i < c->n_eos && n > 0 && (size_t)n < sizeof buf; i++)
         n += snprintf(buf + n, sizeof buf - (size_t)n, "%d,", c->eos_token_ids[i]);
-    return fnv1a(buf);
+    size_t tok_len;
+    return fnv1a(buf) ^ fnv1a(rs_tok_default_json(&tok_len)); /* the tokenizer written beside it */
 }
 
 static int mkdir_p(const char *path, rs_error *err) {
@@ -132,8 +135,9 @@ static int cache_dir(char *out, size_t n, rs_error *err) {
     return RS_OK;
 }
 
-/* Writes the embedded default model into the cache (once: concurrent daemons race harmlessly, each
- * writing a private temporary directory and renaming it into place) and returns its path. */
+/* Writes the embedded default model and its tokenizer.json into the cache (once: concurrent
+ * daemons race harmlessly, each writing a private temporary directory and renaming it into place)
+ * and returns its path. */
 static int default_model_dir(char *out, size_t n, rs_error *err) {
     rs_model_config cfg;
     memset(&cfg, 0, sizeof cfg);
@@ -152,6 +156,7 @@ static int default_model_dir(char *out, size_t n, rs_error *err) {
     if (!mkdtemp(tmp)) return rs_error_set(err, RS_EIO, "model", "cannot create %s: %s", tmp, strerror(errno));
     RS_INFO("model: writing the default model into %s", out);
     rc = rs_testmodel_write(tmp, &cfg, seed, err);
+    if (rc == RS_OK) rc = rs_tok_write_default(tmp, err);
     if (rc != RS_OK) {
         rm_rf(tmp);
         return rc;

@@ -29,7 +29,7 @@
 
 #include "../model/kv_scales.h"
 #include "../model/safetensors.h"
-#include "../model/update.h"
+#include "../model/weight_store.h"
 #include "confine.h"
 #include "shm_guard.h"
 
@@ -90,7 +90,7 @@ static int open_in_checkpoint(void *ctx, const char *name, int *fd, rs_error *er
 
 /* Stages the tensors of one shard that are parameters of the served model or KV scales (the same
  * names an shm push may carry), reading them under the SIGBUS guard. */
-static int stage_shard(rs_sync *s, rs_update *u, const rs_st_file *f, rs_sync_result *res, int *skipped,
+static int stage_shard(rs_sync *s, rs_txn *u, const rs_st_file *f, rs_sync_result *res, int *skipped,
                        rs_error *err) {
     rs_model *m = rs_sync_model(s);
     size_t len;
@@ -111,9 +111,9 @@ static int stage_shard(rs_sync *s, rs_update *u, const rs_st_file *f, rs_sync_re
             (*skipped)++;
             continue;
         }
-        const rs_update_tensor ut = {.name = t->name, .dtype = t->dtype, .ndim = t->ndim, .shape = t->shape,
+        const rs_txn_tensor ut = {.name = t->name, .dtype = t->dtype, .ndim = t->ndim, .shape = t->shape,
                                      .data = t->data};
-        if ((rc = rs_update_add(u, &ut, err)) == RS_OK) res->bytes += t->nbytes;
+        if ((rc = rs_txn_add(u, &ut, err)) == RS_OK) res->bytes += t->nbytes;
         /* zeros served by the guard stop the shard at once rather than after it */
         if (rc == RS_OK && rs_shm_guard_truncated(guard)) break;
     }
@@ -152,11 +152,11 @@ int rs_disk_update(rs_sync *s, const rs_disk_update_req *r, rs_sync_result *res,
     const char *rel = below_allowed(r->model_path, allowed);
     if (!rel) return refuse(err, "model_path ", r->model_path, "directory", allowed);
     if (rs_sync_open_txn(s)) {
-        rs_update *open = rs_sync_open_txn(s);
+        rs_txn *open = rs_sync_open_txn(s);
         return rs_error_set(err, RS_ESTATE, "model_path",
                             "a streamed weight update to version '%s' is in progress (%d of %d parameters staged); a "
-                            "disk update is a whole transaction of its own", rs_update_version(open),
-                            rs_update_n_staged(open), rs_update_n_required(open));
+                            "disk update is a whole transaction of its own", rs_txn_version(open),
+                            rs_txn_n_staged(open), rs_txn_n_required(open));
     }
     rs_confine root;
     int rc = rs_confine_open(&root, allowed, err);
@@ -182,7 +182,7 @@ int rs_disk_update(rs_sync *s, const rs_disk_update_req *r, rs_sync_result *res,
         if (!err->param[0]) snprintf(err->param, sizeof err->param, "model_path");
         return rc;
     }
-    rs_update *u = NULL;
+    rs_txn *u = NULL;
     rc = rs_sync_txn(s, r->has_version ? r->weight_version : NULL, &u, err);
     if (rc == RS_OK && rs_disk_test_hook_opened) rs_disk_test_hook_opened(r->model_path);
     int skipped = 0;

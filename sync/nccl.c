@@ -1,7 +1,7 @@
 /*
  * nccl.c — the NCCL weight-update routes: the groups this server has joined, the broadcast plan of
  * a request, and the feeding of received tensors into the update transaction (contract in nccl.h;
- * the CUDA and NCCL calls themselves are in kernels/cuda/nccl_staging.cu).
+ * the CUDA and NCCL calls themselves are in sync/nccl_staging.cu).
  *
  * The request checks and the broadcast plan are pure and built in both builds (tested without a
  * GPU). The CPU build has no NCCL: there the routes answer RS_EUNSUPPORTED and nothing else. The
@@ -14,7 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../protocol/weights.h"
+#include "requests.h"
 #include "sync.h"
 #include "tcpstore.h"
 #include "transaction.h"
@@ -283,7 +283,7 @@ void rs_nccl_release(rs_sync *s) {
 }
 
 /* Stages the tensors of buffer i (bytes at `base`, which is the buffer's first byte) into u. */
-static int stage_buffer(rs_update *u, const rs_nccl_update_req *r, int i, const uint8_t *base, rs_error *err) {
+static int stage_buffer(rs_txn *u, const rs_nccl_update_req *r, int i, const uint8_t *base, rs_error *err) {
     static const uint8_t empty[1];
     int first, count;
     uint64_t bytes;
@@ -291,14 +291,14 @@ static int stage_buffer(rs_update *u, const rs_nccl_update_req *r, int i, const 
     uint64_t start = r->tensors[first].offset;
     for (int k = first; k < first + count; k++) {
         const rs_weight_desc *t = &r->tensors[k];
-        rs_update_tensor ut = {
+        rs_txn_tensor ut = {
             .name = t->name,
             .dtype = t->dtype,
             .ndim = t->ndim,
             .shape = t->shape,
             .data = t->nbytes ? base + (t->offset - start) : empty,
         };
-        int rc = rs_update_add(u, &ut, err);
+        int rc = rs_txn_add(u, &ut, err);
         if (rc != RS_OK) {
             if (!err->param[0]) snprintf(err->param, sizeof err->param, "names[%d]", k);
             return rc;
@@ -343,7 +343,7 @@ int rs_nccl_update(rs_sync *s, const rs_nccl_update_req *r, rs_sync_result *res,
     /* Join the transaction. A refusal (another version's transaction is open: 409) or a tensor the
      * model refuses still receives every broadcast, and discards it, so that the group stays in step
      * with the trainer; the first such error is the answer. */
-    rs_update *u = NULL;
+    rs_txn *u = NULL;
     rs_error refusal = {0};
     int refused = rs_sync_txn_join(s, r->has_version ? r->weight_version : NULL, r->has_txn_id ? r->txn_id : NULL, &u,
                                    &refusal);

@@ -40,7 +40,7 @@
  * of S bytes meets it because NCCL carries a broadcast as N * S bytes whatever its datatype. A
  * tensor or bucket of 0 bytes is not broadcast at all. This server receives each broadcast into a device
  * staging buffer on its own stream, copies it to pinned host memory, and hands the tensors to the
- * weight-update transaction (transaction.h: rs_update_add validates the name, dtype and shape
+ * weight-update transaction (transaction.h: rs_txn_add validates the name, dtype and shape
  * against the model and converts to the served precision). Receiving the next buffer overlaps
  * converting the current one (two staging slots).
  *
@@ -73,7 +73,7 @@
 #include "../core/rs.h"
 
 /* Declared in sync.h and protocol/weights.h; repeated here so that this header stays free of the
- * model and engine headers (kernels/cuda/nccl_staging.cu includes it). */
+ * model and engine headers (sync/nccl_staging.cu includes it). */
 typedef struct rs_sync rs_sync;
 typedef struct rs_sync_result rs_sync_result;
 typedef struct rs_nccl_group_req rs_nccl_group_req;
@@ -134,7 +134,7 @@ int rs_nccl_check_update_req(const rs_nccl_update_req *r, uint64_t max_buffer_by
 int rs_nccl_n_buffers(const rs_nccl_update_req *r);
 void rs_nccl_buffer(const rs_nccl_update_req *r, int i, int *first, int *count, uint64_t *bytes);
 
-/* ---- transport (kernels/cuda/nccl_staging.cu; CUDA build only) ----
+/* ---- transport (sync/nccl_staging.cu; CUDA build only) ----
  * A communicator with its stream and two pinned staging slots. Every call checks every CUDA and
  * NCCL status and returns an error instead of aborting the process; after any failure of
  * recv_post / recv_wait the communicator has been aborted and only rs_nccl_comm_free remains. */

@@ -27,7 +27,7 @@
  *   RS_SYNC_DISK           /update_weights_from_disk: one whole transaction from a safetensors dir
  *   RS_SYNC_VERSION        /update_weight_version: relabel (and optionally abort in-flight work)
  *   RS_SYNC_NCCL_INIT, RS_SYNC_NCCL_UPDATE, RS_SYNC_NCCL_DESTROY: run sync/nccl.h's functions on
- *                          this thread; rs_nccl_update stages through rs_sync_txn / rs_update_add /
+ *                          this thread; rs_nccl_update stages through rs_sync_txn / rs_txn_add /
  *                          rs_sync_txn_finish exactly like the shm transport.
  *
  * Metrics: rs_sync_get_stats (thread-safe) for /metrics.
@@ -41,7 +41,7 @@
 
 #include "../core/rs.h"
 #include "../model/model.h"
-#include "../protocol/weights.h"
+#include "requests.h"
 #include "../scheduler/engine.h"
 #include "transaction.h"
 
@@ -140,8 +140,8 @@ void rs_sync_get_stats(const rs_sync *s, rs_sync_stats *out);
  * nothing changes then. Once this returns RS_OK the job has joined the transaction (res->txn_id,
  * filled by rs_sync_txn_finish, names it), and if the job then fails, the service drops it.
  * rs_sync_txn is rs_sync_txn_join without a transaction id (disk updates). */
-int rs_sync_txn_join(rs_sync *s, const char *version, const char *txn_id, rs_update **out, rs_error *err);
-int rs_sync_txn(rs_sync *s, const char *version, rs_update **out, rs_error *err);
+int rs_sync_txn_join(rs_sync *s, const char *version, const char *txn_id, rs_txn **out, rs_error *err);
+int rs_sync_txn(rs_sync *s, const char *version, rs_txn **out, rs_error *err);
 
 /* Ends the job's part in the transaction: commits when `last` is YES, or AUTO and the set is
  * complete (abort_all: abort in-flight requests first); fills res (version, progress, committed,
@@ -151,7 +151,7 @@ int rs_sync_txn_finish(rs_sync *s, rs_weight_last last, bool abort_all, rs_sync_
 
 rs_model *rs_sync_model(rs_sync *s);
 rs_engine *rs_sync_engine(rs_sync *s);
-rs_update *rs_sync_open_txn(rs_sync *s);            /* the open transaction, or NULL */
+rs_txn *rs_sync_open_txn(rs_sync *s);            /* the open transaction, or NULL */
 struct rs_shm_maps *rs_sync_shm_maps(rs_sync *s);   /* kept shm mappings, or NULL (weight-shm-keep off) */
 const char *rs_sync_allowed_dir(const rs_sync *s);  /* realpath of allowed-weight-dir, "" = disabled */
 /* A pointer slot for sync/nccl.c's own state (groups, communicators): NULL at start; nccl.c owns

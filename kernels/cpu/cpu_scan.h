@@ -1,7 +1,7 @@
 /*
  * cpu_scan.h — finding non-finite values in weight tensors, at memory speed.
  *
- * A weight update or a load refuses a tensor that holds a NaN or an infinity (model/update.c):
+ * A weight update or a load refuses a tensor that holds a NaN or an infinity (model/weight_store.c):
  * served, one would turn every logit it touches into NaN. The check runs on the bytes as they
  * are (no conversion): a BF16, F16 or F32 element is non-finite when its exponent field is all
  * ones, an E4M3 code when it is S.1111.111 (E4M3FN has no infinity). Blocks of 4 KiB are reduced

@@ -12,6 +12,8 @@ sub-path that depends on the case). Categories:
   nesting     deeply nested arrays, in the body and inside input_ids
   oversized   bodies over max-body-bytes, with and without Content-Length
   unknown     unknown fields at every level
+  unimpl      fields SGLang or vLLM define that rolloutd does not implement, at non-neutral values
+              (400 "unsupported" naming the field), on every route that takes a body
   methods     every route with every method it does not take (405 + Allow)
   routes      unknown paths (404)
   framing     a body whose length is ambiguous or whose transfer coding rolloutd does not read:
@@ -41,7 +43,8 @@ CMPL = {"model": "default", "prompt": [1, 2, 3], "max_tokens": 2, "temperature":
 # route -> (methods it takes)
 ROUTES = {
     "/health": ["GET"], "/health_generate": ["GET"], "/generate": ["POST", "PUT"], "/v1/completions": ["POST"],
-    "/v1/models": ["GET"], "/get_model_info": ["GET"], "/get_server_info": ["GET"], "/server_info": ["GET"],
+    "/v1/models": ["GET"], "/get_model_info": ["GET"], "/model_info": ["GET"], "/get_server_info": ["GET"],
+    "/server_info": ["GET"], "/get_load": ["GET"],
     "/get_weight_version": ["GET"], "/metrics": ["GET"], "/abort_request": ["POST"], "/pause_generation": ["POST"],
     "/continue_generation": ["POST"], "/flush_cache": ["GET", "POST"],
 }
@@ -233,7 +236,6 @@ def _oversized(max_body):
 def _unknown():
     rows = [("generate-top", "/generate", dict(GEN, bogus=1), "bogus"),
             ("generate-sampling", "/generate", dict(GEN, sampling_params={"bogus": 1}), "sampling_params.bogus"),
-            ("generate-text", "/generate", {"text": "hi"}, "text"),
             ("generate-seed", "/generate", dict(GEN, sampling_params={"seed": 1}), "sampling_params.seed"),
             ("generate-case", "/generate", {"Input_ids": [1]}, "Input_ids"),
             ("completions-top", "/v1/completions", dict(CMPL, bogus=1), "bogus"),
@@ -246,6 +248,47 @@ def _unknown():
             ("continue", "/continue_generation", {"x": 1}, "x"),
             ("flush", "/flush_cache", {"x": 1}, "x")]
     return [Case(f"unknown-{n}", "POST", p, enc(b), {}, 400, "invalid_request", param) for n, p, b, param in rows]
+
+
+def _unimplemented():
+    sp = GEN["sampling_params"]
+    rows = [("generate-text", "/generate", {"text": "hi"}, "text"),
+            ("generate-text-list", "/generate", {"text": ["a", "b"]}, "text"),
+            ("generate-image", "/generate", dict(GEN, image_data="http://x/a.png"), "image_data"),
+            ("generate-lora", "/generate", dict(GEN, lora_path="a"), "lora_path"),
+            ("generate-session", "/generate", dict(GEN, session_params={"id": "s"}), "session_params"),
+            ("generate-logit-processor", "/generate", dict(GEN, custom_logit_processor="x"), "custom_logit_processor"),
+            ("generate-hidden", "/generate", dict(GEN, return_hidden_states=True), "return_hidden_states"),
+            ("generate-priority", "/generate", dict(GEN, priority=3), "priority"),
+            ("generate-dp-rank", "/generate", dict(GEN, data_parallel_rank=2), "data_parallel_rank"),
+            ("generate-background", "/generate", dict(GEN, background=True), "background"),
+            ("generate-token-ids-logprob", "/generate", dict(GEN, token_ids_logprob=[1]), "token_ids_logprob"),
+            ("generate-text-in-logprobs", "/generate", dict(GEN, return_text_in_logprobs=True),
+             "return_text_in_logprobs"),
+            ("generate-stop", "/generate", dict(GEN, sampling_params=dict(sp, stop="x")), "sampling_params.stop"),
+            ("generate-regex", "/generate", dict(GEN, sampling_params=dict(sp, regex="a+")), "sampling_params.regex"),
+            ("generate-logit-bias", "/generate", dict(GEN, sampling_params=dict(sp, logit_bias={"1": 2})),
+             "sampling_params.logit_bias"),
+            ("generate-beam", "/generate", dict(GEN, sampling_params=dict(sp, beam_width=4)),
+             "sampling_params.beam_width"),
+            ("completions-suffix", "/v1/completions", dict(CMPL, suffix="x"), "suffix"),
+            ("completions-beam", "/v1/completions", dict(CMPL, use_beam_search=True), "use_beam_search"),
+            ("completions-allowed", "/v1/completions", dict(CMPL, allowed_token_ids=[1]), "allowed_token_ids"),
+            ("completions-format", "/v1/completions", dict(CMPL, response_format={"type": "json_object"}),
+             "response_format"),
+            ("completions-truncate", "/v1/completions", dict(CMPL, truncate_prompt_tokens=2),
+             "truncate_prompt_tokens"),
+            ("completions-priority", "/v1/completions", dict(CMPL, priority=1), "priority"),
+            ("completions-usage-stats", "/v1/completions",
+             dict(CMPL, stream=True, stream_options={"continuous_usage_stats": True}),
+             "stream_options.continuous_usage_stats"),
+            ("abort-message", "/abort_request", {"rid": "a", "abort_message": "bye"}, "abort_message"),
+            ("flush-timeout", "/flush_cache", {"timeout_s": 3}, "timeout_s"),
+            ("pause-ipc", "/pause_generation", {"http_worker_ipc": "ipc:///x"}, "http_worker_ipc"),
+            ("disk-async", "/update_weights_from_disk", {"model_path": "/m", "is_async": True}, "is_async"),
+            ("disk-keep-pause", "/update_weights_from_disk", {"model_path": "/m", "keep_pause": True}, "keep_pause"),
+            ("disk-manifest", "/update_weights_from_disk", {"model_path": "/m", "manifest": {"a": 1}}, "manifest")]
+    return [Case(f"unimpl-{n}", "POST", p, enc(b), {}, 400, "unsupported", param) for n, p, b, param in rows]
 
 
 def _methods():
@@ -333,7 +376,8 @@ def _weights():
 
 def cases(max_body_bytes):
     out = (_truncated() + _wrong_types() + _numbers() + _literals() + _utf8() + _nesting() +
-           _oversized(max_body_bytes) + _unknown() + _methods() + _routes() + _framing() + _weights())
+           _oversized(max_body_bytes) + _unknown() + _unimplemented() + _methods() + _routes() + _framing() +
+           _weights())
     ids = [c.id for c in out]
     assert len(ids) == len(set(ids)), "duplicate case ids"
     return out

@@ -350,9 +350,10 @@ def test_verl_style_batched_groups(daemon):
 
 
 def test_neutral_fields_refused_when_not_neutral(daemon):
-    r = daemon.post("/generate", {"input_ids": PROMPT, "sampling_params": {"presence_penalty": 0.5}})
+    r = daemon.post("/generate", {"input_ids": PROMPT, "sampling_params": {"json_schema": "{}"}})
     assert r.status_code == 400 and r.json()["error"]["type"] == "unsupported"
-    assert r.json()["error"]["param"] == "sampling_params.presence_penalty"
+    assert r.json()["error"]["param"] == "sampling_params.json_schema"
+    assert "not implemented" in r.json()["error"]["message"]
     r = daemon.post("/generate", {"input_ids": PROMPT, "token_ids_logprob": [1, 2]})
     assert r.status_code == 400 and r.json()["error"]["param"] == "token_ids_logprob"
 

@@ -18,6 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "../../sync/confine.h"
@@ -129,6 +130,12 @@ typedef struct racer {
     atomic_bool stop;
     atomic_ulong swaps;
 } racer;
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
 
 static void *race(void *arg) {
     racer *r = arg;
@@ -250,7 +257,10 @@ RS_TEST(sync_disk_symlink_swap_race) {
         pthread_t t;
         racer_start(&r, &t);
         int committed = 0, refused = 0;
-        for (int i = 0; i < 20000; i++) {
+        /* Up to 20000 updates, or about 4 s a mode: a sanitized build on 2 cores runs a few
+         * thousand, which still hits both outcomes many times. */
+        double end = now_s() + 4.0;
+        for (int i = 0; i < 20000 && (i < 200 || now_s() < end); i++) {
             rs_sync_job job;
             int rc = disk_update(v.s, ckpt, &job);
             if (rc == RS_OK) {

@@ -94,7 +94,8 @@ static rs_gen_job *job_new(int n_prompts, const int *lens, unsigned seed0) {
 
 static void run(env *v, rs_gen_job *j) {
     rs_error err = {0};
-    ASSERT_EQ(rs_gen_job_validate(j, &v->m->cfg, rs_engine_get_limits(v->e), &err), RS_OK);
+    rs_gen_invalid why;
+    ASSERT_EQ(rs_gen_job_validate(j, &v->m->cfg, rs_engine_get_limits(v->e), &why), RS_OK);
     ASSERT_EQ(rs_engine_submit(v->e, j, &err), RS_OK);
     rs_engine_run_until_idle(v->e);
 }
@@ -160,6 +161,64 @@ RS_TEST(engine_batch_and_chunking_invariance) {
     for (int p = 0; p < 3; p++) assert_same_output(&batch->outputs[p], &alone[p]->outputs[0]);
     for (int p = 0; p < 3; p++) rs_gen_job_free(alone[p]);
     rs_gen_job_free(batch);
+    env_close(&w);
+}
+
+static void set_penalties(rs_gen_job *j, float freq, float pres, float rep) {
+    j->sp.frequency_penalty = freq;
+    j->sp.presence_penalty = pres;
+    j->sp.repetition_penalty = rep;
+}
+
+/* Penalized sampling depends only on a sample's own output: the same tokens and logprobs alone,
+ * next to requests with other penalties, with n > 1 (siblings forked from one prefill), with
+ * chunked prefill, and on a pool so small that sequences are preempted and recomputed. */
+RS_TEST(engine_penalties_batch_and_preemption_invariance) {
+    int lens[3] = {5, 40, 17};
+    const float pen[3][3] = {{0.6f, 0.2f, 1.4f}, {0.0f, 1.0f, 1.0f}, {-0.3f, 0.0f, 0.7f}};
+    rs_gen_job *alone[3], *plain;
+    env v = env_open(8 << 20, 8, 512);
+    for (int p = 0; p < 3; p++) {
+        alone[p] = job_new(1, &lens[p], 300 + (unsigned)p);
+        alone[p]->sp.max_new_tokens = 30;
+        alone[p]->sp.seed = 4;
+        alone[p]->sp.n = 2;
+        alone[p]->sp.temperature = 0.7f;
+        set_penalties(alone[p], pen[p][0], pen[p][1], pen[p][2]);
+        run(&v, alone[p]);
+    }
+    plain = job_new(1, &lens[0], 300);
+    plain->sp.max_new_tokens = 30;
+    plain->sp.seed = 4;
+    plain->sp.n = 2;
+    plain->sp.temperature = 0.7f;
+    run(&v, plain);
+    bool differs = false; /* the penalties are in effect */
+    for (int i = 0; i < 30; i++) differs |= plain->outputs[0].output_ids[i] != alone[0]->outputs[0].output_ids[i];
+    ASSERT_TRUE(differs);
+    env_close(&v);
+
+    /* all three at once, prefill chunked next to decodes, on 10 blocks (160 tokens) for a demand of
+     * about 18: sequences are preempted and recomputed (a group of 2 needs at most 8) */
+    env w = env_open_opts(10 * 8192, 6, 9, true, 0.0f);
+    rs_gen_job *batch[3];
+    rs_error err = {0};
+    for (int p = 0; p < 3; p++) {
+        batch[p] = job_new(1, &lens[p], 300 + (unsigned)p);
+        batch[p]->sp = alone[p]->sp;
+        batch[p]->sp.stop_token_ids = NULL;
+        ASSERT_EQ(rs_engine_submit(w.e, batch[p], &err), RS_OK);
+    }
+    rs_engine_run_until_idle(w.e);
+    rs_engine_stats st;
+    rs_engine_get_stats(w.e, &st);
+    ASSERT_TRUE(st.num_retractions > 0);
+    for (int p = 0; p < 3; p++) {
+        for (int s = 0; s < 2; s++) assert_same_output(&batch[p]->outputs[s], &alone[p]->outputs[s]);
+        rs_gen_job_free(batch[p]);
+        rs_gen_job_free(alone[p]);
+    }
+    rs_gen_job_free(plain);
     env_close(&w);
 }
 
@@ -372,20 +431,38 @@ RS_TEST(engine_small_pool_queues_requests) {
 
 RS_TEST(engine_validate_rejects_bad_jobs) {
     env v = env_open(1 << 20, 4, 64);
-    rs_error err = {0};
+    rs_gen_invalid why;
     int len = 200;
     rs_gen_job *j = job_new(1, &len, 1);
     j->prompts[0][2] = 512; /* == vocab */
-    ASSERT_EQ(rs_gen_job_validate(j, &v.m->cfg, rs_engine_get_limits(v.e), &err), RS_EINVAL);
-    ASSERT_TRUE(strstr(err.message, "vocabulary") != NULL);
+    ASSERT_EQ(rs_gen_job_validate(j, &v.m->cfg, rs_engine_get_limits(v.e), &why), RS_EINVAL);
+    ASSERT_EQ(why.field, RS_GEN_FIELD_PROMPT);
+    ASSERT_EQ(why.problem, RS_GEN_VOCAB);
+    ASSERT_EQ(why.index, -1); /* not batched */
+    ASSERT_EQ(why.pos, 2);
+    ASSERT_EQ(why.value, 512);
+    ASSERT_EQ(why.max, 512);
     j->prompts[0][2] = 1;
     j->sp.max_new_tokens = 57; /* 200 + 57 > 256 */
-    ASSERT_EQ(rs_gen_job_validate(j, &v.m->cfg, rs_engine_get_limits(v.e), &err), RS_EINVAL);
-    ASSERT_TRUE(strstr(err.message, "context") != NULL);
+    ASSERT_EQ(rs_gen_job_validate(j, &v.m->cfg, rs_engine_get_limits(v.e), &why), RS_EINVAL);
+    ASSERT_EQ(why.problem, RS_GEN_CONTEXT);
+    ASSERT_EQ(why.value, 200);
+    ASSERT_EQ(why.other, 57);
+    ASSERT_EQ(why.max, 256);
     j->sp.max_new_tokens = 8;
     j->logprob_start_len = 200;
-    ASSERT_EQ(rs_gen_job_validate(j, &v.m->cfg, rs_engine_get_limits(v.e), &err), RS_EINVAL);
-    ASSERT_STREQ(err.param, "logprob_start_len");
+    ASSERT_EQ(rs_gen_job_validate(j, &v.m->cfg, rs_engine_get_limits(v.e), &why), RS_EINVAL);
+    ASSERT_EQ(why.field, RS_GEN_FIELD_LOGPROB_START);
+    ASSERT_EQ(why.problem, RS_GEN_PAST_PROMPT);
+    j->logprob_start_len = -1;
+    j->sp.n = 5; /* over max-n (4) */
+    ASSERT_EQ(rs_gen_job_validate(j, &v.m->cfg, rs_engine_get_limits(v.e), &why), RS_EINVAL);
+    ASSERT_EQ(why.field, RS_GEN_FIELD_N);
+    ASSERT_EQ(why.problem, RS_GEN_RANGE);
+    ASSERT_EQ(why.value, 5);
+    ASSERT_EQ(why.max, rs_engine_get_limits(v.e)->max_n);
+    j->sp.n = 1;
+    ASSERT_EQ(rs_gen_job_validate(j, &v.m->cfg, rs_engine_get_limits(v.e), &why), RS_OK);
     rs_gen_job_free(j);
     env_close(&v);
 }

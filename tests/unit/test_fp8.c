@@ -617,7 +617,7 @@ RS_TEST(fp8_gemm_quantized_matmul_close_to_f32) {
 
 /* ---- fast weight quantizer (kernels/cpu/cpu_fp8_wquant.c) vs the scalar definition ---- */
 
-/* Quantizes w in bands of 128 rows on `pool`, each band its own tensor, as model/update.c does. */
+/* Quantizes w in bands of 128 rows on `pool`, each band its own tensor, as model/weight_store.c does. */
 typedef struct wq_bands {
     const rs_tensor *w;
     uint8_t *q;

@@ -51,7 +51,7 @@ static void group_body(char *buf, size_t cap, int rank_offset, int world_size, b
 static int check_group(const char *body, rs_error *err) {
     rs_nccl_group_req r;
     rs_error perr = {0};
-    int rc = rs_nccl_group_parse(body, strlen(body), &r, &perr);
+    int rc = rs_weights_parse_nccl_group(body, strlen(body), &r, &perr);
     if (rc != RS_OK) RS_TEST_FAIL("parse %s: %s", body, perr.message);
     return rs_nccl_check_group_req(&r, err);
 }
@@ -93,13 +93,13 @@ RS_TEST(nccl_group_request_checks) {
             snprintf(bad, sizeof bad, "{\"master_address\": \"h\", \"master_port\": 1, \"rank_offset\": 1, "
                      "\"world_size\": 2, \"nccl_unique_id_b64\": \"%s\"}", b64);
             memset(&err, 0, sizeof err);
-            ASSERT_EQ(rs_nccl_group_parse(bad, strlen(bad), &r, &err), RS_EINVAL);
+            ASSERT_EQ(rs_weights_parse_nccl_group(bad, strlen(bad), &r, &err), RS_EINVAL);
             ASSERT_STREQ(err.param, "nccl_unique_id_b64");
         }
         b64_encode(id, 128, b64);
         snprintf(bad, sizeof bad, "{\"master_address\": \"h\", \"master_port\": 1, \"rank_offset\": 1, "
                  "\"world_size\": 2, \"nccl_unique_id_b64\": \"%s\"}", b64);
-        ASSERT_EQ(rs_nccl_group_parse(bad, strlen(bad), &r, &err), RS_OK);
+        ASSERT_EQ(rs_weights_parse_nccl_group(bad, strlen(bad), &r, &err), RS_OK);
         ASSERT_TRUE(r.has_unique_id && memcmp(r.unique_id, id, 128) == 0);
         ASSERT_STREQ(r.group_name, "weight_update_group"); /* SGLang's default */
         ASSERT_EQ(rs_nccl_check_group_req(&r, &err), RS_OK);
@@ -108,7 +108,7 @@ RS_TEST(nccl_group_request_checks) {
     /* fields the parser leaves to us, set directly */
     rs_nccl_group_req r;
     group_body(body, sizeof body, 1, 2, false, true);
-    ASSERT_EQ(rs_nccl_group_parse(body, strlen(body), &r, &err), RS_OK);
+    ASSERT_EQ(rs_weights_parse_nccl_group(body, strlen(body), &r, &err), RS_OK);
     r.rank_offset = 2;
     memset(&err, 0, sizeof err);
     ASSERT_EQ(rs_nccl_check_group_req(&r, &err), RS_EINVAL);
@@ -142,7 +142,7 @@ RS_TEST(nccl_group_master_port_integer_or_decimal_string) {
                  "\"world_size\": 2}", cases[i].port);
         rs_nccl_group_req r;
         rs_error err = {0};
-        int rc = rs_nccl_group_parse(body, strlen(body), &r, &err);
+        int rc = rs_weights_parse_nccl_group(body, strlen(body), &r, &err);
         if (cases[i].want) {
             if (rc != RS_OK) RS_TEST_FAIL("master_port %s: %s", cases[i].port, err.message);
             ASSERT_EQ(r.master_port, cases[i].want);
@@ -166,7 +166,7 @@ static void parse_update(bool flattened, rs_nccl_update_req *r) {
     snprintf(body, sizeof body, "{%s, \"load_format\": %s, \"weight_version\": \"7\"}", UPDATE_TENSORS,
              flattened ? "\"flattened_bucket\"" : "null");
     rs_error err = {0};
-    if (rs_nccl_update_parse(body, strlen(body), r, &err) != RS_OK) RS_TEST_FAIL("parse: %s", err.message);
+    if (rs_weights_parse_nccl_update(body, strlen(body), r, &err) != RS_OK) RS_TEST_FAIL("parse: %s", err.message);
 }
 
 RS_TEST(nccl_update_broadcast_plan) {
@@ -255,7 +255,7 @@ RS_TEST(nccl_cpu_build_unsupported) {
     rs_nccl_update_req u;
     rs_error err = {0};
     group_body(body, sizeof body, 1, 2, false, true);
-    ASSERT_EQ(rs_nccl_group_parse(body, strlen(body), &g, &err), RS_OK);
+    ASSERT_EQ(rs_weights_parse_nccl_group(body, strlen(body), &g, &err), RS_OK);
     parse_update(true, &u);
 
     memset(&err, 0, sizeof err);
@@ -286,7 +286,7 @@ RS_TEST(nccl_cuda_no_device_is_unsupported) {
     rs_nccl_group_req g;
     rs_error err = {0};
     group_body(body, sizeof body, 1, 2, false, true);
-    ASSERT_EQ(rs_nccl_group_parse(body, strlen(body), &g, &err), RS_OK);
+    ASSERT_EQ(rs_weights_parse_nccl_group(body, strlen(body), &g, &err), RS_OK);
     rs_test_sync_env v = rs_test_sync_open("bf16", NULL);
     memset(&err, 0, sizeof err);
     ASSERT_EQ(rs_nccl_init_group(v.s, &g, &err), RS_EUNSUPPORTED);
@@ -308,7 +308,7 @@ RS_TEST(nccl_cuda_store_rendezvous_times_out_without_a_store) {
              "\"world_size\": 2, \"group_name\": \"nostore\"}");
     rs_nccl_group_req g;
     rs_error err = {0};
-    ASSERT_EQ(rs_nccl_group_parse(body, strlen(body), &g, &err), RS_OK);
+    ASSERT_EQ(rs_weights_parse_nccl_group(body, strlen(body), &g, &err), RS_OK);
     rs_test_sync_env v = rs_test_sync_open("bf16", NULL);
     double t0 = rs_now_s();
     int rc = rs_nccl_init_group(v.s, &g, &err);

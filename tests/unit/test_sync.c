@@ -207,7 +207,7 @@ RS_TEST(sync_shm_from_json_body) {
     json_decref(body);
     rs_sync_job job = {.kind = RS_SYNC_SHM};
     rs_error err = {0};
-    ASSERT_EQ(rs_shm_update_parse(text, strlen(text), &job.req.shm, &err), RS_OK);
+    ASSERT_EQ(rs_weights_parse_shm(text, strlen(text), &job.req.shm, &err), RS_OK);
     free(text);
     ASSERT_EQ(rs_sync_run(v.s, &job), RS_OK);
     ASSERT_TRUE(job.res.committed);
@@ -814,12 +814,12 @@ static void parse_fails(int (*parse)(const char *, size_t, void *, rs_error *), 
                      err.message);
 }
 
-static int shm_parse(const char *b, size_t n, void *out, rs_error *e) { return rs_shm_update_parse(b, n, out, e); }
-static int nccl_parse(const char *b, size_t n, void *out, rs_error *e) { return rs_nccl_update_parse(b, n, out, e); }
-static int group_parse(const char *b, size_t n, void *out, rs_error *e) { return rs_nccl_group_parse(b, n, out, e); }
-static int disk_parse(const char *b, size_t n, void *out, rs_error *e) { return rs_disk_update_parse(b, n, out, e); }
+static int shm_parse(const char *b, size_t n, void *out, rs_error *e) { return rs_weights_parse_shm(b, n, out, e); }
+static int nccl_parse(const char *b, size_t n, void *out, rs_error *e) { return rs_weights_parse_nccl_update(b, n, out, e); }
+static int group_parse(const char *b, size_t n, void *out, rs_error *e) { return rs_weights_parse_nccl_group(b, n, out, e); }
+static int disk_parse(const char *b, size_t n, void *out, rs_error *e) { return rs_weights_parse_disk(b, n, out, e); }
 static int version_parse(const char *b, size_t n, void *out, rs_error *e) {
-    return rs_version_update_parse(b, n, out, e);
+    return rs_weights_parse_version(b, n, out, e);
 }
 
 RS_TEST(sync_parse_shm_request) {
@@ -829,7 +829,7 @@ RS_TEST(sync_parse_shm_request) {
                      "\"bfloat16\",\"shape\":[4096],\"offset\":0},{\"name\":\"lm_head.weight\",\"dtype\":\"F32\","
                      "\"shape\":[2,3],\"offset\":8192}],\"is_last\":false,\"weight_version\":\"18\","
                      "\"abort_all_requests\":false,\"flush_cache\":true}";
-    ASSERT_EQ(rs_shm_update_parse(ok, strlen(ok), &r, &err), RS_OK);
+    ASSERT_EQ(rs_weights_parse_shm(ok, strlen(ok), &r, &err), RS_OK);
     ASSERT_STREQ(r.shm_name, "/rolloutd-w-1");
     ASSERT_EQ(r.n_tensors, 2);
     ASSERT_EQ(r.tensors[0].dtype, RS_DTYPE_BF16);
@@ -842,15 +842,15 @@ RS_TEST(sync_parse_shm_request) {
     ASSERT_STREQ(r.weight_version, "18");
     rs_shm_update_req_free(&r);
     const char *auto_last = "{\"shm_name\":\"/x\",\"tensors\":[],\"weight_version\":null,\"is_last\":null}";
-    ASSERT_EQ(rs_shm_update_parse(auto_last, strlen(auto_last), &r, &err), RS_OK);
+    ASSERT_EQ(rs_weights_parse_shm(auto_last, strlen(auto_last), &r, &err), RS_OK);
     ASSERT_EQ(r.is_last, RS_WEIGHT_LAST_AUTO);
     ASSERT_TRUE(!r.has_version);
     rs_shm_update_req_free(&r);
 
     static const struct { const char *body, *param, *needle; int code; } bad[] = {
         {"{\"shm_name\":\"/x\",\"tensors\":[],\"is_lats\":true}", "is_lats", "unknown field", RS_EINVAL},
-        {"{\"tensors\":[]}", "shm_name", "missing", RS_EINVAL},
-        {"{\"shm_name\":\"/x\"}", "tensors", "missing", RS_EINVAL},
+        {"{\"tensors\":[]}", "shm_name", "shm_name is required", RS_EINVAL},
+        {"{\"shm_name\":\"/x\"}", "tensors", "tensors is required", RS_EINVAL},
         {"{\"shm_name\":\"x\",\"tensors\":[]}", "shm_name", "POSIX", RS_EINVAL},
         {"{\"shm_name\":\"/a/b\",\"tensors\":[]}", "shm_name", "POSIX", RS_EINVAL},
         {"{\"shm_name\":\"/..\",\"tensors\":[]}", "shm_name", "POSIX", RS_EINVAL},
@@ -858,7 +858,7 @@ RS_TEST(sync_parse_shm_request) {
         {"{\"shm_name\":\"/x\",\"tensors\":[{\"name\":\"a\",\"dtype\":\"bfloat16\",\"shape\":[1],\"offset\":0,"
          "\"stride\":1}]}", "tensors[0].stride", "unknown field", RS_EINVAL},
         {"{\"shm_name\":\"/x\",\"tensors\":[{\"name\":\"a\",\"dtype\":\"bfloat16\",\"shape\":[1]}]}",
-         "tensors[0].offset", "missing", RS_EINVAL},
+         "tensors[0].offset", "tensors[0].offset is required", RS_EINVAL},
         {"{\"shm_name\":\"/x\",\"tensors\":[{\"name\":\"a\",\"dtype\":\"int64\",\"shape\":[1],\"offset\":0}]}",
          "tensors[0].dtype", "not supported", RS_EUNSUPPORTED},
         {"{\"shm_name\":\"/x\",\"tensors\":[{\"name\":\"a\",\"dtype\":\"bf16\",\"shape\":[1],\"offset\":0}]}",
@@ -883,8 +883,12 @@ RS_TEST(sync_parse_shm_request) {
         {"{\"shm_name\":\"/x\",\"tensors\":[],\"weight_version\":\"a\\nb\"}", "weight_version", "control",
          RS_EINVAL},
         {"{\"shm_name\":\"/x\",\"shm_name\":\"/y\",\"tensors\":[]}", "", "duplicate", RS_EINVAL},
-        {"[1,2]", "the request body", "object", RS_EINVAL},
-        {"{\"shm_name\":\"/x\",", "", "malformed JSON", RS_EINVAL},
+        {"[1,2]", "", "must be a JSON object", RS_EINVAL},
+        {"{\"shm_name\":\"/x\",", "", "invalid JSON", RS_EINVAL},
+        {"{\"shm_name\":\"/x\",\"tensors\":[],\"abort_all_requests\":true,\"abort_all_request\":true}",
+         "abort_all_request", "give one of them", RS_EINVAL},
+        {"{\"shm_name\":\"/x\",\"tensors\":[],\"http_worker_ipc\":\"ipc:///x\"}", "http_worker_ipc",
+         "not implemented", RS_EUNSUPPORTED},
     };
     for (size_t i = 0; i < RS_ARRAY_LEN(bad); i++) parse_fails(shm_parse, &r, bad[i].body, bad[i].code, bad[i].param, bad[i].needle);
 }
@@ -894,7 +898,7 @@ RS_TEST(sync_parse_nccl_requests) {
     rs_error err = {0};
     const char *ok = "{\"names\":[\"a\",\"b\"],\"dtypes\":[\"bfloat16\",\"float8_e4m3fn\"],\"shapes\":[[3,2],[5]],"
                      "\"group_name\":\"g0\",\"load_format\":\"flattened_bucket\",\"weight_version\":\"18\"}";
-    ASSERT_EQ(rs_nccl_update_parse(ok, strlen(ok), &u, &err), RS_OK);
+    ASSERT_EQ(rs_weights_parse_nccl_update(ok, strlen(ok), &u, &err), RS_OK);
     ASSERT_EQ(u.n_tensors, 2);
     ASSERT_EQ(u.tensors[0].offset, 0);
     ASSERT_EQ(u.tensors[1].offset, 12);
@@ -905,8 +909,15 @@ RS_TEST(sync_parse_nccl_requests) {
     ASSERT_STREQ(u.group_name, "g0");
     rs_nccl_update_req_free(&u);
     const char *plain = "{\"names\":[\"a\"],\"dtypes\":[\"float32\"],\"shapes\":[[1]],\"load_format\":null}";
-    ASSERT_EQ(rs_nccl_update_parse(plain, strlen(plain), &u, &err), RS_OK);
+    ASSERT_EQ(rs_weights_parse_nccl_update(plain, strlen(plain), &u, &err), RS_OK);
     ASSERT_TRUE(!u.flattened_bucket);
+    ASSERT_TRUE(!u.abort_all_requests);
+    rs_nccl_update_req_free(&u);
+    /* AReaL's /update_weights_from_distributed: abort_all_requests, and SGLang's no-effect fields */
+    const char *areal = "{\"names\":[\"a\"],\"dtypes\":[\"float32\"],\"shapes\":[[1]],\"abort_all_requests\":true,"
+                        "\"flush_cache\":true,\"torch_empty_cache\":false,\"rid\":\"u1\",\"http_worker_ipc\":null}";
+    ASSERT_EQ(rs_weights_parse_nccl_update(areal, strlen(areal), &u, &err), RS_OK);
+    ASSERT_TRUE(u.abort_all_requests);
     ASSERT_STREQ(u.group_name, "weight_update_group");
     rs_nccl_update_req_free(&u);
     parse_fails(nccl_parse, &u, "{\"names\":[\"a\",\"b\"],\"dtypes\":[\"float32\"],\"shapes\":[[1],[1]]}", RS_EINVAL,
@@ -924,7 +935,7 @@ RS_TEST(sync_parse_nccl_requests) {
     strcat(id, "AAA=");
     snprintf(body, sizeof body, "{\"master_address\":\"127.0.0.1\",\"master_port\":29711,\"rank_offset\":1,"
              "\"world_size\":2,\"group_name\":\"g0\",\"backend\":\"nccl\",\"nccl_unique_id_b64\":\"%s\"}", id);
-    ASSERT_EQ(rs_nccl_group_parse(body, strlen(body), &g, &err), RS_OK);
+    ASSERT_EQ(rs_weights_parse_nccl_group(body, strlen(body), &g, &err), RS_OK);
     ASSERT_TRUE(g.has_unique_id);
     ASSERT_EQ(g.unique_id[1], 1);
     ASSERT_EQ(g.unique_id[2], 2);
@@ -938,8 +949,19 @@ RS_TEST(sync_parse_nccl_requests) {
                 "\"backend\":\"gloo\"}", RS_EUNSUPPORTED, "backend", NULL);
     parse_fails(group_parse, &g, "{\"master_address\":\"h\",\"master_port\":1,\"rank_offset\":1,\"world_size\":2,"
                 "\"nccl_unique_id_b64\":\"AAEC\"}", RS_EINVAL, "nccl_unique_id_b64", "128");
+    /* AReaL sends master_port as a string: a decimal port is taken, anything else is refused */
+    const char *str_port = "{\"master_address\":\"h\",\"master_port\":\"29711\",\"rank_offset\":1,\"world_size\":2}";
+    ASSERT_EQ(rs_weights_parse_nccl_group(str_port, strlen(str_port), &g, &err), RS_OK);
+    ASSERT_EQ(g.master_port, 29711);
+    static const char *const bad_ports[] = {"\"0\"", "\"70000\"", "\"29a\"", "\"\"", "\"-1\"", "\" 80\"",
+                                            "\"123456\"", "1.5", "true", "[1]"};
+    for (size_t i = 0; i < RS_ARRAY_LEN(bad_ports); i++) {
+        snprintf(body, sizeof body, "{\"master_address\":\"h\",\"master_port\":%s,\"rank_offset\":1,"
+                 "\"world_size\":2}", bad_ports[i]);
+        parse_fails(group_parse, &g, body, RS_EINVAL, "master_port", NULL);
+    }
     rs_nccl_destroy_req dr;
-    ASSERT_EQ(rs_nccl_destroy_parse("{}", 2, &dr, &err), RS_OK);
+    ASSERT_EQ(rs_weights_parse_nccl_destroy("{}", 2, &dr, &err), RS_OK);
     ASSERT_STREQ(dr.group_name, "weight_update_group");
 }
 
@@ -947,18 +969,26 @@ RS_TEST(sync_parse_disk_and_version) {
     rs_disk_update_req d;
     rs_error err = {0};
     const char *ok = "{\"model_path\":\"/ckpt/step18\",\"weight_version\":\"18\",\"load_format\":\"auto\"}";
-    ASSERT_EQ(rs_disk_update_parse(ok, strlen(ok), &d, &err), RS_OK);
+    ASSERT_EQ(rs_weights_parse_disk(ok, strlen(ok), &d, &err), RS_OK);
     ASSERT_STREQ(d.model_path, "/ckpt/step18");
+    ASSERT_TRUE(!d.abort_all_requests);
+    /* AReaL's spelling, and SGLang's fields that have no effect or only a neutral value here */
+    const char *areal = "{\"model_path\":\"/c\",\"abort_all_request\":true,\"flush_cache\":false,"
+                        "\"torch_empty_cache\":true,\"is_async\":false,\"keep_pause\":null,\"token_step\":0}";
+    ASSERT_EQ(rs_weights_parse_disk(areal, strlen(areal), &d, &err), RS_OK);
+    ASSERT_TRUE(d.abort_all_requests);
+    parse_fails(disk_parse, &d, "{\"model_path\":\"/c\",\"is_async\":true}", RS_EUNSUPPORTED, "is_async",
+                "not implemented");
     parse_fails(disk_parse, &d, "{\"model_path\":\"ckpt\"}", RS_EINVAL, "model_path", "absolute");
     parse_fails(disk_parse, &d, "{\"model_path\":\"/c\",\"load_format\":\"pt\"}", RS_EUNSUPPORTED, "load_format",
                 NULL);
     rs_version_update_req v;
     const char *vok = "{\"new_version\":\"18\",\"abort_all_requests\":true}";
-    ASSERT_EQ(rs_version_update_parse(vok, strlen(vok), &v, &err), RS_OK);
+    ASSERT_EQ(rs_weights_parse_version(vok, strlen(vok), &v, &err), RS_OK);
     ASSERT_STREQ(v.new_version, "18");
     ASSERT_TRUE(v.abort_all_requests);
-    ASSERT_EQ(rs_version_update_parse("{\"new_version\":\"1\"}", 19, &v, &err), RS_OK);
+    ASSERT_EQ(rs_weights_parse_version("{\"new_version\":\"1\"}", 19, &v, &err), RS_OK);
     ASSERT_TRUE(!v.abort_all_requests); /* never abort unasked (some SGLang versions default to true) */
-    parse_fails(version_parse, &v, "{}", RS_EINVAL, "new_version", "missing");
+    parse_fails(version_parse, &v, "{}", RS_EINVAL, "new_version", "required");
     parse_fails(version_parse, &v, "{\"new_version\":\"\"}", RS_EINVAL, "new_version", "empty");
 }

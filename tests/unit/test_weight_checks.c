@@ -1,5 +1,5 @@
 /*
- * test_weight_checks.c — what a weight conversion refuses in its own pass (model/update.h): a NaN
+ * test_weight_checks.c — what a weight conversion refuses in its own pass (model/weight_store.h): a NaN
  * or an infinity anywhere (every served format, every source dtype, across bands and chunks, the
  * first one named), and bytes whose CRC-32C is not the one given; with the CRC-32C itself
  * (core/crc32c.h) and the non-finite scan (kernels/cpu/cpu_scan.h) at every SIMD level.
@@ -18,7 +18,7 @@
 #include "../../kernels/backend.h"
 #include "../../kernels/cpu/cpu_scan.h"
 #include "../../kernels/fp8.h"
-#include "../../model/update.h"
+#include "../../model/weight_store.h"
 #include "test.h"
 
 static uint64_t rng(uint64_t *s) {

@@ -1,6 +1,6 @@
 /*
- * update.c — weight slots by HF name, conversion into a slot's served format, and the weight store
- * (see update.h).
+ * weight_store.c — weight slots by HF name, conversion into a slot's served format, and the
+ * weight store (see weight_store.h).
  *
  * The store tracks its allocations in an open-addressing hash table keyed by address (linear
  * probing, backward-shift deletion), so releasing one allocation during a commit is O(1) even for
@@ -31,7 +31,7 @@
  * is of the bytes as they arrived; the chunks' and bands' CRCs combine into the tensor's
  * (core/crc32c.h). A tensor refused this way leaves nothing allocated.
  */
-#include "update.h"
+#include "weight_store.h"
 
 #include <math.h>
 #include <pthread.h>
