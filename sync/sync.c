@@ -11,7 +11,7 @@
  * transaction (rs_sync_txn), any failure drops the transaction, so a corrupt bucket can never
  * leave half an update staged for a later is_last to commit.
  */
-#include "sync.h"
+#include "sync_internal.h"
 
 #include <errno.h>
 #include <limits.h>
@@ -249,7 +249,7 @@ int rs_sync_txn_finish(rs_sync *s, rs_weight_last last, bool abort_all, rs_sync_
              "generation held %.3f s%s", res->n_required, (double)c.bytes / (1 << 20), (double)staged / (1 << 20),
              c.seconds, c.paused,
              !kv_pushed ? ""
-             : s->e && rs_engine_takes_kv_scales(s->e)
+             : s->e && rs_engine_kv_scales(s->e) == RS_KV_SCALES_STATIC
                  ? "; KV scales from this update"
                  : "; the pushed KV scales are unused (only --kv-cache-dtype fp8 --kv-scale-mode static takes them)");
     RS_INFO("sync | version '%s' in service: %s", rs_engine_weight_version(s->e), res->message);
@@ -415,7 +415,7 @@ int rs_sync_start(rs_sync **out, rs_engine *e, rs_model *m, const rs_sync_opts *
      * commit, on a backend of the service's own that reads the staged weights where the model's
      * backend holds them: a CPU backend for host memory, a CUDA backend with a stream of its own on
      * the same GPU for device memory. Generation goes on meanwhile instead of waiting for a prefill. */
-    if (rs_engine_calibrates_kv(e)) {
+    if (rs_engine_kv_scales(e) == RS_KV_SCALES_CALIBRATE) {
         if (m->backend->ops->host_memory) s->calib = rs_backend_cpu_init(threads);
 #ifdef RS_CUDA
         else if (rs_backend_cuda_device(m->backend) >= 0)

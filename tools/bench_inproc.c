@@ -100,9 +100,11 @@ int main(int argc, char **argv) {
 
     rs_backend *b = rs_backend_cpu_init(cfg.threads);
     rs_quant_policy qp;
+    char quant[16];
+    rs_config_get(&cfg, "quantization", quant, sizeof quant);
     rs_model *m = NULL;
     rs_engine *e = NULL;
-    if (!b || rs_quant_policy_init(&qp, cfg.quantization, cfg.quant_ignore, cfg.bf16_first_layers,
+    if (!b || rs_quant_policy_init(&qp, quant, cfg.quant_ignore, cfg.bf16_first_layers,
                                    cfg.bf16_last_layers, &err) != RS_OK ||
         rs_model_load(cfg.model, b, &qp, &m, &err) != RS_OK) {
         fprintf(stderr, "bench-inproc: %s\n", err.message);

@@ -429,6 +429,31 @@ RS_TEST(engine_small_pool_queues_requests) {
     env_close(&small);
 }
 
+/* Admission estimates a waiting sequence's pages as it estimates a running one's: growth up to
+ * max_context, never past it (the engine stops every sequence there). A job submitted to the
+ * engine directly may ask for more new tokens than the context leaves (the server's validation
+ * refuses that; the engine caps it); two such 200-token prompts at ratio 1 need 16 pages each at
+ * most, and a pool of 34 holds both at once. An estimate that forgot the cap (21 pages each)
+ * admitted them one after the other. */
+RS_TEST(engine_admission_caps_growth_at_max_context) {
+    env v = env_open_opts(34 * 8192, 8, 512, false, 1.0f);
+    int lens[2] = {200, 200};
+    rs_gen_job *j = job_new(2, lens, 70);
+    j->sp.max_new_tokens = 128; /* 200 + 128 > max_context 256 */
+    rs_error err = {0};
+    ASSERT_EQ(rs_engine_submit(v.e, j, &err), RS_OK);
+    rs_engine_run_until_idle(v.e);
+    for (int p = 0; p < 2; p++) {
+        ASSERT_EQ(j->outputs[p].finish.type, RS_FINISH_LENGTH);
+        ASSERT_EQ(j->outputs[p].n_output, 256 - 200);
+    }
+    rs_engine_stats st;
+    rs_engine_get_stats(v.e, &st);
+    ASSERT_EQ(st.peak_running, 2);
+    rs_gen_job_free(j);
+    env_close(&v);
+}
+
 RS_TEST(engine_validate_rejects_bad_jobs) {
     env v = env_open(1 << 20, 4, 64);
     rs_gen_invalid why;
@@ -822,7 +847,8 @@ RS_TEST(engine_weight_updates_during_generation) {
     for (int u = 1; u <= 20; u++) {
         char ver[16];
         snprintf(ver, sizeof ver, "%d", u);
-        ASSERT_EQ(rs_engine_update_weights(v.e, swap_weights, NULL, &sc, NULL, NULL, false, ver, NULL, &err), RS_OK);
+        rs_weight_swap ws = {.apply = swap_weights, .ctx = &sc, .version = ver};
+        ASSERT_EQ(rs_engine_swap_weights(v.e, &ws, NULL, &err), RS_OK);
     }
     wait_done(&w, R);
     rs_engine_stop(v.e);
