@@ -123,6 +123,17 @@ def served(url):
     return _metric(url, "sglang:num_requests_total")
 
 
+def served_since(n0, want, wait_s=10.0):
+    """{url: requests finished since n0[url]}, read until it equals `want` or wait_s passes: the
+    engine publishes its counters after each step, so the last answer can arrive before them."""
+    deadline = time.time() + wait_s
+    while True:
+        got = {u: served(u) - n0[u] for u in n0}
+        if got == want or time.time() > deadline:
+            return got
+        time.sleep(0.05)
+
+
 def running(url):
     return _metric(url, "sglang:num_running_reqs")
 
@@ -338,7 +349,7 @@ def test_least_load_routing(rolloutd):
     for t in threads:
         t.join(300)
     assert sorted(collections.Counter(o.server for o in outs).values()) == [2, 2, 2], [o.server for o in outs]
-    assert {u: served(u) - n0[u] for u in urls} == {u: 2 for u in urls}
+    assert served_since(n0, {u: 2 for u in urls}) == {u: 2 for u in urls}
 
     # a batch: split by prompt, each prompt's samples together, back in prompt order
     prompts = [PROMPTS[i % 4] + [i] for i in range(6)]
