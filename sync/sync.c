@@ -27,6 +27,7 @@
 #include "disk.h"
 #include "nccl.h"
 #include "shm.h"
+#include "../core/latch.h"
 #include "../model/weight_store.h"
 
 struct rs_sync {
@@ -503,37 +504,23 @@ int rs_sync_submit(rs_sync *s, rs_sync_job *job, rs_error *err) {
     return RS_OK;
 }
 
-typedef struct waiter {
-    pthread_mutex_t mu;
-    pthread_cond_t cv;
-    bool done;
-} waiter;
-
 static void on_waited(rs_sync_job *job, void *user) {
     (void)job;
-    waiter *w = user;
-    pthread_mutex_lock(&w->mu);
-    w->done = true;
-    pthread_cond_signal(&w->cv);
-    pthread_mutex_unlock(&w->mu);
+    rs_latch_arrive(user);
 }
 
 int rs_sync_run(rs_sync *s, rs_sync_job *job) {
-    waiter w = {.done = false};
-    pthread_mutex_init(&w.mu, NULL);
-    pthread_cond_init(&w.cv, NULL);
+    rs_latch done;
+    rs_latch_init(&done);
     job->on_done = on_waited;
-    job->user = &w;
+    job->user = &done;
     int rc = rs_sync_submit(s, job, &job->err);
     if (rc == RS_OK) {
-        pthread_mutex_lock(&w.mu);
-        while (!w.done) pthread_cond_wait(&w.cv, &w.mu);
-        pthread_mutex_unlock(&w.mu);
+        rs_latch_wait(&done, 1);
         rc = job->rc;
     } else {
         job->rc = rc;
     }
-    pthread_cond_destroy(&w.cv);
-    pthread_mutex_destroy(&w.mu);
+    rs_latch_destroy(&done);
     return rc;
 }

@@ -8,6 +8,7 @@
 #include <math.h>
 #include <pthread.h>
 
+#include "../../core/latch.h"
 #include "../../model/presets.h"
 #include "../../scheduler/engine.h"
 #include "test.h"
@@ -649,36 +650,27 @@ RS_TEST(engine_top_logprobs_and_modes) {
 /* ---- the engine thread: control requests and progress callbacks ---- */
 
 typedef struct waiter {
-    pthread_mutex_t mu;
-    pthread_cond_t cv;
-    int done;
-    int progress_calls;
+    rs_latch done;              /* finished jobs */
+    int progress_calls;         /* under done.mu */
     int tokens_seen;
 } waiter;
 
 static void on_done_cb(rs_gen_job *job, void *user) {
     (void)job;
     waiter *w = user;
-    pthread_mutex_lock(&w->mu);
-    w->done++;
-    pthread_cond_broadcast(&w->cv);
-    pthread_mutex_unlock(&w->mu);
+    rs_latch_arrive(&w->done);
 }
 
 static void on_progress_cb(rs_gen_job *job, void *user) {
     waiter *w = user;
-    pthread_mutex_lock(&w->mu);
+    pthread_mutex_lock(&w->done.mu);
     w->progress_calls++;
     ASSERT_TRUE(job->outputs[0].n_output > w->tokens_seen); /* every call brings new tokens */
     w->tokens_seen = job->outputs[0].n_output;
-    pthread_mutex_unlock(&w->mu);
+    pthread_mutex_unlock(&w->done.mu);
 }
 
-static void wait_done(waiter *w, int n) {
-    pthread_mutex_lock(&w->mu);
-    while (w->done < n) pthread_cond_wait(&w->cv, &w->mu);
-    pthread_mutex_unlock(&w->mu);
-}
+static void wait_done(waiter *w, int n) { rs_latch_wait(&w->done, n); }
 
 /* Pausing with retract frees every page and recomputes later: the output is the same as without
  * the pause. In-place pause keeps pages; abort pause ends requests. Flushing the prefix cache is
@@ -691,7 +683,7 @@ RS_TEST(engine_thread_pause_continue_flush_progress) {
     ref->sp.seed = 3;
     run(&v, ref);
 
-    waiter w = {.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER};
+    waiter w = {.done = RS_LATCH_INIT};
     ASSERT_EQ(rs_engine_start(v.e), RS_OK);
     rs_gen_job *j = job_new(1, &len, 77);
     j->sp.max_new_tokens = 60;
@@ -741,7 +733,7 @@ RS_TEST(engine_thread_pause_continue_flush_progress) {
  * generation continues; its own rid still aborts it. */
 RS_TEST(engine_probe_survives_abort_all_and_pause_abort) {
     env v = env_open(8 << 20, 8, 512);
-    waiter w = {.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER};
+    waiter w = {.done = RS_LATCH_INIT};
     ASSERT_EQ(rs_engine_start(v.e), RS_OK);
     int len = 8;
     rs_gen_job *user[2], *probe[3];
@@ -832,7 +824,7 @@ RS_TEST(engine_weight_updates_during_generation) {
     ASSERT_EQ(rs_engine_start(v.e), RS_OK);
 
     enum { R = 6 };
-    waiter w = {.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER};
+    waiter w = {.done = RS_LATCH_INIT};
     rs_gen_job *jobs[R];
     for (int i = 0; i < R; i++) {
         int len = 5 + 7 * i;
