@@ -106,8 +106,11 @@ def greedy(url, prompts, n_new=16):
             for o, s in zip(outs, scored)]
 
 
-def my_segments():
-    return sorted(p for p in os.listdir("/dev/shm") if p.startswith(f"rolloutd-w-{os.getpid()}-"))
+def my_segments(before=()):
+    """This process's shm segments, less those in `before` (segments of other tests' Fleets that
+    were not closed live until their Fleet is collected)."""
+    return sorted(p for p in os.listdir("/dev/shm") if p.startswith(f"rolloutd-w-{os.getpid()}-")
+                  and p not in before)
 
 
 def default_model_dir(url):
@@ -145,6 +148,7 @@ PROMPTS = [np.random.default_rng(s).integers(1, 500, 10 + s).tolist() for s in r
 
 def test_ten_pushes_during_generation_end_bit_identical(rolloutd, tmp_path):
     ds = [rolloutd(None, *DEFAULT_ARGS) for _ in range(3)]
+    others = set(my_segments())
     fleet = Fleet([d.url for d in ds], timeout=300)
     mdir = default_model_dir(ds[0].url)
     base = raw(mdir)
@@ -177,8 +181,8 @@ def test_ten_pushes_during_generation_end_bit_identical(rolloutd, tmp_path):
             assert res.weight_version == v and res.rounds >= 3, res
             assert all(r.get("committed") is True and r["weight_version"] == v for r in res.responses.values())
             if kept is None:
-                kept = my_segments()
-            assert my_segments() == kept  # the same segments every step: nothing new is mapped
+                kept = my_segments(others)
+            assert my_segments(others) == kept  # the same segments every step: nothing new is mapped
     finally:
         stop.set()
         for t in threads:
@@ -197,7 +201,7 @@ def test_ten_pushes_during_generation_end_bit_identical(rolloutd, tmp_path):
     ref = rolloutd(ref_dir, *DEFAULT_ARGS)
     assert greedy(ref.url, PROMPTS) == outs[0]
     fleet.close()
-    assert my_segments() == []
+    assert my_segments(others) == []
 
 
 # ================================================================ one daemon rejects
@@ -460,10 +464,11 @@ def test_fleet_push_request_bodies(stub, stub2):
     stub.txn_id, stub2.txn_id = "00000000000000a1", "00000000000000b2"
     stub.complete = stub2.complete = True
     urls = [f"http://127.0.0.1:{s.server_address[1]}" for s in (stub, stub2)]
+    others = set(my_segments())
     fleet = Fleet(urls)
     sd = _sd()
     res = fleet.push_weights(sd, version="7", bucket_bytes=8192)
-    kept = my_segments()
+    kept = my_segments(others)
     for srv in (stub, stub2):
         assert [c["body"]["is_last"] for c in srv.calls] == [False] * (len(srv.calls) - 1) + [True]
         assert [c["body"].get("transaction_id") for c in srv.calls] == [None] + [srv.txn_id] * (len(srv.calls) - 1)
@@ -476,7 +481,7 @@ def test_fleet_push_request_bodies(stub, stub2):
     assert res.rounds == len(stub.calls) and res.bytes == sum(v.nbytes for v in sd.values())
     n = len(stub.calls)
     fleet.push_weights(sd, version="8", bucket_bytes=8192)
-    assert my_segments() == kept and {c["body"]["shm_name"].lstrip("/") for c in stub.calls[n:]} <= set(kept)
+    assert my_segments(others) == kept and {c["body"]["shm_name"].lstrip("/") for c in stub.calls[n:]} <= set(kept)
 
     # the second server refuses bucket 2: nothing more goes to either but a drop to the first
     stub.calls.clear()
@@ -491,7 +496,7 @@ def test_fleet_push_request_bodies(stub, stub2):
         assert "-drop-" in drop["shm_name"] and drop["transaction_id"] == srv.txn_id
     assert ei.value.outcomes[urls[0]] == "its open update was dropped"
     fleet.close()
-    assert my_segments() == []
+    assert my_segments(others) == []
 
 
 def test_load_parsers_and_rank_layout():
