@@ -100,7 +100,7 @@ typedef struct rs_cpu_tile {
 typedef void (*rs_cpu_tile_fn)(const rs_cpu_tile *t);
 #define RS_CPU_NW        4 /* weight rows per tile, every ISA */
 #define RS_CPU_NT_AVX512 6 /* token rows per tile: 24 zmm accumulators + 4 weights + 1 x */
-#define RS_CPU_NT_AVX2   2 /* 8 ymm accumulators + 4 weights + 2 x (16 registers) */
+#define RS_CPU_NT_AVX2   3 /* 12 ymm accumulators + 3 x + 1 weight (16 registers) */
 rs_cpu_tile_fn rs_cpu_tile_avx512(rs_dtype dt);
 rs_cpu_tile_fn rs_cpu_tile_avx2(rs_dtype dt);
 

@@ -3,7 +3,7 @@
  *
  * Decode (rows 1..16) is bound by reading the weights, so each weight row is streamed once and
  * used for every token row while it is in registers: a tile is 4 weight rows by up to NT token
- * rows (NT = 6 with AVX-512, 2 with AVX2), BF16/F16 converted to fp32 in registers. Threads split
+ * rows (NT = 6 with AVX-512, 3 with AVX2), BF16/F16 converted to fp32 in registers. Threads split
  * N, in multiples of the tile. For longer batches (prefill) the loops are blocked so that a block
  * of weight rows stays in L2 while every token tile of a token block passes over it, and the token
  * block stays in L2 while the weight blocks pass: the weights are read from memory once per token
@@ -166,7 +166,7 @@ static rs_fp8_gemm_isa fp8_isa(rs_cpu_simd s) {
     switch (s) {
     case RS_CPU_SIMD_AVX512:
         return rs_fp8_gemm_isa_supported(RS_FP8_GEMM_ISA_AVX512_VNNI) ? RS_FP8_GEMM_ISA_AVX512_VNNI
-                                                                      : RS_FP8_GEMM_ISA_AVX512;
+                                                                      : RS_FP8_GEMM_ISA_AVX2;
     case RS_CPU_SIMD_AVX2: return RS_FP8_GEMM_ISA_AVX2;
     default: return RS_FP8_GEMM_ISA_GENERIC;
     }
