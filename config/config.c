@@ -38,6 +38,9 @@ static const rs_config_entry entries[] = {
     {"cuda-device", RS_CONFIG_TYPE_INT, F(cuda_device), 0, 63, "0", NULL, "CUDA device ordinal used with --device cuda",
      0},
     {"threads", RS_CONFIG_TYPE_INT, F(threads), 0, 4096, "0", NULL, "CPU backend threads (0 = all cores)", 0},
+    {"cpu-kernels", RS_CONFIG_TYPE_STRING, F(cpu_kernels), 1, 7, "auto", "auto|avx512|avx2|scalar",
+     "CPU backend kernels: auto = the best this CPU runs (RS_CPU_SIMD may cap it); avx2 or scalar "
+     "force a lower class (to test or benchmark it on a bigger CPU); logged at start", 0},
     {"kv-cache-mb", RS_CONFIG_TYPE_INT, F(kv_cache_mb), 1, 16777216, "1024", NULL,
      "KV cache budget in MiB", 0},
     {"max-running", RS_CONFIG_TYPE_INT, F(max_running), 1, 65536, "64", NULL,

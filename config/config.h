@@ -30,6 +30,7 @@ typedef struct rs_config {
     char device[8];             /* cpu | cuda: the backend that runs the model */
     int cuda_device;            /* CUDA device ordinal with --device cuda */
     int threads;                /* CPU backend threads; 0 = all cores */
+    char cpu_kernels[8];        /* auto | avx512 | avx2 | scalar: the CPU backend's kernel class */
     int kv_cache_mb;            /* KV pool budget in MiB */
     int max_running;            /* sequences per engine step */
     int max_step_tokens;        /* rows per forward step */

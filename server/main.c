@@ -172,8 +172,8 @@ static int load(rs_daemon *d, rs_error *err) {
                             "--device cuda needs a CUDA build of rolloutd (make CUDA=1); this one is CPU-only");
 #endif
     } else {
-        d->backend = rs_backend_cpu_init(c->threads);
-        if (!d->backend) return rs_error_set(err, RS_EINTERNAL, "threads", "cannot create the CPU backend");
+        d->backend = rs_backend_cpu_init_kernels(c->threads, c->cpu_kernels, err);
+        if (!d->backend) return err->code;
     }
 
     char *dir = d->model_dir;

@@ -119,6 +119,8 @@ int main(int argc, char **argv) {
     }
 
     rs_backend *b = rs_backend_cpu_init(threads);
+    char line[256];
+    printf("%s\n", rs_backend_cpu_describe(b, line, sizeof line));
     rs_tensor *w[MAX_DTYPES];
     int copies[MAX_DTYPES];
     uint64_t seed = 1;

@@ -3,7 +3,7 @@
  *
  *   build/rollout-bench [--preset default|qwen3-0.6b|all] [--model DIR] [--threads N]
  *                       [--batches 1,16] [--prompt 32] [--gen 32] [--quantization bf16|fp8|both]
- *                       [--device cpu|cuda]
+ *                       [--device cpu|cuda] [--cpu-kernels auto|avx512|avx2|scalar]
  *
  * For each batch size B it runs B greedy sequences twice through the real engine: once with
  * max_new_tokens = 1 (prefill + first token) and once with max_new_tokens = gen. Decode tokens/s
@@ -17,6 +17,8 @@
  * the weight precision the model is loaded with (model/quant.h; "both" runs bf16, then fp8).
  * --device cuda (a `make CUDA=1` build) runs the model on GPU 0; both bandwidth figures are then
  * the GPU's own device-to-device copy (read + write bytes), the ceiling for its weight reads.
+ * --cpu-kernels picks the CPU backend's kernel class exactly as the daemon's flag does (the same
+ * constructor, rs_backend_cpu_init_kernels), and the header names the dispatch it got.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -43,6 +45,7 @@ typedef struct bench_opts {
     int gen;
     const char *quantization;   /* bf16 | fp8 | both */
     const char *device;         /* cpu | cuda */
+    const char *cpu_kernels;    /* auto | avx512 | avx2 | scalar */
 } bench_opts;
 
 static rs_backend *make_backend(const bench_opts *o) {
@@ -55,7 +58,12 @@ static rs_backend *make_backend(const bench_opts *o) {
         exit(2);
 #endif
     } else {
-        b = rs_backend_cpu_init(o->threads);
+        rs_error err = {0};
+        b = rs_backend_cpu_init_kernels(o->threads, o->cpu_kernels, &err);
+        if (!b) {
+            fprintf(stderr, "%s\n", err.message);
+            exit(2);
+        }
     }
     if (!b) {
         fprintf(stderr, "cannot create the %s backend\n", o->device);
@@ -303,13 +311,14 @@ static const char *ensure_preset(const char *name, char *dir, size_t cap) {
 static void usage(void) {
     fprintf(stderr, "usage: rollout-bench [--preset default|qwen3-0.6b|all] [--model DIR] [--threads N]\n"
                     "                     [--batches 1,16] [--prompt 32] [--gen 32] [--quantization bf16|fp8|both]\n"
-                    "                     [--device cpu|cuda]\n");
+                    "                     [--device cpu|cuda] [--cpu-kernels auto|avx512|avx2|scalar]\n");
     exit(2);
 }
 
 int main(int argc, char **argv) {
     bench_opts o = {.preset = "all", .threads = 0, .batches = {1, 16}, .n_batches = 2, .prompt_len = 32,
-                    .gen = 32, .quantization = "bf16", .device = "cpu"};
+                    .gen = 32, .quantization = "bf16", .device = "cpu",
+                    .cpu_kernels = "auto"};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -321,6 +330,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(a, "--gen")) o.gen = atoi(v);
         else if (!strcmp(a, "--quantization")) o.quantization = v;
         else if (!strcmp(a, "--device")) o.device = v;
+        else if (!strcmp(a, "--cpu-kernels")) o.cpu_kernels = v;
         else if (!strcmp(a, "--batches")) {
             o.n_batches = 0;
             for (char *s = (char *)v; *s && o.n_batches < 8; s++) {
@@ -355,6 +365,10 @@ int main(int argc, char **argv) {
         printf("memory: STREAM-like copy %.1f GB/s (read + write, 1 thread; %.1f with the CPU backend's "
                "streaming-store upload), read %.1f GB/s (%d threads, weight-like memory)\n",
                bw[0], upload_copy_gbs(), bw[1], o.threads);
+        rs_backend *b = make_backend(&o);
+        char line[256];
+        printf("%s (--cpu-kernels %s)\n", rs_backend_cpu_describe(b, line, sizeof line), o.cpu_kernels);
+        rs_backend_free(b);
     }
     printf("workload: greedy, prompt %d tokens, %d new tokens; decode tokens/s = B*(gen-1)/(t_gen - t_1)\n",
            o.prompt_len, o.gen);

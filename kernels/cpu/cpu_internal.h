@@ -19,6 +19,7 @@
 #include "../../core/pool.h"
 #include "../backend.h"
 #include "cpu_exp.h"
+#include "fp8_gemm.h"
 
 typedef enum rs_cpu_simd {
     RS_CPU_SIMD_SCALAR = 0,
@@ -103,6 +104,11 @@ typedef void (*rs_cpu_tile_fn)(const rs_cpu_tile *t);
 #define RS_CPU_NT_AVX2   3 /* 12 ymm accumulators + 3 x + 1 weight (16 registers) */
 rs_cpu_tile_fn rs_cpu_tile_avx512(rs_dtype dt);
 rs_cpu_tile_fn rs_cpu_tile_avx2(rs_dtype dt);
+
+/* The FP8 GEMM's instruction set at SIMD level s (cpu_matmul.c; every one gives the same bits):
+ * AVX-512 VNNI where the CPU has that set at the AVX-512 level, else the AVX2 kernel, scalar C at
+ * the scalar level. */
+rs_fp8_gemm_isa rs_cpu_fp8_isa(rs_cpu_simd s);
 
 /* ---- FP8 activations (cpu_fp8_quant.c) ---- */
 

@@ -215,3 +215,44 @@ RS_TEST(cpu_matmul_batch_invariant_fp8) {
     free(w.data), free(w.scale_inv);
     free_weight(&f);
 }
+
+/* ---- the kernel class setting (--cpu-kernels) ---- */
+
+RS_TEST(cpu_kernels_setting_forces_the_dispatch) {
+    rs_error err = {0};
+    ASSERT_TRUE(rs_backend_cpu_init_kernels(1, "avx9", &err) == NULL);
+    ASSERT_EQ(err.code, RS_EINVAL);
+    ASSERT_STREQ(err.param, "cpu-kernels");
+    char line[256];
+    rs_backend *b = rs_backend_cpu_init_kernels(1, "scalar", &err);
+    ASSERT_TRUE(b != NULL);
+    ASSERT_STREQ(rs_backend_cpu_describe(b, line, sizeof line), "cpu: scalar C; fp8 kernel generic-exact; bf16 tile 4x4; 1 threads");
+    rs_backend_free(b);
+    rs_backend *top = rs_backend_cpu_init(1);
+    const rs_cpu_simd max = rs_cpu_set_simd(top, RS_CPU_SIMD_AVX512);
+    rs_backend_free(top);
+    b = rs_backend_cpu_init_kernels(1, "avx2", &err);
+    if (max < RS_CPU_SIMD_AVX2) {
+        ASSERT_TRUE(b == NULL);
+        ASSERT_EQ(err.code, RS_EUNSUPPORTED);
+        rs_test_note_skip("avx2");
+    } else {
+        ASSERT_TRUE(b != NULL);
+        ASSERT_STREQ(rs_backend_cpu_describe(b, line, sizeof line),
+                     "cpu: avx2 fma f16c; fp8 kernel avx2-exact; bf16 tile 4x3; 1 threads");
+        rs_backend_free(b);
+    }
+    b = rs_backend_cpu_init_kernels(1, "avx512", &err);
+    ASSERT_EQ(b != NULL, max == RS_CPU_SIMD_AVX512);
+    if (b) {
+        ASSERT_TRUE(strstr(rs_backend_cpu_describe(b, line, sizeof line), "cpu: avx512f") == line);
+        rs_backend_free(b);
+    } else {
+        ASSERT_EQ(err.code, RS_EUNSUPPORTED);
+        rs_test_note_skip("avx512");
+    }
+    b = rs_backend_cpu_init_kernels(1, "auto", &err);
+    ASSERT_TRUE(b != NULL);
+    ASSERT_EQ(rs_cpu_set_simd(b, RS_CPU_SIMD_AVX512), max);
+    rs_backend_free(b);
+}
