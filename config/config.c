@@ -30,6 +30,9 @@ static const rs_config_entry entries[] = {
      "first N decoder layers kept as stored with --quantization fp8", 0},
     {"bf16-last-layers", RS_CONFIG_TYPE_INT, F(bf16_last_layers), 0, 256, "0", NULL,
      "last N decoder layers kept as stored with --quantization fp8", 0},
+    {"quantize-lm-head", RS_CONFIG_TYPE_BOOL, F(quantize_lm_head), 0, 1, "false", NULL,
+     "with --quantization fp8, the output projection in FP8 too (lm_head; for a tied model the shared embedding "
+     "table): faster decode with a large vocabulary, at an accuracy cost the recipe avoids; CPU backend only", 0},
     {"host", RS_CONFIG_TYPE_STRING, F(host), 1, 255, "127.0.0.1", NULL,
      "address to listen on (0.0.0.0 or :: for every interface)", 0},
     {"port", RS_CONFIG_TYPE_INT, F(port), 0, 65535, "8000", NULL, "TCP port to listen on (0 = any free port)", 0},

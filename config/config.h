@@ -25,6 +25,7 @@ typedef struct rs_config {
     char quant_ignore[1024];    /* comma-separated globs of tensors kept as stored */
     int bf16_first_layers;      /* first N decoder layers kept as stored */
     int bf16_last_layers;       /* last N decoder layers kept as stored */
+    bool quantize_lm_head;      /* fp8: the output projection (tied: the embedding table) in FP8 too */
     char host[256];             /* bind address */
     int port;                   /* 0 = any free port */
     char device[8];             /* cpu | cuda: the backend that runs the model */

@@ -184,6 +184,9 @@ static int load(rs_daemon *d, rs_error *err) {
     if ((rc = rs_quant_policy_init(&qp, c->quantization, c->quant_ignore, c->bf16_first_layers, c->bf16_last_layers,
                                    err)) != RS_OK)
         return rc;
+    qp.quantize_lm_head = c->quantize_lm_head;
+    if (qp.quantize_lm_head && strcmp(c->device, "cpu") != 0)
+        return rs_error_set(err, RS_EUNSUPPORTED, "quantize-lm-head", "quantize-lm-head needs --device cpu");
     if ((rc = rs_model_load(dir, d->backend, &qp, &d->model, err)) != RS_OK) return rc;
     const rs_model_config *mc = &d->model->cfg;
 
