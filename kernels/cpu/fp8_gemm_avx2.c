@@ -67,7 +67,7 @@
 #define XD_ROW_BLOCKS 32 /* row-blocks of activation digits a lanes = k tile holds (24 KB) */
 #define R2_ROWS  16 /* rows of a lanes = rows tile: two ymm of int32 */
 #define R2_MIN   10 /* a remainder of at least this many rows still takes a lanes = rows tile */
-#define R2_NO    2  /* outputs accumulated together in a lanes = rows tile */
+#define R2_NO    4  /* outputs accumulated together in a lanes = rows tile */
 
 /* ---- decode ---- */
 
@@ -384,17 +384,22 @@ RS_TARGET_AVX2 static void r1_item(const ajob *jb, const dlut *l, int r0, int nr
  * Many rows: lanes = rows
  * ------------------------------------------------------------------------------------------- */
 
-/* A tile of R2_ROWS rows, two 8-row halves of one dword each: pair p of a block (decode32's
- * order: p = 16 c + 8 v + i is dword i of word vector v (0 even, 1 odd) of chunk c) of 16 rows is
- * two ymm per digit, so the weight digits are decoded once per block and output, and broadcast.
- * Each pair takes 4 vpmaddwd per output for the weight's H digit (x L and H, two halves); the
- * L-digit products run only over the pairs where the weight has an L digit, which a block scaled
- * to amax 448 gives to few codes (|w| < 2 in E4M3 units, ~1.6% of Gaussian weights): skipping a
- * zero product leaves the integer sums as they were. Over a block a lane holds S_LL, S_X, S_HH of
- * one row below 2^29, combined exactly in double. */
+/* A tile of R2_ROWS rows, two 8-row halves of one dword each: pair p of a block (decode32's order:
+ * p = 16 c + 8 v + i is dword i of word vector v (0 even, 1 odd) of chunk c) of 16 rows is two ymm,
+ * the weight digits are decoded once per block and output, and broadcast.
+ *
+ * The activations take one digit plus a rare remainder: V = 32 X + r with X = V >> 5 (floor;
+ * from the digits, (L >> 5) + 4 H, |X| <= 7168) and r = V & 31 = L & 31, which is nonzero only for
+ * codes below 2^-4 or so in E4M3 units (|x| < amax / 900: rare once a row's 1x128 group is scaled
+ * to 448). The block sum is 2^-18 (32 A_L + 4096 A_H + R_L + 128 R_H), A_L = sum X Lw,
+ * A_H = sum X Hw, R_L = sum r Lw, R_H = sum r Hw, each over the block in an int32 lane per row:
+ * |A_H| <= 128 * 7680 * 1920 < 2^31 even with NaN codes' digits. A_H takes every pair (one
+ * vpmaddwd per half, output and pair); A_L only the pairs where the weight has an L digit (|w| < 2
+ * in E4M3 units: ~1.6% of Gaussian weights), R_* only those where one of the tile's rows has a
+ * remainder: skipping a zero product leaves the integer sums as they were. */
 typedef struct r2_state {
-    _Alignas(32) int32_t xt[2][64][R2_ROWS];       /* [L/H][pair][row]: the block's activations */
-    _Alignas(32) int32_t rowv[R2_ROWS][2][64];     /* [row][L/H][pair]: before transposing */
+    _Alignas(32) int32_t xt[2][64][R2_ROWS];       /* [X/r][pair][row]: the block's activations */
+    _Alignas(32) int32_t rowv[R2_ROWS][2][64];     /* [row][X/r][pair]: before transposing */
     _Alignas(32) int32_t wd[R2_NO][2][64];         /* [output][L/H][pair] */
     _Alignas(32) float acc[CHUNK][R2_ROWS];        /* [output - o0][row]: the fmaf accumulators */
     _Alignas(32) float s[R2_ROWS];                 /* x scales of the block */
@@ -422,11 +427,20 @@ RS_TARGET_AVX2 INLINE void transpose8(__m256i v[8]) {
     }
 }
 
-/* Rows [r0, r0 + nr) of block b into st->xt (rows past nr are zeros); bit r of the result: row r's
- * block has a NaN code. */
-RS_TARGET_AVX2 static uint32_t r2_prep(r2_state *st, const ajob *jb, const dlut *l, int r0, int nr, int64_t b) {
+/* Bit i set when dword i of v is nonzero (i < 8). */
+RS_TARGET_AVX2 INLINE uint64_t nonzero_pairs8(__m256i v) {
+    return ~(uint64_t)_mm256_movemask_ps(_mm256_castsi256_ps(_mm256_cmpeq_epi32(v, _mm256_setzero_si256()))) & 0xffu;
+}
+
+/* Rows [r0, r0 + nr) of block b into st->xt (rows past nr are zeros); *rpairs: the pairs where a
+ * row has a remainder. Bit r of the result: row r's block has a NaN code. */
+RS_TARGET_AVX2 static uint32_t r2_prep(r2_state *st, const ajob *jb, const dlut *l, int r0, int nr, int64_t b,
+                                       uint64_t *rpairs) {
     const int64_t j0 = b * BLK, kw = RS_MIN((int64_t)BLK, jb->k - j0);
+    const __m256i low5 = _mm256_set1_epi16(31);
     uint32_t xnan = 0;
+    __m256i rany[8];
+    for (int i = 0; i < 8; i++) rany[i] = _mm256_setzero_si256();
     for (int r = 0; r < R2_ROWS; r++) {
         if (r >= nr) {
             memset(st->rowv[r], 0, sizeof st->rowv[r]);
@@ -439,12 +453,22 @@ RS_TARGET_AVX2 static uint32_t r2_prep(r2_state *st, const ajob *jb, const dlut 
             __m256i d[4] = {_mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256(),
                             _mm256_setzero_si256()};
             if (32 * c < kw) decode_chunk(l, x, kw, c, d, &nan);
-            for (int v = 0; v < 4; v++) _mm256_store_si256((__m256i *)&st->rowv[r][v / 2][16 * c + 8 * (v % 2)], d[v]);
+            for (int v = 0; v < 2; v++) { /* v: even, odd codes; X = (L >> 5) + 4 H, r = L & 31 */
+                const __m256i X = _mm256_add_epi16(_mm256_srai_epi16(d[v], 5), _mm256_slli_epi16(d[2 + v], 2));
+                const __m256i R = _mm256_and_si256(d[v], low5);
+                _mm256_store_si256((__m256i *)&st->rowv[r][0][16 * c + 8 * v], X);
+                _mm256_store_si256((__m256i *)&st->rowv[r][1][16 * c + 8 * v], R);
+                rany[2 * c + v] = _mm256_or_si256(rany[2 * c + v], R);
+            }
         }
         if (nan_seen(nan)) xnan |= 1u << r;
         st->s[r] = jb->xs[(int64_t)(r0 + r) * jb->kb + b];
     }
-    for (int dg = 0; dg < 2; dg++)
+    uint64_t rp = 0;
+    for (int i = 0; i < 8; i++) rp |= nonzero_pairs8(rany[i]) << (8 * i);
+    *rpairs = rp;
+    for (int dg = 0; dg < 2; dg++) {
+        if (dg == 1 && rp == 0) break; /* no remainders: xt[1] is never read */
         for (int g = 0; g < 8; g++)
             for (int h = 0; h < 2; h++) {
                 __m256i v[8];
@@ -454,17 +478,51 @@ RS_TARGET_AVX2 static uint32_t r2_prep(r2_state *st, const ajob *jb, const dlut 
 #pragma GCC unroll 8
                 for (int i = 0; i < 8; i++) _mm256_store_si256((__m256i *)&st->xt[dg][8 * g + i][8 * h], v[i]);
             }
+    }
     return xnan;
 }
 
-/* Block b of outputs o, o + 1 (the second one only when o + 1 < o1) into their accumulators. */
-RS_TARGET_AVX2 static void r2_group(r2_state *st, uint32_t xnan, const ajob *jb, const dlut *l, int64_t o0, int64_t o,
-                                    int64_t o1, int64_t b) {
+/* acc[16 rows] = fmaf(block sums, s * wsb, previous) for one output, from its exact lane sums. */
+RS_TARGET_AVX2 INLINE void r2_finish(const r2_state *st, float *acc, const __m256i al[2], const __m256i ah[2],
+                                     const __m256i rl[2], const __m256i rh[2], uint32_t nanrows, float wsb,
+                                     int64_t b) {
+    for (int h = 0; h < 2; h++) {
+        __m128 f[2];
+        for (int half = 0; half < 2; half++) {
+#define R2_Q(v) _mm256_cvtepi32_pd(half ? _mm256_extracti128_si256(v[h], 1) : _mm256_castsi256_si128(v[h]))
+            /* 2^-18 (32 A_L + 4096 A_H + R_L + 128 R_H), exact in double (< 2^43 * 2^-18) */
+            __m256d t = _mm256_fmadd_pd(R2_Q(ah), _mm256_set1_pd(4096.0), R2_Q(rl));
+            t = _mm256_fmadd_pd(R2_Q(al), _mm256_set1_pd(32.0), t);
+            t = _mm256_fmadd_pd(R2_Q(rh), _mm256_set1_pd(128.0), t);
+#undef R2_Q
+            f[half] = _mm256_cvtpd_ps(_mm256_mul_pd(t, _mm256_set1_pd(0x1p-18)));
+        }
+        __m256 bs = _mm256_insertf128_ps(_mm256_castps128_ps256(f[0]), f[1], 1);
+        const uint32_t nr8 = (nanrows >> (8 * h)) & 0xffu;
+        if (__builtin_expect(nr8 != 0, 0)) {
+            const __m256i bits = _mm256_setr_epi32(1, 2, 4, 8, 16, 32, 64, 128);
+            const __m256 m = _mm256_castsi256_ps(_mm256_cmpeq_epi32(_mm256_and_si256(_mm256_set1_epi32((int)nr8), bits), bits));
+            bs = _mm256_blendv_ps(bs, _mm256_set1_ps(NAN), m);
+        }
+        const __m256 sx = _mm256_mul_ps(_mm256_load_ps(st->s + 8 * h), _mm256_set1_ps(wsb));
+        const __m256 prev = b == 0 ? _mm256_setzero_ps() : _mm256_load_ps(acc + 8 * h);
+        _mm256_store_ps(acc + 8 * h, _mm256_fmadd_ps(bs, sx, prev));
+    }
+}
+
+/* Block b of outputs o .. o + R2_NO - 1 (those below o1) into their accumulators. */
+RS_TARGET_AVX2 static void r2_group(r2_state *st, uint32_t xnan, uint64_t rpairs, const ajob *jb, const dlut *l,
+                                    int64_t o0, int64_t o, int64_t o1, int64_t b) {
     const int64_t k = jb->k, j0 = b * BLK, kw = RS_MIN((int64_t)BLK, k - j0);
-    const int nq = o + 1 < o1 ? 2 : 1, np = (int)((kw + 31) / 32) * 16;
-    uint64_t lpairs[R2_NO] = {0, 0};
-    bool wnan[R2_NO] = {false, false};
-    for (int q = 0; q < nq; q++) {
+    const int nq = (int)RS_MIN((int64_t)R2_NO, o1 - o), np = (int)((kw + 31) / 32) * 16;
+    uint64_t lpairs[R2_NO];
+    bool wnan[R2_NO];
+    for (int q = 0; q < R2_NO; q++) {
+        lpairs[q] = 0, wnan[q] = false;
+        if (q >= nq) { /* past o1: zero digits, never stored */
+            memset(st->wd[q], 0, sizeof st->wd[q]);
+            continue;
+        }
         const uint8_t *w = jb->wq + (o + q) * k + j0;
         __m256i nan = _mm256_setzero_si256();
         if (kw == BLK && j0 + BLK < k) { /* the next block: needed by this item's next pass */
@@ -475,65 +533,42 @@ RS_TARGET_AVX2 static void r2_group(r2_state *st, uint32_t xnan, const ajob *jb,
             __m256i d[4];
             decode_chunk(l, w, kw, c, d, &nan);
             for (int v = 0; v < 4; v++) _mm256_store_si256((__m256i *)&st->wd[q][v / 2][16 * c + 8 * (v % 2)], d[v]);
-            /* the pairs with an L digit (a zero pair adds nothing) */
-            const uint32_t z0 = (uint32_t)_mm256_movemask_ps(_mm256_castsi256_ps(_mm256_cmpeq_epi32(d[0], _mm256_setzero_si256())));
-            const uint32_t z1 = (uint32_t)_mm256_movemask_ps(_mm256_castsi256_ps(_mm256_cmpeq_epi32(d[1], _mm256_setzero_si256())));
-            lpairs[q] |= (uint64_t)(~(z0 | z1 << 8) & 0xffffu) << (16 * c);
+            lpairs[q] |= (nonzero_pairs8(d[0]) | nonzero_pairs8(d[1]) << 8) << (16 * c);
         }
         wnan[q] = nan_seen(nan);
     }
-    __m256i xa[R2_NO][2], hh[R2_NO][2];
-    for (int q = 0; q < R2_NO; q++) xa[q][0] = xa[q][1] = hh[q][0] = hh[q][1] = _mm256_setzero_si256();
-    for (int p = 0; p < np; p++) { /* the weight's H digits, every pair */
-        const __m256i xl0 = _mm256_load_si256((const __m256i *)&st->xt[0][p][0]);
-        const __m256i xl1 = _mm256_load_si256((const __m256i *)&st->xt[0][p][8]);
-        const __m256i xh0 = _mm256_load_si256((const __m256i *)&st->xt[1][p][0]);
-        const __m256i xh1 = _mm256_load_si256((const __m256i *)&st->xt[1][p][8]);
-#pragma GCC unroll 2
+    __m256i ah[R2_NO][2];
+    for (int q = 0; q < R2_NO; q++) ah[q][0] = ah[q][1] = _mm256_setzero_si256();
+    for (int p = 0; p < np; p++) { /* X . Hw: every pair */
+        const __m256i x0 = _mm256_load_si256((const __m256i *)&st->xt[0][p][0]);
+        const __m256i x1 = _mm256_load_si256((const __m256i *)&st->xt[0][p][8]);
+#pragma GCC unroll 4
         for (int q = 0; q < R2_NO; q++) {
             const __m256i bw = _mm256_set1_epi32(st->wd[q][1][p]);
-            xa[q][0] = _mm256_add_epi32(xa[q][0], _mm256_madd_epi16(xl0, bw));
-            xa[q][1] = _mm256_add_epi32(xa[q][1], _mm256_madd_epi16(xl1, bw));
-            hh[q][0] = _mm256_add_epi32(hh[q][0], _mm256_madd_epi16(xh0, bw));
-            hh[q][1] = _mm256_add_epi32(hh[q][1], _mm256_madd_epi16(xh1, bw));
+            ah[q][0] = _mm256_add_epi32(ah[q][0], _mm256_madd_epi16(x0, bw));
+            ah[q][1] = _mm256_add_epi32(ah[q][1], _mm256_madd_epi16(x1, bw));
         }
     }
     const float wsb = jb->ws[(o / BLK) * jb->kb + b];
     for (int q = 0; q < nq; q++) {
-        __m256i ll0 = _mm256_setzero_si256(), ll1 = ll0, xb0 = ll0, xb1 = ll0;
-        for (uint64_t m = lpairs[q]; m; m &= m - 1) { /* the weight's L digits, where it has them */
+        __m256i al[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()}, rl[2] = {al[0], al[0]}, rh[2] = {al[0], al[0]};
+        for (uint64_t m = lpairs[q]; m; m &= m - 1) { /* X . Lw: where the weight has L digits */
             const int p = __builtin_ctzll(m);
             const __m256i bw = _mm256_set1_epi32(st->wd[q][0][p]);
-            ll0 = _mm256_add_epi32(ll0, _mm256_madd_epi16(_mm256_load_si256((const __m256i *)&st->xt[0][p][0]), bw));
-            ll1 = _mm256_add_epi32(ll1, _mm256_madd_epi16(_mm256_load_si256((const __m256i *)&st->xt[0][p][8]), bw));
-            xb0 = _mm256_add_epi32(xb0, _mm256_madd_epi16(_mm256_load_si256((const __m256i *)&st->xt[1][p][0]), bw));
-            xb1 = _mm256_add_epi32(xb1, _mm256_madd_epi16(_mm256_load_si256((const __m256i *)&st->xt[1][p][8]), bw));
+            al[0] = _mm256_add_epi32(al[0], _mm256_madd_epi16(_mm256_load_si256((const __m256i *)&st->xt[0][p][0]), bw));
+            al[1] = _mm256_add_epi32(al[1], _mm256_madd_epi16(_mm256_load_si256((const __m256i *)&st->xt[0][p][8]), bw));
         }
-        const __m256i ll[2] = {ll0, ll1}, xs[2] = {_mm256_add_epi32(xa[q][0], xb0), _mm256_add_epi32(xa[q][1], xb1)};
-        float *a = st->acc[o + q - o0];
-        for (int h = 0; h < 2; h++) {
-            /* the exact sums 2^-18 (S_LL + 128 S_X + 16384 S_HH) of 8 rows, rounded once */
-            __m128 f[2];
-            for (int half = 0; half < 2; half++) {
-                const __m128i l4 = half ? _mm256_extracti128_si256(ll[h], 1) : _mm256_castsi256_si128(ll[h]);
-                const __m128i x4 = half ? _mm256_extracti128_si256(xs[h], 1) : _mm256_castsi256_si128(xs[h]);
-                const __m128i h4 = half ? _mm256_extracti128_si256(hh[q][h], 1) : _mm256_castsi256_si128(hh[q][h]);
-                __m256d t = _mm256_fmadd_pd(_mm256_cvtepi32_pd(x4), _mm256_set1_pd(128.0), _mm256_cvtepi32_pd(l4));
-                t = _mm256_fmadd_pd(_mm256_cvtepi32_pd(h4), _mm256_set1_pd(16384.0), t);
-                f[half] = _mm256_cvtpd_ps(_mm256_mul_pd(t, _mm256_set1_pd(0x1p-18)));
-            }
-            __m256 bs = _mm256_insertf128_ps(_mm256_castps128_ps256(f[0]), f[1], 1);
-            const uint32_t nanrows = wnan[q] ? 0xffu : (xnan >> (8 * h)) & 0xffu;
-            if (__builtin_expect(nanrows != 0, 0)) {
-                const __m256i bits = _mm256_setr_epi32(1, 2, 4, 8, 16, 32, 64, 128);
-                const __m256 m = _mm256_castsi256_ps(
-                    _mm256_cmpeq_epi32(_mm256_and_si256(_mm256_set1_epi32((int)nanrows), bits), bits));
-                bs = _mm256_blendv_ps(bs, _mm256_set1_ps(NAN), m);
-            }
-            const __m256 sx = _mm256_mul_ps(_mm256_load_ps(st->s + 8 * h), _mm256_set1_ps(wsb));
-            const __m256 prev = b == 0 ? _mm256_setzero_ps() : _mm256_load_ps(a + 8 * h);
-            _mm256_store_ps(a + 8 * h, _mm256_fmadd_ps(bs, sx, prev));
+        for (uint64_t m = rpairs; m; m &= m - 1) { /* r . w: where a row has a remainder */
+            const int p = __builtin_ctzll(m);
+            const __m256i bl = _mm256_set1_epi32(st->wd[q][0][p]), bh = _mm256_set1_epi32(st->wd[q][1][p]);
+            const __m256i r0 = _mm256_load_si256((const __m256i *)&st->xt[1][p][0]);
+            const __m256i r1 = _mm256_load_si256((const __m256i *)&st->xt[1][p][8]);
+            rl[0] = _mm256_add_epi32(rl[0], _mm256_madd_epi16(r0, bl));
+            rl[1] = _mm256_add_epi32(rl[1], _mm256_madd_epi16(r1, bl));
+            rh[0] = _mm256_add_epi32(rh[0], _mm256_madd_epi16(r0, bh));
+            rh[1] = _mm256_add_epi32(rh[1], _mm256_madd_epi16(r1, bh));
         }
+        r2_finish(st, st->acc[o + q - o0], al, ah[q], rl, rh, wnan[q] ? 0xffffu : xnan, wsb, b);
     }
 }
 
@@ -541,8 +576,9 @@ RS_TARGET_AVX2 static void r2_group(r2_state *st, uint32_t xnan, const ajob *jb,
 RS_TARGET_AVX2 static void r2_item(const ajob *jb, const dlut *l, int r0, int nr, int64_t o0, int64_t o1) {
     r2_state st;
     for (int64_t b = 0; b < jb->kb; b++) {
-        const uint32_t xnan = r2_prep(&st, jb, l, r0, nr, b);
-        for (int64_t o = o0; o < o1; o += R2_NO) r2_group(&st, xnan, jb, l, o0, o, o1, b);
+        uint64_t rpairs;
+        const uint32_t xnan = r2_prep(&st, jb, l, r0, nr, b, &rpairs);
+        for (int64_t o = o0; o < o1; o += R2_NO) r2_group(&st, xnan, rpairs, jb, l, o0, o, o1, b);
     }
     for (int r = 0; r < nr; r++)
         for (int64_t o = o0; o < o1; o++) jb->out[(int64_t)(r0 + r) * jb->n + o] = canonical_nan(st.acc[o - o0][r]);
