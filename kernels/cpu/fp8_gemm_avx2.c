@@ -40,10 +40,11 @@
  *     The tile's activation digits (one- and two-digit forms) are decoded once per super-block
  *     (up to 32 K blocks) into L1, and each output's weight row is read front to back. At batch
  *     1 this is ~11 instructions per 32 weight codes beyond the decode's 16.
- *   - many rows (r2: tiles of 16 rows, padded from 10): lanes = rows. The tile's activation
- *     digits are transposed so that two ymm hold one code pair of 16 rows; each output's weight
- *     digits are decoded once per block and broadcast. The weight's H digits go through every
- *     pair, its L digits (rare: |w| < 2 in E4M3 units) only where they are nonzero.
+ *   - many rows (r2: tiles of 16 rows, padded from 10): lanes = rows. The tile's activations,
+ *     one digit X = V >> 5 and a rare remainder V & 31, are transposed so that two ymm hold one
+ *     code pair of 16 rows; each output's weight digits are decoded once per block and
+ *     broadcast. X times the weight's H digits goes through every pair, the L digits (rare:
+ *     |w| < 2 in E4M3 units) and the remainders only where they are nonzero (see r2_state).
  * Work items are (chunk of 64 outputs, row tile), the tile varying fastest; threads take
  * contiguous runs of items. Nothing is allocated: the scratch (under 64 KB) is on the stack.
  */
