@@ -36,6 +36,10 @@ llama.cpp is ever committed). Steps, each skipped when its output is already the
 
 Pairs compared: rolloutd FP8 vs llama.cpp Q8_0 with BF16 embedding/output (same bytes per token) and
 vs default Q8_0 (fewer bytes); rolloutd BF16 vs llama.cpp BF16.
+
+Needs cmake, a C/C++ compiler, and numpy, pyyaml, requests, tqdm in the python that runs it (the
+sdist's gguf-py imports them); torch + transformers in /opt/torchvenv, $TORCH_PYTHON or that python
+(else --model-source preset). A first run downloads ~77 MB and builds for tens of minutes.
 """
 import argparse
 import concurrent.futures
@@ -409,6 +413,11 @@ def main():
     a = ap.parse_args()
     if a.rounds < 3:
         sys.exit("--rounds must be at least 3")
+    missing = [m for m in ("numpy", "yaml", "requests", "tqdm") if subprocess.run(
+        [sys.executable, "-c", f"import {m}"], capture_output=True).returncode != 0]
+    if missing or not shutil.which("cmake"):  # what the sdist's gguf-py and the build need
+        sys.exit(f"needs cmake and, in this python, {' '.join(['numpy', 'pyyaml', 'requests', 'tqdm'])}"
+                 f" (missing: {' '.join(missing) or 'cmake'})")
     work, build = pathlib.Path(a.work), pathlib.Path(a.build)
     work.mkdir(parents=True, exist_ok=True)
     only = set(a.only.split(","))
