@@ -105,7 +105,7 @@ typedef struct rs_backend_ops {
                     float eps);
 
     /* out[rows][N] = x[rows][K] @ w^T (+ bias), w [N][K] in bf16/f16/f32, or E4M3 with scale_inv
-     * (W8A8: x is quantized per token in 1x128 groups, DESIGN.md "Numerics"). out must not alias x. */
+     * (W8A8: x is quantized per token in 1x128 groups, docs/design.md "Numerics"). out must not alias x. */
     void (*matmul)(rs_backend *b, float *out, const float *x, const rs_tensor *w, const rs_tensor *bias,
                    int rows);
 

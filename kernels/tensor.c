@@ -8,7 +8,7 @@
 #include "../core/rs.h"
 
 static const struct {
-    const char *name;       /* our name, as in API.md manifests */
+    const char *name;       /* our name, as in docs/api.md manifests */
     const char *st_name;    /* safetensors header name */
     size_t size;
 } dtype_table[RS_DTYPE_COUNT] = {

@@ -1,7 +1,7 @@
 /*
  * quant.h — the weight quantization policy: which of a checkpoint's matrices are served in FP8.
  *
- * The FP8 recipe (DESIGN.md "Numerics", reference/fp8rl.md §2) quantizes the linear layers of
+ * The FP8 recipe (docs/design.md "Numerics"; NVIDIA FP8-RL, arXiv 2601.18150) quantizes the linear layers of
  * attention and MLP to E4M3 with one fp32 scale per 128x128 block, and keeps everything whose
  * precision matters more than its size in the checkpoint's dtype:
  *

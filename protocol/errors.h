@@ -1,7 +1,7 @@
 /*
  * errors.h — JSON bodies for errors and other fixed answers, so that server/ never writes JSON.
  *
- * Every error body has the one shape API.md gives:
+ * Every error body has the one shape docs/api.md gives:
  *   {"error": {"message": "...", "type": "invalid_request", "param": "sampling_params.top_p"}}
  * where type comes from the rs_errno table (core/rs.h) and param is null when nothing in the
  * request is at fault. The HTTP status comes from the same table: rs_err_http_status(err->code).

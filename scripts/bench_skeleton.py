@@ -7,7 +7,7 @@
 Issue 4 asks for the engine's tokens/s "against the walking skeleton's loop on the same workload".
 `build/rl-bench` approximates that loop with today's engine in the skeleton's configuration, which
 inherits every later kernel and scheduler improvement. This script measures the real thing: it
-checks out --skeleton-rev (default 9d6eeda, the last commit before the scheduler work of issue 4:
+checks out --skeleton-rev (default 9d6eeda, the last commit before the continuous-batching scheduler:
 the skeleton's engine with its batched forward pass, the threaded AVX-512 kernels and the HTTP
 server) into a temporary directory, builds its daemon, and runs one GRPO step through each
 daemon over HTTP: --prompts concurrent /generate requests of --n samples each, --prompt-len

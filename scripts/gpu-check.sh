@@ -3,8 +3,10 @@
 # eight minutes. It builds with `make CUDA=1`, runs the CUDA-vs-CPU op tests (every test whose name
 # starts with cuda_), the golden end-to-end test with the daemon on the GPU, the GPU and CPU
 # benchmarks, the NCCL end-to-end test, and last the whole unit suite on that build, and writes
-# everything to $OUT/gpu-check.txt (OUT defaults to build-cuda/). Most valuable first: a run cut
-# short by the device's time limit still brings back the CUDA verdicts.
+# everything to $OUT/gpu-check.txt (OUT defaults to build-cuda/). The NCCL test includes an
+# SGLang-style trainer (torch.distributed, init_method tcp://, dist.broadcast) joining over the
+# trainer's TCPStore. Most valuable first: a run cut short by the device's time limit still brings
+# back the CUDA verdicts.
 #
 # The device machine lacks libmicrohttpd, jansson and libuv, and has no network. Before the call,
 # run scripts/fetch-debs.sh here and name `.debs` in the device tool's `carry`; this script unpacks
@@ -56,15 +58,16 @@ if python3 -c 'import pytest, requests, numpy' 2>/dev/null; then
 else
   echo "skipped: needs python3 with pytest, requests and numpy"
 fi
-echo "== GPU decode: FP8 vs BF16 weights (issue 3), the model on the H200"
+echo "== GPU decode: FP8 vs BF16 weights, the model on the H200"
 timeout 180 ./build-cuda/rollout-bench --device cuda --preset qwen3-0.6b --quantization both --batches 1,32,256
-echo "== NCCL weight updates end to end (tests/e2e/test_nccl_gpu.py; trainer = this python, rank 0)"
+echo "== NCCL weight updates end to end (tests/e2e/test_nccl_gpu.py; trainer = this python, rank 0: rolloutd_client's"
+echo "   unique-id push, then an SGLang-style torch.distributed trainer over the TCPStore rendezvous)"
 if python3 -c 'import pytest, requests, numpy, torch; assert torch.cuda.is_available()' 2>/dev/null; then
   ROLLOUTD_BIN=$PWD/build-cuda/rolloutd timeout 180 python3 -m pytest -q -rs tests/e2e/test_nccl_gpu.py
 else
   echo "skipped: needs python3 with pytest, requests, numpy and torch with CUDA"
 fi
-echo "== weight sync into a GPU-served daemon (issue 6: requantization and KV recalibration on the GPU)"
+echo "== weight sync into a GPU-served daemon (requantization and KV recalibration on the GPU)"
 if python3 -c 'import requests, numpy' 2>/dev/null; then
   timeout 180 python3 scripts/bench_weight_sync.py --bin build-cuda/rolloutd --repeat 3 --daemon-args "--device cuda" \
     --quantizations bf16/bf16,fp8/bf16,fp8
@@ -73,7 +76,7 @@ else
 fi
 echo "== benchmarks (CPU backend on this host's $(nproc) cores)"
 # FP8 vs BF16 batch-1 decode on more than the CI VM's two cores: there the exact FP8 kernel should
-# have the compute to be memory-bound (issue 3's 1.5x target; README "Decode: FP8 vs BF16 weights").
+# have the compute to be memory-bound (docs/benchmarks.md "Decode: FP8 against BF16 weights").
 timeout 150 ./build-cuda/rollout-bench --preset qwen3-0.6b --quantization both --batches 1,32
 ./build-cuda/bench-matmul 3072 1024 fp8,bf16 "$(nproc)" 1,32
 # the host-side quantizer a push into the GPU daemon runs (table encoder where the CPU has VBMI)

@@ -12,7 +12,7 @@ next-token logprobs after each prompt. Everything is computed in fp32 from the B
 upcasts to fp32 exactly). Re-running gives byte-identical files; CI never needs PyTorch.
 
 FP8. Beside golden.json every model gets golden_fp8.json (same structure, same prompts): the same
-transformers fp32 forward with rolloutd's W8A8 FP8 numerics emulated (DESIGN.md "Numerics"):
+transformers fp32 forward with rolloutd's W8A8 FP8 numerics emulated (docs/design.md "Numerics"):
 attention q/k/v/o, MLP gate/up/down and MoE expert weights quantized to E4M3 in 128x128 blocks, and
 the input of every such GEMM quantized dynamically per token in 1x128 groups; embeddings, lm_head,
 norms, biases and the MoE router stay unquantized. The emulation is checked to reproduce golden.json
@@ -326,7 +326,7 @@ def build(name):
 
 
 # ------------------------------------------------------------------------------------------------
-# FP8 (W8A8, E4M3) emulation: rolloutd's numerics (DESIGN.md "Numerics") on top of the transformers
+# FP8 (W8A8, E4M3) emulation: rolloutd's numerics (docs/design.md "Numerics") on top of the transformers
 # fp32 forward. Every step below is a correctly rounded fp32 operation (torch's fp32 division, also by
 # a Python scalar, is IEEE division; its float32 -> float8_e4m3fn cast is round-to-nearest-even and
 # matches ml_dtypes bit-for-bit once the input is clamped to +-448, which is what rolloutd's

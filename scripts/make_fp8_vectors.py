@@ -10,7 +10,7 @@ NaN inputs stay NaN through the clamp; ml_dtypes encodes them as sign|0x7F (e4m3
 sign|0x7E (e5m2), while CUDA (and our codec) give 0x7F for every NaN. The files keep ml_dtypes'
 codes as they are; the C test checks that both sides are NaN codes and that ours is 0x7F.
 
-Quantization fixtures implement DESIGN.md's formulas in float32 NumPy, every step an IEEE float32
+Quantization fixtures implement docs/design.md's formulas in float32 NumPy, every step an IEEE float32
 operation (max, maximum, true division), then the clamped ml_dtypes cast:
     scale = max(amax, 1e-10) / 448 ;  q = e4m3(clip(v / scale, -448, 448))
 

@@ -12,7 +12,7 @@
  * The per-ISA tile kernels live in cpu_simd_avx2.c and cpu_simd_avx512.c; the scalar tile here is
  * also the reference (sequential fp32 sums), exposed as rs_cpu_matmul_ref for tests.
  *
- * E4M3 weights are the W8A8 path of DESIGN.md "Numerics": the activation rows are quantized per
+ * E4M3 weights are the W8A8 path of docs/design.md "Numerics": the activation rows are quantized per
  * token and 128-group into the context's scratch (cpu_fp8_quant.c, threaded over rows when there
  * are many), fp8_gemm.c does the block-scaled GEMM with the context's pool at the context's SIMD
  * level, then the bias is added in fp32. Every step is deterministic, so the result equals

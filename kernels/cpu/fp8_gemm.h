@@ -9,7 +9,7 @@
  * Every output element is therefore a fixed sequence of correctly rounded operations on exactly
  * defined values: reproducible bit-for-bit by any implementation that follows the recipe (the
  * threaded SIMD path here, a CUDA-core kernel), while tensor-core paths are compared to it with a
- * tolerance. This is the DESIGN.md "Numerics" contract; activations come from
+ * tolerance. This is the docs/design.md "Numerics" contract; activations come from
  * rs_fp8_quantize_act, weights from rs_fp8_quantize_weight or a checkpoint (kernels/fp8.h).
  *
  * `out` must not overlap the inputs. Scales are used as given (negative, inf and NaN included).

@@ -8,7 +8,7 @@
  * the device through a mirror, which skips the copy when the bytes equal the last ones it sent:
  * the forward pass hands the same batch to every layer, so a step uploads its metadata once.
  *
- * Numerics follow DESIGN.md "Numerics" and the CPU backend, which is the reference: kernels that
+ * Numerics follow docs/design.md "Numerics" and the CPU backend, which is the reference: kernels that
  * the tests check bit for bit (FP8 activation quantization, the exact-block FP8 GEMM, E4M3 KV
  * stores, embed, add, gather) use the same sequence of correctly rounded operations as the CPU
  * (`__fdiv_rn`, `__fmul_rn`, `__fmaf_rn`; the build passes --fmad=false so nothing is contracted);

@@ -2,7 +2,7 @@
  * cuda_matmul.cu — out[rows][N] = x[rows][K] @ w[N][K]^T (+ bias) on the GPU, CUDA cores only.
  * The CPU twin is kernels/cpu/cpu_matmul.c; cuBLASLt block-scaled FP8 for prefill comes later.
  *
- * E4M3 weights (W8A8, DESIGN.md "Numerics"): bit-identical to rs_fp8_quantize_act +
+ * E4M3 weights (W8A8, docs/design.md "Numerics"): bit-identical to rs_fp8_quantize_act +
  * rs_fp8_gemm_ref + the fp32 bias add, i.e. to the CPU backend.
  *   quantize  per row and 128-group: amax = fmaxf over |x| (NaN ignored, order-free), s =
  *             max(amax, 1e-10) / 448 and q = e4m3(x / s), both correctly rounded divisions; the

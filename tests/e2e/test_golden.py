@@ -9,7 +9,7 @@ Llama 3 rope scaling, Qwen3-MoE) the daemon must reproduce, within TOL:
   - the same answers when all prompts are sent as one batch.
 
 test_golden compares against unquantized weights: the daemon runs with BF16_ARGS. test_golden_fp8
-runs it with FP8_ARGS (W8A8 E4M3, DESIGN.md "Numerics") on every fixture and on the pre-quantized
+runs it with FP8_ARGS (W8A8 E4M3, docs/design.md "Numerics") on every fixture and on the pre-quantized
 FP8 checkpoint(s) (qwen3_fp8/: qwen3's weights as F8_E4M3 + weight_scale_inv) and compares against
 golden_fp8.json, transformers' fp32 forward with rolloutd's FP8 numerics emulated. Extra flags for
 every daemon (both tests): ROLLOUTD_GOLDEN_ARGS="--flag value ...".

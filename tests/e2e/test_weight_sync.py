@@ -1,4 +1,4 @@
-"""Weight updates end to end (API.md "Weight updates"), driven by the Python client.
+"""Weight updates end to end (docs/api.md "Weight updates"), driven by the Python client.
 
 The daemon starts on tests/fixtures/models/qwen3/ and receives qwen3/perturbed/ (the same model after
 a pretend training step: every tensor bf16(w + 0.02 std(w) randn); scripts/make_fixtures.py), whose
@@ -180,7 +180,7 @@ def test_shm_push_fp8(rolloutd):
     assert res.bytes < nbytes(pert) * 0.6, res
     assert res.response["weight_version"] == "fp8-c"
     client_q = check_fp8_golden(d, g8, g16, "qwen3/perturbed pushed as client-side FP8", o8)
-    # DESIGN.md: one quantization rule, so the same codes and scales, bit-identical outputs
+    # docs/design.md: one quantization rule, so the same codes and scales, bit-identical outputs
     for i, (a, b) in enumerate(zip(server_q, client_q)):
         assert a == b, (f"prompt {i}: logprobs after a client-quantized FP8 push differ from those after a "
                         f"BF16 push requantized by the daemon (max |diff| "

@@ -21,7 +21,7 @@
 #include "../../kernels/cpu/cpu_attention_simd.h"
 #include "../../kernels/cpu/cpu_internal.h"
 #include "../../kernels/fp8.h"
-#include "../../kvcache/calibrate.h"
+#include "../../model/kv_calibrate.h"
 #include "../../kvcache/kvcache.h"
 #include "../../model/presets.h"
 #include "test.h"
@@ -709,7 +709,7 @@ static int cmp_float(const void *a, const void *b) {
     return (x > y) - (x < y);
 }
 
-/* calibrate.h's rule, written out again: max(stat * margin, 1e-6) / 448, nudged up to fit. */
+/* kv_calibrate.h's rule, written out again: max(stat * margin, 1e-6) / 448, nudged up to fit. */
 static float want_scale(float stat, float margin) {
     float a = fmaxf(stat * margin, 1e-6f), s = a / 448.0f;
     while (a / s > 448.0f) s = nextafterf(s, INFINITY);

@@ -2,8 +2,8 @@
  * test_quant.c — the quantization policy (model/quant.c) and FP8 weights at load (model/loader.c):
  * which tensors become E4M3, what lands in the weight store, and FP8 checkpoints.
  *
- * References. The policy tests spell out, name by name, the recipe of DESIGN.md "Numerics" and
- * reference/fp8rl.md §2 (quantize attention q/k/v/o, MLP gate/up/down and MoE experts; keep
+ * References. The policy tests spell out, name by name, the recipe of docs/design.md "Numerics" and
+ * the FP8-RL recipe (arXiv 2601.18150) (quantize attention q/k/v/o, MLP gate/up/down and MoE experts; keep
  * embeddings, lm_head, norms, biases and the router). Codes and scales of a loaded model are
  * compared with rs_fp8_quantize_weight applied here to the BF16 bytes read back from the file, so
  * the loader's plumbing (which tensor, which bytes, which layout, nothing left in BF16) is what is

@@ -1,7 +1,7 @@
 """Wire dtypes and exact numpy codecs for them.
 
 rolloutd's weight routes take tensors as "bfloat16", "float16", "float32" or "float8_e4m3fn"
-(API.md "Weight updates"). numpy has no bfloat16 or float8 of its own: with `ml_dtypes` installed
+(docs/api.md "Weight updates"). numpy has no bfloat16 or float8 of its own: with `ml_dtypes` installed
 those arrays come back as ml_dtypes arrays; without it the client still works, with the bit-exact
 fallbacks below (round-to-nearest-even, checked against ml_dtypes in tests/e2e/test_client.py).
 """

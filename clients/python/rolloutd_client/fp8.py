@@ -1,4 +1,4 @@
-"""Client-side blockwise FP8 weight quantization, exactly as rolloutd does it (DESIGN.md "Numerics").
+"""Client-side blockwise FP8 weight quantization, exactly as rolloutd does it (docs/design.md "Numerics").
 
 A weight matrix w [out][in] is cut into 128x128 blocks (ragged at the right and bottom edges); each
 block gets `scale_inv = max(amax, 1e-10) / 448` (fp32), and its elements become

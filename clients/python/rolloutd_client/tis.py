@@ -5,7 +5,7 @@ log_softmax(logits / T) before truncation). The trainer recomputes the same toke
 own policy (lp_train: pi_old in verl's decoupled mode, pi_theta in bypass mode) and reweights the
 loss by the ratio rho_t = pi_train(a_t|s_t) / pi_rollout(a_t|s_t) = exp(lp_train - lp_rollout).
 Definitions follow verl `docs/algo/rollout_corr_math.md` §3.3 and NeMo-RL `loss_functions.py`, as
-summarized in reference/fp8rl.md §5; FP8-RL (arXiv 2601.18150) trains with token-level TIS, C = 2:
+FP8-RL (arXiv 2601.18150) trains with token-level TIS, C = 2:
 
   Token-TIS  w_t = min(rho_t, C)                                  tis_weights
   Token-MIS  w_t = rho_t * 1[lo <= rho_t <= hi] (IcePop)          mis_weights / mis_mask

@@ -1,5 +1,5 @@
 /*
- * calibrate.h — per-layer, per-KV-head FP8 KV scales measured by running the model.
+ * kv_calibrate.h — per-layer, per-KV-head FP8 KV scales measured by running the model.
  *
  * rs_kv_calibrate runs the model over a fixed calibration sequence with an fp32 KV cache of its
  * own, reads back exactly what the forward pass wrote into the cache (K after RoPE, and after the
@@ -26,7 +26,7 @@
 #include <stdint.h>
 
 #include "../core/rs.h"
-#include "../model/model.h"
+#include "model.h"
 
 #define RS_KV_CALIB_DEFAULT_TOKENS 512 /* length of the default calibration sequence */
 #define RS_KV_CALIB_SCALE_FLOOR 1e-6f  /* stat * margin below this is raised to it */

@@ -1,5 +1,5 @@
 /*
- * calibrate.c — FP8 KV scales from a calibration run (calibrate.h says what and why).
+ * kv_calibrate.c — FP8 KV scales from a calibration run (kv_calibrate.h says what and why).
  *
  * The calibration sequence is prefilled in chunks of RS_KV_CALIB_CHUNK rows, as one sequence, into
  * a temporary fp32 pool sized for exactly that sequence; then each layer's pages are downloaded
@@ -7,7 +7,7 @@
  * whose percentile is found by selection (O(n), no sort). Nothing here depends on the backend
  * beyond the forward pass and rs_backend_download.
  */
-#include "calibrate.h"
+#include "kv_calibrate.h"
 
 #include <float.h>
 #include <math.h>
@@ -15,7 +15,7 @@
 #include <string.h>
 
 #include "../kernels/fp8.h"
-#include "kvcache.h"
+#include "../kvcache/kvcache.h"
 
 #define RS_KV_CALIB_CHUNK 256 /* rows per forward step */
 
