@@ -104,9 +104,10 @@ def fetch_llamacpp(work, version):
     return src
 
 
-def build_llamacpp(work, src, isa, jobs):
+def build_llamacpp(work, src, isa, jobs, targets):
+    """Builds the llama.cpp programs in `targets` that are not built yet."""
     out = work / f"build-{isa}"
-    bins = {t: out / "bin" / t for t in ("llama-bench", "llama-server", "llama-quantize")}
+    bins = {t: out / "bin" / t for t in targets}
     if all(b.is_file() for b in bins.values()):
         return bins
     flags = ["-DGGML_NATIVE=ON"] if isa == "native" else [
@@ -426,9 +427,12 @@ def main():
         stdout=subprocess.DEVNULL)
 
     src = fetch_llamacpp(work, a.llama_cpp_python)
-    bins = build_llamacpp(work, src, a.isa, a.threads)
     model = make_model(work, a.model_source, build)
     bf16 = write_gguf(model, work / f"{model.name}-bf16.gguf", src)
+    targets = (["llama-bench"] if only & {"decode", "prefill"} else []) + (["llama-server"] if "rl" in only else [])
+    if not all((work / f"{model.name}-{q}.gguf").is_file() for q in ("q8_0", "q8_0-bf16emb")):
+        targets.append("llama-quantize")
+    bins = build_llamacpp(work, src, a.isa, a.threads, targets)
     q8 = quantize(bins, bf16, work / f"{model.name}-q8_0.gguf", [])
     q8b = quantize(bins, bf16, work / f"{model.name}-q8_0-bf16emb.gguf",
                    ["--output-tensor-type", "bf16", "--token-embedding-type", "bf16"])
