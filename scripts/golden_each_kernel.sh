@@ -5,13 +5,23 @@
 # with its name printed.
 #
 #   scripts/golden_each_kernel.sh [build/rolloutd] [pytest args...]
+#
+# GOLDEN_SKIP_AUTO=1 leaves out the class --cpu-kernels auto picks on this CPU (the highest it
+# runs), for a caller that has already run the golden tests with the default setting (CI's
+# `make test`).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bin=${1:-$PWD/build/rolloutd}
 shift || true
 flags=" $(grep -m1 '^flags' /proc/cpuinfo | cut -d: -f2) "
 has() { for f in "$@"; do [[ $flags == *" $f "* ]] || return 1; done; }
+top=scalar
+if has avx2 fma f16c; then top=avx2; has avx512f && top=avx512; fi
 for k in avx512 avx2 scalar; do
+  if [[ ${GOLDEN_SKIP_AUTO:-0} == 1 && $k == "$top" ]]; then
+    echo "== golden, --cpu-kernels $k: skipped (what auto picks on this CPU; already run with the default)"
+    continue
+  fi
   case $k in
     avx512) has avx512f avx2 fma f16c || { echo "== golden, --cpu-kernels $k: skipped (this CPU has no AVX-512F)"; continue; } ;;
     avx2) has avx2 fma f16c || { echo "== golden, --cpu-kernels $k: skipped (this CPU has no AVX2+FMA+F16C)"; continue; } ;;
