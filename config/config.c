@@ -37,6 +37,9 @@ static const rs_config_entry entries[] = {
      "backend that runs the model: cpu, or cuda (a build with `make CUDA=1`)", 0},
     {"cuda-device", RS_CONFIG_TYPE_INT, F(cuda_device), 0, 63, "0", NULL, "CUDA device ordinal used with --device cuda",
      0},
+    {"numerics", RS_CONFIG_TYPE_STRING, F(numerics), 1, 7, "fast", "exact|fast",
+     "arithmetic of the model's kernels: fast (tensor cores, fp32 accumulation; the GPU default) or exact "
+     "(bit-identical to the CPU reference); the CPU backend has only exact kernels and runs them either way", 0},
     {"threads", RS_CONFIG_TYPE_INT, F(threads), 0, 4096, "0", NULL, "CPU backend threads (0 = all cores)", 0},
     {"kv-cache-mb", RS_CONFIG_TYPE_INT, F(kv_cache_mb), 1, 16777216, "1024", NULL,
      "KV cache budget in MiB", 0},

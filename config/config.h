@@ -29,6 +29,7 @@ typedef struct rs_config {
     int port;                   /* 0 = any free port */
     char device[8];             /* cpu | cuda: the backend that runs the model */
     int cuda_device;            /* CUDA device ordinal with --device cuda */
+    char numerics[8];           /* exact | fast: the backend's arithmetic (kernels/backend.h rs_numerics) */
     int threads;                /* CPU backend threads; 0 = all cores */
     int kv_cache_mb;            /* KV pool budget in MiB */
     int max_running;            /* sequences per engine step */

@@ -7,7 +7,27 @@
  */
 #include "backend.h"
 
+#include <string.h>
+
 #include "../core/rs.h"
+
+const char *rs_numerics_name(rs_numerics n) { return n == RS_NUMERICS_FAST ? "fast" : "exact"; }
+
+int rs_numerics_parse(const char *s, rs_numerics *out) {
+    if (s && strcmp(s, "exact") == 0) *out = RS_NUMERICS_EXACT;
+    else if (s && strcmp(s, "fast") == 0) *out = RS_NUMERICS_FAST;
+    else return RS_EINVAL;
+    return RS_OK;
+}
+
+rs_numerics rs_backend_numerics(const rs_backend *b) {
+    return b->ops->numerics ? b->ops->numerics(b) : RS_NUMERICS_EXACT;
+}
+
+rs_numerics rs_backend_set_numerics(rs_backend *b, rs_numerics want) {
+    RS_ASSERT(want == RS_NUMERICS_EXACT || want == RS_NUMERICS_FAST);
+    return b->ops->set_numerics ? b->ops->set_numerics(b, want) : RS_NUMERICS_EXACT;
+}
 
 void rs_backend_free(rs_backend *b) {
     if (b) b->ops->destroy(b);

@@ -74,6 +74,20 @@ typedef struct rs_moe_weights {
     bool norm_topk_prob;
 } rs_moe_weights;
 
+/* How a backend does its arithmetic (--numerics).
+ *   EXACT  the reference kernels: bit-identical to the CPU backend wherever the roundings allow
+ *          (docs/design.md "Numerics"), every kernel batch-invariant. The CPU backend has only these.
+ *   FAST   a device backend's tensor-core path: GEMMs through cuBLASLt (BF16 x BF16, block-scaled
+ *          FP8) with fp32 accumulation in the library's order, BF16 activations into BF16 GEMMs,
+ *          split-K attention. Compared with EXACT under per-op tolerances; not batch-invariant. */
+typedef enum rs_numerics {
+    RS_NUMERICS_EXACT = 0,
+    RS_NUMERICS_FAST,
+} rs_numerics;
+
+const char *rs_numerics_name(rs_numerics n);                /* "exact" | "fast" */
+int rs_numerics_parse(const char *s, rs_numerics *out);     /* RS_OK, or RS_EINVAL */
+
 typedef struct rs_backend rs_backend;
 
 typedef struct rs_backend_ops {
@@ -135,6 +149,11 @@ typedef struct rs_backend_ops {
      * top k when norm_topk_prob. */
     void (*moe)(rs_backend *b, float *out, const float *x, int rows, int hidden, const rs_moe_weights *w);
 
+    /* Optional (NULL: the backend has only exact kernels). Switches the arithmetic of every later op
+     * and returns the mode now in effect; numerics reports it. */
+    rs_numerics (*set_numerics)(rs_backend *b, rs_numerics want);
+    rs_numerics (*numerics)(const rs_backend *b);
+
     void (*destroy)(rs_backend *b);
 } rs_backend_ops;
 
@@ -146,6 +165,8 @@ struct rs_backend {
 /* Constructors. n_threads <= 0 picks the number of online CPUs. */
 rs_backend *rs_backend_cpu_init(int n_threads);
 #ifdef RS_CUDA
+/* A CUDA backend on `device`, in RS_NUMERICS_EXACT until rs_backend_set_numerics says otherwise
+ * (the daemon and the benchmarks switch it to their --numerics, fast by default). */
 rs_backend *rs_backend_cuda_init(int device);
 /* The CUDA device ordinal of a CUDA backend, -1 for any other backend. */
 int rs_backend_cuda_device(const rs_backend *b);
@@ -155,6 +176,11 @@ void rs_backend_free(rs_backend *b);
 /* The name of the first op in the table that this backend does not provide, or NULL when it
  * provides them all. A model is only ever run on a complete backend. */
 const char *rs_backend_missing_op(const rs_backend *b);
+
+/* The arithmetic b runs in, and the switch: returns the mode in effect after the call (EXACT on a
+ * backend without fast kernels, whatever was asked). */
+rs_numerics rs_backend_numerics(const rs_backend *b);
+rs_numerics rs_backend_set_numerics(rs_backend *b, rs_numerics want);
 
 /* Checked dispatch: every caller goes through these, never through b->ops directly. */
 void *rs_backend_alloc(rs_backend *b, size_t bytes);

@@ -175,6 +175,14 @@ static int load(rs_daemon *d, rs_error *err) {
         d->backend = rs_backend_cpu_init(c->threads);
         if (!d->backend) return rs_error_set(err, RS_EINTERNAL, "threads", "cannot create the CPU backend");
     }
+    rs_numerics want;
+    RS_ASSERT(rs_numerics_parse(c->numerics, &want) == RS_OK); /* the settings table allows no other value */
+    const rs_numerics got = rs_backend_set_numerics(d->backend, want);
+    if (got != want)
+        RS_INFO("numerics: %s asked; the %s backend has only %s kernels", rs_numerics_name(want),
+                d->backend->ops->name, rs_numerics_name(got));
+    /* /get_server_info reports the arithmetic in effect */
+    snprintf(d->cfg.numerics, sizeof d->cfg.numerics, "%s", rs_numerics_name(got));
 
     char *dir = d->model_dir;
     int rc;

@@ -3,7 +3,7 @@
  *
  *   build/rollout-bench [--preset default|qwen3-0.6b|all] [--model DIR] [--threads N]
  *                       [--batches 1,16] [--prompt 32] [--gen 32] [--quantization bf16|fp8|both]
- *                       [--device cpu|cuda]
+ *                       [--device cpu|cuda] [--numerics exact|fast]
  *
  * For each batch size B it runs B greedy sequences twice through the real engine: once with
  * max_new_tokens = 1 (prefill + first token) and once with max_new_tokens = gen. Decode tokens/s
@@ -17,6 +17,8 @@
  * the weight precision the model is loaded with (model/quant.h; "both" runs bf16, then fp8).
  * --device cuda (a `make CUDA=1` build) runs the model on GPU 0; both bandwidth figures are then
  * the GPU's own device-to-device copy (read + write bytes), the ceiling for its weight reads.
+ * --numerics (default fast, the daemon's) picks the kernels (kernels/backend.h rs_numerics); every
+ * row says which ones ran (the CPU backend has only the exact ones).
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -43,6 +45,7 @@ typedef struct bench_opts {
     int gen;
     const char *quantization;   /* bf16 | fp8 | both */
     const char *device;         /* cpu | cuda */
+    rs_numerics numerics;       /* asked for; the row says what the backend runs */
 } bench_opts;
 
 static rs_backend *make_backend(const bench_opts *o) {
@@ -61,6 +64,7 @@ static rs_backend *make_backend(const bench_opts *o) {
         fprintf(stderr, "cannot create the %s backend\n", o->device);
         exit(1);
     }
+    rs_backend_set_numerics(b, o->numerics);
     return b;
 }
 
@@ -247,12 +251,14 @@ static void bench_model(const char *label, const char *dir, const bench_opts *o,
      * token (it is re-read as lm_head when tied). */
     double step_bytes = (double)m->weight_bytes;
     if (!m->cfg.tie_embeddings) step_bytes -= (double)rs_tensor_nbytes(&m->embed);
-    printf("\n%s [%s]: %s, %d layers, hidden %d, vocab %d, weights %.1f MiB (%s), %s backend, %d threads\n",
+    const char *numerics = rs_numerics_name(rs_backend_numerics(b));
+    printf("\n%s [%s]: %s, %d layers, hidden %d, vocab %d, weights %.1f MiB (%s), %s backend, numerics %s, "
+           "%d threads\n",
            label, rs_quant_mode_name(qp->mode), rs_arch_name(m->cfg.arch), m->cfg.n_layers, m->cfg.hidden,
            m->cfg.vocab_size, (double)m->weight_bytes / (1 << 20), rs_dtype_name(m->layers[0].wq.dtype),
-           b->ops->name, o->threads);
-    printf("  %-6s %-10s %-12s %-14s %-12s %s\n", "batch", "decode", "ms/step", "tokens/s", "x batch 1",
-           "weight GB/s (share of copy / read bw)");
+           b->ops->name, numerics, o->threads);
+    printf("  %-8s %-6s %-10s %-12s %-14s %-12s %s\n", "numerics", "batch", "decode", "ms/step", "tokens/s",
+           "x batch 1", "weight GB/s (share of copy / read bw)");
     run_batch(e, &m->cfg, 1, o->prompt_len, 2); /* warm-up: page in the weights */
     const long thp = thp_mib();
     double base = 0;
@@ -265,8 +271,8 @@ static void bench_model(const char *label, const char *dir, const bench_opts *o,
         if (i == 0) base = tps;
         tps_out[i] = tps;
         double gbs = step_bytes / step / 1e9;
-        printf("  %-6d %-10d %-12.2f %-14.1f %-12.2f %.1f (%.0f%% / %.0f%%)\n", B, o->gen - 1, step * 1e3, tps,
-               tps / base, gbs, 100.0 * gbs / bw[0], 100.0 * gbs / bw[1]);
+        printf("  %-8s %-6d %-10d %-12.2f %-14.1f %-12.2f %.1f (%.0f%% / %.0f%%)\n", numerics, B, o->gen - 1,
+               step * 1e3, tps, tps / base, gbs, 100.0 * gbs / bw[0], 100.0 * gbs / bw[1]);
     }
     if (m->n_quantized > 0)
         printf("  quantized layers: %d tensors, %.1f MiB resident vs %.1f MiB in BF16 (%.3fx)\n", m->n_quantized,
@@ -303,13 +309,13 @@ static const char *ensure_preset(const char *name, char *dir, size_t cap) {
 static void usage(void) {
     fprintf(stderr, "usage: rollout-bench [--preset default|qwen3-0.6b|all] [--model DIR] [--threads N]\n"
                     "                     [--batches 1,16] [--prompt 32] [--gen 32] [--quantization bf16|fp8|both]\n"
-                    "                     [--device cpu|cuda]\n");
+                    "                     [--device cpu|cuda] [--numerics exact|fast]\n");
     exit(2);
 }
 
 int main(int argc, char **argv) {
     bench_opts o = {.preset = "all", .threads = 0, .batches = {1, 16}, .n_batches = 2, .prompt_len = 32,
-                    .gen = 32, .quantization = "bf16", .device = "cpu"};
+                    .gen = 32, .quantization = "bf16", .device = "cpu", .numerics = RS_NUMERICS_FAST};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -321,6 +327,9 @@ int main(int argc, char **argv) {
         else if (!strcmp(a, "--gen")) o.gen = atoi(v);
         else if (!strcmp(a, "--quantization")) o.quantization = v;
         else if (!strcmp(a, "--device")) o.device = v;
+        else if (!strcmp(a, "--numerics")) {
+            if (rs_numerics_parse(v, &o.numerics) != RS_OK) usage();
+        }
         else if (!strcmp(a, "--batches")) {
             o.n_batches = 0;
             for (char *s = (char *)v; *s && o.n_batches < 8; s++) {

@@ -106,6 +106,14 @@ static void cuda_destroy(rs_backend *b) {
     free(b);
 }
 
+static rs_numerics cuda_set_numerics(rs_backend *b, rs_numerics want) {
+    rs_cuda_ctx *c = ctx_of(b);
+    c->numerics = want;
+    return c->numerics;
+}
+
+static rs_numerics cuda_numerics(const rs_backend *b) { return ((const rs_cuda_ctx *)b->ctx)->numerics; }
+
 static rs_backend_ops make_ops(void) {
     rs_backend_ops ops;
     memset(&ops, 0, sizeof ops);
@@ -125,6 +133,8 @@ static rs_backend_ops make_ops(void) {
     ops.add = rs_cuda_op_add;
     ops.gather_rows = rs_cuda_op_gather_rows;
     ops.moe = rs_cuda_op_moe;
+    ops.set_numerics = cuda_set_numerics;
+    ops.numerics = cuda_numerics;
     ops.destroy = cuda_destroy;
     return ops;
 }
@@ -152,6 +162,7 @@ extern "C" rs_backend *rs_backend_cuda_init(int device) {
     rs_cuda_ctx *c = (rs_cuda_ctx *)rs_xcalloc(1, sizeof *c);
     c->device = device;
     c->sm_count = prop.multiProcessorCount;
+    c->numerics = RS_NUMERICS_EXACT;
     CUDA_CHECK(cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking));
     CUBLAS_CHECK(cublasLtCreate(&c->lt));
     c->lt_workspace_bytes = (size_t)32 << 20;

@@ -72,6 +72,7 @@ enum {
 struct rs_cuda_ctx {
     int device;
     int sm_count;
+    rs_numerics numerics;   /* kernels/backend.h: EXACT (the constructor's) or FAST */
     cudaStream_t stream;
     cublasLtHandle_t lt;
     void *lt_workspace; /* cuBLASLt workspace, 32 MiB (Hopper recommendation) */

@@ -34,7 +34,20 @@ RS_TEST(config_defaults) {
     ASSERT_NEAR(c.drain_timeout, 30, 0);
     ASSERT_STREQ(c.log_level, "info");
     ASSERT_STREQ(c.api_key, "");
+    ASSERT_STREQ(c.numerics, "fast");
     ASSERT_EQ(rs_config_log_level(&c), RS_LOG_LEVEL_INFO);
+}
+
+RS_TEST(config_numerics) {
+    rs_config c;
+    rs_config_default(&c);
+    rs_error err;
+    bool help;
+    ASSERT_EQ(parse_args(&c, &err, &help, NARGS("--numerics", "exact"), ARGS("--numerics", "exact")), RS_OK);
+    ASSERT_STREQ(c.numerics, "exact");
+    ASSERT_EQ(parse_args(&c, &err, &help, NARGS("--numerics", "tf32"), ARGS("--numerics", "tf32")), RS_EINVAL);
+    ASSERT_STREQ(err.param, "numerics");
+    ASSERT_STREQ(c.numerics, "exact"); /* a refused value leaves the setting alone */
 }
 
 RS_TEST(config_every_entry_is_sane) {
