@@ -170,6 +170,9 @@ rs_backend *rs_backend_cpu_init(int n_threads);
 rs_backend *rs_backend_cuda_init(int device);
 /* The CUDA device ordinal of a CUDA backend, -1 for any other backend. */
 int rs_backend_cuda_device(const rs_backend *b);
+/* Fast numerics: matmuls of up to `rows` rows take the GEMV kernels, more take cuBLASLt (default
+ * 8; benchmarks move it to measure the crossover). Returns the previous value. */
+int rs_backend_cuda_set_gemv_rows(rs_backend *b, int rows);
 #endif
 void rs_backend_free(rs_backend *b);
 

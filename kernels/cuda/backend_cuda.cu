@@ -99,8 +99,7 @@ static void cuda_destroy(rs_backend *b) {
         free(c->mirror[i].host);
     }
     CUDA_CHECK(cudaStreamSynchronize(c->stream));
-    CUDA_CHECK(cudaFree(c->lt_workspace));
-    CUBLAS_CHECK(cublasLtDestroy(c->lt));
+    rs_cuda_blas_free(c);
     CUDA_CHECK(cudaStreamDestroy(c->stream));
     free(c);
     free(b);
@@ -145,6 +144,14 @@ extern "C" int rs_backend_cuda_device(const rs_backend *b) {
     return b->ops == &cuda_ops ? ((const rs_cuda_ctx *)b->ctx)->device : -1;
 }
 
+extern "C" int rs_backend_cuda_set_gemv_rows(rs_backend *b, int rows) {
+    RS_ASSERT(b->ops == &cuda_ops && rows >= 0);
+    rs_cuda_ctx *c = ctx_of(b);
+    const int old = c->gemv_rows;
+    c->gemv_rows = rows;
+    return old;
+}
+
 extern "C" rs_backend *rs_backend_cuda_init(int device) {
     int n = 0;
     cudaError_t e = cudaGetDeviceCount(&n);
@@ -163,16 +170,15 @@ extern "C" rs_backend *rs_backend_cuda_init(int device) {
     c->device = device;
     c->sm_count = prop.multiProcessorCount;
     c->numerics = RS_NUMERICS_EXACT;
+    c->gemv_rows = RS_CUDA_GEMV_ROWS_DEFAULT;
     CUDA_CHECK(cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking));
-    CUBLAS_CHECK(cublasLtCreate(&c->lt));
-    c->lt_workspace_bytes = (size_t)32 << 20;
-    CUDA_CHECK(cudaMalloc(&c->lt_workspace, c->lt_workspace_bytes));
+    rs_cuda_blas_init(c);
 
     rs_backend *b = (rs_backend *)rs_xcalloc(1, sizeof *b);
     b->ops = &cuda_ops;
     b->ctx = c;
     rs_log(RS_LOG_LEVEL_INFO, "cuda backend: device %d %s (sm_%d%d, %.1f GiB), cuBLASLt %zu, NCCL %d",
            device, prop.name, prop.major, prop.minor, (double)prop.totalGlobalMem / (1 << 30),
-           cublasLtGetVersion(), nccl_version);
+           rs_cuda_blas_version(c), nccl_version);
     return b;
 }

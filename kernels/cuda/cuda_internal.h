@@ -60,6 +60,13 @@ enum {
 enum {
     RS_CUDA_S_ACT_CODES = 0, /* FP8 matmul: activation codes [rows][k] */
     RS_CUDA_S_ACT_SCALES,    /* FP8 matmul: activation scales [rows][ceil(k/128)] */
+    RS_CUDA_S_FORM_BF16,     /* fast numerics: the cached activation's BF16 form [n] */
+    RS_CUDA_S_FORM_Q8,       /* fast numerics: its E4M3 codes [n] */
+    RS_CUDA_S_FORM_Q8S,      /* fast numerics: their 1x128 scales [rows][ceil(k/128)] */
+    RS_CUDA_S_GEMM_CODES,    /* fast FP8 GEMM: codes padded to t_pad rows [t_pad][k] */
+    RS_CUDA_S_GEMM_XSCALES,  /* fast FP8 GEMM: activation scales in cuBLASLt's layout [ceil(k/128)][t_pad] */
+    RS_CUDA_S_GEMM_WSCALES,  /* fast FP8 GEMM: weight scales with rows padded to L4 [ceil(n/128)][L4] */
+    RS_CUDA_S_GEMM_OUT,      /* fast GEMMs: output of t_pad rows [t_pad][n] */
     RS_CUDA_S_MOE_LOGITS,    /* MoE: router logits [rows][n_experts] */
     RS_CUDA_S_MOE_X,         /* MoE: the rows routed to one expert [n][hidden] */
     RS_CUDA_S_MOE_GATE,      /* MoE: [n][moe_inter] */
@@ -69,27 +76,58 @@ enum {
     RS_CUDA_S_COUNT
 };
 
+/* The low-precision forms of one fp32 activation that fast-numerics GEMMs read (cuda_act.cu): its
+ * BF16 values, and its E4M3 codes with their 1x128 scales [rows][ceil(k/128)] (rs_fp8_quantize_act's
+ * bits). The op that produces an activation writes them in the same kernel (rmsnorm, swiglu), or the
+ * first matmul that needs them computes them; later matmuls of the same x reuse them (q, k and v
+ * share the normed input, gate and up theirs). Valid from the op that wrote them until the next
+ * backend entry that is not a matmul of that x: every other entry point (rs_cuda_ctx_of) drops them,
+ * so an upload, a copy or any kernel that could rewrite x invalidates first. */
+struct rs_cuda_act {
+    const void *x;      /* the activation; NULL: nothing cached */
+    size_t n;           /* its elements */
+    int group_len;      /* the groups run along rows of this length; 0: groups of 128 consecutive
+                         * elements (the forms of any row length that is a multiple of 128) */
+    bool bf16, fp8;     /* which forms are present */
+};
+
+struct rs_cuda_blas; /* cuda_blas.cu */
+
 struct rs_cuda_ctx {
     int device;
     int sm_count;
     rs_numerics numerics;   /* kernels/backend.h: EXACT (the constructor's) or FAST */
+    int gemv_rows;          /* fast numerics: matmuls of up to this many rows take the GEMV kernels */
     cudaStream_t stream;
-    cublasLtHandle_t lt;
-    void *lt_workspace; /* cuBLASLt workspace, 32 MiB (Hopper recommendation) */
-    size_t lt_workspace_bytes;
+    rs_cuda_blas *blas;     /* cuBLASLt handle, workspace and descriptor cache */
+    rs_cuda_act act;
     rs_cuda_buf scratch[RS_CUDA_S_COUNT];
     rs_cuda_mirror mirror[RS_CUDA_M_COUNT];
 };
 
-/* The backend's context, with its device made current on the calling thread. The CUDA runtime's
- * current device is per thread, and the backend is called from threads other than the one that
- * created it (the engine, the weight-sync service): without this, --cuda-device 1 would launch the
- * engine's kernels on device 0 with device 1's stream. Every entry point goes through here. */
-static inline rs_cuda_ctx *rs_cuda_ctx_of(rs_backend *b) {
+/* The fast-numerics GEMV/GEMM crossover: up to this many rows, weight-streaming GEMV kernels; above,
+ * cuBLASLt. The GEMV reads every weight once per call whatever the row count, so it wins while the
+ * step is bound by weight bandwidth; scripts/gpu-check.sh measures the real crossover (bench-matmul
+ * --device cuda). */
+#define RS_CUDA_GEMV_ROWS_DEFAULT 8
+
+/* The backend's context with its device current on the calling thread, for a matmul: it keeps the
+ * cached activation forms (a matmul of their x reads them). The CUDA runtime's current device is per
+ * thread, and the backend is called from threads other than the one that created it (the engine,
+ * the weight-sync service): without this, --cuda-device 1 would launch the engine's kernels on
+ * device 0 with device 1's stream. */
+static inline rs_cuda_ctx *rs_cuda_ctx_keep(rs_backend *b) {
     rs_cuda_ctx *c = (rs_cuda_ctx *)b->ctx;
     int current = -1; /* asked each time: the NCCL transport may set another device on this thread */
     CUDA_CHECK(cudaGetDevice(&current));
     if (current != c->device) CUDA_CHECK(cudaSetDevice(c->device));
+    return c;
+}
+
+/* The same for every other entry point: drops the cached activation forms first (rs_cuda_act). */
+static inline rs_cuda_ctx *rs_cuda_ctx_of(rs_backend *b) {
+    rs_cuda_ctx *c = rs_cuda_ctx_keep(b);
+    c->act.x = NULL;
     return c;
 }
 
@@ -130,11 +168,48 @@ void rs_cuda_op_gather_rows(rs_backend *b, float *out, const float *x, const int
 /* cuda_matmul.cu */
 void rs_cuda_op_matmul(rs_backend *b, float *out, const float *x, const rs_tensor *w, const rs_tensor *bias,
                        int rows);
+/* The op in the given numerics (the MoE router always takes the exact kernels). */
+void rs_cuda_matmul(rs_cuda_ctx *c, float *out, const float *x, const rs_tensor *w, const rs_tensor *bias, int rows,
+                    rs_numerics numerics);
+/* cuda_matmul_fast.cu: the fast numerics' matmul without bias; false when it does not take this
+ * problem (few rows, a weight dtype without a fast path, or cuBLASLt refused it). */
+bool rs_cuda_matmul_fast(rs_cuda_ctx *c, float *out, const float *x, const rs_tensor *w, int rows);
 /* The W8A8 pieces, for the tests: activation quantization (rs_fp8_quantize_act's bits) and the
  * exact-block GEMM (rs_fp8_gemm_ref's bits). All pointers are device memory. */
 void rs_cuda_fp8_quantize_act(rs_cuda_ctx *c, const float *x, int rows, int k, uint8_t *q, float *scale);
 void rs_cuda_fp8_gemm(rs_cuda_ctx *c, float *out, const uint8_t *xq, const float *xs, const uint8_t *wq,
                       const float *ws, int rows, int n, int k);
+
+/* cuda_blas.cu: every cuBLASLt call */
+enum { RS_CUDA_GEMM_BF16 = 0, RS_CUDA_GEMM_FP8 };
+/* out[t][n] = x[t][k] @ w[n][k]^T, row-major; cuda_blas.cu has the layouts and rules. */
+struct rs_cuda_gemm {
+    int kind;                 /* RS_CUDA_GEMM_BF16 | RS_CUDA_GEMM_FP8 */
+    void *out;                /* [t][n] out_dt */
+    rs_dtype out_dt;          /* F32 | BF16 */
+    const void *x;            /* [t][k] bf16 / e4m3 */
+    const float *xs;          /* FP8: [ceil(k/128)][t] f32 */
+    const void *w;            /* [n][k] bf16 / e4m3 */
+    const float *ws;          /* FP8: [ceil(n/128)][roundup(ceil(k/128), 4)] f32 */
+    int t, n, k;              /* FP8: t and n multiples of 4, k of 16 */
+};
+void rs_cuda_blas_init(rs_cuda_ctx *c);
+void rs_cuda_blas_free(rs_cuda_ctx *c);
+size_t rs_cuda_blas_version(const rs_cuda_ctx *c);
+/* RS_OK, or RS_EUNSUPPORTED when cuBLASLt does not run this problem (logged once per problem kind):
+ * the caller runs its own kernels then. */
+int rs_cuda_blas_gemm(rs_cuda_ctx *c, const rs_cuda_gemm *g);
+
+/* cuda_act.cu: the cached activation forms (rs_cuda_act) */
+/* Buffers for a producer that writes the forms of x [n] (group_len as in rs_cuda_act) in its own
+ * kernel, and marks them cached: bf16 [n], q [n], s [groups] (groups = rows * ceil(group_len/128),
+ * or n / 128 when group_len is 0). */
+void rs_cuda_act_produce(rs_cuda_ctx *c, const float *x, size_t n, int group_len, uint16_t **bf16, uint8_t **q,
+                         float **s);
+/* The BF16 form of x [rows][k], computed unless cached. */
+const uint16_t *rs_cuda_act_bf16(rs_cuda_ctx *c, const float *x, int rows, int k);
+/* The E4M3 codes [rows][k] of x and (*scales) their scales [rows][ceil(k/128)], computed unless cached. */
+const uint8_t *rs_cuda_act_fp8(rs_cuda_ctx *c, const float *x, int rows, int k, const float **scales);
 
 /* cuda_attention.cu */
 void rs_cuda_op_kv_store(rs_backend *b, rs_kv_layer *kv, const float *k, const float *v, const rs_batch *batch);

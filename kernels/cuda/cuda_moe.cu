@@ -1,7 +1,8 @@
 /*
  * cuda_moe.cu — the Qwen3-MoE sparse MLP on the GPU, step for step the CPU's (kernels/cpu/cpu_moe.c):
  *
- *   router logits = x @ router^T on the device (rs_cuda_op_matmul), copied to the host;
+ *   router logits = x @ router^T on the device (the exact matmul kernels in either numerics),
+ *   copied to the host;
  *   routing on the host (kernels/moe_route.c, shared with the CPU backend): softmax, top-k, optional
  *   renormalization, then the (row, weight) pairs grouped by expert in row order;
  *   out = 0, then for each hit expert in ascending index: gather its rows, gate and up matmuls,
@@ -57,7 +58,9 @@ void rs_cuda_op_moe(rs_backend *b, float *out, const float *x, int rows, int hid
 
     /* routing: logits to the host, the shared top-k and grouping */
     float *dlogits = (float *)rs_cuda_scratch(c, RS_CUDA_S_MOE_LOGITS, (size_t)rows * (size_t)n_exp * sizeof(float));
-    rs_cuda_op_matmul(b, dlogits, x, w->router, NULL, rows);
+    /* the router in fp32 activations whatever the numerics: top-k is discontinuous, and a router
+     * logit rounded to BF16 would send some tokens to other experts than the exact path does */
+    rs_cuda_matmul(c, dlogits, x, w->router, NULL, rows, RS_NUMERICS_EXACT);
     const size_t n_sel = (size_t)rows * (size_t)k;
     float *logits = (float *)rs_xmalloc((size_t)rows * (size_t)n_exp * sizeof(float)); /* [rows][E] */
     int32_t *sel_e = (int32_t *)rs_xmalloc(n_sel * sizeof(int32_t));                   /* [rows][k] */
@@ -96,6 +99,7 @@ void rs_cuda_op_moe(rs_backend *b, float *out, const float *x, int rows, int hid
         float *y = (float *)rs_cuda_scratch(c, RS_CUDA_S_MOE_Y, (size_t)n * (size_t)hidden * sizeof(float));
         moe_gather_kernel<<<(unsigned)n, threads, 0, c->stream>>>(xg, x, drows + offsets[e], hidden);
         CUDA_CHECK_LAUNCH();
+        c->act.x = NULL; /* xg was rewritten: no cached forms of it survive (cuda_act.cu) */
         rs_cuda_op_matmul(b, g, xg, &w->gate[e], NULL, n);
         rs_cuda_op_matmul(b, u, xg, &w->up[e], NULL, n);
         rs_cuda_op_swiglu(b, g, g, u, act);

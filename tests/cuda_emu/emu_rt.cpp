@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 #include <algorithm>
+#include <functional>
 #include <random>
 #include <sys/mman.h>
 
@@ -360,6 +361,13 @@ cudaError_t cudaPeekAtLastError(void) { return cudaSuccess; }
 const char *cudaGetErrorName(cudaError_t) { return "emuError"; }
 const char *cudaGetErrorString(cudaError_t) { return "emu error"; }
 }
+
+/* [p, p + n) must lie in one device allocation (library emulations check what they read and write) */
+void emu_require_device_range(const void *p, size_t n, const char *what) { check_range(p, n, true, what); }
+
+/* Work a library queues on a stream: runs now, in stream order (every stream operation runs
+ * synchronously here). */
+void emu_stream_run(cudaStream_t, const char *, std::function<void()> fn) { fn(); }
 
 /* kernel pointer arguments must be device memory (or NULL) */
 void emu_check_kernel_ptr(const char *name, int i, const void *p) {

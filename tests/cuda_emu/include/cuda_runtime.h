@@ -176,11 +176,14 @@ template <class T> static inline void emu_check_arg(const char *name, int i, con
     if constexpr (std::is_pointer<T>::value) emu_check_kernel_ptr(name, i, (const void *)v);
 }
 void emu_run_grid(const char *name, dim3 g, dim3 b, void (*body)(void *), void *arg);
-template <class F> struct EmuLaunch {
+template <class F> struct EmuLaunch;
+/* operator() takes the kernel's own parameter types, so arguments convert as in a real launch
+ * (NULL to a pointer parameter, int to size_t, ...) */
+template <class... P> struct EmuLaunch<void (*)(P...)> {
     const char *name;
     dim3 g, b;
-    F f;
-    template <class... A> void operator()(A... a) {
+    void (*f)(P...);
+    void operator()(P... a) {
         int i = 0;
         (emu_check_arg(name, i++, a), ...);
         auto call = [&]() { f(a...); };
