@@ -61,7 +61,8 @@ TEST_OBJ := $(patsubst %.c,$(BUILD)/%.o,$(TEST_SRC))
 DEPS_OK  := $(BUILD)/.deps-ok
 
 PROGRAMS := $(BUILD)/rolloutd $(BUILD)/rollout-bench $(BUILD)/make-default-model $(BUILD)/unit-tests \
-            $(BUILD)/bench-matmul $(BUILD)/bench-quant $(BUILD)/fp8-mismatch $(BUILD)/rl-bench $(BUILD)/bench-inproc
+            $(BUILD)/bench-matmul $(BUILD)/bench-quant $(BUILD)/fp8-mismatch $(BUILD)/rl-bench $(BUILD)/bench-inproc \
+            $(BUILD)/bench-gpu
 
 .PHONY: all run test unit e2e fuzz clean deps cuda-emu
 all: $(PROGRAMS)
@@ -113,6 +114,9 @@ $(BUILD)/bench-quant: $(BUILD)/tools/bench_quant.o $(BUILD)/librolloutd.a
 	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
 
 $(BUILD)/bench-inproc: $(BUILD)/tools/bench_inproc.o $(BUILD)/librolloutd.a
+	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
+
+$(BUILD)/bench-gpu: $(BUILD)/tools/bench_gpu.o $(BUILD)/librolloutd.a
 	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
 
 $(BUILD)/unit-tests: $(TEST_OBJ) $(BUILD)/librolloutd.a

@@ -52,4 +52,31 @@ __device__ __forceinline__ void rs_cuda_group_fp8(const float v[RS_FP8_BLOCK / 3
     }
 }
 
+/* 16 codes p[0..16) as 4 little-endian words; codes at or past `avail` read as 0x00 (+0, which adds
+ * an exact +0 to a block sum). vec: p is 16-byte aligned and avail >= 16. */
+__device__ __forceinline__ void rs_cuda_load_codes16(uint32_t wd[4], const uint8_t *p, int64_t avail, bool vec) {
+    if (vec) {
+        const uint4 u = __ldg((const uint4 *)p);
+        wd[0] = u.x, wd[1] = u.y, wd[2] = u.z, wd[3] = u.w;
+        return;
+    }
+#pragma unroll
+    for (int i = 0; i < 4; i++) wd[i] = 0;
+#pragma unroll
+    for (int i = 0; i < 16; i++)
+        if (i < avail) wd[i / 4] |= (uint32_t)p[i] << (8 * (i % 4));
+}
+
+/* The 4 E4M3 codes of a little-endian word as fp32 values (exact; NaN codes give NaN), through the
+ * hardware's paired E4M3 -> f16 conversion (cvt.rn.f16x2.e4m3x2 on sm_89+). */
+__device__ __forceinline__ void rs_cuda_e4m3x4_f32(uint32_t w, float f[4]) {
+    const __half2_raw lo = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(w & 0xffffu), __NV_E4M3);
+    const __half2_raw hi = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(w >> 16), __NV_E4M3);
+    __half_raw h;
+    h.x = lo.x, f[0] = __half2float(__half(h));
+    h.x = lo.y, f[1] = __half2float(__half(h));
+    h.x = hi.x, f[2] = __half2float(__half(h));
+    h.x = hi.y, f[3] = __half2float(__half(h));
+}
+
 #endif /* RS_CUDA_ACT_H */

@@ -94,21 +94,6 @@ void rs_cuda_fp8_quantize_act(rs_cuda_ctx *c, const float *x, int rows, int k, u
 
 /* ---- FP8 GEMM: GEMV for few rows ---- */
 
-/* 16 codes p[0..16) as 4 little-endian words; codes at or past `avail` read as 0x00 (+0, which adds
- * an exact +0 to a block sum). vec: p is 16-byte aligned and avail >= 16. */
-__device__ __forceinline__ void load_codes16(uint32_t wd[4], const uint8_t *p, int64_t avail, bool vec) {
-    if (vec) {
-        const uint4 u = __ldg((const uint4 *)p);
-        wd[0] = u.x, wd[1] = u.y, wd[2] = u.z, wd[3] = u.w;
-        return;
-    }
-#pragma unroll
-    for (int i = 0; i < 4; i++) wd[i] = 0;
-#pragma unroll
-    for (int i = 0; i < 16; i++)
-        if (i < avail) wd[i / 4] |= (uint32_t)p[i] << (8 * (i % 4));
-}
-
 /* One warp per output feature o, GEMV_WARPS per block. The warp walks K in chunks of 4 blocks (512
  * codes): lane l takes the 16 codes [16 (l & 7), +16) of block 4c + (l >> 3), so a chunk of the
  * weight row is one coalesced 512-byte read. Each lane sums its 16 products exactly in double for
@@ -137,14 +122,14 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32)
         for (int r = 0; r < R; r++) s[r] = 0.0;
         if (b < kb && j0 < k) {
             uint32_t w4[4];
-            load_codes16(w4, wrow + j0, k - j0, vec);
+            rs_cuda_load_codes16(w4, wrow + j0, k - j0, vec);
             double wv[16];
 #pragma unroll
             for (int i = 0; i < 16; i++) wv[i] = e4m3_f64(w4[i / 4] >> (8 * (i % 4)));
 #pragma unroll
             for (int r = 0; r < R; r++) {
                 uint32_t x4[4];
-                load_codes16(x4, xq + (int64_t)r * k + j0, k - j0, vec);
+                rs_cuda_load_codes16(x4, xq + (int64_t)r * k + j0, k - j0, vec);
 #pragma unroll
                 for (int i = 0; i < 16; i++) s[r] = __fma_rn(e4m3_f64(x4[i / 4] >> (8 * (i % 4))), wv[i], s[r]);
             }

@@ -54,4 +54,12 @@ g++ ${EMU_CXXFLAGS:-} -o "$out/unit-tests" "${lib[@]}" -lmicrohttpd -ljansson -l
 daemon=()
 for o in "${lib[@]}"; do case $o in */t_*) ;; *) daemon+=("$o") ;; esac; done
 g++ ${EMU_CXXFLAGS:-} -o "$out/rolloutd" "$out/obj/server_main.o" "${daemon[@]}" -lmicrohttpd -ljansson -luv -lm -pthread
-echo "built $out/unit-tests and $out/rolloutd"
+# the GPU benchmarks too, for smoke runs of scripts/gpu-check.sh's steps on tiny shapes
+for t in bench_gpu rollout_bench rl_bench; do
+  compile "$root/tools/$t.c" "$out/obj/tool_$t.o" gcc $cflags
+done
+wait
+for t in bench_gpu rollout_bench rl_bench; do
+  g++ ${EMU_CXXFLAGS:-} -o "$out/${t//_/-}" "$out/obj/tool_$t.o" "${daemon[@]}" -lmicrohttpd -ljansson -luv -lm -pthread
+done
+echo "built $out/unit-tests, $out/rolloutd and the GPU benchmarks"

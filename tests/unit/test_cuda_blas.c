@@ -408,7 +408,7 @@ RS_TEST(cuda_matmul_fast_matches_exact) {
                 float *want = op_matmul(g, RS_NUMERICS_EXACT, &w, &bias, x, rows);
                 float *got = op_matmul(g, RS_NUMERICS_FAST, &w, &bias, x, rows);
                 rs_cuda_test_blas_counts(g, &calls1, &refused0);
-                const bool gemv = rows <= 8;
+                const bool gemv = rows <= 8, exact_kernels = refused && !gemv; /* the fast FP8 GEMV takes any shape */
                 if (!refused && !gemv && calls1 == calls0)
                     RS_TEST_FAIL("%s n %d k %d rows %d: fast numerics did not reach cuBLASLt", fp8 ? "e4m3" : "bf16", n,
                                  k, rows);
@@ -424,7 +424,7 @@ RS_TEST(cuda_matmul_fast_matches_exact) {
                 for (int r = 0; r < rows; r++)
                     for (int o = 0; o < n; o++) {
                         const size_t i = (size_t)r * n + o;
-                        if (refused || gemv) {
+                        if (exact_kernels || (gemv && !fp8)) {
                             if (rs_test_f32_bits(got[i]) != rs_test_f32_bits(want[i]))
                                 RS_TEST_FAIL("%s n %d k %d rows %d: out[%d][%d] %a differs from exact %a where the "
                                              "exact kernels run", fp8 ? "e4m3" : "bf16", n, k, rows, r, o, got[i], want[i]);
@@ -447,6 +447,59 @@ RS_TEST(cuda_matmul_fast_matches_exact) {
             free(wb), free(q), free(sinv), free(wdq), free(bb);
         }
     }
+    rs_backend_free(g);
+}
+
+/* The fast FP8 GEMV alone (forced for every row count): ragged K (the scalar code loads), 16-byte
+ * vector loads, one and two groups of 8 rows; within fp32-accumulation error of the exact kernels,
+ * and a NaN activation makes its row NaN (as cuBLASLt's E4M3 decoding does). */
+RS_TEST(cuda_fp8_gemv_fast_matches_exact) {
+    rs_backend *g = rs_test_cuda_or_skip();
+    const int old = rs_backend_cuda_set_gemv_rows(g, 1 << 20);
+    uint64_t s = 127;
+    static const int nk[][2] = {{130, 300}, {256, 1024}, {64, 16}};
+    static const int rows_list[] = {1, 5, 8, 13};
+    for (size_t si = 0; si < RS_ARRAY_LEN(nk); si++) {
+        const int n = nk[si][0], k = nk[si][1];
+        float *wf = malloc((size_t)n * k * sizeof(float));
+        for (size_t i = 0; i < (size_t)n * k; i++) wf[i] = 0.05f * rs_test_uniform(&s);
+        rs_tensor hw = {.dtype = RS_DTYPE_F32, .ndim = 2, .shape = {n, k}, .data = wf};
+        uint8_t *q = malloc((size_t)n * k + 1);
+        const size_t nsc = (size_t)rs_fp8_blocks(n) * (size_t)rs_fp8_blocks(k);
+        float *sinv = malloc(nsc * sizeof(float)), *wdq = malloc((size_t)n * k * sizeof(float));
+        ASSERT_EQ(rs_fp8_quantize_weight(&hw, q, sinv), RS_OK);
+        rs_fp8_dequantize_weight(q, sinv, n, k, wdq);
+        rs_tensor w = {.dtype = RS_DTYPE_E4M3, .ndim = 2, .shape = {n, k}, .data = rs_test_to_backend(g, q, (size_t)n * k),
+                       .scale_inv = rs_test_to_backend(g, sinv, nsc * sizeof(float))};
+        for (size_t ri = 0; ri < RS_ARRAY_LEN(rows_list); ri++) {
+            const int rows = rows_list[ri];
+            float *x = malloc((size_t)rows * k * sizeof(float)), *xa = malloc((size_t)rows * k * sizeof(float));
+            for (size_t i = 0; i < (size_t)rows * k; i++) x[i] = rs_test_uniform(&s);
+            if (rows > 1) x[(size_t)(rows - 1) * k + k / 2] = NAN; /* the last row */
+            uint8_t *xq = malloc((size_t)rows * k + 1);
+            float *xsc = malloc(((size_t)rows * rs_fp8_blocks(k) + 1) * sizeof(float));
+            rs_fp8_quantize_act(x, rows, k, xq, xsc);
+            rs_fp8_dequantize_act(xq, xsc, rows, k, xa);
+            float *want = op_matmul(g, RS_NUMERICS_EXACT, &w, NULL, x, rows);
+            float *got = op_matmul(g, RS_NUMERICS_FAST, &w, NULL, x, rows);
+            for (int r = 0; r < rows; r++)
+                for (int o = 0; o < n; o++) {
+                    const size_t i = (size_t)r * n + o;
+                    if (rows > 1 && r == rows - 1) {
+                        if (!isnan(got[i])) RS_TEST_FAIL("n %d k %d rows %d: a NaN activation gave %g", n, k, rows, got[i]);
+                        continue;
+                    }
+                    double mag = 0;
+                    for (int j = 0; j < k; j++) mag += fabs((double)xa[(size_t)r * k + j] * wdq[(size_t)o * k + j]);
+                    if (!(fabs((double)got[i] - want[i]) <= 2e-5 * mag + 1e-30))
+                        RS_TEST_FAIL("n %d k %d rows %d: out[%d][%d] gemv %.9g, exact %.9g", n, k, rows, r, o, got[i], want[i]);
+                }
+            free(x), free(xa), free(xq), free(xsc), free(want), free(got);
+        }
+        rs_backend_free_mem(g, w.data), rs_backend_free_mem(g, w.scale_inv);
+        free(wf), free(q), free(sinv), free(wdq);
+    }
+    rs_backend_cuda_set_gemv_rows(g, old);
     rs_backend_free(g);
 }
 

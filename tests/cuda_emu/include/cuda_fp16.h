@@ -2,6 +2,7 @@
 #include <stdint.h>
 #include <string.h>
 struct __half_raw { unsigned short x; };
+struct __half2_raw { unsigned short x, y; };
 struct __half {
     unsigned short __x;
     __half() {}
