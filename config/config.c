@@ -40,6 +40,9 @@ static const rs_config_entry entries[] = {
     {"numerics", RS_CONFIG_TYPE_STRING, F(numerics), 1, 7, "fast", "exact|fast",
      "arithmetic of the model's kernels: fast (tensor cores, fp32 accumulation; the GPU default) or exact "
      "(bit-identical to the CPU reference); the CPU backend has only exact kernels and runs them either way", 0},
+    {"cuda-graphs", RS_CONFIG_TYPE_BOOL, F(cuda_graphs), 0, 1, "true", NULL,
+     "with --device cuda: record each decode batch size's step once as a CUDA graph and replay it (false = "
+     "launch every kernel of every step)", 0},
     {"threads", RS_CONFIG_TYPE_INT, F(threads), 0, 4096, "0", NULL, "CPU backend threads (0 = all cores)", 0},
     {"kv-cache-mb", RS_CONFIG_TYPE_INT, F(kv_cache_mb), 1, 16777216, "1024", NULL,
      "KV cache budget in MiB", 0},

@@ -30,6 +30,7 @@ typedef struct rs_config {
     char device[8];             /* cpu | cuda: the backend that runs the model */
     int cuda_device;            /* CUDA device ordinal with --device cuda */
     char numerics[8];           /* exact | fast: the backend's arithmetic (kernels/backend.h rs_numerics) */
+    bool cuda_graphs;           /* record and replay decode steps as CUDA graphs (--device cuda) */
     int threads;                /* CPU backend threads; 0 = all cores */
     int kv_cache_mb;            /* KV pool budget in MiB */
     int max_running;            /* sequences per engine step */

@@ -56,6 +56,22 @@ size_t rs_kv_layer_check(const rs_kv_layer *kv) {
     return rs_dtype_size(kv->dtype);
 }
 
+rs_graph_state rs_backend_graph_begin(rs_backend *b, const void *owner, int slot, uint64_t key) {
+    RS_ASSERT(owner && slot >= 0);
+    return b->ops->graph_begin ? b->ops->graph_begin(b, owner, slot, key) : RS_GRAPH_OFF;
+}
+
+bool rs_backend_graph_end(rs_backend *b) {
+    RS_ASSERT(b->ops->graph_end);
+    return b->ops->graph_end(b);
+}
+
+void rs_backend_graph_forget(rs_backend *b, const void *owner) {
+    if (b->ops->graph_forget) b->ops->graph_forget(b, owner);
+}
+
+bool rs_backend_has_graphs(const rs_backend *b) { return b->ops->graph_begin != NULL; }
+
 void *rs_backend_alloc(rs_backend *b, size_t bytes) { return b->ops->alloc(b, bytes); }
 
 void rs_backend_free_mem(rs_backend *b, void *p) {

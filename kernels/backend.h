@@ -10,6 +10,8 @@
  *   - activations are fp32, row-major, one row per token of the step's flattened batch;
  *   - pointers named x/out/q/k/v/... live in the backend's memory (rs_backend_alloc);
  *   - per-step batch metadata (rs_batch) is host memory: a device backend uploads it itself;
+ *     a negative slot stores nothing (the padding rows of a step graph; only backends with graph
+ *     ops are handed one);
  *   - ops are asynchronous on a device backend; rs_backend_download synchronizes.
  */
 #ifndef RS_BACKEND_H
@@ -88,6 +90,13 @@ typedef enum rs_numerics {
 const char *rs_numerics_name(rs_numerics n);                /* "exact" | "fast" */
 int rs_numerics_parse(const char *s, rs_numerics *out);     /* RS_OK, or RS_EINVAL */
 
+/* Step graphs (optional ops below): what rs_backend_graph_begin did. */
+typedef enum rs_graph_state {
+    RS_GRAPH_OFF = 0,       /* nothing: run the ops one by one (a first sighting of the key warms up) */
+    RS_GRAPH_RECORDING,     /* run the ops, then rs_backend_graph_end: they are recorded, not run yet */
+    RS_GRAPH_REPLAYED,      /* the recording of this key ran: skip the ops */
+} rs_graph_state;
+
 typedef struct rs_backend rs_backend;
 
 typedef struct rs_backend_ops {
@@ -154,6 +163,11 @@ typedef struct rs_backend_ops {
     rs_numerics (*set_numerics)(rs_backend *b, rs_numerics want);
     rs_numerics (*numerics)(const rs_backend *b);
 
+    /* Optional (NULL: no step graphs): rs_backend_graph_begin and friends below. */
+    rs_graph_state (*graph_begin)(rs_backend *b, const void *owner, int slot, uint64_t key);
+    bool (*graph_end)(rs_backend *b);
+    void (*graph_forget)(rs_backend *b, const void *owner);
+
     void (*destroy)(rs_backend *b);
 } rs_backend_ops;
 
@@ -173,6 +187,10 @@ int rs_backend_cuda_device(const rs_backend *b);
 /* Fast numerics: matmuls of up to `rows` rows take the GEMV kernels, more take cuBLASLt (default
  * 8; benchmarks move it to measure the crossover). Returns the previous value. */
 int rs_backend_cuda_set_gemv_rows(rs_backend *b, int rows);
+/* Step graphs on (the default) or off (every step op by op), e.g. --cuda-graphs false. */
+void rs_backend_cuda_set_graphs(rs_backend *b, bool on);
+/* Recordings made, replays run and recordings refused so far. */
+void rs_backend_cuda_graph_stats(const rs_backend *b, uint64_t *recorded, uint64_t *replayed, uint64_t *refused);
 #endif
 void rs_backend_free(rs_backend *b);
 
@@ -184,6 +202,31 @@ const char *rs_backend_missing_op(const rs_backend *b);
  * backend without fast kernels, whatever was asked). */
 rs_numerics rs_backend_numerics(const rs_backend *b);
 rs_numerics rs_backend_set_numerics(rs_backend *b, rs_numerics want);
+
+/* Step graphs: a sequence of ops that runs again and again with the same shapes and pointers (a
+ * decode step of one batch size) is recorded once and replayed (CUDA graphs). Protocol:
+ *   st = rs_backend_graph_begin(b, owner, slot, key);
+ *   if (st != RS_GRAPH_REPLAYED) {
+ *       ...the ops...
+ *       if (st == RS_GRAPH_RECORDING && !rs_backend_graph_end(b)) ...the ops again (the recording
+ *                                                       failed: they have not run; nothing did)
+ *   }
+ * owner (the caller's identity) and slot (e.g. the padded batch size) name one recording; key is
+ * everything the recorded ops depend on besides the contents of memory: shapes, every device
+ * pointer they read or write (weights, KV pages, activations), the numerics. A key seen for the first
+ * time runs op by op (OFF: warm-up, so buffers reach their sizes), the second time it is recorded,
+ * then replayed; a new key for the same (owner, slot) replaces the recording. Contract while
+ * recording: every host array an op reads (token ids, positions, slots, block tables: rs_batch)
+ * must live at an address whose contents the caller updates in place before each later begin —
+ * a replay re-reads those addresses; the ops must not synchronize (no download). An op the
+ * backend cannot record (e.g. one that reads device results on the host) makes graph_end return
+ * false, and that key is never recorded again. Backends without graphs always answer OFF. */
+rs_graph_state rs_backend_graph_begin(rs_backend *b, const void *owner, int slot, uint64_t key);
+bool rs_backend_graph_end(rs_backend *b);
+/* Drops owner's recordings (before freeing what they point to). */
+void rs_backend_graph_forget(rs_backend *b, const void *owner);
+/* Whether b records step graphs at all. */
+bool rs_backend_has_graphs(const rs_backend *b);
 
 /* Checked dispatch: every caller goes through these, never through b->ops directly. */
 void *rs_backend_alloc(rs_backend *b, size_t bytes);

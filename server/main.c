@@ -167,6 +167,7 @@ static int load(rs_daemon *d, rs_error *err) {
         if (!d->backend)
             return rs_error_set(err, RS_EINVAL, "cuda-device", "cannot use CUDA device %d (the log says why)",
                                 c->cuda_device);
+        rs_backend_cuda_set_graphs(d->backend, c->cuda_graphs);
 #else
         return rs_error_set(err, RS_EUNSUPPORTED, "device",
                             "--device cuda needs a CUDA build of rolloutd (make CUDA=1); this one is CPU-only");

@@ -3,7 +3,7 @@
  *
  *   build/rollout-bench [--preset default|qwen3-0.6b|all] [--model DIR] [--threads N]
  *                       [--batches 1,16] [--prompt 32] [--gen 32] [--quantization bf16|fp8|both]
- *                       [--device cpu|cuda] [--numerics exact|fast]
+ *                       [--device cpu|cuda] [--numerics exact|fast] [--graphs on|off]
  *
  * For each batch size B it runs B greedy sequences twice through the real engine: once with
  * max_new_tokens = 1 (prefill + first token) and once with max_new_tokens = gen. Decode tokens/s
@@ -18,7 +18,8 @@
  * --device cuda (a `make CUDA=1` build) runs the model on GPU 0; both bandwidth figures are then
  * the GPU's own device-to-device copy (read + write bytes), the ceiling for its weight reads.
  * --numerics (default fast, the daemon's) picks the kernels (kernels/backend.h rs_numerics); every
- * row says which ones ran (the CPU backend has only the exact ones).
+ * row says which ones ran (the CPU backend has only the exact ones). --graphs off (CUDA) launches
+ * every kernel of every decode step instead of replaying recorded step graphs.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -46,6 +47,7 @@ typedef struct bench_opts {
     const char *quantization;   /* bf16 | fp8 | both */
     const char *device;         /* cpu | cuda */
     rs_numerics numerics;       /* asked for; the row says what the backend runs */
+    bool graphs;                /* CUDA step graphs (--graphs on|off) */
 } bench_opts;
 
 static rs_backend *make_backend(const bench_opts *o) {
@@ -65,6 +67,9 @@ static rs_backend *make_backend(const bench_opts *o) {
         exit(1);
     }
     rs_backend_set_numerics(b, o->numerics);
+#ifdef RS_CUDA
+    if (rs_backend_cuda_device(b) >= 0) rs_backend_cuda_set_graphs(b, o->graphs);
+#endif
     return b;
 }
 
@@ -252,11 +257,12 @@ static void bench_model(const char *label, const char *dir, const bench_opts *o,
     double step_bytes = (double)m->weight_bytes;
     if (!m->cfg.tie_embeddings) step_bytes -= (double)rs_tensor_nbytes(&m->embed);
     const char *numerics = rs_numerics_name(rs_backend_numerics(b));
-    printf("\n%s [%s]: %s, %d layers, hidden %d, vocab %d, weights %.1f MiB (%s), %s backend, numerics %s, "
+    printf("\n%s [%s]: %s, %d layers, hidden %d, vocab %d, weights %.1f MiB (%s), %s backend, numerics %s%s, "
            "%d threads\n",
            label, rs_quant_mode_name(qp->mode), rs_arch_name(m->cfg.arch), m->cfg.n_layers, m->cfg.hidden,
            m->cfg.vocab_size, (double)m->weight_bytes / (1 << 20), rs_dtype_name(m->layers[0].wq.dtype),
-           b->ops->name, numerics, o->threads);
+           b->ops->name, numerics, rs_backend_has_graphs(b) ? (o->graphs ? ", step graphs on" : ", step graphs off") : "",
+           o->threads);
     printf("  %-8s %-6s %-10s %-12s %-14s %-12s %s\n", "numerics", "batch", "decode", "ms/step", "tokens/s",
            "x batch 1", "weight GB/s (share of copy / read bw)");
     run_batch(e, &m->cfg, 1, o->prompt_len, 2); /* warm-up: page in the weights */
@@ -309,13 +315,14 @@ static const char *ensure_preset(const char *name, char *dir, size_t cap) {
 static void usage(void) {
     fprintf(stderr, "usage: rollout-bench [--preset default|qwen3-0.6b|all] [--model DIR] [--threads N]\n"
                     "                     [--batches 1,16] [--prompt 32] [--gen 32] [--quantization bf16|fp8|both]\n"
-                    "                     [--device cpu|cuda] [--numerics exact|fast]\n");
+                    "                     [--device cpu|cuda] [--numerics exact|fast] [--graphs on|off]\n");
     exit(2);
 }
 
 int main(int argc, char **argv) {
     bench_opts o = {.preset = "all", .threads = 0, .batches = {1, 16}, .n_batches = 2, .prompt_len = 32,
-                    .gen = 32, .quantization = "bf16", .device = "cpu", .numerics = RS_NUMERICS_FAST};
+                    .gen = 32, .quantization = "bf16", .device = "cpu", .numerics = RS_NUMERICS_FAST,
+                    .graphs = true};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -329,6 +336,9 @@ int main(int argc, char **argv) {
         else if (!strcmp(a, "--device")) o.device = v;
         else if (!strcmp(a, "--numerics")) {
             if (rs_numerics_parse(v, &o.numerics) != RS_OK) usage();
+        } else if (!strcmp(a, "--graphs")) {
+            if (strcmp(v, "on") && strcmp(v, "off")) usage();
+            o.graphs = !strcmp(v, "on");
         }
         else if (!strcmp(a, "--batches")) {
             o.n_batches = 0;

@@ -33,12 +33,19 @@ struct rs_cuda_buf {
     size_t cap;
 };
 
-/* A device copy of a host array, re-sent only when the bytes change. */
+/* A device copy of a host array, re-sent only when the bytes change. While a step graph records
+ * (cuda_graph.cu), the copy is recorded from the mirror's pinned staging buffer instead (a recorded
+ * copy cannot read pageable memory), and the graph refreshes that buffer from the caller's array
+ * before each replay. */
 struct rs_cuda_mirror {
     rs_cuda_buf dev;
-    void *host;      /* the bytes last sent */
+    void *host;      /* the bytes last sent (bytes 0: unknown, e.g. after a replay wrote dev) */
     size_t bytes;    /* their length */
     size_t host_cap;
+    void *pinned;    /* page-locked staging of the recorded copies, pinned_cap bytes */
+    size_t pinned_cap;
+    const void *rec_src; /* recording: the host array this mirror copies in the current graph */
+    size_t rec_bytes;
 };
 
 /* Mirror slots. Each op uses its own, so two arrays of one op never evict each other. */
@@ -49,7 +56,9 @@ enum {
     RS_CUDA_M_GATHER_IDX,
     RS_CUDA_M_KV_SLOT,
     RS_CUDA_M_ATTN_POS,
-    RS_CUDA_M_ATTN_ROW_SEQ,
+    RS_CUDA_M_ATTN_SEQ_START,
+    RS_CUDA_M_ATTN_ROWS,     /* fast attention: the decode rows of a mixed step */
+    RS_CUDA_M_ATTN_TILES,    /* fast attention: the prefill tiles of a step */
     RS_CUDA_M_ATTN_TABLES,
     RS_CUDA_M_MOE_ROWS,
     RS_CUDA_M_MOE_WEIGHTS,
@@ -67,6 +76,8 @@ enum {
     RS_CUDA_S_GEMM_XSCALES,  /* fast FP8 GEMM: activation scales in cuBLASLt's layout [ceil(k/128)][t_pad] */
     RS_CUDA_S_GEMM_WSCALES,  /* fast FP8 GEMM: weight scales with rows padded to L4 [ceil(n/128)][L4] */
     RS_CUDA_S_GEMM_OUT,      /* fast GEMMs: output of t_pad rows [t_pad][n] */
+    RS_CUDA_S_ATT_PART_O,    /* split attention: partial outputs [rows][n_heads][splits][hd] */
+    RS_CUDA_S_ATT_PART_LSE,  /* split attention: their log-sum-exp [rows][n_heads][splits] */
     RS_CUDA_S_MOE_LOGITS,    /* MoE: router logits [rows][n_experts] */
     RS_CUDA_S_MOE_X,         /* MoE: the rows routed to one expert [n][hidden] */
     RS_CUDA_S_MOE_GATE,      /* MoE: [n][moe_inter] */
@@ -91,19 +102,30 @@ struct rs_cuda_act {
     bool bf16, fp8;     /* which forms are present */
 };
 
-struct rs_cuda_blas; /* cuda_blas.cu */
+struct rs_cuda_blas;   /* cuda_blas.cu */
+struct rs_cuda_graphs; /* cuda_graph.cu */
 
 struct rs_cuda_ctx {
     int device;
     int sm_count;
     rs_numerics numerics;   /* kernels/backend.h: EXACT (the constructor's) or FAST */
     int gemv_rows;          /* fast numerics: matmuls of up to this many rows take the GEMV kernels */
+    int att_splits;         /* fast numerics: context splits of decode attention (0: by size; tests set it) */
     cudaStream_t stream;
     rs_cuda_blas *blas;     /* cuBLASLt handle, workspace and descriptor cache */
     rs_cuda_act act;
     rs_cuda_buf scratch[RS_CUDA_S_COUNT];
     rs_cuda_mirror mirror[RS_CUDA_M_COUNT];
+    uint64_t mem_gen;       /* bumped whenever a scratch or mirror buffer moves: recorded graphs
+                             * point at the old ones and are dropped */
+    bool recording;         /* a step graph is being recorded on the stream */
+    const char *rec_broken; /* why the recording cannot be used (NULL: fine so far) */
+    rs_cuda_graphs *graphs;
 };
+
+/* While recording: the recording is unusable (graph_end refuses it, and the step reruns op by op).
+ * Ops call it instead of what a capture forbids (synchronizing, allocating). */
+void rs_cuda_recording_broken(rs_cuda_ctx *c, const char *why);
 
 /* The fast-numerics GEMV/GEMM crossover: up to this many rows, weight-streaming GEMV kernels; above,
  * cuBLASLt. The GEMV reads every weight once per call whatever the row count, so it wins while the
@@ -145,6 +167,17 @@ static inline unsigned rs_cuda_blocks(size_t n, unsigned threads) {
 
 /* A launch's error, checked right after it is queued. */
 #define CUDA_CHECK_LAUNCH() CUDA_CHECK(cudaGetLastError())
+
+/* The sequence of row r: the last s with seq_start[s] <= r (seq_start ascending, [n_seq + 1]). */
+__device__ __forceinline__ int rs_cuda_row_seq(const int32_t *seq_start, int n_seq, int r) {
+    int lo = 0, hi = n_seq - 1;
+    while (lo < hi) {
+        const int mid = (lo + hi + 1) / 2;
+        if (seq_start[mid] <= r) lo = mid;
+        else hi = mid - 1;
+    }
+    return lo;
+}
 
 /* Element i of a BF16 / F16 / F32 array (norm weights, biases, embeddings), as fp32 (exact). */
 __device__ __forceinline__ float rs_cuda_elem(const void *p, rs_dtype dt, size_t i) {
@@ -210,6 +243,22 @@ void rs_cuda_act_produce(rs_cuda_ctx *c, const float *x, size_t n, int group_len
 const uint16_t *rs_cuda_act_bf16(rs_cuda_ctx *c, const float *x, int rows, int k);
 /* The E4M3 codes [rows][k] of x and (*scales) their scales [rows][ceil(k/128)], computed unless cached. */
 const uint8_t *rs_cuda_act_fp8(rs_cuda_ctx *c, const float *x, int rows, int k, const float **scales);
+
+/* cuda_graph.cu: step graphs (kernels/backend.h rs_backend_graph_begin) */
+rs_graph_state rs_cuda_graph_begin(rs_backend *b, const void *owner, int slot, uint64_t key);
+bool rs_cuda_graph_end(rs_backend *b);
+void rs_cuda_graph_forget(rs_backend *b, const void *owner);
+void rs_cuda_graphs_free(rs_cuda_ctx *c);
+/* A mirror's recorded copy: slot's device buffer is filled from `host` before each replay. */
+void rs_cuda_graph_note_copy(rs_cuda_ctx *c, int slot, const void *host, size_t bytes);
+
+/* cuda_attention_tc.cu: tensor-core prefill attention over the paged cache (fast numerics) */
+#define RS_CUDA_ATT_TC_ROWS 64 /* query rows per tile */
+bool rs_cuda_attention_tc_takes(int head_dim);
+/* tiles: device [n_tiles][4] {sequence, first row, rows (<= RS_CUDA_ATT_TC_ROWS), 0}: rows of one
+ * sequence, consecutive in the batch; pos and tables as the exact kernel reads them. */
+void rs_cuda_attention_tc(rs_cuda_ctx *c, float *out, const float *q, const rs_kv_layer *kv, int n_heads, float scale,
+                          const int32_t *pos, const int32_t *tiles, int n_tiles, const int32_t *tables, int max_blocks);
 
 /* cuda_attention.cu */
 void rs_cuda_op_kv_store(rs_backend *b, rs_kv_layer *kv, const float *k, const float *v, const rs_batch *batch);

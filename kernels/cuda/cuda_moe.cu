@@ -54,6 +54,10 @@ void rs_cuda_op_moe(rs_backend *b, float *out, const float *x, int rows, int hid
     RS_ASSERT(w->router->ndim == 2 && w->router->shape[0] == n_exp && w->router->shape[1] == hidden);
     RS_ASSERT(k >= 1 && k <= n_exp);
     if (rows <= 0) return;
+    if (c->recording) { /* the routing below waits for the router logits on the host */
+        rs_cuda_recording_broken(c, "the MoE op routes on the host");
+        return;
+    }
     const size_t xbytes = (size_t)rows * (size_t)hidden * sizeof(float);
 
     /* routing: logits to the host, the shared top-k and grouping */
