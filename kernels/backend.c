@@ -72,6 +72,15 @@ void rs_backend_graph_forget(rs_backend *b, const void *owner) {
 
 bool rs_backend_has_graphs(const rs_backend *b) { return b->ops->graph_begin != NULL; }
 
+bool rs_backend_has_sample(const rs_backend *b) { return b->ops->sample != NULL; }
+
+void rs_backend_sample(rs_backend *b, const float *logits, int vocab, const rs_sample_req *req, int n,
+                       rs_sample_res *res) {
+    RS_ASSERT(b->ops->sample && logits && vocab > 0 && n >= 0 && (n == 0 || (req && res)));
+    for (int i = 0; i < n; i++) RS_ASSERT(req[i].row >= 0 && req[i].n_top >= 0 && req[i].n_top <= RS_SAMPLE_MAX_TOP);
+    b->ops->sample(b, logits, vocab, req, n, res);
+}
+
 void *rs_backend_alloc(rs_backend *b, size_t bytes) { return b->ops->alloc(b, bytes); }
 
 void rs_backend_free_mem(rs_backend *b, void *p) {

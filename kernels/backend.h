@@ -97,6 +97,38 @@ typedef enum rs_graph_state {
     RS_GRAPH_REPLAYED,      /* the recording of this key ran: skip the ops */
 } rs_graph_state;
 
+/* Sampling on the device (optional op `sample`): one request per logits row to sample from, the
+ * semantics of scheduler/sampler.c (sampler.h) bit for bit on the same logits: softmax of
+ * logits * (1/T) with rs_expf and the 16-lane double sum, the (seed, sample index, position) RNG,
+ * top-k / top-p / min-p over the order (probability desc, id asc), greedy for T <= 0, the logprob
+ * of the requested mode and the top logprobs. A backend may leave a request undone (done false:
+ * e.g. a truncation that keeps more tokens than it sorts); the caller samples that row on the host. */
+#define RS_SAMPLE_MAX_TOP 64
+typedef enum rs_sample_lp_mode {
+    RS_SAMPLE_LP_DEFAULT = 0,   /* log_softmax(logits / T) before truncation (T = 1 when greedy) */
+    RS_SAMPLE_LP_RAW,           /* log_softmax(logits) */
+    RS_SAMPLE_LP_PROCESSED,     /* of the distribution sampled from (T, truncation, renormalized) */
+} rs_sample_lp_mode;
+
+typedef struct rs_sample_req {
+    int row;                    /* logits row */
+    float temperature;          /* <= 0: greedy */
+    float top_p, min_p;
+    int top_k;                  /* <= 0 or >= vocab: off */
+    uint64_t seed, sample_index, position;
+    rs_sample_lp_mode lp_mode;
+    int n_top;                  /* top logprobs wanted, 0..RS_SAMPLE_MAX_TOP */
+} rs_sample_req;
+
+typedef struct rs_sample_res {
+    bool done;                  /* false: not sampled here, sample the row on the host */
+    int32_t token;
+    float logprob;              /* in the request's mode */
+    int n_top;                  /* top entries written (fewer than asked when truncation keeps fewer) */
+    int32_t top_ids[RS_SAMPLE_MAX_TOP];
+    float top_lps[RS_SAMPLE_MAX_TOP];
+} rs_sample_res;
+
 typedef struct rs_backend rs_backend;
 
 typedef struct rs_backend_ops {
@@ -163,6 +195,10 @@ typedef struct rs_backend_ops {
     rs_numerics (*set_numerics)(rs_backend *b, rs_numerics want);
     rs_numerics (*numerics)(const rs_backend *b);
 
+    /* Optional (NULL: sampling on the host): requests [n] over logits [rows][vocab] in backend
+     * memory; synchronizes (results are host memory). */
+    void (*sample)(rs_backend *b, const float *logits, int vocab, const rs_sample_req *req, int n, rs_sample_res *res);
+
     /* Optional (NULL: no step graphs): rs_backend_graph_begin and friends below. */
     rs_graph_state (*graph_begin)(rs_backend *b, const void *owner, int slot, uint64_t key);
     bool (*graph_end)(rs_backend *b);
@@ -187,6 +223,9 @@ int rs_backend_cuda_device(const rs_backend *b);
 /* Fast numerics: matmuls of up to `rows` rows take the GEMV kernels, more take cuBLASLt (default
  * 8; benchmarks move it to measure the crossover). Returns the previous value. */
 int rs_backend_cuda_set_gemv_rows(rs_backend *b, int rows);
+/* Sampling on the device on (the default) or off: off, every request comes back undone and the
+ * caller samples on the host (the engine does, row by row). */
+void rs_backend_cuda_set_device_sampling(rs_backend *b, bool on);
 /* Step graphs on (the default) or off (every step op by op), e.g. --cuda-graphs false. */
 void rs_backend_cuda_set_graphs(rs_backend *b, bool on);
 /* Recordings made, replays run and recordings refused so far. */
@@ -202,6 +241,11 @@ const char *rs_backend_missing_op(const rs_backend *b);
  * backend without fast kernels, whatever was asked). */
 rs_numerics rs_backend_numerics(const rs_backend *b);
 rs_numerics rs_backend_set_numerics(rs_backend *b, rs_numerics want);
+
+/* Whether b samples on the device, and the call (see rs_sample_req). */
+bool rs_backend_has_sample(const rs_backend *b);
+void rs_backend_sample(rs_backend *b, const float *logits, int vocab, const rs_sample_req *req, int n,
+                       rs_sample_res *res);
 
 /* Step graphs: a sequence of ops that runs again and again with the same shapes and pointers (a
  * decode step of one batch size) is recorded once and replayed (CUDA graphs). Protocol:

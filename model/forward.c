@@ -237,6 +237,19 @@ void rs_forward(rs_forward_ctx *f, const rs_batch *batch, rs_kv_layer *kv, const
     RS_ASSERT(n > 0 && n <= f->max_tokens && n_logits >= 0 && n_logits <= f->max_logits);
     if (f->graphs && decode_only(batch, logit_rows, n_logits)) run_graphed(f, batch, kv);
     else run_ops(f, batch, kv, logit_rows, n_logits);
-    if (n_logits == 0) return;
+    if (n_logits == 0 || !logits_host) return;
     rs_backend_download(f->b, logits_host, f->logits, (size_t)n_logits * c->vocab_size * sizeof(float));
+}
+
+bool rs_forward_samples(const rs_forward_ctx *f) { return rs_backend_has_sample(f->b); }
+
+void rs_forward_sample(rs_forward_ctx *f, const rs_sample_req *req, int n, rs_sample_res *res) {
+    for (int i = 0; i < n; i++) RS_ASSERT(req[i].row < f->max_logits);
+    rs_backend_sample(f->b, f->logits, f->m->cfg.vocab_size, req, n, res);
+}
+
+void rs_forward_logits_row(rs_forward_ctx *f, int i, float *dst) {
+    const size_t V = (size_t)f->m->cfg.vocab_size;
+    RS_ASSERT(i >= 0 && i < f->max_logits);
+    rs_backend_download(f->b, dst, f->logits + (size_t)i * V, V * sizeof(float));
 }

@@ -70,6 +70,8 @@ struct rs_engine {
     rs_seq **sampled;           /* [max_running] sequences that sampled this step */
     int32_t *top_ids;           /* [max_top] scratch */
     float *top_lps;
+    rs_sample_req *dev_req;     /* [max_logits] sampling on the device (rs_forward_sample), or NULL */
+    rs_sample_res *dev_res;
 
     rs_seq *wait_head, *wait_tail;
     int n_waiting;
@@ -279,6 +281,10 @@ int rs_engine_init(rs_engine **out, rs_model *m, const rs_engine_opts *opts, rs_
     int max_top = RS_MAX(e->opts.limits.max_top_logprobs, 1);
     e->top_ids = rs_xmalloc(sizeof(int32_t) * (size_t)max_top);
     e->top_lps = rs_xmalloc(sizeof(float) * (size_t)max_top);
+    if (rs_forward_samples(e->fwd)) {
+        e->dev_req = rs_xmalloc(sizeof(rs_sample_req) * (size_t)e->max_logits);
+        e->dev_res = rs_xmalloc(sizeof(rs_sample_res) * (size_t)e->max_logits);
+    }
     RS_INFO("engine: kv pool %d blocks x %d tokens (%.1f MiB, %s), max_running=%d max_step_tokens=%d "
             "max_context=%d prefix_cache=%s admission_new_token_ratio=%.2f",
             e->pool.n_blocks, RS_KV_BLOCK, (double)e->pool.bytes / (1 << 20), rs_dtype_name(e->pool.dtype), R, T,
@@ -353,7 +359,7 @@ void rs_engine_free(rs_engine *e) {
     rs_sampler_scratch_free(&e->sampler);
     void *bufs[] = {e->b_tokens, e->b_pos, e->b_slot, e->logit_rows, e->b_seq_start, e->b_seq_ctx,
                     e->b_tables, e->step_seqs, e->sampled, e->running, e->logits, e->top_ids, e->top_lps,
-                    e->inbox, e->progress};
+                    e->inbox, e->progress, e->dev_req, e->dev_res};
     for (size_t i = 0; i < RS_ARRAY_LEN(bufs); i++) free(bufs[i]);
     for (int i = 0; i < e->n_abort_rids; i++) free(e->abort_rids[i]);
     free(e->abort_rids);
@@ -823,12 +829,8 @@ static float logprob_in_mode(rs_engine *e, const rs_seq *s, const float *logits,
     return lp;
 }
 
-static void sample_into(rs_engine *e, rs_seq *s, const float *logits) {
-    RS_ASSERT(wants_sample(s));
-    rs_sample_info info;
-    int32_t tok = rs_sample(logits, e->model->cfg.vocab_size, &s->job->sp, (uint64_t)s->sample_index,
-                            (uint64_t)s->n_tokens, &e->sampler, &info);
-    float lp = logprob_in_mode(e, s, logits, tok, &info);
+/* s's sampled token tok with its logprob (and top logprobs in e->top_ids / e->top_lps). */
+static void record_sample(rs_engine *e, rs_seq *s, int32_t tok, float lp) {
     out_push(s->out, s->job->top_logprobs_num, tok, lp, e->top_ids, e->top_lps);
     seq_push_token(s, tok);
     e->stats.generation_tokens++;
@@ -840,6 +842,54 @@ static void sample_into(rs_engine *e, rs_seq *s, const float *logits) {
         rs_histogram_observe(&e->stats.itl, now - s->t_last_token);
     }
     s->t_last_token = now;
+}
+
+static void sample_into(rs_engine *e, rs_seq *s, const float *logits) {
+    RS_ASSERT(wants_sample(s));
+    rs_sample_info info;
+    int32_t tok = rs_sample(logits, e->model->cfg.vocab_size, &s->job->sp, (uint64_t)s->sample_index,
+                            (uint64_t)s->n_tokens, &e->sampler, &info);
+    record_sample(e, s, tok, logprob_in_mode(e, s, logits, tok, &info));
+}
+
+/* ---- sampling on the device (rs_forward_sample: only tokens and logprobs come back) ---- */
+
+/* Whether every logits row of the step samples the next token of a sequence the device sampler
+ * serves as sample_into would (no fork to fan out, top logprobs within its limit); the step then
+ * leaves its logits on the backend. */
+static bool device_sampling_step(const rs_engine *e, int n_seq, int n_logits) {
+    if (!e->dev_req || n_logits == 0) return false;
+    for (int si = 0, li = 0; si < n_seq; si++) {
+        const rs_seq *s = e->step_seqs[si];
+        for (; li < n_logits && e->logit_rows[li] < e->b_seq_start[si + 1]; li++)
+            if (e->b_pos[e->logit_rows[li]] + 1 != s->n_tokens || s->n_forks > 0 ||
+                s->job->top_logprobs_num > RS_SAMPLE_MAX_TOP)
+                return false;
+    }
+    return true;
+}
+
+/* The request for logits row li, sequence s: sample_into's parameters and key. */
+static rs_sample_req device_request(const rs_seq *s, int li) {
+    const rs_gen_job *job = s->job;
+    return (rs_sample_req){.row = li, .temperature = job->sp.temperature, .top_p = job->sp.top_p,
+                           .min_p = job->sp.min_p, .top_k = job->sp.top_k, .seed = job->sp.seed,
+                           .sample_index = (uint64_t)s->sample_index, .position = (uint64_t)s->n_tokens,
+                           .lp_mode = job->logprobs_mode == RS_LOGPROBS_RAW         ? RS_SAMPLE_LP_RAW
+                                      : job->logprobs_mode == RS_LOGPROBS_PROCESSED ? RS_SAMPLE_LP_PROCESSED
+                                                                                    : RS_SAMPLE_LP_DEFAULT,
+                           .n_top = job->top_logprobs_num};
+}
+
+/* Records what the device sampled for s (top entries past the ones it found: -1 / NaN, as
+ * logprob_in_mode leaves them). */
+static void sample_from_device(rs_engine *e, rs_seq *s, const rs_sample_res *r) {
+    RS_ASSERT(wants_sample(s) && r->done);
+    for (int i = 0; i < s->job->top_logprobs_num; i++) {
+        e->top_ids[i] = i < r->n_top ? r->top_ids[i] : -1;
+        e->top_lps[i] = i < r->n_top ? r->top_lps[i] : NAN;
+    }
+    record_sample(e, s, r->token, r->logprob);
 }
 
 /* The group leader's prompt is computed: its siblings start from its pages and sample their
@@ -934,7 +984,14 @@ static int engine_step(rs_engine *e) {
     rs_batch batch = {.n_tok = n_tok, .n_seq = n_seq, .tokens = e->b_tokens, .pos = e->b_pos,
                       .slot = e->b_slot, .seq_start = e->b_seq_start, .seq_ctx = e->b_seq_ctx,
                       .block_tables = e->b_tables, .max_blocks = e->max_blocks_per_seq};
-    rs_forward(e->fwd, &batch, e->pool.layers, e->logit_rows, n_logits, e->logits);
+    const bool dev = device_sampling_step(e, n_seq, n_logits);
+    rs_forward(e->fwd, &batch, e->pool.layers, e->logit_rows, n_logits, dev ? NULL : e->logits);
+    if (dev) {
+        for (int si = 0, li = 0; si < n_seq; si++)
+            for (; li < n_logits && e->logit_rows[li] < e->b_seq_start[si + 1]; li++)
+                e->dev_req[li] = device_request(e->step_seqs[si], li);
+        rs_forward_sample(e->fwd, e->dev_req, n_logits, e->dev_res);
+    }
     e->stats.steps++;
 
     int li = 0, n_sampled = 0;
@@ -946,7 +1003,14 @@ static int engine_step(rs_engine *e) {
         s->n_computed += r1 - r0;
         for (; li < n_logits && e->logit_rows[li] < r1; li++) {
             RS_ASSERT(e->logit_rows[li] >= r0);
-            handle_logits(e, s, e->b_pos[e->logit_rows[li]], e->logits + (size_t)li * c->vocab_size, &n_sampled);
+            float *row = e->logits + (size_t)li * c->vocab_size;
+            if (dev && e->dev_res[li].done) {
+                sample_from_device(e, s, &e->dev_res[li]);
+                e->sampled[n_sampled++] = s;
+                continue;
+            }
+            if (dev) rs_forward_logits_row(e->fwd, li, row); /* left to the host (a long kept prefix) */
+            handle_logits(e, s, e->b_pos[e->logit_rows[li]], row, &n_sampled);
         }
         if (e->opts.prefix_cache) rs_kv_seq_commit(&e->pool, &s->kv, s->tokens, s->n_computed);
         /* a prompt scored with max_new_tokens = 0 is done once computed */

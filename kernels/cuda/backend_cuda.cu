@@ -176,6 +176,7 @@ static rs_backend_ops make_ops(void) {
     ops.moe = rs_cuda_op_moe;
     ops.set_numerics = cuda_set_numerics;
     ops.numerics = cuda_numerics;
+    ops.sample = rs_cuda_op_sample;
     ops.graph_begin = rs_cuda_graph_begin;
     ops.graph_end = rs_cuda_graph_end;
     ops.graph_forget = rs_cuda_graph_forget;

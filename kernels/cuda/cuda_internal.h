@@ -78,6 +78,9 @@ enum {
     RS_CUDA_S_GEMM_OUT,      /* fast GEMMs: output of t_pad rows [t_pad][n] */
     RS_CUDA_S_ATT_PART_O,    /* split attention: partial outputs [rows][n_heads][splits][hd] */
     RS_CUDA_S_ATT_PART_LSE,  /* split attention: their log-sum-exp [rows][n_heads][splits] */
+    RS_CUDA_S_SAMPLE_REQ,    /* sampling: the requests [n] */
+    RS_CUDA_S_SAMPLE_RES,    /* sampling: the results [n] */
+    RS_CUDA_S_SAMPLE_W,      /* sampling: a [vocab] fp32 row per block */
     RS_CUDA_S_MOE_LOGITS,    /* MoE: router logits [rows][n_experts] */
     RS_CUDA_S_MOE_X,         /* MoE: the rows routed to one expert [n][hidden] */
     RS_CUDA_S_MOE_GATE,      /* MoE: [n][moe_inter] */
@@ -111,6 +114,8 @@ struct rs_cuda_ctx {
     rs_numerics numerics;   /* kernels/backend.h: EXACT (the constructor's) or FAST */
     int gemv_rows;          /* fast numerics: matmuls of up to this many rows take the GEMV kernels */
     int att_splits;         /* fast numerics: context splits of decode attention (0: by size; tests set it) */
+    bool no_device_sampling; /* rs_backend_cuda_set_device_sampling(false): every request left undone */
+    uint64_t sampled;       /* requests the device has sampled */
     cudaStream_t stream;
     rs_cuda_blas *blas;     /* cuBLASLt handle, workspace and descriptor cache */
     rs_cuda_act act;
@@ -243,6 +248,9 @@ void rs_cuda_act_produce(rs_cuda_ctx *c, const float *x, size_t n, int group_len
 const uint16_t *rs_cuda_act_bf16(rs_cuda_ctx *c, const float *x, int rows, int k);
 /* The E4M3 codes [rows][k] of x and (*scales) their scales [rows][ceil(k/128)], computed unless cached. */
 const uint8_t *rs_cuda_act_fp8(rs_cuda_ctx *c, const float *x, int rows, int k, const float **scales);
+
+/* cuda_sample.cu: sampling on the device (backend.h rs_sample_req) */
+void rs_cuda_op_sample(rs_backend *b, const float *logits, int vocab, const rs_sample_req *req, int n, rs_sample_res *res);
 
 /* cuda_graph.cu: step graphs (kernels/backend.h rs_backend_graph_begin) */
 rs_graph_state rs_cuda_graph_begin(rs_backend *b, const void *owner, int slot, uint64_t key);
