@@ -95,6 +95,8 @@ typedef enum rs_graph_state {
     RS_GRAPH_OFF = 0,       /* nothing: run the ops one by one (a first sighting of the key warms up) */
     RS_GRAPH_RECORDING,     /* run the ops, then rs_backend_graph_end: they are recorded, not run yet */
     RS_GRAPH_REPLAYED,      /* the recording of this key ran: skip the ops */
+    RS_GRAPH_NEVER,         /* this key cannot be recorded (an earlier try was refused): run the
+                             * ops as without step graphs */
 } rs_graph_state;
 
 /* Sampling on the device (optional op `sample`): one request per logits row to sample from, the
@@ -264,7 +266,8 @@ void rs_backend_sample(rs_backend *b, const float *logits, int vocab, const rs_s
  * must live at an address whose contents the caller updates in place before each later begin —
  * a replay re-reads those addresses; the ops must not synchronize (no download). An op the
  * backend cannot record (e.g. one that reads device results on the host) makes graph_end return
- * false, and that key is never recorded again. Backends without graphs always answer OFF. */
+ * false, and that key answers RS_GRAPH_NEVER from then on. Backends without graphs always answer
+ * OFF. */
 rs_graph_state rs_backend_graph_begin(rs_backend *b, const void *owner, int slot, uint64_t key);
 bool rs_backend_graph_end(rs_backend *b);
 /* Drops owner's recordings (before freeing what they point to). */

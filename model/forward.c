@@ -21,7 +21,8 @@
  * batch lives in this context's own arrays, at fixed addresses (the contract a replay relies on):
  * padding rows read position 0 of the first sequence's first page and store nothing (slot -1), and
  * their logits are computed but not downloaded. Exact numerics are batch-invariant, so padding
- * changes no bit of the real rows. Qwen3-MoE steps run op by op (the MoE op routes on the host).
+ * changes no bit of the real rows. A size the backend cannot record (e.g. MoE layers that route on
+ * the host: exact numerics) runs op by op, unpadded.
  */
 #include <math.h>
 #include <stdlib.h>
@@ -78,7 +79,7 @@ rs_forward_ctx *rs_forward_ctx_init(const rs_model *m, int max_tokens, int max_l
         rs_forward_ctx_free(f);
         return NULL;
     }
-    f->graphs = rs_backend_has_graphs(f->b) && c->n_experts == 0;
+    f->graphs = rs_backend_has_graphs(f->b);
     if (f->graphs) {
         const size_t rows = (size_t)RS_MIN(max_tokens, max_logits);
         f->graph_rows = (int)rows;
@@ -192,6 +193,11 @@ static uint64_t step_key(const rs_forward_ctx *f, int rows, int max_blocks, cons
         const rs_tensor *ts[] = {&L->attn_norm, &L->wq, &L->wk, &L->wv, &L->wo, &L->bq, &L->bk, &L->bv,
                                  &L->q_norm, &L->k_norm, &L->mlp_norm, &L->w_gate, &L->w_up, &L->w_down};
         for (size_t i = 0; i < RS_ARRAY_LEN(ts); i++) h = mix_tensor(h, ts[i]);
+        if (m->cfg.n_experts > 0 && m->cfg.layer_is_moe[l]) {
+            h = mix_tensor(h, &L->router);
+            for (int e = 0; e < m->cfg.n_experts; e++)
+                h = mix_tensor(mix_tensor(mix_tensor(h, &L->e_gate[e]), &L->e_up[e]), &L->e_down[e]);
+        }
         h = mix(h, (uint64_t)(uintptr_t)kv[l].pages), h = mix(h, (uint64_t)(uintptr_t)kv[l].k_scale);
         h = mix(h, (uint64_t)(uintptr_t)kv[l].v_scale), h = mix(h, (uint64_t)(uintptr_t)kv[l].token_scales);
         h = mix(h, (uint64_t)kv[l].dtype * 31u + (uint64_t)kv[l].scale_mode), h = mix(h, (uint64_t)kv[l].n_blocks);
@@ -199,8 +205,9 @@ static uint64_t step_key(const rs_forward_ctx *f, int rows, int max_blocks, cons
     return h;
 }
 
-/* The decode step padded to the next power of two rows, as a step graph. */
-static void run_graphed(rs_forward_ctx *f, const rs_batch *batch, rs_kv_layer *kv) {
+/* The decode step padded to the next power of two rows, as a step graph (or as it is, when the
+ * backend cannot record this size). */
+static void run_graphed(rs_forward_ctx *f, const rs_batch *batch, rs_kv_layer *kv, const int32_t *logit_rows) {
     const int n = batch->n_tok, mb = batch->max_blocks;
     int rows = 1;
     while (rows < n) rows *= 2;
@@ -226,6 +233,10 @@ static void run_graphed(rs_forward_ctx *f, const rs_batch *batch, rs_kv_layer *k
                              .seq_start = f->g_start, .seq_ctx = f->g_ctx, .block_tables = f->g_tables, .max_blocks = mb};
     const rs_graph_state st = rs_backend_graph_begin(f->b, f, rows, step_key(f, rows, mb, kv));
     if (st == RS_GRAPH_REPLAYED) return;
+    if (st == RS_GRAPH_NEVER) {
+        run_ops(f, batch, kv, logit_rows, n);
+        return;
+    }
     run_ops(f, &padded, kv, f->g_rows, rows);
     if (st == RS_GRAPH_RECORDING && !rs_backend_graph_end(f->b)) run_ops(f, &padded, kv, f->g_rows, rows);
 }
@@ -235,7 +246,7 @@ void rs_forward(rs_forward_ctx *f, const rs_batch *batch, rs_kv_layer *kv, const
     const rs_model_config *c = &f->m->cfg;
     int n = batch->n_tok;
     RS_ASSERT(n > 0 && n <= f->max_tokens && n_logits >= 0 && n_logits <= f->max_logits);
-    if (f->graphs && decode_only(batch, logit_rows, n_logits)) run_graphed(f, batch, kv);
+    if (f->graphs && decode_only(batch, logit_rows, n_logits)) run_graphed(f, batch, kv, logit_rows);
     else run_ops(f, batch, kv, logit_rows, n_logits);
     if (n_logits == 0 || !logits_host) return;
     rs_backend_download(f->b, logits_host, f->logits, (size_t)n_logits * c->vocab_size * sizeof(float));

@@ -135,6 +135,7 @@ static void cuda_destroy(rs_backend *b) {
     for (int i = 0; i < RS_CUDA_S_COUNT; i++)
         if (c->scratch[i].p) CUDA_CHECK(cudaFreeAsync(c->scratch[i].p, c->stream));
     rs_cuda_graphs_free(c);
+    rs_cuda_moe_tables_free(c);
     for (int i = 0; i < RS_CUDA_M_COUNT; i++) {
         if (c->mirror[i].dev.p) CUDA_CHECK(cudaFreeAsync(c->mirror[i].dev.p, c->stream));
         if (c->mirror[i].pinned) CUDA_CHECK(cudaFreeHost(c->mirror[i].pinned));

@@ -126,8 +126,9 @@ rs_graph_state rs_cuda_graph_begin(rs_backend *b, const void *owner, int slot, u
     if (!g) return RS_GRAPH_OFF;
     RS_ASSERT(!c->recording);
     rs_cuda_graph_rec *r = rec_find(g, owner, slot);
-    if (r && r->state == rs_cuda_graph_rec::REC_NEVER && r->key == key) return RS_GRAPH_OFF;
-    if (!r || r->key != key || r->mem_gen != c->mem_gen) {
+    if (r && r->state == rs_cuda_graph_rec::REC_NEVER && r->key == key) return RS_GRAPH_NEVER;
+    /* a recording made before a buffer moved points at the old one; a warm-up may move buffers */
+    if (!r || r->key != key || (r->state == rs_cuda_graph_rec::REC_READY && r->mem_gen != c->mem_gen)) {
         if (r) rec_drop(r);
         else r = rec_new(g);
         rec_reset(r, owner, slot, key, c->mem_gen);
@@ -142,6 +143,7 @@ rs_graph_state rs_cuda_graph_begin(rs_backend *b, const void *owner, int slot, u
     }
     mirrors_unknown(c);
     r->n_copies = 0;
+    r->mem_gen = c->mem_gen; /* the buffers the recording will point at */
     g->cur = r;
     c->rec_broken = NULL;
     CUDA_CHECK(cudaStreamBeginCapture(c->stream, cudaStreamCaptureModeGlobal));

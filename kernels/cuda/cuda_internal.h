@@ -87,6 +87,8 @@ enum {
     RS_CUDA_S_MOE_UP,        /* MoE: [n][moe_inter] */
     RS_CUDA_S_MOE_Y,         /* MoE: one expert's down output [n][hidden] */
     RS_CUDA_S_MOE_XCOPY,     /* MoE: x [rows][hidden], when out aliases it */
+    RS_CUDA_S_MOE_SEL,       /* fast MoE: the selections [rows][k] experts, then [rows][k] weights */
+    RS_CUDA_S_MOE_LISTS,     /* fast MoE: offsets [E + 1], rows [rows k], weights [rows k] */
     RS_CUDA_S_COUNT
 };
 
@@ -106,6 +108,7 @@ struct rs_cuda_act {
 };
 
 struct rs_cuda_blas;   /* cuda_blas.cu */
+struct rs_cuda_moe_table; /* cuda_moe_fast.cu */
 struct rs_cuda_graphs; /* cuda_graph.cu */
 
 struct rs_cuda_ctx {
@@ -126,6 +129,8 @@ struct rs_cuda_ctx {
     bool recording;         /* a step graph is being recorded on the stream */
     const char *rec_broken; /* why the recording cannot be used (NULL: fine so far) */
     rs_cuda_graphs *graphs;
+    rs_cuda_moe_table *moe_tables; /* per MoE layer: its experts' pointers on the device */
+    int n_moe_tables;
 };
 
 /* While recording: the recording is unusable (graph_end refuses it, and the step reruns op by op).
@@ -272,6 +277,17 @@ void rs_cuda_attention_tc(rs_cuda_ctx *c, float *out, const float *q, const rs_k
 void rs_cuda_op_kv_store(rs_backend *b, rs_kv_layer *kv, const float *k, const float *v, const rs_batch *batch);
 void rs_cuda_op_attention(rs_backend *b, float *out, const float *q, const rs_kv_layer *kv, int n_heads,
                           float scale, const rs_batch *batch);
+
+/* cuda_moe_fast.cu: fast numerics' MoE pieces */
+#define RS_CUDA_MOE_FUSED_ROWS 16 /* up to this many rows: the fused device path */
+/* The whole block on the device (no host round trip); false when the experts are not all E4M3 or
+ * all BF16 of one shape, or there are too many rows. */
+bool rs_cuda_moe_fused(rs_cuda_ctx *c, float *out, const float *x, int rows, int hidden, const rs_moe_weights *w);
+/* Routing and grouping on the device: offsets_host [E + 1] (synchronizes), the rows and weights of
+ * every expert's selections (device, in row order) at *rows_dev / *wts_dev. */
+int rs_cuda_moe_route_groups(rs_cuda_ctx *c, const float *x, int rows, int hidden, const rs_moe_weights *w,
+                             int32_t *offsets_host, const int32_t **rows_dev, const float **wts_dev);
+void rs_cuda_moe_tables_free(rs_cuda_ctx *c);
 
 /* cuda_moe.cu */
 void rs_cuda_op_moe(rs_backend *b, float *out, const float *x, int rows, int hidden, const rs_moe_weights *w);
