@@ -1,7 +1,7 @@
 /*
  * rollout_bench.c — in-process decode throughput of the engine (no HTTP).
  *
- *   build/rollout-bench [--preset default|qwen3-0.6b|all] [--model DIR] [--threads N]
+ *   build/rollout-bench [--preset default|qwen3-0.6b|qwen3-8b|all] [--model DIR] [--threads N]
  *                       [--batches 1,16] [--prompt 32] [--gen 32] [--quantization bf16|fp8|both]
  *                       [--device cpu|cuda] [--numerics exact|fast] [--graphs on|off]
  *
@@ -313,7 +313,7 @@ static const char *ensure_preset(const char *name, char *dir, size_t cap) {
 }
 
 static void usage(void) {
-    fprintf(stderr, "usage: rollout-bench [--preset default|qwen3-0.6b|all] [--model DIR] [--threads N]\n"
+    fprintf(stderr, "usage: rollout-bench [--preset NAME|all] [--model DIR] [--threads N]\n"
                     "                     [--batches 1,16] [--prompt 32] [--gen 32] [--quantization bf16|fp8|both]\n"
                     "                     [--device cpu|cuda] [--numerics exact|fast] [--graphs on|off]\n");
     exit(2);
@@ -378,11 +378,14 @@ int main(int argc, char **argv) {
     printf("workload: greedy, prompt %d tokens, %d new tokens; decode tokens/s = B*(gen-1)/(t_gen - t_1)\n",
            o.prompt_len, o.gen);
     char dir[4096];
+    /* "all" is the two small presets; any other preset name (qwen3-8b: 16 GB) runs alone */
     const char *all[] = {"default", "qwen3-0.6b"};
-    for (size_t i = 0; i < RS_ARRAY_LEN(all) + 1; i++) {
-        const char *label = i < RS_ARRAY_LEN(all) ? all[i] : o.model;
-        if (o.model ? i < RS_ARRAY_LEN(all) : i == RS_ARRAY_LEN(all)) continue;
-        if (!o.model && strcmp(o.preset, "all") != 0 && strcmp(o.preset, label) != 0) continue;
+    const bool every = !strcmp(o.preset, "all");
+    if (!every) all[0] = o.preset;
+    const size_t n_all = every ? RS_ARRAY_LEN(all) : 1;
+    for (size_t i = 0; i < n_all + 1; i++) {
+        const char *label = i < n_all ? all[i] : o.model;
+        if (o.model ? i < n_all : i == n_all) continue;
         const char *path = o.model ? o.model : ensure_preset(label, dir, sizeof dir);
         double tps[2][8];
         for (int q = 0; q < n_policies; q++) bench_model(label, path, &o, &policies[q], bw, tps[q]);
