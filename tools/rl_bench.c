@@ -3,13 +3,14 @@
  *
  *   build/rl-bench [--model DIR | --preset NAME] [--prompts 64] [--n 8] [--prompt-len 128]
  *                  [--gen 256] [--kv-mb 0] [--threads N] [--runs all|engine|skeleton|kv|loop]
- *                  [--loop-prompts 2] [--quantization bf16|fp8] [--kv-dtype fp8|bf16|f32]
+ *                  [--loop-prompts 2] [--quantization bf16|fp8] [--kv-dtype fp8|bf16|f32[,...]]
  *                  [--device cpu|cuda] [--numerics exact|fast]
  *
  * Weights are served as stored (BF16) by default; --quantization fp8 serves the attention and MLP
  * matrices as W8A8 FP8 blocks, as the daemon's default does. --kv-dtype is the engine and loop
- * runs' KV cache (fp8 by default, per-head calibrated scales). --device cuda (a `make CUDA=1`
- * build) runs on GPU 0 with --numerics (default fast, the daemon's); every row names the numerics
+ * runs' KV cache (fp8 by default, per-head calibrated scales); a list (bf16,fp8) runs the engine
+ * once per entry on the same loaded model, each with room for every sequence in its own page format
+ * (the loop run takes the first). --device cuda (a `make CUDA=1` build) runs on GPU 0 with --numerics (default fast, the daemon's); every row names the numerics
  * the backend ran.
  *
  * A GRPO step: P prompts, n samples each, fixed-length outputs (ignore_eos), sampled at T = 1.
@@ -153,6 +154,26 @@ static rs_dtype kv_dtype_of(const char *s) {
     exit(2);
 }
 
+#define MAX_KV 3
+
+static void usage(void);
+
+/* --kv-dtype's comma-separated list into names (pointing into buf) and page dtypes; exits with a
+ * message on an empty, unknown or repeated entry or more than MAX_KV of them. Returns the count. */
+static int parse_kv_list(const char *list, char *buf, size_t cap, const char **names, rs_dtype *dts) {
+    if (snprintf(buf, cap, "%s", list) >= (int)cap) usage();
+    int n = 0;
+    for (char *save = NULL, *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
+        if (n == MAX_KV) usage();
+        dts[n] = kv_dtype_of(t);
+        for (int i = 0; i < n; i++)
+            if (dts[i] == dts[n]) usage();
+        names[n++] = t;
+    }
+    if (n == 0) usage();
+    return n;
+}
+
 static rs_backend *make_backend(const opts *o) {
     rs_backend *b = NULL;
     if (!strcmp(o->device, "cuda")) {
@@ -179,7 +200,7 @@ static rs_backend *make_backend(const opts *o) {
 static void usage(void) {
     fprintf(stderr, "usage: rl-bench [--model DIR | --preset NAME] [--prompts 64] [--n 8] [--prompt-len 128] "
                     "[--gen 256] [--kv-mb 0] [--threads N] [--runs all|engine|skeleton|kv|loop] [--loop-prompts 2] "
-                    "[--quantization bf16|fp8] [--kv-dtype fp8|bf16|f32] [--device cpu|cuda] [--numerics exact|fast]\n");
+                    "[--quantization bf16|fp8] [--kv-dtype fp8|bf16|f32[,...]] [--device cpu|cuda] [--numerics exact|fast]\n");
     exit(2);
 }
 
@@ -211,6 +232,16 @@ int main(int argc, char **argv) {
     bool all = !strcmp(o.runs, "all");
     rs_log_min_level = RS_LOG_LEVEL_WARN;
 
+    const char *kv_names[MAX_KV]; /* --kv-dtype a,b,...: the engine runs once per entry */
+    rs_dtype kv_dts[MAX_KV];
+    char kv_list[64];
+    const int n_kv = parse_kv_list(o.kv_dtype, kv_list, sizeof kv_list, kv_names, kv_dts);
+    const rs_dtype kv_dt = kv_dts[0];
+    const rs_kv_scale_mode kv_mode = kv_dt == RS_DTYPE_E4M3 ? RS_KV_SCALE_PER_HEAD : RS_KV_SCALE_NONE;
+    /* the backend first: a --device that cannot start fails before a preset is written (16 GB for qwen3-8b) */
+    rs_backend *b = make_backend(&o);
+    numerics_name = rs_numerics_name(rs_backend_numerics(b));
+
     char dir[4096];
     rs_error err = {0};
     if (o.model) {
@@ -230,10 +261,6 @@ int main(int argc, char **argv) {
         fprintf(stderr, "%s\n", err.message);
         return 2;
     }
-    const rs_dtype kv_dt = kv_dtype_of(o.kv_dtype);
-    const rs_kv_scale_mode kv_mode = kv_dt == RS_DTYPE_E4M3 ? RS_KV_SCALE_PER_HEAD : RS_KV_SCALE_NONE;
-    rs_backend *b = make_backend(&o);
-    numerics_name = rs_numerics_name(rs_backend_numerics(b));
     rs_model *m = NULL;
     if (rs_model_load(dir, b, &qp, &m, &err) != RS_OK) {
         fprintf(stderr, "%s\n", err.message);
@@ -255,17 +282,18 @@ int main(int argc, char **argv) {
                            .limits = {.max_context = ctx, .max_new_tokens = o.gen, .max_n = o.n,
                                       .max_batch = seqs, .max_top_logprobs = 0}};
     result eng = {0}, skel = {0};
-    if (all || !strcmp(o.runs, "engine")) {
+    for (int ki = 0; ki < n_kv && (all || !strcmp(o.runs, "engine")); ki++) {
         rs_engine_opts eo = base;
-        eo.kv_cache_bytes = demand; /* room for everything: throughput, not memory, is measured */
+        eo.kv_cache_bytes = demand / 4 * rs_dtype_size(kv_dts[ki]); /* room for every sequence */
         eo.prefix_cache = true;
         eo.admission_new_token_ratio = 0.4f;
-        eo.kv_dtype = kv_dt;
-        eo.kv_scale_mode = kv_mode;
+        eo.kv_dtype = kv_dts[ki];
+        eo.kv_scale_mode = kv_dts[ki] == RS_DTYPE_E4M3 ? RS_KV_SCALE_PER_HEAD : RS_KV_SCALE_NONE;
         eo.kv_calib_margin = 1.0f;
         eo.kv_calib_percentile = 1.0f;
-        eng = run(m, &o, &eo, true);
-        print_row("engine", o.kv_dtype, eo.kv_cache_bytes, &eng);
+        result r = run(m, &o, &eo, true);
+        print_row("engine", kv_names[ki], eo.kv_cache_bytes, &r);
+        if (ki == 0) eng = r;
     }
     if (all || !strcmp(o.runs, "skeleton")) {
         rs_engine_opts eo = base;
@@ -280,14 +308,14 @@ int main(int argc, char **argv) {
         printf("engine vs skeleton: %.2fx output tokens/s\n", eng.tokens_per_s / skel.tokens_per_s);
     if (all || !strcmp(o.runs, "loop")) {
         rs_engine_opts eo = base;
-        eo.kv_cache_bytes = demand;
+        eo.kv_cache_bytes = demand / 4 * rs_dtype_size(kv_dt);
         eo.prefix_cache = false; /* nothing shared: each request prefills its own prompt */
         eo.kv_dtype = kv_dt;
         eo.kv_scale_mode = kv_mode;
         eo.kv_calib_margin = 1.0f;
         eo.kv_calib_percentile = 1.0f;
         result lp = run_loop(m, &o, &eo);
-        print_row("loop", o.kv_dtype, eo.kv_cache_bytes, &lp);
+        print_row("loop", kv_names[0], eo.kv_cache_bytes, &lp);
         if (eng.seconds > 0) printf("engine vs plain loop: %.2fx output tokens/s\n", eng.tokens_per_s / lp.tokens_per_s);
     }
     if (all || !strcmp(o.runs, "kv")) {
