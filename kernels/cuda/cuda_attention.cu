@@ -30,9 +30,11 @@
  *   per-position metadata (~13 KiB), independent of the context length. The end writes
  *   acc / l (times v_scale[kvh] for PER_HEAD: softmax(s V) = s softmax(V), as on the CPU).
  *   gc = min(group, 16, 2048 / head_dim) (>= 8), any value of which is correct; the grid is
- *   (n_tok, n_kv_heads, ceil(group / gc)). One block walks a row's whole context, so a decode step
- *   of few rows at long context uses few SMs: splitting the context over blocks with a combine
- *   pass (flash-decoding's split-K) is the next step for speed, not needed for correctness.
+ *   (n_tok, n_kv_heads, ceil(group / gc)). In exact numerics one block walks a row's whole
+ *   context. In fast numerics a decode row's context splits over blocks (flash-decoding's split-K:
+ *   decode_splits picks enough blocks for two waves of the GPU), each writing its softmax-normalized
+ *   partial output and log-sum-exp, and attention_combine_kernel merges them; a decode step of few
+ *   rows at long context then uses every SM. Prefill chunks go to the tensor-core kernel.
  *   The host checks what the CPU asserts as it reads (positions, the pages a row can reach,
  *   every row in a sequence), since a kernel cannot; positions, sequence starts and block tables
  *   reach the GPU through the context's mirrors (a row finds its sequence in seq_start itself, so

@@ -12,7 +12,14 @@
  * the tests check bit for bit (FP8 activation quantization, the exact-block FP8 GEMM, E4M3 KV
  * stores, embed, add, gather) use the same sequence of correctly rounded operations as the CPU
  * (`__fdiv_rn`, `__fmul_rn`, `__fmaf_rn`; the build passes --fmad=false so nothing is contracted);
- * the others (sums in another order, expf, attention) are compared with a tolerance.
+ * the others (sums in another order, expf, attention) are compared with a tolerance. That is the
+ * exact numerics (RS_NUMERICS_EXACT). The fast numerics (the daemon's default on a GPU) route the
+ * same ops to tensor cores and fp32 accumulation in other orders: cuBLASLt GEMMs (cuda_blas.cu, the
+ * only file that calls cuBLASLt) on BF16 or FP8 activation forms fused into the producing kernel
+ * (cuda_act.cu), the decode GEMV (cuda_matmul_fast.cu), split-context decode and tensor-core
+ * prefill attention (cuda_attention.cu, cuda_attention_tc.cu), routing and grouped experts on the
+ * device (cuda_moe_fast.cu); the tests bound them against the exact kernels. Step graphs
+ * (cuda_graph.cu) and device sampling (cuda_sample.cu) serve both numerics.
  */
 #ifndef RS_CUDA_INTERNAL_H
 #define RS_CUDA_INTERNAL_H
