@@ -1,6 +1,7 @@
 # rolloutd — plain Makefile.
 #
 #   make                 build/rolloutd, build/rollout-bench, tools (CPU backend)
+#   make docs            docs/api-fields.md from the request parsers' tables (build/print-fields)
 #   make CUDA=1          also compile and link the CUDA backend (cudart, cuBLASLt, NCCL)
 #   make run             serve the embedded default model on 127.0.0.1:8000
 #   make test            C unit tests + end-to-end tests against the real daemon
@@ -26,7 +27,7 @@ endif
 WARN    := -Wall -Wextra -Wshadow -Wstrict-prototypes -Wmissing-prototypes
 CFLAGS  := -std=c11 -O2 -g $(WARN) -ffp-contract=off -fno-fast-math -pthread -D_GNU_SOURCE \
            -fno-omit-frame-pointer $(EXTRA_CFLAGS)
-LDLIBS  := -lmicrohttpd -ljansson -luv -lm -pthread
+LDLIBS  := -lmicrohttpd -ljansson -luv -lisal -lpcre2-8 -lutf8proc -lm -pthread
 ifneq ($(WERROR),)
 CFLAGS  += -Werror
 endif
@@ -48,12 +49,12 @@ NVFLAGS   := -O2 -g -std=c++17 -arch=sm_90 -DRS_CUDA -Xcompiler -fno-fast-math,-
              $(if $(NCCL_HOME),-I$(NCCL_HOME)/include)
 LDLIBS    += -L$(CUDA_HOME)/lib64 $(if $(NCCL_HOME),-L$(NCCL_HOME)/lib -Wl$(comma)-rpath$(comma)$(NCCL_HOME)/lib) \
              -lcudart -lcublasLt -lcublas $(NCCL_LIB) -lstdc++
-CU_SRC    := $(wildcard kernels/cuda/*.cu)
+CU_SRC    := $(wildcard kernels/cuda/*.cu) sync/nccl_staging.cu
 CU_OBJ    := $(patsubst %.cu,$(BUILD)/%.o,$(CU_SRC))
 endif
 
 # Every module folder is compiled into one static library; programs link against it.
-LIB_DIRS := core config protocol scheduler kvcache model kernels kernels/cpu sync server
+LIB_DIRS := core config protocol scheduler kvcache model kernels kernels/cpu sync tokenizer server
 LIB_SRC  := $(filter-out server/main.c,$(foreach d,$(LIB_DIRS),$(wildcard $(d)/*.c)))
 LIB_OBJ  := $(patsubst %.c,$(BUILD)/%.o,$(LIB_SRC)) $(CU_OBJ)
 TEST_SRC := $(wildcard tests/unit/*.c)
@@ -62,16 +63,17 @@ DEPS_OK  := $(BUILD)/.deps-ok
 
 PROGRAMS := $(BUILD)/rolloutd $(BUILD)/rollout-bench $(BUILD)/make-default-model $(BUILD)/unit-tests \
             $(BUILD)/bench-matmul $(BUILD)/bench-quant $(BUILD)/fp8-mismatch $(BUILD)/rl-bench $(BUILD)/bench-inproc \
-            $(BUILD)/bench-gpu
+            $(BUILD)/tcpstore-probe $(BUILD)/tokenize $(BUILD)/print-fields $(BUILD)/bench-gpu
 
-.PHONY: all run test unit e2e fuzz clean deps cuda-emu
+.PHONY: all run test unit e2e fuzz clean deps cuda-emu docs
 all: $(PROGRAMS)
 
 $(DEPS_OK):
 	@mkdir -p $(BUILD)
-	@pkg-config --exists libmicrohttpd jansson libuv 2>/dev/null || ./scripts/install-deps.sh
-	@printf '  deps   libmicrohttpd %s, jansson %s, libuv %s\n' \
-	  "$$(pkg-config --modversion libmicrohttpd)" "$$(pkg-config --modversion jansson)" "$$(pkg-config --modversion libuv)"
+	@pkg-config --exists libmicrohttpd jansson libuv libisal libpcre2-8 libutf8proc 2>/dev/null || ./scripts/install-deps.sh
+	@printf '  deps   libmicrohttpd %s, jansson %s, libuv %s, isa-l %s, pcre2 %s, utf8proc %s\n' \
+	  "$$(pkg-config --modversion libmicrohttpd)" "$$(pkg-config --modversion jansson)" "$$(pkg-config --modversion libuv)" \
+	  "$$(pkg-config --modversion libisal)" "$$(pkg-config --modversion libpcre2-8)" "$$(pkg-config --modversion libutf8proc)"
 ifneq ($(CUDA),)
 	@test -x $(NVCC) || { echo "CUDA=1 but $(NVCC) not found"; exit 1; }
 	@printf '  cuda   %s\n' "$$($(NVCC) --version | tail -1)"
@@ -87,6 +89,9 @@ $(BUILD)/%.o: %.c $(DEPS_OK)
 $(BUILD)/%.o: %.cu $(DEPS_OK)
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVFLAGS) -c $< -o $@
+
+# the embedded default tokenizer (.incbin, relative to the repository root)
+$(BUILD)/tokenizer/default_tokenizer.o: tokenizer/default_tokenizer.json
 
 $(BUILD)/librolloutd.a: $(LIB_OBJ)
 	@rm -f $@
@@ -116,11 +121,24 @@ $(BUILD)/bench-quant: $(BUILD)/tools/bench_quant.o $(BUILD)/librolloutd.a
 $(BUILD)/bench-inproc: $(BUILD)/tools/bench_inproc.o $(BUILD)/librolloutd.a
 	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
 
+$(BUILD)/tcpstore-probe: $(BUILD)/tools/tcpstore_probe.o $(BUILD)/librolloutd.a
+	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
+
+$(BUILD)/tokenize: $(BUILD)/tools/tokenize.o $(BUILD)/librolloutd.a
+	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
+
+$(BUILD)/print-fields: $(BUILD)/tools/print_fields.o $(BUILD)/librolloutd.a
+	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
+
 $(BUILD)/bench-gpu: $(BUILD)/tools/bench_gpu.o $(BUILD)/librolloutd.a
 	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
 
 $(BUILD)/unit-tests: $(TEST_OBJ) $(BUILD)/librolloutd.a
 	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
+
+docs: $(BUILD)/print-fields
+	@mkdir -p docs
+	$(abspath $(BUILD))/print-fields > docs/api-fields.md
 
 run: $(BUILD)/rolloutd
 	$(abspath $(BUILD))/rolloutd --host 127.0.0.1 --port $(PORT)
@@ -161,9 +179,19 @@ fp8-exhaustive: $(BUILD)/fp8-exhaustive
 
 FUZZ_TARGETS := $(patsubst tests/fuzz/%.c,build-fuzz/%,$(wildcard tests/fuzz/fuzz_*.c))
 FUZZ_SECONDS ?= 30
-build-fuzz/%: tests/fuzz/%.c $(LIB_SRC) $(DEPS_OK)
+# The library is compiled once with the fuzzer's coverage instrumentation; each target links it.
+FUZZ_OBJ := $(patsubst %.c,build-fuzz/obj/%.o,$(LIB_SRC))
+FUZZ_CFLAGS := -std=c11 -g -O1 -D_GNU_SOURCE -fsanitize=address,undefined
+build-fuzz/obj/%.o: %.c $(DEPS_OK)
+	@mkdir -p $(dir $@)
+	clang $(FUZZ_CFLAGS) -fsanitize=fuzzer-no-link -MMD -MP -c $< -o $@
+
+build-fuzz/obj/tokenizer/default_tokenizer.o: tokenizer/default_tokenizer.json
+.SECONDARY: $(FUZZ_OBJ)
+
+build-fuzz/%: tests/fuzz/%.c $(FUZZ_OBJ) $(DEPS_OK)
 	@mkdir -p build-fuzz
-	clang -std=c11 -g -O1 -D_GNU_SOURCE -fsanitize=fuzzer,address,undefined -o $@ $< $(LIB_SRC) $(LDLIBS)
+	clang $(FUZZ_CFLAGS) -fsanitize=fuzzer -o $@ $< $(FUZZ_OBJ) $(LDLIBS)
 
 fuzz: $(FUZZ_TARGETS)
 	@for t in $(FUZZ_TARGETS); do \
@@ -175,4 +203,4 @@ fuzz: $(FUZZ_TARGETS)
 clean:
 	rm -rf build build-san build-fuzz
 
--include $(LIB_OBJ:.o=.d) $(TEST_OBJ:.o=.d) $(BUILD)/server/main.d $(wildcard $(BUILD)/tools/*.d)
+-include $(LIB_OBJ:.o=.d) $(TEST_OBJ:.o=.d) $(BUILD)/server/main.d $(wildcard $(BUILD)/tools/*.d) $(wildcard build-fuzz/obj/*/*.d build-fuzz/obj/*/*/*.d)

@@ -61,8 +61,28 @@ static const rs_config_entry entries[] = {
      "largest request body (413 above it); K/M/G suffixes are powers of 1024", 0},
     {"max-waiting-requests", RS_CONFIG_TYPE_INT, F(max_waiting_requests), 1, 1048576, "1024", NULL,
      "generate requests in flight before new ones get 503 + Retry-After", 0},
+    {"http-idle-timeout", RS_CONFIG_TYPE_INT, F(http_idle_timeout), 1, 86400, "30", NULL,
+     "seconds a connection may stay silent before it is closed: no request bytes while its headers or body are "
+     "read, no response bytes taken by a client that stopped reading, or idle between requests (requests waiting "
+     "for the engine are not affected)", 0},
+    {"max-connections", RS_CONFIG_TYPE_INT, F(max_connections), 16, 1048576, "2048", NULL,
+     "open connections served; above it (and above max-connections-per-ip) a request gets 503 at once, except "
+     "GET /health and /metrics, which a reserve of 32 more connections keeps answering", 0},
+    {"max-connections-per-ip", RS_CONFIG_TYPE_INT, F(max_connections_per_ip), 1, 1048576, "1536", NULL,
+     "open connections served from one client address (trainers hold one per in-flight request: keep it above "
+     "max-waiting-requests)", 0},
+    {"body-memory-budget", RS_CONFIG_TYPE_SIZE, F(body_memory_budget), 1048576, 1099511627776.0, "1G", NULL,
+     "request bodies held in memory at once, all connections together; a body that would exceed it gets 503 "
+     "(at least max-body-bytes)", 0},
+    {"stream-memory-budget", RS_CONFIG_TYPE_SIZE, F(stream_memory_budget), 1048576, 1099511627776.0, "1G", NULL,
+     "streamed bytes generated but not yet sent, all streams together; the stream that would exceed it is cut "
+     "and its request aborted", 0},
+    {"max-stream-buffer", RS_CONFIG_TYPE_SIZE, F(max_stream_buffer), 65536, 1099511627776.0, "64M", NULL,
+     "unsent bytes of one stream before it is cut and its request aborted (a client that reads too slowly; "
+     "at most stream-memory-budget)", 0},
     {"drain-timeout", RS_CONFIG_TYPE_FLOAT, F(drain_timeout), 0, 86400, "30", NULL,
-     "seconds SIGTERM waits for in-flight requests before aborting them", 0},
+     "seconds SIGTERM (or SIGHUP, SIGINT) waits for in-flight requests before aborting them; paused generation "
+     "is aborted at once", 0},
     {"log-level", RS_CONFIG_TYPE_STRING, F(log_level), 1, 15, "info", "debug|info|warn|error",
      "least severe log level printed", 0},
     {"max-top-logprobs", RS_CONFIG_TYPE_INT, F(max_top_logprobs), 0, 1024, "20", NULL,
@@ -98,7 +118,9 @@ static const rs_config_entry entries[] = {
      "threads that quantize pushed weights; 0 = every online CPU (a push usually lands between rollout steps, "
      "while generation is idle; set fewer to leave cores to generation when updates overlap it)", 0},
     {"weight-update-timeout", RS_CONFIG_TYPE_FLOAT, F(weight_update_timeout), 0, 86400, "300", NULL,
-     "seconds a streamed weight update may wait for its next bucket before it is dropped (0 = forever)", 0},
+     "seconds a streamed weight update may wait for its next bucket before it is dropped (0 = forever); also "
+     "the most joining an NCCL weight-update group may take (the trainer's TCPStore, its unique id, the "
+     "communicator; 300 when 0)", 0},
     {"api-key", RS_CONFIG_TYPE_STRING, F(api_key), 0, 255, "", NULL,
      "if set, every route but /health and /metrics needs 'Authorization: Bearer <key>'", RS_CONFIG_SECRET},
     {"served-model-name", RS_CONFIG_TYPE_STRING, F(served_model_name), 0, 255, "", NULL,

@@ -41,6 +41,12 @@ typedef struct rs_config {
     int max_batch;              /* cap on prompts x n per request */
     size_t max_body_bytes;      /* request body limit (413 above it) */
     int max_waiting_requests;   /* generate requests in flight before 503 */
+    int http_idle_timeout;      /* seconds a silent connection stays open */
+    int max_connections;        /* connections served before 503 (a reserve still answers /health, /metrics) */
+    int max_connections_per_ip; /* the same, per client address */
+    size_t body_memory_budget;  /* request bodies in memory, all connections */
+    size_t stream_memory_budget; /* unsent streamed bytes, all streams */
+    size_t max_stream_buffer;   /* unsent bytes of one stream */
     double drain_timeout;       /* seconds to wait for in-flight requests on SIGTERM */
     char log_level[16];         /* debug | info | warn | error */
     char api_key[256];          /* empty = no auth */

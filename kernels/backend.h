@@ -100,11 +100,13 @@ typedef enum rs_graph_state {
 } rs_graph_state;
 
 /* Sampling on the device (optional op `sample`): one request per logits row to sample from, the
- * semantics of scheduler/sampler.c (sampler.h) bit for bit on the same logits: softmax of
- * logits * (1/T) with rs_expf and the 16-lane double sum, the (seed, sample index, position) RNG,
- * top-k / top-p / min-p over the order (probability desc, id asc), greedy for T <= 0, the logprob
- * of the requested mode and the top logprobs. A backend may leave a request undone (done false:
- * e.g. a truncation that keeps more tokens than it sorts); the caller samples that row on the host. */
+ * semantics of scheduler/sampler.c (sampler.h) bit for bit on the same logits: the distribution
+ * relative to the largest logit (rs_expf((x - max) / T), the 16-lane double sum), the (seed,
+ * sample index, position) RNG, top-k / top-p / min-p over the order (logit desc, id asc), greedy
+ * for T <= 0, the logprob of the requested mode and the top logprobs. An invalid row (a NaN, a
+ * +inf, no finite entry) comes back done with token -1, as rs_sample returns it. A backend may
+ * leave a request undone (done false: e.g. a truncation that keeps more tokens than it sorts);
+ * the caller samples that row on the host. */
 #define RS_SAMPLE_MAX_TOP 64
 typedef enum rs_sample_lp_mode {
     RS_SAMPLE_LP_DEFAULT = 0,   /* log_softmax(logits / T) before truncation (T = 1 when greedy) */
@@ -114,7 +116,7 @@ typedef enum rs_sample_lp_mode {
 
 typedef struct rs_sample_req {
     int row;                    /* logits row */
-    float temperature;          /* <= 0: greedy */
+    float temperature;          /* <= 0: greedy (the engine sends 0 where rs_sampling_greedy holds) */
     float top_p, min_p;
     int top_k;                  /* <= 0 or >= vocab: off */
     uint64_t seed, sample_index, position;

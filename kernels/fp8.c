@@ -20,6 +20,7 @@
 #include "fp8.h"
 
 #include <math.h>
+#include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -145,7 +146,10 @@ static int check_weight(const rs_tensor *w) {
 int rs_fp8_quantize_weight(const rs_tensor *w, uint8_t *q, float *scale_inv) {
     int rc = check_weight(w);
     if (rc != RS_OK) return rc;
-    if (rs_fp8_quantize_weight_fast && rs_fp8_quantize_weight_fast(w, q, scale_inv) == RS_OK) return RS_OK;
+    if (rs_fp8_quantize_weight_fast) {
+        rc = rs_fp8_quantize_weight_fast(w, q, scale_inv);
+        if (rc != RS_EUNSUPPORTED) return rc; /* RS_OK, or RS_EFORMAT: a non-finite weight */
+    }
     return rs_fp8_quantize_weight_ref(w, q, scale_inv);
 }
 
@@ -157,13 +161,16 @@ int rs_fp8_quantize_weight_ref(const rs_tensor *w, uint8_t *q, float *scale_inv)
     if (out == 0 || in == 0) return RS_OK;
     float *buf = rs_xmalloc((size_t)in * sizeof *buf);
     float *amax = rs_xmalloc((size_t)nbi * sizeof *amax);
+    bool bad = false;
     for (int64_t o0 = 0; o0 < out; o0 += RS_FP8_BLOCK) {
         int64_t o1 = RS_MIN(o0 + RS_FP8_BLOCK, out);
         for (int64_t bi = 0; bi < nbi; bi++) amax[bi] = 0.0f;
         for (int64_t o = o0; o < o1; o++) {
             const float *row = weight_row(w, o, in, buf);
-            for (int64_t i = 0; i < in; i++)
+            for (int64_t i = 0; i < in; i++) {
                 amax[i / RS_FP8_BLOCK] = amax_update(amax[i / RS_FP8_BLOCK], row[i]);
+                bad |= !isfinite(row[i]);
+            }
         }
         float *srow = scale_inv + (o0 / RS_FP8_BLOCK) * nbi;
         for (int64_t bi = 0; bi < nbi; bi++) srow[bi] = block_scale(amax[bi]);
@@ -176,7 +183,7 @@ int rs_fp8_quantize_weight_ref(const rs_tensor *w, uint8_t *q, float *scale_inv)
     }
     free(amax);
     free(buf);
-    return RS_OK;
+    return bad ? RS_EFORMAT : RS_OK;
 }
 
 void rs_fp8_dequantize_weight(const uint8_t *q, const float *scale_inv, int64_t out, int64_t in, float *w) {

@@ -60,8 +60,10 @@ static inline int64_t rs_fp8_blocks(int64_t n) { return (n + RS_FP8_BLOCK - 1) /
 
 /* Blockwise E4M3 quantization of a linear weight. w: 2-D [out][in], dtype BF16 or F32, host memory
  * (borrowed). Writes q [out][in] e4m3 and scale_inv [ceil(out/128)][ceil(in/128)] f32, the
- * checkpoint's `weight_scale_inv` layout. Returns RS_OK, RS_EINVAL (not 2-D, NULL data) or
- * RS_EUNSUPPORTED (another dtype). */
+ * checkpoint's `weight_scale_inv` layout. Returns RS_OK, RS_EFORMAT when w holds a NaN or an
+ * infinity (the codes and scales are written all the same, by the rule below: such a weight is not
+ * to be served, and the caller refuses it), RS_EINVAL (not 2-D, NULL data) or RS_EUNSUPPORTED
+ * (another dtype). */
 int rs_fp8_quantize_weight(const rs_tensor *w, uint8_t *q /* [out][in] e4m3 */,
                            float *scale_inv /* [ceil(out/128)][ceil(in/128)] f32 */);
 
@@ -74,8 +76,9 @@ int rs_fp8_quantize_weight_ref(const rs_tensor *w, uint8_t *q /* [out][in] e4m3 
  * backend: fp8.c references this symbol weakly and calls it when the program links a definition
  * (kernels/cpu/cpu_fp8_quant.c provides one, vectorized for the CPU it runs on). A definition gets
  * a w that passed rs_fp8_quantize_weight's checks, must produce exactly rs_fp8_quantize_weight_ref's
- * codes and scales and return RS_OK, or return RS_EUNSUPPORTED without writing anything when it
- * cannot run here (fp8.c then uses the reference). Called concurrently on different tensors. */
+ * codes, scales and return value (RS_OK or RS_EFORMAT), or return RS_EUNSUPPORTED without writing
+ * anything when it cannot run here (fp8.c then uses the reference). Called concurrently on
+ * different tensors. */
 int rs_fp8_quantize_weight_fast(const rs_tensor *w /* [out][in] bf16/f32 */, uint8_t *q /* [out][in] e4m3 */,
                                 float *scale_inv /* [ceil(out/128)][ceil(in/128)] f32 */);
 

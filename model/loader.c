@@ -1,7 +1,7 @@
 /*
  * loader.c — loads a Hugging Face model directory onto a backend: config, every weight the
  * architecture needs, and the RoPE frequency table. The memory lives in a weight store and every
- * tensor goes through rs_weight_convert (update.h), the code weight updates use as well.
+ * tensor goes through rs_weight_convert (weight_store.h), the code weight updates use as well.
  *
  * The loader is a checklist driven by the config: for each tensor the forward pass will read it
  * knows the HF name, the shape and the dtypes it accepts, and it fails on the first tensor that is
@@ -28,7 +28,7 @@
  * backend allocation, and the mapping is dropped before returning, so peak host memory is the page
  * cache plus the largest 1-D tensor, or with FP8 quantization at load the largest matrix's codes
  * and scales plus one 128-row band per thread (matrices are quantized band by band on a pool of
- * every core, which is bit-identical to quantizing them whole: update.h).
+ * every core, which is bit-identical to quantizing them whole: weight_store.h).
  *
  * rope_inv_freq reproduces transformers' float32 arithmetic (modeling_rope_utils.py, 5.x):
  *   inv_freq = 1 / theta ** (arange(0, dim, 2).float() / dim)
@@ -47,7 +47,7 @@
 #include "model.h"
 #include "quant.h"
 #include "safetensors.h"
-#include "update.h"
+#include "weight_store.h"
 
 typedef struct loader {
     const char *dir;
@@ -75,7 +75,7 @@ static void fmt_shape(char *buf, size_t cap, int ndim, const int64_t *shape) {
     if (k < cap) snprintf(buf + k, cap - k, "]");
 }
 
-/* A safetensors tensor as a conversion source (update.h); its data may be unaligned. */
+/* A safetensors tensor as a conversion source (weight_store.h); its data may be unaligned. */
 static rs_weight_src st_src(const rs_st_tensor *t) {
     rs_weight_src s = {.dtype = t->dtype, .ndim = t->ndim, .data = t->data};
     s.shape[0] = t->ndim > 0 ? t->shape[0] : 1;

@@ -182,15 +182,16 @@ static const char *arena_put(char *arena, size_t *pos, const char *s) {
 }
 
 /* The header length of a `len`-byte file whose first 8 bytes are `le8`, bounded by the limit and
- * by the file. */
+ * by the file. A bad one is not quoted: those 8 bytes may be anything (the start of a file that
+ * is not a checkpoint at all), and a message must not hand a file's bytes to the client. */
 static int header_len(const uint8_t *le8, size_t len, const char *label, uint64_t *hlen, rs_error *err) {
     *hlen = load_le64(le8);
     if (*hlen > RS_ST_MAX_HEADER)
-        return st_error(err, RS_EFORMAT, label, NULL, "header length %llu exceeds the %llu-byte limit",
-                        (unsigned long long)*hlen, RS_ST_MAX_HEADER);
+        return st_error(err, RS_EFORMAT, label, NULL, "invalid header length (over the %llu-byte limit)",
+                        RS_ST_MAX_HEADER);
     if (*hlen > len - 8)
-        return st_error(err, RS_EFORMAT, label, NULL, "header length %llu runs past the end of the %zu-byte file",
-                        (unsigned long long)*hlen, len);
+        return st_error(err, RS_EFORMAT, label, NULL, "invalid header length (it runs past the end of the %zu-byte "
+                        "file)", len);
     return RS_OK;
 }
 
@@ -317,14 +318,25 @@ static int pread_full(int fd, void *buf, size_t n, off_t off) {
     return 0;
 }
 
-int rs_st_open(rs_st_file **out, const char *path, rs_error *err) {
-    /* O_NONBLOCK: a FIFO put where a shard is expected would otherwise block the open until some
-     * writer comes, and with it the sync thread; it now opens at once and fails S_ISREG below. It
-     * changes nothing for a regular file or its mapping. */
-    int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
-    if (fd < 0)
+/* Opens `path` for reading. O_NONBLOCK: a FIFO put where a shard is expected would otherwise block
+ * the open until some writer comes, and with it the sync thread; it now opens at once and fails
+ * S_ISREG in rs_st_open_fd. It changes nothing for a regular file or its mapping. */
+static int open_path(const char *path, int *fd, rs_error *err) {
+    *fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+    if (*fd < 0)
         return st_error(err, errno == ENOENT ? RS_ENOTFOUND : RS_EIO, path, NULL, "cannot open: %s",
                         strerror(errno));
+    return RS_OK;
+}
+
+int rs_st_open(rs_st_file **out, const char *path, rs_error *err) {
+    int fd;
+    int rc = open_path(path, &fd, err);
+    if (rc != RS_OK) return rc;
+    return rs_st_open_fd(out, fd, path, err);
+}
+
+int rs_st_open_fd(rs_st_file **out, int fd, const char *path, rs_error *err) {
     int rc;
     char *head = NULL;
     void *map = MAP_FAILED;
@@ -475,11 +487,6 @@ static int join_path(char *out, size_t cap, const char *dir, const char *file, r
     return RS_OK;
 }
 
-static int file_exists(const char *path) {
-    struct stat st;
-    return stat(path, &st) == 0;
-}
-
 void rs_st_dir_close(rs_st_dir *d) {
     if (!d) return;
     for (size_t i = 0; i < d->n_shards; i++) rs_st_close(d->shards[i]);
@@ -523,14 +530,9 @@ static int dir_index(rs_st_dir *d, rs_error *err) {
     return RS_OK;
 }
 
-/* Loads the index JSON into *root: opened O_NONBLOCK and checked to be a regular file before a
- * byte is read (a FIFO under the index's name would otherwise block the open, as in rs_st_open),
- * and bounded in size. */
-static int load_index(const char *index_path, json_t **root, rs_error *err) {
-    int fd = open(index_path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
-    if (fd < 0)
-        return st_error(err, errno == ENOENT ? RS_ENOTFOUND : RS_EIO, index_path, NULL, "cannot open: %s",
-                        strerror(errno));
+/* Loads the index JSON from fd (taken, and closed) into *root: checked to be a regular file before
+ * a byte is read, and bounded in size. */
+static int load_index(int fd, const char *index_path, json_t **root, rs_error *err) {
     int rc = RS_OK;
     struct stat st;
     json_error_t jerr;
@@ -548,15 +550,14 @@ static int load_index(const char *index_path, json_t **root, rs_error *err) {
     return rc;
 }
 
-/* Opens the shards named by an index file and checks the weight map against them; check (if any)
- * sees each shard's path before it is opened. */
-static int dir_open_index(rs_st_dir *d, const char *dir, const char *index_path, rs_st_check_fn check, void *ctx,
-                          rs_error *err) {
+/* Opens the shards named by the index (index_fd, taken) through `open`, and checks the weight map
+ * against them. */
+static int dir_open_index(rs_st_dir *d, const char *dir, int index_fd, const char *index_path, rs_st_open_fn open_fn,
+                          void *ctx, rs_error *err) {
     json_t *root = NULL;
     const char **names = NULL;
     int rc;
-    if (check && (rc = check(ctx, index_path, err)) != RS_OK) return rc;
-    if ((rc = load_index(index_path, &root, err)) != RS_OK) return rc;
+    if ((rc = load_index(index_fd, index_path, &root, err)) != RS_OK) return rc;
     json_t *wm = json_is_object(root) ? json_object_get(root, "weight_map") : NULL;
     if (!json_is_object(wm)) {
         rc = st_error(err, RS_EFORMAT, index_path, "weight_map", "missing or non-object \"weight_map\"");
@@ -592,9 +593,10 @@ static int dir_open_index(rs_st_dir *d, const char *dir, const char *index_path,
     d->shards = rs_xcalloc(n_unique, sizeof *d->shards);
     for (k = 0; k < n_unique; k++) {
         char path[ST_PATH_MAX];
+        int fd;
         if ((rc = join_path(path, sizeof path, dir, names[k], err)) != RS_OK) goto fail;
-        if (check && (rc = check(ctx, path, err)) != RS_OK) goto fail;
-        if ((rc = rs_st_open(&d->shards[k], path, err)) != RS_OK) goto fail;
+        if ((rc = open_fn(ctx, names[k], &fd, err)) != RS_OK) goto fail;
+        if ((rc = rs_st_open_fd(&d->shards[k], fd, path, err)) != RS_OK) goto fail;
         d->n_shards++;
     }
     json_object_foreach(wm, key, val) {
@@ -614,21 +616,21 @@ fail:
     return rc;
 }
 
-int rs_st_dir_open_checked(rs_st_dir **out, const char *dir, rs_st_check_fn check, void *ctx, rs_error *err) {
+int rs_st_dir_open_with(rs_st_dir **out, const char *dir, rs_st_open_fn open_fn, void *ctx, rs_error *err) {
     char single[ST_PATH_MAX], index[ST_PATH_MAX];
-    int rc;
+    int rc, fd;
     if ((rc = join_path(single, sizeof single, dir, "model.safetensors", err)) != RS_OK) return rc;
     if ((rc = join_path(index, sizeof index, dir, "model.safetensors.index.json", err)) != RS_OK) return rc;
     rs_st_dir *d = rs_xcalloc(1, sizeof *d);
-    if (file_exists(single)) {
+    if ((rc = open_fn(ctx, "model.safetensors", &fd, err)) == RS_OK) {
         d->shards = rs_xcalloc(1, sizeof *d->shards);
-        if (check && (rc = check(ctx, single, err)) != RS_OK) goto fail;
-        if ((rc = rs_st_open(&d->shards[0], single, err)) != RS_OK) goto fail;
+        if ((rc = rs_st_open_fd(&d->shards[0], fd, single, err)) != RS_OK) goto fail;
         d->n_shards = 1;
-    } else if (file_exists(index)) {
-        if ((rc = dir_open_index(d, dir, index, check, ctx, err)) != RS_OK) goto fail;
+    } else if (rc == RS_ENOTFOUND && (rc = open_fn(ctx, "model.safetensors.index.json", &fd, err)) == RS_OK) {
+        if ((rc = dir_open_index(d, dir, fd, index, open_fn, ctx, err)) != RS_OK) goto fail;
     } else {
-        rc = st_error(err, RS_ENOTFOUND, dir, NULL, "neither model.safetensors nor model.safetensors.index.json");
+        if (rc == RS_ENOTFOUND)
+            rc = st_error(err, RS_ENOTFOUND, dir, NULL, "neither model.safetensors nor model.safetensors.index.json");
         goto fail;
     }
     if ((rc = dir_index(d, err)) != RS_OK) goto fail;
@@ -639,8 +641,15 @@ fail:
     return rc;
 }
 
+/* rs_st_open_fn over a path (ctx): open(2), symlinks followed. */
+static int open_in_dir(void *ctx, const char *name, int *fd, rs_error *err) {
+    char path[ST_PATH_MAX];
+    int rc = join_path(path, sizeof path, ctx, name, err);
+    return rc == RS_OK ? open_path(path, fd, err) : rc;
+}
+
 int rs_st_dir_open(rs_st_dir **out, const char *dir, rs_error *err) {
-    return rs_st_dir_open_checked(out, dir, NULL, NULL, err);
+    return rs_st_dir_open_with(out, dir, open_in_dir, (void *)dir, err);
 }
 
 size_t rs_st_dir_count(const rs_st_dir *d) { return d->n; }

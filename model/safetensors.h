@@ -52,6 +52,9 @@ int rs_st_parse(rs_st_file **out, const uint8_t *buf, size_t len, const char *la
  * RS_EFORMAT / RS_EUNSUPPORTED for bad contents. The header is read with pread, so nothing is
  * read through the mapping before rs_st_open returns; the descriptor stays open until close. */
 int rs_st_open(rs_st_file **out, const char *path, rs_error *err);
+/* rs_st_open of a file already open for reading: `fd` is taken (closed on failure, or by
+ * rs_st_close), `label` names it in messages. RS_EIO when it is not a regular file. */
+int rs_st_open_fd(rs_st_file **out, int fd, const char *label, rs_error *err);
 void rs_st_close(rs_st_file *f);
 
 const char *rs_st_label(const rs_st_file *f);                    /* path or label given at open */
@@ -74,15 +77,19 @@ typedef struct rs_st_dir rs_st_dir;
 /* Opens dir/model.safetensors, or else every shard named by dir/model.safetensors.index.json
  * ({"weight_map": {tensor: shard}}). Shard names must be plain file names inside dir (no '/',
  * no ".."); every tensor the weight map lists must be in the shard it names; a tensor name present
- * in two shards is an error. RS_ENOTFOUND when neither file exists. */
+ * in two shards is an error. RS_ENOTFOUND when neither file exists. Symlinks are followed (the
+ * directory is the operator's, e.g. a Hugging Face cache snapshot). */
 int rs_st_dir_open(rs_st_dir **out, const char *dir, rs_error *err);
 void rs_st_dir_close(rs_st_dir *d);
 
-/* Asked about each file's path (the single file, the index, every shard) before rs_st_dir_open
- * opens it; anything but RS_OK (with err set) stops the open with that error. */
-typedef int (*rs_st_check_fn)(void *ctx, const char *path, rs_error *err);
-/* rs_st_dir_open, with `check` (ctx passed through) vetting every path first. */
-int rs_st_dir_open_checked(rs_st_dir **out, const char *dir, rs_st_check_fn check, void *ctx, rs_error *err);
+/* Opens the file `name` (a plain file name) of a model directory for reading into *fd (the caller
+ * takes it). RS_ENOTFOUND (with err set) when there is none; any other failure (err set) stops the
+ * directory's open with that error. */
+typedef int (*rs_st_open_fn)(void *ctx, const char *name, int *fd, rs_error *err);
+/* rs_st_dir_open, with every file (the single file, the index, each shard) opened by `open_fn` (ctx
+ * passed through) rather than by path: each name is opened once and only what it opened is read.
+ * `dir` only labels the files in messages. */
+int rs_st_dir_open_with(rs_st_dir **out, const char *dir, rs_st_open_fn open_fn, void *ctx, rs_error *err);
 
 /* Tensors of all shards, numbered 0..count-1 (shard by shard, data-offset order within a shard). */
 size_t rs_st_dir_count(const rs_st_dir *d);

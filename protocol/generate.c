@@ -1,12 +1,15 @@
 /*
  * generate.c — the /generate request parser and response writer (see generate.h).
  *
- * Parsing walks the JSON objects key by key rather than through one json_unpack format: that way
- * an unknown key is reported by name, and every type or range error names the exact field and
- * quotes the value. Top-level fields are collected first and then checked in a fixed order
- * (input_ids, rid, sampling_params, ...), so the error a bad request gets does not depend on the
- * order of its keys. Anything a request allocates is bounded by its body size, which the server
- * caps before calling in.
+ * The request is read by two descriptor tables (json_util.h), one for the body and one for
+ * sampling_params, that list every field SGLang defines for /generate: GenerateReqInput
+ * (python/sglang/srt/managers/io_struct.py, sgl-project/sglang at 001067ff, the msgspec
+ * version of mid 2026) and SamplingParams (python/sglang/srt/sampling/sampling_params.py at
+ * 00c17caf), plus what sglang-router's GenerateRequest adds when it re-serializes a request
+ * (sgl-router/src/protocols/generate.rs: "model", "data_parallel_rank_decode") and rolloutd's
+ * logprobs_mode. Ranges follow SamplingParams.verify (penalties: frequency and presence in
+ * [-2, 2], repetition in (0, 2]). Anything a request allocates is bounded by its body size,
+ * which the server caps before calling in.
  *
  * The response is written one output at a time (each output's JSON tree is built, dumped and
  * freed before the next), so peak memory is one output's tree plus the text, not the whole batch.
@@ -16,70 +19,46 @@
 #include <jansson.h>
 #include <limits.h>
 #include <math.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "invalid.h"
 #include "json_util.h"
 
-/* ---------------------------------------------------------------- field readers */
+/* ---------------------------------------------------------------- request fields */
 
-#define bad_type rs_json_bad_type
-#define get_int rs_json_get_int
-#define get_float rs_json_get_float
-#define get_bool rs_json_get_bool
-#define get_ids rs_json_get_ids
+enum { B_REQ, B_JOB, B_SP }; /* destinations: rs_generate_req, its rs_gen_job, the job's sampling params */
 
-static int check_rid(const json_t *v, const char *param, rs_error *err) {
-    return rs_json_check_name(v, param, RS_RID_MAX, err);
+#define DST(T, b, field) .base = b, .offset = offsetof(T, field), .size = sizeof(((T *)0)->field)
+#define REQ(field) DST(rs_generate_req, B_REQ, field)
+#define JOB(field) DST(rs_gen_job, B_JOB, field)
+#define SP(field) DST(rs_sampling_params, B_SP, field)
+
+static rs_gen_job *job_of(const rs_jctx *c) { return c->dst[B_JOB]; }
+
+static int read_input_ids(const rs_jctx *c, const json_t *v, rs_error *err) {
+    return rs_json_get_prompts(v, c->param, job_of(c), err);
 }
 
-/* ---------------------------------------------------------------- request parts */
-
-static int parse_input_ids(const json_t *v, rs_gen_job *job, rs_error *err) {
-    if (!json_is_array(v)) return bad_type(err, "input_ids", "a list of token ids or a list of lists", v);
-    size_t n = json_array_size(v);
-    if (n == 0) return rs_error_set(err, RS_EINVAL, "input_ids", "input_ids must not be empty");
-    job->batched = json_is_array(json_array_get(v, 0));
-    if (!job->batched) {
-        job->prompts = rs_xcalloc(1, sizeof(int32_t *));
-        job->prompt_lens = rs_xcalloc(1, sizeof(int));
-        job->n_prompts = 1;
-        return get_ids(v, "input_ids", "input_ids", &job->prompts[0], &job->prompt_lens[0], err);
-    }
-    if (n > INT_MAX) return rs_error_set(err, RS_EINVAL, "input_ids", "input_ids has too many prompts");
-    job->prompts = rs_xcalloc(n, sizeof(int32_t *));
-    job->prompt_lens = rs_xcalloc(n, sizeof(int));
-    job->n_prompts = (int)n; /* entries stay NULL until read, which rs_gen_job_free accepts */
-    for (size_t p = 0; p < n; p++) {
-        char path[48];
-        snprintf(path, sizeof path, "input_ids[%zu]", p);
-        const json_t *prompt = json_array_get(v, p);
-        if (!json_is_array(prompt))
-            return bad_type(err, path, "a list of token ids (input_ids[0] is a list, so this is a batch)", prompt);
-        int rc = get_ids(prompt, path, path, &job->prompts[p], &job->prompt_lens[p], err);
-        if (rc != RS_OK) return rc;
-        if (job->prompt_lens[p] == 0) return rs_error_set(err, RS_EINVAL, path, "%s must not be empty", path);
-    }
-    return RS_OK;
-}
-
-static int parse_rid(const json_t *v, rs_generate_req *r, rs_error *err) {
-    rs_gen_job *job = r->job;
+static int read_rid(const rs_jctx *c, const json_t *v, rs_error *err) {
+    rs_generate_req *r = c->dst[B_REQ];
+    rs_gen_job *job = job_of(c);
     if (json_is_string(v)) {
-        int rc = check_rid(v, "rid", err);
+        int rc = rs_json_check_name(v, "rid", RS_RID_MAX, err);
         if (rc != RS_OK) return rc;
         snprintf(r->rid, sizeof r->rid, "%s", json_string_value(v));
         return RS_OK;
     }
-    if (!json_is_array(v)) return bad_type(err, "rid", "a string or a list of strings", v);
+    if (!json_is_array(v)) return rs_json_bad_type(err, "rid", "a string or a list of strings", v);
     if (json_array_size(v) != (size_t)job->n_prompts)
         return rs_error_set(err, RS_EINVAL, "rid", "rid has %zu entries but input_ids has %d prompt%s",
                             json_array_size(v), job->n_prompts, job->n_prompts == 1 ? "" : "s");
     for (int p = 0; p < job->n_prompts; p++) {
         char param[32];
         snprintf(param, sizeof param, "rid[%d]", p);
-        int rc = check_rid(json_array_get(v, (size_t)p), param, err);
+        int rc = rs_json_check_name(json_array_get(v, (size_t)p), param, RS_RID_MAX, err);
         if (rc != RS_OK) return rc;
     }
     r->prompt_rids = rs_xcalloc((size_t)job->n_prompts, sizeof(char *));
@@ -89,179 +68,199 @@ static int parse_rid(const json_t *v, rs_generate_req *r, rs_error *err) {
     return RS_OK;
 }
 
-/* SGLang sampling fields that trainers send at their neutral value (slime and veRL send them all,
- * see reference/engines.md 1.1). Accepted at that value, or with no effect when they only shape
- * text (there is no tokenizer); anything else is RS_EUNSUPPORTED naming the field. Sets *known. */
-static int sglang_neutral(const char *key, const json_t *v, const char *param, bool *known, rs_error *err) {
-    static const char *const text_only[] = {"skip_special_tokens", "spaces_between_special_tokens", "no_stop_trim"};
-    static const char *const constrained[] = {"json_schema", "regex", "ebnf", "structural_tag", "stop_regex",
-                                              "custom_params"};
-    *known = true;
-    double f = 0;
-    int rc;
-    bool b;
-    for (size_t i = 0; i < RS_ARRAY_LEN(text_only); i++)
-        if (strcmp(key, text_only[i]) == 0) return json_is_null(v) ? RS_OK : get_bool(v, param, &b, err);
-    for (size_t i = 0; i < RS_ARRAY_LEN(constrained); i++)
-        if (strcmp(key, constrained[i]) == 0)
-            return json_is_null(v) ? RS_OK
-                                   : rs_error_set(err, RS_EUNSUPPORTED, param, "%s is not supported: constrained "
-                                                  "decoding and custom parameters are not implemented", param);
-    if (!strcmp(key, "frequency_penalty") || !strcmp(key, "presence_penalty") || !strcmp(key, "repetition_penalty")) {
-        if (json_is_null(v)) return RS_OK;
-        if ((rc = get_float(v, param, &f, err)) != RS_OK) return rc;
-        double neutral = strcmp(key, "repetition_penalty") == 0 ? 1.0 : 0.0;
-        if (f != neutral)
-            return rs_error_set(err, RS_EUNSUPPORTED, param, "%s is not supported: only %g (no penalty) is implemented",
-                                param, neutral);
-        return RS_OK;
-    }
-    if (strcmp(key, "stop") == 0) {
-        if (json_is_null(v) || (json_is_array(v) && json_array_size(v) == 0) ||
-            (json_is_string(v) && json_string_length(v) == 0))
-            return RS_OK;
-        if (!json_is_string(v) && !json_is_array(v)) return bad_type(err, param, "a string or a list of strings", v);
-        return rs_error_set(err, RS_EUNSUPPORTED, param,
-                            "%s is not supported: stop strings need a tokenizer; use stop_token_ids", param);
-    }
-    if (strcmp(key, "logit_bias") == 0) {
-        if (json_is_null(v)) return RS_OK;
-        if (!json_is_object(v)) return bad_type(err, param, "an object", v);
-        if (json_object_size(v) == 0) return RS_OK;
-        return rs_error_set(err, RS_EUNSUPPORTED, param, "%s is not supported: logit biases are not implemented", param);
-    }
-    *known = false;
+static int read_sampling_seed(const rs_jctx *c, const json_t *v, rs_error *err) {
+    long long x;
+    int rc = rs_json_get_int(v, c->param, 0, LLONG_MAX, &x, err);
+    if (rc != RS_OK) return rc;
+    ((rs_sampling_params *)c->dst[B_SP])->seed = (uint64_t)x;
+    ((rs_generate_req *)c->dst[B_REQ])->seed_given = true;
     return RS_OK;
 }
 
-static int parse_sampling(const json_t *obj, rs_sampling_params *sp, int *stream_interval, bool *seed_given,
-                          rs_error *err) {
-    if (!json_is_object(obj)) return bad_type(err, "sampling_params", "an object", obj);
-    const char *key;
-    json_t *v;
-    json_object_foreach((json_t *)obj, key, v) {
-        char param[160];
-        snprintf(param, sizeof param, "sampling_params.%s", key);
-        long long i = 0;
-        double f = 0;
-        int rc = RS_OK;
-        bool known = true, null = json_is_null(v); /* null keeps the default, as in SGLang */
-        if (strcmp(key, "max_new_tokens") == 0) {
-            if (!null && (rc = get_int(v, param, 0, INT_MAX, &i, err)) == RS_OK) sp->max_new_tokens = (int)i;
-        } else if (strcmp(key, "min_new_tokens") == 0) {
-            if (!null && (rc = get_int(v, param, 0, INT_MAX, &i, err)) == RS_OK) sp->min_new_tokens = (int)i;
-        } else if (strcmp(key, "temperature") == 0) {
-            if (!null && (rc = get_float(v, param, &f, err)) == RS_OK) {
-                if (f < 0) rc = rs_error_set(err, RS_EINVAL, param, "%s must be >= 0, got %g", param, f);
-                else sp->temperature = (float)f;
-            }
-        } else if (strcmp(key, "top_p") == 0) {
-            if (!null && (rc = get_float(v, param, &f, err)) == RS_OK) {
-                if (!(f > 0 && f <= 1)) rc = rs_error_set(err, RS_EINVAL, param, "%s must be in (0, 1], got %g", param, f);
-                else sp->top_p = (float)f;
-            }
-        } else if (strcmp(key, "top_k") == 0) {
-            if (!null && (rc = get_int(v, param, -1, INT_MAX, &i, err)) == RS_OK) {
-                if (i == 0) rc = rs_error_set(err, RS_EINVAL, param, "%s must be -1 (off) or >= 1, got 0", param);
-                else sp->top_k = (int)i;
-            }
-        } else if (strcmp(key, "min_p") == 0) {
-            if (!null && (rc = get_float(v, param, &f, err)) == RS_OK) {
-                if (!(f >= 0 && f <= 1)) rc = rs_error_set(err, RS_EINVAL, param, "%s must be in [0, 1], got %g", param, f);
-                else sp->min_p = (float)f;
-            }
-        } else if (strcmp(key, "n") == 0) {
-            if (!null && (rc = get_int(v, param, 1, INT_MAX, &i, err)) == RS_OK) sp->n = (int)i;
-        } else if (strcmp(key, "sampling_seed") == 0) {
-            if (!null && (rc = get_int(v, param, 0, LLONG_MAX, &i, err)) == RS_OK) {
-                sp->seed = (uint64_t)i;
-                *seed_given = true;
-            }
-        } else if (strcmp(key, "stop_token_ids") == 0) {
-            if (!null) {
-                free(sp->stop_token_ids);
-                sp->stop_token_ids = NULL;
-                sp->n_stop_token_ids = 0;
-                rc = get_ids(v, param, param, &sp->stop_token_ids, &sp->n_stop_token_ids, err);
-            }
-        } else if (strcmp(key, "ignore_eos") == 0) {
-            if (!null) rc = get_bool(v, param, &sp->ignore_eos, err);
-        } else if (strcmp(key, "stream_interval") == 0) {
-            if (!null && (rc = get_int(v, param, 1, INT_MAX, &i, err)) == RS_OK) *stream_interval = (int)i;
-        } else {
-            rc = sglang_neutral(key, v, param, &known, err);
-        }
-        if (!known) return rs_error_set(err, RS_EINVAL, param, "unknown field '%s'", param);
-        if (rc != RS_OK) return rc;
-    }
-    return RS_OK;
-}
-
-#define parse_logprobs_mode rs_json_get_logprobs_mode
-
-/* The top-level fields, collected before any is interpreted. */
-enum { F_RID, F_INPUT_IDS, F_SAMPLING, F_RETURN_LOGPROB, F_LOGPROB_START, F_TOP_LOGPROBS, F_LOGPROBS_MODE,
-       F_STREAM,
-       /* SGLang fields accepted only at their neutral value (see check_top_neutral) */
-       F_TOKEN_IDS_LOGPROB, F_RETURN_TEXT_IN_LOGPROBS, F_RETURN_ROUTED_EXPERTS, F_RETURN_HIDDEN_STATES,
-       F_RETURN_SAMPLING_MASK, F_LOG_METRICS, F_COUNT };
-static const char *const top_fields[F_COUNT] = {
-    "rid", "input_ids", "sampling_params", "return_logprob", "logprob_start_len", "top_logprobs_num",
-    "logprobs_mode", "stream",
-    "token_ids_logprob", "return_text_in_logprobs", "return_routed_experts", "return_hidden_states",
-    "return_sampling_mask", "log_metrics",
+/* SamplingParams: every field of SGLang's, in the order they are read. */
+static const rs_jfield sampling_fields[] = {
+    {.name = "max_new_tokens", .type = RS_JT_INT, SP(max_new_tokens), .min = 0, .max = INT_MAX, .def = "128",
+     .doc = "tokens to generate at most (capped by --max-new-tokens and the context)"},
+    {.name = "min_new_tokens", .type = RS_JT_INT, SP(min_new_tokens), .min = 0, .max = INT_MAX, .def = "0",
+     .doc = "stop tokens and EOS do not end the output before this many tokens"},
+    {.name = "temperature", .type = RS_JT_FLOAT, SP(temperature), .min = 0, .max = INFINITY, .def = "1.0",
+     .doc = "0 = greedy"},
+    {.name = "top_p", .type = RS_JT_FLOAT, .flags = RS_JF_MIN_OPEN, SP(top_p), .min = 0, .max = 1, .def = "1.0",
+     .doc = "nucleus truncation"},
+    {.name = "top_k", .type = RS_JT_INT, .flags = RS_JF_NOT_ZERO, SP(top_k), .min = -1, .max = INT_MAX, .def = "-1",
+     .doc = "-1 = off"},
+    {.name = "min_p", .type = RS_JT_FLOAT, SP(min_p), .min = 0, .max = 1, .def = "0.0",
+     .doc = "drop tokens below min_p x the most likely one's probability"},
+    {.name = "frequency_penalty", .type = RS_JT_FLOAT, SP(frequency_penalty), .min = -2, .max = 2, .def = "0.0",
+     .doc = "logit -= this x the token's count in this sample's output (before temperature)"},
+    {.name = "presence_penalty", .type = RS_JT_FLOAT, SP(presence_penalty), .min = -2, .max = 2, .def = "0.0",
+     .doc = "logit -= this once the token occurs in this sample's output"},
+    {.name = "repetition_penalty", .type = RS_JT_FLOAT, .flags = RS_JF_MIN_OPEN, SP(repetition_penalty), .min = 0,
+     .max = 2, .def = "1.0",
+     .doc = "for tokens in this sample's output (not the prompt, as SGLang): a positive logit is divided by it, "
+            "a negative one multiplied"},
+    {.name = "n", .type = RS_JT_INT, SP(n), .min = 1, .max = INT_MAX, .def = "1",
+     .doc = "samples per prompt (capped by --max-n); the answer is a list when n > 1"},
+    {.name = "sampling_seed", .type = RS_JT_CUSTOM, .read = read_sampling_seed, .shape = "integer >= 0",
+     .def = "random", .doc = "seeds the sample's random draws (sample s of a group uses (seed, s))"},
+    {.name = "stop_token_ids", .type = RS_JT_IDS, SP(stop_token_ids), .offset2 = offsetof(rs_sampling_params,
+     n_stop_token_ids), .def = "[]", .doc = "token ids that end the output (the stop token is kept)"},
+    {.name = "ignore_eos", .type = RS_JT_BOOL, SP(ignore_eos), .def = "false",
+     .doc = "the model's EOS tokens do not end the output"},
+    {.name = "stream_interval", .type = RS_JT_INT, REQ(stream_interval), .min = 1, .max = INT_MAX, .def = "1",
+     .doc = "streaming: tokens between an output's events"},
+    {.name = "stop", .type = RS_JT_STRINGS, .use = RS_JU_NEUTRAL, .flags = RS_JF_TOKENIZER, .neutral = "\"\"|[]",
+     .doc = "stop strings need the tokenizer; use stop_token_ids"},
+    {.name = "stop_regex", .type = RS_JT_STRINGS, .use = RS_JU_NEUTRAL, .flags = RS_JF_TOKENIZER,
+     .neutral = "\"\"|[]", .doc = "stop regexes need the tokenizer; use stop_token_ids"},
+    {.name = "skip_special_tokens", .type = RS_JT_BOOL, .use = RS_JU_NO_EFFECT, .flags = RS_JF_TOKENIZER,
+     .def = "true", .doc = "shapes the decoded text only; no text without the tokenizer"},
+    {.name = "spaces_between_special_tokens", .type = RS_JT_BOOL, .use = RS_JU_NO_EFFECT, .flags = RS_JF_TOKENIZER,
+     .def = "true", .doc = "shapes the decoded text only; no text without the tokenizer"},
+    {.name = "no_stop_trim", .type = RS_JT_BOOL, .use = RS_JU_NO_EFFECT, .flags = RS_JF_TOKENIZER, .def = "false",
+     .doc = "shapes the decoded text only; output_ids always keep the stop token"},
+    {.name = "custom_params", .type = RS_JT_MAP, .use = RS_JU_NO_EFFECT,
+     .doc = "arguments of a custom logit processor; ignored without one, as in SGLang (slime sends them)"},
+    {.name = "logit_bias", .type = RS_JT_MAP, .use = RS_JU_NEUTRAL, .neutral = "{}", .doc = "logit biases"},
+    {.name = "json_schema", .type = RS_JT_TEXT, .use = RS_JU_NEUTRAL, .doc = "constrained decoding"},
+    {.name = "regex", .type = RS_JT_TEXT, .use = RS_JU_NEUTRAL, .doc = "constrained decoding"},
+    {.name = "ebnf", .type = RS_JT_TEXT, .use = RS_JU_NEUTRAL, .doc = "constrained decoding"},
+    {.name = "structural_tag", .type = RS_JT_TEXT, .use = RS_JU_NEUTRAL, .doc = "constrained decoding"},
+    {.name = "beam_width", .type = RS_JT_INT, .use = RS_JU_NEUTRAL, .neutral = "1", .doc = "beam search"},
+    {.name = "seed", .use = RS_JU_ELSEWHERE, .doc = "/generate calls it sampling_seed"},
 };
 
-/* token_ids_logprob: null only. return_text_in_logprobs, log_metrics: any bool (no tokenizer: the
- * text slot of a logprob triple is always null; metrics are always kept). The return_* extras:
- * false only. */
-static int check_top_neutral(int k, const json_t *v, rs_error *err) {
-    const char *name = top_fields[k];
-    if (k == F_TOKEN_IDS_LOGPROB)
-        return rs_error_set(err, RS_EUNSUPPORTED, name, "%s is not supported: use top_logprobs_num", name);
-    bool b = false;
-    int rc = get_bool(v, name, &b, err);
-    if (rc != RS_OK || k == F_RETURN_TEXT_IN_LOGPROBS || k == F_LOG_METRICS || !b) return rc;
-    return rs_error_set(err, RS_EUNSUPPORTED, name, "%s is not supported", name);
-}
+static const rs_jobject sampling_object = {
+    .title = "POST /generate: sampling_params", .fields = sampling_fields, .n = RS_ARRAY_LEN(sampling_fields)};
 
-static int parse_fields(json_t *root, rs_generate_req *r, rs_error *err) {
-    rs_gen_job *job = r->job;
-    const json_t *f[F_COUNT] = {0};
-    const char *key;
-    json_t *v;
-    json_object_foreach(root, key, v) {
-        int k = 0;
-        while (k < F_COUNT && strcmp(key, top_fields[k]) != 0) k++;
-        if (k == F_COUNT) {
-            if (strcmp(key, "text") == 0)
-                return rs_error_set(err, RS_EINVAL, key, "unknown field 'text' (rolloutd takes token ids: use input_ids)");
-            return rs_error_set(err, RS_EINVAL, key, "unknown field '%s'", key);
-        }
-        if (!json_is_null(v)) f[k] = v; /* null = absent = default, as SGLang's optional fields */
-    }
-    int rc;
-    long long i;
-    if (!f[F_INPUT_IDS]) return rs_error_set(err, RS_EINVAL, "input_ids", "input_ids is required");
-    if ((rc = parse_input_ids(f[F_INPUT_IDS], job, err)) != RS_OK) return rc;
-    if (f[F_RID] && (rc = parse_rid(f[F_RID], r, err)) != RS_OK) return rc;
-    if (f[F_SAMPLING] && (rc = parse_sampling(f[F_SAMPLING], &job->sp, &r->stream_interval, &r->seed_given, err)) != RS_OK) return rc;
-    if (f[F_RETURN_LOGPROB] && (rc = get_bool(f[F_RETURN_LOGPROB], "return_logprob", &job->return_logprob, err)))
+/* GenerateReqInput: every field of SGLang's (and sglang-router's), in the order they are read. */
+static const rs_jfield generate_fields[] = {
+    {.name = "text", .type = RS_JT_STRINGS, .use = RS_JU_NEUTRAL, .flags = RS_JF_TOKENIZER,
+     .doc = "text prompts need the tokenizer; rolloutd takes token ids: use input_ids"},
+    {.name = "input_ids", .type = RS_JT_CUSTOM, .flags = RS_JF_REQUIRED, .read = read_input_ids,
+     .shape = "list of token ids, or a list of such lists (a batch)", .doc = "the prompt(s)"},
+    {.name = "rid", .type = RS_JT_CUSTOM, .read = read_rid, .shape = "string, or a list of strings (one per prompt)",
+     .doc = "request id (<= 127 bytes): /abort_request takes it; outputs are named after it"},
+    {.name = "sampling_params", .type = RS_JT_OBJECT, .sub = &sampling_object, .doc = "see below"},
+    {.name = "return_logprob", .type = RS_JT_BOOL, JOB(return_logprob), .def = "false",
+     .doc = "return each output token's logprob (and the prompt's, with logprob_start_len)"},
+    {.name = "logprob_start_len", .type = RS_JT_INT, JOB(logprob_start_len), .min = -1, .max = INT_MAX, .def = "-1",
+     .doc = "-1: output tokens only; k >= 0: also score prompt tokens from position k"},
+    {.name = "top_logprobs_num", .type = RS_JT_INT, JOB(top_logprobs_num), .min = 0, .max = INT_MAX, .def = "0",
+     .doc = "alternatives per position (capped by --max-top-logprobs)"},
+    {.name = "logprobs_mode", .type = RS_JT_ENUM, JOB(logprobs_mode), .choices = "default|raw|processed",
+     .def = "\"default\"", .doc = "rolloutd's: which distribution logprobs come from (see the README)"},
+    {.name = "stream", .type = RS_JT_BOOL, REQ(stream), .def = "false", .doc = "answer with Server-Sent Events"},
+    {.name = "return_text_in_logprobs", .type = RS_JT_BOOL, .use = RS_JU_NEUTRAL, .flags = RS_JF_TOKENIZER,
+     .neutral = "false", .doc = "token text needs the tokenizer; the text slot of each triple is null"},
+    {.name = "log_metrics", .type = RS_JT_BOOL, .use = RS_JU_NO_EFFECT, .def = "true",
+     .doc = "every request is counted in /metrics"},
+    {.name = "no_logs", .type = RS_JT_BOOL, .use = RS_JU_NO_EFFECT, .def = "false",
+     .doc = "rolloutd never logs prompts or outputs (only ids and counts)"},
+    {.name = "model", .type = RS_JT_TEXT, .use = RS_JU_NO_EFFECT,
+     .doc = "sglang-router's: the model it routed by; this server serves one"},
+    {.name = "conversation_id", .type = RS_JT_TEXT, .use = RS_JU_NO_EFFECT, .doc = "a tracking id; not used"},
+    {.name = "input_embeds", .type = RS_JT_LIST, .use = RS_JU_NEUTRAL, .doc = "embedding inputs"},
+    {.name = "image_data", .type = RS_JT_ANY, .use = RS_JU_NEUTRAL, .neutral = "[]", .doc = "multimodal inputs"},
+    {.name = "video_data", .type = RS_JT_ANY, .use = RS_JU_NEUTRAL, .neutral = "[]", .doc = "multimodal inputs"},
+    {.name = "audio_data", .type = RS_JT_ANY, .use = RS_JU_NEUTRAL, .neutral = "[]", .doc = "multimodal inputs"},
+    {.name = "mm_hashes", .type = RS_JT_LIST, .use = RS_JU_NEUTRAL, .neutral = "[]", .doc = "multimodal inputs"},
+    {.name = "mm_content_hashes", .type = RS_JT_LIST, .use = RS_JU_NEUTRAL, .neutral = "[]",
+     .doc = "multimodal inputs"},
+    {.name = "use_audio_in_video", .type = RS_JT_BOOL, .use = RS_JU_NEUTRAL, .neutral = "false",
+     .doc = "multimodal inputs"},
+    {.name = "video_config", .type = RS_JT_MAP, .use = RS_JU_NEUTRAL, .neutral = "{}", .doc = "multimodal inputs"},
+    {.name = "modalities", .type = RS_JT_LIST, .use = RS_JU_NEUTRAL, .neutral = "[]", .doc = "multimodal inputs"},
+    {.name = "token_ids_logprob", .type = RS_JT_LIST, .use = RS_JU_NEUTRAL, .neutral = "[]",
+     .doc = "logprobs of chosen token ids; use top_logprobs_num"},
+    {.name = "return_sampling_mask", .type = RS_JT_BOOL, .use = RS_JU_NEUTRAL, .neutral = "false",
+     .doc = "sampling supports; logprobs_mode \"processed\" gives the renormalized logprob"},
+    {.name = "return_flat_raw_top_logprobs", .type = RS_JT_BOOL, .use = RS_JU_NEUTRAL, .neutral = "false",
+     .doc = "flat top-logprob arrays"},
+    {.name = "return_flat_raw_top_logprobs_b64", .type = RS_JT_BOOL, .use = RS_JU_NEUTRAL, .neutral = "false",
+     .doc = "flat top-logprob arrays"},
+    {.name = "return_hidden_states", .type = RS_JT_ANY, .use = RS_JU_NEUTRAL, .neutral = "false",
+     .doc = "hidden states"},
+    {.name = "return_routed_experts", .type = RS_JT_BOOL, .use = RS_JU_NEUTRAL, .neutral = "false",
+     .doc = "MoE routing replay"},
+    {.name = "routed_experts_start_len", .type = RS_JT_INT, .use = RS_JU_NEUTRAL, .neutral = "0",
+     .doc = "MoE routing replay"},
+    {.name = "return_indexer_topk", .type = RS_JT_BOOL, .use = RS_JU_NEUTRAL, .neutral = "false",
+     .doc = "sparse-attention indexer replay"},
+    {.name = "return_entropy", .type = RS_JT_BOOL, .use = RS_JU_NEUTRAL, .neutral = "false", .doc = "entropies"},
+    {.name = "return_bytes", .type = RS_JT_BOOL, .use = RS_JU_NEUTRAL, .neutral = "false",
+     .doc = "image generation"},
+    {.name = "return_prompt_token_ids", .type = RS_JT_BOOL, .use = RS_JU_NEUTRAL, .neutral = "false",
+     .doc = "prompt ids in the answer"},
+    {.name = "session_id", .type = RS_JT_TEXT, .use = RS_JU_NEUTRAL, .doc = "sessions"},
+    {.name = "session_params", .type = RS_JT_MAP, .use = RS_JU_NEUTRAL, .doc = "sessions"},
+    {.name = "lora_path", .type = RS_JT_ANY, .use = RS_JU_NEUTRAL, .doc = "LoRA adapters"},
+    {.name = "lora_id", .type = RS_JT_ANY, .use = RS_JU_NEUTRAL, .doc = "LoRA adapters"},
+    {.name = "custom_logit_processor", .type = RS_JT_ANY, .use = RS_JU_NEUTRAL, .doc = "custom logit processors"},
+    {.name = "positional_embed_overrides", .type = RS_JT_ANY, .use = RS_JU_NEUTRAL, .doc = "embedding overrides"},
+    {.name = "bootstrap_host", .type = RS_JT_ANY, .use = RS_JU_NEUTRAL, .doc = "prefill/decode disaggregation"},
+    {.name = "bootstrap_port", .type = RS_JT_ANY, .use = RS_JU_NEUTRAL, .doc = "prefill/decode disaggregation"},
+    {.name = "bootstrap_room", .type = RS_JT_ANY, .use = RS_JU_NEUTRAL, .doc = "prefill/decode disaggregation"},
+    {.name = "bootstrap_pair_key", .type = RS_JT_ANY, .use = RS_JU_NEUTRAL, .doc = "prefill/decode disaggregation"},
+    {.name = "decode_tp_size", .type = RS_JT_ANY, .use = RS_JU_NEUTRAL, .doc = "prefill/decode disaggregation"},
+    {.name = "disagg_prefill_dp_rank", .type = RS_JT_INT, .use = RS_JU_NEUTRAL, .neutral = "0",
+     .doc = "prefill/decode disaggregation"},
+    {.name = "routed_dp_rank", .type = RS_JT_INT, .use = RS_JU_NEUTRAL, .neutral = "0",
+     .doc = "data-parallel ranks: this server is rank 0 of 1"},
+    {.name = "data_parallel_rank", .type = RS_JT_INT, .use = RS_JU_NEUTRAL, .neutral = "0",
+     .doc = "data-parallel ranks: this server is rank 0 of 1"},
+    {.name = "data_parallel_rank_decode", .type = RS_JT_INT, .use = RS_JU_NEUTRAL, .neutral = "0",
+     .doc = "sglang-router's decode rank: this server is rank 0 of 1"},
+    {.name = "kv_router_hint", .type = RS_JT_MAP, .use = RS_JU_NEUTRAL, .doc = "KV-cache routing hints"},
+    {.name = "routing_key", .type = RS_JT_TEXT, .use = RS_JU_NEUTRAL, .doc = "routing-key scheduling"},
+    {.name = "http_worker_ipc", .type = RS_JT_TEXT, .use = RS_JU_NEUTRAL, .doc = "SGLang's internal IPC"},
+    {.name = "background", .type = RS_JT_BOOL, .use = RS_JU_NEUTRAL, .neutral = "false",
+     .doc = "background responses"},
+    {.name = "require_reasoning", .type = RS_JT_BOOL, .use = RS_JU_NEUTRAL, .neutral = "false",
+     .doc = "reasoning control"},
+    {.name = "max_thinking_tokens", .type = RS_JT_INT, .use = RS_JU_NEUTRAL, .doc = "reasoning control"},
+    {.name = "priority", .type = RS_JT_INT, .use = RS_JU_NEUTRAL, .neutral = "0", .doc = "priority scheduling"},
+    {.name = "extra_key", .type = RS_JT_STRINGS, .use = RS_JU_NEUTRAL, .neutral = "\"\"",
+     .doc = "prefix-cache namespaces"},
+    {.name = "cache_salt", .type = RS_JT_STRINGS, .use = RS_JU_NEUTRAL, .neutral = "\"\"",
+     .doc = "prefix-cache namespaces"},
+    {.name = "custom_labels", .type = RS_JT_MAP, .use = RS_JU_NEUTRAL, .neutral = "{}",
+     .doc = "per-request metric labels"},
+    {.name = "external_trace_header", .type = RS_JT_MAP, .use = RS_JU_NEUTRAL, .neutral = "{}", .doc = "tracing"},
+    {.name = "received_time", .type = RS_JT_NUMBER, .use = RS_JU_NEUTRAL, .doc = "SGLang's internal timing"},
+    {.name = "need_wait_for_mm_inputs", .type = RS_JT_BOOL, .use = RS_JU_NEUTRAL, .neutral = "false",
+     .doc = "encoder disaggregation"},
+    {.name = "num_items_assigned", .type = RS_JT_MAP, .use = RS_JU_NEUTRAL, .doc = "encoder disaggregation"},
+    {.name = "encoder_urls", .type = RS_JT_LIST, .use = RS_JU_NEUTRAL, .neutral = "[]",
+     .doc = "encoder disaggregation"},
+    {.name = "max_dynamic_patch", .type = RS_JT_INT, .use = RS_JU_NEUTRAL, .doc = "multimodal tiling"},
+    {.name = "min_dynamic_patch", .type = RS_JT_INT, .use = RS_JU_NEUTRAL, .doc = "multimodal tiling"},
+    {.name = "image_max_dynamic_patch", .type = RS_JT_INT, .use = RS_JU_NEUTRAL, .doc = "multimodal tiling"},
+    {.name = "video_max_dynamic_patch", .type = RS_JT_INT, .use = RS_JU_NEUTRAL, .doc = "multimodal tiling"},
+    {.name = "images_config", .type = RS_JT_MAP, .use = RS_JU_NEUTRAL, .doc = "multimodal tiling"},
+    {.name = "multi_item_delimiter_indices", .type = RS_JT_LIST, .use = RS_JU_NEUTRAL,
+     .doc = "multi-item scoring"},
+};
+
+const rs_jobject rs_generate_fields = {
+    .title = "POST /generate", .fields = generate_fields, .n = RS_ARRAY_LEN(generate_fields)};
+
+int rs_generate_parse(const char *body, size_t len, rs_generate_req *out, rs_error *err) {
+    memset(out, 0, sizeof *out);
+    json_t *root;
+    int rc = rs_json_load_object(body, len, false, &root, err);
+    if (rc != RS_OK) return rc;
+    out->job = rs_gen_job_new();
+    out->stream_interval = 1;
+    void *const dst[] = {[B_REQ] = out, [B_JOB] = out->job, [B_SP] = &out->job->sp};
+    rc = rs_json_read(root, &rs_generate_fields, dst, "", err);
+    json_decref(root);
+    if (rc != RS_OK) {
+        rs_generate_req_free(out);
         return rc;
-    if (f[F_LOGPROB_START]) {
-        if ((rc = get_int(f[F_LOGPROB_START], "logprob_start_len", -1, INT_MAX, &i, err)) != RS_OK) return rc;
-        job->logprob_start_len = (int)i;
     }
-    if (f[F_TOP_LOGPROBS]) {
-        if ((rc = get_int(f[F_TOP_LOGPROBS], "top_logprobs_num", 0, INT_MAX, &i, err)) != RS_OK) return rc;
-        job->top_logprobs_num = (int)i; /* the server's cap is checked by rs_gen_job_validate */
-    }
-    if (f[F_LOGPROBS_MODE] && (rc = parse_logprobs_mode(f[F_LOGPROBS_MODE], &job->logprobs_mode, err)) != RS_OK)
-        return rc;
-    if (f[F_STREAM] && (rc = get_bool(f[F_STREAM], "stream", &r->stream, err)) != RS_OK) return rc;
-    for (int k = F_TOKEN_IDS_LOGPROB; k < F_COUNT; k++)
-        if (f[k] && (rc = check_top_neutral(k, f[k], err)) != RS_OK) return rc;
-    job->stream = r->stream;
+    rs_gen_job *job = out->job;
+    job->stream = out->stream;
     /* As in SGLang, logprob_start_len only means something with return_logprob; without it the
      * engine must not spend a forward row per prompt token on scores nobody receives. */
     if (!job->return_logprob) {
@@ -271,16 +270,13 @@ static int parse_fields(json_t *root, rs_generate_req *r, rs_error *err) {
     return RS_OK;
 }
 
-int rs_generate_parse(const char *body, size_t len, rs_generate_req *out, rs_error *err) {
-    memset(out, 0, sizeof *out);
-    json_t *root;
-    int rc = rs_json_load_object(body, len, false, &root, err);
-    if (rc != RS_OK) return rc;
-    out->job = rs_gen_job_new();
-    rc = parse_fields(root, out, err);
-    json_decref(root);
-    if (rc != RS_OK) rs_generate_req_free(out);
-    return rc;
+int rs_generate_invalid(const rs_gen_invalid *why, rs_error *err) {
+    static const rs_invalid_names names = {
+        .prompts = "input_ids", .n = "sampling_params.n", .max_new_tokens = "sampling_params.max_new_tokens",
+        .max_new_tokens_short = "max_new_tokens", .min_new_tokens = "sampling_params.min_new_tokens",
+        .top_logprobs = "top_logprobs_num", .stop_token_ids = "sampling_params.stop_token_ids",
+        .logprob_start = "logprob_start_len"};
+    return rs_invalid_error(why, &names, err);
 }
 
 void rs_generate_req_free(rs_generate_req *r) {

@@ -2,11 +2,15 @@
  * generate.h — SGLang's POST /generate: JSON body -> rs_gen_job, finished job -> JSON response,
  * and the Server-Sent Events of a streamed one.
  *
- * The parser is strict: unknown fields, wrong JSON types (1.5 or true where an integer belongs),
- * out-of-range values, duplicate keys, invalid UTF-8 and numbers that do not fit are all rejected
- * with an rs_error whose param names the field ("sampling_params.top_p", "input_ids[2]") and whose
- * message quotes the value. Checks that need the model or the server limits (token id < vocab,
- * prompt + max_new_tokens <= context, n <= max-n) are rs_gen_job_validate's, in scheduler/.
+ * The parser reads the body by its descriptor tables (generate.c; docs/api-fields.md lists them):
+ * every field SGLang's GenerateReqInput and SamplingParams define is accepted, implemented ones
+ * work, null or the neutral value of an unimplemented one is accepted silently, and any other
+ * value of an unimplemented one is RS_EUNSUPPORTED naming the field. Unknown fields, wrong JSON
+ * types (1.5 or true where an integer belongs), out-of-range values, duplicate keys, invalid
+ * UTF-8 and numbers that do not fit are RS_EINVAL with an rs_error whose param names the field
+ * ("sampling_params.top_p", "input_ids[2]") and whose message quotes the value. Checks that need
+ * the model or the server limits (token id < vocab, prompt + max_new_tokens <= context, n <=
+ * max-n) are rs_gen_job_validate's, in scheduler/; rs_generate_invalid words its answer.
  *
  * Ids. `rid` is the id the user sees (and aborts by); job->rid is the server's own unique name for
  * the job, which the engine aborts by, so that two requests reusing one rid stay apart. Output
@@ -17,14 +21,6 @@
  * Answers follow SGLang's shape (API.md); meta_info adds "weight_version_spans": [[version,
  * start, end], ...], the weight versions that produced output tokens [start, end) (more than one
  * when the request crossed a weight update; weight_version is the latest).
- *
- * Fields SGLang trainers send by default are accepted at their neutral value: in sampling_params
- * stop (null, "" or []), frequency_penalty / presence_penalty 0, repetition_penalty 1, logit_bias
- * {}, json_schema / regex / ebnf / structural_tag / stop_regex / custom_params null, and the
- * text-only skip_special_tokens, spaces_between_special_tokens, no_stop_trim (any bool); at the
- * top level token_ids_logprob null, return_routed_experts / return_hidden_states /
- * return_sampling_mask false, return_text_in_logprobs and log_metrics any bool (no tokenizer: the
- * text slot of each logprob triple is null). Other values are RS_EUNSUPPORTED naming the field.
  *
  * Streaming (`"stream": true`), as SGLang sends it: one event `data: {...}\n\n` per output each
  * time that output gains tokens, then `data: [DONE]\n\n`. An event is the output's object as in
@@ -67,6 +63,14 @@ typedef struct rs_generate_req {
  * name. On failure returns RS_EINVAL (or RS_EUNSUPPORTED for a valid value this server does not
  * implement) with err filled, and *out zeroed. */
 int rs_generate_parse(const char *body, size_t len, rs_generate_req *out, rs_error *err);
+
+/* The body's descriptor table (json_util.h), for the field reference. */
+struct rs_jobject;
+extern const struct rs_jobject rs_generate_fields;
+
+/* rs_gen_job_validate's refusal in /generate's words ("input_ids[1]", "sampling_params.n"):
+ * fills err and returns RS_EINVAL. */
+int rs_generate_invalid(const rs_gen_invalid *why, rs_error *err);
 
 /* Frees the job (if any), the rids and the streaming state; leaves *r zeroed. */
 void rs_generate_req_free(rs_generate_req *r);

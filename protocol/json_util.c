@@ -113,6 +113,37 @@ int rs_json_get_ids(const json_t *arr, const char *param, const char *path, int3
     return RS_OK;
 }
 
+int rs_json_get_prompts(const json_t *v, const char *param, rs_gen_job *job, rs_error *err) {
+    if (!json_is_array(v)) return rs_json_bad_type(err, param, "a list of token ids or a list of lists", v);
+    size_t n = json_array_size(v);
+    if (n == 0) return rs_error_set(err, RS_EINVAL, param, "%s must not be empty", param);
+    job->batched = json_is_array(json_array_get(v, 0));
+    if (!job->batched) {
+        job->prompts = rs_xcalloc(1, sizeof(int32_t *));
+        job->prompt_lens = rs_xcalloc(1, sizeof(int));
+        job->n_prompts = 1;
+        return rs_json_get_ids(v, param, param, &job->prompts[0], &job->prompt_lens[0], err);
+    }
+    if (n > INT_MAX) return rs_error_set(err, RS_EINVAL, param, "%s has too many prompts", param);
+    job->prompts = rs_xcalloc(n, sizeof(int32_t *));
+    job->prompt_lens = rs_xcalloc(n, sizeof(int));
+    job->n_prompts = (int)n; /* entries stay NULL until read, which rs_gen_job_free accepts */
+    for (size_t p = 0; p < n; p++) {
+        char path[64];
+        snprintf(path, sizeof path, "%s[%zu]", param, p);
+        const json_t *prompt = json_array_get(v, p);
+        if (!json_is_array(prompt)) {
+            char want[96];
+            snprintf(want, sizeof want, "a list of token ids (%s[0] is a list, so this is a batch)", param);
+            return rs_json_bad_type(err, path, want, prompt);
+        }
+        int rc = rs_json_get_ids(prompt, path, path, &job->prompts[p], &job->prompt_lens[p], err);
+        if (rc != RS_OK) return rc;
+        if (job->prompt_lens[p] == 0) return rs_error_set(err, RS_EINVAL, path, "%s must not be empty", path);
+    }
+    return RS_OK;
+}
+
 int rs_json_check_name(const json_t *v, const char *param, size_t max_len, rs_error *err) {
     if (!json_is_string(v)) return rs_json_bad_type(err, param, "a string", v);
     const char *s = json_string_value(v);
@@ -126,19 +157,392 @@ int rs_json_check_name(const json_t *v, const char *param, size_t max_len, rs_er
     return RS_OK;
 }
 
-int rs_json_get_logprobs_mode(const json_t *v, rs_logprobs_mode *mode, rs_error *err) {
-    if (!json_is_string(v)) return rs_json_bad_type(err, "logprobs_mode", "a string", v);
+/* ---------------------------------------------------------------- the table walker */
+
+static const char *type_want(rs_jtype t) {
+    switch (t) {
+    case RS_JT_BOOL: return "true or false";
+    case RS_JT_INT: return "an integer";
+    case RS_JT_FLOAT:
+    case RS_JT_NUMBER: return "a number";
+    case RS_JT_STRING:
+    case RS_JT_TEXT:
+    case RS_JT_ENUM: return "a string";
+    case RS_JT_IDS: return "a list of token ids";
+    case RS_JT_OBJECT:
+    case RS_JT_MAP: return "an object";
+    case RS_JT_LIST: return "a list";
+    case RS_JT_STRINGS: return "a string or a list of strings";
+    case RS_JT_CUSTOM:
+    case RS_JT_ANY: break;
+    }
+    return "a JSON value";
+}
+
+static bool all_strings(const json_t *v) {
+    if (!json_is_array(v)) return false;
+    for (size_t i = 0; i < json_array_size(v); i++)
+        if (!json_is_string(json_array_get(v, i))) return false;
+    return true;
+}
+
+int rs_json_check_type(rs_jtype t, const json_t *v, const char *param, rs_error *err) {
+    bool ok = true;
+    switch (t) {
+    case RS_JT_BOOL: ok = json_is_boolean(v); break;
+    case RS_JT_INT: ok = json_is_integer(v); break;
+    case RS_JT_FLOAT:
+    case RS_JT_NUMBER: ok = json_is_number(v); break;
+    case RS_JT_STRING:
+    case RS_JT_TEXT:
+    case RS_JT_ENUM: ok = json_is_string(v); break;
+    case RS_JT_IDS:
+    case RS_JT_LIST: ok = json_is_array(v); break;
+    case RS_JT_OBJECT:
+    case RS_JT_MAP: ok = json_is_object(v); break;
+    case RS_JT_STRINGS: ok = json_is_string(v) || all_strings(v); break;
+    case RS_JT_CUSTOM:
+    case RS_JT_ANY: break;
+    }
+    return ok ? RS_OK : rs_json_bad_type(err, param, type_want(t), v);
+}
+
+/* One neutral literal s[0..n) against v. A literal the table cannot mean is a bug in the table. */
+static bool neutral_is(const json_t *v, const char *s, size_t n) {
+    if (n == 4 && strncmp(s, "true", n) == 0) return json_is_true(v);
+    if (n == 5 && strncmp(s, "false", n) == 0) return json_is_false(v);
+    if (n == 4 && strncmp(s, "null", n) == 0) return json_is_null(v);
+    if (n == 2 && strncmp(s, "[]", n) == 0) return json_is_array(v) && json_array_size(v) == 0;
+    if (n == 2 && strncmp(s, "{}", n) == 0) return json_is_object(v) && json_object_size(v) == 0;
+    if (n == 2 && strncmp(s, "\"\"", n) == 0) return json_is_string(v) && json_string_length(v) == 0;
+    char num[32];
+    RS_ASSERT(n > 0 && n < sizeof num);
+    memcpy(num, s, n);
+    num[n] = '\0';
+    char *end;
+    double x = strtod(num, &end);
+    RS_ASSERT(end != num && *end == '\0');
+    return json_is_number(v) && json_number_value(v) == x;
+}
+
+bool rs_json_neutral(const json_t *v, const char *neutral) {
+    if (json_is_null(v)) return true;
+    for (const char *p = neutral ? neutral : ""; *p;) {
+        const char *bar = strchr(p, '|');
+        size_t n = bar ? (size_t)(bar - p) : strlen(p);
+        if (neutral_is(v, p, n)) return true;
+        if (!bar) break;
+        p = bar + 1;
+    }
+    return false;
+}
+
+/* v as a message quotes it: numbers and literals by value, strings quoted (cut at 40 bytes,
+ * control characters as '?'), containers by kind and size. */
+static void describe_quoted(const json_t *v, char *buf, size_t n) {
+    if (json_is_string(v)) {
+        char s[44];
+        size_t len = RS_MIN(json_string_length(v), (size_t)40), o = 0;
+        const char *in = json_string_value(v);
+        for (size_t i = 0; i < len; i++) s[o++] = (unsigned char)in[i] < 0x20 || in[i] == 0x7f ? '?' : in[i];
+        s[o] = '\0';
+        snprintf(buf, n, "'%s%s'", s, json_string_length(v) > 40 ? "..." : "");
+    } else if (json_is_array(v)) {
+        snprintf(buf, n, "a list of %zu entr%s", json_array_size(v), json_array_size(v) == 1 ? "y" : "ies");
+    } else if (json_is_object(v)) {
+        snprintf(buf, n, "an object with %zu key%s", json_object_size(v), json_object_size(v) == 1 ? "" : "s");
+    } else {
+        rs_json_describe(v, buf, n);
+    }
+}
+
+/* "null, false" from the neutral list "false". */
+static void neutral_list(const char *neutral, char *buf, size_t n) {
+    size_t o = (size_t)snprintf(buf, n, "null");
+    for (const char *p = neutral ? neutral : ""; *p && o < n;) {
+        const char *bar = strchr(p, '|');
+        int len = bar ? (int)(bar - p) : (int)strlen(p);
+        o += (size_t)snprintf(buf + o, n - o, ", %.*s", len, p);
+        if (!bar) break;
+        p = bar + 1;
+    }
+}
+
+int rs_json_not_implemented(rs_error *err, const char *param, const rs_jfield *f, const json_t *v) {
+    char got[80], ok[96];
+    describe_quoted(v, got, sizeof got);
+    neutral_list(f->neutral, ok, sizeof ok);
+    return rs_error_set(err, RS_EUNSUPPORTED, param, "%s is not supported: it is not implemented in rolloutd (%s); "
+                        "accepted: %s; got %s", param, f->doc ? f->doc : "", ok, got);
+}
+
+void *rs_json_dst(const rs_jctx *c) { return (char *)c->dst[c->f->base] + c->f->offset; }
+
+static long long int_bound(double x) {
+    if (x <= (double)LLONG_MIN) return LLONG_MIN;
+    if (x >= 0x1p63) return LLONG_MAX;
+    return (long long)x;
+}
+
+static int read_int(const rs_jctx *c, const json_t *v, rs_error *err) {
+    const rs_jfield *f = c->f;
+    long long x;
+    int rc = rs_json_get_int(v, c->param, int_bound(f->min), int_bound(f->max), &x, err);
+    if (rc != RS_OK) return rc;
+    if (x == 0 && (f->flags & RS_JF_NOT_ZERO))
+        return rs_error_set(err, RS_EINVAL, c->param, "%s must be -1 (off) or >= 1, got 0", c->param);
+    if (x == 0 && (f->flags & RS_JF_ZERO_OFF)) x = -1;
+    if (f->size == sizeof(int)) *(int *)rs_json_dst(c) = (int)x;
+    else *(long long *)rs_json_dst(c) = x;
+    return RS_OK;
+}
+
+/* The range of a FLOAT field, as a message shows it: ">= 0", "in (0, 1]", "<= 2". */
+static void float_range(const rs_jfield *f, char *buf, size_t n) {
+    bool lo = isfinite(f->min), hi = isfinite(f->max);
+    if (lo && hi)
+        snprintf(buf, n, "in %c%g, %g%c", f->flags & RS_JF_MIN_OPEN ? '(' : '[', f->min, f->max,
+                 f->flags & RS_JF_MAX_OPEN ? ')' : ']');
+    else if (lo) snprintf(buf, n, "%s %g", f->flags & RS_JF_MIN_OPEN ? ">" : ">=", f->min);
+    else if (hi) snprintf(buf, n, "%s %g", f->flags & RS_JF_MAX_OPEN ? "<" : "<=", f->max);
+    else snprintf(buf, n, "finite");
+}
+
+static int read_float(const rs_jctx *c, const json_t *v, rs_error *err) {
+    const rs_jfield *f = c->f;
+    double x;
+    int rc = rs_json_get_float(v, c->param, &x, err);
+    if (rc != RS_OK) return rc;
+    bool lo = f->flags & RS_JF_MIN_OPEN ? x > f->min : x >= f->min;
+    bool hi = f->flags & RS_JF_MAX_OPEN ? x < f->max : x <= f->max;
+    if (!lo || !hi) {
+        char range[64];
+        float_range(f, range, sizeof range);
+        return rs_error_set(err, RS_EINVAL, c->param, "%s must be %s, got %g", c->param, range, x);
+    }
+    if (f->size == sizeof(float)) *(float *)rs_json_dst(c) = (float)x;
+    else *(double *)rs_json_dst(c) = x;
+    return RS_OK;
+}
+
+static int read_enum(const rs_jctx *c, const json_t *v, rs_error *err) {
     const char *s = json_string_value(v);
-    static const char *const names[] = {[RS_LOGPROBS_DEFAULT] = "default", [RS_LOGPROBS_RAW] = "raw",
-                                        [RS_LOGPROBS_PROCESSED] = "processed"};
-    for (size_t i = 0; i < RS_ARRAY_LEN(names); i++) {
-        if (strcmp(s, names[i]) == 0) {
-            *mode = (rs_logprobs_mode)i;
+    size_t len = json_string_length(v);
+    int i = 0;
+    for (const char *p = c->f->choices;; i++) {
+        const char *bar = strchr(p, '|');
+        size_t n = bar ? (size_t)(bar - p) : strlen(p);
+        if (n == len && strncmp(p, s, n) == 0) {
+            *(int *)rs_json_dst(c) = i;
             return RS_OK;
         }
+        if (!bar) break;
+        p = bar + 1;
     }
-    return rs_error_set(err, RS_EINVAL, "logprobs_mode",
-                        "logprobs_mode must be one of 'default', 'raw', 'processed', got '%.64s'", s);
+    char want[160];
+    size_t o = 0;
+    for (const char *p = c->f->choices; *p && o < sizeof want;) {
+        const char *bar = strchr(p, '|');
+        int n = bar ? (int)(bar - p) : (int)strlen(p);
+        o += (size_t)snprintf(want + o, sizeof want - o, "%s'%.*s'", o ? ", " : "", n, p);
+        if (!bar) break;
+        p = bar + 1;
+    }
+    return rs_error_set(err, RS_EINVAL, c->param, "%s must be one of %s, got '%.64s'", c->param, want, s);
+}
+
+static int read_value(const rs_jctx *c, const json_t *v, rs_error *err) {
+    const rs_jfield *f = c->f;
+    int rc;
+    switch (f->type) {
+    case RS_JT_BOOL:
+        if ((rc = rs_json_get_bool(v, c->param, (bool *)rs_json_dst(c), err)) != RS_OK) return rc;
+        return RS_OK;
+    case RS_JT_INT: return read_int(c, v, err);
+    case RS_JT_FLOAT: return read_float(c, v, err);
+    case RS_JT_STRING:
+        RS_ASSERT(f->size > 1);
+        if ((rc = rs_json_check_name(v, c->param, f->size - 1, err)) != RS_OK) return rc;
+        memcpy(rs_json_dst(c), json_string_value(v), json_string_length(v) + 1);
+        return RS_OK;
+    case RS_JT_ENUM: return read_enum(c, v, err);
+    case RS_JT_IDS: {
+        int32_t **ids = (int32_t **)rs_json_dst(c);
+        int *n = (int *)((char *)c->dst[f->base] + f->offset2);
+        free(*ids);
+        *ids = NULL;
+        *n = 0;
+        return rs_json_get_ids(v, c->param, c->param, ids, n, err);
+    }
+    case RS_JT_OBJECT: return rs_json_read(v, f->sub, c->dst, c->param, err);
+    default: break;
+    }
+    RS_ASSERT(!"a READ field of a check-only type");
+    return RS_EINTERNAL;
+}
+
+static int read_field(const rs_jctx *c, const json_t *v, rs_error *err) {
+    const rs_jfield *f = c->f;
+    if (f->type == RS_JT_CUSTOM) return f->read(c, v, err); /* it applies the row's use itself */
+    int rc = rs_json_check_type(f->type, v, c->param, err);
+    if (rc != RS_OK) return rc;
+    switch (f->use) {
+    case RS_JU_READ: return read_value(c, v, err);
+    case RS_JU_NO_EFFECT: return RS_OK;
+    case RS_JU_NEUTRAL: return rs_json_neutral(v, f->neutral) ? RS_OK : rs_json_not_implemented(err, c->param, f, v);
+    case RS_JU_ELSEWHERE: break;
+    }
+    RS_ASSERT(!"unreachable field use");
+    return RS_EINTERNAL;
+}
+
+static void param_of(char *buf, size_t n, const char *prefix, const char *name) {
+    snprintf(buf, n, "%s%s%.150s", prefix, prefix[0] ? "." : "", name);
+}
+
+/* Two rows that write the same destination (a name and its alias): only one may be given. */
+static bool same_destination(const rs_jfield *a, const rs_jfield *b) {
+    return a->use == RS_JU_READ && b->use == RS_JU_READ && a->type != RS_JT_CUSTOM && b->type != RS_JT_CUSTOM &&
+           a->type != RS_JT_OBJECT && a->base == b->base && a->offset == b->offset;
+}
+
+int rs_json_read(const json_t *obj, const rs_jobject *t, void *const *dst, const char *prefix, rs_error *err) {
+    if (!json_is_object(obj)) return rs_json_bad_type(err, prefix[0] ? prefix : "the request body", "an object", obj);
+    RS_ASSERT(t->n <= RS_JOBJECT_MAX_FIELDS);
+    const json_t *val[RS_JOBJECT_MAX_FIELDS] = {0};
+    bool seen[RS_JOBJECT_MAX_FIELDS] = {0};
+    char param[200];
+    const char *key;
+    json_t *v;
+    json_object_foreach((json_t *)obj, key, v) {
+        size_t i = 0;
+        while (i < t->n && strcmp(t->fields[i].name, key) != 0) i++;
+        if (i == t->n || t->fields[i].use == RS_JU_ELSEWHERE) {
+            const char *hint = i < t->n ? t->fields[i].doc : t->unknown_hint;
+            param_of(param, sizeof param, prefix, key);
+            return rs_error_set(err, RS_EINVAL, param, "unknown field '%s'%s%s%s", param, hint ? " (" : "",
+                                hint ? hint : "", hint ? ")" : "");
+        }
+        seen[i] = true;
+        val[i] = json_is_null(v) ? NULL : v;
+    }
+    for (size_t i = 0; i < t->n; i++) {
+        for (size_t j = 0; val[i] && j < i; j++) {
+            if (!val[j] || !same_destination(&t->fields[i], &t->fields[j])) continue;
+            param_of(param, sizeof param, prefix, t->fields[i].name);
+            return rs_error_set(err, RS_EINVAL, param, "%s and %s name the same field: give one of them", param,
+                                t->fields[j].name);
+        }
+    }
+    for (size_t i = 0; i < t->n; i++) {
+        const rs_jfield *f = &t->fields[i];
+        if (f->use == RS_JU_ELSEWHERE) continue;
+        param_of(param, sizeof param, prefix, f->name);
+        rs_jctx c = {.dst = dst, .f = f, .param = param};
+        int rc = RS_OK;
+        if (val[i]) rc = read_field(&c, val[i], err);
+        else if (f->flags & RS_JF_REQUIRED) rc = rs_error_set(err, RS_EINVAL, param, "%s is required", param);
+        else if (seen[i] && (f->flags & RS_JF_READ_NULL)) rc = f->read(&c, json_object_get(obj, f->name), err);
+        if (rc != RS_OK) return rc;
+    }
+    return RS_OK;
+}
+
+/* ---------------------------------------------------------------- the field reference */
+
+/* s with '|' escaped for a markdown cell. */
+static void cell(FILE *out, const char *s) {
+    for (; s && *s; s++) {
+        if (*s == '|') fputs("\\|", out);
+        else if (*s == '\n') fputc(' ', out);
+        else fputc(*s, out);
+    }
+}
+
+static void print_shape(FILE *out, const rs_jfield *f) {
+    char range[64] = "";
+    switch (f->type) {
+    case RS_JT_BOOL: fputs("boolean", out); return;
+    case RS_JT_INT:
+        if (f->use != RS_JU_READ) {
+            fputs("integer", out);
+            return;
+        }
+        if (f->max < (double)INT_MAX) snprintf(range, sizeof range, " in [%.0f, %.0f]", f->min, f->max);
+        else if (f->min > (double)INT_MIN) snprintf(range, sizeof range, " >= %.0f", f->min);
+        fprintf(out, "integer%s%s", range, f->flags & RS_JF_NOT_ZERO ? ", not 0" : "");
+        return;
+    case RS_JT_FLOAT:
+        if (f->use != RS_JU_READ) {
+            fputs("number", out);
+            return;
+        }
+        float_range(f, range, sizeof range);
+        fprintf(out, "number %s", range);
+        return;
+    case RS_JT_STRING: fprintf(out, "string (1..%zu bytes)", f->size - 1); return;
+    case RS_JT_ENUM:
+        for (const char *p = f->choices; *p;) {
+            const char *bar = strchr(p, '|');
+            int n = bar ? (int)(bar - p) : (int)strlen(p);
+            fprintf(out, "%s`\"%.*s\"`", p == f->choices ? "" : " \\| ", n, p);
+            if (!bar) break;
+            p = bar + 1;
+        }
+        return;
+    case RS_JT_IDS: fputs("list of token ids", out); return;
+    case RS_JT_OBJECT: fputs("object", out); return;
+    case RS_JT_CUSTOM: cell(out, f->shape); return;
+    case RS_JT_NUMBER: fputs("number", out); return;
+    case RS_JT_TEXT: fputs("string", out); return;
+    case RS_JT_LIST: fputs("list", out); return;
+    case RS_JT_MAP: fputs("object", out); return;
+    case RS_JT_STRINGS: fputs("string or list of strings", out); return;
+    case RS_JT_ANY: fputs("any", out); return;
+    }
+}
+
+static void print_status(FILE *out, const rs_jfield *f) {
+    char ok[96];
+    switch (f->use) {
+    case RS_JU_READ: fputs("implemented", out); break;
+    case RS_JU_NO_EFFECT: fputs("accepted, no effect", out); break;
+    case RS_JU_NEUTRAL:
+        neutral_list(f->neutral, ok, sizeof ok);
+        fputs("not implemented; accepts ", out);
+        cell(out, ok);
+        break;
+    case RS_JU_ELSEWHERE: fputs("not a field here", out); break;
+    }
+    if (f->flags & RS_JF_TOKENIZER) fputs(" (text: comes with the tokenizer)", out);
+}
+
+static void print_one(FILE *out, const rs_jobject *t) {
+    fprintf(out, "### %s\n\n| field | type | default | status | notes |\n|---|---|---|---|---|\n", t->title);
+    for (size_t i = 0; i < t->n; i++) {
+        const rs_jfield *f = &t->fields[i];
+        if (f->use == RS_JU_ELSEWHERE) continue;
+        fprintf(out, "| `%s`%s | ", f->name, f->flags & RS_JF_REQUIRED ? " (required)" : "");
+        print_shape(out, f);
+        fputs(" | ", out);
+        if (f->def) {
+            fputc('`', out);
+            cell(out, f->def);
+            fputc('`', out);
+        }
+        fputs(" | ", out);
+        print_status(out, f);
+        fputs(" | ", out);
+        cell(out, f->doc);
+        fputs(" |\n", out);
+    }
+    fputc('\n', out);
+}
+
+void rs_json_print_table(FILE *out, const rs_jobject *t) {
+    print_one(out, t);
+    for (size_t i = 0; i < t->n; i++)
+        if (t->fields[i].sub && t->fields[i].use != RS_JU_ELSEWHERE) rs_json_print_table(out, t->fields[i].sub);
 }
 
 json_t *rs_json_string_lossy(const char *s) {

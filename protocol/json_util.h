@@ -1,9 +1,32 @@
 /*
- * json_util.h — helpers shared by the protocol/ parsers and writers. Private to protocol/: nothing
- * outside it includes jansson.
+ * json_util.h — helpers shared by the protocol/ parsers and writers, and the walker that reads any
+ * JSON object from its descriptor table. Private to protocol/: nothing outside it includes jansson.
  *
  * Parsing helpers name the offending field in the error (`param`) and quote the value in the
  * message; writers dump compact JSON with 9 significant digits, which round-trips an fp32 logprob.
+ *
+ * Descriptor tables. Every JSON object a route takes is one table of rs_jfield rows, in the
+ * style of config/'s settings table: name, type, range, default, the neutral values of a field
+ * rolloutd does not implement, the destination (which struct, offsetof) or a reader for composite
+ * fields, and a doc string. rs_json_read walks an object against its table; it alone handles
+ * duplicate keys (rejected when the body is loaded), unknown names, null (= absent = the default,
+ * as in SGLang), wrong types, ranges and the refusal of unimplemented values, and every message
+ * names the field and quotes the value. Fields are read in table order, not key order, so the
+ * error a bad body gets does not depend on the order of its keys; a field read later may depend
+ * on one read earlier (the table says which first). The same tables print the field reference
+ * (fields_doc.h, docs/api-fields.md).
+ *
+ * What "known" means. A table lists every name that SGLang or vLLM/OpenAI define for that route
+ * (the versions read are cited at the top of each protocol file), with one of three uses:
+ *   RS_JU_READ       implemented: the value lands in its destination;
+ *   RS_JU_NO_EFFECT  accepted with any value of its type, because nothing in rolloutd depends on
+ *                    it (e.g. log_metrics: metrics are always kept);
+ *   RS_JU_NEUTRAL    not implemented: null or one of `neutral` is accepted silently, anything
+ *                    else is RS_EUNSUPPORTED naming the field and saying it is not implemented.
+ * Any other name is RS_EINVAL "unknown field" (a typo must never be silently ignored); a row
+ * with RS_JU_ELSEWHERE names a field of another API so that the error can say where it belongs.
+ * Text fields (RS_JF_TOKENIZER) are rows like the others: implementing them is a change of the
+ * row's use and destination.
  */
 #ifndef RS_PROTOCOL_JSON_UTIL_H
 #define RS_PROTOCOL_JSON_UTIL_H
@@ -12,12 +35,104 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #include "../core/rs.h"
 #include "../scheduler/engine.h"
 #include "sse.h"
 
 #define RS_JSON_DUMP_FLAGS (JSON_COMPACT | JSON_REAL_PRECISION(9))
+
+/* ---------------------------------------------------------------- descriptor tables */
+
+typedef enum rs_jtype {
+    RS_JT_BOOL = 0,     /* bool */
+    RS_JT_INT,          /* int (size 4) or long long (size 8), an integer in [min, max] */
+    RS_JT_FLOAT,        /* float (size 4) or double (size 8): a number in [min, max] (see the RS_JF_*_OPEN flags) */
+    RS_JT_STRING,       /* char[size]: 1..size-1 bytes, no control characters */
+    RS_JT_ENUM,         /* int: the index of the value in `choices` ("a|b|c") */
+    RS_JT_IDS,          /* int32_t * (owned, freed first) at offset; its count (int) at offset2 */
+    RS_JT_OBJECT,       /* a nested object, read by the table `sub` into the same destinations */
+    RS_JT_CUSTOM,       /* read(): a composite field; `sub` (optional) documents its inner object */
+    /* shapes of fields whose value rolloutd only checks */
+    RS_JT_NUMBER,       /* any number */
+    RS_JT_TEXT,         /* a string */
+    RS_JT_LIST,         /* a list */
+    RS_JT_MAP,          /* an object */
+    RS_JT_STRINGS,      /* a string or a list of strings */
+    RS_JT_ANY,          /* any value */
+} rs_jtype;
+
+typedef enum rs_juse {
+    RS_JU_READ = 0,     /* implemented */
+    RS_JU_NO_EFFECT,    /* accepted with any value of its type; rolloutd does not depend on it */
+    RS_JU_NEUTRAL,      /* not implemented: null or `neutral` accepted, else RS_EUNSUPPORTED */
+    RS_JU_ELSEWHERE,    /* not a field of this object: "unknown field" with the row's doc as a hint */
+} rs_juse;
+
+enum {
+    RS_JF_REQUIRED = 1u << 0,   /* absent or null: "<field> is required" */
+    RS_JF_MIN_OPEN = 1u << 1,   /* FLOAT: value > min (else >= min) */
+    RS_JF_MAX_OPEN = 1u << 2,   /* FLOAT: value < max (else <= max) */
+    RS_JF_NOT_ZERO = 1u << 3,   /* INT: 0 is refused ("-1 (off) or >= 1") */
+    RS_JF_ZERO_OFF = 1u << 4,   /* INT: 0 is stored as -1 (vLLM's top_k) */
+    RS_JF_READ_NULL = 1u << 5,  /* CUSTOM: read() also sees an explicit null (a JSON null value) */
+    RS_JF_TOKENIZER = 1u << 6,  /* a text field: implemented with the tokenizer (docs say so) */
+};
+
+typedef struct rs_jfield rs_jfield;
+typedef struct rs_jobject rs_jobject;
+
+/* What a custom reader gets: the destinations and the field as errors name it. */
+typedef struct rs_jctx {
+    void *const *dst;           /* destination structs, indexed by rs_jfield.base */
+    const rs_jfield *f;
+    const char *param;          /* "sampling_params.top_p", "tensors[3].shape" */
+} rs_jctx;
+typedef int (*rs_jread_fn)(const rs_jctx *c, const json_t *v, rs_error *err);
+
+struct rs_jfield {
+    const char *name;
+    rs_jtype type;
+    rs_juse use;
+    unsigned flags;             /* RS_JF_* */
+    int base;                   /* which destination struct (READ) */
+    size_t offset, offset2;     /* destination in dst[base] (offset2: IDS count) */
+    size_t size;                /* of the destination (INT, FLOAT: its width; STRING: buffer bytes) */
+    double min, max;            /* INT, FLOAT: inclusive range (see the OPEN flags) */
+    const char *choices;        /* ENUM: "a|b|c" */
+    const char *neutral;        /* NEUTRAL: JSON values accepted besides null, "|"-separated: true,
+                                 * false, numbers, "" (the empty string), [] and {} */
+    const char *def;            /* the default as the docs show it (READ: the destination's initial value) */
+    rs_jread_fn read;           /* CUSTOM */
+    const char *shape;          /* CUSTOM: its JSON shape as the docs show it ("string or list of strings") */
+    const rs_jobject *sub;      /* OBJECT (and a CUSTOM field's inner object, for docs) */
+    const char *doc;            /* what it does; for NEUTRAL, why it is not implemented */
+};
+
+struct rs_jobject {
+    const char *title;          /* as the docs head it: "POST /generate" */
+    const rs_jfield *fields;
+    size_t n;
+    const char *unknown_hint;   /* appended to every "unknown field" message, or NULL */
+};
+
+#define RS_JOBJECT_MAX_FIELDS 128
+
+/* Reads obj by table t into dst[]. prefix names obj in messages ("" at the top level,
+ * "sampling_params", "tensors[3]"). Destinations not in obj keep their values (the caller's
+ * defaults). RS_OK, or RS_EINVAL / RS_EUNSUPPORTED / RS_ENOMEM with err naming the field; the
+ * destinations may then be partly filled (the caller frees them as on success). */
+int rs_json_read(const json_t *obj, const rs_jobject *t, void *const *dst, const char *prefix, rs_error *err);
+
+/* The destination of the field a custom reader reads (dst[f->base] + f->offset). */
+void *rs_json_dst(const rs_jctx *c);
+/* Checks v (not null) against a type's JSON shape, naming param in the error. */
+int rs_json_check_type(rs_jtype type, const json_t *v, const char *param, rs_error *err);
+/* True when v is one of the "|"-separated JSON values of `neutral` (see rs_jfield). */
+bool rs_json_neutral(const json_t *v, const char *neutral);
+/* The RS_EUNSUPPORTED error of a NEUTRAL field given another value. */
+int rs_json_not_implemented(rs_error *err, const char *param, const rs_jfield *f, const json_t *v);
 
 /* Parses a whole body as one JSON object (duplicate keys rejected). An empty body is an error
  * unless allow_empty, in which case *out is a new empty object. */
@@ -35,11 +150,16 @@ int rs_json_get_bool(const json_t *v, const char *param, bool *out, rs_error *er
  * messages name the list. */
 int rs_json_get_ids(const json_t *arr, const char *param, const char *path, int32_t **out, int *n_out,
                     rs_error *err);
+/* The prompt(s) of a generation request into job (prompts, prompt_lens, n_prompts, batched): a
+ * non-empty list of token ids, or a non-empty list of non-empty such lists (a batch). `param`
+ * names the list ("input_ids", "prompt"); prompt p is "<param>[p]". */
+int rs_json_get_prompts(const json_t *v, const char *param, rs_gen_job *job, rs_error *err);
 /* A non-empty printable string of at most max_len bytes, without control characters. */
 int rs_json_check_name(const json_t *v, const char *param, size_t max_len, rs_error *err);
 
-/* "default" | "raw" | "processed" (param "logprobs_mode"). */
-int rs_json_get_logprobs_mode(const json_t *v, rs_logprobs_mode *mode, rs_error *err);
+/* Markdown for table t (and, after it, every nested table it reaches): one row per field with its
+ * JSON type and range, default, status and doc. */
+void rs_json_print_table(FILE *f, const rs_jobject *t);
 
 /* A JSON string of s; text that is not valid UTF-8 keeps its ASCII and has every other byte
  * replaced by '?' (messages quote request bytes, paths are bytes). */

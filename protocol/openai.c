@@ -1,44 +1,37 @@
 /*
  * openai.c — /v1/completions parser and writers (see openai.h).
  *
- * Like generate.c, the parser collects the top-level fields first and interprets them in a fixed
- * order, so the error a bad request gets does not depend on the order of its keys; every error
- * names the field as the client wrote it.
+ * The request is read by a descriptor table (json_util.h) that lists every field of vLLM's
+ * CompletionRequest (vllm/entrypoints/openai/completion/protocol.py, vllm-project/vllm at
+ * d5dba2d7, mid 2026) and of OpenAI's completions API (best_of), plus rolloutd's logprobs_mode.
+ * Ranges follow vLLM's SamplingParams (presence and frequency penalties in [-2, 2], repetition
+ * penalty > 0). Every error names the field as the client wrote it.
  */
 #include "openai.h"
 
 #include <jansson.h>
 #include <limits.h>
 #include <math.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "invalid.h"
 #include "json_util.h"
 
 #define RS_OPENAI_DEFAULT_MAX_TOKENS 16 /* OpenAI's and vLLM's default for completions */
 
 /* ---------------------------------------------------------------- request */
 
-enum {
-    F_MODEL, F_PROMPT, F_MAX_TOKENS, F_TEMPERATURE, F_TOP_P, F_TOP_K, F_MIN_P, F_N, F_SEED, F_STOP_TOKEN_IDS,
-    F_IGNORE_EOS, F_MIN_TOKENS, F_LOGPROBS, F_ECHO, F_STREAM, F_STREAM_OPTIONS, F_RETURN_TOKEN_IDS,
-    F_REQUEST_ID, F_LOGPROBS_MODE,
-    /* no effect without a tokenizer, or metadata: any value of the right type */
-    F_AS_TOKEN_IDS, F_SKIP_SPECIAL, F_SPACES_SPECIAL, F_INCLUDE_STOP_STR, F_ADD_SPECIAL, F_USER,
-    /* only their neutral value */
-    F_FREQ_PENALTY, F_PRES_PENALTY, F_REP_PENALTY, F_STOP, F_LOGIT_BIAS, F_BEST_OF, F_SUFFIX, F_PROMPT_LOGPROBS,
-    F_COUNT
-};
-static const char *const fields[F_COUNT] = {
-    "model", "prompt", "max_tokens", "temperature", "top_p", "top_k", "min_p", "n", "seed", "stop_token_ids",
-    "ignore_eos", "min_tokens", "logprobs", "echo", "stream", "stream_options", "return_token_ids",
-    "request_id", "logprobs_mode",
-    "return_tokens_as_token_ids", "skip_special_tokens", "spaces_between_special_tokens",
-    "include_stop_str_in_output", "add_special_tokens", "user",
-    "frequency_penalty", "presence_penalty", "repetition_penalty", "stop", "logit_bias", "best_of", "suffix",
-    "prompt_logprobs",
-};
+enum { B_REQ, B_JOB, B_SP }; /* destinations: rs_openai_req, its rs_gen_job, the job's sampling params */
+
+#define DST(T, b, field) .base = b, .offset = offsetof(T, field), .size = sizeof(((T *)0)->field)
+#define REQ(field) DST(rs_openai_req, B_REQ, field)
+#define JOB(field) DST(rs_gen_job, B_JOB, field)
+#define SP(field) DST(rs_sampling_params, B_SP, field)
+
+static rs_openai_req *req_of(const rs_jctx *c) { return c->dst[B_REQ]; }
 
 static int no_tokenizer(rs_error *err) {
     return rs_error_set(err, RS_EINVAL, "prompt",
@@ -46,211 +39,170 @@ static int no_tokenizer(rs_error *err) {
                         "or a list of lists");
 }
 
-static int parse_prompt(const json_t *v, rs_gen_job *job, rs_error *err) {
+static int read_prompt(const rs_jctx *c, const json_t *v, rs_error *err) {
     if (json_is_string(v)) return no_tokenizer(err);
-    if (!json_is_array(v)) return rs_json_bad_type(err, "prompt", "a list of token ids or a list of lists", v);
-    size_t n = json_array_size(v);
-    if (n == 0) return rs_error_set(err, RS_EINVAL, "prompt", "prompt must not be empty");
-    const json_t *first = json_array_get(v, 0);
-    if (json_is_string(first)) return no_tokenizer(err);
-    job->batched = json_is_array(first);
-    if (!job->batched) {
-        job->prompts = rs_xcalloc(1, sizeof(int32_t *));
-        job->prompt_lens = rs_xcalloc(1, sizeof(int));
-        job->n_prompts = 1;
-        return rs_json_get_ids(v, "prompt", "prompt", &job->prompts[0], &job->prompt_lens[0], err);
-    }
-    if (n > INT_MAX) return rs_error_set(err, RS_EINVAL, "prompt", "prompt has too many entries");
-    job->prompts = rs_xcalloc(n, sizeof(int32_t *));
-    job->prompt_lens = rs_xcalloc(n, sizeof(int));
-    job->n_prompts = (int)n;
-    for (size_t p = 0; p < n; p++) {
-        char path[48];
-        snprintf(path, sizeof path, "prompt[%zu]", p);
-        const json_t *one = json_array_get(v, p);
-        if (json_is_string(one)) return no_tokenizer(err);
-        if (!json_is_array(one))
-            return rs_json_bad_type(err, path, "a list of token ids (prompt[0] is a list, so this is a batch)", one);
-        int rc = rs_json_get_ids(one, path, path, &job->prompts[p], &job->prompt_lens[p], err);
-        if (rc != RS_OK) return rc;
-        if (job->prompt_lens[p] == 0) return rs_error_set(err, RS_EINVAL, path, "%s must not be empty", path);
-    }
+    for (size_t p = 0; json_is_array(v) && p < json_array_size(v); p++)
+        if (json_is_string(json_array_get(v, p))) return no_tokenizer(err);
+    return rs_json_get_prompts(v, c->param, req_of(c)->job, err);
+}
+
+static int read_model(const rs_jctx *c, const json_t *v, rs_error *err) {
+    if (!json_is_string(v)) return rs_json_bad_type(err, c->param, "a string", v);
+    if (json_string_length(v) > RS_OPENAI_MODEL_MAX)
+        return rs_error_set(err, RS_EINVAL, c->param, "model must be at most %d bytes", RS_OPENAI_MODEL_MAX);
+    snprintf(req_of(c)->model, sizeof req_of(c)->model, "%s", json_string_value(v));
     return RS_OK;
 }
 
-static int unsupported(rs_error *err, const char *param, const char *why) {
-    return rs_error_set(err, RS_EUNSUPPORTED, param, "%s is not supported: %s", param, why);
+static int read_request_id(const rs_jctx *c, const json_t *v, rs_error *err) {
+    rs_openai_req *r = req_of(c);
+    int rc = rs_json_check_name(v, c->param, RS_RID_MAX - 5, err);
+    if (rc != RS_OK) return rc;
+    snprintf(r->request_id, sizeof r->request_id, "%s", json_string_value(v));
+    snprintf(r->id, sizeof r->id, "cmpl-%.*s", RS_RID_MAX - 5, r->request_id);
+    return RS_OK;
 }
 
-/* Fields accepted only at their neutral value. */
-static int check_neutral(int k, const json_t *v, const rs_gen_job *job, rs_error *err) {
-    const char *name = fields[k];
-    double f = 0;
-    long long i = 0;
-    int rc;
-    switch (k) {
-    case F_FREQ_PENALTY:
-    case F_PRES_PENALTY:
-    case F_REP_PENALTY: {
-        if ((rc = rs_json_get_float(v, name, &f, err)) != RS_OK) return rc;
-        double neutral = k == F_REP_PENALTY ? 1.0 : 0.0;
-        if (f != neutral) {
-            char why[64];
-            snprintf(why, sizeof why, "only %g (no penalty) is implemented", neutral);
-            return unsupported(err, name, why);
-        }
+/* An explicit null means "as many as the context allows" (the server fills it in). */
+static int read_max_tokens(const rs_jctx *c, const json_t *v, rs_error *err) {
+    rs_openai_req *r = req_of(c);
+    if (json_is_null(v)) {
+        r->max_tokens_to_context = true;
         return RS_OK;
     }
-    case F_STOP:
-        if (json_is_array(v) && json_array_size(v) == 0) return RS_OK;
-        if (json_is_string(v) && json_string_length(v) == 0) return RS_OK;
-        if (!json_is_string(v) && !json_is_array(v)) return rs_json_bad_type(err, name, "a string or a list of strings", v);
-        return unsupported(err, name, "stop strings need a tokenizer; use stop_token_ids");
-    case F_LOGIT_BIAS:
-        if (!json_is_object(v)) return rs_json_bad_type(err, name, "an object", v);
-        return json_object_size(v) == 0 ? RS_OK : unsupported(err, name, "logit biases are not implemented");
-    case F_BEST_OF:
-        if ((rc = rs_json_get_int(v, name, 1, INT_MAX, &i, err)) != RS_OK) return rc;
-        return i == job->sp.n ? RS_OK : unsupported(err, name, "best_of must equal n (no beam or best-of search)");
-    case F_SUFFIX:
-        if (!json_is_string(v)) return rs_json_bad_type(err, name, "a string", v);
-        return json_string_length(v) == 0 ? RS_OK : unsupported(err, name, "suffixes are not implemented");
-    case F_PROMPT_LOGPROBS:
-        if ((rc = rs_json_get_int(v, name, 0, INT_MAX, &i, err)) != RS_OK) return rc;
-        return unsupported(err, name, "use echo with logprobs to score the prompt");
-    }
+    long long x;
+    int rc = rs_json_get_int(v, c->param, 0, INT_MAX, &x, err);
+    if (rc == RS_OK) r->job->sp.max_new_tokens = (int)x;
+    return rc;
+}
+
+static int read_seed(const rs_jctx *c, const json_t *v, rs_error *err) { /* vLLM takes any 64-bit integer */
+    long long x;
+    int rc = rs_json_get_int(v, c->param, LLONG_MIN, LLONG_MAX, &x, err);
+    if (rc != RS_OK) return rc;
+    req_of(c)->job->sp.seed = (uint64_t)x;
+    req_of(c)->seed_given = true;
     return RS_OK;
 }
 
-static int parse_stream_options(const json_t *v, rs_openai_req *r, rs_error *err) {
-    if (!json_is_object(v)) return rs_json_bad_type(err, "stream_options", "an object", v);
-    const char *key;
-    json_t *x;
-    json_object_foreach((json_t *)v, key, x) {
-        char param[160];
-        snprintf(param, sizeof param, "stream_options.%s", key);
-        if (json_is_null(x)) continue;
-        int rc;
-        if (strcmp(key, "include_usage") == 0) {
-            if ((rc = rs_json_get_bool(x, param, &r->include_usage, err)) != RS_OK) return rc;
-        } else if (strcmp(key, "continuous_usage_stats") == 0) {
-            bool on = false;
-            if ((rc = rs_json_get_bool(x, param, &on, err)) != RS_OK) return rc;
-            if (on) return unsupported(err, param, "usage comes once, at the end (include_usage)");
-        } else {
-            return rs_error_set(err, RS_EINVAL, param, "unknown field '%s'", param);
-        }
-    }
-    return RS_OK;
+static int read_best_of(const rs_jctx *c, const json_t *v, rs_error *err) {
+    long long x;
+    int rc = rs_json_get_int(v, c->param, 1, INT_MAX, &x, err);
+    if (rc != RS_OK || x == req_of(c)->job->sp.n) return rc;
+    return rs_error_set(err, RS_EUNSUPPORTED, c->param, "%s is not supported: it is not implemented in rolloutd "
+                        "(best_of must equal n: there is no beam or best-of search); got %lld with n = %d", c->param,
+                        x, req_of(c)->job->sp.n);
 }
 
-static int parse_fields(json_t *root, rs_openai_req *r, rs_error *err) {
-    rs_gen_job *job = r->job;
-    rs_sampling_params *sp = &job->sp;
-    const json_t *f[F_COUNT] = {0};
-    const char *key;
-    json_t *v;
-    json_object_foreach(root, key, v) {
-        int k = 0;
-        while (k < F_COUNT && strcmp(key, fields[k]) != 0) k++;
-        if (k == F_COUNT) {
-            if (strcmp(key, "input_ids") == 0)
-                return rs_error_set(err, RS_EINVAL, key, "unknown field 'input_ids' (/v1/completions takes prompt)");
-            return rs_error_set(err, RS_EINVAL, key, "unknown field '%s'", key);
-        }
-        if (!json_is_null(v)) f[k] = v; /* null = absent = default */
-    }
-    int rc;
-    long long i = 0;
-    double x = 0;
-    bool b = false;
-    if (!f[F_PROMPT]) return rs_error_set(err, RS_EINVAL, "prompt", "prompt is required");
-    if ((rc = parse_prompt(f[F_PROMPT], job, err)) != RS_OK) return rc;
-    if (f[F_MODEL]) {
-        if (!json_is_string(f[F_MODEL])) return rs_json_bad_type(err, "model", "a string", f[F_MODEL]);
-        if (json_string_length(f[F_MODEL]) > RS_OPENAI_MODEL_MAX)
-            return rs_error_set(err, RS_EINVAL, "model", "model must be at most %d bytes", RS_OPENAI_MODEL_MAX);
-        snprintf(r->model, sizeof r->model, "%s", json_string_value(f[F_MODEL]));
-    }
-    if (f[F_REQUEST_ID]) {
-        if ((rc = rs_json_check_name(f[F_REQUEST_ID], "request_id", RS_RID_MAX - 5, err)) != RS_OK) return rc;
-        snprintf(r->request_id, sizeof r->request_id, "%s", json_string_value(f[F_REQUEST_ID]));
-        snprintf(r->id, sizeof r->id, "cmpl-%.*s", RS_RID_MAX - 5, r->request_id);
-    }
-    sp->max_new_tokens = RS_OPENAI_DEFAULT_MAX_TOKENS;
-    if (f[F_MAX_TOKENS]) {
-        if ((rc = rs_json_get_int(f[F_MAX_TOKENS], "max_tokens", 0, INT_MAX, &i, err)) != RS_OK) return rc;
-        sp->max_new_tokens = (int)i;
-    } else if (json_object_get(root, "max_tokens")) { /* explicit null: as much as the context allows */
-        r->max_tokens_to_context = true;
-    }
-    if (f[F_TEMPERATURE]) {
-        if ((rc = rs_json_get_float(f[F_TEMPERATURE], "temperature", &x, err)) != RS_OK) return rc;
-        if (x < 0) return rs_error_set(err, RS_EINVAL, "temperature", "temperature must be >= 0, got %g", x);
-        sp->temperature = (float)x;
-    }
-    if (f[F_TOP_P]) {
-        if ((rc = rs_json_get_float(f[F_TOP_P], "top_p", &x, err)) != RS_OK) return rc;
-        if (!(x > 0 && x <= 1)) return rs_error_set(err, RS_EINVAL, "top_p", "top_p must be in (0, 1], got %g", x);
-        sp->top_p = (float)x;
-    }
-    if (f[F_TOP_K]) { /* vLLM: 0 and -1 both turn it off */
-        if ((rc = rs_json_get_int(f[F_TOP_K], "top_k", -1, INT_MAX, &i, err)) != RS_OK) return rc;
-        sp->top_k = i == 0 ? -1 : (int)i;
-    }
-    if (f[F_MIN_P]) {
-        if ((rc = rs_json_get_float(f[F_MIN_P], "min_p", &x, err)) != RS_OK) return rc;
-        if (!(x >= 0 && x <= 1)) return rs_error_set(err, RS_EINVAL, "min_p", "min_p must be in [0, 1], got %g", x);
-        sp->min_p = (float)x;
-    }
-    if (f[F_N]) {
-        if ((rc = rs_json_get_int(f[F_N], "n", 1, INT_MAX, &i, err)) != RS_OK) return rc;
-        sp->n = (int)i;
-    }
-    if (f[F_SEED]) { /* vLLM takes any 64-bit integer */
-        if ((rc = rs_json_get_int(f[F_SEED], "seed", LLONG_MIN, LLONG_MAX, &i, err)) != RS_OK) return rc;
-        sp->seed = (uint64_t)i;
-        r->seed_given = true;
-    }
-    if (f[F_STOP_TOKEN_IDS] &&
-        (rc = rs_json_get_ids(f[F_STOP_TOKEN_IDS], "stop_token_ids", "stop_token_ids", &sp->stop_token_ids,
-                              &sp->n_stop_token_ids, err)) != RS_OK)
-        return rc;
-    if (f[F_IGNORE_EOS] && (rc = rs_json_get_bool(f[F_IGNORE_EOS], "ignore_eos", &sp->ignore_eos, err)) != RS_OK)
-        return rc;
-    if (f[F_MIN_TOKENS]) {
-        if ((rc = rs_json_get_int(f[F_MIN_TOKENS], "min_tokens", 0, INT_MAX, &i, err)) != RS_OK) return rc;
-        sp->min_new_tokens = (int)i;
-    }
-    r->logprobs = -1;
-    if (f[F_LOGPROBS]) {
-        if ((rc = rs_json_get_int(f[F_LOGPROBS], "logprobs", 0, INT_MAX, &i, err)) != RS_OK) return rc;
-        r->logprobs = (int)i;
-    }
-    if (f[F_ECHO] && (rc = rs_json_get_bool(f[F_ECHO], "echo", &r->echo, err)) != RS_OK) return rc;
-    if (f[F_STREAM] && (rc = rs_json_get_bool(f[F_STREAM], "stream", &r->stream, err)) != RS_OK) return rc;
-    if (f[F_STREAM_OPTIONS]) {
-        if (!r->stream) return rs_error_set(err, RS_EINVAL, "stream_options", "stream_options needs stream: true");
-        if ((rc = parse_stream_options(f[F_STREAM_OPTIONS], r, err)) != RS_OK) return rc;
-    }
-    if (f[F_RETURN_TOKEN_IDS] &&
-        (rc = rs_json_get_bool(f[F_RETURN_TOKEN_IDS], "return_token_ids", &r->return_token_ids, err)) != RS_OK)
-        return rc;
-    if (f[F_LOGPROBS_MODE] && (rc = rs_json_get_logprobs_mode(f[F_LOGPROBS_MODE], &job->logprobs_mode, err)) != RS_OK)
-        return rc;
-    for (int k = F_AS_TOKEN_IDS; k <= F_ADD_SPECIAL; k++)
-        if (f[k] && (rc = rs_json_get_bool(f[k], fields[k], &b, err)) != RS_OK) return rc;
-    if (f[F_USER] && !json_is_string(f[F_USER])) return rs_json_bad_type(err, "user", "a string", f[F_USER]);
-    for (int k = F_FREQ_PENALTY; k < F_COUNT; k++)
-        if (f[k] && (rc = check_neutral(k, f[k], job, err)) != RS_OK) return rc;
+static const rs_jfield stream_options_fields[] = {
+    {.name = "include_usage", .type = RS_JT_BOOL, REQ(include_usage), .def = "false",
+     .doc = "a last chunk with no choices and the usage"},
+    {.name = "continuous_usage_stats", .type = RS_JT_BOOL, .use = RS_JU_NEUTRAL, .neutral = "false",
+     .doc = "usage comes once, at the end (include_usage)"},
+};
 
-    /* logprobs k: the sampled token plus k alternatives; echo scores the prompt from its start */
-    job->return_logprob = r->logprobs >= 0;
-    job->top_logprobs_num = r->logprobs > 0 ? r->logprobs : 0;
-    job->logprob_start_len = r->echo && job->return_logprob ? 0 : -1;
-    job->stream = r->stream;
-    return RS_OK;
+static const rs_jobject stream_options_object = {.title = "POST /v1/completions: stream_options",
+                                                 .fields = stream_options_fields,
+                                                 .n = RS_ARRAY_LEN(stream_options_fields)};
+
+static int read_stream_options(const rs_jctx *c, const json_t *v, rs_error *err) {
+    if (!req_of(c)->stream) return rs_error_set(err, RS_EINVAL, c->param, "stream_options needs stream: true");
+    return rs_json_read(v, &stream_options_object, c->dst, c->param, err);
 }
+
+/* CompletionRequest: every field of vLLM's (and OpenAI's), in the order they are read. */
+static const rs_jfield completion_fields[] = {
+    {.name = "prompt", .type = RS_JT_CUSTOM, .flags = RS_JF_REQUIRED, .read = read_prompt,
+     .shape = "list of token ids, or a list of such lists (a batch)",
+     .doc = "the prompt(s); string prompts come with the tokenizer"},
+    {.name = "model", .type = RS_JT_CUSTOM, .read = read_model, .shape = "string (<= 255 bytes)",
+     .doc = "must be the served model name when given (404 otherwise)"},
+    {.name = "request_id", .type = RS_JT_CUSTOM, .read = read_request_id, .shape = "string (<= 122 bytes)",
+     .doc = "vLLM's: the answer's id becomes cmpl-<request_id>; /abort_request takes either"},
+    {.name = "max_tokens", .type = RS_JT_CUSTOM, .flags = RS_JF_READ_NULL, .read = read_max_tokens,
+     .shape = "integer >= 0, or null", .def = "16", .doc = "null: as many as the context leaves room for"},
+    {.name = "temperature", .type = RS_JT_FLOAT, SP(temperature), .min = 0, .max = INFINITY, .def = "1.0",
+     .doc = "0 = greedy"},
+    {.name = "top_p", .type = RS_JT_FLOAT, .flags = RS_JF_MIN_OPEN, SP(top_p), .min = 0, .max = 1, .def = "1.0",
+     .doc = "nucleus truncation"},
+    {.name = "top_k", .type = RS_JT_INT, .flags = RS_JF_ZERO_OFF, SP(top_k), .min = -1, .max = INT_MAX, .def = "-1",
+     .doc = "0 or -1 = off (vLLM)"},
+    {.name = "min_p", .type = RS_JT_FLOAT, SP(min_p), .min = 0, .max = 1, .def = "0.0",
+     .doc = "drop tokens below min_p x the most likely one's probability"},
+    {.name = "frequency_penalty", .type = RS_JT_FLOAT, SP(frequency_penalty), .min = -2, .max = 2, .def = "0.0",
+     .doc = "logit -= this x the token's count in this choice's output (before temperature)"},
+    {.name = "presence_penalty", .type = RS_JT_FLOAT, SP(presence_penalty), .min = -2, .max = 2, .def = "0.0",
+     .doc = "logit -= this once the token occurs in this choice's output"},
+    {.name = "repetition_penalty", .type = RS_JT_FLOAT, .flags = RS_JF_MIN_OPEN, SP(repetition_penalty), .min = 0,
+     .max = INFINITY, .def = "1.0",
+     .doc = "for tokens in this choice's output (SGLang's rule; vLLM also counts the prompt): a positive logit "
+            "is divided by it, a negative one multiplied"},
+    {.name = "n", .type = RS_JT_INT, SP(n), .min = 1, .max = INT_MAX, .def = "1", .doc = "choices per prompt"},
+    {.name = "best_of", .type = RS_JT_CUSTOM, .use = RS_JU_NEUTRAL, .read = read_best_of, .shape = "integer >= 1",
+     .doc = "accepted when equal to n (no best-of search)"},
+    {.name = "seed", .type = RS_JT_CUSTOM, .read = read_seed, .shape = "integer (64-bit)", .def = "random",
+     .doc = "seeds the draws; choice s of a prompt uses (seed, s)"},
+    {.name = "stop_token_ids", .type = RS_JT_IDS, SP(stop_token_ids), .offset2 = offsetof(rs_sampling_params,
+     n_stop_token_ids), .def = "[]", .doc = "token ids that end a choice (stop_reason names it)"},
+    {.name = "ignore_eos", .type = RS_JT_BOOL, SP(ignore_eos), .def = "false",
+     .doc = "the model's EOS tokens do not end a choice"},
+    {.name = "min_tokens", .type = RS_JT_INT, SP(min_new_tokens), .min = 0, .max = INT_MAX, .def = "0",
+     .doc = "stop tokens and EOS do not end a choice before this many tokens"},
+    {.name = "logprobs", .type = RS_JT_INT, REQ(logprobs), .min = 0, .max = INT_MAX, .def = "null",
+     .doc = "k: the sampled token's logprob plus the k most likely alternatives per position"},
+    {.name = "echo", .type = RS_JT_BOOL, REQ(echo), .flags = RS_JF_TOKENIZER, .def = "false",
+     .doc = "with logprobs, the prompt's tokens are scored and listed first (the prompt text comes with the "
+            "tokenizer)"},
+    {.name = "stream", .type = RS_JT_BOOL, REQ(stream), .def = "false", .doc = "answer with Server-Sent Events"},
+    {.name = "stream_options", .type = RS_JT_CUSTOM, .read = read_stream_options, .shape = "object",
+     .sub = &stream_options_object, .doc = "needs stream: true; see below"},
+    {.name = "return_token_ids", .type = RS_JT_BOOL, REQ(return_token_ids), .def = "false",
+     .doc = "adds prompt_token_ids (token_ids are always there)"},
+    {.name = "logprobs_mode", .type = RS_JT_ENUM, JOB(logprobs_mode), .choices = "default|raw|processed",
+     .def = "\"default\"", .doc = "rolloutd's: which distribution logprobs come from (see the README)"},
+    {.name = "return_tokens_as_token_ids", .type = RS_JT_BOOL, .use = RS_JU_NO_EFFECT, .flags = RS_JF_TOKENIZER,
+     .doc = "tokens are always \"token_id:N\" without the tokenizer"},
+    {.name = "skip_special_tokens", .type = RS_JT_BOOL, .use = RS_JU_NO_EFFECT, .flags = RS_JF_TOKENIZER,
+     .def = "true", .doc = "shapes the decoded text only; no text without the tokenizer"},
+    {.name = "spaces_between_special_tokens", .type = RS_JT_BOOL, .use = RS_JU_NO_EFFECT, .flags = RS_JF_TOKENIZER,
+     .def = "true", .doc = "shapes the decoded text only; no text without the tokenizer"},
+    {.name = "include_stop_str_in_output", .type = RS_JT_BOOL, .use = RS_JU_NO_EFFECT, .flags = RS_JF_TOKENIZER,
+     .def = "false", .doc = "stop strings come with the tokenizer; token_ids always keep the stop token"},
+    {.name = "add_special_tokens", .type = RS_JT_BOOL, .use = RS_JU_NO_EFFECT, .flags = RS_JF_TOKENIZER,
+     .def = "true", .doc = "applies to string prompts, which come with the tokenizer"},
+    {.name = "user", .type = RS_JT_TEXT, .use = RS_JU_NO_EFFECT, .doc = "OpenAI's end-user id; not used"},
+    {.name = "stop", .type = RS_JT_STRINGS, .use = RS_JU_NEUTRAL, .flags = RS_JF_TOKENIZER, .neutral = "\"\"|[]",
+     .doc = "stop strings need the tokenizer; use stop_token_ids"},
+    {.name = "suffix", .type = RS_JT_TEXT, .use = RS_JU_NEUTRAL, .flags = RS_JF_TOKENIZER, .neutral = "\"\"",
+     .doc = "suffixes"},
+    {.name = "logit_bias", .type = RS_JT_MAP, .use = RS_JU_NEUTRAL, .neutral = "{}", .doc = "logit biases"},
+    {.name = "prompt_logprobs", .type = RS_JT_INT, .use = RS_JU_NEUTRAL,
+     .doc = "use echo with logprobs to score the prompt"},
+    {.name = "use_beam_search", .type = RS_JT_BOOL, .use = RS_JU_NEUTRAL, .neutral = "false", .doc = "beam search"},
+    {.name = "length_penalty", .type = RS_JT_NUMBER, .use = RS_JU_NEUTRAL, .neutral = "1", .doc = "beam search"},
+    {.name = "truncate_prompt_tokens", .type = RS_JT_INT, .use = RS_JU_NEUTRAL, .doc = "prompt truncation"},
+    {.name = "allowed_token_ids", .type = RS_JT_LIST, .use = RS_JU_NEUTRAL, .doc = "allowed-token masks"},
+    {.name = "prompt_embeds", .type = RS_JT_ANY, .use = RS_JU_NEUTRAL, .doc = "embedding inputs"},
+    {.name = "response_format", .type = RS_JT_MAP, .use = RS_JU_NEUTRAL, .doc = "structured outputs"},
+    {.name = "structured_outputs", .type = RS_JT_MAP, .use = RS_JU_NEUTRAL, .doc = "structured outputs"},
+    {.name = "priority", .type = RS_JT_INT, .use = RS_JU_NEUTRAL, .neutral = "0", .doc = "priority scheduling"},
+    {.name = "logits_processors", .type = RS_JT_LIST, .use = RS_JU_NEUTRAL, .neutral = "[]",
+     .doc = "custom logits processors"},
+    {.name = "cache_salt", .type = RS_JT_TEXT, .use = RS_JU_NEUTRAL, .neutral = "\"\"",
+     .doc = "prefix-cache namespaces"},
+    {.name = "kv_transfer_params", .type = RS_JT_MAP, .use = RS_JU_NEUTRAL, .doc = "disaggregated serving"},
+    {.name = "vllm_xargs", .type = RS_JT_MAP, .use = RS_JU_NEUTRAL, .neutral = "{}", .doc = "vLLM extensions"},
+    {.name = "max_repetition_pattern_size", .type = RS_JT_INT, .use = RS_JU_NEUTRAL, .neutral = "0",
+     .doc = "stopping on repeated patterns"},
+    {.name = "min_repetition_pattern_size", .type = RS_JT_INT, .use = RS_JU_NEUTRAL, .neutral = "0",
+     .doc = "stopping on repeated patterns"},
+    {.name = "repetition_min_count", .type = RS_JT_INT, .use = RS_JU_NEUTRAL, .neutral = "0",
+     .doc = "stopping on repeated patterns"},
+    {.name = "input_ids", .use = RS_JU_ELSEWHERE, .doc = "/v1/completions takes prompt"},
+};
+
+const rs_jobject rs_openai_completion_fields = {
+    .title = "POST /v1/completions", .fields = completion_fields, .n = RS_ARRAY_LEN(completion_fields)};
 
 int rs_openai_parse_completions(const char *body, size_t len, rs_openai_req *out, rs_error *err) {
     memset(out, 0, sizeof *out);
@@ -258,10 +210,22 @@ int rs_openai_parse_completions(const char *body, size_t len, rs_openai_req *out
     int rc = rs_json_load_object(body, len, false, &root, err);
     if (rc != RS_OK) return rc;
     out->job = rs_gen_job_new();
-    rc = parse_fields(root, out, err);
+    out->job->sp.max_new_tokens = RS_OPENAI_DEFAULT_MAX_TOKENS;
+    out->logprobs = -1;
+    void *const dst[] = {[B_REQ] = out, [B_JOB] = out->job, [B_SP] = &out->job->sp};
+    rc = rs_json_read(root, &rs_openai_completion_fields, dst, "", err);
     json_decref(root);
-    if (rc != RS_OK) rs_openai_req_free(out);
-    return rc;
+    if (rc != RS_OK) {
+        rs_openai_req_free(out);
+        return rc;
+    }
+    /* logprobs k: the sampled token plus k alternatives; echo scores the prompt from its start */
+    rs_gen_job *job = out->job;
+    job->return_logprob = out->logprobs >= 0;
+    job->top_logprobs_num = out->logprobs > 0 ? out->logprobs : 0;
+    job->logprob_start_len = out->echo && job->return_logprob ? 0 : -1;
+    job->stream = out->stream;
+    return RS_OK;
 }
 
 void rs_openai_req_free(rs_openai_req *r) {
@@ -283,43 +247,12 @@ bool rs_openai_matches_rid(const rs_openai_req *r, const char *rid) {
     return strcmp(r->id, rid) == 0 || (r->request_id[0] && strcmp(r->request_id, rid) == 0);
 }
 
-/* Replaces every occurrence of `from` in s (capacity n) with `to`, at name boundaries (the
- * character before is not part of a longer name). */
-static void replace_names(char *s, size_t n, const char *from, const char *to) {
-    char out[1024];
-    size_t o = 0, fl = strlen(from), tl = strlen(to);
-    for (const char *p = s; *p && o + 1 < sizeof out;) {
-        bool boundary = p == s || !(p[-1] == '_' || p[-1] == '.' || (p[-1] >= 'a' && p[-1] <= 'z'));
-        if (boundary && strncmp(p, from, fl) == 0 && o + tl + 1 < sizeof out) {
-            memcpy(out + o, to, tl);
-            o += tl;
-            p += fl;
-        } else {
-            out[o++] = *p++;
-        }
-    }
-    out[o] = '\0';
-    size_t len = RS_MIN(o, n - 1);
-    memcpy(s, out, len);
-    s[len] = '\0';
-}
-
-void rs_openai_map_error(rs_error *err) {
-    static const char *const map[][2] = {
-        {"sampling_params.max_new_tokens", "max_tokens"},
-        {"sampling_params.min_new_tokens", "min_tokens"},
-        {"sampling_params.stop_token_ids", "stop_token_ids"},
-        {"sampling_params.n", "n"},
-        {"max_new_tokens", "max_tokens"},
-        {"min_new_tokens", "min_tokens"},
-        {"top_logprobs_num", "logprobs"},
-        {"logprob_start_len", "echo"},
-        {"input_ids", "prompt"},
-    };
-    for (size_t i = 0; i < RS_ARRAY_LEN(map); i++) {
-        replace_names(err->param, sizeof err->param, map[i][0], map[i][1]);
-        replace_names(err->message, sizeof err->message, map[i][0], map[i][1]);
-    }
+int rs_openai_invalid(const rs_gen_invalid *why, rs_error *err) {
+    static const rs_invalid_names names = {
+        .prompts = "prompt", .n = "n", .max_new_tokens = "max_tokens", .max_new_tokens_short = "max_tokens",
+        .min_new_tokens = "min_tokens", .top_logprobs = "logprobs", .stop_token_ids = "stop_token_ids",
+        .logprob_start = "echo"};
+    return rs_invalid_error(why, &names, err);
 }
 
 /* ---------------------------------------------------------------- response */

@@ -2,23 +2,21 @@
  * openai.h — OpenAI / vLLM POST /v1/completions over token ids: JSON body -> rs_gen_job, finished
  * job -> a text_completion object, and the chunks of a streamed one; GET /v1/models.
  *
- * Request. `prompt` is token ids: one list, or a list of lists (a batch). A string prompt is a 400
- * (rolloutd has no tokenizer). Supported: model, max_tokens (default 16; null = up to the context
- * limit), temperature, top_p, top_k (0 or -1 = off), min_p, n, seed, stop_token_ids, ignore_eos,
- * min_tokens, logprobs (k: the sampled token's logprob plus the k most likely alternatives per
- * position, vLLM's shape), echo (with logprobs, the prompt's tokens are scored and listed before
- * the output's, the first one null; `max_tokens: 0` with echo scores a prompt), stream,
- * stream_options.include_usage, return_token_ids (adds prompt_token_ids), request_id (vLLM's: the
- * response id becomes "cmpl-<request_id>", and /abort_request takes either), and logprobs_mode
- * (rolloutd's: as on /generate). Accepted because the official client or vLLM-speaking trainers
- * send them, with no effect without a tokenizer: return_tokens_as_token_ids (tokens are always
- * "token_id:N"), skip_special_tokens, spaces_between_special_tokens, include_stop_str_in_output,
- * add_special_tokens, user. Accepted only at their neutral value (anything else is a 400
- * "unsupported" naming the field): frequency_penalty 0, presence_penalty 0, repetition_penalty 1,
- * stop null/[] (stop strings need a tokenizer: use stop_token_ids), logit_bias null/{}, best_of
- * null or n, suffix null/"", prompt_logprobs null (use echo + logprobs). Any other field is a 400
- * naming it. null means "default" for every field. Without `seed` every request draws a fresh one
- * (OpenAI semantics; the server fills it).
+ * Request. `prompt` is token ids: one list, or a list of lists (a batch); a string prompt is a 400
+ * (string prompts come with the tokenizer). The body is read by its descriptor table (openai.c;
+ * docs/api-fields.md lists it): every field vLLM's CompletionRequest and OpenAI define is
+ * accepted, implemented ones work (model, max_tokens (default 16; null = up to the context limit),
+ * temperature, top_p, top_k (0 or -1 = off), min_p, the frequency / presence / repetition
+ * penalties, n, seed, stop_token_ids, ignore_eos, min_tokens, logprobs (k: the sampled token's
+ * logprob plus the k most likely alternatives per position, vLLM's shape), echo (with logprobs,
+ * the prompt's tokens are scored and listed before the output's, the first one null; `max_tokens:
+ * 0` with echo scores a prompt), stream, stream_options.include_usage, return_token_ids (adds
+ * prompt_token_ids), request_id (vLLM's: the response id becomes "cmpl-<request_id>", and
+ * /abort_request takes either) and logprobs_mode (rolloutd's: as on /generate)); null or the
+ * neutral value of an unimplemented one is accepted, any other value of it is a 400
+ * "unsupported" naming the field; any other name is a 400 naming it. null means "default" for
+ * every field. Without `seed` every request draws a fresh one (OpenAI semantics; the server
+ * fills it).
  *
  * Response: {"id":"cmpl-…","object":"text_completion","created","model","choices":[{"index",
  * "text":"","logprobs":null|{"tokens":["token_id:N"],"token_logprobs","top_logprobs":[{"token_id:N":
@@ -70,10 +68,13 @@ void rs_openai_req_free(rs_openai_req *r);
 /* 404 (RS_ENOTFOUND, param "model") unless the request named no model or `served`. */
 int rs_openai_check_model(const rs_openai_req *r, const char *served, rs_error *err);
 
-/* Renames the /generate fields that rs_gen_job_validate names in err (param and message) to this
- * API's: input_ids -> prompt, sampling_params.max_new_tokens -> max_tokens, top_logprobs_num ->
- * logprobs, ... */
-void rs_openai_map_error(rs_error *err);
+/* rs_gen_job_validate's refusal in this API's words ("prompt[1]", "max_tokens", "logprobs"):
+ * fills err and returns RS_EINVAL. */
+int rs_openai_invalid(const rs_gen_invalid *why, rs_error *err);
+
+/* The body's descriptor table (json_util.h), for the field reference. */
+struct rs_jobject;
+extern const struct rs_jobject rs_openai_completion_fields;
 
 /* True when rid is this request's id or its request_id. */
 bool rs_openai_matches_rid(const rs_openai_req *r, const char *rid);

@@ -1,37 +1,53 @@
 /*
  * ops.c — operations route bodies (see ops.h).
+ *
+ * Request bodies are read by descriptor tables (json_util.h) listing every field of SGLang's
+ * request struct for the route (python/sglang/srt/managers/io_struct.py at 001067ff: AbortReq,
+ * PauseGenerationReqInput, ContinueGenerationReqInput, FlushCacheReqInput, and BaseReq's rid /
+ * http_worker_ipc).
  */
 #include "ops.h"
 
 #include <jansson.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <string.h>
 
 #include "json_util.h"
 
+#define DST(T, field) .offset = offsetof(T, field), .size = sizeof(((T *)0)->field)
+#define IPC_FIELD {.name = "http_worker_ipc", .type = RS_JT_TEXT, .use = RS_JU_NEUTRAL, .doc = "SGLang's internal IPC"}
+#define RID_FIELD {.name = "rid", .type = RS_JT_TEXT, .use = RS_JU_NO_EFFECT, .doc = "SGLang's request id; not used"}
+
+static int read_body(const char *body, size_t len, bool allow_empty, const rs_jobject *t, void *dst, rs_error *err) {
+    json_t *root;
+    int rc = rs_json_load_object(body, len, allow_empty, &root, err);
+    if (rc != RS_OK) return rc;
+    void *const dsts[] = {dst};
+    rc = rs_json_read(root, t, dsts, "", err);
+    json_decref(root);
+    return rc;
+}
+
+static const rs_jfield abort_fields[] = {
+    {.name = "rid", .type = RS_JT_STRING, DST(rs_abort_req, rid),
+     .doc = "the request to abort: its rid, one of its prompt rids or output ids, or a /v1 request_id"},
+    {.name = "abort_all", .type = RS_JT_BOOL, DST(rs_abort_req, abort_all), .def = "false",
+     .doc = "abort every request in flight"},
+    {.name = "abort_message", .type = RS_JT_TEXT, .use = RS_JU_NEUTRAL,
+     .doc = "custom abort messages; the finish reason says \"aborted\""},
+    {.name = "finished_reason", .type = RS_JT_MAP, .use = RS_JU_NEUTRAL, .doc = "SGLang's internal finish reason"},
+    {.name = "weight_versions", .type = RS_JT_ANY, .use = RS_JU_NEUTRAL, .doc = "SGLang's internal version spans"},
+    IPC_FIELD,
+};
+
+const rs_jobject rs_abort_fields = {
+    .title = "POST /abort_request", .fields = abort_fields, .n = RS_ARRAY_LEN(abort_fields)};
+
 int rs_abort_parse(const char *body, size_t len, rs_abort_req *out, rs_error *err) {
     memset(out, 0, sizeof *out);
-    json_t *root;
-    int rc = rs_json_load_object(body, len, false, &root, err);
-    if (rc != RS_OK) return rc;
-    const char *key;
-    json_t *v;
-    bool have_rid = false;
-    json_object_foreach(root, key, v) {
-        if (json_is_null(v)) continue;
-        if (strcmp(key, "rid") == 0) {
-            if ((rc = rs_json_check_name(v, "rid", RS_RID_MAX, err)) != RS_OK) break;
-            snprintf(out->rid, sizeof out->rid, "%s", json_string_value(v));
-            have_rid = true;
-        } else if (strcmp(key, "abort_all") == 0) {
-            if ((rc = rs_json_get_bool(v, "abort_all", &out->abort_all, err)) != RS_OK) break;
-        } else {
-            rc = rs_error_set(err, RS_EINVAL, key, "unknown field '%s'", key);
-            break;
-        }
-    }
-    json_decref(root);
-    if (rc == RS_OK && !have_rid && !out->abort_all)
+    int rc = read_body(body, len, false, &rs_abort_fields, out, err);
+    if (rc == RS_OK && !out->rid[0] && !out->abort_all)
         rc = rs_error_set(err, RS_EINVAL, "rid", "give the rid to abort, or \"abort_all\": true");
     if (rc != RS_OK) memset(out, 0, sizeof *out);
     else if (out->abort_all) out->rid[0] = '\0';
@@ -49,49 +65,67 @@ const char *rs_pause_mode_name(rs_pause_mode mode) {
     return (size_t)mode < RS_ARRAY_LEN(pause_names) ? pause_names[mode] : "?";
 }
 
+typedef struct pause_req {
+    int mode;                   /* rs_pause_mode */
+} pause_req;
+
+static const rs_jfield pause_fields[] = {
+    {.name = "mode", .type = RS_JT_ENUM, DST(pause_req, mode), .choices = "abort|retract|in_place",
+     .def = "\"abort\"", .doc = "abort in-flight requests, retract them (recomputed on continue), or freeze them "
+                                "with their KV"},
+    RID_FIELD,
+    IPC_FIELD,
+};
+
+const rs_jobject rs_pause_fields = {
+    .title = "POST /pause_generation", .fields = pause_fields, .n = RS_ARRAY_LEN(pause_fields)};
+
 int rs_pause_parse(const char *body, size_t len, rs_pause_mode *mode, rs_error *err) {
-    *mode = RS_PAUSE_ABORT;
-    json_t *root;
-    int rc = rs_json_load_object(body, len, true, &root, err);
-    if (rc != RS_OK) return rc;
-    const char *key;
-    json_t *v;
-    json_object_foreach(root, key, v) {
-        if (strcmp(key, "mode") != 0) {
-            rc = rs_error_set(err, RS_EINVAL, key, "unknown field '%s'", key);
-            break;
-        }
-        if (json_is_null(v)) continue;
-        if (!json_is_string(v)) {
-            rc = rs_json_bad_type(err, "mode", "\"abort\", \"retract\" or \"in_place\"", v);
-            break;
-        }
-        size_t i = 0;
-        while (i < RS_ARRAY_LEN(pause_names) && strcmp(json_string_value(v), pause_names[i]) != 0) i++;
-        if (i == RS_ARRAY_LEN(pause_names)) {
-            rc = rs_error_set(err, RS_EINVAL, "mode", "mode must be one of 'abort', 'retract', 'in_place', got '%.64s'",
-                              json_string_value(v));
-            break;
-        }
-        *mode = (rs_pause_mode)i;
-    }
-    json_decref(root);
+    pause_req r = {.mode = RS_PAUSE_ABORT};
+    int rc = read_body(body, len, true, &rs_pause_fields, &r, err);
+    *mode = rc == RS_OK ? (rs_pause_mode)r.mode : RS_PAUSE_ABORT;
     return rc;
 }
 
-int rs_empty_parse(const char *body, size_t len, const char *route, rs_error *err) {
-    json_t *root;
-    int rc = rs_json_load_object(body, len, true, &root, err);
-    if (rc != RS_OK) return rc;
-    const char *key;
-    json_t *v;
-    json_object_foreach(root, key, v) {
-        (void)v;
-        rc = rs_error_set(err, RS_EINVAL, key, "unknown field '%s' (%s takes no parameters)", key, route);
-        break;
-    }
-    json_decref(root);
-    return rc;
+static const rs_jfield continue_fields[] = {
+    {.name = "torch_empty_cache", .type = RS_JT_BOOL, .use = RS_JU_NO_EFFECT, .def = "true",
+     .doc = "there is no torch allocator"},
+    RID_FIELD,
+    IPC_FIELD,
+};
+
+const rs_jobject rs_continue_fields = {.title = "POST /continue_generation", .fields = continue_fields,
+                                       .n = RS_ARRAY_LEN(continue_fields),
+                                       .unknown_hint = "/continue_generation takes no parameters rolloutd uses"};
+
+static const rs_jfield flush_fields[] = {
+    {.name = "timeout_s", .type = RS_JT_NUMBER, .use = RS_JU_NEUTRAL,
+     .doc = "waiting for the server to go idle; the flush answers 409 at once while requests run"},
+    RID_FIELD,
+    IPC_FIELD,
+};
+
+const rs_jobject rs_flush_fields = {.title = "GET or POST /flush_cache", .fields = flush_fields,
+                                    .n = RS_ARRAY_LEN(flush_fields),
+                                    .unknown_hint = "/flush_cache takes no parameters rolloutd uses"};
+
+int rs_continue_parse(const char *body, size_t len, rs_error *err) {
+    return read_body(body, len, true, &rs_continue_fields, NULL, err);
+}
+
+int rs_flush_parse(const char *body, size_t len, rs_error *err) {
+    return read_body(body, len, true, &rs_flush_fields, NULL, err);
+}
+
+char *rs_load_body(const rs_engine_stats *st, size_t *len) {
+    long long used_pages = (long long)st->kv_blocks_total - st->kv_blocks_free;
+    json_t *rank = json_pack("{s:i,s:i,s:i,s:I,s:I}", "dp_rank", 0, "num_reqs", st->n_running + st->n_waiting,
+                             "num_waiting_reqs", st->n_waiting, "num_tokens",
+                             (json_int_t)(used_pages * RS_KV_PAGE_TOKENS + (long long)st->waiting_tokens),
+                             "num_pages", (json_int_t)(used_pages + (long long)st->waiting_blocks));
+    json_t *list = json_array();
+    json_array_append_new(list, rank);
+    return rs_json_dump(list, len);
 }
 
 char *rs_status_body(const char *message, size_t *len) {

@@ -2,8 +2,10 @@
  * ops.h — bodies of the operations routes (SGLang's shapes): /abort_request, /pause_generation,
  * /continue_generation, /flush_cache, /get_model_info, /get_server_info, /get_weight_version.
  *
- * Request bodies are parsed as strictly as /generate's (unknown fields are 400s naming them); the
- * routes whose body is optional in SGLang (pause, continue, flush) take an empty body as {}.
+ * Request bodies are read by descriptor tables as strictly as /generate's (every field SGLang's
+ * request struct defines is known; unknown fields are 400s naming them); the routes whose body is
+ * optional in SGLang (pause, continue, flush) take an empty body as {}. GET /get_load answers in
+ * SGLang's shape.
  */
 #ifndef RS_PROTOCOL_OPS_H
 #define RS_PROTOCOL_OPS_H
@@ -33,8 +35,20 @@ char *rs_abort_body(int n_aborted, size_t *len);
 int rs_pause_parse(const char *body, size_t len, rs_pause_mode *mode, rs_error *err);
 const char *rs_pause_mode_name(rs_pause_mode mode);
 
-/* Routes without parameters (continue, flush): an empty body or {}. `route` names it in errors. */
-int rs_empty_parse(const char *body, size_t len, const char *route, rs_error *err);
+/* POST /continue_generation and /flush_cache: nothing rolloutd uses (an empty body, {}, or SGLang's
+ * fields at values without effect). */
+int rs_continue_parse(const char *body, size_t len, rs_error *err);
+int rs_flush_parse(const char *body, size_t len, rs_error *err);
+
+/* The bodies' descriptor tables (json_util.h), for the field reference. */
+struct rs_jobject;
+extern const struct rs_jobject rs_abort_fields, rs_pause_fields, rs_continue_fields, rs_flush_fields;
+
+/* GET /get_load, SGLang's shape: one entry per data-parallel rank (rolloutd is one rank),
+ * [{"dp_rank":0, "num_reqs": running + waiting, "num_waiting_reqs", "num_tokens": KV tokens in
+ * use + the waiting sequences' tokens, "num_pages": the same in 16-token pages}] (SGLang's
+ * scheduler get_load; sglang-router sums num_tokens across a worker's entries). */
+char *rs_load_body(const rs_engine_stats *st, size_t *len);
 
 /* {"status":"ok","message":message} (all bodies below: new malloc'd text and *len, NULL on OOM) */
 char *rs_status_body(const char *message, size_t *len);

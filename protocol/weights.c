@@ -1,12 +1,17 @@
 /*
  * weights.c — parsers for the weight-update routes and their answer (see weights.h).
  *
- * Like generate.c, parsing walks each object key by key: every key is matched against the route's
- * table of fields, so an unknown key is reported by name (a misspelt "is_lats" must not turn a
- * last bucket into a silent non-commit), and the known fields are then checked in a fixed order,
- * so the error a bad body gets does not depend on the order of its keys. JSON null for an optional
- * field means "absent", as SGLang treats it. Everything a request allocates is bounded by its body
- * size, which the server caps before calling in, and by RS_WEIGHT_MAX_TENSORS.
+ * Each route's body is read by a descriptor table (json_util.h) listing every field of SGLang's
+ * request struct for it (python/sglang/srt/managers/io_struct.py at 001067ff:
+ * UpdateWeightFromDiskReqInput, UpdateWeightsFromDistributedReqInput,
+ * InitWeightsUpdateGroupReqInput, DestroyWeightsUpdateGroupReqInput, UpdateWeightVersionReqInput,
+ * and BaseReq's rid / http_worker_ipc), rolloutd's own fields (the shm route, is_last,
+ * nccl_unique_id_b64) and AReaL's spelling abort_all_request. An unknown key is reported by name
+ * (a misspelt "is_lats" must not turn a last bucket into a silent non-commit), and fields are
+ * checked in table order, so the error a bad body gets does not depend on the order of its keys.
+ * JSON null for an optional field means "absent", as SGLang treats it. Everything a request
+ * allocates is bounded by its body size, which the server caps before calling in, and by
+ * RS_WEIGHT_MAX_TENSORS.
  */
 #include "weights.h"
 #include "json_util.h"
@@ -16,88 +21,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-/* ---------------------------------------------------------------- field readers */
-
-/* A string of 1..max bytes without control characters, copied into out[cap > max]. */
-static int get_text(const json_t *v, const char *param, size_t max, char *out, size_t cap, rs_error *err) {
-    RS_ASSERT(cap > max);
-    if (!json_is_string(v)) return rs_json_bad_type(err, param, "a string", v);
-    const char *s = json_string_value(v);
-    size_t len = json_string_length(v);
-    if (len == 0) return rs_error_set(err, RS_EINVAL, param, "%s must not be empty", param);
-    if (len > max) return rs_error_set(err, RS_EINVAL, param, "%s must be at most %zu bytes, got %zu", param, max, len);
-    for (size_t i = 0; i < len; i++)
-        if ((unsigned char)s[i] < 0x20 || s[i] == 0x7f)
-            return rs_error_set(err, RS_EINVAL, param, "%s must not contain control characters", param);
-    memcpy(out, s, len + 1);
-    return RS_OK;
-}
-
-/* An optional weight_version: absent or null leaves *has false. */
-static int get_version(const json_t *v, const char *param, bool *has, char *out, rs_error *err) {
-    *has = false;
-    if (!v) return RS_OK;
-    int rc = get_text(v, param, RS_WEIGHT_VERSION_MAX, out, RS_WEIGHT_VERSION_MAX + 1, err);
-    if (rc == RS_OK) *has = true;
-    return rc;
-}
-
-static int get_last(const json_t *v, rs_weight_last *out, rs_error *err) {
-    *out = RS_WEIGHT_LAST_AUTO;
-    if (!v) return RS_OK;
-    bool b = false;
-    int rc = rs_json_get_bool(v, "is_last", &b, err);
-    if (rc == RS_OK) *out = b ? RS_WEIGHT_LAST_YES : RS_WEIGHT_LAST_NO;
-    return rc;
-}
-
-/* ---------------------------------------------------------------- objects */
-
-typedef struct field {
-    const char *name;
-    json_t *v;                          /* NULL when absent or JSON null */
-} field;
-
-/* Collects obj's keys into fields[] (matched by name); an unknown key is an error naming it
- * (`prefix` + key). */
-static int collect(const json_t *obj, const char *prefix, field *fields, size_t n, rs_error *err) {
-    if (!json_is_object(obj)) return rs_json_bad_type(err, prefix[0] ? prefix : "the request body", "an object", obj);
-    const char *key;
-    json_t *v;
-    json_object_foreach((json_t *)obj, key, v) {
-        size_t i = 0;
-        while (i < n && strcmp(fields[i].name, key) != 0) i++;
-        if (i == n) {
-            char param[200];
-            snprintf(param, sizeof param, "%s%s%.150s", prefix, prefix[0] ? "." : "", key);
-            return rs_error_set(err, RS_EINVAL, param, "unknown field '%s'", param);
-        }
-        fields[i].v = json_is_null(v) ? NULL : v;
-    }
-    return RS_OK;
-}
-
-static json_t *field_get(const field *fields, size_t n, const char *name) {
-    for (size_t i = 0; i < n; i++)
-        if (strcmp(fields[i].name, name) == 0) return fields[i].v;
-    RS_ASSERT(!"field not in the table");
-    return NULL;
-}
-
-static int required(const json_t *v, const char *param, rs_error *err) {
-    return v ? RS_OK : rs_error_set(err, RS_EINVAL, param, "missing required field '%s'", param);
-}
-
-static int load_body(const char *body, size_t len, json_t **out, rs_error *err) {
-    json_error_t je;
-    json_t *root = json_loadb(body, len, JSON_REJECT_DUPLICATES, &je);
-    if (!root)
-        return rs_error_set(err, RS_EINVAL, NULL, "malformed JSON: %s (line %d, column %d)", je.text, je.line,
-                            je.column);
-    *out = root;
-    return RS_OK;
-}
 
 /* ---------------------------------------------------------------- dtypes, shapes, names */
 
@@ -170,48 +93,115 @@ static int get_shape(const json_t *v, const char *param, rs_weight_desc *d, rs_e
     return RS_OK;
 }
 
-static int get_name(const json_t *v, const char *param, char *out, rs_error *err) {
-    return get_text(v, param, RS_WEIGHT_NAME_MAX, out, RS_WEIGHT_NAME_MAX + 1, err);
+/* ---------------------------------------------------------------- readers shared by the routes */
+
+static int read_last(const rs_jctx *c, const json_t *v, rs_error *err) {
+    bool b = false;
+    int rc = rs_json_get_bool(v, c->param, &b, err);
+    if (rc == RS_OK) *(rs_weight_last *)rs_json_dst(c) = b ? RS_WEIGHT_LAST_YES : RS_WEIGHT_LAST_NO;
+    return rc;
 }
 
-bool rs_shm_name_valid(const char *name) {
-    size_t len = strnlen(name, RS_SHM_NAME_MAX + 1);
-    if (len < 2 || len > RS_SHM_NAME_MAX || name[0] != '/') return false;
-    if (strcmp(name, "/.") == 0 || strcmp(name, "/..") == 0) return false;
-    for (size_t i = 1; i < len; i++)
-        if (name[i] == '/' || (unsigned char)name[i] < 0x20 || name[i] == 0x7f) return false;
-    return true;
+static int read_name(const rs_jctx *c, const json_t *v, rs_error *err) {
+    int rc = rs_json_check_name(v, c->param, RS_WEIGHT_NAME_MAX, err);
+    if (rc == RS_OK) snprintf(rs_json_dst(c), RS_WEIGHT_NAME_MAX + 1, "%s", json_string_value(v));
+    return rc;
+}
+
+static int read_dtype(const rs_jctx *c, const json_t *v, rs_error *err) {
+    return get_dtype(v, c->param, rs_json_dst(c), err);
+}
+
+static int read_shape(const rs_jctx *c, const json_t *v, rs_error *err) {
+    return get_shape(v, c->param, c->dst[0], err);
+}
+
+#define DST(T, field) .offset = offsetof(T, field), .size = sizeof(((T *)0)->field)
+
+/* Rows every committing route has: SGLang's abort_all_requests and AReaL's abort_all_request
+ * for it, flush_cache, torch_empty_cache, and BaseReq's fields. */
+#define COMMIT_FIELDS(T)                                                                                       \
+    {.name = "abort_all_requests", .type = RS_JT_BOOL, DST(T, abort_all_requests), .def = "false",           \
+     .doc = "abort in-flight requests before the commit; they return their partial output with finish "      \
+            "\"abort\" (SGLang defaults to true on /update_weight_version; rolloutd never aborts unless asked)"}, \
+    {.name = "abort_all_request", .type = RS_JT_BOOL, DST(T, abort_all_requests),                             \
+     .doc = "the same as abort_all_requests (AReaL's spelling)"},                                             \
+    {.name = "flush_cache", .type = RS_JT_BOOL, .use = RS_JU_NO_EFFECT, .def = "true",                         \
+     .doc = "every commit drops the prefix cache: KV of old weights is never reused"},                       \
+    {.name = "torch_empty_cache", .type = RS_JT_BOOL, .use = RS_JU_NO_EFFECT, .doc = "there is no torch allocator"}, \
+    {.name = "rid", .type = RS_JT_TEXT, .use = RS_JU_NO_EFFECT, .doc = "SGLang's request id of the update; not used"}, \
+    {.name = "http_worker_ipc", .type = RS_JT_TEXT, .use = RS_JU_NEUTRAL, .doc = "SGLang's internal IPC"}
+
+#define VERSION_FIELD(T)                                                                                        \
+    {.name = "weight_version", .type = RS_JT_STRING, DST(T, weight_version),                                  \
+     .doc = "the version the new weights report (1..63 bytes); default: keep the current label"}
+
+#define TXN_FIELD(T)                                                                                            \
+    {.name = "transaction_id", .type = RS_JT_STRING, DST(T, txn_id),                                           \
+     .doc = "rolloutd's: the id the first bucket's answer gave; a bucket naming another open update gets 409"}
+
+static int read_body(const char *body, size_t len, const rs_jobject *t, void *dst, rs_error *err) {
+    json_t *root;
+    int rc = rs_json_load_object(body, len, false, &root, err);
+    if (rc != RS_OK) return rc;
+    void *const dsts[] = {dst};
+    rc = rs_json_read(root, t, dsts, "", err);
+    json_decref(root);
+    return rc;
 }
 
 /* ---------------------------------------------------------------- /update_weights_from_shm */
 
-static int parse_shm_tensor(const json_t *obj, size_t i, rs_weight_desc *d, rs_error *err) {
-    char prefix[48], param[96];
-    snprintf(prefix, sizeof prefix, "tensors[%zu]", i);
-    field f[] = {{"name", NULL}, {"dtype", NULL}, {"shape", NULL}, {"offset", NULL}};
-    int rc = collect(obj, prefix, f, RS_ARRAY_LEN(f), err);
+static int read_shm_name(const rs_jctx *c, const json_t *v, rs_error *err) {
+    rs_shm_update_req *r = c->dst[0];
+    int rc = rs_json_check_name(v, c->param, RS_SHM_NAME_MAX, err);
     if (rc != RS_OK) return rc;
-    static const char *const order[] = {"name", "dtype", "shape", "offset"};
-    for (size_t k = 0; k < RS_ARRAY_LEN(order); k++) {
-        snprintf(param, sizeof param, "%s.%s", prefix, order[k]);
-        if ((rc = required(field_get(f, RS_ARRAY_LEN(f), order[k]), param, err)) != RS_OK) return rc;
-    }
-    snprintf(param, sizeof param, "%s.name", prefix);
-    if ((rc = get_name(field_get(f, 4, "name"), param, d->name, err)) != RS_OK) return rc;
-    snprintf(param, sizeof param, "%s.dtype", prefix);
-    if ((rc = get_dtype(field_get(f, 4, "dtype"), param, &d->dtype, err)) != RS_OK) return rc;
-    snprintf(param, sizeof param, "%s.shape", prefix);
-    if ((rc = get_shape(field_get(f, 4, "shape"), param, d, err)) != RS_OK) return rc;
-    snprintf(param, sizeof param, "%s.offset", prefix);
+    snprintf(r->shm_name, sizeof r->shm_name, "%s", json_string_value(v));
+    if (!rs_shm_name_valid(r->shm_name))
+        return rs_error_set(err, RS_EINVAL, c->param,
+                            "shm_name must be a POSIX shared-memory name: '/' followed by a name without '/', got '%s'",
+                            r->shm_name);
+    return RS_OK;
+}
+
+static int read_shm_offset(const rs_jctx *c, const json_t *v, rs_error *err) {
+    rs_weight_desc *d = c->dst[0];
     long long off;
-    if ((rc = rs_json_get_int(field_get(f, 4, "offset"), param, 0, (long long)RS_WEIGHT_MAX_BYTES, &off, err)) != RS_OK)
-        return rc;
+    int rc = rs_json_get_int(v, c->param, 0, (long long)RS_WEIGHT_MAX_BYTES, &off, err);
+    if (rc != RS_OK) return rc;
     d->offset = (uint64_t)off;
     if (d->offset + d->nbytes > RS_WEIGHT_MAX_BYTES) /* both <= 2^62: the sum cannot wrap */
-        return rs_error_set(err, RS_EINVAL, param, "%s + the tensor's %llu bytes goes past 2^62", param,
+        return rs_error_set(err, RS_EINVAL, c->param, "%s + the tensor's %llu bytes goes past 2^62", c->param,
                             (unsigned long long)d->nbytes);
     return RS_OK;
 }
+
+static int read_crc32c(const rs_jctx *c, const json_t *v, rs_error *err) {
+    rs_weight_desc *d = c->dst[0];
+    long long x;
+    int rc = rs_json_get_int(v, c->param, 0, 0xffffffffll, &x, err);
+    if (rc != RS_OK) return rc;
+    d->has_crc32c = true;
+    d->crc32c = (uint32_t)x;
+    return RS_OK;
+}
+
+static const rs_jfield shm_tensor_fields[] = {
+    {.name = "name", .type = RS_JT_CUSTOM, .flags = RS_JF_REQUIRED, DST(rs_weight_desc, name), .read = read_name,
+     .shape = "string (1..255 bytes)", .doc = "the parameter's name in the checkpoint"},
+    {.name = "dtype", .type = RS_JT_CUSTOM, .flags = RS_JF_REQUIRED, DST(rs_weight_desc, dtype), .read = read_dtype,
+     .shape = "string", .doc = "bfloat16, float16, float32 or float8_e4m3fn (torch's or safetensors' names)"},
+    {.name = "shape", .type = RS_JT_CUSTOM, .flags = RS_JF_REQUIRED, .read = read_shape,
+     .shape = "list of integers >= 0", .doc = "at most 4 dimensions"},
+    {.name = "offset", .type = RS_JT_CUSTOM, .flags = RS_JF_REQUIRED, .read = read_shm_offset,
+     .shape = "integer >= 0", .doc = "byte offset of the tensor in the segment"},
+    {.name = "crc32c", .type = RS_JT_CUSTOM, .read = read_crc32c, .shape = "integer 0..2^32-1",
+     .doc = "rolloutd's: the CRC-32C of the tensor's bytes as written, checked as they are read (400 on a "
+            "mismatch); the Python client sends it"},
+};
+
+static const rs_jobject shm_tensor_object = {.title = "POST /update_weights_from_shm: tensors[i]",
+                                             .fields = shm_tensor_fields, .n = RS_ARRAY_LEN(shm_tensor_fields)};
 
 static int get_tensor_list(const json_t *v, const char *param, rs_weight_desc **out, int *n_out, rs_error *err) {
     if (!json_is_array(v)) return rs_json_bad_type(err, param, "a list", v);
@@ -224,138 +214,131 @@ static int get_tensor_list(const json_t *v, const char *param, rs_weight_desc **
     return RS_OK;
 }
 
-int rs_shm_update_parse(const char *body, size_t len, rs_shm_update_req *out, rs_error *err) {
-    memset(out, 0, sizeof *out);
-    json_t *root;
-    int rc = load_body(body, len, &root, err);
-    if (rc != RS_OK) return rc;
-    rs_shm_update_req r = {0};
-    field f[] = {{"shm_name", NULL}, {"tensors", NULL}, {"is_last", NULL}, {"weight_version", NULL},
-                 {"abort_all_requests", NULL}, {"flush_cache", NULL}};
-    const size_t nf = RS_ARRAY_LEN(f);
-    bool ignored;
-    if ((rc = collect(root, "", f, nf, err)) != RS_OK) goto fail;
-    if ((rc = required(field_get(f, nf, "shm_name"), "shm_name", err)) != RS_OK) goto fail;
-    if ((rc = get_text(field_get(f, nf, "shm_name"), "shm_name", RS_SHM_NAME_MAX, r.shm_name, sizeof r.shm_name,
-                       err)) != RS_OK)
-        goto fail;
-    if (!rs_shm_name_valid(r.shm_name)) {
-        rc = rs_error_set(err, RS_EINVAL, "shm_name",
-                          "shm_name must be a POSIX shared-memory name: '/' followed by a name without '/', got '%s'",
-                          r.shm_name);
-        goto fail;
+static int read_shm_tensors(const rs_jctx *c, const json_t *v, rs_error *err) {
+    rs_shm_update_req *r = c->dst[0];
+    int rc = get_tensor_list(v, c->param, &r->tensors, &r->n_tensors, err);
+    for (int i = 0; rc == RS_OK && i < r->n_tensors; i++) {
+        char prefix[48];
+        snprintf(prefix, sizeof prefix, "%s[%d]", c->param, i);
+        void *const dst[] = {&r->tensors[i]};
+        rc = rs_json_read(json_array_get(v, (size_t)i), &shm_tensor_object, dst, prefix, err);
     }
-    if ((rc = required(field_get(f, nf, "tensors"), "tensors", err)) != RS_OK) goto fail;
-    if ((rc = get_tensor_list(field_get(f, nf, "tensors"), "tensors", &r.tensors, &r.n_tensors, err)) != RS_OK)
-        goto fail;
-    for (int i = 0; i < r.n_tensors; i++)
-        if ((rc = parse_shm_tensor(json_array_get(field_get(f, nf, "tensors"), (size_t)i), (size_t)i, &r.tensors[i],
-                                   err)) != RS_OK)
-            goto fail;
-    if ((rc = get_last(field_get(f, nf, "is_last"), &r.is_last, err)) != RS_OK) goto fail;
-    if ((rc = get_version(field_get(f, nf, "weight_version"), "weight_version", &r.has_version, r.weight_version,
-                          err)) != RS_OK)
-        goto fail;
-    if (field_get(f, nf, "abort_all_requests") &&
-        (rc = rs_json_get_bool(field_get(f, nf, "abort_all_requests"), "abort_all_requests", &r.abort_all_requests, err)))
-        goto fail;
-    if (field_get(f, nf, "flush_cache") && (rc = rs_json_get_bool(field_get(f, nf, "flush_cache"), "flush_cache", &ignored,
-                                                          err)) != RS_OK)
-        goto fail;
-    json_decref(root);
-    *out = r;
-    return RS_OK;
-fail:
-    free(r.tensors);
-    json_decref(root);
     return rc;
 }
 
-void rs_shm_update_req_free(rs_shm_update_req *r) {
-    free(r->tensors);
-    memset(r, 0, sizeof *r);
+static const rs_jfield shm_fields[] = {
+    {.name = "shm_name", .type = RS_JT_CUSTOM, .flags = RS_JF_REQUIRED, .read = read_shm_name,
+     .shape = "string", .doc = "the POSIX shared-memory segment: '/' and a name without '/'"},
+    {.name = "tensors", .type = RS_JT_CUSTOM, .flags = RS_JF_REQUIRED, .read = read_shm_tensors,
+     .shape = "list of objects", .sub = &shm_tensor_object, .doc = "the bucket's tensors; see below"},
+    {.name = "is_last", .type = RS_JT_CUSTOM, DST(rs_shm_update_req, is_last), .read = read_last, .shape = "boolean",
+     .doc = "true: commit now; false: more buckets follow; absent: commit once every parameter is staged"},
+    VERSION_FIELD(rs_shm_update_req),
+    TXN_FIELD(rs_shm_update_req),
+    COMMIT_FIELDS(rs_shm_update_req),
+};
+
+const rs_jobject rs_shm_update_fields = {
+    .title = "POST /update_weights_from_shm", .fields = shm_fields, .n = RS_ARRAY_LEN(shm_fields)};
+
+int rs_weights_parse_shm(const char *body, size_t len, rs_shm_update_req *out, rs_error *err) {
+    memset(out, 0, sizeof *out);
+    rs_shm_update_req r = {0};
+    int rc = read_body(body, len, &rs_shm_update_fields, &r, err);
+    if (rc != RS_OK) {
+        free(r.tensors);
+        return rc;
+    }
+    r.has_version = r.weight_version[0] != '\0';
+    r.has_txn_id = r.txn_id[0] != '\0';
+    *out = r;
+    return RS_OK;
 }
 
 /* ---------------------------------------------------------------- /update_weights_from_disk */
 
-int rs_disk_update_parse(const char *body, size_t len, rs_disk_update_req *out, rs_error *err) {
-    memset(out, 0, sizeof *out);
-    json_t *root;
-    int rc = load_body(body, len, &root, err);
+static int read_model_path(const rs_jctx *c, const json_t *v, rs_error *err) {
+    rs_disk_update_req *r = c->dst[0];
+    int rc = rs_json_check_name(v, c->param, RS_WEIGHT_PATH_MAX, err);
     if (rc != RS_OK) return rc;
+    snprintf(r->model_path, sizeof r->model_path, "%s", json_string_value(v));
+    if (r->model_path[0] != '/')
+        return rs_error_set(err, RS_EINVAL, c->param, "model_path must be an absolute path, got '%.200s'",
+                            r->model_path);
+    return RS_OK;
+}
+
+static int read_disk_load_format(const rs_jctx *c, const json_t *v, rs_error *err) {
+    if (!json_is_string(v)) return rs_json_bad_type(err, c->param, "null, \"auto\" or \"safetensors\"", v);
+    if (strcmp(json_string_value(v), "auto") == 0 || strcmp(json_string_value(v), "safetensors") == 0) return RS_OK;
+    return rs_error_set(err, RS_EUNSUPPORTED, c->param, "load_format '%.64s' is not supported: only safetensors "
+                        "directories (null, \"auto\" or \"safetensors\")", json_string_value(v));
+}
+
+static const rs_jfield disk_fields[] = {
+    {.name = "model_path", .type = RS_JT_CUSTOM, .flags = RS_JF_REQUIRED, .read = read_model_path,
+     .shape = "string", .doc = "an absolute path below --allowed-weight-dir"},
+    VERSION_FIELD(rs_disk_update_req),
+    {.name = "load_format", .type = RS_JT_CUSTOM, .read = read_disk_load_format,
+     .shape = "`\"auto\"` \\| `\"safetensors\"`", .doc = "safetensors directories only"},
+    COMMIT_FIELDS(rs_disk_update_req),
+    {.name = "recapture_cuda_graph", .type = RS_JT_BOOL, .use = RS_JU_NO_EFFECT, .doc = "there are no CUDA graphs"},
+    {.name = "is_async", .type = RS_JT_BOOL, .use = RS_JU_NEUTRAL, .neutral = "false",
+     .doc = "asynchronous loading; the request returns once committed"},
+    {.name = "keep_pause", .type = RS_JT_BOOL, .use = RS_JU_NEUTRAL, .neutral = "false",
+     .doc = "the update does not pause generation"},
+    {.name = "token_step", .type = RS_JT_INT, .use = RS_JU_NEUTRAL, .neutral = "0",
+     .doc = "per-token trainer steps; weight_version labels the tokens"},
+    {.name = "manifest", .type = RS_JT_MAP, .use = RS_JU_NEUTRAL, .doc = "tensor manifests for disk loads"},
+};
+
+const rs_jobject rs_disk_update_fields = {
+    .title = "POST /update_weights_from_disk", .fields = disk_fields, .n = RS_ARRAY_LEN(disk_fields)};
+
+int rs_weights_parse_disk(const char *body, size_t len, rs_disk_update_req *out, rs_error *err) {
+    memset(out, 0, sizeof *out);
     rs_disk_update_req *r = rs_xcalloc(1, sizeof *r);
-    field f[] = {{"model_path", NULL}, {"weight_version", NULL}, {"abort_all_requests", NULL},
-                 {"flush_cache", NULL}, {"load_format", NULL}};
-    const size_t nf = RS_ARRAY_LEN(f);
-    bool ignored;
-    json_t *lf;
-    if ((rc = collect(root, "", f, nf, err)) != RS_OK) goto done;
-    if ((rc = required(field_get(f, nf, "model_path"), "model_path", err)) != RS_OK) goto done;
-    if ((rc = get_text(field_get(f, nf, "model_path"), "model_path", RS_WEIGHT_PATH_MAX, r->model_path,
-                       sizeof r->model_path, err)) != RS_OK)
-        goto done;
-    if (r->model_path[0] != '/') {
-        rc = rs_error_set(err, RS_EINVAL, "model_path", "model_path must be an absolute path, got '%.200s'",
-                          r->model_path);
-        goto done;
+    int rc = read_body(body, len, &rs_disk_update_fields, r, err);
+    if (rc == RS_OK) {
+        r->has_version = r->weight_version[0] != '\0';
+        *out = *r;
     }
-    if ((rc = get_version(field_get(f, nf, "weight_version"), "weight_version", &r->has_version, r->weight_version,
-                          err)) != RS_OK)
-        goto done;
-    if (field_get(f, nf, "abort_all_requests") &&
-        (rc = rs_json_get_bool(field_get(f, nf, "abort_all_requests"), "abort_all_requests", &r->abort_all_requests, err)))
-        goto done;
-    if (field_get(f, nf, "flush_cache") &&
-        (rc = rs_json_get_bool(field_get(f, nf, "flush_cache"), "flush_cache", &ignored, err)) != RS_OK)
-        goto done;
-    if ((lf = field_get(f, nf, "load_format")) != NULL) {
-        if (!json_is_string(lf)) {
-            rc = rs_json_bad_type(err, "load_format", "null, \"auto\" or \"safetensors\"", lf);
-            goto done;
-        }
-        if (strcmp(json_string_value(lf), "auto") != 0 && strcmp(json_string_value(lf), "safetensors") != 0) {
-            rc = rs_error_set(err, RS_EUNSUPPORTED, "load_format",
-                              "load_format '%.64s' is not supported: only safetensors directories (null, \"auto\" "
-                              "or \"safetensors\")", json_string_value(lf));
-            goto done;
-        }
-    }
-    *out = *r;
-done:
     free(r);
-    json_decref(root);
     return rc;
 }
 
 /* ---------------------------------------------------------------- /update_weight_version */
 
-int rs_version_update_parse(const char *body, size_t len, rs_version_update_req *out, rs_error *err) {
+static const rs_jfield version_fields[] = {
+    {.name = "new_version", .type = RS_JT_STRING, .flags = RS_JF_REQUIRED, DST(rs_version_update_req, new_version),
+     .doc = "the label later tokens report (1..63 bytes)"},
+    {.name = "abort_all_requests", .type = RS_JT_BOOL, DST(rs_version_update_req, abort_all_requests),
+     .def = "false", .doc = "abort in-flight requests first (SGLang defaults to true; rolloutd never aborts unless "
+                            "asked); they return their partial output with finish \"abort\""},
+    {.name = "abort_all_request", .type = RS_JT_BOOL, DST(rs_version_update_req, abort_all_requests),
+     .doc = "the same as abort_all_requests (AReaL's spelling)"},
+    {.name = "rid", .type = RS_JT_TEXT, .use = RS_JU_NO_EFFECT, .doc = "SGLang's request id of the update; not used"},
+    {.name = "http_worker_ipc", .type = RS_JT_TEXT, .use = RS_JU_NEUTRAL, .doc = "SGLang's internal IPC"},
+};
+
+const rs_jobject rs_version_update_fields = {
+    .title = "POST /update_weight_version", .fields = version_fields, .n = RS_ARRAY_LEN(version_fields)};
+
+int rs_weights_parse_version(const char *body, size_t len, rs_version_update_req *out, rs_error *err) {
     memset(out, 0, sizeof *out);
-    json_t *root;
-    int rc = load_body(body, len, &root, err);
-    if (rc != RS_OK) return rc;
     rs_version_update_req r = {0};
-    field f[] = {{"new_version", NULL}, {"abort_all_requests", NULL}};
-    if ((rc = collect(root, "", f, 2, err)) != RS_OK) goto done;
-    if ((rc = required(f[0].v, "new_version", err)) != RS_OK) goto done;
-    if ((rc = get_text(f[0].v, "new_version", RS_WEIGHT_VERSION_MAX, r.new_version, sizeof r.new_version, err)))
-        goto done;
-    if (f[1].v && (rc = rs_json_get_bool(f[1].v, "abort_all_requests", &r.abort_all_requests, err)) != RS_OK) goto done;
-    *out = r;
-done:
-    json_decref(root);
+    int rc = read_body(body, len, &rs_version_update_fields, &r, err);
+    if (rc == RS_OK) *out = r;
     return rc;
 }
 
 /* ---------------------------------------------------------------- NCCL routes */
 
-static int get_group_name(const json_t *v, char *out, rs_error *err) {
-    if (!v) {
-        snprintf(out, RS_NCCL_GROUP_NAME_MAX + 1, "weight_update_group"); /* SGLang's default */
-        return RS_OK;
-    }
-    return get_text(v, "group_name", RS_NCCL_GROUP_NAME_MAX, out, RS_NCCL_GROUP_NAME_MAX + 1, err);
-}
+#define GROUP_DEFAULT "weight_update_group" /* SGLang's default group_name */
+
+#define GROUP_FIELD(T)                                                                                          \
+    {.name = "group_name", .type = RS_JT_STRING, DST(T, group_name), .def = "\"" GROUP_DEFAULT "\"",          \
+     .doc = "the group (1..127 bytes)"}
 
 static int b64_value(char c) {
     if (c >= 'A' && c <= 'Z') return c - 'A';
@@ -391,160 +374,203 @@ static int b64_decode_exact(const char *s, size_t len, uint8_t *out, size_t want
     return n == want ? 0 : -1;
 }
 
-int rs_nccl_group_parse(const char *body, size_t len, rs_nccl_group_req *out, rs_error *err) {
-    memset(out, 0, sizeof *out);
-    json_t *root;
-    int rc = load_body(body, len, &root, err);
-    if (rc != RS_OK) return rc;
-    rs_nccl_group_req *r = rs_xcalloc(1, sizeof *r);
-    field f[] = {{"master_address", NULL}, {"master_port", NULL}, {"rank_offset", NULL}, {"world_size", NULL},
-                 {"group_name", NULL}, {"backend", NULL}, {"nccl_unique_id_b64", NULL}};
-    const size_t nf = RS_ARRAY_LEN(f);
-    long long x;
-    json_t *v;
-    if ((rc = collect(root, "", f, nf, err)) != RS_OK) goto done;
-    for (size_t i = 0; i < 4; i++)
-        if ((rc = required(f[i].v, f[i].name, err)) != RS_OK) goto done;
-    if ((rc = get_text(f[0].v, "master_address", RS_NCCL_ADDRESS_MAX, r->master_address, sizeof r->master_address,
-                       err)) != RS_OK)
-        goto done;
-    if ((rc = rs_json_get_int(f[1].v, "master_port", 1, 65535, &x, err)) != RS_OK) goto done;
+/* An integer or a string of decimal digits (AReaL sends master_port as a string), 1..65535. */
+static int read_master_port(const rs_jctx *c, const json_t *v, rs_error *err) {
+    rs_nccl_group_req *r = c->dst[0];
+    if (json_is_integer(v)) {
+        long long x;
+        int rc = rs_json_get_int(v, c->param, 1, 65535, &x, err);
+        if (rc == RS_OK) r->master_port = (int)x;
+        return rc;
+    }
+    if (!json_is_string(v)) return rs_json_bad_type(err, c->param, "a port number (an integer or a decimal string)", v);
+    const char *s = json_string_value(v);
+    size_t len = json_string_length(v);
+    long x = len >= 1 && len <= 5 ? 0 : -1;
+    for (size_t i = 0; x >= 0 && i < len; i++) x = s[i] >= '0' && s[i] <= '9' ? x * 10 + (s[i] - '0') : -1;
+    if (x < 1 || x > 65535)
+        return rs_error_set(err, RS_EINVAL, c->param, "%s must be a port in [1, 65535] (an integer or a decimal "
+                            "string), got '%.16s'", c->param, s);
     r->master_port = (int)x;
-    if ((rc = rs_json_get_int(f[3].v, "world_size", 2, 65536, &x, err)) != RS_OK) goto done;
-    r->world_size = (int)x;
-    if ((rc = rs_json_get_int(f[2].v, "rank_offset", 0, r->world_size - 1, &x, err)) != RS_OK) goto done;
-    r->rank_offset = (int)x;
-    if ((rc = get_group_name(f[4].v, r->group_name, err)) != RS_OK) goto done;
-    snprintf(r->backend, sizeof r->backend, "nccl");
-    if ((v = f[5].v) != NULL) {
-        if (!json_is_string(v)) {
-            rc = rs_json_bad_type(err, "backend", "\"nccl\"", v);
-            goto done;
-        }
-        if (strcmp(json_string_value(v), "nccl") != 0) {
-            rc = rs_error_set(err, RS_EUNSUPPORTED, "backend", "backend '%.32s' is not supported: only \"nccl\"",
-                              json_string_value(v));
-            goto done;
-        }
-    }
-    if ((v = f[6].v) != NULL) {
-        if (!json_is_string(v)) {
-            rc = rs_json_bad_type(err, "nccl_unique_id_b64", "a base64 string", v);
-            goto done;
-        }
-        if (b64_decode_exact(json_string_value(v), json_string_length(v), r->unique_id, RS_NCCL_UNIQUE_ID_BYTES)) {
-            rc = rs_error_set(err, RS_EINVAL, "nccl_unique_id_b64",
-                              "nccl_unique_id_b64 must be standard padded base64 of exactly %d bytes (an "
-                              "ncclUniqueId)", RS_NCCL_UNIQUE_ID_BYTES);
-            goto done;
-        }
-        r->has_unique_id = true;
-    }
-    *out = *r;
-done:
-    free(r);
-    json_decref(root);
+    return RS_OK;
+}
+
+static int read_rank_offset(const rs_jctx *c, const json_t *v, rs_error *err) {
+    rs_nccl_group_req *r = c->dst[0];
+    long long x;
+    int rc = rs_json_get_int(v, c->param, 0, r->world_size - 1, &x, err);
+    if (rc == RS_OK) r->rank_offset = (int)x;
     return rc;
 }
 
-int rs_nccl_update_parse(const char *body, size_t len, rs_nccl_update_req *out, rs_error *err) {
+static int read_backend(const rs_jctx *c, const json_t *v, rs_error *err) {
+    if (!json_is_string(v)) return rs_json_bad_type(err, c->param, "\"nccl\"", v);
+    if (strcmp(json_string_value(v), "nccl") == 0) return RS_OK;
+    return rs_error_set(err, RS_EUNSUPPORTED, c->param, "backend '%.32s' is not supported: only \"nccl\"",
+                        json_string_value(v));
+}
+
+static int read_unique_id(const rs_jctx *c, const json_t *v, rs_error *err) {
+    rs_nccl_group_req *r = c->dst[0];
+    if (!json_is_string(v)) return rs_json_bad_type(err, c->param, "a base64 string", v);
+    if (b64_decode_exact(json_string_value(v), json_string_length(v), r->unique_id, RS_NCCL_UNIQUE_ID_BYTES))
+        return rs_error_set(err, RS_EINVAL, c->param, "nccl_unique_id_b64 must be standard padded base64 of exactly "
+                            "%d bytes (an ncclUniqueId)", RS_NCCL_UNIQUE_ID_BYTES);
+    r->has_unique_id = true;
+    return RS_OK;
+}
+
+static const rs_jfield group_fields[] = {
+    {.name = "master_address", .type = RS_JT_STRING, .flags = RS_JF_REQUIRED, DST(rs_nccl_group_req, master_address),
+     .doc = "the trainer's rendezvous host"},
+    {.name = "master_port", .type = RS_JT_CUSTOM, .flags = RS_JF_REQUIRED, .read = read_master_port,
+     .shape = "integer, or a string of decimal digits", .doc = "1..65535"},
+    {.name = "world_size", .type = RS_JT_INT, .flags = RS_JF_REQUIRED, DST(rs_nccl_group_req, world_size), .min = 2,
+     .max = 65536, .doc = "trainer rank 0 plus every server rank"},
+    {.name = "rank_offset", .type = RS_JT_CUSTOM, .flags = RS_JF_REQUIRED, .read = read_rank_offset,
+     .shape = "integer in [0, world_size - 1]", .doc = "this server's rank"},
+    GROUP_FIELD(rs_nccl_group_req),
+    {.name = "backend", .type = RS_JT_CUSTOM, .read = read_backend, .shape = "`\"nccl\"`", .def = "\"nccl\""},
+    {.name = "nccl_unique_id_b64", .type = RS_JT_CUSTOM, .read = read_unique_id, .shape = "string (base64)",
+     .doc = "rolloutd's: the trainer's ncclUniqueId (128 bytes); without it rolloutd joins the trainer's "
+            "torch TCPStore at master_address:master_port, as an SGLang server does"},
+    {.name = "rid", .type = RS_JT_TEXT, .use = RS_JU_NO_EFFECT, .doc = "SGLang's request id; not used"},
+    {.name = "http_worker_ipc", .type = RS_JT_TEXT, .use = RS_JU_NEUTRAL, .doc = "SGLang's internal IPC"},
+};
+
+const rs_jobject rs_nccl_group_fields = {
+    .title = "POST /init_weights_update_group", .fields = group_fields, .n = RS_ARRAY_LEN(group_fields)};
+
+int rs_weights_parse_nccl_group(const char *body, size_t len, rs_nccl_group_req *out, rs_error *err) {
     memset(out, 0, sizeof *out);
-    json_t *root;
-    int rc = load_body(body, len, &root, err);
-    if (rc != RS_OK) return rc;
-    rs_nccl_update_req r = {0};
-    field f[] = {{"names", NULL}, {"dtypes", NULL}, {"shapes", NULL}, {"group_name", NULL},
-                 {"load_format", NULL}, {"weight_version", NULL}, {"is_last", NULL},
-                 {"abort_all_requests", NULL}, {"flush_cache", NULL}};
-    const size_t nf = RS_ARRAY_LEN(f);
-    json_t *names, *dtypes, *shapes, *lf;
-    bool ignored;
-    if ((rc = collect(root, "", f, nf, err)) != RS_OK) goto fail;
-    for (size_t i = 0; i < 3; i++)
-        if ((rc = required(f[i].v, f[i].name, err)) != RS_OK) goto fail;
-    names = f[0].v, dtypes = f[1].v, shapes = f[2].v;
-    if ((rc = get_tensor_list(names, "names", &r.tensors, &r.n_tensors, err)) != RS_OK) goto fail;
-    if (r.n_tensors == 0) {
-        rc = rs_error_set(err, RS_EINVAL, "names", "names must not be empty");
-        goto fail;
-    }
-    if (!json_is_array(dtypes) || json_array_size(dtypes) != (size_t)r.n_tensors) {
-        rc = json_is_array(dtypes) ? rs_error_set(err, RS_EINVAL, "dtypes", "dtypes has %zu entries, names has %d",
-                                                  json_array_size(dtypes), r.n_tensors)
-                                   : rs_json_bad_type(err, "dtypes", "a list", dtypes);
-        goto fail;
-    }
-    if (!json_is_array(shapes) || json_array_size(shapes) != (size_t)r.n_tensors) {
-        rc = json_is_array(shapes) ? rs_error_set(err, RS_EINVAL, "shapes", "shapes has %zu entries, names has %d",
-                                                  json_array_size(shapes), r.n_tensors)
-                                   : rs_json_bad_type(err, "shapes", "a list", shapes);
-        goto fail;
-    }
-    for (int i = 0; i < r.n_tensors; i++) {
-        rs_weight_desc *d = &r.tensors[i];
+    rs_nccl_group_req *r = rs_xcalloc(1, sizeof *r);
+    snprintf(r->group_name, sizeof r->group_name, GROUP_DEFAULT);
+    snprintf(r->backend, sizeof r->backend, "nccl");
+    int rc = read_body(body, len, &rs_nccl_group_fields, r, err);
+    if (rc == RS_OK) *out = *r;
+    free(r);
+    return rc;
+}
+
+static int read_names(const rs_jctx *c, const json_t *v, rs_error *err) {
+    rs_nccl_update_req *r = c->dst[0];
+    int rc = get_tensor_list(v, c->param, &r->tensors, &r->n_tensors, err);
+    if (rc == RS_OK && r->n_tensors == 0) rc = rs_error_set(err, RS_EINVAL, c->param, "names must not be empty");
+    for (int i = 0; rc == RS_OK && i < r->n_tensors; i++) {
         char param[48];
         snprintf(param, sizeof param, "names[%d]", i);
-        if ((rc = get_name(json_array_get(names, (size_t)i), param, d->name, err)) != RS_OK) goto fail;
-        snprintf(param, sizeof param, "dtypes[%d]", i);
-        if ((rc = get_dtype(json_array_get(dtypes, (size_t)i), param, &d->dtype, err)) != RS_OK) goto fail;
-        snprintf(param, sizeof param, "shapes[%d]", i);
-        if ((rc = get_shape(json_array_get(shapes, (size_t)i), param, d, err)) != RS_OK) goto fail;
-        d->offset = r.total_bytes;
-        if (d->nbytes > RS_WEIGHT_MAX_BYTES - r.total_bytes) {
-            rc = rs_error_set(err, RS_EINVAL, "shapes", "the tensors add up to more than 2^62 bytes");
-            goto fail;
-        }
-        r.total_bytes += d->nbytes;
+        rc = rs_json_check_name(json_array_get(v, (size_t)i), param, RS_WEIGHT_NAME_MAX, err);
+        if (rc == RS_OK) snprintf(r->tensors[i].name, sizeof r->tensors[i].name, "%s",
+                                  json_string_value(json_array_get(v, (size_t)i)));
     }
-    if ((rc = get_group_name(f[3].v, r.group_name, err)) != RS_OK) goto fail;
-    if ((lf = f[4].v) != NULL) {
-        if (!json_is_string(lf)) {
-            rc = rs_json_bad_type(err, "load_format", "null or \"flattened_bucket\"", lf);
-            goto fail;
-        }
-        if (strcmp(json_string_value(lf), "flattened_bucket") != 0) {
-            rc = rs_error_set(err, RS_EUNSUPPORTED, "load_format",
-                              "load_format '%.64s' is not supported: null (one broadcast per tensor) or "
-                              "\"flattened_bucket\"", json_string_value(lf));
-            goto fail;
-        }
-        r.flattened_bucket = true;
-    }
-    if ((rc = get_version(f[5].v, "weight_version", &r.has_version, r.weight_version, err)) != RS_OK) goto fail;
-    if ((rc = get_last(f[6].v, &r.is_last, err)) != RS_OK) goto fail;
-    if (f[7].v && (rc = rs_json_get_bool(f[7].v, "abort_all_requests", &r.abort_all_requests, err)) != RS_OK) goto fail;
-    if (f[8].v && (rc = rs_json_get_bool(f[8].v, "flush_cache", &ignored, err)) != RS_OK) goto fail;
-    json_decref(root);
-    *out = r;
-    return RS_OK;
-fail:
-    free(r.tensors);
-    json_decref(root);
     return rc;
 }
 
-void rs_nccl_update_req_free(rs_nccl_update_req *r) {
-    free(r->tensors);
-    memset(r, 0, sizeof *r);
+/* dtypes and shapes: lists as long as names (read first). */
+static int same_length(const rs_jctx *c, const json_t *v, rs_error *err) {
+    const rs_nccl_update_req *r = c->dst[0];
+    if (!json_is_array(v)) return rs_json_bad_type(err, c->param, "a list", v);
+    if (json_array_size(v) != (size_t)r->n_tensors)
+        return rs_error_set(err, RS_EINVAL, c->param, "%s has %zu entries, names has %d", c->param, json_array_size(v),
+                            r->n_tensors);
+    return RS_OK;
 }
 
-int rs_nccl_destroy_parse(const char *body, size_t len, rs_nccl_destroy_req *out, rs_error *err) {
+static int read_dtypes(const rs_jctx *c, const json_t *v, rs_error *err) {
+    rs_nccl_update_req *r = c->dst[0];
+    int rc = same_length(c, v, err);
+    for (int i = 0; rc == RS_OK && i < r->n_tensors; i++) {
+        char param[48];
+        snprintf(param, sizeof param, "dtypes[%d]", i);
+        rc = get_dtype(json_array_get(v, (size_t)i), param, &r->tensors[i].dtype, err);
+    }
+    return rc;
+}
+
+/* Shapes, and the offsets of a flattened bucket (the running sum of the sizes, no padding). */
+static int read_shapes(const rs_jctx *c, const json_t *v, rs_error *err) {
+    rs_nccl_update_req *r = c->dst[0];
+    int rc = same_length(c, v, err);
+    for (int i = 0; rc == RS_OK && i < r->n_tensors; i++) {
+        rs_weight_desc *d = &r->tensors[i];
+        char param[48];
+        snprintf(param, sizeof param, "shapes[%d]", i);
+        if ((rc = get_shape(json_array_get(v, (size_t)i), param, d, err)) != RS_OK) break;
+        d->offset = r->total_bytes;
+        if (d->nbytes > RS_WEIGHT_MAX_BYTES - r->total_bytes)
+            return rs_error_set(err, RS_EINVAL, "shapes", "the tensors add up to more than 2^62 bytes");
+        r->total_bytes += d->nbytes;
+    }
+    return rc;
+}
+
+static int read_nccl_load_format(const rs_jctx *c, const json_t *v, rs_error *err) {
+    rs_nccl_update_req *r = c->dst[0];
+    if (!json_is_string(v)) return rs_json_bad_type(err, c->param, "null or \"flattened_bucket\"", v);
+    if (strcmp(json_string_value(v), "flattened_bucket") != 0)
+        return rs_error_set(err, RS_EUNSUPPORTED, c->param, "load_format '%.64s' is not supported: null (one "
+                            "broadcast per tensor) or \"flattened_bucket\"", json_string_value(v));
+    r->flattened_bucket = true;
+    return RS_OK;
+}
+
+static const rs_jfield nccl_update_fields[] = {
+    {.name = "names", .type = RS_JT_CUSTOM, .flags = RS_JF_REQUIRED, .read = read_names,
+     .shape = "list of strings", .doc = "the tensors, in broadcast order"},
+    {.name = "dtypes", .type = RS_JT_CUSTOM, .flags = RS_JF_REQUIRED, .read = read_dtypes,
+     .shape = "list of strings", .doc = "one per name"},
+    {.name = "shapes", .type = RS_JT_CUSTOM, .flags = RS_JF_REQUIRED, .read = read_shapes,
+     .shape = "list of lists of integers", .doc = "one per name"},
+    GROUP_FIELD(rs_nccl_update_req),
+    {.name = "load_format", .type = RS_JT_CUSTOM, .read = read_nccl_load_format, .shape = "`\"flattened_bucket\"`",
+     .doc = "null: one broadcast per tensor; flattened_bucket: one of their concatenation"},
+    VERSION_FIELD(rs_nccl_update_req),
+    TXN_FIELD(rs_nccl_update_req),
+    {.name = "is_last", .type = RS_JT_CUSTOM, DST(rs_nccl_update_req, is_last), .read = read_last,
+     .shape = "boolean", .doc = "rolloutd's: as on /update_weights_from_shm"},
+    COMMIT_FIELDS(rs_nccl_update_req),
+};
+
+const rs_jobject rs_nccl_update_fields = {.title = "POST /update_weights_from_distributed",
+                                          .fields = nccl_update_fields, .n = RS_ARRAY_LEN(nccl_update_fields)};
+
+int rs_weights_parse_nccl_update(const char *body, size_t len, rs_nccl_update_req *out, rs_error *err) {
     memset(out, 0, sizeof *out);
-    json_t *root;
-    int rc = load_body(body, len, &root, err);
-    if (rc != RS_OK) return rc;
+    rs_nccl_update_req r = {0};
+    snprintf(r.group_name, sizeof r.group_name, GROUP_DEFAULT);
+    int rc = read_body(body, len, &rs_nccl_update_fields, &r, err);
+    if (rc != RS_OK) {
+        free(r.tensors);
+        return rc;
+    }
+    r.has_version = r.weight_version[0] != '\0';
+    r.has_txn_id = r.txn_id[0] != '\0';
+    *out = r;
+    return RS_OK;
+}
+
+static const rs_jfield destroy_fields[] = {
+    GROUP_FIELD(rs_nccl_destroy_req),
+    {.name = "rid", .type = RS_JT_TEXT, .use = RS_JU_NO_EFFECT, .doc = "SGLang's request id; not used"},
+    {.name = "http_worker_ipc", .type = RS_JT_TEXT, .use = RS_JU_NEUTRAL, .doc = "SGLang's internal IPC"},
+};
+
+const rs_jobject rs_nccl_destroy_fields = {
+    .title = "POST /destroy_weights_update_group", .fields = destroy_fields, .n = RS_ARRAY_LEN(destroy_fields)};
+
+int rs_weights_parse_nccl_destroy(const char *body, size_t len, rs_nccl_destroy_req *out, rs_error *err) {
+    memset(out, 0, sizeof *out);
     rs_nccl_destroy_req r = {{0}};
-    field f[] = {{"group_name", NULL}};
-    if ((rc = collect(root, "", f, 1, err)) == RS_OK && (rc = get_group_name(f[0].v, r.group_name, err)) == RS_OK)
-        *out = r;
-    json_decref(root);
+    snprintf(r.group_name, sizeof r.group_name, GROUP_DEFAULT);
+    int rc = read_body(body, len, &rs_nccl_destroy_fields, &r, err);
+    if (rc == RS_OK) *out = r;
     return rc;
 }
 
 /* ---------------------------------------------------------------- the answer */
 
 char *rs_weights_response(const char *message, const char *weight_version, uint64_t bytes, double seconds,
-                          bool committed, size_t *len) {
+                          bool committed, const char *transaction_id, size_t *len) {
     json_t *o = json_object();
     if (!o) return NULL;
     json_t *msg = json_string(message);
@@ -555,6 +581,7 @@ char *rs_weights_response(const char *message, const char *weight_version, uint6
     json_object_set_new(o, "bytes", json_integer((json_int_t)RS_MIN(bytes, (uint64_t)LLONG_MAX)));
     json_object_set_new(o, "seconds", json_real(seconds >= 0 ? seconds : 0));
     json_object_set_new(o, "committed", json_boolean(committed));
+    if (transaction_id && transaction_id[0]) json_object_set_new(o, "transaction_id", json_string(transaction_id));
     char *s = json_dumps(o, JSON_COMPACT | JSON_REAL_PRECISION(6));
     json_decref(o);
     if (s && len) *len = strlen(s);

@@ -10,9 +10,10 @@
  *      (admission_new_token_ratio) of the growth of everything running, so preemption stays
  *      rare; a prompt's leading full blocks come from the prefix cache when they are there;
  *   4. runs one forward pass over decode rows first, then prefill chunks, within max_step_tokens;
- *   5. samples, scores prompt tokens, fans a prompt out to its n samples (one shared prefill, the
- *      pages forked, the partial last page copied on first write), registers full blocks in the
- *      prefix cache, and finishes sequences (stop token, EOS, max_new_tokens, context limit).
+ *   5. samples (after the sequence's penalties over its own output, scheduler/penalties.h), scores
+ *      prompt tokens, fans a prompt out to its n samples (one shared prefill, the pages forked, the
+ *      partial last page copied on first write), registers full blocks in the prefix cache, and
+ *      finishes sequences (stop token, EOS, max_new_tokens, context limit).
  *
  * Reproducibility: a token's random draw is keyed by (sampling_seed, sample index, position) and
  * every op computes each row independently of the others in the batch, so a request produces the
@@ -25,6 +26,7 @@
  */
 #include "engine.h"
 
+#include <limits.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -34,6 +36,7 @@
 #include "../model/kv_calibrate.h"
 #include "../kvcache/kvcache.h"
 #include "../model/kv_scales.h"
+#include "penalties.h"
 #include "sampler.h"
 
 typedef struct rs_seq {
@@ -49,6 +52,7 @@ typedef struct rs_seq {
     double t_last_token;        /* for inter-token latency */
     bool admitted_once;
     rs_kv_seq kv;
+    rs_penalty_counts pen;      /* its output tokens, counted when the job asks for penalties */
     struct rs_seq *next;        /* waiting queue */
 } rs_seq;
 
@@ -70,8 +74,10 @@ struct rs_engine {
     rs_seq **sampled;           /* [max_running] sequences that sampled this step */
     int32_t *top_ids;           /* [max_top] scratch */
     float *top_lps;
+    float *proc_logits;         /* [vocab] a row after the logits-processing step (process_logits) */
     rs_sample_req *dev_req;     /* [max_logits] sampling on the device (rs_forward_sample), or NULL */
     rs_sample_res *dev_res;
+    int *dev_idx;               /* [max_logits] a logits row's request in dev_req, -1: the host samples it */
 
     rs_seq *wait_head, *wait_tail;
     int n_waiting;
@@ -119,17 +125,6 @@ typedef struct rs_ctl {
     struct rs_ctl *next;
 } rs_ctl;
 
-const double rs_hist_bounds[RS_HIST_BUCKETS] = {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
-                                                0.25,  0.5,    1.0,   2.5,  5.0,   10.0, INFINITY};
-
-void rs_histogram_observe(rs_histogram *h, double seconds) {
-    int i = 0;
-    while (i < RS_HIST_BUCKETS - 1 && seconds > rs_hist_bounds[i]) i++;
-    h->counts[i]++;
-    h->n++;
-    h->sum += seconds;
-}
-
 /* ---------------------------------------------------------------- jobs */
 
 rs_gen_job *rs_gen_job_new(void) {
@@ -162,63 +157,85 @@ void rs_gen_job_free(rs_gen_job *job) {
     free(job);
 }
 
+static int invalid(rs_gen_invalid *why, rs_gen_field field, rs_gen_problem problem, long long value, long long min,
+                   long long max) {
+    *why = (rs_gen_invalid){.field = field, .problem = problem, .index = -1, .pos = -1, .value = value,
+                            .min = min, .max = max};
+    return RS_EINVAL;
+}
+
 int rs_gen_job_validate(const rs_gen_job *job, const rs_model_config *cfg, const rs_engine_limits *lim,
-                        rs_error *err) {
+                        rs_gen_invalid *why) {
     const rs_sampling_params *sp = &job->sp;
-    if (job->n_prompts <= 0) return rs_error_set(err, RS_EINVAL, "input_ids", "input_ids must not be empty");
-    if (sp->n < 1 || sp->n > lim->max_n)
-        return rs_error_set(err, RS_EINVAL, "sampling_params.n", "sampling_params.n must be in [1, %d], got %d",
-                            lim->max_n, sp->n);
-    if ((long)job->n_prompts * sp->n > lim->max_batch)
-        return rs_error_set(err, RS_EINVAL, "input_ids",
-                            "%d prompts x n=%d sequences exceeds the per-request limit of %d",
-                            job->n_prompts, sp->n, lim->max_batch);
+    if (job->n_prompts <= 0) return invalid(why, RS_GEN_FIELD_PROMPTS, RS_GEN_EMPTY, 0, 1, 0);
+    if (sp->n < 1 || sp->n > lim->max_n) return invalid(why, RS_GEN_FIELD_N, RS_GEN_RANGE, sp->n, 1, lim->max_n);
+    if ((long long)job->n_prompts * sp->n > lim->max_batch) {
+        invalid(why, RS_GEN_FIELD_PROMPTS, RS_GEN_BATCH, job->n_prompts, 1, lim->max_batch);
+        why->other = sp->n;
+        return RS_EINVAL;
+    }
     if (sp->max_new_tokens < 0 || sp->max_new_tokens > lim->max_new_tokens)
-        return rs_error_set(err, RS_EINVAL, "sampling_params.max_new_tokens",
-                            "sampling_params.max_new_tokens must be in [0, %d], got %d", lim->max_new_tokens,
-                            sp->max_new_tokens);
+        return invalid(why, RS_GEN_FIELD_MAX_NEW_TOKENS, RS_GEN_RANGE, sp->max_new_tokens, 0, lim->max_new_tokens);
     if (sp->min_new_tokens < 0 || sp->min_new_tokens > sp->max_new_tokens)
-        return rs_error_set(err, RS_EINVAL, "sampling_params.min_new_tokens",
-                            "sampling_params.min_new_tokens must be in [0, max_new_tokens=%d], got %d",
-                            sp->max_new_tokens, sp->min_new_tokens);
+        return invalid(why, RS_GEN_FIELD_MIN_NEW_TOKENS, RS_GEN_RANGE, sp->min_new_tokens, 0, sp->max_new_tokens);
     if (job->top_logprobs_num < 0 || job->top_logprobs_num > lim->max_top_logprobs)
-        return rs_error_set(err, RS_EINVAL, "top_logprobs_num", "top_logprobs_num must be in [0, %d], got %d",
-                            lim->max_top_logprobs, job->top_logprobs_num);
+        return invalid(why, RS_GEN_FIELD_TOP_LOGPROBS, RS_GEN_RANGE, job->top_logprobs_num, 0,
+                       lim->max_top_logprobs);
     for (int i = 0; i < sp->n_stop_token_ids; i++) {
-        if (sp->stop_token_ids[i] < 0 || sp->stop_token_ids[i] >= cfg->vocab_size)
-            return rs_error_set(err, RS_EINVAL, "sampling_params.stop_token_ids",
-                                "stop token id %d is outside the vocabulary [0, %d)", sp->stop_token_ids[i],
-                                cfg->vocab_size);
+        if (sp->stop_token_ids[i] < 0 || sp->stop_token_ids[i] >= cfg->vocab_size) {
+            invalid(why, RS_GEN_FIELD_STOP_TOKEN_IDS, RS_GEN_VOCAB, sp->stop_token_ids[i], 0, cfg->vocab_size);
+            why->pos = i;
+            return RS_EINVAL;
+        }
+    }
+    if (sp->min_new_tokens > 0 && sp->n_stop_token_ids + cfg->n_eos >= cfg->vocab_size) {
+        /* every token masked until min_new_tokens: nothing could be sampled */
+        uint8_t *seen = rs_xcalloc((size_t)cfg->vocab_size, 1);
+        int distinct = 0;
+        for (int i = 0; i < sp->n_stop_token_ids + cfg->n_eos; i++) {
+            const int32_t t = i < sp->n_stop_token_ids ? sp->stop_token_ids[i] : cfg->eos_token_ids[i - sp->n_stop_token_ids];
+            if (t >= 0 && t < cfg->vocab_size && !seen[t]) {
+                seen[t] = 1;
+                distinct++;
+            }
+        }
+        free(seen);
+        if (distinct >= cfg->vocab_size) {
+            invalid(why, RS_GEN_FIELD_STOP_TOKEN_IDS, RS_GEN_ALL_MASKED, distinct, 0, cfg->vocab_size);
+            why->other = sp->min_new_tokens;
+            return RS_EINVAL;
+        }
     }
     for (int p = 0; p < job->n_prompts; p++) {
-        char param[64];
-        snprintf(param, sizeof param, job->batched ? "input_ids[%d]" : "input_ids", p);
-        int len = job->prompt_lens[p];
-        if (len <= 0) return rs_error_set(err, RS_EINVAL, param, "%s must not be empty", param);
-        for (int i = 0; i < len; i++) {
+        int len = job->prompt_lens[p], rc = RS_OK;
+        if (len <= 0) rc = invalid(why, RS_GEN_FIELD_PROMPT, RS_GEN_EMPTY, 0, 1, 0);
+        for (int i = 0; rc == RS_OK && i < len; i++) {
             int32_t t = job->prompts[p][i];
-            if (t < 0 || t >= cfg->vocab_size)
-                return rs_error_set(err, RS_EINVAL, param, "%s[%d] = %d is outside the vocabulary [0, %d)", param,
-                                    i, t, cfg->vocab_size);
+            if (t < 0 || t >= cfg->vocab_size) {
+                rc = invalid(why, RS_GEN_FIELD_PROMPT, RS_GEN_VOCAB, t, 0, cfg->vocab_size);
+                why->pos = i;
+            }
         }
-        if ((long)len + sp->max_new_tokens > lim->max_context)
-            return rs_error_set(err, RS_EINVAL, param,
-                                "%s has %d tokens; with max_new_tokens=%d that exceeds the context limit of %d",
-                                param, len, sp->max_new_tokens, lim->max_context);
+        if (rc == RS_OK && (long long)len + sp->max_new_tokens > lim->max_context) {
+            rc = invalid(why, RS_GEN_FIELD_PROMPT, RS_GEN_CONTEXT, len, 0, lim->max_context);
+            why->other = sp->max_new_tokens;
+        }
+        if (rc != RS_OK) {
+            why->index = job->batched ? p : -1;
+            return rc;
+        }
         if (job->logprob_start_len >= len)
-            return rs_error_set(err, RS_EINVAL, "logprob_start_len",
-                                "logprob_start_len=%d must be less than the prompt length %d",
-                                job->logprob_start_len, len);
+            return invalid(why, RS_GEN_FIELD_LOGPROB_START, RS_GEN_PAST_PROMPT, job->logprob_start_len, -1, len);
     }
     if (job->logprob_start_len < -1)
-        return rs_error_set(err, RS_EINVAL, "logprob_start_len", "logprob_start_len must be >= -1, got %d",
-                            job->logprob_start_len);
+        return invalid(why, RS_GEN_FIELD_LOGPROB_START, RS_GEN_RANGE, job->logprob_start_len, -1, INT_MAX);
     return RS_OK;
 }
 
 /* ---------------------------------------------------------------- engine lifecycle */
 
 static int load_static_kv_scales(rs_engine *e, rs_error *err);
+static void publish_stats(rs_engine *e);
 
 int rs_engine_init(rs_engine **out, rs_model *m, const rs_engine_opts *opts, rs_error *err) {
     const rs_model_config *c = &m->cfg;
@@ -281,10 +298,15 @@ int rs_engine_init(rs_engine **out, rs_model *m, const rs_engine_opts *opts, rs_
     int max_top = RS_MAX(e->opts.limits.max_top_logprobs, 1);
     e->top_ids = rs_xmalloc(sizeof(int32_t) * (size_t)max_top);
     e->top_lps = rs_xmalloc(sizeof(float) * (size_t)max_top);
+    e->proc_logits = rs_xmalloc(sizeof(float) * (size_t)c->vocab_size);
     if (rs_forward_samples(e->fwd)) {
         e->dev_req = rs_xmalloc(sizeof(rs_sample_req) * (size_t)e->max_logits);
         e->dev_res = rs_xmalloc(sizeof(rs_sample_res) * (size_t)e->max_logits);
+        e->dev_idx = rs_xmalloc(sizeof(int) * (size_t)e->max_logits);
     }
+    /* the capacity is readable (/get_server_info, /metrics) from the moment the pool exists, before
+     * /health turns 200 and before any step ran */
+    publish_stats(e);
     RS_INFO("engine: kv pool %d blocks x %d tokens (%.1f MiB, %s), max_running=%d max_step_tokens=%d "
             "max_context=%d prefix_cache=%s admission_new_token_ratio=%.2f",
             e->pool.n_blocks, RS_KV_BLOCK, (double)e->pool.bytes / (1 << 20), rs_dtype_name(e->pool.dtype), R, T,
@@ -358,8 +380,8 @@ void rs_engine_free(rs_engine *e) {
     rs_forward_ctx_free(e->fwd);
     rs_sampler_scratch_free(&e->sampler);
     void *bufs[] = {e->b_tokens, e->b_pos, e->b_slot, e->logit_rows, e->b_seq_start, e->b_seq_ctx,
-                    e->b_tables, e->step_seqs, e->sampled, e->running, e->logits, e->top_ids, e->top_lps,
-                    e->inbox, e->progress, e->dev_req, e->dev_res};
+                    e->b_tables, e->step_seqs, e->sampled, e->running, e->logits, e->proc_logits, e->top_ids,
+                    e->top_lps, e->inbox, e->progress, e->dev_req, e->dev_res, e->dev_idx};
     for (size_t i = 0; i < RS_ARRAY_LEN(bufs); i++) free(bufs[i]);
     for (int i = 0; i < e->n_abort_rids; i++) free(e->abort_rids[i]);
     free(e->abort_rids);
@@ -378,6 +400,11 @@ static void publish_stats(rs_engine *e) {
     st.kv_blocks_cached = e->pool.n_evictable;
     st.n_running = e->n_running;
     st.n_waiting = e->n_waiting;
+    st.waiting_tokens = st.waiting_blocks = 0;
+    for (const rs_seq *s = e->wait_head; s; s = s->next) {
+        st.waiting_tokens += (uint64_t)s->n_tokens;
+        st.waiting_blocks += (uint64_t)blocks_for(s->n_tokens);
+    }
     st.prefix_hit_tokens = e->pool.hit_tokens;
     st.paused = e->paused;
     pthread_mutex_lock(&e->stats_mu);
@@ -585,6 +612,7 @@ static void finish_seq(rs_engine *e, rs_seq *s, rs_finish_type type, int32_t mat
         set_finish(o, type == RS_FINISH_STOP ? RS_FINISH_LENGTH : type, -1, msg, job->t_arrival);
     }
     rs_kv_seq_release(&e->pool, &s->kv);
+    rs_penalty_counts_free(&s->pen);
     free(s->tokens);
     free(s);
     if (!job_finished(job)) return;
@@ -605,10 +633,31 @@ static void finish_running(rs_engine *e, rs_seq *s, rs_finish_type type, int32_t
 }
 
 static bool rid_matches(char **rids, int n, bool all, const rs_gen_job *job) {
-    if (all) return true;
+    if (all) return !job->probe;
     for (int i = 0; i < n; i++)
         if (strcmp(rids[i], job->rid) == 0) return true;
     return false;
+}
+
+/* Finishes with "abort" (`why`) every running and waiting sequence whose job rid_matches. */
+static void abort_matching(rs_engine *e, char **rids, int n_rids, bool all, const char *why) {
+    for (int i = e->n_running - 1; i >= 0; i--) {
+        rs_seq *s = e->running[i];
+        if (rid_matches(rids, n_rids, all, s->job)) finish_running(e, s, RS_FINISH_ABORT, -1, why);
+    }
+    rs_seq **link = &e->wait_head;
+    e->wait_tail = NULL;
+    while (*link) {
+        rs_seq *s = *link;
+        if (rid_matches(rids, n_rids, all, s->job)) {
+            *link = s->next;
+            e->n_waiting--;
+            finish_seq(e, s, RS_FINISH_ABORT, -1, why);
+        } else {
+            e->wait_tail = s;
+            link = &s->next;
+        }
+    }
 }
 
 /* Moves submitted jobs into the waiting queue and applies pending aborts. Returns true if the
@@ -636,25 +685,7 @@ static bool take_inbox(rs_engine *e, bool block) {
 
     for (int i = 0; i < n; i++) admit_job(e, jobs[i]);
     free(jobs);
-    if (n_rids > 0 || all) {
-        for (int i = e->n_running - 1; i >= 0; i--) {
-            rs_seq *s = e->running[i];
-            if (rid_matches(rids, n_rids, all, s->job)) finish_running(e, s, RS_FINISH_ABORT, -1, "aborted");
-        }
-        rs_seq **link = &e->wait_head;
-        e->wait_tail = NULL;
-        while (*link) {
-            rs_seq *s = *link;
-            if (rid_matches(rids, n_rids, all, s->job)) {
-                *link = s->next;
-                e->n_waiting--;
-                finish_seq(e, s, RS_FINISH_ABORT, -1, "aborted");
-            } else {
-                e->wait_tail = s;
-                link = &s->next;
-            }
-        }
-    }
+    if (n_rids > 0 || all) abort_matching(e, rids, n_rids, all, "aborted");
     for (int i = 0; i < n_rids; i++) free(rids[i]);
     free(rids);
     if (ctl) {
@@ -694,12 +725,14 @@ static bool is_decode(const rs_seq *s) {
     return s->n_computed >= s->prompt_len && s->n_computed == s->n_tokens - 1;
 }
 
-/* Pages a sequence is expected to still need, beyond what it holds, for the admission estimate. */
-static int expected_growth(const rs_engine *e, const rs_seq *s) {
+/* The admission estimate, the one place it is made: the pages s is expected to need beyond the
+ * `held` it holds, for its tokens so far plus admission_new_token_ratio of the new tokens it may
+ * still sample, capped at max_context (where the engine stops every sequence). */
+static int blocks_needed(const rs_engine *e, const rs_seq *s, int held) {
     int remaining = s->job->sp.max_new_tokens - s->out->n_output;
     int target = s->n_tokens + (int)ceilf((float)remaining * e->opts.admission_new_token_ratio);
     if (target > e->opts.limits.max_context) target = e->opts.limits.max_context;
-    int need = blocks_for(target) - s->kv.n_blocks;
+    int need = blocks_for(target) - held;
     return need > 0 ? need : 0;
 }
 
@@ -751,7 +784,7 @@ static void admit_waiting(rs_engine *e) {
     int reserved = 0;
     for (int i = 0; i < e->n_running; i++) {
         slots += 1 + e->running[i]->n_forks;
-        reserved += expected_growth(e, e->running[i]) * (1 + e->running[i]->n_forks);
+        reserved += blocks_needed(e, e->running[i], e->running[i]->kv.n_blocks) * (1 + e->running[i]->n_forks);
     }
     while (e->wait_head) {
         rs_seq *s = e->wait_head;
@@ -764,7 +797,8 @@ static void admit_waiting(rs_engine *e) {
         int budget = s->prompt_len + s->job->sp.max_new_tokens;
         if (blocks_for(RS_MIN(budget, e->opts.limits.max_context)) > e->pool.n_blocks) {
             wait_pop_front(e);
-            RS_WARN("rid %s | needs %d KV blocks, the pool has %d", s->job->rid, blocks_for(budget), e->pool.n_blocks);
+            RS_WARN("rid %s | needs %d KV blocks, the pool has %d", s->job->rid,
+                    blocks_for(RS_MIN(budget, e->opts.limits.max_context)), e->pool.n_blocks);
             finish_seq(e, s, RS_FINISH_ABORT, -1, "request needs more KV cache than the server has");
             continue;
         }
@@ -773,10 +807,8 @@ static void admit_waiting(rs_engine *e) {
             s->n_computed = hit;
             if (!s->admitted_once) s->out->cached_tokens = RS_MIN(hit, s->prompt_len);
         }
-        int own = blocks_for(s->n_tokens) - s->kv.n_blocks;
-        int growth = blocks_for(s->n_tokens + (int)ceilf((float)(s->job->sp.max_new_tokens - s->out->n_output) *
-                                                         e->opts.admission_new_token_ratio)) -
-                     blocks_for(s->n_tokens);
+        int own = blocks_for(s->n_tokens) - s->kv.n_blocks;      /* pages for the tokens it has */
+        int growth = blocks_needed(e, s, blocks_for(s->n_tokens)); /* and for what it may sample */
         int need = own + growth * (1 + s->n_forks) + s->n_forks; /* + one copied page per sibling */
         if (e->n_running > 0 && rs_kv_available_blocks(&e->pool) - reserved < need) break;
         if (rs_kv_seq_reserve(&e->pool, &s->kv, s->n_tokens) != RS_OK) break;
@@ -799,23 +831,66 @@ static bool row_scores_prompt(const rs_seq *s, int pos) {
     return isnan(s->out->input_logprobs[pos + 1 - start]); /* not yet scored (recompute skips it) */
 }
 
-/* The logprob of `tok` and its top alternatives under the job's logprobs mode. */
-static float logprob_in_mode(rs_engine *e, const rs_seq *s, const float *logits, int32_t tok,
+/* A bug found while producing a job's outputs (a logits row with a NaN or +inf, a NaN logprob):
+ * the job is failed whole, never served. Its sequences are aborted at the next step boundary and
+ * the server answers 500 with job->error. */
+static void fail_job(rs_engine *e, rs_gen_job *job, const char *what, int pos) {
+    if (job->error.code == RS_OK) {
+        rs_error_set(&job->error, RS_EINTERNAL, NULL,
+                     "internal error: %s at position %d (weight version '%s'); the request is failed rather than "
+                     "served", what, pos, e->weight_version);
+        RS_ERROR("rid %s | %s", job->rid, job->error.message);
+    }
+    rs_engine_abort(e, job->rid);
+}
+
+/* Stop tokens a sequence may not sample yet: before min_new_tokens outputs, every token that
+ * would stop it is masked, as SGLang's MinNewTokensPenalizer and vLLM's min_tokens do (both mask
+ * the stop ids and the model's EOS ids, ignore_eos or not). */
+static bool masks_stop_tokens(const rs_engine *e, const rs_seq *s) {
+    const rs_sampling_params *sp = &s->job->sp;
+    return s->out->n_output < sp->min_new_tokens && (sp->n_stop_token_ids > 0 || e->model->cfg.n_eos > 0);
+}
+
+/* The logits-processing step between the forward pass and the sampler: the row s samples from.
+ * It is the model's own row when nothing changes it, else a copy in e->proc_logits (the row of
+ * e->logits may be shared by a whole n-sample group) with s's penalties over its output so far
+ * (scheduler/penalties.h) and, before min_new_tokens outputs, its stop tokens masked. The raw row
+ * stays for logprobs_mode "raw". */
+static const float *process_logits(rs_engine *e, const rs_seq *s, const float *logits) {
+    const bool mask = masks_stop_tokens(e, s), penalize = s->pen.n > 0;
+    if (!mask && !penalize) return logits;
+    const rs_model_config *c = &e->model->cfg;
+    const rs_sampling_params *sp = &s->job->sp;
+    memcpy(e->proc_logits, logits, sizeof(float) * (size_t)c->vocab_size);
+    if (penalize) rs_penalties_apply(sp, &s->pen, e->proc_logits);
+    if (mask) {
+        for (int i = 0; i < sp->n_stop_token_ids; i++) e->proc_logits[sp->stop_token_ids[i]] = -INFINITY;
+        for (int i = 0; i < c->n_eos; i++) e->proc_logits[c->eos_token_ids[i]] = -INFINITY;
+    }
+    return e->proc_logits;
+}
+
+/* The logprob of `tok` and its top alternatives under the job's logprobs mode: "raw" reads the
+ * model's row, the others the processed one (what was sampled from: penalties applied, stop
+ * tokens masked before min_new_tokens). NaN when a row is invalid;
+ * every top entry written is finite or -inf otherwise. */
+static float logprob_in_mode(rs_engine *e, const rs_seq *s, const float *raw_logits, const float *logits, int32_t tok,
                              const rs_sample_info *sampled) {
     const rs_gen_job *job = s->job;
     int V = e->model->cfg.vocab_size, k = job->top_logprobs_num;
     rs_sampling_params raw = job->sp;
-    raw.temperature = 0.0f; /* rs_top_logprobs and rs_logprob_of read T <= 0 as T = 1 */
+    raw.temperature = 0.0f; /* rs_top_logprobs and rs_logprob_of read a greedy T as T = 1 */
     float lp;
     switch (job->logprobs_mode) {
     case RS_LOGPROBS_RAW:
-        lp = rs_logprob_of(logits, V, 0.0f, tok);
+        lp = rs_logprob_of(raw_logits, V, 0.0f, tok, &e->sampler);
         break;
     case RS_LOGPROBS_PROCESSED:
         lp = sampled ? sampled->logprob_processed : rs_logprob_processed(logits, V, &job->sp, tok, &e->sampler);
         break;
     default:
-        lp = sampled ? sampled->logprob : rs_logprob_of(logits, V, job->sp.temperature, tok);
+        lp = sampled ? sampled->logprob : rs_logprob_of(logits, V, job->sp.temperature, tok, &e->sampler);
         break;
     }
     if (k > 0) {
@@ -823,16 +898,27 @@ static float logprob_in_mode(rs_engine *e, const rs_seq *s, const float *logits,
             e->top_ids[i] = -1;
             e->top_lps[i] = NAN;
         }
-        rs_top_logprobs(logits, V, job->logprobs_mode == RS_LOGPROBS_RAW ? &raw : &job->sp,
-                        job->logprobs_mode == RS_LOGPROBS_PROCESSED, k, &e->sampler, e->top_ids, e->top_lps);
+        const bool is_raw = job->logprobs_mode == RS_LOGPROBS_RAW;
+        if (rs_top_logprobs(is_raw ? raw_logits : logits, V, is_raw ? &raw : &job->sp,
+                            job->logprobs_mode == RS_LOGPROBS_PROCESSED, k, &e->sampler, e->top_ids, e->top_lps) < 0)
+            lp = NAN;
+        for (int i = 0; i < k; i++)
+            if (e->top_ids[i] >= 0 && isnan(e->top_lps[i])) lp = NAN;
     }
     return lp;
 }
 
-/* s's sampled token tok with its logprob (and top logprobs in e->top_ids / e->top_lps). */
-static void record_sample(rs_engine *e, rs_seq *s, int32_t tok, float lp) {
+/* s's sampled token tok with its logprob (and top logprobs in e->top_ids / e->top_lps); false
+ * (nothing pushed, the job failed) for an invalid row (tok < 0: the logits hold a NaN or +inf) or
+ * a NaN logprob, which are bugs upstream. */
+static bool record_sample(rs_engine *e, rs_seq *s, int32_t tok, float lp) {
+    if (tok < 0 || isnan(lp)) {
+        fail_job(e, s->job, tok < 0 ? "the logits hold a NaN or +inf" : "a logprob came out NaN", s->n_tokens);
+        return false;
+    }
     out_push(s->out, s->job->top_logprobs_num, tok, lp, e->top_ids, e->top_lps);
     seq_push_token(s, tok);
+    if (rs_penalties_active(&s->job->sp)) rs_penalty_counts_add(&s->pen, tok);
     e->stats.generation_tokens++;
     double now = rs_now_s();
     if (s->job->t_first_token == 0) {
@@ -842,37 +928,50 @@ static void record_sample(rs_engine *e, rs_seq *s, int32_t tok, float lp) {
         rs_histogram_observe(&e->stats.itl, now - s->t_last_token);
     }
     s->t_last_token = now;
+    return true;
 }
 
-static void sample_into(rs_engine *e, rs_seq *s, const float *logits) {
+/* Samples s's next token from logits; false (nothing pushed, the job failed) on a bug. */
+static bool sample_into(rs_engine *e, rs_seq *s, const float *logits) {
     RS_ASSERT(wants_sample(s));
+    const float *proc = process_logits(e, s, logits);
     rs_sample_info info;
-    int32_t tok = rs_sample(logits, e->model->cfg.vocab_size, &s->job->sp, (uint64_t)s->sample_index,
+    int32_t tok = rs_sample(proc, e->model->cfg.vocab_size, &s->job->sp, (uint64_t)s->sample_index,
                             (uint64_t)s->n_tokens, &e->sampler, &info);
-    record_sample(e, s, tok, logprob_in_mode(e, s, logits, tok, &info));
+    return record_sample(e, s, tok, tok >= 0 ? logprob_in_mode(e, s, logits, proc, tok, &info) : NAN);
 }
 
 /* ---- sampling on the device (rs_forward_sample: only tokens and logprobs come back) ---- */
 
-/* Whether every logits row of the step samples the next token of a sequence the device sampler
- * serves as sample_into would (no fork to fan out, top logprobs within its limit); the step then
- * leaves its logits on the backend. */
+/* Whether the device samples s's row as sample_into would: the row is the model's own (no
+ * penalties, no stop tokens masked before min_new_tokens, so process_logits would change nothing). */
+static bool device_samples(const rs_engine *e, const rs_seq *s) {
+    return !rs_penalties_active(&s->job->sp) && !masks_stop_tokens(e, s);
+}
+
+/* Whether the step leaves its logits on the backend: every logits row samples the next token of a
+ * sequence (no prompt scoring, no fork to fan out) with top logprobs within the device sampler's
+ * limit, and the device samples at least one of them; the host downloads the others' rows. */
 static bool device_sampling_step(const rs_engine *e, int n_seq, int n_logits) {
     if (!e->dev_req || n_logits == 0) return false;
+    bool any = false;
     for (int si = 0, li = 0; si < n_seq; si++) {
         const rs_seq *s = e->step_seqs[si];
-        for (; li < n_logits && e->logit_rows[li] < e->b_seq_start[si + 1]; li++)
+        for (; li < n_logits && e->logit_rows[li] < e->b_seq_start[si + 1]; li++) {
             if (e->b_pos[e->logit_rows[li]] + 1 != s->n_tokens || s->n_forks > 0 ||
                 s->job->top_logprobs_num > RS_SAMPLE_MAX_TOP)
                 return false;
+            any = any || device_samples(e, s);
+        }
     }
-    return true;
+    return any;
 }
 
 /* The request for logits row li, sequence s: sample_into's parameters and key. */
 static rs_sample_req device_request(const rs_seq *s, int li) {
     const rs_gen_job *job = s->job;
-    return (rs_sample_req){.row = li, .temperature = job->sp.temperature, .top_p = job->sp.top_p,
+    return (rs_sample_req){.row = li, .temperature = rs_sampling_greedy(&job->sp) ? 0.0f : job->sp.temperature,
+                           .top_p = job->sp.top_p,
                            .min_p = job->sp.min_p, .top_k = job->sp.top_k, .seed = job->sp.seed,
                            .sample_index = (uint64_t)s->sample_index, .position = (uint64_t)s->n_tokens,
                            .lp_mode = job->logprobs_mode == RS_LOGPROBS_RAW         ? RS_SAMPLE_LP_RAW
@@ -882,14 +981,14 @@ static rs_sample_req device_request(const rs_seq *s, int li) {
 }
 
 /* Records what the device sampled for s (top entries past the ones it found: -1 / NaN, as
- * logprob_in_mode leaves them). */
-static void sample_from_device(rs_engine *e, rs_seq *s, const rs_sample_res *r) {
+ * logprob_in_mode leaves them); false as record_sample. */
+static bool sample_from_device(rs_engine *e, rs_seq *s, const rs_sample_res *r) {
     RS_ASSERT(wants_sample(s) && r->done);
     for (int i = 0; i < s->job->top_logprobs_num; i++) {
         e->top_ids[i] = i < r->n_top ? r->top_ids[i] : -1;
         e->top_lps[i] = i < r->n_top ? r->top_lps[i] : NAN;
     }
-    record_sample(e, s, r->token, r->logprob);
+    return record_sample(e, s, r->token, r->logprob);
 }
 
 /* The group leader's prompt is computed: its siblings start from its pages and sample their
@@ -904,10 +1003,10 @@ static void fan_out(rs_engine *e, rs_seq *leader, const float *logits, int *n_sa
         c->order = e->next_order++;
         c->out->cached_tokens = leader->prompt_len;
         out_copy_scoring(c->out, leader->out, job->top_logprobs_num);
-        sample_into(e, c, logits);
+        const bool ok = sample_into(e, c, logits);
         RS_ASSERT(e->n_running < e->opts.max_running); /* admission kept a slot for every sibling */
-        e->running[e->n_running++] = c;
-        e->sampled[(*n_sampled)++] = c;
+        e->running[e->n_running++] = c; /* a failed one holds pages too: the job's abort frees them */
+        if (ok) e->sampled[(*n_sampled)++] = c;
     }
     leader->n_forks = 0;
 }
@@ -916,7 +1015,12 @@ static void handle_logits(rs_engine *e, rs_seq *s, int pos, const float *logits,
     const rs_gen_job *job = s->job;
     if (pos + 1 < s->prompt_len) { /* prompt scoring */
         int i = pos + 1 - job->logprob_start_len, k = job->top_logprobs_num;
-        s->out->input_logprobs[i] = logprob_in_mode(e, s, logits, s->tokens[pos + 1], NULL);
+        const float lp = logprob_in_mode(e, s, logits, logits, s->tokens[pos + 1], NULL);
+        if (isnan(lp)) { /* left NaN ("not scored"): the job's abort ends the sequence */
+            fail_job(e, s->job, "a prompt logprob came out NaN (the logits hold a NaN or +inf)", pos + 1);
+            return;
+        }
+        s->out->input_logprobs[i] = lp;
         if (k > 0) {
             memcpy(s->out->input_top_ids + (size_t)i * k, e->top_ids, sizeof(int32_t) * (size_t)k);
             memcpy(s->out->input_top_lps + (size_t)i * k, e->top_lps, sizeof(float) * (size_t)k);
@@ -924,8 +1028,7 @@ static void handle_logits(rs_engine *e, rs_seq *s, int pos, const float *logits,
         return;
     }
     if (s->n_forks > 0) fan_out(e, s, logits, n_sampled);
-    sample_into(e, s, logits);
-    e->sampled[(*n_sampled)++] = s;
+    if (sample_into(e, s, logits)) e->sampled[(*n_sampled)++] = s;
 }
 
 /* Checks the finish conditions of a sequence that just sampled. */
@@ -933,7 +1036,7 @@ static void check_finished(rs_engine *e, rs_seq *s) {
     const rs_sampling_params *sp = &s->job->sp;
     rs_gen_output *o = s->out;
     int32_t last = o->output_ids[o->n_output - 1];
-    if (o->n_output > sp->min_new_tokens && is_stop_token(e, sp, last))
+    if (is_stop_token(e, sp, last)) /* none before min_new_tokens: process_logits masked them */
         finish_running(e, s, RS_FINISH_STOP, last, NULL);
     else if (o->n_output >= sp->max_new_tokens || s->n_tokens >= e->opts.limits.max_context)
         finish_running(e, s, RS_FINISH_LENGTH, -1, NULL);
@@ -987,10 +1090,14 @@ static int engine_step(rs_engine *e) {
     const bool dev = device_sampling_step(e, n_seq, n_logits);
     rs_forward(e->fwd, &batch, e->pool.layers, e->logit_rows, n_logits, dev ? NULL : e->logits);
     if (dev) {
+        int n_req = 0;
         for (int si = 0, li = 0; si < n_seq; si++)
-            for (; li < n_logits && e->logit_rows[li] < e->b_seq_start[si + 1]; li++)
-                e->dev_req[li] = device_request(e->step_seqs[si], li);
-        rs_forward_sample(e->fwd, e->dev_req, n_logits, e->dev_res);
+            for (; li < n_logits && e->logit_rows[li] < e->b_seq_start[si + 1]; li++) {
+                const bool here = device_samples(e, e->step_seqs[si]);
+                e->dev_idx[li] = here ? n_req : -1;
+                if (here) e->dev_req[n_req++] = device_request(e->step_seqs[si], li);
+            }
+        rs_forward_sample(e->fwd, e->dev_req, n_req, e->dev_res);
     }
     e->stats.steps++;
 
@@ -1004,12 +1111,13 @@ static int engine_step(rs_engine *e) {
         for (; li < n_logits && e->logit_rows[li] < r1; li++) {
             RS_ASSERT(e->logit_rows[li] >= r0);
             float *row = e->logits + (size_t)li * c->vocab_size;
-            if (dev && e->dev_res[li].done) {
-                sample_from_device(e, s, &e->dev_res[li]);
-                e->sampled[n_sampled++] = s;
+            const int di = dev ? e->dev_idx[li] : -1;
+            if (di >= 0 && e->dev_res[di].done) {
+                if (sample_from_device(e, s, &e->dev_res[di])) e->sampled[n_sampled++] = s;
                 continue;
             }
-            if (dev) rs_forward_logits_row(e->fwd, li, row); /* left to the host (a long kept prefix) */
+            /* left to the host: a processed row, or a kept prefix longer than the device sorts */
+            if (dev) rs_forward_logits_row(e->fwd, li, row);
             handle_logits(e, s, e->b_pos[e->logit_rows[li]], row, &n_sampled);
         }
         if (e->opts.prefix_cache) rs_kv_seq_commit(&e->pool, &s->kv, s->tokens, s->n_computed);
@@ -1147,8 +1255,7 @@ static void apply_control(rs_engine *e, rs_ctl *c) {
     switch (c->kind) {
     case RS_CTL_PAUSE:
         if (c->arg == RS_PAUSE_ABORT) {
-            while (e->n_running > 0) finish_running(e, e->running[e->n_running - 1], RS_FINISH_ABORT, -1, "paused");
-            while (e->wait_head) finish_seq(e, wait_pop_front(e), RS_FINISH_ABORT, -1, "paused");
+            abort_matching(e, NULL, 0, true, "paused"); /* probes stay, and run once generation continues */
         } else if (c->arg == RS_PAUSE_RETRACT) {
             while (e->n_running > 0) preempt(e, e->running[e->n_running - 1]);
         }

@@ -15,12 +15,16 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "../core/histogram.h"
 #include "../core/rs.h"
 #include "../model/model.h"
 
 typedef struct rs_sampling_params {
     int max_new_tokens;         /* default 128 */
-    int min_new_tokens;         /* default 0: stop tokens are ignored before this many outputs */
+    int min_new_tokens;         /* default 0: before this many outputs every stop token (stop_token_ids
+                                 * and the model's EOS ids, ignore_eos or not) is masked out of the
+                                 * distribution, as SGLang and vLLM do; see process_logits in engine.c
+                                 * and the logprob rule in sampler.h */
     float temperature;          /* default 1.0; 0 = greedy */
     float top_p;                /* default 1.0 */
     int top_k;                  /* default -1 (off) */
@@ -30,6 +34,11 @@ typedef struct rs_sampling_params {
     int32_t *stop_token_ids;    /* owned by the job */
     int n_stop_token_ids;
     bool ignore_eos;
+    /* Penalties over the tokens this sample has output (scheduler/penalties.h), applied to the
+     * logits before temperature: default 0, 0, 1 (off). */
+    float frequency_penalty;    /* minus this x the token's count */
+    float presence_penalty;     /* minus this once the token occurs */
+    float repetition_penalty;   /* divides a positive logit, multiplies a negative one */
 } rs_sampling_params;
 
 void rs_sampling_params_default(rs_sampling_params *sp);
@@ -48,10 +57,15 @@ typedef struct rs_finish {
     char message[128];
 } rs_finish;
 
+/* Which distribution a returned logprob (and its top alternatives) comes from. "penalized" is the
+ * model's logits with the sample's frequency / presence / repetition penalties applied
+ * (scheduler/penalties.h; the logits themselves when no penalty is asked). */
 typedef enum rs_logprobs_mode {
-    RS_LOGPROBS_DEFAULT = 0,    /* log_softmax(logits / T), before truncation (T = 1 when greedy) */
-    RS_LOGPROBS_RAW,            /* log_softmax(logits), no temperature */
-    RS_LOGPROBS_PROCESSED,      /* the distribution actually sampled from: T, top-k/p, min-p, renormalized */
+    RS_LOGPROBS_DEFAULT = 0,    /* log_softmax(penalized / T), before top-k/p, min-p truncation (T = 1
+                                 * when greedy): SGLang's default, what its trainers recompute */
+    RS_LOGPROBS_RAW,            /* log_softmax(logits): no penalty, no temperature (vLLM's raw_logprobs) */
+    RS_LOGPROBS_PROCESSED,      /* the distribution actually sampled from: penalties, T, top-k/p, min-p,
+                                 * renormalized (vLLM's processed_logprobs) */
 } rs_logprobs_mode;
 
 /* Tokens [start, end) of an output came from weights `version`. */
@@ -102,6 +116,10 @@ struct rs_gen_job {
     int top_logprobs_num;       /* k alternatives per scored position, 0 = none */
     rs_logprobs_mode logprobs_mode;
     bool stream;                /* reserved: the API issue adds SSE */
+    /* A health probe (/health_generate), not a user request: an abort of every job
+     * (rs_engine_abort with NULL) and pause(ABORT) leave it be, so a trainer's abort-all or pause
+     * never fails the probe; it is aborted only by its rid, or when the engine stops. */
+    bool probe;
     /* filled by the engine */
     rs_gen_output *outputs;     /* [n_prompts * sp.n] */
     char weight_version[64];    /* the version in service at the job's last update or admission */
@@ -114,14 +132,15 @@ struct rs_gen_job {
      * touch while it runs. It must not block. */
     rs_job_done_fn on_progress;
     double t_first_token;       /* filled by the engine: first token of any output (0 = none yet) */
+    /* filled by the engine: RS_EINTERNAL when producing the outputs hit a bug (a logits row holding
+     * a NaN or +inf, a logprob that came out NaN). Every output then finishes "abort" and none may be
+     * served: the server answers 500 with this message (a stream ends without [DONE]). */
+    rs_error error;
 };
 
 rs_gen_job *rs_gen_job_new(void);                 /* zeroed, sampling defaults, rid empty */
 void rs_gen_job_free(rs_gen_job *job);            /* frees everything the job owns */
 
-/* Checks a parsed job against the model and server limits: token ids in [0, vocab), non-empty
- * prompts, prompt + max_new_tokens within the context limit, logprob_start_len < prompt length.
- * Returns RS_OK or RS_EINVAL with the offending param named in err. */
 typedef struct rs_engine_limits {
     int max_context;            /* tokens per sequence (prompt + output) */
     int max_top_logprobs;       /* cap on top_logprobs_num */
@@ -129,8 +148,50 @@ typedef struct rs_engine_limits {
     int max_n;                  /* cap on sampling_params.n */
     int max_batch;              /* cap on n_prompts * n */
 } rs_engine_limits;
+
+/* Why rs_gen_job_validate refused a job, as data: which field, which problem, where and against
+ * which limit. The engine knows no API's field names; each protocol names the field in its own
+ * words (protocol/invalid.h: "sampling_params.n" for /generate, "n" for /v1/completions). */
+typedef enum rs_gen_field {
+    RS_GEN_FIELD_PROMPTS = 0,   /* the list of prompts as a whole */
+    RS_GEN_FIELD_PROMPT,        /* one prompt: `index` (-1 when the request was not batched) */
+    RS_GEN_FIELD_N,             /* samples per prompt */
+    RS_GEN_FIELD_MAX_NEW_TOKENS,
+    RS_GEN_FIELD_MIN_NEW_TOKENS,
+    RS_GEN_FIELD_TOP_LOGPROBS,  /* alternatives per position (top_logprobs_num) */
+    RS_GEN_FIELD_STOP_TOKEN_IDS,
+    RS_GEN_FIELD_LOGPROB_START, /* first prompt position scored (logprob_start_len) */
+} rs_gen_field;
+
+typedef enum rs_gen_problem {
+    RS_GEN_EMPTY = 0,           /* the field has no tokens */
+    RS_GEN_RANGE,               /* value is outside [min, max] */
+    RS_GEN_BATCH,               /* value prompts x `other` samples is over max sequences */
+    RS_GEN_VOCAB,               /* token `value` at position `pos` is outside [0, max) */
+    RS_GEN_CONTEXT,             /* a prompt of `value` tokens + `other` new tokens is over max */
+    RS_GEN_PAST_PROMPT,         /* value is not below the prompt length max */
+    RS_GEN_ALL_MASKED,          /* the stop ids and EOS ids (value distinct ids) cover the vocabulary
+                                 * `max`: with min_new_tokens = `other` nothing could be sampled */
+} rs_gen_problem;
+
+typedef struct rs_gen_invalid {
+    rs_gen_field field;
+    rs_gen_problem problem;
+    int index;                  /* RS_GEN_FIELD_PROMPT: the prompt (-1: the only one, not batched) */
+    int pos;                    /* RS_GEN_VOCAB: position in the list */
+    long long value;            /* the offending value */
+    long long min, max;         /* the limit, as `problem` says */
+    long long other;            /* RS_GEN_BATCH: n; RS_GEN_CONTEXT: max_new_tokens;
+                                 * RS_GEN_ALL_MASKED: min_new_tokens */
+} rs_gen_invalid;
+
+/* Checks a parsed job against the model and server limits: non-empty prompts, token ids in
+ * [0, vocab), n, prompts x n, max/min_new_tokens and top_logprobs_num within the limits, prompt +
+ * max_new_tokens within the context, logprob_start_len < prompt length; with min_new_tokens > 0 the
+ * stop ids and EOS ids must leave some token to sample. RS_OK, or RS_EINVAL with
+ * *why filled (the first problem, in that order). */
 int rs_gen_job_validate(const rs_gen_job *job, const rs_model_config *cfg, const rs_engine_limits *lim,
-                        rs_error *err);
+                        rs_gen_invalid *why);
 
 typedef struct rs_engine_opts {
     size_t kv_cache_bytes;      /* KV pool budget */
@@ -165,14 +226,14 @@ void rs_engine_stop(rs_engine *e);               /* aborts remaining jobs, joins
 /* Thread-safe: queues the job (ownership passes to the engine until on_done). */
 int rs_engine_submit(rs_engine *e, rs_gen_job *job, rs_error *err);
 
-/* Thread-safe: aborts the jobs whose rid equals `rid` (every job when rid is NULL) at the next
- * step boundary. Their sequences free their pages at once and finish with type "abort", keeping
+/* Thread-safe: aborts the jobs whose rid equals `rid` (every job but probes when rid is NULL) at
+ * the next step boundary. Their sequences free their pages at once and finish with type "abort", keeping
  * the tokens and logprobs produced so far. */
 void rs_engine_abort(rs_engine *e, const char *rid);
 
 /* Pausing, as SGLang's /pause_generation. Thread-safe; takes effect at the next step boundary and
  * returns once it has. New requests are accepted while paused and wait.
- *   ABORT     abort every request in flight (partial outputs, finish "abort")
+ *   ABORT     abort every request in flight (partial outputs, finish "abort"); probes wait
  *   RETRACT   put every running sequence back in the queue, freeing its pages (recomputed later)
  *   IN_PLACE  stop stepping; running sequences keep their pages */
 typedef enum rs_pause_mode { RS_PAUSE_ABORT = 0, RS_PAUSE_RETRACT, RS_PAUSE_IN_PLACE } rs_pause_mode;
@@ -222,22 +283,14 @@ void rs_engine_run_until_idle(rs_engine *e);
 bool rs_engine_step_once(rs_engine *e);
 
 /* A snapshot of the engine's counters and occupancy; thread-safe (published after every step). */
-/* Latency histogram: counts of observations <= each bound (Prometheus "le" buckets) plus sum. */
-#define RS_HIST_BUCKETS 14
-extern const double rs_hist_bounds[RS_HIST_BUCKETS]; /* seconds; the last is +Inf */
-typedef struct rs_histogram {
-    uint64_t counts[RS_HIST_BUCKETS]; /* non-cumulative */
-    uint64_t n;
-    double sum;
-} rs_histogram;
-void rs_histogram_observe(rs_histogram *h, double seconds);
-
 typedef struct rs_engine_stats {
     int kv_blocks_total;
     int kv_blocks_free;         /* free or holding evictable cached prefixes */
     int kv_blocks_cached;       /* evictable cached prefix blocks (part of kv_blocks_free) */
     int n_running;
     int n_waiting;
+    uint64_t waiting_tokens;    /* tokens the waiting sequences will (re)compute */
+    uint64_t waiting_blocks;    /* KV pages those tokens fill */
     int peak_running;           /* most sequences ever running in one step */
     uint64_t num_retractions;   /* preemptions since start */
     uint64_t prefix_hit_tokens; /* prompt tokens served from the prefix cache */

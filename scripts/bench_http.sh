@@ -25,7 +25,7 @@ command -v wrk >/dev/null || { echo "bench_http: wrk is not installed"; exit 1; 
 make --no-print-directory BUILD="$BUILD" -j2 "$BUILD/rolloutd" "$BUILD/librolloutd.a" >/dev/null
 # tools/bench_inproc.c links against the library like the other tools
 cc -std=c11 -O2 -g -Wall -Wextra -ffp-contract=off -fno-fast-math -pthread -D_GNU_SOURCE \
-   tools/bench_inproc.c "$BUILD/librolloutd.a" -lmicrohttpd -ljansson -luv -lm -pthread -o "$BUILD/bench-inproc"
+   tools/bench_inproc.c "$BUILD/librolloutd.a" -lmicrohttpd -ljansson -luv -lisal -lm -pthread -o "$BUILD/bench-inproc"
 
 port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 url="http://127.0.0.1:$port"

@@ -17,7 +17,9 @@ before every push, since a VM's memory bandwidth drifts between phases of a run,
 rate / that memcpy rate (target: >= 0.5x). Prints a markdown table, then per daemon the median and range over
 its steady pushes (kept segments, after the first, which allocates them). --client-fp8 adds a push
 quantized by the client (E4M3 codes + _scale_inv, half the bytes) into the fp8 daemons. --stub
-replaces the daemon with an HTTP stub that answers at once (client-side cost only).
+replaces the daemon with an HTTP stub that answers at once (client-side cost only). --checksums both
+(the default) alternates kept-segment pushes with and without the per-tensor CRC-32C in the manifest
+(the client's default is with), so both are measured against the same daemon in the same run.
 """
 import argparse
 import http.server
@@ -166,6 +168,9 @@ def main():
     ap.add_argument("--sync-threads", type=int, default=0,
                     help="daemon --weight-sync-threads (0 = the daemon's default, every core)")
     ap.add_argument("--daemon-args", default="", help="extra daemon flags")
+    ap.add_argument("--checksums", choices=["both", "on", "off"], default="both",
+                    help="per-tensor CRC-32C in the manifest for the kept-segment pushes: both (alternating, "
+                         "same daemon), on (the client's default) or off")
     args = ap.parse_args()
 
     tmp = pathlib.Path(tempfile.mkdtemp(prefix="bench-weight-sync-"))
@@ -208,13 +213,17 @@ def main():
                 c = Client(url, timeout=1800)
                 # fresh segments every push (the default), then segments kept between pushes (the
                 # first of those allocates them)
-                pushes = [("bf16", False, False)] * args.repeat + [("bf16, kept segs", False, True)] * args.repeat
+                crcs = {"both": [True, False], "on": [True], "off": [False]}[args.checksums]
+                tag = {True: ", crc", False: ", no crc"} if len(crcs) > 1 else {True: "", False: ", no crc"}
+                pushes = [("bf16" + tag[crcs[0]], False, False, crcs[0])] * args.repeat
+                for r in range(args.repeat):  # alternating, so drift between phases hits both alike
+                    pushes += [("bf16, kept segs" + tag[crc], False, True, crc) for crc in (crcs if r % 2 == 0 else crcs[::-1])]
                 if args.client_fp8 and quant == "fp8":
-                    pushes += [("client fp8, kept segs", True, True)] * args.repeat
-                for i, (kind, fp8, keep) in enumerate(pushes):
+                    pushes += [("client fp8, kept segs" + tag[crcs[0]], True, True, crcs[0])] * args.repeat
+                for i, (kind, fp8, keep, crc) in enumerate(pushes):
                     v = f"bench-{q.replace('/', '-')}-{i}"
                     mc_now = memcpy.rate()
-                    res = c.push_weights(sd, version=v, bucket_bytes=bucket, fp8=fp8, keep_segments=keep)
+                    res = c.push_weights(sd, version=v, bucket_bytes=bucket, fp8=fp8, keep_segments=keep, checksums=crc)
                     assert res.response.get("weight_version") == v, res.response
                     if not args.stub:
                         assert c.get_weight_version() == v
@@ -251,13 +260,13 @@ def main():
             print(f"| {q} | {kind} | {i} | {res.bytes / 1e9:.3f} GB | {res.posts} | {res.seconds:.3f} | "
                   f"{rate:.2f} | {res.server_seconds:.3f} | {held.group(1) if held else '-'} | {mc_now:.2f} | "
                   f"{rate / mc_now:.2f}x |")
-            if "kept" in kind:
+            # the first kept push of a daemon allocates the segments: not steady
+            if "kept" in kind and any("kept" in k for qq, k, ii, _, _ in rows if qq == q and ii < i):
                 steady.setdefault((q, kind), []).append((rate / mc_now, res.seconds))
         print()
         print("| daemon | push | steady pushes | end-to-end s (median) | vs memcpy: median | min | max |")
         print("|---|---|---|---|---|---|---|")
         for (q, kind), v in steady.items():
-            v = v[1:]  # the first kept push allocates the segments
             if not v:
                 continue
             ratios = sorted(x[0] for x in v)

@@ -1,12 +1,15 @@
 #!/usr/bin/env bash
 # Installs what rolloutd needs to build and test, idempotently: Debian packages for the C build
-# (libmicrohttpd, jansson, libuv, pkg-config; clang + its fuzzer runtime for `make fuzz`; wrk and
-# curl for scripts/bench_http.sh) and the Python packages the end-to-end tests use (the official
-# openai client among them: tests/e2e/test_openai.py drives /v1/completions through it).
+# (libmicrohttpd, jansson, libuv, ISA-L for CRC-32C, PCRE2 and utf8proc for the tokenizer,
+# pkg-config; clang + its fuzzer runtime for `make fuzz`; wrk and curl for scripts/bench_http.sh)
+# and the Python packages the tests use (the official openai client among them:
+# tests/e2e/test_openai.py drives /v1/completions through it; crc32c: the client's manifest
+# checksums; `tokenizers` is the reference tests/e2e/test_tokenizer_hf.py checks rolloutd's
+# tokenizer against).
 # Safe to run again: it only installs what is missing.
 set -euo pipefail
 
-debs=(build-essential pkg-config libmicrohttpd-dev libjansson-dev libuv1-dev clang libclang-rt-14-dev wrk curl)
+debs=(build-essential pkg-config libmicrohttpd-dev libjansson-dev libuv1-dev libisal-dev libpcre2-dev libutf8proc-dev clang libclang-rt-14-dev wrk curl)
 missing=()
 for p in "${debs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -19,8 +22,8 @@ if [ ${#missing[@]} -gt 0 ]; then
 fi
 
 PY=${PYTHON:-python3}
-pymods=(pytest numpy requests openai ml_dtypes)
-pypkgs=(pytest numpy requests openai ml_dtypes)
+pymods=(pytest numpy requests openai ml_dtypes crc32c tokenizers)
+pypkgs=(pytest numpy requests openai ml_dtypes crc32c tokenizers)
 need=()
 for i in "${!pymods[@]}"; do
   "$PY" -c "import ${pymods[$i]}" 2>/dev/null || need+=("${pypkgs[$i]}")

@@ -12,6 +12,27 @@
  * "Expect: 100-continue" and is waiting for permission to send: that one is answered at once and
  * never sends its body.
  *
+ * What a client must get right before anything else, checked with the headers in this order, each
+ * answered at once (the body is never read) and the connection closed:
+ *   - a connection over max-connections or max-connections-per-ip (http_limits.c) gets 503 unless
+ *     the request is GET /health or GET /metrics;
+ *   - the body's length must be unambiguous (RFC 9112 §6), or a proxy in front and rolloutd could
+ *     split the byte stream into different requests: two Content-Length headers that differ,
+ *     Transfer-Encoding with Content-Length, Transfer-Encoding in HTTP/1.0, and any transfer coding
+ *     but a lone "chunked" get 400. libmicrohttpd 0.9.75 itself reads the first Content-Length,
+ *     ignores Content-Length under Transfer-Encoding, and reads a body whose coding is not
+ *     "chunked" until the client closes (so "gzip, chunked" would hang): hence these checks.
+ * Then, with --api-key, every request but GET /health and GET /metrics needs the key before its
+ * path or method is looked at: without it, an unknown path and a wrong method get the same 401 as
+ * a real route, so routes cannot be enumerated. 401 lines (and 503 lines of connections over the
+ * caps) are logged at most once a second, with the count of those not logged.
+ *
+ * Memory. A body is read into a buffer that grows as bytes come (never sized by what
+ * Content-Length claims beyond 1 MiB), charged to body-memory-budget; a body that would exceed it
+ * is dropped at once and answered 503 when it ends. libmicrohttpd's idle timeout (http-idle-timeout)
+ * closes a connection that stops sending its headers or body, or stops reading its answer, and
+ * one idle between requests; suspended requests (waiting for the engine) are exempt.
+ *
  * Suspending. A request is suspended by the MHD thread running it (rs_http_suspend) and resumed
  * by whichever thread makes it ready. The two meet under h->mu: the producer records the new state
  * (done, data, gone) and then resumes the request if it is marked suspended; the MHD thread
@@ -51,8 +72,10 @@ static const route_def routes[] = {
     {"/v1/completions", RS_ROUTE_COMPLETIONS, "POST", false},
     {"/v1/models", RS_ROUTE_MODELS, "GET", false},
     {"/get_model_info", RS_ROUTE_MODEL_INFO, "GET", false},
+    {"/model_info", RS_ROUTE_MODEL_INFO, "GET", false}, /* SGLang's newer names */
     {"/get_server_info", RS_ROUTE_SERVER_INFO, "GET", false},
-    {"/server_info", RS_ROUTE_SERVER_INFO, "GET", false}, /* SGLang's newer name */
+    {"/server_info", RS_ROUTE_SERVER_INFO, "GET", false},
+    {"/get_load", RS_ROUTE_LOAD, "GET", false},
     {"/get_weight_version", RS_ROUTE_WEIGHT_VERSION, "GET", false},
     {"/metrics", RS_ROUTE_METRICS, "GET", true},
     {"/abort_request", RS_ROUTE_ABORT, "POST", false},
@@ -136,9 +159,17 @@ void rs_http_req_free(rs_http_req *r) {
     rs_generate_req_free(&r->gen);
     rs_openai_req_free(&r->oai);
     rs_weights_call_free(r->weights);
+    if (r->sse.len > r->sse_off) rs_http_budget_give(&h->lim.stream_bytes, r->sse.len - r->sse_off);
     rs_buf_free(&r->sse);
-    free(r->body);
+    rs_http_body_drop(r);
     free(r);
+}
+
+void rs_http_body_drop(rs_http_req *r) {
+    free(r->body);
+    if (r->cap) rs_http_budget_give(&r->h->lim.body_bytes, r->cap);
+    r->body = NULL;
+    r->n = r->cap = 0;
 }
 
 static void req_fail(rs_http_req *r, int code, const char *message) {
@@ -174,6 +205,7 @@ enum MHD_Result rs_http_send(rs_http_req *r, unsigned status, char *body, size_t
     if (!resp) return MHD_NO;
     MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, content_type);
     if (r->extra_header) MHD_add_response_header(resp, r->extra_header, r->extra_value);
+    if (r->close) MHD_add_response_header(resp, MHD_HTTP_HEADER_CONNECTION, "close");
     enum MHD_Result ret = MHD_queue_response(r->conn, status, resp);
     MHD_destroy_response(resp);
     rs_http_count(r->h, r->route, status);
@@ -186,8 +218,15 @@ enum MHD_Result rs_http_send_error(rs_http_req *r, const rs_error *err) {
     rs_log_level lvl = r->route == RS_ROUTE_HEALTH || r->route == RS_ROUTE_METRICS ? RS_LOG_LEVEL_DEBUG
                        : status >= 500 && err->code != RS_EBUSY                      ? RS_LOG_LEVEL_WARN
                                                                                      : RS_LOG_LEVEL_INFO;
-    rs_log(lvl, "http | %s | %d %s%s%s | %s", req_path(r), status, rs_err_type(err->code),
-           err->param[0] ? " " : "", err->param, err->message);
+    /* a client may repeat these as fast as it likes: one line a second, with the count of the rest */
+    int kind = err->code == RS_EAUTH ? RS_HTTP_LOG_AUTH : r->over_refused ? RS_HTTP_LOG_OVER : -1;
+    unsigned long skipped = 0;
+    if (kind < 0 || rs_http_log_allowed(&r->h->lim, (rs_http_log_kind)kind, &skipped)) {
+        char more[64] = "";
+        if (skipped) snprintf(more, sizeof more, " | %lu more like it not logged", skipped);
+        rs_log(lvl, "http | %s | %d %s%s%s | %s%s", req_path(r), status, rs_err_type(err->code),
+               err->param[0] ? " " : "", err->param, err->message, more);
+    }
     size_t len = 0;
     char *body = rs_error_body(err, &len);
     return rs_http_send(r, (unsigned)status, body, len, "application/json");
@@ -218,33 +257,137 @@ static bool auth_ok(const char *header, const char *key) {
     return diff == 0;
 }
 
-/* First call, headers only: route, method, auth, declared size. */
-static void begin(rs_http_req *r, const char *url, const char *method) {
+/* ---------------------------------------------------------------- framing */
+
+typedef struct framing {
+    int n_cl, n_te;
+    const char *cl;             /* the first Content-Length value (MHD's) */
+    bool cl_differ;             /* a later one differs from it */
+    char te[256];               /* every Transfer-Encoding value, joined with ", " */
+    bool te_long;
+} framing;
+
+static enum MHD_Result framing_header(void *cls, enum MHD_ValueKind kind, const char *key, const char *value) {
+    (void)kind;
+    framing *f = cls;
+    if (!value) value = "";
+    if (strcasecmp(key, MHD_HTTP_HEADER_CONTENT_LENGTH) == 0) {
+        if (f->n_cl++ == 0) f->cl = value;
+        else if (strcmp(f->cl, value) != 0) f->cl_differ = true;
+    } else if (strcasecmp(key, MHD_HTTP_HEADER_TRANSFER_ENCODING) == 0) {
+        size_t len = strlen(f->te);
+        int k = snprintf(f->te + len, sizeof f->te - len, "%s%s", f->n_te++ ? ", " : "", value);
+        if (k < 0 || (size_t)k >= sizeof f->te - len) f->te_long = true;
+    }
+    return MHD_YES;
+}
+
+/* RS_OK when the body's length is unambiguous and rolloutd reads its framing: at most one
+ * Content-Length value, or Transfer-Encoding "chunked" alone (HTTP/1.1). Otherwise err says why. */
+static int check_framing(struct MHD_Connection *conn, const char *version, rs_error *err) {
+    framing f = {0};
+    MHD_get_connection_values(conn, MHD_HEADER_KIND, framing_header, &f);
+    if (f.cl_differ)
+        return rs_error_set(err, RS_EINVAL, NULL, "two Content-Length headers with different values");
+    if (f.n_te == 0) return RS_OK;
+    if (f.n_cl)
+        return rs_error_set(err, RS_EINVAL, NULL,
+                            "Transfer-Encoding together with Content-Length: send one of them");
+    if (version && strcmp(version, MHD_HTTP_VERSION_1_0) == 0)
+        return rs_error_set(err, RS_EINVAL, NULL, "Transfer-Encoding in an HTTP/1.0 request");
+    if (f.te_long) return rs_error_set(err, RS_EINVAL, NULL, "Transfer-Encoding is too long");
+    /* the codings, in the order applied; the body length is known only when chunked is last */
+    const char *tok[8];
+    size_t len[8];
+    int n = 0;
+    for (const char *p = f.te; *p;) {
+        while (*p == ' ' || *p == '\t' || *p == ',') p++;
+        const char *q = p;
+        while (*q && *q != ',') q++;
+        size_t m = (size_t)(q - p);
+        while (m > 0 && (p[m - 1] == ' ' || p[m - 1] == '\t')) m--;
+        if (m > 0) {
+            if (n == (int)RS_ARRAY_LEN(tok))
+                return rs_error_set(err, RS_EINVAL, NULL, "Transfer-Encoding lists too many codings");
+            tok[n] = p;
+            len[n++] = m;
+        }
+        p = q;
+    }
+    bool last_chunked = n > 0 && len[n - 1] == 7 && strncasecmp(tok[n - 1], "chunked", 7) == 0;
+    if (!last_chunked)
+        return rs_error_set(err, RS_EINVAL, NULL,
+                            "Transfer-Encoding '%.64s' does not end with chunked: the body length cannot be "
+                            "determined", f.te);
+    for (int i = 0; i < n - 1; i++)
+        if (len[i] == 7 && strncasecmp(tok[i], "chunked", 7) == 0)
+            return rs_error_set(err, RS_EINVAL, NULL, "Transfer-Encoding applies chunked more than once");
+    if (n > 1)
+        return rs_error_set(err, RS_EUNSUPPORTED, NULL,
+                            "transfer coding '%.*s' is not supported: send the body with Content-Length, or with "
+                            "Transfer-Encoding: chunked alone", (int)RS_MIN(len[0], (size_t)32), tok[0]);
+    return RS_OK;
+}
+
+/* ---------------------------------------------------------------- reading a request */
+
+static void refuse_body_memory(rs_http_req *r) {
+    rs_http *h = r->h;
+    rs_error_set(&r->error, RS_EBUSY, NULL,
+                 "request bodies held in memory have reached body-memory-budget (%zu bytes); retry",
+                 h->opts.body_memory_budget);
+    r->failed = true;
+    r->extra_header = MHD_HTTP_HEADER_RETRY_AFTER;
+    r->extra_value = "1";
+}
+
+/* First call, headers only: connection caps, framing, auth, route, method, declared size. */
+static void begin(rs_http_req *r, const char *url, const char *method, const char *version) {
     rs_http *h = r->h;
     const route_def *def = NULL;
     for (size_t i = 0; i < RS_ARRAY_LEN(routes) && !def; i++)
         if (strcmp(url, routes[i].path) == 0) def = &routes[i];
+    if (def) {
+        r->route = def->route;
+        r->path = def->path;
+    }
+    /* GET /health and GET /metrics: open without the key, and served from the connection reserve */
+    const bool open = def && def->open && method_allowed(def->allow, method);
+    if (rs_http_conn_over(r->conn)) {
+        r->close = true;
+        if (!open) {
+            rs_error_set(&r->error, RS_EBUSY, NULL,
+                         "too many connections (max-connections %d, max-connections-per-ip %d); retry",
+                         h->opts.max_connections, h->opts.max_connections_per_ip);
+            r->failed = r->answer_early = r->over_refused = true;
+            r->extra_header = MHD_HTTP_HEADER_RETRY_AFTER;
+            r->extra_value = "1";
+            return;
+        }
+    }
+    if (check_framing(r->conn, version, &r->error) != RS_OK) {
+        r->failed = r->answer_early = r->close = true;
+        return;
+    }
+    if (!open && h->api_key[0] &&
+        !auth_ok(MHD_lookup_connection_value(r->conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION), h->api_key)) {
+        req_fail(r, RS_EAUTH, "missing or wrong API key (send 'Authorization: Bearer <key>')");
+        r->extra_header = MHD_HTTP_HEADER_WWW_AUTHENTICATE;
+        r->extra_value = "Bearer";
+        return;
+    }
     if (!def) {
         char msg[300];
         snprintf(msg, sizeof msg, "no route for %.16s %.256s", method, url);
         req_fail(r, RS_ENOTFOUND, msg);
         return;
     }
-    r->route = def->route;
-    r->path = def->path;
     if (!method_allowed(def->allow, method)) {
         char msg[300];
         snprintf(msg, sizeof msg, "method %.16s is not allowed on %s (allowed: %s)", method, url, def->allow);
         req_fail(r, RS_EMETHOD, msg);
         r->extra_header = MHD_HTTP_HEADER_ALLOW;
         r->extra_value = def->allow;
-        return;
-    }
-    if (!def->open && h->api_key[0] &&
-        !auth_ok(MHD_lookup_connection_value(r->conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION), h->api_key)) {
-        req_fail(r, RS_EAUTH, "missing or wrong API key (send 'Authorization: Bearer <key>')");
-        r->extra_header = MHD_HTTP_HEADER_WWW_AUTHENTICATE;
-        r->extra_value = "Bearer";
         return;
     }
     const char *cl = MHD_lookup_connection_value(r->conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
@@ -259,13 +402,18 @@ static void begin(rs_http_req *r, const char *url, const char *method) {
             return;
         }
         if (n > 0) { /* sized up front, but a claim is not bytes yet: past 1 MiB it grows as data comes */
-            r->cap = RS_MIN((size_t)n, (size_t)1 << 20);
+            size_t cap = RS_MIN((size_t)n, (size_t)1 << 20);
+            if (!rs_http_budget_take(&h->lim.body_bytes, h->opts.body_memory_budget, cap)) {
+                refuse_body_memory(r);
+                return;
+            }
+            r->cap = cap;
             r->body = rs_xmalloc(r->cap);
         }
     }
 }
 
-/* A piece of body: kept while under the limit, dropped once the request has failed. */
+/* A piece of body: kept while under the limits, dropped once the request has failed. */
 static void take_body(rs_http_req *r, const char *data, size_t size) {
     rs_http *h = r->h;
     if (r->failed) return;
@@ -273,13 +421,17 @@ static void take_body(rs_http_req *r, const char *data, size_t size) {
         char msg[96];
         snprintf(msg, sizeof msg, "request body is larger than max-body-bytes (%zu)", h->opts.max_body_bytes);
         req_fail(r, RS_ETOOBIG, msg);
-        free(r->body);
-        r->body = NULL;
-        r->n = r->cap = 0;
+        rs_http_body_drop(r);
         return;
     }
     if (r->n + size > r->cap) {
-        r->cap = RS_MIN(RS_MAX(r->cap * 2, r->n + size), h->opts.max_body_bytes);
+        size_t cap = RS_MIN(RS_MAX(r->cap * 2, r->n + size), h->opts.max_body_bytes);
+        if (!rs_http_budget_take(&h->lim.body_bytes, h->opts.body_memory_budget, cap - r->cap)) {
+            rs_http_body_drop(r); /* its memory goes back at once; the answer waits for the body's end */
+            refuse_body_memory(r);
+            return;
+        }
+        r->cap = cap;
         r->body = rs_xrealloc(r->body, r->cap);
     }
     memcpy(r->body + r->n, data, size);
@@ -310,14 +462,13 @@ static enum MHD_Result resumed(rs_http_req *r) {
 static enum MHD_Result on_access(void *cls, struct MHD_Connection *conn, const char *url, const char *method,
                                  const char *version, const char *upload_data, size_t *upload_data_size,
                                  void **con_cls) {
-    (void)version;
     rs_http *h = cls;
     rs_http_req *r = *con_cls;
     if (!r) {
         r = req_new(h, conn);
         *con_cls = r;
-        begin(r, url, method);
-        if (r->failed && expects_continue(conn)) return rs_http_send_error(r, &r->error);
+        begin(r, url, method, version);
+        if (r->failed && (r->answer_early || expects_continue(conn))) return rs_http_send_error(r, &r->error);
         return MHD_YES;
     }
     if (*upload_data_size > 0) {
@@ -354,8 +505,12 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
     bool free_now = !r->held;
     pthread_mutex_unlock(&h->mu);
     if (abort) {
-        RS_INFO("http | %s | rid %s | the client left before the answer (code %d); aborting", req_path(r),
-                r->engine_rid, (int)toe);
+        if (toe == MHD_REQUEST_TERMINATED_TIMEOUT_REACHED)
+            RS_INFO("http | %s | rid %s | the client took nothing for http-idle-timeout (%d s); aborting",
+                    req_path(r), r->engine_rid, h->opts.idle_timeout);
+        else
+            RS_INFO("http | %s | rid %s | the client left before the answer (code %d); aborting", req_path(r),
+                    r->engine_rid, (int)toe);
         if (e) rs_engine_abort(e, r->engine_rid);
     }
     if (free_now) rs_http_req_free(r);
@@ -422,8 +577,11 @@ static void on_scan(uv_timer_t *t) {
             scan_add(&l, rs_http_claim_resume_locked(r) ? r : NULL, running ? r->engine_rid : NULL);
         } else if (r->route == RS_ROUTE_HEALTH_GENERATE && running && !r->answer_now && now > r->deadline) {
             r->answer_now = true;
-            rs_error_set(&r->error, RS_EBUSY, NULL, "the health probe did not finish within %gs",
-                         h->info.cfg ? h->info.cfg->health_generate_timeout : 0.0);
+            rs_engine_stats st = {0};
+            if (e) rs_engine_get_stats(e, &st); /* its lock is a leaf: fine under h->mu */
+            rs_error_set(&r->error, RS_EBUSY, NULL, "the health probe did not finish within %gs%s",
+                         h->info.cfg ? h->info.cfg->health_generate_timeout : 0.0,
+                         st.paused ? " (generation is paused)" : "");
             scan_add(&l, rs_http_claim_resume_locked(r) ? r : NULL, r->engine_rid);
         }
     }
@@ -451,11 +609,28 @@ static int resolve(const char *host, int port, struct sockaddr_storage *ss, sock
     return RS_OK;
 }
 
+/* The settings that bound one another. */
+static int check_opts(const rs_http_opts *o, rs_error *err) {
+    if (o->body_memory_budget < o->max_body_bytes)
+        return rs_error_set(err, RS_EINVAL, "body-memory-budget",
+                            "body-memory-budget (%zu) must be at least max-body-bytes (%zu): the largest body "
+                            "allowed must fit", o->body_memory_budget, o->max_body_bytes);
+    if (o->max_stream_buffer > o->stream_memory_budget)
+        return rs_error_set(err, RS_EINVAL, "max-stream-buffer",
+                            "max-stream-buffer (%zu) must be at most stream-memory-budget (%zu)",
+                            o->max_stream_buffer, o->stream_memory_budget);
+    if (o->max_connections_per_ip < o->max_waiting_requests)
+        RS_WARN("max-connections-per-ip %d is below max-waiting-requests %d: a trainer on one host cannot hold "
+                "that many requests in flight", o->max_connections_per_ip, o->max_waiting_requests);
+    return RS_OK;
+}
+
 int rs_http_start(rs_http **out, const rs_http_opts *opts, uv_loop_t *loop, rs_error *err) {
+    int rc = check_opts(opts, err);
+    if (rc != RS_OK) return rc;
     struct sockaddr_storage ss;
     socklen_t ss_len;
-    int rc = resolve(opts->host, opts->port, &ss, &ss_len, err);
-    if (rc != RS_OK) return rc;
+    if ((rc = resolve(opts->host, opts->port, &ss, &ss_len, err)) != RS_OK) return rc;
 
     rs_http *h = rs_xcalloc(1, sizeof *h);
     h->opts = *opts;
@@ -472,6 +647,7 @@ int rs_http_start(rs_http **out, const rs_http_opts *opts, uv_loop_t *loop, rs_e
     pthread_mutex_init(&h->mu, NULL);
     pthread_cond_init(&h->ctl_cv, NULL);
     pthread_cond_init(&h->ctl_idle_cv, NULL);
+    rs_http_limits_init(&h->lim);
     h->state = RS_HTTP_STATE_STARTING;
 
     long cores = sysconf(_SC_NPROCESSORS_ONLN);
@@ -483,13 +659,18 @@ int rs_http_start(rs_http **out, const rs_http_opts *opts, uv_loop_t *loop, rs_e
                                  MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&ss,
                                  MHD_OPTION_THREAD_POOL_SIZE, threads,
                                  MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)(256 * 1024),
-                                 /* trainers open a connection per in-flight request */
-                                 MHD_OPTION_CONNECTION_LIMIT, (unsigned)RS_MAX(1024, opts->max_waiting_requests + 256),
+                                 MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)opts->idle_timeout,
+                                 /* the hard limits: the soft ones (http_limits.c) plus the reserve */
+                                 MHD_OPTION_CONNECTION_LIMIT, (unsigned)(opts->max_connections + RS_HTTP_CONN_RESERVE),
+                                 MHD_OPTION_PER_IP_CONNECTION_LIMIT,
+                                 (unsigned)(opts->max_connections_per_ip + RS_HTTP_CONN_RESERVE),
+                                 MHD_OPTION_NOTIFY_CONNECTION, rs_http_on_connection, h,
                                  MHD_OPTION_NOTIFY_COMPLETED, on_completed, h,
                                  MHD_OPTION_END);
     if (!h->daemon) {
         rs_error_set(err, RS_EIO, "port", "cannot listen on %s port %d (in use, or not a local address?)",
                      opts->host, opts->port);
+        rs_http_limits_free(&h->lim);
         pthread_cond_destroy(&h->ctl_idle_cv);
         pthread_cond_destroy(&h->ctl_cv);
         pthread_mutex_destroy(&h->mu);
@@ -547,6 +728,7 @@ int rs_http_in_flight(rs_http *h) {
 
 static void on_timer_closed(uv_handle_t *handle) {
     rs_http *h = handle->data;
+    rs_http_limits_free(&h->lim);
     pthread_cond_destroy(&h->ctl_idle_cv);
     pthread_cond_destroy(&h->ctl_cv);
     pthread_mutex_destroy(&h->mu);

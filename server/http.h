@@ -25,6 +25,26 @@
  * /abort_request finds jobs by their client-visible ids. The same timer answers /health_generate
  * with 503 when its probe outlives health-generate-timeout.
  *
+ * What a slow or hostile client gets (http.c, http_limits.c, http_gen.c):
+ *   - http-idle-timeout (30 s): a connection that sends nothing while its headers or body are read,
+ *     takes nothing of its answer, or sits idle between requests is closed; a request waiting for
+ *     the engine (suspended) is not timed;
+ *   - max-connections (2048) and max-connections-per-ip (1536): a connection beyond either gets 503
+ *     (Retry-After: 1, Connection: close) as soon as its headers are in, whatever the route, except
+ *     GET /health and GET /metrics, served from a reserve of RS_HTTP_CONN_RESERVE connections; a
+ *     connection in the reserve has an idle timeout of at most RS_HTTP_OVER_TIMEOUT_S;
+ *   - body-memory-budget (1 GiB, all bodies) beside max-body-bytes (16 MiB, each): a body that would
+ *     exceed it is freed at once and answered 503 when it ends;
+ *   - max-stream-buffer (64 MiB, each stream) and stream-memory-budget (1 GiB, all streams) bound the
+ *     streamed bytes the client has not taken: the stream that would exceed either is cut and its
+ *     request aborted (finish "abort", KV pages freed at the next engine step);
+ *   - an ambiguous body length (two Content-Length values, Transfer-Encoding with Content-Length,
+ *     a transfer coding other than chunked alone, Transfer-Encoding in HTTP/1.0) gets 400 at once,
+ *     the connection closed;
+ *   - with --api-key, 401 before any 404 or 405 (only GET /health and /metrics are open); 401 log
+ *     lines at most once a second.
+ * Each connection also holds up to 256 KiB of libmicrohttpd's own buffers.
+ *
  * Lifetime of a request. Freed exactly once, by whichever of two owners lets go last: the
  * connection (MHD's completion notice) and the engine or control thread (a submitted job or
  * control operation, until it has finished). Both flags live under the same mutex.
@@ -41,7 +61,6 @@
 #include "../scheduler/engine.h"
 
 #define RS_HTTP_SCAN_MS 100                          /* disconnect and probe-timeout scan period */
-#define RS_HTTP_STREAM_MAX_PENDING ((size_t)64 << 20) /* a stream's unsent bytes before it is cut */
 
 typedef struct rs_http_opts {
     const char *host;           /* borrowed: numeric address or name to bind */
@@ -50,6 +69,12 @@ typedef struct rs_http_opts {
     size_t max_body_bytes;
     int max_waiting_requests;   /* generation requests in flight before 503 */
     const char *api_key;        /* borrowed; NULL or "" = no auth */
+    int idle_timeout;           /* seconds a silent connection stays open (> 0) */
+    int max_connections;        /* served connections, all clients (http_limits.c) */
+    int max_connections_per_ip; /* served connections from one client address */
+    size_t body_memory_budget;  /* request bodies in memory, all requests (>= max_body_bytes) */
+    size_t stream_memory_budget; /* unsent streamed bytes, all streams */
+    size_t max_stream_buffer;   /* unsent bytes of one stream (<= stream_memory_budget) */
 } rs_http_opts;
 
 /* What the info routes report; everything is borrowed and must outlive the server. */

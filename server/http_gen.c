@@ -10,6 +10,14 @@
  * MHD, suspending the connection while the buffer is empty. A client that leaves is noticed by a
  * failed write, by MHD's completion notice, or by http.c's scan of suspended sockets; its job is
  * aborted either way.
+ *
+ * Streamed bytes wait in the request's buffer until MHD takes them. Cumulative /generate events
+ * repeat every token so far, so a client that reads slowly makes that buffer grow with the square
+ * of the output: the bytes not yet taken are bounded per stream (max-stream-buffer) and over all
+ * streams (stream-memory-budget). The stream whose next events would pass either bound is cut: its
+ * unsent bytes are freed at once, its job is aborted (the output finishes "abort" and its KV pages
+ * are freed at the engine's next step), and the connection ends with an error once MHD has sent
+ * what it already held, or at http-idle-timeout if the client reads nothing at all.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -21,29 +29,46 @@
 
 /* ---------------------------------------------------------------- engine callbacks (engine thread) */
 
+/* Under h->mu: ends r's stream with an error, giving its unsent bytes back at once. */
+static void cut_stream_locked(rs_http_req *r) {
+    if (r->sse.len > r->sse_off) rs_http_budget_give(&r->h->lim.stream_bytes, r->sse.len - r->sse_off);
+    rs_buf_free(&r->sse);
+    r->sse_off = 0;
+    r->stream_error = true;
+}
+
 /* Appends freshly built events (tmp, consumed) to r's stream; `final`: the job is done. */
 static void push_stream(rs_http_req *r, rs_buf *tmp, int rc, bool final) {
     rs_http *h = r->h;
     bool abort = false;
     pthread_mutex_lock(&h->mu);
     if (rc == RS_OK && !r->stream_error) {
-        if (r->sse.len - r->sse_off + tmp->len > RS_HTTP_STREAM_MAX_PENDING) {
-            RS_WARN("http | rid %s | the client reads too slowly (%zu bytes unsent); ending its stream",
-                    r->engine_rid, r->sse.len - r->sse_off);
-            r->stream_error = true;
+        size_t pending = r->sse.len - r->sse_off;
+        const char *limit = NULL;
+        if (tmp->len > h->opts.max_stream_buffer - RS_MIN(pending, h->opts.max_stream_buffer))
+            limit = "max-stream-buffer";
+        else if (!rs_http_budget_take(&h->lim.stream_bytes, h->opts.stream_memory_budget, tmp->len))
+            limit = "stream-memory-budget";
+        if (limit) {
+            RS_WARN("http | rid %s | the client reads too slowly (%zu bytes unsent, %zu more to send): over %s; "
+                    "ending its stream and aborting the request", r->engine_rid, pending, tmp->len, limit);
+            cut_stream_locked(r);
             abort = !final;
-        } else if (r->sse.len == r->sse_off) { /* nothing pending: take the new buffer as is */
+        } else if (pending == 0) { /* nothing pending: take the new buffer as is */
             rs_buf old = r->sse;
             r->sse = *tmp;
             r->sse_off = 0;
             *tmp = old;
         } else if (rs_buf_append(&r->sse, tmp->data, tmp->len) != RS_OK) {
-            r->stream_error = true;
+            rs_http_budget_give(&h->lim.stream_bytes, tmp->len);
+            RS_ERROR("http | rid %s | out of memory writing stream events", r->engine_rid);
+            cut_stream_locked(r);
             abort = !final;
         }
     } else if (rc != RS_OK) {
-        RS_ERROR("http | rid %s | out of memory writing stream events", r->engine_rid);
-        r->stream_error = true;
+        if (rc != RS_EINTERNAL) /* RS_EINTERNAL: the engine failed the job and logged why */
+            RS_ERROR("http | rid %s | out of memory writing stream events", r->engine_rid);
+        cut_stream_locked(r);
         abort = !final;
     }
     if (final) {
@@ -79,11 +104,11 @@ static void on_job_progress(rs_gen_job *job, void *user) {
 }
 
 static void on_job_done(rs_gen_job *job, void *user) {
-    (void)job;
     rs_http_req *r = user;
     if (r->stream) {
         rs_buf tmp = {0};
-        int rc = stream_events(r, true, &tmp);
+        /* a failed job (engine.h: job->error) gets no final events: the stream ends without [DONE] */
+        int rc = job->error.code != RS_OK ? RS_EINTERNAL : stream_events(r, true, &tmp);
         push_stream(r, &tmp, rc, true);
         return;
     }
@@ -110,7 +135,9 @@ static ssize_t stream_reader(void *cls, uint64_t pos, char *buf, size_t max) {
         size_t n = RS_MIN(avail, max);
         memcpy(buf, r->sse.data + r->sse_off, n);
         r->sse_off += n;
+        rs_http_budget_give(&h->lim.stream_bytes, n);
         if (r->sse_off == r->sse.len) {
+            if (r->sse.cap > ((size_t)1 << 20)) rs_buf_free(&r->sse); /* a burst's buffer is not kept */
             r->sse.len = r->sse_off = 0;
         } else if (r->sse_off > ((size_t)1 << 20) && r->sse_off * 2 > r->sse.len) {
             rs_buf_consume(&r->sse, r->sse_off);
@@ -168,7 +195,10 @@ static int parse_generate(rs_http_req *r, rs_engine *e, rs_error *err) {
      * requests does not sample n identical rollouts. A given seed reproduces the tokens exactly. */
     if (!r->gen.seed_given) r->job->sp.seed = splitmix64(atomic_fetch_add(&h->seed_state, 0x9e3779b97f4a7c15ull));
     name_job(h, r->job, r->gen.rid);
-    return rs_gen_job_validate(r->job, rs_engine_model_config(e), rs_engine_get_limits(e), err);
+    rs_gen_invalid why;
+    if (rs_gen_job_validate(r->job, rs_engine_model_config(e), rs_engine_get_limits(e), &why) != RS_OK)
+        return rs_generate_invalid(&why, err);
+    return RS_OK;
 }
 
 static int parse_completions(rs_http_req *r, rs_engine *e, rs_error *err) {
@@ -194,9 +224,9 @@ static int parse_completions(rs_http_req *r, rs_engine *e, rs_error *err) {
     r->job = job;
     r->stream = q->stream;
     name_job(h, job, q->id);
-    rc = rs_gen_job_validate(job, rs_engine_model_config(e), lim, err);
-    if (rc != RS_OK) rs_openai_map_error(err);
-    return rc;
+    rs_gen_invalid why;
+    if (rs_gen_job_validate(job, rs_engine_model_config(e), lim, &why) != RS_OK) return rs_openai_invalid(&why, err);
+    return RS_OK;
 }
 
 /* /health_generate: one greedy token after token 0, as SGLang's probe. */
@@ -210,6 +240,7 @@ static void make_probe(rs_http_req *r) {
     job->prompt_lens[0] = 1;
     job->sp.max_new_tokens = 1;
     job->sp.temperature = 0.0f;
+    job->probe = true; /* a trainer's abort-all or pause(abort) must not fail the probe */
     r->gen.job = job;
     snprintf(r->gen.rid, sizeof r->gen.rid, "health_generate");
     name_job(h, job, r->gen.rid);
@@ -229,9 +260,7 @@ enum MHD_Result rs_http_gen_start(rs_http_req *r) {
     if (r->route == RS_ROUTE_GENERATE) rc = parse_generate(r, e, &err);
     else if (r->route == RS_ROUTE_COMPLETIONS) rc = parse_completions(r, e, &err);
     else make_probe(r);
-    free(r->body); /* the job holds everything now */
-    r->body = NULL;
-    r->n = r->cap = 0;
+    rs_http_body_drop(r); /* the job holds everything now */
     if (rc != RS_OK) return rs_http_send_error(r, &err);
 
     pthread_mutex_lock(&h->mu);
@@ -279,6 +308,7 @@ enum MHD_Result rs_http_gen_answer(rs_http_req *r) {
     const rs_gen_job *job = r->job;
     size_t len = 0;
     char *body;
+    if (job->error.code != RS_OK) return rs_http_send_error(r, &job->error); /* never served: a 500 */
     if (r->route == RS_ROUTE_HEALTH_GENERATE) {
         const rs_finish *f = &job->outputs[0].finish;
         if (f->type == RS_FINISH_ABORT) {
@@ -304,6 +334,7 @@ int rs_http_gen_abort(rs_http *h, rs_engine *e, const char *rid) {
     pthread_mutex_lock(&h->mu);
     for (rs_http_req *r = h->live; r; r = r->live_next) {
         if (!r->held || r->done) continue;
+        if (!rid && r->route == RS_ROUTE_HEALTH_GENERATE) continue; /* as the engine: abort-all skips probes */
         bool match = !rid || (r->route == RS_ROUTE_COMPLETIONS ? rs_openai_matches_rid(&r->oai, rid)
                                                                : rs_generate_matches_rid(&r->gen, rid));
         if (!match) continue;

@@ -1,7 +1,8 @@
 /*
  * http_internal.h — the state shared by the HTTP modules: http.c (MHD glue, routing, answers,
- * lifecycle, the disconnect scan), http_gen.c (generation and streaming) and http_ops.c (the
- * operations routes and the control thread). Private to server/.
+ * lifecycle, the disconnect scan), http_gen.c (generation and streaming), http_ops.c (the
+ * operations routes and the control thread) and http_limits.c (connection caps, memory budgets,
+ * rate-limited log lines). Private to server/.
  */
 #ifndef RS_HTTP_INTERNAL_H
 #define RS_HTTP_INTERNAL_H
@@ -10,6 +11,7 @@
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdbool.h>
+#include <stdint.h>
 
 #include "../protocol/generate.h"
 #include "../protocol/openai.h"
@@ -31,6 +33,7 @@ typedef enum rs_route {
     RS_ROUTE_MODELS,
     RS_ROUTE_MODEL_INFO,
     RS_ROUTE_SERVER_INFO,
+    RS_ROUTE_LOAD,
     RS_ROUTE_WEIGHT_VERSION,
     RS_ROUTE_METRICS,
     RS_ROUTE_ABORT,
@@ -58,6 +61,43 @@ typedef enum rs_phase {
 
 typedef struct rs_http_req rs_http_req;
 
+/* http_limits.c: connections beyond the soft caps live in a reserve this much larger (MHD's own
+ * limits), with an idle timeout of at most RS_HTTP_OVER_TIMEOUT_S seconds. */
+#define RS_HTTP_CONN_RESERVE 32
+#define RS_HTTP_OVER_TIMEOUT_S 5
+#define RS_HTTP_IP_BUCKETS 1024 /* a power of two */
+
+/* Open connections from one client address. */
+typedef struct rs_http_addr_count {
+    struct rs_http_addr_count *next;
+    uint8_t addr[16];           /* [len] */
+    uint8_t len;                /* 4 (IPv4, also mapped) or 16 */
+    int n;
+} rs_http_addr_count;
+
+/* MHD's socket context of one connection (made and freed by rs_http_on_connection). */
+typedef struct rs_http_conn {
+    uint8_t addr[16];           /* [addr_len] the client's address; addr_len 0 = not an IP socket */
+    uint8_t addr_len;
+    bool over;                  /* accepted beyond a soft cap: answered 503, except GET /health, /metrics */
+} rs_http_conn;
+
+typedef enum rs_http_log_kind {
+    RS_HTTP_LOG_AUTH = 0,       /* 401s */
+    RS_HTTP_LOG_OVER,           /* 503s of connections beyond the caps */
+    RS_HTTP_LOG_KINDS
+} rs_http_log_kind;
+
+typedef struct rs_http_limits {
+    pthread_mutex_t mu;         /* guards the connection counts and the log-line state */
+    int n_conn;                 /* open connections */
+    rs_http_addr_count *buckets[RS_HTTP_IP_BUCKETS];
+    atomic_size_t body_bytes;   /* request-body buffers, all requests (capacity) */
+    atomic_size_t stream_bytes; /* streamed bytes not yet taken by MHD, all streams */
+    double log_last[RS_HTTP_LOG_KINDS];        /* rs_now_s of the last line of each kind */
+    unsigned long log_skipped[RS_HTTP_LOG_KINDS]; /* lines not written since */
+} rs_http_limits;
+
 struct rs_http {
     struct MHD_Daemon *daemon;
     uv_timer_t scan_timer;      /* disconnects of suspended requests; probe timeouts */
@@ -73,6 +113,7 @@ struct rs_http {
     atomic_ullong next_job;     /* engine rids: <rid>#N */
     atomic_ullong seed_state;   /* seeds for /v1/completions requests that give none */
     atomic_ullong responses[RS_ROUTE_COUNT][RS_HTTP_CODE_COUNT];
+    rs_http_limits lim;
 
     pthread_mutex_t mu;         /* guards everything below and the "under h->mu" fields of requests */
     rs_http_state state;
@@ -101,8 +142,11 @@ struct rs_http_req {
     bool failed;
     rs_error error;
     const char *extra_header, *extra_value; /* static strings: Allow, Retry-After, WWW-Authenticate */
+    bool answer_early;          /* answer `error` with the headers, without reading the body (framing, caps) */
+    bool close;                 /* the answer ends the connection (Connection: close) */
+    bool over_refused;          /* a 503 for a connection over the caps (its log line is rate-limited) */
 
-    char *body;                 /* [n] (cap allocated) */
+    char *body;                 /* [n] (cap allocated, and charged to body-memory-budget) */
     size_t n, cap;
 
     /* generation: one of gen (generate, health_generate) or oai (completions) holds the job */
@@ -131,7 +175,8 @@ struct rs_http_req {
     bool answer_now;            /* answer `error` without waiting for the job (probe timeout) */
     bool stream_end;            /* the final events are in sse */
     bool stream_error;          /* end the stream with an error (client too slow, out of memory) */
-    rs_buf sse;                 /* streamed bytes; [sse_off, sse.len) not yet handed to MHD */
+    rs_buf sse;                 /* streamed bytes; [sse_off, sse.len) not yet handed to MHD, and charged
+                                 * to stream-memory-budget */
     size_t sse_off;
     rs_http_req *live_prev, *live_next;
 };
@@ -145,6 +190,8 @@ bool rs_http_claim_resume_locked(rs_http_req *r);
 /* From an MHD callback: suspends r's connection unless it is already ready to go on. */
 void rs_http_suspend(rs_http_req *r);
 void rs_http_req_free(rs_http_req *r);
+/* Frees r's body buffer and gives its memory back to body-memory-budget. */
+void rs_http_body_drop(rs_http_req *r);
 /* Queue an answer; `body` (malloc'd, NULL = out of memory) passes to MHD. */
 enum MHD_Result rs_http_send(rs_http_req *r, unsigned status, char *body, size_t len, const char *content_type);
 enum MHD_Result rs_http_send_error(rs_http_req *r, const rs_error *err);
@@ -157,6 +204,19 @@ enum MHD_Result rs_http_gen_start(rs_http_req *r);      /* generate, completions
 enum MHD_Result rs_http_gen_answer(rs_http_req *r);     /* resumed: the job is done */
 /* Aborts, in the engine, the admitted requests `rid` names (all with NULL); returns how many. */
 int rs_http_gen_abort(rs_http *h, rs_engine *e, const char *rid);
+
+/* http_limits.c */
+void rs_http_limits_init(rs_http_limits *L);
+void rs_http_limits_free(rs_http_limits *L); /* after MHD has stopped */
+/* MHD_OPTION_NOTIFY_CONNECTION (cls: the rs_http): counts connections and marks those over a cap. */
+void rs_http_on_connection(void *cls, struct MHD_Connection *c, void **socket_context,
+                           enum MHD_ConnectionNotificationCode toe);
+bool rs_http_conn_over(struct MHD_Connection *c);
+/* Takes n bytes of a budget when they fit (true), else takes nothing (false); gives them back. */
+bool rs_http_budget_take(atomic_size_t *used, size_t budget, size_t n);
+void rs_http_budget_give(atomic_size_t *used, size_t n);
+/* A line of `kind` may be logged: at most one a second; *skipped gets how many were not since. */
+bool rs_http_log_allowed(rs_http_limits *L, rs_http_log_kind kind, unsigned long *skipped);
 
 /* http_ops.c */
 enum MHD_Result rs_http_ops_handle(rs_http_req *r);     /* every other route */

@@ -1,6 +1,7 @@
 /*
  * http_ops.c — the operations routes: /health, /get_model_info, /get_server_info, /server_info,
- * /get_weight_version, /v1/models, /metrics and /abort_request answer at once on the MHD thread;
+ * /model_info, /get_load, /get_weight_version, /v1/models, /metrics and /abort_request answer at
+ * once on the MHD thread;
  * /pause_generation, /continue_generation and /flush_cache wait for an engine step boundary, so
  * they run on this module's control thread while their connection is suspended.
  *
@@ -14,7 +15,7 @@
 #include <unistd.h>
 
 #include "../model/model.h"
-#include "../model/update.h"
+#include "../model/weight_store.h"
 #include "../protocol/errors.h"
 #include "../protocol/metrics.h"
 #include "../protocol/ops.h"
@@ -65,7 +66,8 @@ static enum MHD_Result metrics(rs_http_req *r, rs_engine *e) {
         [RS_ROUTE_HEALTH] = "/health", [RS_ROUTE_HEALTH_GENERATE] = "/health_generate",
         [RS_ROUTE_GENERATE] = "/generate", [RS_ROUTE_COMPLETIONS] = "/v1/completions",
         [RS_ROUTE_MODELS] = "/v1/models", [RS_ROUTE_MODEL_INFO] = "/get_model_info",
-        [RS_ROUTE_SERVER_INFO] = "/get_server_info", [RS_ROUTE_WEIGHT_VERSION] = "/get_weight_version",
+        [RS_ROUTE_SERVER_INFO] = "/get_server_info", [RS_ROUTE_LOAD] = "/get_load",
+        [RS_ROUTE_WEIGHT_VERSION] = "/get_weight_version",
         [RS_ROUTE_METRICS] = "/metrics", [RS_ROUTE_ABORT] = "/abort_request",
         [RS_ROUTE_PAUSE] = "/pause_generation", [RS_ROUTE_CONTINUE] = "/continue_generation",
         [RS_ROUTE_FLUSH] = "/flush_cache", [RS_ROUTE_WEIGHTS] = "/update_weights",
@@ -202,7 +204,8 @@ static enum MHD_Result control(rs_http_req *r, rs_engine *e) {
     rs_error err = {0};
     int rc = RS_OK;
     if (r->route == RS_ROUTE_PAUSE) rc = rs_pause_parse(r->body, r->n, &r->pause_mode, &err);
-    else rc = rs_empty_parse(r->body, r->n, r->route == RS_ROUTE_CONTINUE ? "/continue_generation" : "/flush_cache", &err);
+    else if (r->route == RS_ROUTE_CONTINUE) rc = rs_continue_parse(r->body, r->n, &err);
+    else rc = rs_flush_parse(r->body, r->n, &err);
     if (rc != RS_OK) return rs_http_send_error(r, &err);
     r->phase = RS_PHASE_WAITING;
     ctl_push(r->h, r);
@@ -232,6 +235,11 @@ enum MHD_Result rs_http_ops_handle(rs_http_req *r) {
     switch (r->route) {
     case RS_ROUTE_METRICS: return metrics(r, e);
     case RS_ROUTE_SERVER_INFO: return server_info(r, e);
+    case RS_ROUTE_LOAD: {
+        rs_engine_stats st;
+        rs_engine_get_stats(e, &st);
+        return send_json(r, rs_load_body(&st, &len), &len);
+    }
     case RS_ROUTE_MODEL_INFO: {
         rs_model_info mi;
         model_info(h, e, &mi);

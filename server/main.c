@@ -1,6 +1,6 @@
 /*
  * main.c — rolloutd's lifecycle: settings, model, engine, HTTP, and the libuv loop that ties them
- * together until SIGINT or SIGTERM.
+ * together until SIGTERM, SIGINT or SIGHUP.
  *
  * Start-up: parse settings (bad ones exit 1 with a message naming them), start HTTP first in the
  * STARTING state (so that /health answers 503 while the model loads, and a taken port fails fast),
@@ -10,7 +10,14 @@
  * Shutdown: the first signal drains. /health and new /generate requests answer 503, admitted
  * requests run to completion for up to drain-timeout seconds; then anything left is aborted (its
  * client gets the partial output with finish_reason abort), MHD stops, the engine stops, and
- * everything is freed; exit status 0. A second signal stops waiting.
+ * everything is freed; exit status 0. A second signal stops waiting. While generation is paused
+ * (/pause_generation) nothing in flight can finish, so then the requests are aborted at once
+ * rather than after the drain timeout, whether the pause came before the signal or during the
+ * drain.
+ *
+ * SIGHUP drains and exits exactly as SIGTERM does. rolloutd has no configuration to reload, and a
+ * hangup (the terminal or SSH session that started it went away) is a request to end: drained,
+ * in-flight requests keep their answers, rather than the default action of dying on the spot.
  */
 #include <errno.h>
 #include <ftw.h>
@@ -30,7 +37,9 @@
 #include "../model/presets.h"
 #include "../model/quant.h"
 #include "../scheduler/engine.h"
+#include "../sync/nccl.h"
 #include "../sync/sync.h"
+#include "../tokenizer/tokenizer.h"
 #include "http.h"
 #include "setup.h"
 #include "weights_routes.h"
@@ -46,7 +55,7 @@ typedef enum rs_phase {
 typedef struct rs_daemon {
     rs_config cfg;
     uv_loop_t loop;
-    uv_signal_t sig_int, sig_term;
+    uv_signal_t sig_int, sig_term, sig_hup;
     uv_timer_t drain_timer;
     rs_http *http;
     rs_backend *backend;
@@ -68,7 +77,8 @@ static uint64_t fnv1a(const char *s) {
     return h;
 }
 
-/* A name for the preset's exact contents, so a changed preset never reuses a stale cache. */
+/* A name for the preset's exact contents and its tokenizer, so a changed preset never reuses a
+ * stale cache. */
 static uint64_t preset_hash(const rs_model_config *c, uint64_t seed) {
     char buf[1024];
     int n = snprintf(buf, sizeof buf,
@@ -83,7 +93,8 @@ static uint64_t preset_hash(const rs_model_config *c, uint64_t seed) {
                      c->bos_token_id, (unsigned long long)seed);
     for (int i = 0; i < c->n_eos && n > 0 && (size_t)n < sizeof buf; i++)
         n += snprintf(buf + n, sizeof buf - (size_t)n, "%d,", c->eos_token_ids[i]);
-    return fnv1a(buf);
+    size_t tok_len;
+    return fnv1a(buf) ^ fnv1a(rs_tok_default_json(&tok_len)); /* the tokenizer written beside it */
 }
 
 static int mkdir_p(const char *path, rs_error *err) {
@@ -124,8 +135,9 @@ static int cache_dir(char *out, size_t n, rs_error *err) {
     return RS_OK;
 }
 
-/* Writes the embedded default model into the cache (once: concurrent daemons race harmlessly, each
- * writing a private temporary directory and renaming it into place) and returns its path. */
+/* Writes the embedded default model and its tokenizer.json into the cache (once: concurrent
+ * daemons race harmlessly, each writing a private temporary directory and renaming it into place)
+ * and returns its path. */
 static int default_model_dir(char *out, size_t n, rs_error *err) {
     rs_model_config cfg;
     memset(&cfg, 0, sizeof cfg);
@@ -144,6 +156,7 @@ static int default_model_dir(char *out, size_t n, rs_error *err) {
     if (!mkdtemp(tmp)) return rs_error_set(err, RS_EIO, "model", "cannot create %s: %s", tmp, strerror(errno));
     RS_INFO("model: writing the default model into %s", out);
     rc = rs_testmodel_write(tmp, &cfg, seed, err);
+    if (rc == RS_OK) rc = rs_tok_write_default(tmp, err);
     if (rc != RS_OK) {
         rm_rf(tmp);
         return rc;
@@ -205,6 +218,12 @@ static int load(rs_daemon *d, rs_error *err) {
                        .keep_shm_maps = c->weight_shm_keep,
                        .allowed_weight_dir = c->allowed_weight_dir, .txn_idle_timeout = c->weight_update_timeout,
                        .threads = c->weight_sync_threads};
+    /* NCCL groups: joining one (the trainer's store, its unique id, the communicator) is bounded by
+     * weight-update-timeout too; 0 there means "no expiry" for transactions, not for a join */
+    rs_nccl_opts no;
+    rs_nccl_get_opts(&no);
+    if (c->weight_update_timeout > 0) no.init_timeout_s = c->weight_update_timeout;
+    rs_nccl_set_opts(&no);
     if ((rc = rs_sync_start(&d->sync, d->engine, d->model, &so, err)) != RS_OK) return rc;
     return RS_OK;
 }
@@ -232,15 +251,28 @@ static void close_all(rs_daemon *d) {
     uv_close((uv_handle_t *)&d->drain_timer, NULL);
     uv_close((uv_handle_t *)&d->sig_int, NULL);
     uv_close((uv_handle_t *)&d->sig_term, NULL);
+    uv_close((uv_handle_t *)&d->sig_hup, NULL);
+}
+
+/* Whether the engine is paused: then nothing in flight finishes until /continue_generation. */
+static bool engine_paused(const rs_daemon *d) {
+    if (!d->engine || d->engine_stopped) return false;
+    rs_engine_stats st;
+    rs_engine_get_stats(d->engine, &st);
+    return st.paused;
 }
 
 static void on_drain_tick(uv_timer_t *t) {
     rs_daemon *d = t->data;
     int n = rs_http_in_flight(d->http);
     double now = rs_now_s();
-    if (n > 0 && now < d->deadline) return;
+    const bool paused = n > 0 && d->phase == RS_PHASE_DRAINING && engine_paused(d);
+    if (n > 0 && now < d->deadline && !paused) return;
     if (n > 0 && d->phase == RS_PHASE_DRAINING) {
-        RS_WARN("drain: %d request%s still running after the drain timeout; aborting them", n, n == 1 ? "" : "s");
+        if (paused)
+            RS_WARN("drain: generation is paused; aborting the %d request%s in flight now", n, n == 1 ? "" : "s");
+        else
+            RS_WARN("drain: %d request%s still running after the drain timeout; aborting them", n, n == 1 ? "" : "s");
         stop_engine(d);
         d->phase = RS_PHASE_ABORTING;
         d->deadline = now + RS_ABORT_GRACE_S;
@@ -301,14 +333,21 @@ int main(int argc, char **argv) {
     uv_timer_init(&d->loop, &d->drain_timer);
     uv_signal_init(&d->loop, &d->sig_int);
     uv_signal_init(&d->loop, &d->sig_term);
-    d->drain_timer.data = d->sig_int.data = d->sig_term.data = d;
+    uv_signal_init(&d->loop, &d->sig_hup);
+    d->drain_timer.data = d->sig_int.data = d->sig_term.data = d->sig_hup.data = d;
     uv_signal_start(&d->sig_int, on_signal, SIGINT);
     uv_signal_start(&d->sig_term, on_signal, SIGTERM);
+    uv_signal_start(&d->sig_hup, on_signal, SIGHUP);
 
     int status = 0;
     rs_http_opts ho = {.host = d->cfg.host, .port = d->cfg.port, .threads = d->cfg.http_threads,
                        .max_body_bytes = d->cfg.max_body_bytes, .max_waiting_requests = d->cfg.max_waiting_requests,
-                       .api_key = d->cfg.api_key};
+                       .api_key = d->cfg.api_key, .idle_timeout = d->cfg.http_idle_timeout,
+                       .max_connections = d->cfg.max_connections,
+                       .max_connections_per_ip = d->cfg.max_connections_per_ip,
+                       .body_memory_budget = d->cfg.body_memory_budget,
+                       .stream_memory_budget = d->cfg.stream_memory_budget,
+                       .max_stream_buffer = d->cfg.max_stream_buffer};
     if (rs_http_start(&d->http, &ho, &d->loop, &err) != RS_OK) {
         RS_ERROR("%s", err.message);
         status = 1;

@@ -68,12 +68,12 @@ void rs_weights_call_free(struct rs_weights_call *c) {
 
 static int parse(rs_sync_job *job, const char *body, size_t n, rs_error *err) {
     switch (job->kind) {
-    case RS_SYNC_SHM: return rs_shm_update_parse(body, n, &job->req.shm, err);
-    case RS_SYNC_DISK: return rs_disk_update_parse(body, n, &job->req.disk, err);
-    case RS_SYNC_VERSION: return rs_version_update_parse(body, n, &job->req.version, err);
-    case RS_SYNC_NCCL_INIT: return rs_nccl_group_parse(body, n, &job->req.group, err);
-    case RS_SYNC_NCCL_UPDATE: return rs_nccl_update_parse(body, n, &job->req.nccl, err);
-    case RS_SYNC_NCCL_DESTROY: return rs_nccl_destroy_parse(body, n, &job->req.destroy, err);
+    case RS_SYNC_SHM: return rs_weights_parse_shm(body, n, &job->req.shm, err);
+    case RS_SYNC_DISK: return rs_weights_parse_disk(body, n, &job->req.disk, err);
+    case RS_SYNC_VERSION: return rs_weights_parse_version(body, n, &job->req.version, err);
+    case RS_SYNC_NCCL_INIT: return rs_weights_parse_nccl_group(body, n, &job->req.group, err);
+    case RS_SYNC_NCCL_UPDATE: return rs_weights_parse_nccl_update(body, n, &job->req.nccl, err);
+    case RS_SYNC_NCCL_DESTROY: return rs_weights_parse_nccl_destroy(body, n, &job->req.destroy, err);
     }
     return rs_error_set(err, RS_EINTERNAL, NULL, "unknown weight route");
 }
@@ -136,6 +136,7 @@ enum MHD_Result rs_weights_routes_answer(rs_http_req *r) {
     const rs_sync_result *res = &job->res;
     RS_INFO("http | weights | 200 | %s | %.3f s", res->message, res->seconds);
     size_t len = 0;
-    char *body = rs_weights_response(res->message, res->weight_version, res->bytes, res->seconds, res->committed, &len);
+    char *body = rs_weights_response(res->message, res->weight_version, res->bytes, res->seconds, res->committed,
+                                     res->txn_id, &len);
     return rs_http_send(r, 200, body, len, "application/json");
 }

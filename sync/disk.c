@@ -1,12 +1,15 @@
 /*
  * disk.c — /update_weights_from_disk (see disk.h).
  *
- * Every file is vetted before it is opened: the directory, model.safetensors and the index here,
- * each shard through rs_st_dir_open_checked's callback. A shard symlinked out of
- * allowed-weight-dir is thus refused before a byte of it is read; parsing it first would let the
- * parser's errors describe the file outside (whether it exists, its size, its first bytes). A path
- * that resolves outside and one that does not resolve at all get the same answer, which names
- * neither the target nor errno: the client learns nothing about what lies outside DIR.
+ * Nothing is checked by name and opened later. The allowed directory is opened once per request,
+ * and everything below it is opened relative to descriptors with confine.h, which follows no
+ * symlink and crosses no mount point: the checkpoint directory (walked from the allowed one), then
+ * model.safetensors, the index and every shard (from the checkpoint directory's descriptor). What
+ * each open returned is checked (a directory or a regular file, on the allowed directory's
+ * device), and only those descriptors are read. So a client that can write inside the directory
+ * and swaps a name for a symlink to elsewhere, at any moment, gets a refusal or the file that was
+ * inside: never a byte of another. A refusal says the same whatever the reason (a symlink, a
+ * missing name, another device), and names neither a target nor errno.
  *
  * The shards are mapped from files the trainer may rewrite in place while they are read
  * (safetensors' save_file and torch.save open with O_TRUNC). A read past the new end of a mapped
@@ -22,50 +25,72 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
+#include <unistd.h>
 
 #include "../model/kv_scales.h"
 #include "../model/safetensors.h"
-#include "../model/update.h"
+#include "../model/weight_store.h"
+#include "confine.h"
 #include "shm_guard.h"
 
 void (*rs_disk_test_hook_opened)(const char *model_dir);
 
-bool rs_disk_path_inside(const char *real, const char *dir) {
-    size_t n = strlen(dir);
-    if (n == 1 && dir[0] == '/') return real[0] == '/';
-    return strncmp(real, dir, n) == 0 && (real[n] == '\0' || real[n] == '/');
-}
-
-/* The one answer for a path that does not resolve and for one that resolves outside DIR. */
+/* The one answer for every refusal of a path: it does not resolve, it resolves outside DIR, or
+ * something on its way is a symlink or another file system. */
 static int refuse(rs_error *err, const char *label, const char *path, const char *kind, const char *allowed) {
     return rs_error_set(err, RS_EINVAL, "model_path",
-                        "%s'%s' does not resolve to a %s inside allowed-weight-dir '%s' (it does not exist, or it "
-                        "or a symlink on its way leads outside)", label, path, kind, allowed);
+                        "%s'%s' does not resolve to a %s inside allowed-weight-dir '%s' (it does not exist, or a "
+                        "symlink or another file system is on its way: none is followed)", label, path, kind, allowed);
 }
 
-/* `path` is <resolved model dir>/<plain file name>, so lstat looks only at an entry inside DIR and
- * its errno is the client's to know. The file must then resolve inside DIR, symlinks followed (a
- * dangling symlink is refused like one that leads outside); absent is fine when `optional`. */
-static int check_file(const char *path, const char *allowed, bool optional, rs_error *err) {
-    struct stat st;
-    if (lstat(path, &st) != 0) {
-        if (optional && errno == ENOENT) return RS_OK;
-        return rs_error_set(err, RS_EINVAL, "model_path", "cannot read '%s': %s", path, strerror(errno));
+/* The part of the absolute `path` below `allowed` (a realpath): the rest after the shortest
+ * leading run of path's names that resolves to `allowed` itself. That prefix may hold symlinks
+ * (e.g. /data -> /mnt/data): it only says where the walk starts, and the walk itself starts from a
+ * descriptor of `allowed`, so whatever the prefix resolves to later cannot matter. NULL when no
+ * prefix resolves to `allowed`. */
+static const char *below_allowed(const char *path, const char *allowed) {
+    if (path[0] != '/') return NULL;
+    size_t n = strlen(path);
+    char prefix[PATH_MAX], real[PATH_MAX];
+    if (n >= sizeof prefix) return NULL;
+    for (size_t i = 1; i <= n; i++) {
+        if (i < n && path[i] != '/') continue;
+        memcpy(prefix, path, i);
+        prefix[i] = '\0';
+        if (realpath(prefix, real) && strcmp(real, allowed) == 0) {
+            const char *rest = path + i;
+            while (*rest == '/') rest++;
+            return rest;
+        }
     }
-    char real[PATH_MAX];
-    if (!realpath(path, real) || !rs_disk_path_inside(real, allowed)) return refuse(err, "", path, "file", allowed);
-    return RS_OK;
+    return strcmp(allowed, "/") == 0 ? path + 1 : NULL;
 }
 
-/* rs_st_check_fn: every file rs_st_dir_open_checked is about to open (ctx: the allowed dir). */
-static int check_before_open(void *ctx, const char *path, rs_error *err) {
-    return check_file(path, ctx, false, err);
+typedef struct disk_dir {
+    const rs_confine *root;
+    int fd;                     /* the checkpoint directory, opened below root */
+    const char *model_path;     /* as the request wrote it: labels */
+    const char *allowed;
+} disk_dir;
+
+/* rs_st_open_fn: a file of the checkpoint directory, opened below it without following symlinks. */
+static int open_in_checkpoint(void *ctx, const char *name, int *fd, rs_error *err) {
+    const disk_dir *dd = ctx;
+    char label[PATH_MAX + 300];
+    snprintf(label, sizeof label, "%s/%s", dd->model_path, name);
+    int rc = rs_confine_openat(dd->root, dd->fd, name, false, fd);
+    switch (rc) {
+    case RS_OK: return RS_OK;
+    case RS_ENOTFOUND: return rs_error_set(err, RS_ENOTFOUND, "model_path", "'%s' does not exist", label);
+    case RS_EUNSUPPORTED: return rs_error_set(err, RS_EINVAL, "model_path", "'%s' is not a regular file", label);
+    case RS_EINVAL: return refuse(err, "", label, "file", dd->allowed);
+    default: return rs_error_set(err, RS_EIO, "model_path", "cannot open '%s': %s", label, strerror(errno));
+    }
 }
 
 /* Stages the tensors of one shard that are parameters of the served model or KV scales (the same
  * names an shm push may carry), reading them under the SIGBUS guard. */
-static int stage_shard(rs_sync *s, rs_update *u, const rs_st_file *f, rs_sync_result *res, int *skipped,
+static int stage_shard(rs_sync *s, rs_txn *u, const rs_st_file *f, rs_sync_result *res, int *skipped,
                        rs_error *err) {
     rs_model *m = rs_sync_model(s);
     size_t len;
@@ -86,9 +111,9 @@ static int stage_shard(rs_sync *s, rs_update *u, const rs_st_file *f, rs_sync_re
             (*skipped)++;
             continue;
         }
-        const rs_update_tensor ut = {.name = t->name, .dtype = t->dtype, .ndim = t->ndim, .shape = t->shape,
+        const rs_txn_tensor ut = {.name = t->name, .dtype = t->dtype, .ndim = t->ndim, .shape = t->shape,
                                      .data = t->data};
-        if ((rc = rs_update_add(u, &ut, err)) == RS_OK) res->bytes += t->nbytes;
+        if ((rc = rs_txn_add(u, &ut, err)) == RS_OK) res->bytes += t->nbytes;
         /* zeros served by the guard stop the shard at once rather than after it */
         if (rc == RS_OK && rs_shm_guard_truncated(guard)) break;
     }
@@ -124,42 +149,48 @@ int rs_disk_update(rs_sync *s, const rs_disk_update_req *r, rs_sync_result *res,
             return rs_error_set(err, RS_EINVAL, "model_path", "model_path '%s' contains a '..' component",
                                 r->model_path);
     }
-    char real[PATH_MAX];
-    if (!realpath(r->model_path, real) || !rs_disk_path_inside(real, allowed))
-        return refuse(err, "model_path ", r->model_path, "directory", allowed);
-    struct stat st;
-    if (stat(real, &st) != 0 || !S_ISDIR(st.st_mode))
-        return rs_error_set(err, RS_EINVAL, "model_path", "model_path '%s' is not a directory", r->model_path);
+    const char *rel = below_allowed(r->model_path, allowed);
+    if (!rel) return refuse(err, "model_path ", r->model_path, "directory", allowed);
     if (rs_sync_open_txn(s)) {
-        rs_update *open = rs_sync_open_txn(s);
+        rs_txn *open = rs_sync_open_txn(s);
         return rs_error_set(err, RS_ESTATE, "model_path",
                             "a streamed weight update to version '%s' is in progress (%d of %d parameters staged); a "
-                            "disk update is a whole transaction of its own", rs_update_version(open),
-                            rs_update_n_staged(open), rs_update_n_required(open));
+                            "disk update is a whole transaction of its own", rs_txn_version(open),
+                            rs_txn_n_staged(open), rs_txn_n_required(open));
     }
-    /* Checked here even when rs_st_dir_open would not open them: a dangling symlink under either
-     * name must not read as "absent" (that would tell whether its target exists). */
-    char path[PATH_MAX + 64];
-    int rc;
-    snprintf(path, sizeof path, "%s/model.safetensors", real);
-    if ((rc = check_file(path, allowed, true, err)) != RS_OK) return rc;
-    snprintf(path, sizeof path, "%s/model.safetensors.index.json", real);
-    if ((rc = check_file(path, allowed, true, err)) != RS_OK) return rc;
-
+    rs_confine root;
+    int rc = rs_confine_open(&root, allowed, err);
+    if (rc != RS_OK) {
+        snprintf(err->param, sizeof err->param, "model_path");
+        return err->code = RS_EINVAL;
+    }
+    disk_dir dd = {.root = &root, .fd = -1, .model_path = r->model_path, .allowed = allowed};
+    rc = rs_confine_openat(&root, root.root_fd, rel, true, &dd.fd);
+    if (rc != RS_OK) {
+        rs_confine_close(&root);
+        if (rc == RS_EIO)
+            return rs_error_set(err, RS_EINVAL, "model_path", "cannot open model_path '%s': %s", r->model_path,
+                                strerror(errno));
+        return refuse(err, "model_path ", r->model_path, "directory", allowed);
+    }
     rs_st_dir *d = NULL;
-    if ((rc = rs_st_dir_open_checked(&d, real, check_before_open, (void *)allowed, err)) != RS_OK) {
+    rc = rs_st_dir_open_with(&d, r->model_path, open_in_checkpoint, &dd, err);
+    close(dd.fd);
+    rs_confine_close(&root); /* every file is open: nothing below is looked up by name again */
+    if (rc != RS_OK) {
         if (rc == RS_ENOTFOUND || rc == RS_EIO) err->code = rc = RS_EINVAL; /* the request's path, not the server */
         if (!err->param[0]) snprintf(err->param, sizeof err->param, "model_path");
         return rc;
     }
-    rs_update *u = NULL;
+    rs_txn *u = NULL;
     rc = rs_sync_txn(s, r->has_version ? r->weight_version : NULL, &u, err);
-    if (rc == RS_OK && rs_disk_test_hook_opened) rs_disk_test_hook_opened(real);
+    if (rc == RS_OK && rs_disk_test_hook_opened) rs_disk_test_hook_opened(r->model_path);
     int skipped = 0;
     for (size_t i = 0; i < rs_st_dir_shard_count(d) && rc == RS_OK; i++)
         rc = stage_shard(s, u, rs_st_dir_shard(d, i), res, &skipped, err);
     rs_st_dir_close(d); /* every tensor is converted into staging: the mappings can go */
     if (rc != RS_OK) return rc; /* the service drops the transaction: nothing read here is committed */
-    if (skipped) RS_INFO("sync | disk | %s: %d tensors skipped (not parameters of the served model)", real, skipped);
+    if (skipped)
+        RS_INFO("sync | disk | %s: %d tensors skipped (not parameters of the served model)", r->model_path, skipped);
     return rs_sync_txn_finish(s, RS_WEIGHT_LAST_YES, r->abort_all_requests, res, err);
 }

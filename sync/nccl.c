@@ -1,10 +1,11 @@
 /*
  * nccl.c — the NCCL weight-update routes: the groups this server has joined, the broadcast plan of
  * a request, and the feeding of received tensors into the update transaction (contract in nccl.h;
- * the CUDA and NCCL calls themselves are in kernels/cuda/nccl_staging.cu).
+ * the CUDA and NCCL calls themselves are in sync/nccl_staging.cu).
  *
  * The request checks and the broadcast plan are pure and built in both builds (tested without a
- * GPU). The CPU build has no NCCL: there the routes answer RS_EUNSUPPORTED and nothing else.
+ * GPU). The CPU build has no NCCL: there the routes answer RS_EUNSUPPORTED and nothing else. The
+ * store rendezvous itself is sync/tcpstore.c, built and tested in both.
  */
 #include "nccl.h"
 
@@ -13,8 +14,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../protocol/weights.h"
-#include "sync.h"
+#include "requests.h"
+#include "sync_internal.h"
+#include "tcpstore.h"
 #include "transaction.h"
 
 static rs_nccl_opts g_opts = {
@@ -58,11 +60,7 @@ int rs_nccl_check_group_req(const rs_nccl_group_req *r, rs_error *err) {
     if (n == 0 || n == sizeof r->group_name)
         return rs_error_set(err, RS_EINVAL, "group_name", "group_name must be 1..%d bytes",
                             RS_NCCL_GROUP_NAME_MAX);
-    if (!r->has_unique_id)
-        return rs_error_set(err, RS_EINVAL, "nccl_unique_id_b64",
-                            "nccl_unique_id_b64 is required: this server joins the group with the trainer's "
-                            "ncclUniqueId (rolloutd_client.nccl.init_group sends it); the c10d TCPStore "
-                            "rendezvous at master_address:master_port is not supported");
+    if (!r->has_unique_id) return RS_OK; /* the trainer's TCPStore at master_address:master_port */
     bool zero = true;
     for (int i = 0; i < RS_NCCL_UNIQUE_ID_BYTES; i++) zero = zero && r->unique_id[i] == 0;
     if (zero)
@@ -136,7 +134,8 @@ static __attribute__((format(printf, 2, 3))) void err_append(rs_error *err, cons
 typedef struct nccl_group {
     char name[RS_NCCL_GROUP_NAME_MAX + 1];
     int rank, world_size, device;
-    rs_nccl_comm *comm;                 /* owned */
+    rs_nccl_comm *comm;                 /* owned; NULL until the first update of a store group */
+    rs_tcpstore *store;                 /* owned: the trainer's TCPStore (SGLang's rendezvous), or NULL */
     uint64_t requests, bytes;           /* update requests and bytes received through the group */
 } nccl_group;
 
@@ -170,6 +169,7 @@ static void group_drop(rs_sync *s, nccl_group *g, bool abort) {
     }
     double finalize_s = RS_MIN(g_opts.op_timeout_s, 30.0);
     rs_nccl_comm_free(g->comm, abort, finalize_s);
+    rs_tcpstore_close(g->store);
     RS_INFO("nccl | group %s | %s after %llu update requests, %llu bytes", g->name, abort ? "aborted" : "left",
             (unsigned long long)g->requests, (unsigned long long)g->bytes);
     free(g);
@@ -199,17 +199,30 @@ int rs_nccl_init_group(rs_sync *s, const rs_nccl_group_req *r, rs_error *err) {
                             g_opts.device, n_dev);
 
     int v = rs_nccl_version();
-    RS_INFO("nccl | group %s | joining as rank %d of %d on cuda:%d, NCCL %d.%d.%d (master %s:%d unused: the "
-            "unique id carries the rendezvous)", r->group_name, r->rank_offset, r->world_size, g_opts.device,
-            v / 10000, v / 100 % 100, v % 100, r->master_address, r->master_port);
     double t0 = rs_now_s();
     rs_nccl_comm *comm = NULL;
-    rc = rs_nccl_comm_init(&comm, r->unique_id, r->world_size, r->rank_offset, g_opts.device,
-                           g_opts.init_timeout_s, err);
+    rs_tcpstore *store = NULL;
+    if (r->has_unique_id) {
+        RS_INFO("nccl | group %s | joining as rank %d of %d on cuda:%d, NCCL %d.%d.%d, with the trainer's unique id",
+                r->group_name, r->rank_offset, r->world_size, g_opts.device, v / 10000, v / 100 % 100, v % 100);
+        rc = rs_nccl_comm_init(&comm, r->unique_id, r->world_size, r->rank_offset, g_opts.device,
+                               g_opts.init_timeout_s, err);
+        if (rc != RS_OK)
+            err_append(err, " (group '%s', rank %d of %d; this server's NCCL is %d.%d.%d and the trainer's must be "
+                       "the same release)", r->group_name, r->rank_offset, r->world_size, v / 10000, v / 100 % 100,
+                       v % 100);
+    } else {
+        int64_t joined = 0;
+        rc = rs_c10d_join(&store, r->master_address, r->master_port, &joined, t0 + g_opts.init_timeout_s, err);
+        if (rc == RS_OK)
+            RS_INFO("nccl | group %s | rank %d of %d in the trainer's TCPStore %s (%lld ranks there so far); the "
+                    "communicator is created at the first update, as the trainer's first broadcast creates its own",
+                    r->group_name, r->rank_offset, r->world_size, rs_tcpstore_peer(store), (long long)joined);
+        else
+            err_append(err, " (rendezvous of group '%s' as rank %d of %d, within %g s)", r->group_name,
+                       r->rank_offset, r->world_size, g_opts.init_timeout_s);
+    }
     if (rc != RS_OK) {
-        err_append(err, " (group '%s', rank %d of %d; this server's NCCL is %d.%d.%d and the trainer's must be "
-                   "the same release)", r->group_name, r->rank_offset, r->world_size, v / 10000, v / 100 % 100,
-                   v % 100);
         RS_WARN("nccl | group %s | join failed: %s", r->group_name, err->message);
         return rc;
     }
@@ -223,9 +236,32 @@ int rs_nccl_init_group(rs_sync *s, const rs_nccl_group_req *r, rs_error *err) {
     g->world_size = r->world_size;
     g->device = g_opts.device;
     g->comm = comm;
+    g->store = store;
     st->groups[free_slot] = g;
-    RS_INFO("nccl | group %s | joined as rank %d of %d in %.2f s", g->name, g->rank, g->world_size,
-            rs_now_s() - t0);
+    RS_INFO("nccl | group %s | %s as rank %d of %d in %.2f s", g->name, comm ? "joined" : "rendezvous done",
+            g->rank, g->world_size, rs_now_s() - t0);
+    return RS_OK;
+}
+
+/* A store group's communicator, at its first update: the trainer's first broadcast sets the unique
+ * id in the store and joins; this joins with it. */
+static int join_from_store(nccl_group *g, rs_error *err) {
+    const double t0 = rs_now_s();
+    uint8_t id[RS_NCCL_UNIQUE_ID_BYTES];
+    int rc = rs_c10d_nccl_unique_id(g->store, g->name, 0, id, t0 + g_opts.init_timeout_s, err);
+    if (rc == RS_OK) {
+        int v = rs_nccl_version();
+        rc = rs_nccl_comm_init(&g->comm, id, g->world_size, g->rank, g->device, g_opts.init_timeout_s, err);
+        if (rc != RS_OK)
+            err_append(err, " (this server's NCCL is %d.%d.%d and the trainer's must be the same release)", v / 10000,
+                       v / 100 % 100, v % 100);
+    }
+    if (rc == RS_EBUSY && g->world_size > 128)
+        err_append(err, "; a group of more than TORCH_NCCL_RANKS_PER_ROOT ranks (128 by default) exchanges several "
+                   "ids, which this server does not read");
+    if (rc != RS_OK) return rc;
+    RS_INFO("nccl | group %s | joined as rank %d of %d with the unique id from the trainer's store in %.2f s", g->name,
+            g->rank, g->world_size, rs_now_s() - t0);
     return RS_OK;
 }
 
@@ -247,7 +283,7 @@ void rs_nccl_release(rs_sync *s) {
 }
 
 /* Stages the tensors of buffer i (bytes at `base`, which is the buffer's first byte) into u. */
-static int stage_buffer(rs_update *u, const rs_nccl_update_req *r, int i, const uint8_t *base, rs_error *err) {
+static int stage_buffer(rs_txn *u, const rs_nccl_update_req *r, int i, const uint8_t *base, rs_error *err) {
     static const uint8_t empty[1];
     int first, count;
     uint64_t bytes;
@@ -255,14 +291,14 @@ static int stage_buffer(rs_update *u, const rs_nccl_update_req *r, int i, const 
     uint64_t start = r->tensors[first].offset;
     for (int k = first; k < first + count; k++) {
         const rs_weight_desc *t = &r->tensors[k];
-        rs_update_tensor ut = {
+        rs_txn_tensor ut = {
             .name = t->name,
             .dtype = t->dtype,
             .ndim = t->ndim,
             .shape = t->shape,
             .data = t->nbytes ? base + (t->offset - start) : empty,
         };
-        int rc = rs_update_add(u, &ut, err);
+        int rc = rs_txn_add(u, &ut, err);
         if (rc != RS_OK) {
             if (!err->param[0]) snprintf(err->param, sizeof err->param, "names[%d]", k);
             return rc;
@@ -297,13 +333,20 @@ int rs_nccl_update(rs_sync *s, const rs_nccl_update_req *r, rs_sync_result *res,
         group_drop(s, g, true);
         return rc;
     }
+    if (!g->comm && (rc = join_from_store(g, err)) != RS_OK) {
+        err_append(err, "; group '%s' aborted: init a new one", g->name);
+        RS_WARN("nccl | group %s | join at the first update failed: %s", g->name, err->message);
+        group_drop(s, g, true);
+        return rc;
+    }
 
     /* Join the transaction. A refusal (another version's transaction is open: 409) or a tensor the
      * model refuses still receives every broadcast, and discards it, so that the group stays in step
      * with the trainer; the first such error is the answer. */
-    rs_update *u = NULL;
+    rs_txn *u = NULL;
     rs_error refusal = {0};
-    int refused = rs_sync_txn(s, r->has_version ? r->weight_version : NULL, &u, &refusal);
+    int refused = rs_sync_txn_join(s, r->has_version ? r->weight_version : NULL, r->has_txn_id ? r->txn_id : NULL, &u,
+                                   &refusal);
 
     int n_buf = rs_nccl_n_buffers(r);
     uint64_t received = 0;

@@ -3,27 +3,44 @@
  * /init_weights_update_group, /update_weights_from_distributed, /destroy_weights_update_group).
  *
  * The group. The trainer is rank 0 and the broadcast root; this server joins as rank
- * `rank_offset` of `world_size` (SGLang's convention, reference/engines.md §2.1). The rendezvous is
- * the trainer's ncclUniqueId, which it creates with ncclGetUniqueId and sends base64-encoded as
- * `nccl_unique_id_b64` (clients/python/rolloutd_client/nccl.py does this); master_address and
- * master_port are accepted for SGLang's request shape but not used: the id already carries the
- * address of the trainer's bootstrap socket. Without the id the request is refused (400): rolloutd
- * does not speak torch's c10d TCPStore protocol. Both sides must join concurrently, so the trainer
- * posts the init request and calls ncclCommInitRank(rank 0) at the same time.
+ * `rank_offset` of `world_size` (SGLang's convention, reference/engines.md §2.1). Two rendezvous:
+ *   - SGLang's (no nccl_unique_id_b64): master_address:master_port is the trainer's c10d TCPStore,
+ *     as SGLang's init_custom_process_group(init_method="tcp://...") uses it (sync/tcpstore.h has
+ *     the key sequence and the torch versions verified). The init request connects as rank
+ *     rank_offset and adds itself to the store's "init/" count, which the trainer's
+ *     init_process_group waits for, and answers: like an SGLang server, whose ProcessGroupNCCL is
+ *     lazy, it does not create the communicator yet. The first update request does, as the
+ *     trainer's first dist.broadcast does on its side: it waits for the 128-byte ncclUniqueId that
+ *     rank 0 then sets under "/G/G//cuda//0", and joins with it. The store connection is kept
+ *     until the group is destroyed. A trainer that creates its group eagerly (device_id, or torch's
+ *     "nccl2" backend) waits in init_process_group for a communicator this server only creates
+ *     on the first update; such a trainer pushes with rolloutd_client.nccl (the unique id) instead.
+ *   - rolloutd's own: the trainer's ncclUniqueId, created with ncclGetUniqueId and sent base64-
+ *     encoded as `nccl_unique_id_b64` (clients/python/rolloutd_client/nccl.py does this); the init
+ *     request joins at once (master_address and master_port are then unused), so the trainer
+ *     posts it and calls ncclCommInitRank(rank 0) at the same time.
+ * Every store operation of the init request, and the wait for the id, are bounded by
+ * init_timeout_s (--weight-update-timeout): an unreachable store, one that stalls, closes, or
+ * answers garbage fails the request (RS_EBUSY, 503, for a timeout, naming the key waited for;
+ * RS_EIO, 500, for a closed or malformed stream; RS_EINVAL, 400, for a master_address that does
+ * not resolve) and leaves no group behind.
  *
  * Joining never blocks forever: the communicator is created non-blocking and polled until it is
  * ready, fails, or `init_timeout_s` passes; then it is aborted and the request fails (RS_EBUSY, 503,
  * for a timeout; RS_EIO, 500, for an NCCL error such as a version mismatch with the trainer's NCCL,
- * which must be the same release as the one rolloutd links).
+ * which must be the same release as the one rolloutd links). A failure to join at the first update
+ * aborts the group like any transport failure (below).
  *
  * An update. Each request names its tensors (names, dtypes, shapes, in order). The trainer then
  * broadcasts either one buffer per tensor, in that order (load_format null, SGLang's default), or
  * one buffer holding every tensor of the request concatenated in order without padding
- * (load_format "flattened_bucket", SGLang's FlattenedTensorBucket layout). Every broadcast is
- * ncclUint8 with count = the buffer's bytes on both sides, whatever the tensors' dtypes; a tensor
- * or bucket of 0 bytes is not broadcast at all. This server receives each broadcast into a device
+ * (load_format "flattened_bucket", SGLang's FlattenedTensorBucket layout). This server receives
+ * every broadcast as ncclUint8 with count = the buffer's bytes, whatever the tensors' dtypes;
+ * rolloutd_client sends the same, and a torch trainer's dist.broadcast of a tensor of N elements
+ * of S bytes meets it because NCCL carries a broadcast as N * S bytes whatever its datatype. A
+ * tensor or bucket of 0 bytes is not broadcast at all. This server receives each broadcast into a device
  * staging buffer on its own stream, copies it to pinned host memory, and hands the tensors to the
- * weight-update transaction (transaction.h: rs_update_add validates the name, dtype and shape
+ * weight-update transaction (transaction.h: rs_txn_add validates the name, dtype and shape
  * against the model and converts to the served precision). Receiving the next buffer overlaps
  * converting the current one (two staging slots).
  *
@@ -56,7 +73,7 @@
 #include "../core/rs.h"
 
 /* Declared in sync.h and protocol/weights.h; repeated here so that this header stays free of the
- * model and engine headers (kernels/cuda/nccl_staging.cu includes it). */
+ * model and engine headers (sync/nccl_staging.cu includes it). */
 typedef struct rs_sync rs_sync;
 typedef struct rs_sync_result rs_sync_result;
 typedef struct rs_nccl_group_req rs_nccl_group_req;
@@ -67,7 +84,8 @@ typedef struct rs_nccl_update_req rs_nccl_update_req;
 
 typedef struct rs_nccl_opts {
     int device;                         /* CUDA device (of those visible) the groups use; default 0 */
-    double init_timeout_s;              /* joining a group; default 300 */
+    double init_timeout_s;              /* joining a group: the store, the id, the communicator
+                                         * (--weight-update-timeout); default 300 */
     double op_timeout_s;                /* one broadcast, or finalizing a group; default 300 */
     uint64_t max_buffer_bytes;          /* largest tensor or flattened bucket; default 8 GiB */
 } rs_nccl_opts;
@@ -81,10 +99,11 @@ void rs_nccl_get_opts(rs_nccl_opts *o);
 
 /* ---- the routes (sync service thread) ---- */
 
-/* Joins group r->group_name as rank r->rank_offset. RS_EINVAL: bad request (no unique id,
- * rank_offset 0, ...); RS_ESTATE: a group of that name exists, or RS_NCCL_MAX_GROUPS do;
- * RS_EUNSUPPORTED: CPU build, or no CUDA device visible; RS_EBUSY: the trainer did not join within
- * init_timeout_s; RS_EIO: NCCL or CUDA failed; RS_ENOMEM: no memory for the group. */
+/* Joins group r->group_name as rank r->rank_offset (through the trainer's store without a unique
+ * id). RS_EINVAL: bad request (rank_offset 0, ...); RS_ESTATE: a group of that name exists, or
+ * RS_NCCL_MAX_GROUPS do; RS_EUNSUPPORTED: CPU build, or no CUDA device visible; RS_EBUSY: the
+ * trainer (or its store) did not answer within init_timeout_s; RS_EIO: NCCL, CUDA or the store
+ * connection failed; RS_ENOMEM: no memory for the group. */
 int rs_nccl_init_group(rs_sync *s, const rs_nccl_group_req *r, rs_error *err);
 
 /* Receives one request's broadcasts and stages them (see "An update" above); res as for shm. */
@@ -100,8 +119,9 @@ void rs_nccl_release(rs_sync *s);
 
 /* ---- pure checks (both builds; tested without a GPU) ---- */
 
-/* The group request as this server can take it: nccl_unique_id_b64 present, backend "nccl",
- * world_size >= 2, 1 <= rank_offset < world_size (rank 0 is the trainer), group_name non-empty. */
+/* The group request as this server can take it: backend "nccl", world_size >= 2,
+ * 1 <= rank_offset < world_size (rank 0 is the trainer), group_name non-empty, a unique id (when
+ * given) not all zeros. */
 int rs_nccl_check_group_req(const rs_nccl_group_req *r, rs_error *err);
 
 /* The update request's broadcast plan: n_tensors >= 1, offsets the running sum of nbytes,
@@ -114,7 +134,7 @@ int rs_nccl_check_update_req(const rs_nccl_update_req *r, uint64_t max_buffer_by
 int rs_nccl_n_buffers(const rs_nccl_update_req *r);
 void rs_nccl_buffer(const rs_nccl_update_req *r, int i, int *first, int *count, uint64_t *bytes);
 
-/* ---- transport (kernels/cuda/nccl_staging.cu; CUDA build only) ----
+/* ---- transport (sync/nccl_staging.cu; CUDA build only) ----
  * A communicator with its stream and two pinned staging slots. Every call checks every CUDA and
  * NCCL status and returns an error instead of aborting the process; after any failure of
  * recv_post / recv_wait the communicator has been aborted and only rs_nccl_comm_free remains. */

@@ -10,6 +10,12 @@
  * same segment for its size again once every tensor has been read: a shrink inside the last page
  * raises no SIGBUS (shm_guard.h), and this is the check that sees it.
  *
+ * Checksums. A manifest entry may carry "crc32c", the CRC-32C of the tensor's bytes as the trainer
+ * wrote them (the Python client sends one by default). The conversion checks it in the pass that
+ * reads the bytes (model/weight_store.h), so a segment rewritten under the read, or shrunk and grown back
+ * (zeros, which the size checks here cannot see once the size is back), is refused with a 400
+ * naming the tensor instead of committed. Without it only the size checks guard the read.
+ *
  * A request's manifest is checked against the segment's size before anything is mapped, and a new
  * mapping has only the pages its tensors cover populated. Populating the whole segment would let
  * any request that names a large sparse segment make the daemon allocate (tmpfs allocates a page
@@ -302,8 +308,8 @@ int rs_shm_check_manifest(const rs_shm_update_req *r, size_t size, rs_error *err
 void (*rs_shm_test_hook_mapped)(const char *shm_name);
 
 int rs_shm_update(rs_sync *s, const rs_shm_update_req *r, rs_sync_result *res, rs_error *err) {
-    rs_update *u;
-    int rc = rs_sync_txn(s, r->has_version ? r->weight_version : NULL, &u, err);
+    rs_txn *u;
+    int rc = rs_sync_txn_join(s, r->has_version ? r->weight_version : NULL, r->has_txn_id ? r->txn_id : NULL, &u, err);
     if (rc != RS_OK) return rc;
     rs_shm_maps *maps = rs_sync_shm_maps(s);
     if (maps) rs_shm_maps_sweep(maps);
@@ -312,9 +318,10 @@ int rs_shm_update(rs_sync *s, const rs_shm_update_req *r, rs_sync_result *res, r
     if (rs_shm_test_hook_mapped) rs_shm_test_hook_mapped(r->shm_name);
     for (int i = 0; i < r->n_tensors && rc == RS_OK; i++) {
         const rs_weight_desc *d = &r->tensors[i];
-        const rs_update_tensor t = {.name = d->name, .dtype = d->dtype, .ndim = d->ndim, .shape = d->shape,
-                                    .data = seg.base ? seg.base + d->offset : NULL};
-        if ((rc = rs_update_add(u, &t, err)) == RS_OK) res->bytes += d->nbytes;
+        const rs_txn_tensor t = {.name = d->name, .dtype = d->dtype, .ndim = d->ndim, .shape = d->shape,
+                                    .data = seg.base ? seg.base + d->offset : NULL, .has_crc32c = d->has_crc32c,
+                                    .crc32c = d->crc32c};
+        if ((rc = rs_txn_add(u, &t, err)) == RS_OK) res->bytes += d->nbytes;
         /* zeros served by the guard stop the request at once rather than after the bucket */
         if (rc == RS_OK && seg.base && rs_shm_guard_truncated(seg.guard)) break;
     }

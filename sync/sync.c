@@ -11,7 +11,7 @@
  * transaction (rs_sync_txn), any failure drops the transaction, so a corrupt bucket can never
  * leave half an update staged for a later is_last to commit.
  */
-#include "sync.h"
+#include "sync_internal.h"
 
 #include <errno.h>
 #include <limits.h>
@@ -20,13 +20,14 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "disk.h"
 #include "nccl.h"
 #include "shm.h"
-#include "../model/update.h"
+#include "../model/weight_store.h"
 
 struct rs_sync {
     rs_engine *e;                       /* borrowed */
@@ -46,8 +47,9 @@ struct rs_sync {
     bool stop;
 
     /* service thread only */
-    rs_update *txn;                     /* the open transaction, or NULL */
-    char auto_version[RS_UPDATE_VERSION_BYTES]; /* committed by an update without is_last, or "" */
+    rs_txn *txn;                     /* the open transaction, or NULL */
+    char txn_id[RS_WEIGHT_TXN_ID_MAX + 1]; /* its id (random, 16 hex digits) */
+    char auto_version[RS_TXN_VERSION_BYTES]; /* committed by an update without is_last, or "" */
     double txn_touched;                 /* rs_now_s() of its last bucket */
     bool joined;                        /* the running job joined txn */
     void *nccl;                         /* sync/nccl.c's state */
@@ -68,7 +70,7 @@ static void stats_add(rs_sync *s, void (*fn)(rs_sync_stats *st, const void *arg)
 static void st_txn_state(rs_sync_stats *st, const void *arg) {
     const rs_sync *s = arg;
     st->txn_open = s->txn != NULL;
-    st->staged_bytes = s->txn ? rs_update_staged_bytes(s->txn) : 0;
+    st->staged_bytes = s->txn ? rs_txn_staged_bytes(s->txn) : 0;
 }
 
 static void st_shm(rs_sync_stats *st, const void *arg) { st->shm_mapped_bytes = *(const size_t *)arg; }
@@ -99,9 +101,9 @@ void rs_sync_get_stats(const rs_sync *s, rs_sync_stats *out) {
 static void drop_txn(rs_sync *s, const char *why) {
     if (!s->txn) return;
     RS_WARN("sync | update to version '%s' dropped (%s): %d of %d parameters had been staged; the weights in "
-            "service are unchanged", rs_update_version(s->txn), why, rs_update_n_staged(s->txn),
-            rs_update_n_required(s->txn));
-    rs_update_abort(s->txn);
+            "service are unchanged", rs_txn_version(s->txn), why, rs_txn_n_staged(s->txn),
+            rs_txn_n_required(s->txn));
+    rs_txn_abort(s->txn);
     s->txn = NULL;
     stats_add(s, st_failed_update, NULL);
     stats_add(s, st_txn_state, s);
@@ -115,30 +117,54 @@ static void expire_txn(rs_sync *s) {
     }
 }
 
-int rs_sync_txn(rs_sync *s, const char *version, rs_update **out, rs_error *err) {
+/* A fresh transaction id: 64 random bits (the kernel's), or the clock's if it has none to give. */
+static void new_txn_id(char *out, size_t cap) {
+    uint64_t x = 0;
+    if (getrandom(&x, sizeof x, GRND_NONBLOCK) != (ssize_t)sizeof x) x = (uint64_t)(rs_now_s() * 1e9) * 0x9e3779b97f4a7c15ull;
+    snprintf(out, cap, "%016llx", (unsigned long long)x);
+}
+
+int rs_sync_txn_join(rs_sync *s, const char *version, const char *txn_id, rs_txn **out, rs_error *err) {
     if (version && !version[0]) version = NULL;
+    if (txn_id && !txn_id[0]) txn_id = NULL;
     if (s->txn) {
-        const char *open = rs_update_version(s->txn);
-        if (version && open[0] && strcmp(open, version) != 0)
+        const char *open = rs_txn_version(s->txn);
+        if (txn_id && strcmp(txn_id, s->txn_id) != 0)
+            return rs_error_set(err, RS_ESTATE, "transaction_id",
+                                "transaction_id '%s' is not the open weight update (transaction '%s', version '%s', %d "
+                                "of %d parameters staged); the bucket is refused and the open update is unchanged",
+                                txn_id, s->txn_id, open[0] ? open : "(unchanged)", rs_txn_n_staged(s->txn),
+                                rs_txn_n_required(s->txn));
+        if (strcmp(open, version ? version : "") != 0)
             return rs_error_set(err, RS_ESTATE, "weight_version",
-                                "a weight update to version '%s' is in progress (%d of %d parameters staged); "
-                                "finish it (is_last) before sending version '%s', or let it expire after "
-                                "weight-update-timeout seconds without buckets",
-                                open, rs_update_n_staged(s->txn), rs_update_n_required(s->txn), version);
-        if (version && !open[0]) rs_update_set_version(s->txn, version);
+                                "a weight update to version '%s' is in progress (transaction '%s', %d of %d parameters "
+                                "staged); a bucket %s%s%s does not join it: finish it (is_last) before sending another "
+                                "version, or let it expire after weight-update-timeout seconds without buckets",
+                                open[0] ? open : "(unchanged)", s->txn_id, rs_txn_n_staged(s->txn),
+                                rs_txn_n_required(s->txn), version ? "for version '" : "without a weight_version",
+                                version ? version : "", version ? "'" : "");
     } else {
-        int rc = rs_update_begin(&s->txn, s->m, version, s->staging_limit, err);
+        if (txn_id)
+            return rs_error_set(err, RS_ESTATE, "transaction_id",
+                                "transaction_id '%s' is not open (it committed, was dropped or expired); send the next "
+                                "update's first bucket without a transaction_id", txn_id);
+        int rc = rs_txn_begin(&s->txn, s->m, version, s->staging_limit, err);
         if (rc != RS_OK) return rc;
-        rs_update_set_pool(s->txn, s->pool);
-        rs_update_set_calib_backend(s->txn, s->calib);
-        RS_INFO("sync | update to version '%s' begins (%d parameters, staging limit %.1f MiB)",
-                version ? version : "(unchanged)", rs_update_n_required(s->txn),
+        rs_txn_set_pool(s->txn, s->pool);
+        rs_txn_set_calib_backend(s->txn, s->calib);
+        new_txn_id(s->txn_id, sizeof s->txn_id);
+        RS_INFO("sync | update to version '%s' begins as transaction %s (%d parameters, staging limit %.1f MiB)",
+                version ? version : "(unchanged)", s->txn_id, rs_txn_n_required(s->txn),
                 (double)(s->staging_limit ? s->staging_limit : s->m->weight_bytes) / (1 << 20));
     }
     s->joined = true;
     s->txn_touched = rs_now_s();
     *out = s->txn;
     return RS_OK;
+}
+
+int rs_sync_txn(rs_sync *s, const char *version, rs_txn **out, rs_error *err) {
+    return rs_sync_txn_join(s, version, NULL, out, err);
 }
 
 typedef struct commit_stats {
@@ -157,11 +183,11 @@ static void st_commit(rs_sync_stats *st, const void *arg) {
 
 /* The open transaction is the tail of the update committed without is_last (see below). */
 static int finish_tail(rs_sync *s, rs_sync_result *res, rs_error *err) {
-    rs_update *u = s->txn;
+    rs_txn *u = s->txn;
     s->txn = NULL;
-    const bool kv = rs_update_has_kv_scales(u);
+    const bool kv = rs_txn_has_kv_scales(u);
     bool installed = false;
-    int rc = rs_update_commit_extras(u, s->e, &installed, err);
+    int rc = rs_txn_commit_extras(u, s->e, &installed, err);
     stats_add(s, st_txn_state, s);
     if (rc != RS_OK) {
         stats_add(s, st_failed_update, NULL);
@@ -179,31 +205,32 @@ static int finish_tail(rs_sync *s, rs_sync_result *res, rs_error *err) {
 
 int rs_sync_txn_finish(rs_sync *s, rs_weight_last last, bool abort_all, rs_sync_result *res, rs_error *err) {
     RS_ASSERT(s->txn);
-    rs_update *u = s->txn;
-    res->n_staged = rs_update_n_staged(u);
-    res->n_required = rs_update_n_required(u);
-    const char *uv = rs_update_version(u);
+    rs_txn *u = s->txn;
+    snprintf(res->txn_id, sizeof res->txn_id, "%s", s->txn_id);
+    res->n_staged = rs_txn_n_staged(u);
+    res->n_required = rs_txn_n_required(u);
+    const char *uv = rs_txn_version(u);
     /* Without is_last an update commits once every parameter is in; a bucket of nothing but a
      * tied lm_head or KV scales after it, for the same version, is its tail, not a new update
      * (which could never complete, and would hold off the next version for weight-update-timeout). */
-    if (last == RS_WEIGHT_LAST_AUTO && s->e && s->auto_version[0] && rs_update_only_extras(u) &&
+    if (last == RS_WEIGHT_LAST_AUTO && s->e && s->auto_version[0] && rs_txn_only_extras(u) &&
         (!uv[0] || !strcmp(uv, s->auto_version)) && !strcmp(rs_engine_weight_version(s->e), s->auto_version) &&
-        rs_update_kv_scales_whole(u))
+        rs_txn_kv_scales_whole(u))
         return finish_tail(s, res, err);
-    const bool commit = last == RS_WEIGHT_LAST_YES || (last == RS_WEIGHT_LAST_AUTO && rs_update_complete(u));
+    const bool commit = last == RS_WEIGHT_LAST_YES || (last == RS_WEIGHT_LAST_AUTO && rs_txn_complete(u));
     if (!commit) {
         snprintf(res->message, sizeof res->message,
                  "staged; %d of %d parameters of version '%s' received, waiting for more buckets", res->n_staged,
-                 res->n_required, rs_update_version(u)[0] ? rs_update_version(u) : "(unchanged)");
+                 res->n_required, rs_txn_version(u)[0] ? rs_txn_version(u) : "(unchanged)");
         stats_add(s, st_txn_state, s);
         return RS_OK;
     }
     s->txn = NULL; /* the commit consumes it, whatever happens */
-    commit_stats c = {.bytes = rs_update_received_bytes(u)};
-    const double t_begin = rs_update_started_at(u);
-    const size_t staged = rs_update_staged_bytes(u);
-    const bool kv_pushed = rs_update_has_kv_scales(u);
-    int rc = rs_update_commit(u, s->e, abort_all, &c.paused, err);
+    commit_stats c = {.bytes = rs_txn_received_bytes(u)};
+    const double t_begin = rs_txn_started_at(u);
+    const size_t staged = rs_txn_staged_bytes(u);
+    const bool kv_pushed = rs_txn_has_kv_scales(u);
+    int rc = rs_txn_commit(u, s->e, abort_all, &c.paused, err);
     stats_add(s, st_txn_state, s);
     if (rc != RS_OK) {
         RS_WARN("sync | update dropped at commit: %s", err->message);
@@ -234,7 +261,7 @@ rs_engine *rs_sync_engine(rs_sync *s) { return s->e; }
 void **rs_sync_nccl_state(rs_sync *s) { return &s->nccl; }
 rs_shm_maps *rs_sync_shm_maps(rs_sync *s) { return s->shm_maps; }
 const char *rs_sync_allowed_dir(const rs_sync *s) { return s->allowed_dir; }
-rs_update *rs_sync_open_txn(rs_sync *s) { return s->txn; }
+rs_txn *rs_sync_open_txn(rs_sync *s) { return s->txn; }
 
 /* ---------------------------------------------------------------- jobs */
 
@@ -304,8 +331,8 @@ static void run_job(rs_sync *s, rs_sync_job *job) {
     s->joined = false;
     job->rc = rc;
     if (s->txn && rc == RS_OK) {
-        res->n_staged = rs_update_n_staged(s->txn);
-        res->n_required = rs_update_n_required(s->txn);
+        res->n_staged = rs_txn_n_staged(s->txn);
+        res->n_required = rs_txn_n_required(s->txn);
     }
     snprintf(res->weight_version, sizeof res->weight_version, "%s", rs_engine_weight_version(s->e));
     res->seconds = rs_now_s() - t0;

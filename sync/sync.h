@@ -6,9 +6,16 @@
  * its own thread (like engine jobs), so libmicrohttpd callbacks never block on a shared-memory
  * copy, a quantization, an NCCL receive or the engine's step boundary.
  *
- * At most one transaction (transaction.h) is open at a time. A bucket (a shm or distributed
- * request) joins the open transaction when it carries the same weight_version, or none; one for a
- * different version is refused with RS_ESTATE (409) and changes nothing. Buckets keep streaming
+ * At most one transaction (transaction.h) is open at a time, named by a transaction id that every
+ * answer while it is open reports (transaction_id). A bucket (a shm or distributed request) joins
+ * the open transaction only when it names it: its transaction_id, when it carries one, is the open
+ * transaction's, and its weight_version is the open transaction's (both absent counts as equal:
+ * an SGLang-style trainer that sends neither keeps working). Anything else is refused with
+ * RS_ESTATE (409) and never joins: a bucket without a version cannot complete another writer's
+ * update to version B, a bucket for version C cannot relabel an update opened without one, a
+ * transaction_id of a transaction that committed, was dropped or expired matches nothing. The
+ * refusal changes nothing, the open transaction included. With nothing open, a bucket without a
+ * transaction_id opens a new transaction. Buckets keep streaming
  * while a transaction is open; the one marked is_last (or, with is_last absent, the one that
  * completes the set) commits it. Any other failure of a bucket that joined a transaction drops
  * the transaction whole: the old weights keep serving and the trainer starts again. A transaction
@@ -20,8 +27,12 @@
  *   RS_SYNC_DISK           /update_weights_from_disk: one whole transaction from a safetensors dir
  *   RS_SYNC_VERSION        /update_weight_version: relabel (and optionally abort in-flight work)
  *   RS_SYNC_NCCL_INIT, RS_SYNC_NCCL_UPDATE, RS_SYNC_NCCL_DESTROY: run sync/nccl.h's functions on
- *                          this thread; rs_nccl_update stages through rs_sync_txn / rs_update_add /
- *                          rs_sync_txn_finish exactly like the shm transport.
+ *                          this thread; rs_nccl_update stages through the same transaction as the
+ *                          shm transport (sync_internal.h).
+ *
+ * This header is what the rest of the daemon sees. The transports' side of the service (joining
+ * and finishing a transaction) is sync_internal.h, and the transaction itself transaction.h: no
+ * file outside sync/ includes either.
  *
  * Metrics: rs_sync_get_stats (thread-safe) for /metrics.
  */
@@ -32,11 +43,11 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "../core/histogram.h"
 #include "../core/rs.h"
 #include "../model/model.h"
-#include "../protocol/weights.h"
+#include "requests.h"
 #include "../scheduler/engine.h"
-#include "transaction.h"
 
 typedef struct rs_sync rs_sync;
 
@@ -56,6 +67,7 @@ typedef struct rs_sync_result {
     double seconds;                     /* this job's time on the service thread */
     double seconds_paused;              /* how long a commit held the engine's step loop */
     bool committed;                     /* this job switched the served weights */
+    char txn_id[RS_WEIGHT_TXN_ID_MAX + 1]; /* the transaction this job joined, "" for none */
     int n_staged, n_required;           /* transaction progress after this job (0/0: none open) */
     char message[256];
 } rs_sync_result;
@@ -124,27 +136,5 @@ typedef struct rs_sync_stats {
     uint64_t last_update_bytes;
 } rs_sync_stats;
 void rs_sync_get_stats(const rs_sync *s, rs_sync_stats *out);
-
-/* ---- for transports running on the service thread (shm.c, disk.c, nccl.c) ---- */
-
-/* The open transaction for `version` (NULL = the request named none), opened if none is. RS_ESTATE
- * (409) when the open one is for a different version: nothing changes then. Once this returns
- * RS_OK the job has joined the transaction, and if the job then fails, the service drops it. */
-int rs_sync_txn(rs_sync *s, const char *version, rs_update **out, rs_error *err);
-
-/* Ends the job's part in the transaction: commits when `last` is YES, or AUTO and the set is
- * complete (abort_all: abort in-flight requests first); fills res (version, progress, committed,
- * seconds_paused, message). A commit that finds tensors missing fails with RS_EINVAL naming the
- * first. */
-int rs_sync_txn_finish(rs_sync *s, rs_weight_last last, bool abort_all, rs_sync_result *res, rs_error *err);
-
-rs_model *rs_sync_model(rs_sync *s);
-rs_engine *rs_sync_engine(rs_sync *s);
-rs_update *rs_sync_open_txn(rs_sync *s);            /* the open transaction, or NULL */
-struct rs_shm_maps *rs_sync_shm_maps(rs_sync *s);   /* kept shm mappings, or NULL (weight-shm-keep off) */
-const char *rs_sync_allowed_dir(const rs_sync *s);  /* realpath of allowed-weight-dir, "" = disabled */
-/* A pointer slot for sync/nccl.c's own state (groups, communicators): NULL at start; nccl.c owns
- * what it stores there; rs_sync_stop calls rs_nccl_release after the thread has stopped. */
-void **rs_sync_nccl_state(rs_sync *s);
 
 #endif /* RS_SYNC_H */

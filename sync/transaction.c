@@ -1,7 +1,7 @@
 /*
  * transaction.c — staging, validation and the commit of one weight update (see transaction.h).
  *
- * Staging is an array indexed by parameter number (model/update.h's model order), so duplicate
+ * Staging is an array indexed by parameter number (model/weight_store.h's model order), so duplicate
  * detection, the completeness check and the commit are direct lookups. Each entry holds the
  * converted tensor in the slot's served format, in allocations of a private weight store (the
  * staging store); the commit releases each slot's old allocations from the model's store and
@@ -18,9 +18,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../core/crc32c.h"
 #include "../kernels/fp8.h"
 #include "../model/kv_scales.h"
-#include "../model/update.h"
+#include "../model/weight_store.h"
 
 typedef struct staged {
     rs_tensor *slot;                    /* the model's slot this entry replaces */
@@ -30,7 +31,7 @@ typedef struct staged {
     bool from_float;                    /* an FP8 slot's data came as BF16/F16/F32 and was quantized */
 } staged;
 
-struct rs_update {
+struct rs_txn {
     rs_model *m;                        /* borrowed */
     rs_weight_store *stage;             /* owns every staged allocation until the commit */
     staged *e;                          /* [n_params] */
@@ -39,7 +40,7 @@ struct rs_update {
     size_t limit;                       /* staging bytes */
     uint64_t received;
     double t_begin;
-    char version[RS_UPDATE_VERSION_BYTES];
+    char version[RS_TXN_VERSION_BYTES];
     bool applied;                       /* the swap ran (set on the engine thread) */
     /* pushed static FP8 KV scales (model.layers.N.self_attn.k_scale / v_scale): all or none */
     float *kv_k, *kv_v;                 /* [n_layers][n_kv_heads]; NULL until the first one */
@@ -55,11 +56,11 @@ static void fmt_shape(char *buf, size_t cap, int ndim, const int64_t *shape) {
     if (k < cap) snprintf(buf + k, cap - k, "]");
 }
 
-int rs_update_begin(rs_update **out, rs_model *m, const char *version, size_t staging_limit, rs_error *err) {
-    if (version && strlen(version) >= RS_UPDATE_VERSION_BYTES)
+int rs_txn_begin(rs_txn **out, rs_model *m, const char *version, size_t staging_limit, rs_error *err) {
+    if (version && strlen(version) >= RS_TXN_VERSION_BYTES)
         return rs_error_set(err, RS_EINVAL, "weight_version", "weight_version is longer than %d bytes",
-                            RS_UPDATE_VERSION_BYTES - 1);
-    rs_update *u = rs_xcalloc(1, sizeof *u);
+                            RS_TXN_VERSION_BYTES - 1);
+    rs_txn *u = rs_xcalloc(1, sizeof *u);
     u->m = m;
     u->stage = rs_weight_store_new(m->backend);
     rs_weight_store_set_donor(u->stage, m->store); /* reuses what the last commit released, if kept */
@@ -72,7 +73,7 @@ int rs_update_begin(rs_update **out, rs_model *m, const char *version, size_t st
     return RS_OK;
 }
 
-void rs_update_abort(rs_update *u) {
+void rs_txn_abort(rs_txn *u) {
     if (!u) return;
     rs_weight_store_free(u->stage); /* everything staged and not adopted */
     free(u->kv_k);
@@ -82,22 +83,22 @@ void rs_update_abort(rs_update *u) {
     free(u);
 }
 
-void rs_update_set_pool(rs_update *u, rs_pool *pool) { rs_weight_store_set_pool(u->stage, pool); }
-void rs_update_set_calib_backend(rs_update *u, rs_backend *b) { u->calib = b; }
+void rs_txn_set_pool(rs_txn *u, rs_pool *pool) { rs_weight_store_set_pool(u->stage, pool); }
+void rs_txn_set_calib_backend(rs_txn *u, rs_backend *b) { u->calib = b; }
 
-void rs_update_set_version(rs_update *u, const char *version) {
+void rs_txn_set_version(rs_txn *u, const char *version) {
     snprintf(u->version, sizeof u->version, "%s", version ? version : "");
 }
 
-const char *rs_update_version(const rs_update *u) { return u->version; }
-int rs_update_n_staged(const rs_update *u) { return u->n_complete; }
-int rs_update_n_required(const rs_update *u) { return u->n_params; }
-size_t rs_update_staged_bytes(const rs_update *u) { return rs_weight_store_bytes(u->stage); }
-uint64_t rs_update_received_bytes(const rs_update *u) { return u->received; }
-double rs_update_started_at(const rs_update *u) { return u->t_begin; }
-bool rs_update_has_kv_scales(const rs_update *u) { return u->kv_count > 0; }
+const char *rs_txn_version(const rs_txn *u) { return u->version; }
+int rs_txn_n_staged(const rs_txn *u) { return u->n_complete; }
+int rs_txn_n_required(const rs_txn *u) { return u->n_params; }
+size_t rs_txn_staged_bytes(const rs_txn *u) { return rs_weight_store_bytes(u->stage); }
+uint64_t rs_txn_received_bytes(const rs_txn *u) { return u->received; }
+double rs_txn_started_at(const rs_txn *u) { return u->t_begin; }
+bool rs_txn_has_kv_scales(const rs_txn *u) { return u->kv_count > 0; }
 
-bool rs_update_complete(const rs_update *u) {
+bool rs_txn_complete(const rs_txn *u) {
     return u->n_complete == u->n_params && (u->kv_count == 0 || u->kv_count == 2 * u->m->cfg.n_layers);
 }
 
@@ -106,7 +107,7 @@ static bool entry_complete(const staged *s) {
 }
 
 /* Refuses a conversion that would take staging past its limit. */
-static int check_room(rs_update *u, const char *name, size_t need, rs_error *err) {
+static int check_room(rs_txn *u, const char *name, size_t need, rs_error *err) {
     size_t have = rs_weight_store_bytes(u->stage);
     if (need <= u->limit && have <= u->limit - need) return RS_OK;
     return rs_error_set(err, RS_EINVAL, name,
@@ -117,12 +118,23 @@ static int check_room(rs_update *u, const char *name, size_t need, rs_error *err
 
 static bool is_float(rs_dtype dt) { return dt == RS_DTYPE_BF16 || dt == RS_DTYPE_F16 || dt == RS_DTYPE_F32; }
 
+/* A tensor converted outside rs_weight_convert (scales) with a CRC-32C to match. */
+static int check_crc(const rs_txn_tensor *t, size_t bytes, rs_error *err) {
+    if (!t->has_crc32c) return RS_OK;
+    const uint32_t got = rs_crc32c(0, t->data, bytes);
+    if (got == t->crc32c) return RS_OK;
+    return rs_error_set(err, RS_EFORMAT, t->name,
+                        "tensor '%s': the CRC-32C of its %zu bytes as read is 0x%08x, the manifest says 0x%08x: its "
+                        "bytes changed while rolloutd read them (or the checksum is wrong); the weights in service are "
+                        "unchanged", t->name, bytes, got, t->crc32c);
+}
+
 static const char *dtype_label(rs_dtype dt) {
     return dt < RS_DTYPE_COUNT ? rs_dtype_name(dt) : "an unsupported dtype";
 }
 
 /* `<matrix>_scale_inv` for an FP8 slot. */
-static int add_scale(rs_update *u, staged *s, const rs_update_tensor *t, const rs_slot_info *info, rs_error *err) {
+static int add_scale(rs_txn *u, staged *s, const rs_txn_tensor *t, const rs_slot_info *info, rs_error *err) {
     const char *name = t->name;
     if (!info->served_fp8)
         return rs_error_set(err, RS_EINVAL, name,
@@ -140,6 +152,7 @@ static int add_scale(rs_update *u, staged *s, const rs_update_tensor *t, const r
                             name);
     const size_t need = (size_t)(info->shape[0] * info->shape[1]) * sizeof(float);
     int rc = check_room(u, name, need, err);
+    if (rc == RS_OK) rc = check_crc(t, (size_t)(info->shape[0] * info->shape[1]) * rs_dtype_size(t->dtype), err);
     if (rc != RS_OK) return rc;
     float *scales = NULL;
     rc = rs_weight_convert_scales(u->stage, name, t->data, t->dtype, info->shape[0], info->shape[1], &scales, err);
@@ -152,13 +165,19 @@ static int add_scale(rs_update *u, staged *s, const rs_update_tensor *t, const r
 /* `model.layers.L.self_attn.k_scale` / `v_scale`: staged beside the weights, handed to the
  * engine at the commit (it applies them under --kv-scale-mode static; other modes recompute or
  * need no scales). */
-static int add_kv_scale(rs_update *u, const rs_update_tensor *t, int layer, bool is_v, rs_error *err) {
+static int add_kv_scale(rs_txn *u, const rs_txn_tensor *t, int layer, bool is_v, rs_error *err) {
     const rs_model_config *c = &u->m->cfg;
     const size_t n = (size_t)c->n_layers * (size_t)c->n_kv_heads;
     const uint8_t bit = is_v ? 2 : 1;
     if (u->kv_seen && (u->kv_seen[layer] & bit))
         return rs_error_set(err, RS_EINVAL, t->name, "duplicate tensor '%s' in this update", t->name);
     if (!t->data) return rs_error_set(err, RS_EINVAL, t->name, "tensor '%s' has no data", t->name);
+    if (t->has_crc32c && t->dtype < RS_DTYPE_COUNT) {
+        size_t bytes = rs_dtype_size(t->dtype);
+        for (int i = 0; i < t->ndim; i++) bytes *= (size_t)t->shape[i];
+        int rc = check_crc(t, bytes, err);
+        if (rc != RS_OK) return rc;
+    }
     if (!u->kv_k) {
         u->kv_k = rs_xcalloc(n, sizeof(float));
         u->kv_v = rs_xcalloc(n, sizeof(float));
@@ -180,7 +199,7 @@ static bool ends_with(const char *s, const char *sfx) {
     return n >= k && strcmp(s + n - k, sfx) == 0;
 }
 
-int rs_update_add(rs_update *u, const rs_update_tensor *t, rs_error *err) {
+int rs_txn_add(rs_txn *u, const rs_txn_tensor *t, rs_error *err) {
     const char *name = t->name;
     int kv_layer;
     bool kv_is_v;
@@ -254,7 +273,8 @@ int rs_update_add(rs_update *u, const rs_update_tensor *t, rs_error *err) {
                               "float32 or (FP8 weights) float8_e4m3fn", name, dtype_label(t->dtype));
         } else if ((rc = check_room(u, name, need, err)) == RS_OK) {
             rs_weight_src src = {.dtype = t->dtype, .ndim = info.ndim, .shape = {info.shape[0], info.shape[1]},
-                                 .data = t->data, .scale_inv = t->scale_inv, .scale_dtype = t->scale_dtype};
+                                 .data = t->data, .scale_inv = t->scale_inv, .scale_dtype = t->scale_dtype,
+                                 .has_crc32c = t->has_crc32c, .crc32c = t->crc32c};
             rs_tensor conv;
             rc = rs_weight_convert(u->stage, name, info.kind == RS_SLOT_VECTOR ? RS_DTYPE_F32 : served, &src, &conv,
                                    err);
@@ -282,7 +302,7 @@ int rs_update_add(rs_update *u, const rs_update_tensor *t, rs_error *err) {
 
 /* Engine thread, at a step boundary: swap every staged tensor into its slot. Cannot fail. */
 static void apply(rs_model *m, void *ctx) {
-    rs_update *u = ctx;
+    rs_txn *u = ctx;
     for (int i = 0; i < u->n_params; i++) {
         staged *s = &u->e[i];
         RS_ASSERT(s->slot && entry_complete(s));
@@ -303,7 +323,7 @@ static void apply(rs_model *m, void *ctx) {
 
 /* The first layer whose pushed KV scale pair is not whole, described for the 400 answer; RS_OK
  * when none was pushed or all are. */
-static int kv_missing_error(const rs_update *u, rs_error *err) {
+static int kv_missing_error(const rs_txn *u, rs_error *err) {
     for (int l = 0; u->kv_count > 0 && l < u->m->cfg.n_layers; l++) {
         if (u->kv_seen[l] == 3) continue;
         char name[96];
@@ -317,7 +337,7 @@ static int kv_missing_error(const rs_update *u, rs_error *err) {
 }
 
 /* The first parameter that is not staged whole, described for the 400 answer. */
-static int missing_error(rs_update *u, rs_error *err) {
+static int missing_error(rs_txn *u, rs_error *err) {
     for (int i = 0; i < u->n_params; i++) {
         const staged *s = &u->e[i];
         if (entry_complete(s)) continue;
@@ -343,7 +363,7 @@ static int missing_error(rs_update *u, rs_error *err) {
 
 /* The per-head KV scales the engine would calibrate for the staged weights, computed on backend
  * b over a view of the model that holds them (the served model is not touched). */
-static int calibrate_staged(rs_update *u, const rs_engine *e, rs_backend *b, float *k, float *v, rs_error *err) {
+static int calibrate_staged(rs_txn *u, const rs_engine *e, rs_backend *b, float *k, float *v, rs_error *err) {
     rs_model *view = rs_model_view(u->m, b);
     char name[300];
     for (int i = 0; i < u->n_params; i++) {
@@ -365,17 +385,17 @@ static int calibrate_staged(rs_update *u, const rs_engine *e, rs_backend *b, flo
 /* rs_weights_calibrate_fn for a service without a calibration backend of its own: the engine runs
  * it before the swap, on its thread, over the staged weights on the model's own backend. */
 static int calibrate_on_engine(void *ctx, const rs_engine *e, float *k, float *v, rs_error *err) {
-    rs_update *u = ctx;
+    rs_txn *u = ctx;
     return calibrate_staged(u, e, u->m->backend, k, v, err);
 }
 
-bool rs_update_only_extras(const rs_update *u) {
+bool rs_txn_only_extras(const rs_txn *u) {
     for (int i = 0; i < u->n_params; i++)
         if (u->e[i].has_data || u->e[i].has_scale) return false;
     return u->tied_seen || u->kv_count > 0;
 }
 
-bool rs_update_kv_scales_whole(const rs_update *u) {
+bool rs_txn_kv_scales_whole(const rs_txn *u) {
     return u->kv_count == 0 || u->kv_count == 2 * u->m->cfg.n_layers;
 }
 
@@ -384,33 +404,33 @@ static void apply_nothing(rs_model *m, void *ctx) {
     (void)ctx;
 }
 
-int rs_update_commit_extras(rs_update *u, rs_engine *e, bool *kv_installed, rs_error *err) {
-    RS_ASSERT(rs_update_only_extras(u));
+int rs_txn_commit_extras(rs_txn *u, rs_engine *e, bool *kv_installed, rs_error *err) {
+    RS_ASSERT(rs_txn_only_extras(u));
     *kv_installed = false;
     int rc = kv_missing_error(u, err);
     if (rc == RS_OK && u->kv_count > 0 && e && rs_engine_takes_kv_scales(e)) {
         /* the version in service stays; its KV, written with the old scales, is recomputed */
-        char version[RS_UPDATE_VERSION_BYTES];
+        char version[RS_TXN_VERSION_BYTES];
         snprintf(version, sizeof version, "%s", rs_engine_weight_version(e));
         rc = rs_engine_update_weights(e, apply_nothing, NULL, u, u->kv_k, u->kv_v, false, version, NULL, err);
         *kv_installed = rc == RS_OK;
     }
-    rs_update_abort(u);
+    rs_txn_abort(u);
     return rc;
 }
 
-int rs_update_commit(rs_update *u, rs_engine *e, bool abort_all, double *seconds_paused, rs_error *err) {
+int rs_txn_commit(rs_txn *u, rs_engine *e, bool abort_all, double *seconds_paused, rs_error *err) {
     if (seconds_paused) *seconds_paused = 0;
-    if (!rs_update_complete(u)) {
+    if (!rs_txn_complete(u)) {
         int rc = missing_error(u, err);
-        rs_update_abort(u);
+        rs_txn_abort(u);
         return rc;
     }
     int rc = RS_OK;
     if (!e) {
         apply(u->m, u);
     } else {
-        char version[RS_UPDATE_VERSION_BYTES];
+        char version[RS_TXN_VERSION_BYTES];
         snprintf(version, sizeof version, "%s", u->version[0] ? u->version : rs_engine_weight_version(e));
         const float *k = u->kv_k, *v = u->kv_v;
         float *ck = NULL, *cv = NULL;
@@ -437,6 +457,6 @@ int rs_update_commit(rs_update *u, rs_engine *e, bool abort_all, double *seconds
      * refused (shutting down, or KV scales it could not use) nothing was swapped and staging is
      * freed here. */
     RS_ASSERT(!u->applied || rs_weight_store_count(u->stage) == 0);
-    rs_update_abort(u);
+    rs_txn_abort(u);
     return rc;
 }

@@ -4,16 +4,16 @@
  * A transaction collects the trainer's tensors for one new weight version, bucket by bucket, and
  * swaps them into the served model all at once at an engine step boundary:
  *
- *   rs_update_begin    opens it for `version` against the served model;
- *   rs_update_add      validates one tensor (name -> model slot, dtype, shape; duplicates refused)
+ *   rs_txn_begin    opens it for `version` against the served model;
+ *   rs_txn_add      validates one tensor (name -> model slot, dtype, shape; duplicates refused)
  *                      and converts it at once into a new backend allocation in the slot's served
- *                      format (model/update.h: BF16 -> E4M3 + block scales for an FP8 slot, FP8 +
+ *                      format (model/weight_store.h: BF16 -> E4M3 + block scales for an FP8 slot, FP8 +
  *                      scale_inv copied, 1-D tensors to F32), so the caller can release its raw
  *                      bucket right away;
- *   rs_update_commit   checks that every parameter of the model has been staged (a tied lm_head is
+ *   rs_txn_commit   checks that every parameter of the model has been staged (a tied lm_head is
  *                      optional), then swaps the staged tensors in through rs_engine_update_weights
  *                      and frees the old ones; the transaction ends either way;
- *   rs_update_abort    drops it.
+ *   rs_txn_abort    drops it.
  *
  * Memory. Staging holds the converted, served-precision tensors of the transaction until commit,
  * never raw BF16 for the whole model: an FP8-served model needs up to about its quantized size on
@@ -26,7 +26,7 @@
  *
  * FP8 pairs. An FP8 slot takes either a BF16/F16/F32 matrix (quantized here exactly as at load)
  * or E4M3 codes plus `<name>_scale_inv`, which may arrive in either order and in different
- * buckets, or together through rs_update_tensor.scale_inv; the commit refuses a slot that has only
+ * buckets, or together through rs_txn_tensor.scale_inv; the commit refuses a slot that has only
  * one half. A slot that is not FP8 refuses E4M3 data and scale tensors (the served dtype of a
  * slot never changes silently).
  *
@@ -47,12 +47,12 @@
 #include "../model/model.h"
 #include "../scheduler/engine.h"
 
-typedef struct rs_update rs_update;
+typedef struct rs_txn rs_txn;
 
-#define RS_UPDATE_VERSION_BYTES 64      /* a weight_version and its NUL, as rs_weight_span.version */
+#define RS_TXN_VERSION_BYTES 64      /* a weight_version and its NUL, as rs_weight_span.version */
 
 /* One incoming tensor, host memory (borrowed for the call; need not be aligned). */
-typedef struct rs_update_tensor {
+typedef struct rs_txn_tensor {
     const char *name;                   /* HF parameter name, or `<matrix>_scale_inv` */
     rs_dtype dtype;                     /* BF16, F16, F32 or E4M3 */
     int ndim;
@@ -61,28 +61,33 @@ typedef struct rs_update_tensor {
     /* optional, E4M3 matrices only: the block scales sent with the codes */
     const void *scale_inv;              /* [ceil(out/128)][ceil(in/128)] of scale_dtype, or NULL */
     rs_dtype scale_dtype;               /* F32 or BF16 */
-} rs_update_tensor;
+    /* optional: the CRC-32C data's bytes must have (an shm manifest's "crc32c"); checked in the
+     * conversion pass, a mismatch refused like a bad tensor (RS_EFORMAT, 400, naming it) */
+    bool has_crc32c;
+    uint32_t crc32c;
+} rs_txn_tensor;
 
 /* Opens a transaction on `m` (borrowed; it must outlive the transaction). `version` (copied) is
  * the weight_version the commit sets; NULL or "" keeps the version in service. staging_limit is
  * in bytes; 0 means the model's own resident weight size. */
-int rs_update_begin(rs_update **out, rs_model *m, const char *version, size_t staging_limit, rs_error *err);
+int rs_txn_begin(rs_txn **out, rs_model *m, const char *version, size_t staging_limit, rs_error *err);
 
 /* Stages one tensor. On failure (unknown name, wrong shape or dtype, duplicate, FP8 data for a
- * slot that is not FP8, bad scales, staging limit, backend out of memory) returns the error with
+ * slot that is not FP8, bad scales, a NaN or infinity anywhere in it, a CRC-32C that does not
+ * match, staging limit, backend out of memory) returns the error with
  * err->param naming the tensor; what was staged before stays staged, and the caller decides
  * whether to abort (the sync service always does). */
-int rs_update_add(rs_update *u, const rs_update_tensor *t, rs_error *err);
+int rs_txn_add(rs_txn *u, const rs_txn_tensor *t, rs_error *err);
 
 /* True when every parameter of the model (a tied lm_head excepted) is staged, FP8 pairs whole,
  * and the pushed KV scales, if any, cover every layer (k_scale and v_scale). */
-bool rs_update_complete(const rs_update *u);
+bool rs_txn_complete(const rs_txn *u);
 
 /* True when the update carries static FP8 KV scales (`model.layers.N.self_attn.k_scale` /
  * `v_scale`). They are optional; once one is sent, every layer's pair is required at the commit,
  * which hands them to the engine (applied under --kv-scale-mode static, see
  * rs_engine_takes_kv_scales). A `*.q_scale` is refused: queries stay fp32. */
-bool rs_update_has_kv_scales(const rs_update *u);
+bool rs_txn_has_kv_scales(const rs_txn *u);
 
 /* Commits and ends the transaction (u is freed whether or not it succeeds). If a parameter is
  * missing, returns RS_EINVAL naming the first one in the model's order (or an FP8 half-pair) and
@@ -92,47 +97,47 @@ bool rs_update_has_kv_scales(const rs_update *u);
  * tools; the caller guarantees no forward pass runs meanwhile). *seconds_paused (may be NULL)
  * receives how long the engine's step loop was held.
  *
- * With a calibration backend (rs_update_set_calib_backend) and an engine that recalibrates
+ * With a calibration backend (rs_txn_set_calib_backend) and an engine that recalibrates
  * per-head FP8 KV scales after every update, the calibration runs here, on the caller's thread,
  * over a view of the model holding the staged weights, before the commit: the engine keeps
  * generating with the old weights meanwhile and is held only for the swap. New weights whose
  * K/V come out non-finite on the calibration set are then refused (RS_EINVAL, "kv-cache-dtype")
  * before anything is swapped. */
-int rs_update_commit(rs_update *u, rs_engine *e, bool abort_all, double *seconds_paused, rs_error *err);
+int rs_txn_commit(rs_txn *u, rs_engine *e, bool abort_all, double *seconds_paused, rs_error *err);
 
 /* True when u stages no parameter, only what may come besides them: a tied lm_head.weight
  * (validated, then ignored) and/or KV scales. A bucket like that after an update committed
  * without is_last is its tail (a trainer sending state_dict() order puts lm_head last, alone in
- * a bucket when it is larger than one): see rs_update_commit_extras. */
-bool rs_update_only_extras(const rs_update *u);
+ * a bucket when it is larger than one): see rs_txn_commit_extras. */
+bool rs_txn_only_extras(const rs_txn *u);
 /* True unless u holds KV scales for some layers but not yet all of them. */
-bool rs_update_kv_scales_whole(const rs_update *u);
+bool rs_txn_kv_scales_whole(const rs_txn *u);
 
-/* Ends u, which holds only extras (rs_update_only_extras) for the weights in service: pushed KV
+/* Ends u, which holds only extras (rs_txn_only_extras) for the weights in service: pushed KV
  * scales covering every layer are installed when the engine takes them (static mode), else
  * unused; a tied lm_head is ignored. Nothing else changes (not the version). *kv_installed says
  * whether scales went in. u is freed either way. */
-int rs_update_commit_extras(rs_update *u, rs_engine *e, bool *kv_installed, rs_error *err);
+int rs_txn_commit_extras(rs_txn *u, rs_engine *e, bool *kv_installed, rs_error *err);
 
 /* Drops the transaction and frees everything it staged. NULL is a no-op. */
-void rs_update_abort(rs_update *u);
+void rs_txn_abort(rs_txn *u);
 
-/* Threads to quantize with (borrowed, used only inside rs_update_add; NULL = the caller's). */
-void rs_update_set_pool(rs_update *u, rs_pool *pool);
+/* Threads to quantize with (borrowed, used only inside rs_txn_add; NULL = the caller's). */
+void rs_txn_set_pool(rs_txn *u, rs_pool *pool);
 
 /* A backend of the caller's own (borrowed; NULL = none) that can read the model's weights, to
  * calibrate KV scales before the commit (above). */
-void rs_update_set_calib_backend(rs_update *u, rs_backend *b);
+void rs_txn_set_calib_backend(rs_txn *u, rs_backend *b);
 
 /* Names the version the commit sets when the transaction was opened without one. */
-void rs_update_set_version(rs_update *u, const char *version);
+void rs_txn_set_version(rs_txn *u, const char *version);
 
 /* Progress, for answers, logs and metrics. */
-const char *rs_update_version(const rs_update *u);  /* "" when the commit keeps the current one */
-int rs_update_n_staged(const rs_update *u);         /* parameters staged (an FP8 pair counts once) */
-int rs_update_n_required(const rs_update *u);       /* parameters the commit needs */
-size_t rs_update_staged_bytes(const rs_update *u);  /* backend bytes held by staging */
-uint64_t rs_update_received_bytes(const rs_update *u); /* source bytes of every tensor added */
-double rs_update_started_at(const rs_update *u);    /* rs_now_s() at begin */
+const char *rs_txn_version(const rs_txn *u);  /* "" when the commit keeps the current one */
+int rs_txn_n_staged(const rs_txn *u);         /* parameters staged (an FP8 pair counts once) */
+int rs_txn_n_required(const rs_txn *u);       /* parameters the commit needs */
+size_t rs_txn_staged_bytes(const rs_txn *u);  /* backend bytes held by staging */
+uint64_t rs_txn_received_bytes(const rs_txn *u); /* source bytes of every tensor added */
+double rs_txn_started_at(const rs_txn *u);    /* rs_now_s() at begin */
 
 #endif /* RS_SYNC_TRANSACTION_H */

@@ -2,7 +2,7 @@
  * bench_quant.c — speed of blockwise FP8 weight quantization (rs_fp8_quantize_weight), per thread.
  *
  *   bench-quant [OUT IN [dtypes [threads [log|normal]]]]   defaults: 4096 7168 bf16,f32 1 log
- *   bench-quant 4096 7168 bf16 2                 two threads, 128-row bands as model/update.c splits
+ *   bench-quant 4096 7168 bf16 2                 two threads, 128-row bands as model/weight_store.c splits
  *   bench-quant 4096 7168 bf16 1 normal          weights like trained ones: normal, std 0.02
  *
  * For each input dtype, prints the time to quantize one [OUT][IN] matrix and the input bytes per
@@ -33,7 +33,7 @@ typedef struct job {
     float *s;           /* [ceil(out/128)][ceil(in/128)] f32 */
 } job;
 
-/* Bands [b0, b1) of 128 rows, each quantized as its own tensor (as model/update.c does). */
+/* Bands [b0, b1) of 128 rows, each quantized as its own tensor (as model/weight_store.c does). */
 static void run_bands(void *ctx, int64_t b0, int64_t b1, int tid) {
     (void)tid;
     job *j = ctx;

@@ -3,14 +3,16 @@
  *
  *   make-default-model [--out DIR] [--preset default|qwen3-0.6b]
  *
- * The "default" preset is the model rolloutd serves when started without --model; "qwen3-0.6b"
- * has Qwen3-0.6B's shapes for benchmarks. The same preset writes the same bytes on every machine,
+ * The "default" preset is the model rolloutd serves when started without --model (written with its
+ * tokenizer.json and tokenizer_config.json, as the daemon writes it); "qwen3-0.6b" has Qwen3-0.6B's
+ * shapes for benchmarks (token ids only). The same preset writes the same bytes on every machine,
  * and transformers can load the directory to compute reference outputs.
  */
 #include <stdio.h>
 #include <string.h>
 
 #include "../model/presets.h"
+#include "../tokenizer/tokenizer.h"
 
 static void usage(FILE *f) {
     fprintf(f,
@@ -39,7 +41,8 @@ int main(int argc, char **argv) {
     }
     rs_error err = {0};
     double t0 = rs_now_s();
-    if (rs_model_preset_write(preset, out, &err) != RS_OK) {
+    if (rs_model_preset_write(preset, out, &err) != RS_OK ||
+        (strcmp(preset, "default") == 0 && rs_tok_write_default(out, &err) != RS_OK)) {
         fprintf(stderr, "make-default-model: %s\n", err.message);
         return 1;
     }

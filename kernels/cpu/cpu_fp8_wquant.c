@@ -4,9 +4,15 @@
  *
  * Bit-identical to rs_fp8_quantize_weight_ref (kernels/fp8.c), which stays the definition, for
  * every input: each step is the same correctly rounded fp32 operation, only vectorized.
- *   amax      the largest |w| of the 128x128 block with NaN ignored: vmaxps(|v|, acc) returns acc
- *             when |v| is NaN, as fmaxf(acc, |v|) does, and a maximum is exact in any order.
- *             Lanes past a ragged edge are loaded as +0, which cannot change a maximum >= 0.
+ *   amax      the largest |w| of the 128x128 block with NaN ignored. It is taken as an unsigned
+ *             maximum of the bits without the sign (vpmaxud, as cheap as vmaxps): for finite
+ *             values that orders them as their magnitudes, and a maximum is exact in any order,
+ *             so its bits are the reference's amax; above every finite value come inf (0x7f800000)
+ *             and then the NaNs, so the same maximum says, for free, whether the block holds a
+ *             non-finite value (the kernel then returns RS_EFORMAT, as the reference does). A
+ *             block with a NaN has its NaN-ignoring amax taken again, in scalar code, so that even
+ *             its codes stay the reference's. Lanes past a ragged edge are loaded as +0, which
+ *             cannot change a maximum >= 0.
  *   scale_inv fmaxf(amax, 1e-10f) / 448.0f, computed once per block in scalar code as fp8.c does.
  *   q         e4m3(w / scale_inv) with a true fp32 division per element (vdivps is correctly
  *             rounded, like the scalar divss) and the shared encoders of cpu_fp8_wquant.h.
@@ -25,6 +31,7 @@
 
 #include <math.h>
 #include <pthread.h>
+#include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -58,25 +65,59 @@ RS_T512 RS_INLINE __m512 ld16_part(const void *row, int bf16, int64_t i, int64_t
     return _mm512_maskz_loadu_ps((__mmask16)((1u << n) - 1u), (const float *)row + i);
 }
 
-/* One block: rows x cw elements (cw <= 128) of w with row stride ld; codes with row stride ld. */
-RS_T512 RS_INLINE void block_avx512(const void *w, int bf16, int64_t ld, int64_t rows, int64_t cw, uint8_t *q,
+/* The reference's amax of a block (|w| maxima, NaN ignored), for the rare block with a NaN. */
+static float block_amax_scalar(const void *w, int bf16, int64_t ld, int64_t rows, int64_t cw) {
+    float amax = 0.0f;
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t j = 0; j < cw; j++) {
+            const size_t i = (size_t)(r * ld + j);
+            float v;
+            if (bf16) {
+                uint16_t h;
+                memcpy(&h, (const uint16_t *)w + i, 2);
+                v = rs_bf16_to_f32(h);
+            } else {
+                memcpy(&v, (const float *)w + i, 4);
+            }
+            const float a = fabsf(v);
+            amax = a > amax ? a : amax;
+        }
+    return amax;
+}
+
+/* The amax from the largest |bits| of a block; *bad when the block holds a NaN or an infinity. */
+static float amax_of_bits(uint32_t bits, const void *w, int bf16, int64_t ld, int64_t rows, int64_t cw, bool *bad) {
+    if (bits >= 0x7f800000u) *bad = true;
+    if (bits > 0x7f800000u) return block_amax_scalar(w, bf16, ld, rows, cw); /* a NaN: the maximum skips it */
+    float amax;
+    memcpy(&amax, &bits, sizeof amax);
+    return amax;
+}
+
+#define ABS_BITS512(v) _mm512_and_si512(_mm512_castps_si512(v), _mm512_set1_epi32(0x7fffffff))
+
+/* One block: rows x cw elements (cw <= 128) of w with row stride ld; codes with row stride ld.
+ * Returns whether the block holds a NaN or an infinity. */
+RS_T512 RS_INLINE bool block_avx512(const void *w, int bf16, int64_t ld, int64_t rows, int64_t cw, uint8_t *q,
                                     float *scale) {
     const size_t esz = bf16 ? 2 : 4;
-    __m512 acc[8];
-    for (int c = 0; c < 8; c++) acc[c] = _mm512_setzero_ps();
+    __m512i acc[8];
+    for (int c = 0; c < 8; c++) acc[c] = _mm512_setzero_si512();
     for (int64_t r = 0; r < rows; r++) {
         const void *row = (const char *)w + (size_t)(r * ld) * esz;
         if (cw == RS_FP8_BLOCK) {
-            for (int c = 0; c < 8; c++) acc[c] = _mm512_max_ps(_mm512_abs_ps(ld16(row, bf16, 16 * c)), acc[c]);
+            for (int c = 0; c < 8; c++) acc[c] = _mm512_max_epu32(ABS_BITS512(ld16(row, bf16, 16 * c)), acc[c]);
         } else {
             for (int64_t j = 0; j < cw; j += 16) {
                 const __m512 v = cw - j >= 16 ? ld16(row, bf16, j) : ld16_part(row, bf16, j, cw - j);
-                acc[j / 16] = _mm512_max_ps(_mm512_abs_ps(v), acc[j / 16]);
+                acc[j / 16] = _mm512_max_epu32(ABS_BITS512(v), acc[j / 16]);
             }
         }
     }
-    for (int c = 1; c < 8; c++) acc[0] = _mm512_max_ps(acc[c], acc[0]); /* no NaN left: plain maximum */
-    const float s = fmaxf(_mm512_reduce_max_ps(acc[0]), RS_FP8_AMAX_FLOOR) / RS_FP8_E4M3_MAX;
+    for (int c = 1; c < 8; c++) acc[0] = _mm512_max_epu32(acc[c], acc[0]);
+    bool bad = false;
+    const float amax = amax_of_bits((uint32_t)_mm512_reduce_max_epu32(acc[0]), w, bf16, ld, rows, cw, &bad);
+    const float s = fmaxf(amax, RS_FP8_AMAX_FLOOR) / RS_FP8_E4M3_MAX;
     *scale = s;
     const __m512 sv = _mm512_set1_ps(s);
     for (int64_t r = 0; r < rows; r++) {
@@ -95,6 +136,7 @@ RS_T512 RS_INLINE void block_avx512(const void *w, int bf16, int64_t ld, int64_t
             }
         }
     }
+    return bad;
 }
 
 /* Row-major band: the same amax and codes as block_avx512 over every block of the band (a maximum
@@ -106,30 +148,31 @@ RS_T512 RS_INLINE void block_avx512(const void *w, int bf16, int64_t ld, int64_t
  * pass finds the band in L2 (128 rows x in: 256 KiB at in = 1024 in BF16). */
 #define RS_WQ_ROWMAJOR_MAX_BLOCKS 128 /* in <= 16384: the per-block maxima stay on the stack (64 KiB) */
 
-RS_T512 static void band_avx512_rows(const void *w, int bf16, int64_t rows, int64_t in, uint8_t *q, float *srow) {
+RS_T512 static bool band_avx512_rows(const void *w, int bf16, int64_t rows, int64_t in, uint8_t *q, float *srow) {
     const size_t esz = bf16 ? 2 : 4;
     const int64_t nfull = in / RS_FP8_BLOCK, tail = in - nfull * RS_FP8_BLOCK, nb = nfull + (tail > 0);
-    /* acc[8c + k]: lanes 16k..16k+15 of block column c, each updated as fmaxf(acc, |w|) is: the
-     * accumulator is vmaxps's second operand, which it returns when |w| is NaN (a tree of maxima
-     * over |w| alone could let a NaN hide a real value) */
-    __m512 acc[8 * RS_WQ_ROWMAJOR_MAX_BLOCKS];
-    for (int64_t c = 0; c < 8 * nb; c++) acc[c] = _mm512_setzero_ps();
+    /* acc[8c + k]: the largest |bits| of lanes 16k..16k+15 of block column c */
+    __m512i acc[8 * RS_WQ_ROWMAJOR_MAX_BLOCKS];
+    for (int64_t c = 0; c < 8 * nb; c++) acc[c] = _mm512_setzero_si512();
     for (int64_t r = 0; r < rows; r++) {
         const char *row = (const char *)w + (size_t)(r * in) * esz;
         for (int64_t c = 0; c < nfull; c++)
             for (int k = 0; k < 8; k++)
-                acc[8 * c + k] = _mm512_max_ps(_mm512_abs_ps(ld16(row, bf16, c * RS_FP8_BLOCK + 16 * k)), acc[8 * c + k]);
+                acc[8 * c + k] = _mm512_max_epu32(ABS_BITS512(ld16(row, bf16, c * RS_FP8_BLOCK + 16 * k)), acc[8 * c + k]);
         for (int64_t j = 0; j < tail; j += 16) {
             const int64_t i = nfull * RS_FP8_BLOCK + j;
             const __m512 v = tail - j >= 16 ? ld16(row, bf16, i) : ld16_part(row, bf16, i, tail - j);
-            acc[8 * nfull + j / 16] = _mm512_max_ps(_mm512_abs_ps(v), acc[8 * nfull + j / 16]);
+            acc[8 * nfull + j / 16] = _mm512_max_epu32(ABS_BITS512(v), acc[8 * nfull + j / 16]);
         }
     }
-    for (int64_t c = 0; c < nb; c++) /* no NaN left: plain maxima */
-        for (int k = 1; k < 8; k++) acc[8 * c] = _mm512_max_ps(acc[8 * c + k], acc[8 * c]);
+    for (int64_t c = 0; c < nb; c++)
+        for (int k = 1; k < 8; k++) acc[8 * c] = _mm512_max_epu32(acc[8 * c + k], acc[8 * c]);
     __m512 sv[RS_WQ_ROWMAJOR_MAX_BLOCKS];
+    bool bad = false;
     for (int64_t c = 0; c < nb; c++) {
-        const float s = fmaxf(_mm512_reduce_max_ps(acc[8 * c]), RS_FP8_AMAX_FLOOR) / RS_FP8_E4M3_MAX;
+        const float amax = amax_of_bits((uint32_t)_mm512_reduce_max_epu32(acc[8 * c]), (const char *)w + (size_t)(c * RS_FP8_BLOCK) * esz,
+                                        bf16, in, rows, RS_MIN((int64_t)RS_FP8_BLOCK, in - c * RS_FP8_BLOCK), &bad);
+        const float s = fmaxf(amax, RS_FP8_AMAX_FLOOR) / RS_FP8_E4M3_MAX;
         srow[c] = s;
         sv[c] = _mm512_set1_ps(s);
     }
@@ -149,6 +192,7 @@ RS_T512 static void band_avx512_rows(const void *w, int bf16, int64_t rows, int6
                                              rs_cpu_e4m3_encode16(_mm512_div_ps(v, sv[nfull])));
         }
     }
+    return bad;
 }
 
 /* ---- AVX-512 VBMI, BF16: the table encoder ----
@@ -226,7 +270,7 @@ RS_TVBMI RS_INLINE bool vbmi_enc64(const uint16_t *x, uint8_t *q, const vbmi_tab
     return true;
 }
 
-RS_TVBMI static void band_bf16_vbmi(const uint16_t *w, int64_t rows, int64_t in, uint8_t *q, float *srow) {
+RS_TVBMI static bool band_bf16_vbmi(const uint16_t *w, int64_t rows, int64_t in, uint8_t *q, float *srow) {
     const int64_t nfull = in / RS_FP8_BLOCK;
     __m512i acc[4 * RS_WQ_ROWMAJOR_MAX_BLOCKS];
     for (int64_t c = 0; c < 4 * nfull; c++) acc[c] = _mm512_setzero_si512();
@@ -276,32 +320,31 @@ RS_TVBMI static void band_bf16_vbmi(const uint16_t *w, int64_t rows, int64_t in,
         }
     }
     /* NaN or infinity blocks, and the ragged last block column: the fp32 kernel, block by block */
+    bool bad = false;
     for (int64_t c = 0; c < rs_fp8_blocks(in); c++)
         if (c >= nfull || !fast[c])
-            block_avx512(w + c * RS_FP8_BLOCK, 1, in, rows, RS_MIN((int64_t)RS_FP8_BLOCK, in - c * RS_FP8_BLOCK),
-                         q + c * RS_FP8_BLOCK, srow + c);
+            bad |= block_avx512(w + c * RS_FP8_BLOCK, 1, in, rows, RS_MIN((int64_t)RS_FP8_BLOCK, in - c * RS_FP8_BLOCK),
+                                q + c * RS_FP8_BLOCK, srow + c);
+    return bad;
 }
 
 /* Rows [0, rows <= 128) of a [.][in] matrix: one row of blocks. vbmi: BF16 through the table
  * encoder (the CPU has AVX-512 BW and VBMI). */
-RS_T512 static void band_avx512(const void *w, int bf16, bool vbmi, int64_t rows, int64_t in, uint8_t *q,
+RS_T512 static bool band_avx512(const void *w, int bf16, bool vbmi, int64_t rows, int64_t in, uint8_t *q,
                                 float *srow) {
-    if (bf16 && vbmi && in >= RS_FP8_BLOCK && rs_fp8_blocks(in) <= RS_WQ_ROWMAJOR_MAX_BLOCKS) {
-        band_bf16_vbmi(w, rows, in, q, srow);
-        return;
-    }
-    if (rs_fp8_blocks(in) <= RS_WQ_ROWMAJOR_MAX_BLOCKS) {
-        if (bf16) band_avx512_rows(w, 1, rows, in, q, srow);
-        else band_avx512_rows(w, 0, rows, in, q, srow);
-        return;
-    }
+    if (bf16 && vbmi && in >= RS_FP8_BLOCK && rs_fp8_blocks(in) <= RS_WQ_ROWMAJOR_MAX_BLOCKS)
+        return band_bf16_vbmi(w, rows, in, q, srow);
+    if (rs_fp8_blocks(in) <= RS_WQ_ROWMAJOR_MAX_BLOCKS)
+        return bf16 ? band_avx512_rows(w, 1, rows, in, q, srow) : band_avx512_rows(w, 0, rows, in, q, srow);
     const size_t esz = bf16 ? 2 : 4;
+    bool bad = false;
     for (int64_t c0 = 0; c0 < in; c0 += RS_FP8_BLOCK) {
         const int64_t cw = RS_MIN((int64_t)RS_FP8_BLOCK, in - c0);
         const void *wb = (const char *)w + (size_t)c0 * esz;
-        if (bf16) block_avx512(wb, 1, in, rows, cw, q + c0, srow + c0 / RS_FP8_BLOCK);
-        else block_avx512(wb, 0, in, rows, cw, q + c0, srow + c0 / RS_FP8_BLOCK);
+        if (bf16) bad |= block_avx512(wb, 1, in, rows, cw, q + c0, srow + c0 / RS_FP8_BLOCK);
+        else bad |= block_avx512(wb, 0, in, rows, cw, q + c0, srow + c0 / RS_FP8_BLOCK);
     }
+    return bad;
 }
 
 /* ---- AVX2 ---- */
@@ -333,29 +376,31 @@ RS_T256 RS_INLINE __m256i pack32(__m256i c0, __m256i c1, __m256i c2, __m256i c3)
     return _mm256_permutevar8x32_epi32(b, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
 }
 
-RS_T256 RS_INLINE void block_avx2(const void *w, int bf16, int64_t ld, int64_t rows, int64_t cw, uint8_t *q,
+#define ABS_BITS256(v) _mm256_and_si256(_mm256_castps_si256(v), _mm256_set1_epi32(0x7fffffff))
+
+RS_T256 RS_INLINE bool block_avx2(const void *w, int bf16, int64_t ld, int64_t rows, int64_t cw, uint8_t *q,
                                   float *scale) {
     const size_t esz = bf16 ? 2 : 4;
-    const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
-    __m256 acc[4];
-    for (int c = 0; c < 4; c++) acc[c] = _mm256_setzero_ps();
+    __m256i acc[4];
+    for (int c = 0; c < 4; c++) acc[c] = _mm256_setzero_si256();
     for (int64_t r = 0; r < rows; r++) {
         const void *row = (const char *)w + (size_t)(r * ld) * esz;
         if (cw == RS_FP8_BLOCK) {
-            for (int c = 0; c < 16; c++)
-                acc[c & 3] = _mm256_max_ps(_mm256_and_ps(ld8(row, bf16, 8 * c), absmask), acc[c & 3]);
+            for (int c = 0; c < 16; c++) acc[c & 3] = _mm256_max_epu32(ABS_BITS256(ld8(row, bf16, 8 * c)), acc[c & 3]);
         } else {
             for (int64_t j = 0; j < cw; j += 8) {
                 const __m256 v = cw - j >= 8 ? ld8(row, bf16, j) : ld8_part(row, bf16, j, cw - j);
-                acc[(j / 8) & 3] = _mm256_max_ps(_mm256_and_ps(v, absmask), acc[(j / 8) & 3]);
+                acc[(j / 8) & 3] = _mm256_max_epu32(ABS_BITS256(v), acc[(j / 8) & 3]);
             }
         }
     }
-    __m256 m = _mm256_max_ps(_mm256_max_ps(acc[0], acc[1]), _mm256_max_ps(acc[2], acc[3]));
-    __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
-    h = _mm_max_ps(h, _mm_movehl_ps(h, h));
-    h = _mm_max_ss(h, _mm_shuffle_ps(h, h, 1));
-    const float s = fmaxf(_mm_cvtss_f32(h), RS_FP8_AMAX_FLOOR) / RS_FP8_E4M3_MAX;
+    const __m256i m = _mm256_max_epu32(_mm256_max_epu32(acc[0], acc[1]), _mm256_max_epu32(acc[2], acc[3]));
+    __m128i h = _mm_max_epu32(_mm256_castsi256_si128(m), _mm256_extracti128_si256(m, 1));
+    h = _mm_max_epu32(h, _mm_shuffle_epi32(h, 0x4e));
+    h = _mm_max_epu32(h, _mm_shuffle_epi32(h, 0xb1));
+    bool bad = false;
+    const float amax = amax_of_bits((uint32_t)_mm_cvtsi128_si32(h), w, bf16, ld, rows, cw, &bad);
+    const float s = fmaxf(amax, RS_FP8_AMAX_FLOOR) / RS_FP8_E4M3_MAX;
     *scale = s;
     const __m256 sv = _mm256_set1_ps(s);
     for (int64_t r = 0; r < rows; r++) {
@@ -376,16 +421,19 @@ RS_T256 RS_INLINE void block_avx2(const void *w, int bf16, int64_t ld, int64_t r
             memcpy(qr + j, t, (size_t)n);
         }
     }
+    return bad;
 }
 
-RS_T256 static void band_avx2(const void *w, int bf16, int64_t rows, int64_t in, uint8_t *q, float *srow) {
+RS_T256 static bool band_avx2(const void *w, int bf16, int64_t rows, int64_t in, uint8_t *q, float *srow) {
     const size_t esz = bf16 ? 2 : 4;
+    bool bad = false;
     for (int64_t c0 = 0; c0 < in; c0 += RS_FP8_BLOCK) {
         const int64_t cw = RS_MIN((int64_t)RS_FP8_BLOCK, in - c0);
         const void *wb = (const char *)w + (size_t)c0 * esz;
-        if (bf16) block_avx2(wb, 1, in, rows, cw, q + c0, srow + c0 / RS_FP8_BLOCK);
-        else block_avx2(wb, 0, in, rows, cw, q + c0, srow + c0 / RS_FP8_BLOCK);
+        if (bf16) bad |= block_avx2(wb, 1, in, rows, cw, q + c0, srow + c0 / RS_FP8_BLOCK);
+        else bad |= block_avx2(wb, 0, in, rows, cw, q + c0, srow + c0 / RS_FP8_BLOCK);
     }
+    return bad;
 }
 
 #endif /* RS_CPU_FP8_X86 */
@@ -402,15 +450,16 @@ int rs_cpu_fp8_quantize_weight_ex(rs_cpu_simd simd, bool table, const rs_tensor 
         const int64_t out = w->shape[0], in = w->shape[1], nbi = rs_fp8_blocks(in);
         const int bf16 = w->dtype == RS_DTYPE_BF16;
         const size_t esz = rs_dtype_size(w->dtype);
+        bool bad = false;
         for (int64_t o0 = 0; o0 < out; o0 += RS_FP8_BLOCK) {
             const int64_t rows = RS_MIN((int64_t)RS_FP8_BLOCK, out - o0);
             const void *band = (const char *)w->data + (size_t)o0 * (size_t)in * esz;
             uint8_t *qb = q + (size_t)o0 * (size_t)in;
             float *srow = scale_inv + (o0 / RS_FP8_BLOCK) * nbi;
-            if (simd == RS_CPU_SIMD_AVX512) band_avx512(band, bf16, table, rows, in, qb, srow);
-            else band_avx2(band, bf16, rows, in, qb, srow);
+            if (simd == RS_CPU_SIMD_AVX512) bad |= band_avx512(band, bf16, table, rows, in, qb, srow);
+            else bad |= band_avx2(band, bf16, rows, in, qb, srow);
         }
-        return RS_OK;
+        return bad ? RS_EFORMAT : RS_OK;
     }
 #endif
     (void)simd;

@@ -3,21 +3,26 @@
  * scheduler/sampler.c on the same logits, step for step, so that only tokens and logprobs cross to
  * the host:
  *
- *   softmax    z = x * (1/T) in fp32; max(z) (order-free); e = rs_expf(z - max) with the CPU's
- *              Cody-Waite polynomial in correctly rounded fp32 operations (kernels/cpu/cpu_exp.c);
- *              the sum over 16 lanes (lane i % 16 adds e_i in order of i, in double) and the same
- *              tree; lse = log(sum) in double; p = e / (float)sum.
- *   draw       u = the (seed, sample index, position) splitmix64 draw of rs_rng_uniform. Without
- *              truncation the first id whose running double sum of p (in id order) passes u. With
- *              top-k / top-p / min-p, the order (p desc, id asc) built one element at a time (a
- *              block-wide pick of the next element), the CPU's keep rules over it, mass and the
- *              draw over the kept prefix; a request whose kept prefix runs past SMP_SORTED entries
- *              is left undone (res.done false) for the host.
- *   greedy     the first index of the largest logit; its logprob under T = 1.
- *   logprobs   per mode, as the engine's logprob_in_mode; top logprobs: the first n of the order
- *              (p desc, id asc) of the mode's distribution, processed ones of the kept prefix.
+ *   dist       the CPU's dist_init: max(x) in fp32 (order-free, NaN skipped); d = x - max in fp32;
+ *              e = rs_expf(d * (float)(1/T)) with the CPU's Cody-Waite polynomial in correctly
+ *              rounded fp32 operations (kernels/cpu/cpu_exp.c), kept in a [vocab] scratch row; the
+ *              sum over 16 lanes (lane i % 16 adds e_i in order of i, in double) and the same tree;
+ *              lse = log(sum) in double. A row with a NaN, a +inf or no finite entry is invalid:
+ *              token -1, which the engine fails as it fails an invalid row sampled on the host.
+ *   draw       u = the (seed, sample index, position) splitmix64 draw of rs_rng_uniform, target
+ *              u * sum. Without truncation the last id with mass at which the running double sum of
+ *              e (in id order) passes target. With top-k / top-p / min-p, the order (logit desc, id
+ *              asc) built one element at a time (a block-wide pick of the next element), the CPU's
+ *              keep rules over it (top-p on the running sum of e against top_p * sum, min-p on
+ *              (x - max) / T >= log(min_p) in double), mass and the draw over the kept prefix; a
+ *              request whose kept prefix runs past SMP_SORTED entries is left undone (res.done
+ *              false) for the host.
+ *   greedy     T = 0 (the engine sends 0 for rs_sampling_greedy's T < 1e-6): the first index of the largest logit; its logprob under T = 1.
+ *   logprobs   (x - max) / T - lse (or - log(mass), processed) with the difference and the scaling
+ *              in double, per mode as the engine's logprob_in_mode; top logprobs: the first n of the
+ *              order (logit desc, id asc), of the kept prefix when processed and truncated.
  * One block of SMP_THREADS threads per request (a grid of at most two per SM loops over the
- * requests), with a [vocab] fp32 scratch row per block for e and then p.
+ * requests), with a [vocab] fp32 scratch row per block for e.
  *
  * Exact numerics keep the CPU's sequential running sum of the draw, so a seeded request draws the
  * same token on both backends from the same logits. Fast numerics sum the draw in per-thread chunks
@@ -35,7 +40,7 @@
 #define SMP_THREADS 256
 #define SMP_SORTED RS_SAMPLE_MAX_TOP /* most of the order (p desc, id asc) a request may need */
 
-/* ---- rs_expf (kernels/cpu/cpu_exp.c), the same operations ---- */
+/* ---- rs_expf (kernels/exp.h, kernels/cpu/cpu_exp.c), the same operations ---- */
 
 __device__ __forceinline__ float pow2i(int e) { return __int_as_float((e + 127) << 23); }
 
@@ -78,6 +83,7 @@ struct smp_shared {
     int ired[SMP_THREADS / 32];
     double lanes[16];
     double chunk[SMP_THREADS];
+    int last[SMP_THREADS];
     float bcast_f;
     int bcast_i;
     double bcast_d;
@@ -127,16 +133,16 @@ __device__ int block_first(smp_shared *sh, float v, int id) {
     return r;
 }
 
-/* The softmax of x * inv_t (file comment): returns max, writes p into w and the double sum into
- * *sum. */
-__device__ float softmax(smp_shared *sh, const float *x, int V, float inv_t, float *w, double *sum) {
+/* The CPU's dist_init for logits x at 1/T = inv_t: e into w, returns false for an invalid row
+ * (the same verdict on every thread); else *xmax and *sum. */
+__device__ bool dist_init(smp_shared *sh, const float *x, int V, double inv_t, float *w, float *xmax, double *sum) {
     float m = -INFINITY;
-    for (int i = threadIdx.x; i < V; i += SMP_THREADS) {
-        const float z = __fmul_rn(x[i], inv_t);
-        if (z > m) m = z; /* NaN skipped, as max_scalar */
-    }
+    for (int i = threadIdx.x; i < V; i += SMP_THREADS)
+        if (x[i] > m) m = x[i]; /* NaN skipped, as max_scalar */
     const float mx = block_max(sh, m);
-    for (int i = threadIdx.x; i < V; i += SMP_THREADS) w[i] = exp_cpu(__fsub_rn(__fmul_rn(x[i], inv_t), mx));
+    if (!isfinite(mx)) return false;
+    const float inv_tf = (float)inv_t;
+    for (int i = threadIdx.x; i < V; i += SMP_THREADS) w[i] = exp_cpu(__fmul_rn(__fsub_rn(x[i], mx), inv_tf));
     __syncthreads();
     if (threadIdx.x < 16) {
         double acc = 0.0;
@@ -151,55 +157,58 @@ __device__ float softmax(smp_shared *sh, const float *x, int V, float inv_t, flo
     }
     __syncthreads();
     const double s = sh->bcast_d;
-    const float fs = (float)s;
-    for (int i = threadIdx.x; i < V; i += SMP_THREADS) w[i] = __fdiv_rn(w[i], fs);
     __syncthreads();
+    *xmax = mx;
     *sum = s;
-    return mx;
+    return isfinite(s); /* >= 1 otherwise: the max contributes exp(0) */
 }
 
-/* The first index of the largest x (x[0] NaN: 0, as the CPU's argmax). */
+/* (x - max) / T, the difference and the scaling in double (the CPU's scaled) */
+__device__ __forceinline__ double scaled(float x, float mx, double inv_t) {
+    return __dmul_rn(__dsub_rn((double)x, (double)mx), inv_t);
+}
+
+/* The first index of the largest x (a valid row: no NaN). */
 __device__ int argmax(smp_shared *sh, const float *x, int V) {
     float bv = -INFINITY;
     int bi = -1;
     for (int i = threadIdx.x; i < V; i += SMP_THREADS)
-        if (!isnan(x[i]) && (bi < 0 || x[i] > bv)) bv = x[i], bi = i;
+        if (bi < 0 || x[i] > bv) bv = x[i], bi = i;
     const int r = block_first(sh, bv, bi);
-    return isnan(x[0]) || r < 0 ? 0 : r;
+    return r < 0 ? 0 : r;
 }
 
-/* sorted[0 .. n) = the first n elements of the order (p desc, id asc) over w [V]. */
-__device__ void sort_prefix(smp_shared *sh, const float *w, int V, int n, int *sorted) {
+/* sorted[0 .. n) = the first n elements of the order (logit desc, id asc) over x [V]. */
+__device__ void sort_prefix(smp_shared *sh, const float *x, int V, int n, int *sorted) {
     float pv = INFINITY;
     int pi = -1;
     for (int s = 0; s < n; s++) {
         float bv = -INFINITY;
         int bi = -1;
         for (int i = threadIdx.x; i < V; i += SMP_THREADS) {
-            const float v = w[i];
+            const float v = x[i];
             const bool after = pi < 0 || v < pv || (v == pv && i > pi);
             if (after && before(v, i, bv, bi)) bv = v, bi = i;
         }
         const int r = block_first(sh, bv, bi);
         if (threadIdx.x == 0) sorted[s] = r;
-        pi = r, pv = r >= 0 ? w[r] : pv;
+        pi = r, pv = r >= 0 ? x[r] : pv;
     }
     __syncthreads();
 }
 
-/* The draw without truncation: the first id whose running sum of p passes u. exact: the CPU's
- * sequential double sum; else per-thread chunk sums first. */
-__device__ int draw_all(smp_shared *sh, const float *w, int V, double u, bool exact) {
+/* The draw without truncation: the last id with mass (e > 0) at which the running sum of e in id
+ * order passes target. exact: the CPU's sequential double sum; else per-thread chunk sums first. */
+__device__ int draw_all(smp_shared *sh, const float *w, int V, double target, bool exact) {
     if (exact) {
         if (threadIdx.x == 0) {
             double acc = 0.0;
-            int tok = V - 1;
+            int tok = -1;
             for (int i = 0; i < V; i++) {
+                if (w[i] == 0.0f) continue;
+                tok = i;
                 acc = __dadd_rn(acc, (double)w[i]);
-                if (u < acc) {
-                    tok = i;
-                    break;
-                }
+                if (target < acc) break;
             }
             sh->bcast_i = tok;
         }
@@ -210,23 +219,28 @@ __device__ int draw_all(smp_shared *sh, const float *w, int V, double u, bool ex
     }
     const int per = (V + SMP_THREADS - 1) / SMP_THREADS, i0 = threadIdx.x * per, i1 = min(V, i0 + per);
     double acc = 0.0;
-    for (int i = i0; i < i1; i++) acc = __dadd_rn(acc, (double)w[i]);
+    int last = -1; /* the chunk's last id with mass */
+    for (int i = i0; i < i1; i++) {
+        acc = __dadd_rn(acc, (double)w[i]);
+        if (w[i] != 0.0f) last = i;
+    }
     sh->chunk[threadIdx.x] = acc;
+    sh->last[threadIdx.x] = last;
     __syncthreads();
     if (threadIdx.x == 0) {
         double run = 0.0;
-        int tok = V - 1, c = 0;
+        int tok = -1, c = 0;
         for (; c < SMP_THREADS; c++) {
-            if (u < __dadd_rn(run, sh->chunk[c])) break;
+            if (sh->last[c] >= 0) tok = sh->last[c]; /* the last id with mass so far: rounding's fallback */
+            if (target < __dadd_rn(run, sh->chunk[c])) break;
             run = __dadd_rn(run, sh->chunk[c]);
         }
         if (c < SMP_THREADS)
             for (int i = c * per; i < min(V, (c + 1) * per); i++) {
+                if (w[i] == 0.0f) continue;
+                tok = i;
                 run = __dadd_rn(run, (double)w[i]);
-                if (u < run) {
-                    tok = i;
-                    break;
-                }
+                if (target < run) break;
             }
         sh->bcast_i = tok;
     }
@@ -236,30 +250,32 @@ __device__ int draw_all(smp_shared *sh, const float *w, int V, double u, bool ex
     return tok;
 }
 
-/* The CPU's truncate_sorted over the prefix `sorted` of n_sorted ids (p in w): the kept count, or
- * -1 when it depends on elements past the prefix. */
-__device__ int keep_count(const rs_sample_req *rq, const float *w, int V, const int *sorted, int n_sorted) {
+/* The CPU's truncate_sorted over the prefix `sorted` of n_sorted ids: the kept count, or -1 when
+ * it depends on elements past the prefix. */
+__device__ int keep_count(const rs_sample_req *rq, const float *x, const float *w, int V, float mx, double inv_t,
+                          double sum, const int *sorted, int n_sorted) {
     int keep = V;
     if (rq->top_k > 0 && rq->top_k < keep) keep = rq->top_k;
     if (rq->top_p < 1.0f) {
+        const double target = __dmul_rn((double)rq->top_p, sum);
         double acc = 0.0;
         int kt = keep;
         for (int i = 0; i < keep; i++) {
             if (i >= n_sorted) return -1;
             acc = __dadd_rn(acc, (double)w[sorted[i]]);
-            if (acc >= rq->top_p) {
+            if (acc >= target) {
                 kt = i + 1;
                 break;
             }
         }
         keep = kt;
     }
-    if (rq->min_p > 0.0f) {
-        const float floor_p = __fmul_rn(rq->min_p, w[sorted[0]]);
+    if (rq->min_p > 0.0f) { /* p >= min_p p_max, i.e. (x - max) / T >= log(min_p) */
+        const double floor_lp = log((double)rq->min_p);
         int i = 1;
         while (i < keep) {
             if (i >= n_sorted) return -1;
-            if (!(w[sorted[i]] >= floor_p)) break;
+            if (!(scaled(x[sorted[i]], mx, inv_t) >= floor_lp)) break;
             i++;
         }
         keep = i;
@@ -269,11 +285,6 @@ __device__ int keep_count(const rs_sample_req *rq, const float *w, int V, const 
 
 __device__ __forceinline__ bool truncates(const rs_sample_req *rq, int V) {
     return (rq->top_k > 0 && rq->top_k < V) || rq->top_p < 1.0f || rq->min_p > 0.0f;
-}
-
-/* (float)((double)(x * inv_t - mx) - lse - log_mass), the CPU's logprob expression */
-__device__ __forceinline__ float logprob_of(float x, float inv_t, float mx, double lse, double log_mass) {
-    return (float)__dsub_rn(__dsub_rn((double)__fsub_rn(__fmul_rn(x, inv_t), mx), lse), log_mass);
 }
 
 __global__ void __launch_bounds__(SMP_THREADS)
@@ -287,82 +298,77 @@ __global__ void __launch_bounds__(SMP_THREADS)
         rs_sample_res *out = &res[ri];
         const float *x = logits + (size_t)rq.row * (size_t)V;
         const int k = min(rq.n_top, V);
+        const bool greedy = !(rq.temperature > 0.0f); /* the engine sends 0 for rs_sampling_greedy */
+        const double inv_t = greedy ? 1.0 : __ddiv_rn(1.0, (double)rq.temperature);
         bool done = true;
-        int tok, n_top = 0;
-        float lp;
+        int tok = -1, n_top = 0;
+        float lp = NAN, mx;
         double sum;
-        if (rq.temperature > 0.0f) {
-            const float inv_t = __fdiv_rn(1.0f, rq.temperature);
-            const float mx = softmax(&sh, x, V, inv_t, w, &sum);
-            const double lse = log(sum), u = rng_uniform(rq.seed, rq.sample_index, rq.position);
-            double log_mass = 0.0;
-            int keep = V;
-            const bool trunc = truncates(&rq, V);
-            const bool tops_here = k > 0 && rq.lp_mode != RS_SAMPLE_LP_RAW;
-            if (trunc || (tops_here && rq.lp_mode == RS_SAMPLE_LP_DEFAULT)) {
-                const int need = trunc ? min(SMP_SORTED, V) : k;
-                sort_prefix(&sh, w, V, need, sorted);
-                if (trunc) keep = keep_count(&rq, w, V, sorted, need);
-            }
+        if (!dist_init(&sh, x, V, inv_t, w, &mx, &sum)) { /* invalid row: token -1, the engine fails it */
+            if (threadIdx.x == 0) out->done = true, out->token = -1, out->logprob = NAN, out->n_top = 0;
+            __syncthreads();
+            continue;
+        }
+        const double lse = log(sum);
+        double log_mass = lse;
+        int keep = V;
+        const bool trunc = !greedy && truncates(&rq, V);
+        const bool point_mass = greedy && rq.lp_mode == RS_SAMPLE_LP_PROCESSED;
+        int need = trunc ? min(SMP_SORTED, V) : 0; /* the order (logit desc, id asc) does not depend on T */
+        if (k > 0 && !point_mass) need = max(need, k);
+        if (need > 0) sort_prefix(&sh, x, V, need, sorted);
+        if (greedy) {
+            tok = argmax(&sh, x, V);
+        } else if (trunc) {
+            keep = keep_count(&rq, x, w, V, mx, inv_t, sum, sorted, need);
             if (keep < 0) {
-                done = false, tok = 0, lp = 0.0f;
-            } else if (trunc) {
+                done = false;
+            } else {
                 double mass = 0.0;
                 for (int i = 0; i < keep; i++) mass = __dadd_rn(mass, (double)w[sorted[i]]);
-                const double target = __dmul_rn(u, mass);
+                const double target = __dmul_rn(rng_uniform(rq.seed, rq.sample_index, rq.position), mass);
                 double acc = 0.0;
-                tok = sorted[keep - 1];
+                tok = sorted[0];
                 for (int i = 0; i < keep; i++) {
+                    if (w[sorted[i]] == 0.0f) break; /* sorted: nothing after it has mass */
+                    tok = sorted[i];
                     acc = __dadd_rn(acc, (double)w[sorted[i]]);
-                    if (target < acc) {
-                        tok = sorted[i];
-                        break;
-                    }
+                    if (target < acc) break;
                 }
                 log_mass = log(mass);
-            } else {
-                tok = draw_all(&sh, w, V, u, exact);
-            }
-            if (done) {
-                const float lp_default = logprob_of(x[tok], inv_t, mx, lse, 0.0);
-                lp = rq.lp_mode == RS_SAMPLE_LP_PROCESSED ? (float)__dsub_rn((double)lp_default, log_mass) : lp_default;
-                if (tops_here) { /* the first k of the order, of the kept prefix when processed */
-                    n_top = rq.lp_mode == RS_SAMPLE_LP_PROCESSED && trunc ? min(k, keep) : k;
-                    if (rq.lp_mode == RS_SAMPLE_LP_PROCESSED && !trunc) sort_prefix(&sh, w, V, k, sorted);
-                    if (threadIdx.x == 0)
-                        for (int i = 0; i < n_top; i++) {
-                            out->top_ids[i] = sorted[i];
-                            out->top_lps[i] = logprob_of(x[sorted[i]], inv_t, mx, lse,
-                                                         rq.lp_mode == RS_SAMPLE_LP_PROCESSED ? log_mass : 0.0);
-                        }
-                }
             }
         } else {
-            tok = argmax(&sh, x, V);
-            lp = 0.0f; /* processed: the point mass on the argmax; the other modes below */
-            if (rq.lp_mode == RS_SAMPLE_LP_PROCESSED && k > 0) {
-                n_top = 1;
-                if (threadIdx.x == 0) out->top_ids[0] = tok, out->top_lps[0] = 0.0f;
-            }
+            tok = draw_all(&sh, w, V, __dmul_rn(rng_uniform(rq.seed, rq.sample_index, rq.position), sum), exact);
         }
-        /* the T = 1 distribution: greedy's logprob, raw mode's logprob and top logprobs */
-        const bool greedy = rq.temperature <= 0.0f;
-        if (done && (rq.lp_mode == RS_SAMPLE_LP_RAW || (greedy && rq.lp_mode != RS_SAMPLE_LP_PROCESSED))) {
-            const float mx1 = softmax(&sh, x, V, 1.0f, w, &sum);
-            const double lse1 = log(sum);
-            lp = logprob_of(x[tok], 1.0f, mx1, lse1, 0.0);
-            if (k > 0) {
-                sort_prefix(&sh, w, V, k, sorted);
-                n_top = k;
+        if (done) {
+            /* the distribution the mode reports: raw is the T = 1 one (the same row when T is 1) */
+            double inv_r = inv_t, lse_r = lse, lmass_r = lse;
+            if (rq.lp_mode == RS_SAMPLE_LP_RAW && inv_t != 1.0) {
+                double sum1;
+                float mx1;
+                dist_init(&sh, x, V, 1.0, w, &mx1, &sum1); /* valid: the same row */
+                inv_r = 1.0, lse_r = log(sum1), lmass_r = lse_r;
+            } else if (rq.lp_mode == RS_SAMPLE_LP_PROCESSED) {
+                lmass_r = log_mass;
+            }
+            if (point_mass) {
+                lp = 0.0f;
+                n_top = k > 0 ? 1 : 0;
+                if (threadIdx.x == 0 && k > 0) out->top_ids[0] = tok, out->top_lps[0] = 0.0f;
+            } else {
+                lp = (float)__dsub_rn(scaled(x[tok], mx, inv_r), lmass_r);
+                n_top = rq.lp_mode == RS_SAMPLE_LP_PROCESSED && trunc ? min(k, keep) : k;
                 if (threadIdx.x == 0)
-                    for (int i = 0; i < k; i++)
-                        out->top_ids[i] = sorted[i], out->top_lps[i] = logprob_of(x[sorted[i]], 1.0f, mx1, lse1, 0.0);
+                    for (int i = 0; i < n_top; i++) {
+                        out->top_ids[i] = sorted[i];
+                        out->top_lps[i] = (float)__dsub_rn(scaled(x[sorted[i]], mx, inv_r), lmass_r);
+                    }
             }
         }
         if (threadIdx.x == 0) {
             out->done = done;
-            out->token = tok;
-            out->logprob = lp;
+            out->token = done ? tok : 0;
+            out->logprob = done ? lp : 0.0f;
             out->n_top = done ? n_top : 0;
         }
         __syncthreads();

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # tests/cuda_emu/build.sh OUT: builds OUT/unit-tests, the unit-test runner with the CUDA backend's
-# real kernel sources (kernels/cuda/*.cu but the NCCL staging) compiled for the CPU emulation of
-# CUDA in this folder, linked with the rest of rolloutd (the CPU backend is the tests' reference),
-# and OUT/rolloutd, the daemon on that backend (--device cuda), for end-to-end tests.
+# real kernel sources (kernels/cuda/*.cu; NCCL and its transport, sync/nccl_staging.cu, are not
+# emulated) compiled for the CPU emulation of CUDA in this folder, linked with the rest of rolloutd
+# (the CPU backend is the tests' reference), and OUT/rolloutd, the daemon on that backend
+# (--device cuda), for end-to-end tests.
 # `make cuda-emu` builds and runs it; see README.md here for what it can and cannot show.
 #   EMU_CXXFLAGS / EMU_CFLAGS   extra flags (e.g. -fsanitize=address,undefined for both)
 set -euo pipefail
@@ -25,7 +26,8 @@ compile() { # compile SRC OBJ CMD...: CMD on SRC unless OBJ is newer than SRC an
   fi
 }
 
-for d in core config protocol scheduler kvcache model kernels kernels/cpu sync server; do
+cd "$root" # tokenizer/default_tokenizer.c includes its JSON by a path relative to the root
+for d in core config protocol scheduler kvcache model kernels kernels/cpu sync tokenizer server; do
   for f in "$root/$d"/*.c; do
     [ "$f" = "$root/server/main.c" ] && continue
     o=$out/obj/$(echo "${f#"$root"/}" | tr / _).o
@@ -49,17 +51,17 @@ wait
 lib=("${objs[@]}")
 compile "$root/server/main.c" "$out/obj/server_main.o" gcc $cflags
 wait
-g++ ${EMU_CXXFLAGS:-} -o "$out/unit-tests" "${lib[@]}" -lmicrohttpd -ljansson -luv -lm -pthread
+g++ ${EMU_CXXFLAGS:-} -o "$out/unit-tests" "${lib[@]}" -lmicrohttpd -ljansson -luv -lisal -lpcre2-8 -lutf8proc -lm -pthread
 # the daemon too, for end-to-end tests with --device cuda (without the unit tests' objects)
 daemon=()
 for o in "${lib[@]}"; do case $o in */t_*) ;; *) daemon+=("$o") ;; esac; done
-g++ ${EMU_CXXFLAGS:-} -o "$out/rolloutd" "$out/obj/server_main.o" "${daemon[@]}" -lmicrohttpd -ljansson -luv -lm -pthread
+g++ ${EMU_CXXFLAGS:-} -o "$out/rolloutd" "$out/obj/server_main.o" "${daemon[@]}" -lmicrohttpd -ljansson -luv -lisal -lpcre2-8 -lutf8proc -lm -pthread
 # the GPU benchmarks too, for smoke runs of scripts/gpu-check.sh's steps on tiny shapes
 for t in bench_gpu rollout_bench rl_bench; do
   compile "$root/tools/$t.c" "$out/obj/tool_$t.o" gcc $cflags
 done
 wait
 for t in bench_gpu rollout_bench rl_bench; do
-  g++ ${EMU_CXXFLAGS:-} -o "$out/${t//_/-}" "$out/obj/tool_$t.o" "${daemon[@]}" -lmicrohttpd -ljansson -luv -lm -pthread
+  g++ ${EMU_CXXFLAGS:-} -o "$out/${t//_/-}" "$out/obj/tool_$t.o" "${daemon[@]}" -lmicrohttpd -ljansson -luv -lisal -lpcre2-8 -lutf8proc -lm -pthread
 done
 echo "built $out/unit-tests, $out/rolloutd and the GPU benchmarks"

@@ -23,6 +23,25 @@ FIXTURES = ROOT / "tests" / "fixtures"
 EXTRA_ARGS = shlex.split(os.environ.get("ROLLOUTD_ARGS", ""))
 
 
+def read_answer(s):
+    """(status, headers with lower-case names, body) of one Content-Length-framed HTTP answer read
+    from socket s."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = s.recv(65536)
+        assert chunk, data
+        data += chunk
+    top, rest = data.split(b"\r\n\r\n", 1)
+    lines = top.decode("latin-1").split("\r\n")
+    headers = {k.strip().lower(): v.strip() for k, v in (line.split(":", 1) for line in lines[1:])}
+    n = int(headers.get("content-length", "0"))
+    while len(rest) < n:
+        chunk = s.recv(65536)
+        assert chunk, data
+        rest += chunk
+    return int(lines[0].split()[1]), headers, rest[:n]
+
+
 def free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

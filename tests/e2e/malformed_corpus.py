@@ -12,8 +12,18 @@ sub-path that depends on the case). Categories:
   nesting     deeply nested arrays, in the body and inside input_ids
   oversized   bodies over max-body-bytes, with and without Content-Length
   unknown     unknown fields at every level
+  unimpl      fields SGLang or vLLM define that rolloutd does not implement, at non-neutral values
+              (400 "unsupported" naming the field), on every route that takes a body
   methods     every route with every method it does not take (405 + Allow)
   routes      unknown paths (404)
+  framing     a body whose length is ambiguous or whose transfer coding rolloutd does not read:
+              two Content-Length values, Transfer-Encoding with Content-Length, any coding but a
+              lone chunked, Transfer-Encoding in HTTP/1.0 (400 at once, before the body is read,
+              and the connection closed; never a hang)
+  weights     weight-route fields: tensors[].crc32c and transaction_id of the wrong type or range
+
+Framing cases are sent as raw bytes: headers holds "Raw-Headers" (header lines, CRLF-separated,
+after Host and Content-Type) and optionally "Raw-Version" (default HTTP/1.1).
 """
 import json
 from collections import namedtuple
@@ -33,7 +43,8 @@ CMPL = {"model": "default", "prompt": [1, 2, 3], "max_tokens": 2, "temperature":
 # route -> (methods it takes)
 ROUTES = {
     "/health": ["GET"], "/health_generate": ["GET"], "/generate": ["POST", "PUT"], "/v1/completions": ["POST"],
-    "/v1/models": ["GET"], "/get_model_info": ["GET"], "/get_server_info": ["GET"], "/server_info": ["GET"],
+    "/v1/models": ["GET"], "/get_model_info": ["GET"], "/model_info": ["GET"], "/get_server_info": ["GET"],
+    "/server_info": ["GET"], "/get_load": ["GET"],
     "/get_weight_version": ["GET"], "/metrics": ["GET"], "/abort_request": ["POST"], "/pause_generation": ["POST"],
     "/continue_generation": ["POST"], "/flush_cache": ["GET", "POST"],
 }
@@ -145,6 +156,9 @@ def _numbers():
         ("stop-id-vocab", {"sampling_params": dict(sp, stop_token_ids=[10 ** 9])}, "sampling_params.stop_token_ids"),
         ("batch-over-max", {"input_ids": [[1]] * 1025, "sampling_params": dict(sp, n=1)}, "input_ids"),
         ("max-new-tokens-over-cap", {"sampling_params": dict(sp, max_new_tokens=40000)}, "sampling_params.max_new_tokens"),
+        # min_new_tokens with every token a stop id: nothing could be sampled while they are masked
+        ("min-new-tokens-all-stop", {"sampling_params": dict(sp, min_new_tokens=1, stop_token_ids=list(range(8192)))},
+         "sampling_params.stop_token_ids"),
     ]
     out = [Case(f"numbers-generate-{n}", "POST", "/generate", enc(dict(GEN, **over)), {}, 400, "invalid_request", p)
            for n, over, p in rows]
@@ -222,7 +236,6 @@ def _oversized(max_body):
 def _unknown():
     rows = [("generate-top", "/generate", dict(GEN, bogus=1), "bogus"),
             ("generate-sampling", "/generate", dict(GEN, sampling_params={"bogus": 1}), "sampling_params.bogus"),
-            ("generate-text", "/generate", {"text": "hi"}, "text"),
             ("generate-seed", "/generate", dict(GEN, sampling_params={"seed": 1}), "sampling_params.seed"),
             ("generate-case", "/generate", {"Input_ids": [1]}, "Input_ids"),
             ("completions-top", "/v1/completions", dict(CMPL, bogus=1), "bogus"),
@@ -235,6 +248,47 @@ def _unknown():
             ("continue", "/continue_generation", {"x": 1}, "x"),
             ("flush", "/flush_cache", {"x": 1}, "x")]
     return [Case(f"unknown-{n}", "POST", p, enc(b), {}, 400, "invalid_request", param) for n, p, b, param in rows]
+
+
+def _unimplemented():
+    sp = GEN["sampling_params"]
+    rows = [("generate-text", "/generate", {"text": "hi"}, "text"),
+            ("generate-text-list", "/generate", {"text": ["a", "b"]}, "text"),
+            ("generate-image", "/generate", dict(GEN, image_data="http://x/a.png"), "image_data"),
+            ("generate-lora", "/generate", dict(GEN, lora_path="a"), "lora_path"),
+            ("generate-session", "/generate", dict(GEN, session_params={"id": "s"}), "session_params"),
+            ("generate-logit-processor", "/generate", dict(GEN, custom_logit_processor="x"), "custom_logit_processor"),
+            ("generate-hidden", "/generate", dict(GEN, return_hidden_states=True), "return_hidden_states"),
+            ("generate-priority", "/generate", dict(GEN, priority=3), "priority"),
+            ("generate-dp-rank", "/generate", dict(GEN, data_parallel_rank=2), "data_parallel_rank"),
+            ("generate-background", "/generate", dict(GEN, background=True), "background"),
+            ("generate-token-ids-logprob", "/generate", dict(GEN, token_ids_logprob=[1]), "token_ids_logprob"),
+            ("generate-text-in-logprobs", "/generate", dict(GEN, return_text_in_logprobs=True),
+             "return_text_in_logprobs"),
+            ("generate-stop", "/generate", dict(GEN, sampling_params=dict(sp, stop="x")), "sampling_params.stop"),
+            ("generate-regex", "/generate", dict(GEN, sampling_params=dict(sp, regex="a+")), "sampling_params.regex"),
+            ("generate-logit-bias", "/generate", dict(GEN, sampling_params=dict(sp, logit_bias={"1": 2})),
+             "sampling_params.logit_bias"),
+            ("generate-beam", "/generate", dict(GEN, sampling_params=dict(sp, beam_width=4)),
+             "sampling_params.beam_width"),
+            ("completions-suffix", "/v1/completions", dict(CMPL, suffix="x"), "suffix"),
+            ("completions-beam", "/v1/completions", dict(CMPL, use_beam_search=True), "use_beam_search"),
+            ("completions-allowed", "/v1/completions", dict(CMPL, allowed_token_ids=[1]), "allowed_token_ids"),
+            ("completions-format", "/v1/completions", dict(CMPL, response_format={"type": "json_object"}),
+             "response_format"),
+            ("completions-truncate", "/v1/completions", dict(CMPL, truncate_prompt_tokens=2),
+             "truncate_prompt_tokens"),
+            ("completions-priority", "/v1/completions", dict(CMPL, priority=1), "priority"),
+            ("completions-usage-stats", "/v1/completions",
+             dict(CMPL, stream=True, stream_options={"continuous_usage_stats": True}),
+             "stream_options.continuous_usage_stats"),
+            ("abort-message", "/abort_request", {"rid": "a", "abort_message": "bye"}, "abort_message"),
+            ("flush-timeout", "/flush_cache", {"timeout_s": 3}, "timeout_s"),
+            ("pause-ipc", "/pause_generation", {"http_worker_ipc": "ipc:///x"}, "http_worker_ipc"),
+            ("disk-async", "/update_weights_from_disk", {"model_path": "/m", "is_async": True}, "is_async"),
+            ("disk-keep-pause", "/update_weights_from_disk", {"model_path": "/m", "keep_pause": True}, "keep_pause"),
+            ("disk-manifest", "/update_weights_from_disk", {"model_path": "/m", "manifest": {"a": 1}}, "manifest")]
+    return [Case(f"unimpl-{n}", "POST", p, enc(b), {}, 400, "unsupported", param) for n, p, b, param in rows]
 
 
 def _methods():
@@ -258,9 +312,72 @@ def _routes():
     return out
 
 
+# A valid body for each route the framing cases go to: only the framing is wrong.
+FRAMED = {"/generate": enc({"input_ids": [1, 2], "sampling_params": {"max_new_tokens": 1}}),
+          "/abort_request": enc({"rid": "framing"}), "/update_weight_version": enc({"new_version": "framing"})}
+
+
+def _chunked(body):
+    return b"%x\r\n" % len(body) + body + b"\r\n0\r\n\r\n"
+
+
+def _framing():
+    rows = [  # (id, header lines given the body's length n, chunked body?, HTTP version, error type)
+        ("two-content-lengths", "Content-Length: {n}\r\nContent-Length: {m}", False, "HTTP/1.1", "invalid_request"),
+        ("two-content-lengths-spelled", "Content-Length: {n}\r\nContent-Length: 0{n}", False, "HTTP/1.1",
+         "invalid_request"),
+        ("content-length-and-chunked", "Content-Length: {n}\r\nTransfer-Encoding: chunked", True, "HTTP/1.1",
+         "invalid_request"),
+        ("chunked-and-content-length", "Transfer-Encoding: chunked\r\nContent-Length: {n}", True, "HTTP/1.1",
+         "invalid_request"),
+        ("gzip-chunked", "Transfer-Encoding: gzip, chunked", True, "HTTP/1.1", "unsupported"),
+        ("deflate-chunked-two-headers", "Transfer-Encoding: deflate\r\nTransfer-Encoding: chunked", True,
+         "HTTP/1.1", "unsupported"),
+        ("gzip", "Transfer-Encoding: gzip", False, "HTTP/1.1", "invalid_request"),
+        ("identity", "Transfer-Encoding: identity", False, "HTTP/1.1", "invalid_request"),
+        ("chunked-gzip", "Transfer-Encoding: chunked, gzip", True, "HTTP/1.1", "invalid_request"),
+        ("chunked-twice", "Transfer-Encoding: chunked, chunked", True, "HTTP/1.1", "invalid_request"),
+        ("gzip-chunked-chunked", "Transfer-Encoding: gzip, chunked, chunked", True, "HTTP/1.1", "invalid_request"),
+        ("chunked-two-headers", "Transfer-Encoding: chunked\r\nTransfer-Encoding: chunked", True, "HTTP/1.1",
+         "invalid_request"),
+        ("empty-coding", "Transfer-Encoding: ,", False, "HTTP/1.1", "invalid_request"),
+        ("http10-chunked", "Transfer-Encoding: chunked", True, "HTTP/1.0", "invalid_request"),
+    ]
+    out = []
+    for path, body in FRAMED.items():
+        for name, lines, chunked, version, etype in rows:
+            raw = lines.format(n=len(body), m=len(body) - 2)
+            out.append(Case(f"framing-{name}{path.replace('/', '-')}", "POST", path,
+                            _chunked(body) if chunked else body, {"Raw-Headers": raw, "Raw-Version": version}, 400,
+                            etype, None))
+    out.append(Case("framing-gzip-on-get", "GET", "/health", b"", {"Raw-Headers": "Transfer-Encoding: gzip"}, 400,
+                    "invalid_request", None))
+    return out
+
+
+def _weights():
+    t = {"name": "model.norm.weight", "dtype": "bfloat16", "shape": [8], "offset": 0}
+    shm = {"shm_name": "/rolloutd-corpus-none", "tensors": [t], "is_last": True, "weight_version": "c"}
+    rows = [("crc-neg", dict(shm, tensors=[dict(t, crc32c=-1)]), "tensors[0].crc32c"),
+            ("crc-2^32", dict(shm, tensors=[dict(t, crc32c=2 ** 32)]), "tensors[0].crc32c"),
+            ("crc-str", dict(shm, tensors=[dict(t, crc32c="e3069283")]), "tensors[0].crc32c"),
+            ("crc-float", dict(shm, tensors=[dict(t, crc32c=1.5)]), "tensors[0].crc32c"),
+            ("txn-empty", dict(shm, transaction_id=""), "transaction_id"),
+            ("txn-long", dict(shm, transaction_id="t" * 64), "transaction_id"),
+            ("txn-int", dict(shm, transaction_id=5), "transaction_id"),
+            ("txn-control", dict(shm, transaction_id="a\nb"), "transaction_id")]
+    out = [Case(f"weights-shm-{n}", "POST", "/update_weights_from_shm", enc(b), {}, 400, "invalid_request", p)
+           for n, b, p in rows]
+    dist = {"names": ["model.norm.weight"], "dtypes": ["bfloat16"], "shapes": [[8]], "transaction_id": ["x"]}
+    out.append(Case("weights-dist-txn-list", "POST", "/update_weights_from_distributed", enc(dist), {}, 400,
+                    "invalid_request", "transaction_id"))
+    return out
+
+
 def cases(max_body_bytes):
     out = (_truncated() + _wrong_types() + _numbers() + _literals() + _utf8() + _nesting() +
-           _oversized(max_body_bytes) + _unknown() + _methods() + _routes())
+           _oversized(max_body_bytes) + _unknown() + _unimplemented() + _methods() + _routes() + _framing() +
+           _weights())
     ids = [c.id for c in out]
     assert len(ids) == len(set(ids)), "duplicate case ids"
     return out

@@ -5,6 +5,7 @@ One daemon serves the whole table (module scope); tests that need other settings
 """
 import http.client
 import json
+import re
 import socket
 import threading
 import time
@@ -13,7 +14,7 @@ import pytest
 import requests
 
 import malformed_corpus
-from conftest import Daemon
+from conftest import Daemon, read_answer
 
 VOCAB = 8192
 CONTEXT = 4096
@@ -56,12 +57,25 @@ BAD = [
     ("unknown-top", ok_body(foo=1), 400, "invalid_request", "foo", "unknown field 'foo'"),
     ("unknown-sampling", sp(seed=3), 400, "invalid_request", "sampling_params.seed",
      "unknown field 'sampling_params.seed'"),
-    ("penalty-not-neutral", sp(repetition_penalty=1.1), 400, "unsupported", "sampling_params.repetition_penalty",
-     "only 1 (no penalty)"),
+    ("penalty-out-of-range", sp(repetition_penalty=2.5), 400, "invalid_request", "sampling_params.repetition_penalty",
+     "sampling_params.repetition_penalty must be in (0, 2], got 2.5"),
+    ("frequency-penalty-out-of-range", sp(frequency_penalty=-3), 400, "invalid_request",
+     "sampling_params.frequency_penalty", "must be in [-2, 2], got -3"),
+    ("logit-bias-not-neutral", sp(logit_bias={"5": 1.0}), 400, "unsupported", "sampling_params.logit_bias",
+     "not implemented"),
+    ("custom-logit-processor", ok_body(custom_logit_processor="{\"callable\": \"x\"}"), 400, "unsupported",
+     "custom_logit_processor", "not implemented"),
+    ("lora-path", ok_body(lora_path="/adapters/a"), 400, "unsupported", "lora_path", "not implemented"),
+    ("image-data", ok_body(image_data=["http://x/cat.png"]), 400, "unsupported", "image_data", "not implemented"),
+    ("dp-rank-1", ok_body(routed_dp_rank=1), 400, "unsupported", "routed_dp_rank", "accepted: null, 0; got 1"),
+    ("text-in-logprobs", ok_body(return_text_in_logprobs=True), 400, "unsupported", "return_text_in_logprobs",
+     "tokenizer"),
     ("stop-strings", sp(stop=["\n"]), 400, "unsupported", "sampling_params.stop", "use stop_token_ids"),
     ("routed-experts", ok_body(return_routed_experts=True), 400, "unsupported", "return_routed_experts",
      "not supported"),
-    ("text-input", {"text": "hello"}, 400, "invalid_request", "text", "input_ids"),
+    ("text-input", {"text": "hello"}, 400, "unsupported", "text", "use input_ids"),
+    ("seed-is-sampling-seed", sp(seed=3, sampling_seed=3), 400, "invalid_request", "sampling_params.seed",
+     "sampling_seed"),
     # input_ids
     ("missing-input-ids", {"sampling_params": {}}, 400, "invalid_request", "input_ids", "input_ids is required"),
     ("empty-input-ids", ok_body(input_ids=[]), 400, "invalid_request", "input_ids", "must not be empty"),
@@ -160,8 +174,27 @@ def test_table_is_large_enough():
 CORPUS = malformed_corpus.cases(256 * 1024)
 
 
+def raw_bytes_request(port, method, path, body, raw_headers, version="HTTP/1.1"):
+    """One request written byte for byte (headers as given, duplicates and all): (status, headers, body).
+    Answers that come before the body has been read end the connection, which may then be reset
+    once the answer is in: reading stops at the answer's own length."""
+    s = socket.create_connection(("127.0.0.1", port), timeout=10)
+    head = f"{method} {path} {version}\r\nHost: x\r\nContent-Type: application/json\r\n{raw_headers}\r\n\r\n"
+    try:
+        s.sendall(head.encode() + (body or b""))
+    except (BrokenPipeError, ConnectionResetError):
+        pass  # answered and closed before the body was all sent
+    try:
+        return read_answer(s)
+    finally:
+        s.close()
+
+
 def raw_request(port, method, path, body, headers):
     """One request over a fresh connection, sent as is (no URL normalization): (status, headers, body)."""
+    if "Raw-Headers" in headers:
+        return raw_bytes_request(port, method, path, body, headers["Raw-Headers"],
+                                 headers.get("Raw-Version", "HTTP/1.1"))
     if "Content-Length-Override" in headers:  # a claim the body never backs: answered before the body
         s = socket.create_connection(("127.0.0.1", port), timeout=30)
         s.sendall(f"{method} {path} HTTP/1.1\r\nHost: x\r\nContent-Length: {headers['Content-Length-Override']}\r\n"
@@ -197,6 +230,8 @@ def test_malformed_corpus(daemon, case):
     if status == 405:
         allowed = malformed_corpus.ROUTES[case.path]
         assert headers["Allow"] == ", ".join(allowed)
+    if case.id.startswith("framing-"):  # answered before the body: the connection cannot go on
+        assert headers["connection"].lower() == "close", headers
 
 
 def test_corpus_is_large():
@@ -331,9 +366,55 @@ def test_api_key(rolloutd):
         check_error(r, 401, "unauthorized", None, "API key")
     r = d.post("/generate", ok_body(), headers={"Authorization": "Bearer sekrit"})
     assert r.status_code == 200, r.text
-    # an unknown route still answers 404 (routing comes before auth), a known one 401
-    assert d.get("/nope").status_code == 404
-    assert d.get("/generate").status_code == 405
+
+
+UNKNOWN_PATHS = ["/nope", "/", "/admin", "/generate/", "/v1/chat/completions", "/update_weights", "/%00"]
+
+
+def test_api_key_hides_routes(rolloutd):
+    """With --api-key, a request without the key learns nothing about routes: a real route, an
+    unknown path and a method the route does not take all get the same 401. Only GET /health and
+    GET /metrics answer without it; with the key the 404s and 405s come back."""
+    d = rolloutd(None, "--kv-cache-mb", "64", "--api-key", "sekrit")
+    paths = list(malformed_corpus.ROUTES) + UNKNOWN_PATHS
+    bodies = set()
+    for path in paths:
+        for method in malformed_corpus.METHODS:
+            open_route = method == "GET" and path in ("/health", "/metrics")
+            status, headers, body = raw_request(d.port, method, path, b"{}", {})
+            if open_route:
+                assert status == 200, (method, path, status, body[:200])
+                continue
+            assert status == 401, (method, path, status, body[:200])
+            assert headers["WWW-Authenticate"] == "Bearer"
+            bodies.add(body)
+            status, _, body = raw_request(d.port, method, path, b"{}", {"Authorization": "Bearer wrong"})
+            assert status == 401, (method, path, status)
+            bodies.add(body)
+            if path in UNKNOWN_PATHS or method not in malformed_corpus.ROUTES[path]:
+                want = 404 if path in UNKNOWN_PATHS else 405
+                status, _, body = raw_request(d.port, method, path, b"{}", {"Authorization": "Bearer sekrit"})
+                assert status == want, (method, path, status, body[:200])
+    assert len(bodies) == 1, bodies  # one answer, whatever the path or method
+
+
+def test_401_log_lines_are_rate_limited(rolloutd):
+    """A client can send bad keys as fast as it likes: at most one 401 line a second is logged, and
+    the next says how many were not."""
+    d = rolloutd(None, "--kv-cache-mb", "64", "--api-key", "sekrit")
+    t0 = time.time()
+    n = 200
+    with requests.Session() as s:
+        for _ in range(n):
+            assert s.post(d.url + "/generate", json=ok_body(), timeout=30).status_code == 401
+        elapsed = time.time() - t0
+        time.sleep(1.1)
+        assert s.get(d.url + "/nope", timeout=30).status_code == 401
+    lines = [line for line in d.read_log().splitlines() if "| 401 unauthorized |" in line]
+    assert 2 <= len(lines) <= elapsed + 3, (len(lines), elapsed, lines)
+    not_logged = sum(int(m.group(1)) for m in (re.search(r"\| (\d+) more like it not logged", line)
+                                               for line in lines) if m)
+    assert not_logged + len(lines) == n + 1, (not_logged, lines)
 
 
 def test_bad_flag_exits_1_naming_it(tmp_path):

@@ -360,16 +360,22 @@ def test_fp8_non_finite_matches_daemon_rules():
     assert rdt._f32_to_e4m3_bits_frexp(x).tolist() == [0x7F, 0x7F, 0x7F, 0x7E, 0xFE]
 
 
-def test_fp8_push_with_a_nan_weight_is_accepted(rolloutd):
-    """One NaN in a pushed matrix: fp8=True (client-side quantization) is accepted, as the BF16
-    push is (the daemon quantizes that one itself); it used to be refused for a NaN scale."""
+def test_fp8_push_with_a_nan_weight_is_refused(rolloutd):
+    """One NaN in a pushed matrix is refused, naming the matrix and the element, whether the daemon
+    quantizes it (a float push) or the client did (fp8=True: the client's scales stay finite, the
+    NaN becomes an E4M3 NaN code, which the daemon refuses as such; not as a bad scale_inv)."""
     d = rolloutd(ORIG, "--quantization", "fp8", "--kv-cache-dtype", "f32")
     c = Client(d.url, timeout=120)
     sd = weights_f32()
     name = next(k for k in sd if fp8.is_fp8_weight(k))
     sd[name] = sd[name].copy()
     sd[name][0, 0] = np.nan
-    assert c.push_weights(sd, version="nan-fp8", fp8=True).weight_version == "nan-fp8"
+    for client_fp8 in (True, False):
+        with pytest.raises(RolloutdError) as ei:
+            c.push_weights(sd, version="nan-fp8", fp8=client_fp8)
+        assert ei.value.status == 400 and ei.value.param == name, (client_fp8, ei.value.param, ei.value.message)
+        assert "holds NaN at [0][0]" in ei.value.message, ei.value.message
+    assert c.get_weight_version() != "nan-fp8"
     c.close()
 
 

@@ -242,14 +242,17 @@ def wait_submitted(d, rid, timeout=30):
     raise AssertionError(f"{rid} was never submitted:\n{d.read_log()[-2000:]}")
 
 
-def test_sigterm_drains_in_flight(rolloutd):
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP], ids=["SIGTERM", "SIGHUP"])
+def test_signal_drains_in_flight(rolloutd, sig):
+    """SIGTERM drains: the request in flight gets its whole answer, then exit 0. SIGHUP (the
+    terminal or session that started rolloutd went away) does exactly the same."""
     d = rolloutd(None, "--kv-cache-mb", "64", "--log-level", "debug")
     body = {"rid": "long", "input_ids": PROMPT, "sampling_params": {"max_new_tokens": 300, "ignore_eos": True}}
     result = {}
     t = threading.Thread(target=lambda: result.setdefault("r", d.post("/generate", body)))
     t.start()
     wait_submitted(d, "long")
-    d.proc.send_signal(signal.SIGTERM)
+    d.proc.send_signal(sig)
     deadline = time.time() + 5
     while time.time() < deadline and d.get("/health").status_code == 200:
         time.sleep(0.01)
@@ -261,6 +264,7 @@ def test_sigterm_drains_in_flight(rolloutd):
     o = result["r"].json()
     assert len(o["output_ids"]) == 300  # ran to completion
     assert d.proc.wait(timeout=30) == 0
+    assert f"{signal.strsignal(sig)}: draining" in d.read_log()
 
 
 def test_drain_timeout_aborts(rolloutd):
@@ -279,6 +283,27 @@ def test_drain_timeout_aborts(rolloutd):
     assert len(o["output_ids"]) < 4000  # partial output comes back
     assert o["meta_info"]["completion_tokens"] == len(o["output_ids"])
     assert d.proc.wait(timeout=30) == 0
+
+
+def test_sigterm_while_paused_aborts_at_once(rolloutd):
+    """Paused generation cannot finish: SIGTERM aborts it at once (partial output, finish abort)
+    instead of waiting the whole drain timeout."""
+    d = rolloutd(None, "--kv-cache-mb", "64", "--drain-timeout", "60", "--log-level", "debug")
+    body = {"rid": "paused", "input_ids": PROMPT, "sampling_params": {"max_new_tokens": 4000, "ignore_eos": True}}
+    result = {}
+    t = threading.Thread(target=lambda: result.setdefault("r", d.post("/generate", body)))
+    t.start()
+    wait_submitted(d, "paused")
+    assert d.post("/pause_generation", {"mode": "in_place"}).status_code == 200
+    t0 = time.time()
+    d.proc.send_signal(signal.SIGTERM)
+    t.join(timeout=90)
+    assert time.time() - t0 < 20, "the drain waited for paused generation"
+    o = result["r"].json()
+    assert o["meta_info"]["finish_reason"]["type"] == "abort"
+    assert len(o["output_ids"]) < 4000
+    assert d.proc.wait(timeout=30) == 0
+    assert "generation is paused; aborting the 1 request in flight now" in d.read_log()
 
 
 def test_weight_version_setting_is_reported(rolloutd):
@@ -325,9 +350,10 @@ def test_verl_style_batched_groups(daemon):
 
 
 def test_neutral_fields_refused_when_not_neutral(daemon):
-    r = daemon.post("/generate", {"input_ids": PROMPT, "sampling_params": {"presence_penalty": 0.5}})
+    r = daemon.post("/generate", {"input_ids": PROMPT, "sampling_params": {"json_schema": "{}"}})
     assert r.status_code == 400 and r.json()["error"]["type"] == "unsupported"
-    assert r.json()["error"]["param"] == "sampling_params.presence_penalty"
+    assert r.json()["error"]["param"] == "sampling_params.json_schema"
+    assert "not implemented" in r.json()["error"]["message"]
     r = daemon.post("/generate", {"input_ids": PROMPT, "token_ids_logprob": [1, 2]})
     assert r.status_code == 400 and r.json()["error"]["param"] == "token_ids_logprob"
 

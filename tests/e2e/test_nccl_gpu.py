@@ -11,6 +11,10 @@ rolloutd_client.nccl, and the daemon must then reproduce the perturbed model's g
   - a request naming a tensor the model lacks is refused (400), the weights and version in service
     do not change, and the group stays in step: the next push through it works;
   - destroying the group, after which an update through it is a 400; the daemon exits cleanly.
+test_sglang_trainer_over_tcpstore does the same from a trainer that uses torch.distributed only,
+as SGLang's trainers do: the TCPStore rendezvous (init_method tcp://, no unique id) and
+dist.broadcast per tensor and of a flattened bucket; it needs torch's NCCL to be the release
+rolloutd links.
 
 One GPU or two. NCCL does not allow two ranks of a communicator on the same GPU: it fails the
 init with "Duplicate GPU detected : rank 1 and rank 0 both on CUDA device ..." (ncclInvalidUsage,
@@ -28,14 +32,18 @@ Both sides must load the same NCCL release: the trainer loads the libnccl.so.2 t
 resolves (ldd), or ROLLOUTD_NCCL_SO.
 """
 import base64
+import concurrent.futures as cf
+import datetime
 import json
 import os
 import pathlib
 import re
 import select
+import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 import pytest
@@ -327,6 +335,131 @@ def test_nccl_push_matches_golden(rolloutd, monkeypatch):
     assert ei.value.status == 400 and GROUP in (ei.value.message or ""), ei.value
     assert c.get_weight_version() == "nccl-3"
     assert c.health()
+
+
+# ------------------------------------------------------------------------------------------------
+# an SGLang-style trainer: torch.distributed only, the TCPStore rendezvous, no unique id
+
+def init_custom_process_group(backend, init_method, world_size, rank, group_name, timeout):
+    """SGLang's init_custom_process_group (srt/utils), as slime and AReaL copy it."""
+    import torch
+    from torch.distributed.distributed_c10d import Backend, PrefixStore, _new_process_group_helper, _world, rendezvous
+    store, rank, world_size = next(rendezvous(init_method, rank, world_size, timeout=timeout))
+    store.set_timeout(timeout)
+    store = PrefixStore(group_name, store)
+    ver = tuple(int(x) for x in torch.__version__.split("+")[0].split(".")[:2])
+    opt = "backend_options" if ver >= (2, 6) else "pg_options"
+    pg, _ = _new_process_group_helper(world_size, rank, [], Backend(backend), store, group_name=group_name,
+                                      timeout=timeout, **{opt: None})
+    _world.pg_group_ranks[pg] = {i: i for i in range(world_size)}
+    return pg
+
+
+def sglang_push(d, pg, weights, version, device, flattened):
+    """POST /update_weights_from_distributed, then dist.broadcast each tensor (or the flattened
+    bucket) from rank 0 while the request is in flight, as slime's update_weights_from_distributed."""
+    import torch
+    import torch.distributed as dist
+    names = list(weights)
+    tensors = [weights[n].to(f"cuda:{device}").contiguous() for n in names]
+    body = {"names": names, "dtypes": [str(t.dtype).replace("torch.", "") for t in tensors],
+            "shapes": [list(t.shape) for t in tensors], "group_name": GROUP_SGLANG, "weight_version": version,
+            "load_format": "flattened_bucket" if flattened else None, "flush_cache": True}
+    with cf.ThreadPoolExecutor(1) as ex:
+        fut = ex.submit(d.post, "/update_weights_from_distributed", body, timeout=TIMEOUT)
+        if flattened:  # SGLang's FlattenedTensorBucket: the tensors' bytes, concatenated
+            flat = torch.cat([t.reshape(-1).view(torch.uint8) for t in tensors])
+            dist.broadcast(flat, src=0, group=pg)
+        else:
+            for t in tensors:
+                dist.broadcast(t, src=0, group=pg)
+        torch.cuda.synchronize(device)
+        return fut.result(timeout=TIMEOUT)
+
+
+GROUP_SGLANG = "slime-pp_0"
+
+
+@needs_gpu[0]
+@needs_gpu[1]
+def test_sglang_trainer_over_tcpstore(rolloutd, monkeypatch):
+    """The trainer uses torch.distributed only: init_custom_process_group(init_method="tcp://...")
+    while POST /init_weights_update_group (no unique id, master_port as a string) is in flight,
+    then per-tensor and flattened broadcasts; the served model must become qwen3/perturbed and back.
+    Then a store that closes at once fails the init with a 500 and the daemon keeps serving."""
+    import torch
+    import torch.distributed as dist
+    from rolloutd_client import nccl as rn
+
+    device, daemon_env, trainer_env = layout()
+    so = nccl_so()
+    ours, theirs = tuple(rn.load_nccl(so).version), torch.cuda.nccl.version()
+    if not isinstance(theirs, tuple):  # an NCCL_VERSION_CODE on old torch
+        theirs = (theirs // 10000, theirs // 100 % 100, theirs % 100)
+    if ours != tuple(theirs):
+        pytest.skip(f"torch's NCCL {theirs} is not rolloutd's {ours} ({so}); NCCL needs one release on both sides")
+    saved = {k: os.environ.get(k) for k in daemon_env}
+    for k, v in daemon_env.items():
+        monkeypatch.setenv(k, v)
+    d = rolloutd(ORIG, *BF16_ARGS, "--weight-update-timeout", "60")
+    for k, v in saved.items():
+        if v is None:
+            monkeypatch.delenv(k)
+        else:
+            monkeypatch.setenv(k, v)
+    for k, v in trainer_env.items():
+        monkeypatch.setenv(k, v)
+    torch.cuda.set_device(device)
+
+    with socket.socket() as sk:
+        sk.bind(("127.0.0.1", 0))
+        port = sk.getsockname()[1]
+    init = {"master_address": "127.0.0.1", "master_port": str(port), "rank_offset": 1, "world_size": 2,
+            "group_name": GROUP_SGLANG, "backend": "nccl"}
+    with cf.ThreadPoolExecutor(1) as ex:
+        fut = ex.submit(d.post, "/init_weights_update_group", init, timeout=TIMEOUT)  # before the store exists
+        time.sleep(0.5)
+        pg = init_custom_process_group("nccl", f"tcp://127.0.0.1:{port}", 2, 0, GROUP_SGLANG,
+                                       datetime.timedelta(seconds=TIMEOUT))
+        r = fut.result(timeout=TIMEOUT)
+    if r.status_code == 400 and "CUDA build" in r.text:
+        pytest.skip(f"{BIN} is not a CUDA build (make CUDA=1): {r.text}")
+    assert r.status_code == 200, r.text
+    try:
+        g_orig, g_pert = golden(ORIG), golden(PERT)
+        pert = {k: torch.frombuffer(bytearray(mv), dtype=torch.bfloat16).reshape(shape)
+                for k, (mv, dt, shape) in raw_weights(PERT).items()}
+        r = sglang_push(d, pg, pert, "sglang-1", device, flattened=False)
+        assert r.status_code == 200 and r.json()["committed"] is True, r.text
+        assert Client(d.url).get_weight_version() == "sglang-1"
+        check_golden(d, g_pert, "qwen3/perturbed from an SGLang-style trainer (per tensor)")
+        orig = {k: torch.frombuffer(bytearray(mv), dtype=torch.bfloat16).reshape(shape)
+                for k, (mv, dt, shape) in raw_weights(ORIG).items()}
+        r = sglang_push(d, pg, orig, "sglang-2", device, flattened=True)
+        assert r.status_code == 200 and r.json()["committed"] is True, r.text
+        check_golden(d, g_orig, "qwen3 from an SGLang-style trainer (flattened bucket)")
+    finally:
+        d.post("/destroy_weights_update_group", {"group_name": GROUP_SGLANG}, timeout=TIMEOUT)
+        dist.destroy_process_group(pg)
+
+    # a store that accepts and closes: the init fails at once, naming it; nothing is left behind
+    ls = socket.socket()
+    ls.bind(("127.0.0.1", 0))
+    ls.listen(1)
+
+    def slam():
+        c, _ = ls.accept()
+        c.close()
+    threading.Thread(target=slam, daemon=True).start()
+    t0 = time.monotonic()
+    r = d.post("/init_weights_update_group", dict(init, master_port=ls.getsockname()[1], group_name="bad"),
+               timeout=TIMEOUT)
+    assert r.status_code == 500 and "closed the connection" in r.text, r.text
+    assert time.monotonic() - t0 < 30
+    ls.close()
+    r = d.post("/destroy_weights_update_group", {"group_name": "bad"}, timeout=TIMEOUT)
+    assert r.status_code == 400, r.text
+    assert Client(d.url).get_weight_version() == "sglang-2" and Client(d.url).health()
 
 
 if __name__ == "__main__":

@@ -291,6 +291,31 @@ def test_health_generate(rolloutd):
     assert d.post("/health_generate", None).status_code == 405
 
 
+def test_health_generate_survives_abort_all_and_pause_abort(rolloutd):
+    """A probe is not a user request: /abort_request abort_all and /pause_generation (mode abort)
+    that hit it while it waits in the queue leave it there, and it answers 200 once generation
+    continues (before, each answered 503 "the health probe was aborted")."""
+    d = rolloutd(None, "--kv-cache-mb", "64")
+    for hit in ({"path": "/abort_request", "body": {"abort_all": True}},
+                {"path": "/pause_generation", "body": {"mode": "abort"}}):
+        assert d.post("/pause_generation", {"mode": "in_place"}).status_code == 200
+        user_t, user_box = in_background(d, {"input_ids": PROMPT, "sampling_params": {"max_new_tokens": 3}})
+        probe_box = {}
+        probe_t = threading.Thread(target=lambda: probe_box.setdefault("r", d.get("/health_generate")))
+        probe_t.start()
+        wait_for(lambda: m(metrics(d), "rolloutd_num_waiting_reqs") == 2, what="the probe and a request queued")
+        r = d.post(hit["path"], hit["body"])
+        assert r.status_code == 200, r.text
+        if hit["path"] == "/abort_request":
+            assert r.json()["aborted"] == 1  # the user's request, not the probe
+        user_t.join(timeout=60)
+        assert user_box["r"].json()["meta_info"]["finish_reason"]["type"] == "abort"
+        assert "r" not in probe_box
+        assert d.post("/continue_generation", {}).status_code == 200
+        probe_t.join(timeout=60)
+        assert probe_box["r"].status_code == 200, (hit, probe_box["r"].text)
+
+
 def setting_names():
     out = subprocess.run([BIN, "--help"], capture_output=True, text=True, check=True).stdout
     names = re.findall(r"^  --([a-z0-9-]+) ", out, re.M)
@@ -310,6 +335,19 @@ def test_server_info_lists_every_setting(daemon):
     assert info["memory_usage"]["weight_bytes"] > 1e6 and info["memory_usage"]["kv_cache_bytes"] == 64 << 20
     assert info["page_size"] == 16 and info["max_context_len"] == 4096
     assert daemon.get("/server_info").json()["version"] == info["version"]
+
+
+def test_capacity_published_before_the_first_request(rolloutd):
+    """SGLang-shaped trainers size their batches from max_total_num_tokens right after /health turns
+    200: the KV capacity is there before any request ran an engine step."""
+    d = rolloutd(None, "--kv-cache-mb", "32")
+    info = d.get("/get_server_info").json()
+    pages = metrics(d)[("rolloutd_kv_cache_pages_total", ())]
+    assert pages > 0, "kv_cache_pages_total reads 0 before the first engine step"
+    assert info["max_total_num_tokens"] == 16 * pages > 0, info["max_total_num_tokens"]
+    assert info["memory_usage"]["token_capacity"] == 16 * pages
+    assert info["internal_states"][0]["memory_usage"]["token_capacity"] == 16 * pages
+    assert metrics(d)[("rolloutd_kv_cache_pages_free", ())] == pages
 
 
 def test_model_info_and_weight_version(daemon):

@@ -9,14 +9,21 @@
     of the same tensors, test_weight_sync.test_shm_push_kv_scales) does;
   - a disk path outside --allowed-weight-dir, and one that does not resolve, get the same answer,
     which names neither the symlink's target nor errno;
-  - each weight route's errors are logged under its own path.
+  - each weight route's errors are logged under its own path;
+  - a client that can write inside --allowed-weight-dir swaps the checkpoint's model.safetensors
+    between the real file and symlinks to /etc/passwd and to a valid checkpoint outside, as fast
+    as the kernel renames, while updates run: no answer holds a byte of the file outside, and
+    every commit serves the checkpoint inside (its prompt logprobs, bit for bit).
 """
+import ctypes
 import os
 import shutil
+import threading
+import time
 
 import pytest
 
-from test_golden import BF16_ARGS
+from test_golden import BF16_ARGS, score_body
 # (test_weight_sync puts clients/python on sys.path)
 from test_weight_sync import ORIG, PERT, STATIC_KV_ARGS, golden, kv_scale_checkpoints, prompt_lps, score_all
 from rolloutd_client import Client  # noqa: E402
@@ -112,3 +119,76 @@ def test_weight_routes_logged_by_path(rolloutd):
     for route in bad:
         assert f"http | {route} | 400" in log, f"no 400 logged under {route}:\n{log[-3000:]}"
     assert "/update_weights_from_shm" not in log, f"a request was logged under the wrong route:\n{log[-3000:]}"
+
+
+def _renameat2_exchange():
+    """A function exchanging two paths atomically (renameat2 RENAME_EXCHANGE), or None."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        fn = libc.renameat2
+    except (OSError, AttributeError):
+        return None
+    fn.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
+    at_fdcwd, exchange = -100, 2
+    return lambda a, b: fn(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), exchange) == 0
+
+
+def test_disk_symlink_swap_race(rolloutd, tmp_path):
+    exchange = _renameat2_exchange()
+    if not os.path.exists("/etc/passwd"):
+        pytest.skip("no /etc/passwd to point at")
+    allowed = tmp_path / "allowed"
+    step = allowed / "step"
+    shutil.copytree(ORIG, step, ignore=shutil.ignore_patterns("perturbed", "golden*.json"))
+    outside = tmp_path / "outside"
+    shutil.copytree(PERT, outside, ignore=shutil.ignore_patterns("golden*.json"))
+    target = step / "model.safetensors"
+    alts = [step / ".passwd", step / ".outside"]
+    os.symlink("/etc/passwd", alts[0])
+    os.symlink(outside / "model.safetensors", alts[1])
+    if exchange is None or not exchange(target, alts[0]) or not exchange(target, alts[0]):
+        pytest.skip("renameat2(RENAME_EXCHANGE) is not available here")
+    with open("/etc/passwd", "rb") as f:
+        head = f.read(8)
+    passwd_first8 = str(int.from_bytes(head.ljust(8, b"\0"), "little"))
+    d = rolloutd(ORIG, *BF16_ARGS, "--allowed-weight-dir", allowed)
+    prompt = golden(ORIG, "golden.json")["prompts"][0]["input_ids"]
+
+    def scored():
+        r = d.post("/generate", score_body(prompt), timeout=ANSWER_S)
+        assert r.status_code == 200, r.text
+        return [e[0] for e in r.json()["meta_info"]["input_token_logprobs"]]
+
+    inside = scored()
+    stop = threading.Event()
+    swaps = [0]
+
+    def race():
+        i = 0
+        while not stop.is_set():
+            swaps[0] += exchange(target, alts[i % 2])
+            i += 1
+
+    racer = threading.Thread(target=race)
+    racer.start()
+    commits = refusals = 0
+    try:
+        deadline = time.time() + 90
+        for i in range(1000):
+            if time.time() > deadline:
+                break
+            r = d.post("/update_weights_from_disk", {"model_path": str(step), "weight_version": f"race-{i}"},
+                       timeout=ANSWER_S)
+            if r.status_code == 200:
+                commits += 1
+                assert scored() == inside, f"iteration {i}: the committed weights are not the checkpoint inside"
+                continue
+            refusals += 1
+            assert r.status_code == 400, r.text
+            for leak in ("root:", passwd_first8, "/etc/passwd", str(outside)):
+                assert leak not in r.text, f"iteration {i}: the answer tells {leak!r}: {r.text}"
+    finally:
+        stop.set()
+        racer.join()
+    print(f"{commits} commits, {refusals} refusals, {swaps[0]} swaps")
+    assert commits > 0 and refusals > 0 and swaps[0] > 100

@@ -123,8 +123,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     rs_engine_limits lim = {.max_context = 64, .max_top_logprobs = 5, .max_new_tokens = 50, .max_n = 4,
                             .max_batch = 16};
     rs_error verr = {0};
-    if (rs_gen_job_validate(job, &mc, &lim, &verr) != RS_OK) {
-        rs_openai_map_error(&verr);
+    rs_gen_invalid why;
+    if (rs_gen_job_validate(job, &mc, &lim, &why) != RS_OK) {
+        check(rs_openai_invalid(&why, &verr) == RS_EINVAL && verr.param[0]);
         check_error_body(&verr);
         rs_openai_req_free(&req);
         return 0;

@@ -36,7 +36,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     size_t n = size - 1, len;
     rs_error err = {0};
     int rc;
-    switch (data[0] % 3) {
+    switch (data[0] % 4) {
     case 0: {
         rs_abort_req a;
         rc = rs_abort_parse(body, n, &a, &err);
@@ -56,12 +56,16 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         }
         break;
     }
+    case 2:
+        rc = rs_continue_parse(body, n, &err);
+        break;
     default:
-        rc = rs_empty_parse(body, n, "/continue_generation", &err);
+        rc = rs_flush_parse(body, n, &err);
         break;
     }
     if (rc != RS_OK) {
-        check(rc == RS_EINVAL || rc == RS_ENOMEM);
+        check(rc == RS_EINVAL || rc == RS_EUNSUPPORTED || rc == RS_ENOMEM);
+        check(err.message[0] != '\0');
         check_json(rs_error_body(&err, &len), len);
     }
     return 0;

@@ -41,7 +41,7 @@ static void check_desc(const rs_weight_desc *d) {
 
 static void check_answer(const char *version) {
     size_t len = 0;
-    char *body = rs_weights_response("fuzz", version, 12, 0.5, true, &len);
+    char *body = rs_weights_response("fuzz", version, 12, 0.5, true, "t1", &len);
     check(body != NULL && strlen(body) == len);
     json_error_t je;
     json_t *v = json_loads(body, 0, &je);
@@ -60,7 +60,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     switch (data[0] % 6) {
     case 0: {
         rs_shm_update_req r;
-        rc = rs_shm_update_parse(body, n, &r, &err);
+        rc = rs_weights_parse_shm(body, n, &r, &err);
         if (rc != RS_OK) break;
         check(rs_shm_name_valid(r.shm_name));
         check(r.n_tensors >= 0 && (r.n_tensors == 0) == (r.tensors == NULL));
@@ -78,13 +78,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     }
     case 1: {
         rs_disk_update_req r;
-        rc = rs_disk_update_parse(body, n, &r, &err);
+        rc = rs_weights_parse_disk(body, n, &r, &err);
         if (rc == RS_OK) check(r.model_path[0] == '/');
         break;
     }
     case 2: {
         rs_version_update_req r;
-        rc = rs_version_update_parse(body, n, &r, &err);
+        rc = rs_weights_parse_version(body, n, &r, &err);
         if (rc == RS_OK) {
             check(r.new_version[0] && strlen(r.new_version) <= RS_WEIGHT_VERSION_MAX);
             check_answer(r.new_version);
@@ -93,13 +93,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     }
     case 3: {
         rs_nccl_group_req r;
-        rc = rs_nccl_group_parse(body, n, &r, &err);
+        rc = rs_weights_parse_nccl_group(body, n, &r, &err);
         if (rc == RS_OK) check(r.world_size >= 2 && r.rank_offset >= 0 && r.rank_offset < r.world_size);
         break;
     }
     case 4: {
         rs_nccl_update_req r;
-        rc = rs_nccl_update_parse(body, n, &r, &err);
+        rc = rs_weights_parse_nccl_update(body, n, &r, &err);
         if (rc != RS_OK) break;
         check(r.n_tensors >= 1);
         uint64_t off = 0;
@@ -114,7 +114,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     }
     default: {
         rs_nccl_destroy_req r;
-        rc = rs_nccl_destroy_parse(body, n, &r, &err);
+        rc = rs_weights_parse_nccl_destroy(body, n, &r, &err);
         if (rc == RS_OK) check(r.group_name[0] != '\0');
         break;
     }

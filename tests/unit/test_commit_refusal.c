@@ -6,6 +6,7 @@
  * applied still get finite scales (they used to get infinite ones, which the engine refused only
  * after it had swapped the weights in).
  */
+#include <float.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -65,14 +66,14 @@ static void score(rs_engine *e, float *out /* [NSCORE] */) {
 static bool same_bits(const float *a, const float *b, int n) { return memcmp(a, b, (size_t)n * sizeof *a) == 0; }
 
 /* Stages every tensor of dir into u, with `name` (F32 [HD]) replaced by `data`. */
-static void stage_with(rs_update *u, const char *dir, const char *name, const float *data) {
+static void stage_with(rs_txn *u, const char *dir, const char *name, const float *data) {
     rs_st_dir *d = NULL;
     rs_error err = {0};
     ASSERT_EQ(rs_st_dir_open(&d, dir, &err), RS_OK);
     bool replaced = false;
     for (size_t i = 0; i < rs_st_dir_count(d); i++) {
         const rs_st_tensor *t = rs_st_dir_tensor_at(d, i, NULL);
-        rs_update_tensor ut = {.name = t->name, .dtype = t->dtype, .ndim = t->ndim, .shape = t->shape,
+        rs_txn_tensor ut = {.name = t->name, .dtype = t->dtype, .ndim = t->ndim, .shape = t->shape,
                                .data = t->data};
         if (!strcmp(t->name, name)) {
             ASSERT_EQ(t->ndim, 1);
@@ -81,7 +82,7 @@ static void stage_with(rs_update *u, const char *dir, const char *name, const fl
             ut.data = data;
             replaced = true;
         }
-        if (rs_update_add(u, &ut, &err) != RS_OK) RS_TEST_FAIL("add %s: %s", t->name, err.message);
+        if (rs_txn_add(u, &ut, &err) != RS_OK) RS_TEST_FAIL("add %s: %s", t->name, err.message);
     }
     rs_st_dir_close(d);
     ASSERT_TRUE(replaced);
@@ -105,7 +106,7 @@ static rs_model *load(const char *dir, rs_backend *b) {
     return m;
 }
 
-/* Layer 0's k_norm made infinite: K, and so the calibration, is not finite. Refused on the sync
+/* Layer 0's k_norm made FLT_MAX: K overflows, and so the calibration is not finite. Refused on the sync
  * service's backend and, without one, by the engine before its swap. */
 RS_TEST(commit_refused_when_calibration_fails_either_way) {
     char dir[512];
@@ -115,17 +116,17 @@ RS_TEST(commit_refused_when_calibration_fails_either_way) {
     rs_model *m = load(dir, b);
     rs_engine *e = calibrating_engine(m, 1.2f);
     float before[NSCORE], after[NSCORE], inf[HD];
-    for (int i = 0; i < HD; i++) inf[i] = INFINITY;
+    for (int i = 0; i < HD; i++) inf[i] = FLT_MAX; /* finite, so staged (a non-finite weight is refused there) */
     score(e, before);
     char version[64];
     snprintf(version, sizeof version, "%s", rs_engine_weight_version(e));
     for (int pass = 0; pass < 2; pass++) {
-        rs_update *u = NULL;
-        ASSERT_EQ(rs_update_begin(&u, m, "bad", 0, &err), RS_OK);
-        if (pass == 0) rs_update_set_calib_backend(u, calib);
+        rs_txn *u = NULL;
+        ASSERT_EQ(rs_txn_begin(&u, m, "bad", 0, &err), RS_OK);
+        if (pass == 0) rs_txn_set_calib_backend(u, calib);
         stage_with(u, dir, "model.layers.0.self_attn.k_norm.weight", inf);
         err = (rs_error){0};
-        ASSERT_EQ(rs_update_commit(u, e, false, NULL, &err), RS_EINVAL);
+        ASSERT_EQ(rs_txn_commit(u, e, false, NULL, &err), RS_EINVAL);
         ASSERT_STREQ(err.param, "kv-cache-dtype");
         if (!strstr(err.message, "weights in service are unchanged")) RS_TEST_FAIL("pass %d: %s", pass, err.message);
         ASSERT_STREQ(rs_engine_weight_version(e), version);
@@ -154,11 +155,11 @@ RS_TEST(commit_calibrates_finite_scales_for_huge_kv) {
     for (int pass = 0; pass < 2; pass++) {
         rs_model *m = load(dir, b);
         rs_engine *e = calibrating_engine(m, 100.0f);
-        rs_update *u = NULL;
-        ASSERT_EQ(rs_update_begin(&u, m, "big", 0, &err), RS_OK);
-        if (pass == 0) rs_update_set_calib_backend(u, calib);
+        rs_txn *u = NULL;
+        ASSERT_EQ(rs_txn_begin(&u, m, "big", 0, &err), RS_OK);
+        if (pass == 0) rs_txn_set_calib_backend(u, calib);
         stage_with(u, dir, last_knorm, big);
-        if (rs_update_commit(u, e, false, NULL, &err) != RS_OK) RS_TEST_FAIL("pass %d: %s", pass, err.message);
+        if (rs_txn_commit(u, e, false, NULL, &err) != RS_OK) RS_TEST_FAIL("pass %d: %s", pass, err.message);
         ASSERT_STREQ(rs_engine_weight_version(e), "big");
         /* the scales the engine installed are what it computes for the weights it now serves */
         float k[NL * NKV], v[NL * NKV];

@@ -3,12 +3,15 @@
  * sampler (scheduler/sampler.c) on the same logits: token, logprob (each logprobs mode, as the
  * engine's logprob_in_mode takes it) and top logprobs bit for bit, for greedy, temperature, top-k,
  * top-p, min-p and their combinations, seeded draws over many (seed, sample index, position)
- * keys, peaked and flat rows, tied logits and vocabularies that are not multiples of the block.
+ * keys, peaked and flat rows, tied logits, masked (-inf) tokens, a temperature below
+ * RS_SAMPLING_EPS (greedy) and vocabularies that are not multiples of the block; a row with a NaN
+ * or a +inf is refused (token -1) on both.
  * Requests whose kept prefix is longer than the device sorts come back undone; every other one
  * must be done. Exact numerics (the CPU's sequential draw) and fast numerics (chunked draw sums:
  * the same token unless u falls within rounding of a boundary, never seen here). And through the
  * engine (scheduler/engine.c's device-sampling hook): a seeded mix of jobs gives the same outputs
- * with device sampling as with every row sampled on the host from the same logits.
+ * with device sampling as with every row sampled on the host from the same logits, including jobs
+ * whose rows the logits-processing step changes (penalties, min_new_tokens), which stay on the host.
  */
 #ifdef RS_CUDA
 #include <math.h>
@@ -30,7 +33,7 @@ static float host_logprob(const float *logits, int V, const rs_sampling_params *
                           const rs_sample_info *info, int k, rs_sampler_scratch *scr, int32_t *ids, float *lps, int *n_top) {
     rs_sampling_params raw = *sp;
     raw.temperature = 0.0f;
-    float lp = mode == RS_LOGPROBS_RAW ? rs_logprob_of(logits, V, 0.0f, tok)
+    float lp = mode == RS_LOGPROBS_RAW ? rs_logprob_of(logits, V, 0.0f, tok, scr)
                : mode == RS_LOGPROBS_PROCESSED ? info->logprob_processed
                                                : info->logprob;
     *n_top = k > 0 ? rs_top_logprobs(logits, V, mode == RS_LOGPROBS_RAW ? &raw : sp, mode == RS_LOGPROBS_PROCESSED, k,
@@ -42,7 +45,7 @@ static float host_logprob(const float *logits, int V, const rs_sampling_params *
 static void check_rows(rs_backend *g, rs_numerics numerics, const float *logits, int rows, int V, uint64_t *s) {
     ASSERT_EQ(rs_backend_set_numerics(g, numerics), numerics);
     float *dl = rs_test_to_backend(g, logits, (size_t)rows * V * sizeof(float));
-    static const float temps[] = {0.0f, 0.7f, 1.0f, 1.3f};
+    static const float temps[] = {0.0f, 1e-7f, 0.7f, 1.0f, 1.3f}; /* 1e-7: greedy (below RS_SAMPLING_EPS) */
     static const int top_ks[] = {-1, 1, 5, 40, 100};
     static const float top_ps[] = {1.0f, 0.9f, 0.5f};
     static const float min_ps[] = {0.0f, 0.05f};
@@ -52,18 +55,19 @@ static void check_rows(rs_backend *g, rs_numerics numerics, const float *logits,
     rs_logprobs_mode mode[N];
     rs_sample_res *res = malloc(sizeof(rs_sample_res) * N);
     rs_sampler_scratch scr = {0};
-    int done = 0, undone_ok = 0;
+    int done = 0, undone_ok = 0, invalid = 0;
     for (int rep = 0; rep < 6; rep++) {
         for (int i = 0; i < N; i++) {
             rs_sampling_params_default(&sp[i]);
-            sp[i].temperature = temps[rs_test_rng(s) % 4];
+            sp[i].temperature = temps[rs_test_rng(s) % 5];
             const int shape = (int)(rs_test_rng(s) % 4); /* plain, top-k, top-p, mixed */
             if (shape == 1 || shape == 3) sp[i].top_k = top_ks[rs_test_rng(s) % 5];
             if (shape == 2 || shape == 3) sp[i].top_p = top_ps[rs_test_rng(s) % 3];
             if (shape == 3) sp[i].min_p = min_ps[rs_test_rng(s) % 2];
             sp[i].seed = rs_test_rng(s);
             mode[i] = (rs_logprobs_mode)(rs_test_rng(s) % 3);
-            req[i] = (rs_sample_req){.row = (int)(rs_test_rng(s) % (uint64_t)rows), .temperature = sp[i].temperature,
+            req[i] = (rs_sample_req){.row = (int)(rs_test_rng(s) % (uint64_t)rows),
+                                     .temperature = rs_sampling_greedy(&sp[i]) ? 0.0f : sp[i].temperature, /* as the engine */
                                      .top_p = sp[i].top_p, .min_p = sp[i].min_p, .top_k = sp[i].top_k,
                                      .seed = sp[i].seed, .sample_index = rs_test_rng(s) % 16,
                                      .position = rs_test_rng(s) % 5000,
@@ -77,6 +81,13 @@ static void check_rows(rs_backend *g, rs_numerics numerics, const float *logits,
             const float *x = logits + (size_t)req[i].row * V;
             rs_sample_info info;
             const int32_t tok = rs_sample(x, V, &sp[i], req[i].sample_index, req[i].position, &scr, &info);
+            if (tok < 0) { /* an invalid row: done, token -1, as the host's */
+                if (!res[i].done || res[i].token != -1)
+                    RS_TEST_FAIL("request %d on invalid row %d: done %d token %d", i, req[i].row, (int)res[i].done,
+                                 res[i].token);
+                invalid++;
+                continue;
+            }
             int32_t ids[RS_SAMPLE_MAX_TOP];
             float lps[RS_SAMPLE_MAX_TOP];
             int n_top;
@@ -103,9 +114,9 @@ static void check_rows(rs_backend *g, rs_numerics numerics, const float *logits,
                                  res[i].top_lps[j], ids[j], lps[j]);
         }
     }
-    ASSERT_TRUE(done > 0);
-    fprintf(stderr, "  %s vocab %d: %d done, %d left to the host (kept prefix > %d)\n", rs_numerics_name(numerics), V,
-            done, undone_ok, RS_SAMPLE_MAX_TOP);
+    ASSERT_TRUE(done > 0 && invalid > 0);
+    fprintf(stderr, "  %s vocab %d: %d done, %d left to the host (kept prefix > %d), %d invalid rows refused\n",
+            rs_numerics_name(numerics), V, done, undone_ok, RS_SAMPLE_MAX_TOP, invalid);
     rs_sampler_scratch_free(&scr);
     free(res);
     rs_backend_free_mem(g, dl);
@@ -118,8 +129,9 @@ uint64_t rs_cuda_test_sampled(const rs_backend *b); /* kernels/cuda/cuda_sample.
 /* Runs a fixed mix of seeded jobs on the fixture qwen3 (CUDA backend, exact numerics) with device
  * sampling on or off and returns the jobs: n = 2 groups (their first token samples on the host,
  * where the group fans out), top logprobs, every logprobs mode, top-p / min-p truncation short
- * enough for the device and top-k long enough for the host. */
-enum { NJOBS = 4 };
+ * enough for the device, top-k long enough for the host, and a job with penalties and
+ * min_new_tokens (its rows are processed on the host). */
+enum { NJOBS = 5 };
 static void engine_jobs(bool device, rs_gen_job **jobs) {
     rs_backend *g = rs_test_cuda_or_skip();
     rs_backend_cuda_set_device_sampling(g, device);
@@ -154,7 +166,9 @@ static void engine_jobs(bool device, rs_gen_job **jobs) {
         job->logprobs_mode = (rs_logprobs_mode)(j % 3);
         if (j == 1) job->sp.top_p = 0.8f, job->sp.min_p = 0.05f;
         if (j == 2) job->sp.top_k = 200; /* a kept prefix past the device's: the host samples it */
-        ASSERT_EQ(rs_gen_job_validate(job, &m->cfg, rs_engine_get_limits(e), &err), RS_OK);
+        if (j == 4) job->sp.repetition_penalty = 1.3f, job->sp.presence_penalty = 0.5f, job->sp.min_new_tokens = 6;
+        rs_gen_invalid why;
+        ASSERT_EQ(rs_gen_job_validate(job, &m->cfg, rs_engine_get_limits(e), &why), RS_OK);
         ASSERT_EQ(rs_engine_submit(e, job, &err), RS_OK);
         jobs[j] = job;
     }
@@ -197,7 +211,7 @@ RS_TEST(cuda_sample_matches_cpu_sampler) {
     uint64_t s = 151;
     static const int vocabs[] = {512, 3001};
     for (size_t vi = 0; vi < RS_ARRAY_LEN(vocabs); vi++) {
-        const int V = vocabs[vi], rows = 6;
+        const int V = vocabs[vi], rows = 9;
         float *l = malloc((size_t)rows * V * sizeof(float));
         for (int r = 0; r < rows; r++)
             for (int i = 0; i < V; i++) {
@@ -207,6 +221,9 @@ RS_TEST(cuda_sample_matches_cpu_sampler) {
                 if (r == 3) v = i == V / 2 ? 30.0f : v;            /* one dominant token */
                 if (r == 4) v = 0.01f * v;                         /* nearly flat */
                 if (r == 5) v = v * 3.0f + (i % 97 == 0 ? 6.0f : 0.0f);
+                if (r == 6) v = i % 5 == 0 ? -INFINITY : v * 4.0f;    /* masked tokens: -inf, valid */
+                if (r == 7 && i == V / 3) v = NAN;                 /* invalid rows */
+                if (r == 8 && i == V - 2) v = INFINITY;
                 l[(size_t)r * V + i] = v;
             }
         check_rows(g, RS_NUMERICS_EXACT, l, rows, V, &s);

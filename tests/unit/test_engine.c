@@ -94,7 +94,8 @@ static rs_gen_job *job_new(int n_prompts, const int *lens, unsigned seed0) {
 
 static void run(env *v, rs_gen_job *j) {
     rs_error err = {0};
-    ASSERT_EQ(rs_gen_job_validate(j, &v->m->cfg, rs_engine_get_limits(v->e), &err), RS_OK);
+    rs_gen_invalid why;
+    ASSERT_EQ(rs_gen_job_validate(j, &v->m->cfg, rs_engine_get_limits(v->e), &why), RS_OK);
     ASSERT_EQ(rs_engine_submit(v->e, j, &err), RS_OK);
     rs_engine_run_until_idle(v->e);
 }
@@ -163,6 +164,64 @@ RS_TEST(engine_batch_and_chunking_invariance) {
     env_close(&w);
 }
 
+static void set_penalties(rs_gen_job *j, float freq, float pres, float rep) {
+    j->sp.frequency_penalty = freq;
+    j->sp.presence_penalty = pres;
+    j->sp.repetition_penalty = rep;
+}
+
+/* Penalized sampling depends only on a sample's own output: the same tokens and logprobs alone,
+ * next to requests with other penalties, with n > 1 (siblings forked from one prefill), with
+ * chunked prefill, and on a pool so small that sequences are preempted and recomputed. */
+RS_TEST(engine_penalties_batch_and_preemption_invariance) {
+    int lens[3] = {5, 40, 17};
+    const float pen[3][3] = {{0.6f, 0.2f, 1.4f}, {0.0f, 1.0f, 1.0f}, {-0.3f, 0.0f, 0.7f}};
+    rs_gen_job *alone[3], *plain;
+    env v = env_open(8 << 20, 8, 512);
+    for (int p = 0; p < 3; p++) {
+        alone[p] = job_new(1, &lens[p], 300 + (unsigned)p);
+        alone[p]->sp.max_new_tokens = 30;
+        alone[p]->sp.seed = 4;
+        alone[p]->sp.n = 2;
+        alone[p]->sp.temperature = 0.7f;
+        set_penalties(alone[p], pen[p][0], pen[p][1], pen[p][2]);
+        run(&v, alone[p]);
+    }
+    plain = job_new(1, &lens[0], 300);
+    plain->sp.max_new_tokens = 30;
+    plain->sp.seed = 4;
+    plain->sp.n = 2;
+    plain->sp.temperature = 0.7f;
+    run(&v, plain);
+    bool differs = false; /* the penalties are in effect */
+    for (int i = 0; i < 30; i++) differs |= plain->outputs[0].output_ids[i] != alone[0]->outputs[0].output_ids[i];
+    ASSERT_TRUE(differs);
+    env_close(&v);
+
+    /* all three at once, prefill chunked next to decodes, on 10 blocks (160 tokens) for a demand of
+     * about 18: sequences are preempted and recomputed (a group of 2 needs at most 8) */
+    env w = env_open_opts(10 * 8192, 6, 9, true, 0.0f);
+    rs_gen_job *batch[3];
+    rs_error err = {0};
+    for (int p = 0; p < 3; p++) {
+        batch[p] = job_new(1, &lens[p], 300 + (unsigned)p);
+        batch[p]->sp = alone[p]->sp;
+        batch[p]->sp.stop_token_ids = NULL;
+        ASSERT_EQ(rs_engine_submit(w.e, batch[p], &err), RS_OK);
+    }
+    rs_engine_run_until_idle(w.e);
+    rs_engine_stats st;
+    rs_engine_get_stats(w.e, &st);
+    ASSERT_TRUE(st.num_retractions > 0);
+    for (int p = 0; p < 3; p++) {
+        for (int s = 0; s < 2; s++) assert_same_output(&batch[p]->outputs[s], &alone[p]->outputs[s]);
+        rs_gen_job_free(batch[p]);
+        rs_gen_job_free(alone[p]);
+    }
+    rs_gen_job_free(plain);
+    env_close(&w);
+}
+
 /* n samples per prompt: distinct random streams, each reproducible from (seed, sample index). */
 RS_TEST(engine_n_samples_are_distinct_and_reproducible) {
     env v = env_open(8 << 20, 8, 512);
@@ -185,9 +244,8 @@ RS_TEST(engine_n_samples_are_distinct_and_reproducible) {
     env_close(&v);
 }
 
-/* Stop tokens end a sequence with finish "stop" and the matched id, unless min_new_tokens says
- * it is too early. */
-RS_TEST(engine_stop_tokens_and_min_new_tokens) {
+/* Stop tokens end a sequence with finish "stop" and the matched id. */
+RS_TEST(engine_stop_tokens_end_sequences) {
     env v = env_open(8 << 20, 8, 512);
     int len = 6;
     rs_gen_job *g = job_new(1, &len, 3);
@@ -210,20 +268,132 @@ RS_TEST(engine_stop_tokens_and_min_new_tokens) {
     ASSERT_EQ(s->outputs[0].finish.type, RS_FINISH_STOP);
     ASSERT_EQ(s->outputs[0].finish.matched, stop);
     ASSERT_EQ(s->outputs[0].n_output, first + 1);
-
-    rs_gen_job *m = job_new(1, &len, 3);
-    m->sp.max_new_tokens = 12;
-    m->sp.min_new_tokens = 12;
-    m->sp.temperature = 0.0f;
-    m->sp.stop_token_ids = malloc(sizeof(int32_t));
-    m->sp.stop_token_ids[0] = stop;
-    m->sp.n_stop_token_ids = 1;
-    run(&v, m);
-    ASSERT_EQ(m->outputs[0].finish.type, RS_FINISH_LENGTH);
-    assert_same_output(&m->outputs[0], o);
     rs_gen_job_free(g);
     rs_gen_job_free(s);
-    rs_gen_job_free(m);
+    env_close(&v);
+}
+
+/* log_softmax(logits / temp)[ctx[n - 1]] given ctx[0 .. n - 1), by prompt scoring (a prefill pass,
+ * not the decode path that sampled). */
+static double score_last(env *v, const int32_t *ctx, int n, float temp) {
+    rs_gen_job *j = job_new(1, &n, 1);
+    memcpy(j->prompts[0], ctx, sizeof(int32_t) * (size_t)n);
+    j->sp.max_new_tokens = 0;
+    j->sp.temperature = temp;
+    j->logprob_start_len = n - 1;
+    run(v, j);
+    ASSERT_EQ(j->outputs[0].n_input_logprobs, 1);
+    const double lp = j->outputs[0].input_logprobs[0];
+    rs_gen_job_free(j);
+    return lp;
+}
+
+/* Before min_new_tokens outputs no stop token can be drawn, as in SGLang and vLLM: the stop ids
+ * and the model's EOS ids are masked out of the distribution. The stop ids here are the three most
+ * likely first tokens, so without the mask the first token would be one of them. The logprob of a
+ * masked step (sampler.h): "default" and "processed" are those of the masked distribution,
+ * lp(t) - log(1 - sum of the stop ids' probabilities), "raw" is the model's own log_softmax(x)
+ * (T = 1, unmasked); checked against prompt scoring of every candidate after each context. */
+RS_TEST(engine_min_new_tokens_masks_stop_tokens) {
+    env v = env_open(8 << 20, 8, 512);
+    const rs_model_config *c = &v.m->cfg;
+    int len = 6;
+    enum { MIN = 4, MAX = 6, K = 3 };
+    rs_gen_job *g = job_new(1, &len, 3);
+    g->sp.max_new_tokens = 1;
+    g->sp.temperature = 0.0f;
+    g->top_logprobs_num = K;
+    run(&v, g);
+    int32_t stops[K + RS_MAX_EOS];
+    int n_stops = 0;
+    for (int i = 0; i < K; i++) stops[n_stops++] = g->outputs[0].output_top_ids[i];
+    for (int i = 0; i < c->n_eos; i++) stops[n_stops++] = c->eos_token_ids[i];
+    const float temp = 0.05f; /* a random model is nearly flat: a low T makes the stop ids likely */
+    const rs_logprobs_mode modes[] = {RS_LOGPROBS_DEFAULT, RS_LOGPROBS_PROCESSED, RS_LOGPROBS_RAW};
+    rs_gen_job *m[3];
+    for (int k = 0; k < 3; k++) {
+        m[k] = job_new(1, &len, 3);
+        m[k]->sp.max_new_tokens = MAX;
+        m[k]->sp.min_new_tokens = MIN;
+        m[k]->sp.temperature = temp;
+        m[k]->sp.seed = 5;
+        m[k]->logprobs_mode = modes[k];
+        m[k]->sp.stop_token_ids = malloc(sizeof(int32_t) * K);
+        memcpy(m[k]->sp.stop_token_ids, stops, sizeof(int32_t) * K);
+        m[k]->sp.n_stop_token_ids = K;
+        run(&v, m[k]);
+    }
+    const rs_gen_output *o = &m[0]->outputs[0];
+    ASSERT_TRUE(o->n_output >= MIN);
+    for (int k = 1; k < 3; k++) { /* the mode changes what is reported, never what is drawn */
+        ASSERT_EQ(m[k]->outputs[0].n_output, o->n_output);
+        for (int i = 0; i < o->n_output; i++) ASSERT_EQ(m[k]->outputs[0].output_ids[i], o->output_ids[i]);
+    }
+    int32_t ctx[64];
+    memcpy(ctx, m[0]->prompts[0], sizeof(int32_t) * (size_t)len);
+    for (int i = 0; i < o->n_output; i++) {
+        const int32_t tok = o->output_ids[i];
+        ctx[len + i] = tok;
+        const double lp_t = score_last(&v, ctx, len + i + 1, temp), lp_raw = score_last(&v, ctx, len + i + 1, 0.0f);
+        double p_stop = 0.0;
+        for (int j = 0; j < n_stops; j++) {
+            if (i < MIN) ASSERT_NE(tok, stops[j]);
+            bool dup = false;
+            for (int q = 0; q < j; q++) dup |= stops[q] == stops[j];
+            if (dup) continue;
+            ctx[len + i] = stops[j];
+            p_stop += exp(score_last(&v, ctx, len + i + 1, temp));
+            ctx[len + i] = tok;
+        }
+        const double want = i < MIN ? lp_t - log1p(-p_stop) : lp_t;
+        ASSERT_NEAR(m[0]->outputs[0].output_logprobs[i], want, 2e-5);
+        ASSERT_NEAR(m[1]->outputs[0].output_logprobs[i], want, 2e-5); /* no truncation: the same */
+        ASSERT_NEAR(m[2]->outputs[0].output_logprobs[i], lp_raw, 2e-5);
+        if (i == 0) fprintf(stderr, "  p(stop) at the first step %.4f\n", p_stop);
+        if (i == 0) ASSERT_TRUE(p_stop > 0.05); /* the mask moved the logprob measurably */
+    }
+    rs_gen_job_free(g);
+    for (int k = 0; k < 3; k++) rs_gen_job_free(m[k]);
+    env_close(&v);
+}
+
+/* Logits that hold a NaN (here: a NaN written into the served final norm, past every check a load
+ * or a push makes) fail the job instead of producing tokens from NaNs: job->error is set (500),
+ * every output finishes "abort", and no NaN logprob was stored; the engine keeps serving. */
+RS_TEST(engine_nan_logits_fail_the_job) {
+    env v = env_open(8 << 20, 8, 512);
+    int len = 5;
+    rs_gen_job *ok = job_new(1, &len, 4);
+    ok->sp.max_new_tokens = 3;
+    run(&v, ok);
+    ASSERT_EQ(ok->error.code, RS_OK);
+    ASSERT_EQ(v.m->final_norm.dtype, RS_DTYPE_F32);
+    float *norm = v.m->final_norm.data, saved = norm[3];
+    norm[3] = NAN;
+    for (int scoring = 0; scoring < 2; scoring++) {
+        rs_gen_job *j = job_new(1, &len, 4);
+        j->sp.max_new_tokens = 3;
+        j->sp.n = 2;
+        j->top_logprobs_num = 2;
+        j->logprob_start_len = scoring ? 0 : -1;
+        run(&v, j);
+        ASSERT_EQ(j->error.code, RS_EINTERNAL);
+        ASSERT_TRUE(strstr(j->error.message, "NaN") != NULL);
+        for (int i = 0; i < 2; i++) {
+            const rs_gen_output *o = &j->outputs[i];
+            ASSERT_EQ(o->finish.type, RS_FINISH_ABORT);
+            for (int t = 0; t < o->n_output; t++) ASSERT_TRUE(!isnan(o->output_logprobs[t]));
+        }
+        rs_gen_job_free(j);
+    }
+    norm[3] = saved;
+    rs_gen_job *again = job_new(1, &len, 4);
+    again->sp.max_new_tokens = 3;
+    run(&v, again);
+    ASSERT_EQ(again->error.code, RS_OK);
+    assert_same_output(&again->outputs[0], &ok->outputs[0]);
+    rs_gen_job_free(ok);
+    rs_gen_job_free(again);
     env_close(&v);
 }
 
@@ -259,22 +429,65 @@ RS_TEST(engine_small_pool_queues_requests) {
     env_close(&small);
 }
 
+/* Admission estimates a waiting sequence's pages as it estimates a running one's: growth up to
+ * max_context, never past it (the engine stops every sequence there). A job submitted to the
+ * engine directly may ask for more new tokens than the context leaves (the server's validation
+ * refuses that; the engine caps it); two such 200-token prompts at ratio 1 need 16 pages each at
+ * most, and a pool of 34 holds both at once. An estimate that forgot the cap (21 pages each)
+ * admitted them one after the other. */
+RS_TEST(engine_admission_caps_growth_at_max_context) {
+    env v = env_open_opts(34 * 8192, 8, 512, false, 1.0f);
+    int lens[2] = {200, 200};
+    rs_gen_job *j = job_new(2, lens, 70);
+    j->sp.max_new_tokens = 128; /* 200 + 128 > max_context 256 */
+    rs_error err = {0};
+    ASSERT_EQ(rs_engine_submit(v.e, j, &err), RS_OK);
+    rs_engine_run_until_idle(v.e);
+    for (int p = 0; p < 2; p++) {
+        ASSERT_EQ(j->outputs[p].finish.type, RS_FINISH_LENGTH);
+        ASSERT_EQ(j->outputs[p].n_output, 256 - 200);
+    }
+    rs_engine_stats st;
+    rs_engine_get_stats(v.e, &st);
+    ASSERT_EQ(st.peak_running, 2);
+    rs_gen_job_free(j);
+    env_close(&v);
+}
+
 RS_TEST(engine_validate_rejects_bad_jobs) {
     env v = env_open(1 << 20, 4, 64);
-    rs_error err = {0};
+    rs_gen_invalid why;
     int len = 200;
     rs_gen_job *j = job_new(1, &len, 1);
     j->prompts[0][2] = 512; /* == vocab */
-    ASSERT_EQ(rs_gen_job_validate(j, &v.m->cfg, rs_engine_get_limits(v.e), &err), RS_EINVAL);
-    ASSERT_TRUE(strstr(err.message, "vocabulary") != NULL);
+    ASSERT_EQ(rs_gen_job_validate(j, &v.m->cfg, rs_engine_get_limits(v.e), &why), RS_EINVAL);
+    ASSERT_EQ(why.field, RS_GEN_FIELD_PROMPT);
+    ASSERT_EQ(why.problem, RS_GEN_VOCAB);
+    ASSERT_EQ(why.index, -1); /* not batched */
+    ASSERT_EQ(why.pos, 2);
+    ASSERT_EQ(why.value, 512);
+    ASSERT_EQ(why.max, 512);
     j->prompts[0][2] = 1;
     j->sp.max_new_tokens = 57; /* 200 + 57 > 256 */
-    ASSERT_EQ(rs_gen_job_validate(j, &v.m->cfg, rs_engine_get_limits(v.e), &err), RS_EINVAL);
-    ASSERT_TRUE(strstr(err.message, "context") != NULL);
+    ASSERT_EQ(rs_gen_job_validate(j, &v.m->cfg, rs_engine_get_limits(v.e), &why), RS_EINVAL);
+    ASSERT_EQ(why.problem, RS_GEN_CONTEXT);
+    ASSERT_EQ(why.value, 200);
+    ASSERT_EQ(why.other, 57);
+    ASSERT_EQ(why.max, 256);
     j->sp.max_new_tokens = 8;
     j->logprob_start_len = 200;
-    ASSERT_EQ(rs_gen_job_validate(j, &v.m->cfg, rs_engine_get_limits(v.e), &err), RS_EINVAL);
-    ASSERT_STREQ(err.param, "logprob_start_len");
+    ASSERT_EQ(rs_gen_job_validate(j, &v.m->cfg, rs_engine_get_limits(v.e), &why), RS_EINVAL);
+    ASSERT_EQ(why.field, RS_GEN_FIELD_LOGPROB_START);
+    ASSERT_EQ(why.problem, RS_GEN_PAST_PROMPT);
+    j->logprob_start_len = -1;
+    j->sp.n = 5; /* over max-n (4) */
+    ASSERT_EQ(rs_gen_job_validate(j, &v.m->cfg, rs_engine_get_limits(v.e), &why), RS_EINVAL);
+    ASSERT_EQ(why.field, RS_GEN_FIELD_N);
+    ASSERT_EQ(why.problem, RS_GEN_RANGE);
+    ASSERT_EQ(why.value, 5);
+    ASSERT_EQ(why.max, rs_engine_get_limits(v.e)->max_n);
+    j->sp.n = 1;
+    ASSERT_EQ(rs_gen_job_validate(j, &v.m->cfg, rs_engine_get_limits(v.e), &why), RS_OK);
     rs_gen_job_free(j);
     env_close(&v);
 }
@@ -520,6 +733,62 @@ RS_TEST(engine_thread_pause_continue_flush_progress) {
     rs_gen_job_free(ref);
     rs_gen_job_free(j);
     rs_gen_job_free(k);
+    env_close(&v);
+}
+
+/* A probe (/health_generate's job) is not a user request: an abort of every job and
+ * pause(ABORT) finish the user's jobs with "abort" but leave the probe, which completes once
+ * generation continues; its own rid still aborts it. */
+RS_TEST(engine_probe_survives_abort_all_and_pause_abort) {
+    env v = env_open(8 << 20, 8, 512);
+    waiter w = {.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER};
+    ASSERT_EQ(rs_engine_start(v.e), RS_OK);
+    int len = 8;
+    rs_gen_job *user[2], *probe[3];
+    rs_error err = {0};
+    rs_engine_pause(v.e, RS_PAUSE_IN_PLACE); /* everything below waits in the queue */
+    for (int i = 0; i < 3; i++) {
+        probe[i] = job_new(1, &len, 90 + (unsigned)i);
+        probe[i]->probe = true;
+        probe[i]->sp.max_new_tokens = 1;
+        probe[i]->on_done = on_done_cb;
+        probe[i]->on_done_user = &w;
+        snprintf(probe[i]->rid, sizeof probe[i]->rid, "probe#%d", i);
+    }
+    for (int i = 0; i < 2; i++) {
+        user[i] = job_new(1, &len, 80 + (unsigned)i);
+        user[i]->sp.max_new_tokens = 100;
+        user[i]->on_done = on_done_cb;
+        user[i]->on_done_user = &w;
+        snprintf(user[i]->rid, sizeof user[i]->rid, "user#%d", i);
+    }
+    ASSERT_EQ(rs_engine_submit(v.e, user[0], &err), RS_OK);
+    ASSERT_EQ(rs_engine_submit(v.e, probe[0], &err), RS_OK);
+    ASSERT_EQ(rs_engine_submit(v.e, probe[2], &err), RS_OK);
+    rs_engine_abort(v.e, NULL);
+    wait_done(&w, 1);
+    ASSERT_EQ(user[0]->outputs[0].finish.type, RS_FINISH_ABORT);
+    rs_engine_abort(v.e, "probe#2"); /* by its rid, a probe is aborted like any job */
+    wait_done(&w, 2);
+    ASSERT_EQ(probe[2]->outputs[0].finish.type, RS_FINISH_ABORT);
+    ASSERT_EQ(rs_engine_submit(v.e, user[1], &err), RS_OK);
+    ASSERT_EQ(rs_engine_submit(v.e, probe[1], &err), RS_OK);
+    rs_engine_pause(v.e, RS_PAUSE_ABORT);
+    wait_done(&w, 3);
+    ASSERT_EQ(user[1]->outputs[0].finish.type, RS_FINISH_ABORT);
+    ASSERT_STREQ(user[1]->outputs[0].finish.message, "paused");
+    rs_engine_stats st;
+    rs_engine_get_stats(v.e, &st);
+    ASSERT_EQ(st.n_waiting, 2); /* both probes, still queued */
+    rs_engine_continue(v.e);
+    wait_done(&w, 5);
+    for (int i = 0; i < 2; i++) {
+        ASSERT_EQ(probe[i]->outputs[0].finish.type, RS_FINISH_LENGTH);
+        ASSERT_EQ(probe[i]->outputs[0].n_output, 1);
+    }
+    rs_engine_stop(v.e);
+    for (int i = 0; i < 3; i++) rs_gen_job_free(probe[i]);
+    for (int i = 0; i < 2; i++) rs_gen_job_free(user[i]);
     env_close(&v);
 }
 

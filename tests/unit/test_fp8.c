@@ -10,6 +10,7 @@
  * threads; the reference itself is checked against a double-precision dequantized matmul.
  */
 #include <math.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -616,34 +617,44 @@ RS_TEST(fp8_gemm_quantized_matmul_close_to_f32) {
 
 /* ---- fast weight quantizer (kernels/cpu/cpu_fp8_wquant.c) vs the scalar definition ---- */
 
-/* Quantizes w in bands of 128 rows on `pool`, each band its own tensor, as model/update.c does. */
+/* Quantizes w in bands of 128 rows on `pool`, each band its own tensor, as model/weight_store.c does. */
 typedef struct wq_bands {
     const rs_tensor *w;
     uint8_t *q;
     float *s;
+    volatile bool bad;
 } wq_bands;
 
 static void wq_band_fn(void *ctx, int64_t b0, int64_t b1, int tid) {
     (void)tid;
-    const wq_bands *j = ctx;
+    wq_bands *j = ctx;
     const int64_t out = j->w->shape[0], in = j->w->shape[1];
     for (int64_t b = b0; b < b1; b++) {
         const int64_t r0 = b * RS_FP8_BLOCK, rows = RS_MIN((int64_t)RS_FP8_BLOCK, out - r0);
         rs_tensor band = {.dtype = j->w->dtype, .ndim = 2, .shape = {rows, in},
                           .data = (char *)j->w->data + (size_t)(r0 * in) * rs_dtype_size(j->w->dtype)};
-        ASSERT_EQ(rs_fp8_quantize_weight(&band, j->q + r0 * in, j->s + b * rs_fp8_blocks(in)), RS_OK);
+        const int rc = rs_fp8_quantize_weight(&band, j->q + r0 * in, j->s + b * rs_fp8_blocks(in));
+        ASSERT_TRUE(rc == RS_OK || rc == RS_EFORMAT);
+        if (rc == RS_EFORMAT) j->bad = true; /* any band: the matrix holds a non-finite value */
     }
 }
 
 /* Every way of quantizing w — each SIMD level this CPU has, the dispatching rs_fp8_quantize_weight,
- * and that on 2 threads in 128-row bands — gives rs_fp8_quantize_weight_ref's codes and scales. */
+ * and that on 2 threads in 128-row bands — gives rs_fp8_quantize_weight_ref's codes and scales,
+ * and its answer: RS_EFORMAT exactly when w holds a NaN or an infinity (checked here element by
+ * element with isfinite). */
 static void check_weight_paths(const rs_tensor *w, const char *what) {
     const int64_t out = w->shape[0], in = w->shape[1];
     const size_t n = (size_t)(out * in), ns = (size_t)(rs_fp8_blocks(out) * rs_fp8_blocks(in));
     uint8_t *q_ref = malloc(n), *q = malloc(n); /* exact sizes: ASan sees any write past the end */
     float *s_ref = malloc(ns * sizeof(float)), *s = malloc(ns * sizeof(float));
     ASSERT_TRUE(q_ref && q && s_ref && s);
-    ASSERT_EQ(rs_fp8_quantize_weight_ref(w, q_ref, s_ref), RS_OK);
+    bool finite = true;
+    for (size_t i = 0; i < n; i++)
+        finite &= isfinite(w->dtype == RS_DTYPE_BF16 ? rs_bf16_to_f32(((const uint16_t *)w->data)[i])
+                                                     : ((const float *)w->data)[i]);
+    const int want_rc = finite ? RS_OK : RS_EFORMAT;
+    ASSERT_EQ(rs_fp8_quantize_weight_ref(w, q_ref, s_ref), want_rc);
     static rs_pool *pool;
     if (!pool) pool = rs_pool_init(2);
     const int top = (int)rs_cpu_fp8_wquant_simd(), table = rs_cpu_fp8_wquant_has_table();
@@ -655,18 +666,19 @@ static void check_weight_paths(const rs_tensor *w, const char *what) {
         const char *name;
         if (path <= top) {
             name = rs_cpu_simd_name((rs_cpu_simd)path);
-            ASSERT_EQ(rs_cpu_fp8_quantize_weight_ex((rs_cpu_simd)path, false, w, q, s), RS_OK);
+            ASSERT_EQ(rs_cpu_fp8_quantize_weight_ex((rs_cpu_simd)path, false, w, q, s), want_rc);
         } else if (path == top + 1) {
             if (!table) continue;
             name = "avx512 + table";
-            ASSERT_EQ(rs_cpu_fp8_quantize_weight_ex(RS_CPU_SIMD_AVX512, true, w, q, s), RS_OK);
+            ASSERT_EQ(rs_cpu_fp8_quantize_weight_ex(RS_CPU_SIMD_AVX512, true, w, q, s), want_rc);
         } else if (path == top + 2) {
             name = "rs_fp8_quantize_weight";
-            ASSERT_EQ(rs_fp8_quantize_weight(w, q, s), RS_OK);
+            ASSERT_EQ(rs_fp8_quantize_weight(w, q, s), want_rc);
         } else {
             name = "2 threads";
-            wq_bands j = {w, q, s};
+            wq_bands j = {w, q, s, false};
             rs_pool_run(pool, rs_fp8_blocks(out), 1, wq_band_fn, &j);
+            ASSERT_EQ(j.bad ? RS_EFORMAT : RS_OK, want_rc);
         }
         for (size_t i = 0; i < ns; i++)
             if (rs_test_f32_bits(s[i]) != rs_test_f32_bits(s_ref[i]))
@@ -842,7 +854,8 @@ RS_TEST(fp8_quantize_weight_table_every_bf16_value) {
 
 /* A signaling NaN is ignored like a quiet one, wherever it sits in the block: the scale is that of
  * the other elements (glibc's fmaxf returns NaN for a signaling NaN, which once made the amax
- * forget the elements before it). Weights and activations, scalar and vector. */
+ * forget the elements before it). Weights and activations, scalar and vector; the weight
+ * quantizer also says the weight holds a non-finite value (RS_EFORMAT). */
 RS_TEST(fp8_quantize_ignores_signaling_nan) {
     const float snan = rs_test_f32_from_bits(0xff800001u), qnan = rs_test_f32_from_bits(0x7fc00000u);
     ASSERT_TRUE(isnan(snan));
@@ -853,10 +866,10 @@ RS_TEST(fp8_quantize_ignores_signaling_nan) {
         uint8_t q[3], q2[3];
         float s, s2;
         rs_tensor t = {.dtype = RS_DTYPE_F32, .ndim = 2, .shape = {1, 3}, .data = x};
-        ASSERT_EQ(rs_fp8_quantize_weight_ref(&t, q, &s), RS_OK);
+        ASSERT_EQ(rs_fp8_quantize_weight_ref(&t, q, &s), RS_EFORMAT);
         ASSERT_EQ(rs_test_f32_bits(s), rs_test_f32_bits(amax / 448.0f));
         ASSERT_EQ(q[pos], RS_FP8_NAN_CODE);
-        ASSERT_EQ(rs_fp8_quantize_weight(&t, q2, &s2), RS_OK);
+        ASSERT_EQ(rs_fp8_quantize_weight(&t, q2, &s2), RS_EFORMAT);
         ASSERT_EQ(rs_test_f32_bits(s2), rs_test_f32_bits(s));
         ASSERT_EQ(memcmp(q, q2, 3), 0);
         rs_fp8_quantize_act(x, 1, 3, q2, &s2);
@@ -868,7 +881,7 @@ RS_TEST(fp8_quantize_ignores_signaling_nan) {
             ASSERT_EQ(memcmp(q, q2, 3), 0);
         }
         x[pos] = qnan;
-        ASSERT_EQ(rs_fp8_quantize_weight_ref(&t, q2, &s2), RS_OK);
+        ASSERT_EQ(rs_fp8_quantize_weight_ref(&t, q2, &s2), RS_EFORMAT);
         ASSERT_EQ(rs_test_f32_bits(s2), rs_test_f32_bits(s));
     }
 }

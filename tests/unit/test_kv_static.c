@@ -4,6 +4,7 @@
  * the logprobs of calibrate mode; a checkpoint without them is refused at start. Scales pushed
  * with a weight update replace them exactly as loading a checkpoint that holds them would.
  */
+#include <float.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -145,7 +146,7 @@ RS_TEST(kv_static_scales_from_checkpoint) {
 
 /* Stages every tensor of checkpoint `dir`; with_scales false leaves out the KV scales, and
  * only_layer >= 0 keeps just that layer's. */
-static void stage_dir(rs_update *u, const char *dir, bool with_scales, int only_layer) {
+static void stage_dir(rs_txn *u, const char *dir, bool with_scales, int only_layer) {
     rs_st_dir *d = NULL;
     rs_error err = {0};
     ASSERT_EQ(rs_st_dir_open(&d, dir, &err), RS_OK);
@@ -154,9 +155,9 @@ static void stage_dir(rs_update *u, const char *dir, bool with_scales, int only_
         int layer = -1;
         bool is_v = false, is_scale = rs_kv_scale_name(t->name, L, &layer, &is_v);
         if (is_scale && (!with_scales || (only_layer >= 0 && layer != only_layer))) continue;
-        rs_update_tensor ut = {.name = t->name, .dtype = t->dtype, .ndim = t->ndim, .shape = t->shape,
+        rs_txn_tensor ut = {.name = t->name, .dtype = t->dtype, .ndim = t->ndim, .shape = t->shape,
                                .data = t->data};
-        if (rs_update_add(u, &ut, &err) != RS_OK) RS_TEST_FAIL("add %s: %s", t->name, err.message);
+        if (rs_txn_add(u, &ut, &err) != RS_OK) RS_TEST_FAIL("add %s: %s", t->name, err.message);
     }
     rs_st_dir_close(d);
 }
@@ -211,25 +212,25 @@ RS_TEST(kv_static_scales_pushed_with_weights) {
     score(e, sa);
     ASSERT_TRUE(!(same(sa, sb, 39))); /* the scales matter */
 
-    rs_update *u = NULL;
-    ASSERT_EQ(rs_update_begin(&u, m, "v1", 0, &err), RS_OK);
+    rs_txn *u = NULL;
+    ASSERT_EQ(rs_txn_begin(&u, m, "v1", 0, &err), RS_OK);
     stage_dir(u, b_dir, true, -1);
-    ASSERT_TRUE(rs_update_has_kv_scales(u));
-    ASSERT_EQ(rs_update_commit(u, e, false, NULL, &err), RS_OK);
+    ASSERT_TRUE(rs_txn_has_kv_scales(u));
+    ASSERT_EQ(rs_txn_commit(u, e, false, NULL, &err), RS_OK);
     score(e, s);
     ASSERT_TRUE(same(s, sb, 39));
 
-    ASSERT_EQ(rs_update_begin(&u, m, "v2", 0, &err), RS_OK); /* weights only: scales kept */
+    ASSERT_EQ(rs_txn_begin(&u, m, "v2", 0, &err), RS_OK); /* weights only: scales kept */
     stage_dir(u, a_dir, false, -1);
-    ASSERT_TRUE(!(rs_update_has_kv_scales(u)));
-    ASSERT_EQ(rs_update_commit(u, e, false, NULL, &err), RS_OK);
+    ASSERT_TRUE(!(rs_txn_has_kv_scales(u)));
+    ASSERT_EQ(rs_txn_commit(u, e, false, NULL, &err), RS_OK);
     score(e, s);
     ASSERT_TRUE(same(s, sb, 39));
 
-    ASSERT_EQ(rs_update_begin(&u, m, "v3", 0, &err), RS_OK); /* layer 0's scales only: refused whole */
+    ASSERT_EQ(rs_txn_begin(&u, m, "v3", 0, &err), RS_OK); /* layer 0's scales only: refused whole */
     stage_dir(u, a_dir, true, 0);
-    ASSERT_TRUE(!(rs_update_complete(u)));
-    ASSERT_EQ(rs_update_commit(u, e, false, NULL, &err), RS_EINVAL);
+    ASSERT_TRUE(!(rs_txn_complete(u)));
+    ASSERT_EQ(rs_txn_commit(u, e, false, NULL, &err), RS_EINVAL);
     ASSERT_STREQ(err.param, "model.layers.1.self_attn.k_scale");
     ASSERT_TRUE(strstr(err.message, "every layer") != NULL);
     score(e, s);
@@ -237,37 +238,37 @@ RS_TEST(kv_static_scales_pushed_with_weights) {
     ASSERT_STREQ(rs_engine_weight_version(e), "v2");
 
     /* bad scale tensors */
-    ASSERT_EQ(rs_update_begin(&u, m, NULL, 0, &err), RS_OK);
+    ASSERT_EQ(rs_txn_begin(&u, m, NULL, 0, &err), RS_OK);
     const int64_t one[1] = {1}, three[1] = {3};
     const float nan1 = NAN, neg = -1.0f, ok[H] = {0.5f, 0.25f};
-    rs_update_tensor t = {.name = "model.layers.0.self_attn.k_scale", .dtype = RS_DTYPE_F32, .ndim = 1,
+    rs_txn_tensor t = {.name = "model.layers.0.self_attn.k_scale", .dtype = RS_DTYPE_F32, .ndim = 1,
                           .shape = one, .data = &nan1};
-    ASSERT_EQ(rs_update_add(u, &t, &err), RS_EINVAL);
+    ASSERT_EQ(rs_txn_add(u, &t, &err), RS_EINVAL);
     t.data = &neg;
-    ASSERT_EQ(rs_update_add(u, &t, &err), RS_EINVAL);
+    ASSERT_EQ(rs_txn_add(u, &t, &err), RS_EINVAL);
     t.shape = three;
     t.data = ok;
-    ASSERT_EQ(rs_update_add(u, &t, &err), RS_EFORMAT); /* neither a scalar nor one per KV head */
+    ASSERT_EQ(rs_txn_add(u, &t, &err), RS_EFORMAT); /* neither a scalar nor one per KV head */
     t.ndim = 0;                                       /* a scalar: broadcast */
-    ASSERT_EQ(rs_update_add(u, &t, &err), RS_OK);
-    ASSERT_EQ(rs_update_add(u, &t, &err), RS_EINVAL); /* duplicate */
+    ASSERT_EQ(rs_txn_add(u, &t, &err), RS_OK);
+    ASSERT_EQ(rs_txn_add(u, &t, &err), RS_EINVAL); /* duplicate */
     ASSERT_STREQ(err.param, "model.layers.0.self_attn.k_scale");
     t.name = "model.layers.2.self_attn.v_scale"; /* no layer 2 */
-    ASSERT_EQ(rs_update_add(u, &t, &err), RS_EINVAL);
+    ASSERT_EQ(rs_txn_add(u, &t, &err), RS_EINVAL);
     ASSERT_TRUE(strstr(err.message, "unknown tensor") != NULL);
     t.name = "model.layers.0.self_attn.q_scale";
-    ASSERT_EQ(rs_update_add(u, &t, &err), RS_EINVAL);
+    ASSERT_EQ(rs_txn_add(u, &t, &err), RS_EINVAL);
     ASSERT_TRUE(strstr(err.message, "query scale") != NULL);
-    rs_update_abort(u);
+    rs_txn_abort(u);
     rs_engine_free(e);
 
     /* calibrate mode: pushed scales are not used; the scales follow the weights */
     rs_engine *ec = NULL, *fresh = NULL;
     ASSERT_EQ(engine_for(m, false, &ec, &err), RS_OK);
     ASSERT_TRUE(!(rs_engine_takes_kv_scales(ec)));
-    ASSERT_EQ(rs_update_begin(&u, m, "v4", 0, &err), RS_OK);
+    ASSERT_EQ(rs_txn_begin(&u, m, "v4", 0, &err), RS_OK);
     stage_dir(u, b_dir, true, -1);
-    ASSERT_EQ(rs_update_commit(u, ec, false, NULL, &err), RS_OK);
+    ASSERT_EQ(rs_txn_commit(u, ec, false, NULL, &err), RS_OK);
     score(ec, s);
     ASSERT_EQ(engine_for(m, false, &fresh, &err), RS_OK);
     score(fresh, sa);
@@ -311,34 +312,34 @@ RS_TEST(kv_calibrated_before_commit) {
     score(e, sa);
     ASSERT_TRUE(!(same(sa, sb, 39)));
 
-    rs_update *u = NULL;
-    ASSERT_EQ(rs_update_begin(&u, m, "v1", 0, &err), RS_OK);
-    rs_update_set_calib_backend(u, calib);
+    rs_txn *u = NULL;
+    ASSERT_EQ(rs_txn_begin(&u, m, "v1", 0, &err), RS_OK);
+    rs_txn_set_calib_backend(u, calib);
     stage_dir(u, b_dir, false, -1);
-    if (rs_update_commit(u, e, false, NULL, &err) != RS_OK) RS_TEST_FAIL("commit: %s", err.message);
+    if (rs_txn_commit(u, e, false, NULL, &err) != RS_OK) RS_TEST_FAIL("commit: %s", err.message);
     score(e, s);
     ASSERT_TRUE(same(s, sb, 39));
 
-    /* back to A, with layer 0's k_norm made infinite: K, and so the calibration, is not finite */
-    ASSERT_EQ(rs_update_begin(&u, m, "v2", 0, &err), RS_OK);
-    rs_update_set_calib_backend(u, calib);
+    /* back to A, with layer 0's k_norm made FLT_MAX: K overflows, and so the calibration is not finite */
+    ASSERT_EQ(rs_txn_begin(&u, m, "v2", 0, &err), RS_OK);
+    rs_txn_set_calib_backend(u, calib);
     rs_st_dir *d = NULL;
     ASSERT_EQ(rs_st_dir_open(&d, a_dir, &err), RS_OK);
     float inf[16];
-    for (int i = 0; i < 16; i++) inf[i] = INFINITY;
+    for (int i = 0; i < 16; i++) inf[i] = FLT_MAX; /* finite, so staged (a non-finite weight is refused there) */
     for (size_t i = 0; i < rs_st_dir_count(d); i++) {
         const rs_st_tensor *t = rs_st_dir_tensor_at(d, i, NULL);
-        rs_update_tensor ut = {.name = t->name, .dtype = t->dtype, .ndim = t->ndim, .shape = t->shape,
+        rs_txn_tensor ut = {.name = t->name, .dtype = t->dtype, .ndim = t->ndim, .shape = t->shape,
                                .data = t->data};
         if (!strcmp(t->name, "model.layers.0.self_attn.k_norm.weight")) {
             ASSERT_EQ(t->shape[0], 16);
             ut.dtype = RS_DTYPE_F32;
             ut.data = inf;
         }
-        if (rs_update_add(u, &ut, &err) != RS_OK) RS_TEST_FAIL("add %s: %s", t->name, err.message);
+        if (rs_txn_add(u, &ut, &err) != RS_OK) RS_TEST_FAIL("add %s: %s", t->name, err.message);
     }
     rs_st_dir_close(d);
-    ASSERT_EQ(rs_update_commit(u, e, false, NULL, &err), RS_EINVAL);
+    ASSERT_EQ(rs_txn_commit(u, e, false, NULL, &err), RS_EINVAL);
     ASSERT_STREQ(err.param, "kv-cache-dtype");
     if (!strstr(err.message, "weights in service are unchanged")) RS_TEST_FAIL("message: %s", err.message);
     ASSERT_STREQ(rs_engine_weight_version(e), "v1");

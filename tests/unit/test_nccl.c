@@ -1,7 +1,8 @@
 /*
  * test_nccl.c — NCCL weight updates (sync/nccl.h).
  *
- * Both builds: the group request check (rank 0 is the trainer, the unique id is required), the
+ * Both builds: the group request check (rank 0 is the trainer; with or without a unique id; a
+ * master_port as an integer or a decimal string), the
  * broadcast plan of an update request (per tensor or one flattened bucket, the staging limit),
  * both fed through the real JSON parsers (protocol/weights.h) as a server would.
  * CPU build: the three routes answer RS_EUNSUPPORTED (400) with the CUDA-build message.
@@ -16,6 +17,7 @@
 #include "../../protocol/weights.h"
 #include "../../sync/nccl.h"
 #include "../../sync/sync.h"
+#include "../../sync/sync_internal.h" /* rs_sync_nccl_state: the CUDA build's tests read the group slot */
 #include "test.h"
 #include "test_util.h"
 
@@ -50,7 +52,7 @@ static void group_body(char *buf, size_t cap, int rank_offset, int world_size, b
 static int check_group(const char *body, rs_error *err) {
     rs_nccl_group_req r;
     rs_error perr = {0};
-    int rc = rs_nccl_group_parse(body, strlen(body), &r, &perr);
+    int rc = rs_weights_parse_nccl_group(body, strlen(body), &r, &perr);
     if (rc != RS_OK) RS_TEST_FAIL("parse %s: %s", body, perr.message);
     return rs_nccl_check_group_req(&r, err);
 }
@@ -71,12 +73,10 @@ RS_TEST(nccl_group_request_checks) {
     ASSERT_TRUE(strstr(err.message, "rank 0 is the trainer") != NULL);
     ASSERT_EQ(rs_err_http_status(err.code), 400);
 
-    /* without the unique id: refused, naming the unsupported TCPStore rendezvous */
+    /* without the unique id: SGLang's request, the rendezvous is the trainer's TCPStore */
     group_body(body, sizeof body, 1, 2, false, false);
     memset(&err, 0, sizeof err);
-    ASSERT_EQ(check_group(body, &err), RS_EINVAL);
-    ASSERT_STREQ(err.param, "nccl_unique_id_b64");
-    ASSERT_TRUE(strstr(err.message, "TCPStore") != NULL);
+    ASSERT_EQ(check_group(body, &err), RS_OK);
 
     group_body(body, sizeof body, 1, 2, true, true);
     memset(&err, 0, sizeof err);
@@ -94,13 +94,13 @@ RS_TEST(nccl_group_request_checks) {
             snprintf(bad, sizeof bad, "{\"master_address\": \"h\", \"master_port\": 1, \"rank_offset\": 1, "
                      "\"world_size\": 2, \"nccl_unique_id_b64\": \"%s\"}", b64);
             memset(&err, 0, sizeof err);
-            ASSERT_EQ(rs_nccl_group_parse(bad, strlen(bad), &r, &err), RS_EINVAL);
+            ASSERT_EQ(rs_weights_parse_nccl_group(bad, strlen(bad), &r, &err), RS_EINVAL);
             ASSERT_STREQ(err.param, "nccl_unique_id_b64");
         }
         b64_encode(id, 128, b64);
         snprintf(bad, sizeof bad, "{\"master_address\": \"h\", \"master_port\": 1, \"rank_offset\": 1, "
                  "\"world_size\": 2, \"nccl_unique_id_b64\": \"%s\"}", b64);
-        ASSERT_EQ(rs_nccl_group_parse(bad, strlen(bad), &r, &err), RS_OK);
+        ASSERT_EQ(rs_weights_parse_nccl_group(bad, strlen(bad), &r, &err), RS_OK);
         ASSERT_TRUE(r.has_unique_id && memcmp(r.unique_id, id, 128) == 0);
         ASSERT_STREQ(r.group_name, "weight_update_group"); /* SGLang's default */
         ASSERT_EQ(rs_nccl_check_group_req(&r, &err), RS_OK);
@@ -109,7 +109,7 @@ RS_TEST(nccl_group_request_checks) {
     /* fields the parser leaves to us, set directly */
     rs_nccl_group_req r;
     group_body(body, sizeof body, 1, 2, false, true);
-    ASSERT_EQ(rs_nccl_group_parse(body, strlen(body), &r, &err), RS_OK);
+    ASSERT_EQ(rs_weights_parse_nccl_group(body, strlen(body), &r, &err), RS_OK);
     r.rank_offset = 2;
     memset(&err, 0, sizeof err);
     ASSERT_EQ(rs_nccl_check_group_req(&r, &err), RS_EINVAL);
@@ -127,6 +127,35 @@ RS_TEST(nccl_group_request_checks) {
     ASSERT_EQ(rs_nccl_check_group_req(&r, &err), RS_EINVAL);
 }
 
+RS_TEST(nccl_group_master_port_integer_or_decimal_string) {
+    /* AReaL sends master_port as a string */
+    static const struct {
+        const char *port;
+        int want;                       /* 0: refused */
+    } cases[] = {
+        {"29500", 29500}, {"\"29500\"", 29500}, {"\"1\"", 1}, {"\"65535\"", 65535}, {"65535", 65535},
+        {"\"65536\"", 0}, {"\"0\"", 0}, {"\"\"", 0}, {"\"29 500\"", 0}, {"\"-1\"", 0}, {"\"0x10\"", 0},
+        {"\"123456\"", 0}, {"\"2950a\"", 0}, {"29500.5", 0}, {"true", 0}, {"0", 0},
+    };
+    for (size_t i = 0; i < RS_ARRAY_LEN(cases); i++) {
+        char body[512];
+        snprintf(body, sizeof body, "{\"master_address\": \"10.0.0.5\", \"master_port\": %s, \"rank_offset\": 1, "
+                 "\"world_size\": 2}", cases[i].port);
+        rs_nccl_group_req r;
+        rs_error err = {0};
+        int rc = rs_weights_parse_nccl_group(body, strlen(body), &r, &err);
+        if (cases[i].want) {
+            if (rc != RS_OK) RS_TEST_FAIL("master_port %s: %s", cases[i].port, err.message);
+            ASSERT_EQ(r.master_port, cases[i].want);
+            ASSERT_TRUE(!r.has_unique_id);
+            ASSERT_EQ(rs_nccl_check_group_req(&r, &err), RS_OK);
+        } else {
+            if (rc != RS_EINVAL) RS_TEST_FAIL("master_port %s: accepted", cases[i].port);
+            ASSERT_STREQ(err.param, "master_port");
+        }
+    }
+}
+
 /* bf16 [4][8] = 64 bytes, f32 [8] = 32 bytes, e4m3 [3][5] = 15 bytes, f16 [0][4] = 0 bytes */
 static const char UPDATE_TENSORS[] =
     "\"names\": [\"a.weight\", \"b.weight\", \"c.weight\", \"d.weight\"], "
@@ -138,7 +167,7 @@ static void parse_update(bool flattened, rs_nccl_update_req *r) {
     snprintf(body, sizeof body, "{%s, \"load_format\": %s, \"weight_version\": \"7\"}", UPDATE_TENSORS,
              flattened ? "\"flattened_bucket\"" : "null");
     rs_error err = {0};
-    if (rs_nccl_update_parse(body, strlen(body), r, &err) != RS_OK) RS_TEST_FAIL("parse: %s", err.message);
+    if (rs_weights_parse_nccl_update(body, strlen(body), r, &err) != RS_OK) RS_TEST_FAIL("parse: %s", err.message);
 }
 
 RS_TEST(nccl_update_broadcast_plan) {
@@ -227,7 +256,7 @@ RS_TEST(nccl_cpu_build_unsupported) {
     rs_nccl_update_req u;
     rs_error err = {0};
     group_body(body, sizeof body, 1, 2, false, true);
-    ASSERT_EQ(rs_nccl_group_parse(body, strlen(body), &g, &err), RS_OK);
+    ASSERT_EQ(rs_weights_parse_nccl_group(body, strlen(body), &g, &err), RS_OK);
     parse_update(true, &u);
 
     memset(&err, 0, sizeof err);
@@ -258,13 +287,40 @@ RS_TEST(nccl_cuda_no_device_is_unsupported) {
     rs_nccl_group_req g;
     rs_error err = {0};
     group_body(body, sizeof body, 1, 2, false, true);
-    ASSERT_EQ(rs_nccl_group_parse(body, strlen(body), &g, &err), RS_OK);
+    ASSERT_EQ(rs_weights_parse_nccl_group(body, strlen(body), &g, &err), RS_OK);
     rs_test_sync_env v = rs_test_sync_open("bf16", NULL);
     memset(&err, 0, sizeof err);
     ASSERT_EQ(rs_nccl_init_group(v.s, &g, &err), RS_EUNSUPPORTED);
     ASSERT_TRUE(strstr(err.message, "no CUDA device") != NULL);
     ASSERT_EQ(*rs_sync_nccl_state(v.s), NULL);
     rs_test_sync_close(&v);
+}
+
+RS_TEST(nccl_cuda_store_rendezvous_times_out_without_a_store) {
+    if (rs_nccl_cuda_device_count() == 0) RS_TEST_SKIP("no CUDA device");
+    rs_nccl_opts saved, o;
+    rs_nccl_get_opts(&saved);
+    o = saved;
+    o.init_timeout_s = 1.0;
+    rs_nccl_set_opts(&o);
+    char body[512];
+    /* port 1 on loopback: nothing listens (connection refused until the deadline) */
+    snprintf(body, sizeof body, "{\"master_address\": \"127.0.0.1\", \"master_port\": \"1\", \"rank_offset\": 1, "
+             "\"world_size\": 2, \"group_name\": \"nostore\"}");
+    rs_nccl_group_req g;
+    rs_error err = {0};
+    ASSERT_EQ(rs_weights_parse_nccl_group(body, strlen(body), &g, &err), RS_OK);
+    rs_test_sync_env v = rs_test_sync_open("bf16", NULL);
+    double t0 = rs_now_s();
+    int rc = rs_nccl_init_group(v.s, &g, &err);
+    double dt = rs_now_s() - t0;
+    fprintf(stderr, "  store rendezvous without a store: %s after %.2f s: %s\n", rs_err_name(rc), dt, err.message);
+    ASSERT_EQ(rc, RS_EBUSY);
+    ASSERT_TRUE(strstr(err.message, "not listening") && strstr(err.message, "nostore"));
+    ASSERT_TRUE(dt >= 0.9 && dt < 5.0);
+    ASSERT_EQ(*rs_sync_nccl_state(v.s), NULL);
+    rs_test_sync_close(&v);
+    rs_nccl_set_opts(&saved);
 }
 
 RS_TEST(nccl_cuda_join_times_out_without_peers) {

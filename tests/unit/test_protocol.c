@@ -151,7 +151,10 @@ static const bad_case bad_cases[] = {
     {"{\"input_ids\": [1], \"foo\": 1}", RS_EINVAL, "foo", "unknown field 'foo'"},
     {"{\"input_ids\": [1], \"sampling_params\": {\"seed\": 1}}", RS_EINVAL, "sampling_params.seed",
      "unknown field 'sampling_params.seed'"},
-    {"{\"text\": \"hi\"}", RS_EINVAL, "text", "input_ids"},
+    {"{\"text\": \"hi\"}", RS_EUNSUPPORTED, "text", "use input_ids"},
+    {"{\"input_ids\": [1], \"sampling_params\": {\"sampling_seed\": 1, \"seed\": 1}}", RS_EINVAL,
+     "sampling_params.seed", "sampling_seed"},
+    {"{\"input_ids\": [1], \"Input_ids\": [1]}", RS_EINVAL, "Input_ids", "unknown field 'Input_ids'"},
     /* input_ids */
     {"{}", RS_EINVAL, "input_ids", "input_ids is required"},
     {"{\"input_ids\": null}", RS_EINVAL, "input_ids", "required"},

@@ -40,7 +40,7 @@ RS_TEST(protocol_openai_parse_defaults_and_fields) {
                  " \"ignore_eos\": true, \"min_tokens\": 2, \"logprobs\": 2, \"echo\": true, \"stream\": true,"
                  " \"stream_options\": {\"include_usage\": true}, \"return_token_ids\": true,"
                  " \"return_tokens_as_token_ids\": true, \"skip_special_tokens\": false, \"user\": \"u\","
-                 " \"frequency_penalty\": 0, \"presence_penalty\": 0.0, \"repetition_penalty\": 1, \"stop\": [],"
+                 " \"frequency_penalty\": 0.5, \"presence_penalty\": -0.25, \"repetition_penalty\": 1.5, \"stop\": [],"
                  " \"logit_bias\": {}, \"best_of\": 3, \"suffix\": null, \"request_id\": \"abc\","
                  " \"logprobs_mode\": \"raw\"}");
     j = r.job;
@@ -63,6 +63,9 @@ RS_TEST(protocol_openai_parse_defaults_and_fields) {
     ASSERT_STREQ(r.request_id, "abc");
     ASSERT_STREQ(r.id, "cmpl-abc");
     ASSERT_EQ(j->logprobs_mode, RS_LOGPROBS_RAW);
+    ASSERT_NEAR(j->sp.frequency_penalty, 0.5, 0);
+    ASSERT_NEAR(j->sp.presence_penalty, -0.25, 0);
+    ASSERT_NEAR(j->sp.repetition_penalty, 1.5, 0);
     ASSERT_TRUE(rs_openai_matches_rid(&r, "abc") && rs_openai_matches_rid(&r, "cmpl-abc"));
     ASSERT_TRUE(!rs_openai_matches_rid(&r, "ab"));
     rs_openai_req_free(&r);
@@ -109,8 +112,13 @@ static const bad_case bad[] = {
     {"{\"prompt\": [1], \"stream\": true, \"stream_options\": {\"x\": 1}}", RS_EINVAL, "stream_options.x", "unknown"},
     {"{\"prompt\": [1], \"stream\": true, \"stream_options\": {\"continuous_usage_stats\": true}}", RS_EUNSUPPORTED,
      "stream_options.continuous_usage_stats", "not supported"},
-    {"{\"prompt\": [1], \"frequency_penalty\": 0.5}", RS_EUNSUPPORTED, "frequency_penalty", "not supported"},
-    {"{\"prompt\": [1], \"repetition_penalty\": 1.1}", RS_EUNSUPPORTED, "repetition_penalty", "not supported"},
+    {"{\"prompt\": [1], \"frequency_penalty\": 2.5}", RS_EINVAL, "frequency_penalty",
+     "frequency_penalty must be in [-2, 2], got 2.5"},
+    {"{\"prompt\": [1], \"presence_penalty\": \"high\"}", RS_EINVAL, "presence_penalty", "must be a number"},
+    {"{\"prompt\": [1], \"repetition_penalty\": 0}", RS_EINVAL, "repetition_penalty",
+     "repetition_penalty must be > 0, got 0"},
+    {"{\"prompt\": [1], \"use_beam_search\": true}", RS_EUNSUPPORTED, "use_beam_search", "not implemented"},
+    {"{\"prompt\": [1], \"priority\": 2}", RS_EUNSUPPORTED, "priority", "accepted: null, 0; got 2"},
     {"{\"prompt\": [1], \"stop\": [\"\\n\"]}", RS_EUNSUPPORTED, "stop", "stop_token_ids"},
     {"{\"prompt\": [1], \"stop\": 5}", RS_EINVAL, "stop", "a string or a list of strings"},
     {"{\"prompt\": [1], \"logit_bias\": {\"5\": 1}}", RS_EUNSUPPORTED, "logit_bias", "not supported"},
@@ -144,21 +152,51 @@ RS_TEST(protocol_openai_model_check_and_error_names) {
     ASSERT_STREQ(err.param, "model");
     ASSERT_EQ(rs_openai_check_model(&r, "other", &err), RS_OK);
     rs_openai_req_free(&r);
-    rs_error_set(&err, RS_EINVAL, "sampling_params.max_new_tokens", "sampling_params.max_new_tokens must be in [0, 9], got 10");
-    rs_openai_map_error(&err);
+    /* the engine's refusals, in this API's words */
+    rs_gen_invalid w = {.field = RS_GEN_FIELD_MAX_NEW_TOKENS, .problem = RS_GEN_RANGE, .index = -1, .value = 10,
+                        .min = 0, .max = 9};
+    ASSERT_EQ(rs_openai_invalid(&w, &err), RS_EINVAL);
     ASSERT_STREQ(err.param, "max_tokens");
     ASSERT_STREQ(err.message, "max_tokens must be in [0, 9], got 10");
-    rs_error_set(&err, RS_EINVAL, "input_ids[1]", "input_ids[1] has 5 tokens; with max_new_tokens=9 that exceeds");
-    rs_openai_map_error(&err);
+    w = (rs_gen_invalid){.field = RS_GEN_FIELD_PROMPT, .problem = RS_GEN_CONTEXT, .index = 1, .value = 5,
+                         .max = 12, .other = 9};
+    rs_openai_invalid(&w, &err);
     ASSERT_STREQ(err.param, "prompt[1]");
-    ASSERT_STREQ(err.message, "prompt[1] has 5 tokens; with max_tokens=9 that exceeds");
-    rs_error_set(&err, RS_EINVAL, "top_logprobs_num", "top_logprobs_num must be in [0, 20], got 21");
-    rs_openai_map_error(&err);
+    ASSERT_STREQ(err.message, "prompt[1] has 5 tokens; with max_tokens=9 that exceeds the context limit of 12");
+    w = (rs_gen_invalid){.field = RS_GEN_FIELD_TOP_LOGPROBS, .problem = RS_GEN_RANGE, .index = -1, .value = 21,
+                         .max = 20};
+    rs_openai_invalid(&w, &err);
     ASSERT_STREQ(err.param, "logprobs");
-    rs_error_set(&err, RS_EINVAL, "sampling_params.n", "sampling_params.n must be in [1, 64], got 65");
-    rs_openai_map_error(&err);
+    ASSERT_STREQ(err.message, "logprobs must be in [0, 20], got 21");
+    w = (rs_gen_invalid){.field = RS_GEN_FIELD_N, .problem = RS_GEN_RANGE, .index = -1, .value = 65, .min = 1,
+                         .max = 64};
+    rs_openai_invalid(&w, &err);
     ASSERT_STREQ(err.param, "n");
     ASSERT_STREQ(err.message, "n must be in [1, 64], got 65");
+    w = (rs_gen_invalid){.field = RS_GEN_FIELD_MIN_NEW_TOKENS, .problem = RS_GEN_RANGE, .index = -1, .value = 5,
+                         .max = 4};
+    rs_openai_invalid(&w, &err);
+    ASSERT_STREQ(err.param, "min_tokens");
+    ASSERT_STREQ(err.message, "min_tokens must be in [0, max_tokens=4], got 5");
+    w = (rs_gen_invalid){.field = RS_GEN_FIELD_PROMPT, .problem = RS_GEN_VOCAB, .index = -1, .pos = 1,
+                         .value = 9000, .max = 8192};
+    rs_openai_invalid(&w, &err);
+    ASSERT_STREQ(err.param, "prompt");
+    ASSERT_STREQ(err.message, "prompt[1] = 9000 is outside the vocabulary [0, 8192)");
+    /* the same refusals in /generate's words */
+    rs_generate_invalid(&w, &err);
+    ASSERT_STREQ(err.param, "input_ids");
+    ASSERT_STREQ(err.message, "input_ids[1] = 9000 is outside the vocabulary [0, 8192)");
+    w = (rs_gen_invalid){.field = RS_GEN_FIELD_MIN_NEW_TOKENS, .problem = RS_GEN_RANGE, .index = -1, .value = 5,
+                         .max = 4};
+    rs_generate_invalid(&w, &err);
+    ASSERT_STREQ(err.param, "sampling_params.min_new_tokens");
+    ASSERT_STREQ(err.message, "sampling_params.min_new_tokens must be in [0, max_new_tokens=4], got 5");
+    w = (rs_gen_invalid){.field = RS_GEN_FIELD_PROMPTS, .problem = RS_GEN_BATCH, .index = -1, .value = 17,
+                         .max = 1024, .other = 64};
+    rs_generate_invalid(&w, &err);
+    ASSERT_STREQ(err.param, "input_ids");
+    ASSERT_STREQ(err.message, "17 prompts x n=64 sequences exceeds the per-request limit of 1024");
 }
 
 /* Fills outputs as the engine would: two tokens each, top alternatives when asked. */

@@ -69,12 +69,19 @@ RS_TEST(protocol_ops_pause_and_empty_bodies) {
     b = "{\"mode\": \"abort\", \"x\": 1}";
     ASSERT_EQ(rs_pause_parse(b, strlen(b), &m, &err), RS_EINVAL);
     ASSERT_STREQ(err.param, "x");
-    ASSERT_EQ(rs_empty_parse(" \n", 2, "/continue_generation", &err), RS_OK);
-    ASSERT_EQ(rs_empty_parse("{}", 2, "/continue_generation", &err), RS_OK);
+    ASSERT_EQ(rs_continue_parse(" \n", 2, &err), RS_OK);
+    ASSERT_EQ(rs_continue_parse("{}", 2, &err), RS_OK);
+    b = "{\"torch_empty_cache\": false, \"rid\": \"x\"}"; /* SGLang's fields, no effect here */
+    ASSERT_EQ(rs_continue_parse(b, strlen(b), &err), RS_OK);
     b = "{\"now\": true}";
-    ASSERT_EQ(rs_empty_parse(b, strlen(b), "/flush_cache", &err), RS_EINVAL);
+    ASSERT_EQ(rs_flush_parse(b, strlen(b), &err), RS_EINVAL);
     ASSERT_TRUE(strstr(err.message, "/flush_cache takes no parameters") != NULL);
-    ASSERT_EQ(rs_empty_parse("[]", 2, "/flush_cache", &err), RS_EINVAL);
+    ASSERT_EQ(rs_flush_parse("[]", 2, &err), RS_EINVAL);
+    b = "{\"timeout_s\": null}";
+    ASSERT_EQ(rs_flush_parse(b, strlen(b), &err), RS_OK);
+    b = "{\"timeout_s\": 5}"; /* SGLang's wait for idle: not implemented */
+    ASSERT_EQ(rs_flush_parse(b, strlen(b), &err), RS_EUNSUPPORTED);
+    ASSERT_STREQ(err.param, "timeout_s");
 }
 
 RS_TEST(protocol_ops_server_info_lists_every_setting) {

@@ -99,13 +99,16 @@ RS_TEST(safetensors_bad_lengths) {
     ASSERT_EQ(rs_st_parse(&f, b, len, "t.safetensors", &err), RS_OK);
     rs_st_close(f);
 
-    /* header length over the 100 MB bound, and 2^64 - 1 */
+    /* header length over the 100 MB bound, and 2^64 - 1: refused without quoting the 8 bytes (the
+     * start of whatever file this is), only the limit */
     for (int i = 0; i < 8; i++) b[i] = 0;
     b[3] = 0x10; /* 0x10000000 = 268 MB */
     ASSERT_EQ(rs_st_parse(&f, b, len, "t.safetensors", &err), RS_EFORMAT);
-    ASSERT_TRUE(strstr(err.message, "exceeds"));
+    ASSERT_TRUE(strstr(err.message, "invalid header length (over the 100000000-byte limit)"));
+    ASSERT_TRUE(!strstr(err.message, "268435456"));
     memset(b, 0xff, 8);
     ASSERT_EQ(rs_st_parse(&f, b, len, "t.safetensors", &err), RS_EFORMAT);
+    ASSERT_TRUE(!strstr(err.message, "18446744073709551615"));
     free(b);
 }
 

@@ -158,3 +158,113 @@ RS_TEST(sampler_top_logprobs) {
     for (int r = 0; r < 3; r++) ASSERT_NEAR(lps[r], ref_logprob(l, V, 0.5, ids[r]) - log(mass), 1e-5);
     rs_sampler_scratch_free(&sc);
 }
+
+/* ---- temperatures far from 1 (double-precision references) ---- */
+
+/* log_softmax((x - max) / T)[tok] in double; T as the float the request carries. */
+static double ref_logprob_t(const float *l, int n, float t, int tok) {
+    const double it = 1.0 / (double)t;
+    double mx = -INFINITY, sum = 0;
+    for (int i = 0; i < n; i++) mx = fmax(mx, (double)l[i]);
+    for (int i = 0; i < n; i++) sum += exp(((double)l[i] - mx) * it);
+    return ((double)l[tok] - mx) * it - log(sum);
+}
+
+static int ref_argmax(const float *l, int n) {
+    int best = 0;
+    for (int i = 1; i < n; i++)
+        if (l[i] > l[best]) best = i;
+    return best;
+}
+
+/* Logits with a near tie at the top (tokens 7 and 8, 4 ulps of 2.0 apart) and a spread below. */
+static void fill_tie_logits(float *l, int n) {
+    fill_logits(l, n, 19);
+    l[7] = 2.0f;
+    l[8] = 2.0f - 4 * 0x1p-23f;
+    for (int i = 0; i < n; i++)
+        if (i != 7 && i != 8 && l[i] > 1.0f) l[i] = 1.0f - (float)i * 1e-4f;
+}
+
+/* Temperatures from the smallest positive float to 10: below RS_SAMPLING_EPS the sampler is
+ * greedy and reports T = 1 (SGLang's rule); above it every token is drawn from softmax(x / T)
+ * and reported with its logprob there, never NaN, never a token the distribution does not hold. */
+RS_TEST(sampler_tiny_temperatures_match_double_reference) {
+    enum { V = 1000, N = 4000 };
+    static float l[V];
+    fill_tie_logits(l, V);
+    const float temps[] = {1e-45f, 1e-38f, 1e-20f, 1e-6f, 1e-3f, 0.1f, 1.0f, 10.0f};
+    rs_sampler_scratch sc = {0};
+    for (size_t ti = 0; ti < RS_ARRAY_LEN(temps); ti++) {
+        rs_sampling_params sp;
+        rs_sampling_params_default(&sp);
+        sp.temperature = temps[ti];
+        sp.seed = 7 + ti;
+        const bool greedy = temps[ti] < 1e-6f;
+        int hits7 = 0;
+        for (int i = 0; i < N; i++) {
+            rs_sample_info info;
+            const int t = rs_sample(l, V, &sp, 0, (uint64_t)i, &sc, &info);
+            ASSERT_TRUE(t >= 0 && t < V);
+            ASSERT_TRUE(!isnan(info.logprob) && !isnan(info.logprob_processed));
+            if (greedy) {
+                ASSERT_EQ(t, ref_argmax(l, V));
+                ASSERT_NEAR(info.logprob, ref_logprob_t(l, V, 1.0f, t), 1e-5);
+                continue;
+            }
+            const double want = ref_logprob_t(l, V, temps[ti], t);
+            ASSERT_TRUE(want > -700); /* a token the distribution holds */
+            ASSERT_NEAR(info.logprob, want, 2e-5 + 1e-6 * fabs(want));
+            ASSERT_NEAR(info.logprob_processed, want, 2e-5 + 1e-6 * fabs(want));
+            hits7 += t == 7;
+        }
+        if (!greedy && temps[ti] <= 1e-3f) { /* only the tie is drawn: token 7 at its share */
+            const double p7 = exp(ref_logprob_t(l, V, temps[ti], 7));
+            ASSERT_NEAR((double)hits7 / N, p7, 4 * sqrt(p7 * (1 - p7) / N) + 1e-3);
+        }
+    }
+    rs_sampler_scratch_free(&sc);
+}
+
+/* Ranks by logits, not by probabilities that underflow: at T = 1e-6 every runner-up's probability
+ * is 0 in fp32, and the alternatives are still the next-largest logits with their exact (large
+ * negative) logprobs; the truncated (processed) distribution likewise. */
+RS_TEST(sampler_top_logprobs_at_low_temperature) {
+    enum { V = 600, K = 6 };
+    static float l[V];
+    fill_tie_logits(l, V);
+    const float temps[] = {1e-6f, 1e-3f, 0.1f, 1.0f};
+    rs_sampler_scratch sc = {0};
+    for (size_t ti = 0; ti < RS_ARRAY_LEN(temps); ti++) {
+        const float t = temps[ti];
+        rs_sampling_params sp;
+        rs_sampling_params_default(&sp);
+        sp.temperature = t;
+        int32_t ids[K];
+        float lps[K];
+        ASSERT_EQ(rs_top_logprobs(l, V, &sp, false, K, &sc, ids, lps), K);
+        int used[V] = {0};
+        for (int r = 0; r < K; r++) { /* selection by logit, ties by id */
+            int best = -1;
+            for (int v = 0; v < V; v++)
+                if (!used[v] && (best < 0 || l[v] > l[best])) best = v;
+            used[best] = 1;
+            ASSERT_EQ(ids[r], best);
+            const double want = ref_logprob_t(l, V, t, best);
+            ASSERT_NEAR(lps[r], want, 2e-5 + 1e-6 * fabs(want));
+        }
+        /* processed, top-k 4: the four largest logits renormalized among themselves */
+        sp.top_k = 4;
+        ASSERT_EQ(rs_top_logprobs(l, V, &sp, true, K, &sc, ids, lps), 4);
+        double lse4 = -INFINITY;
+        for (int r = 0; r < 4; r++) {
+            const double a = ref_logprob_t(l, V, t, ids[r]);
+            lse4 = lse4 > a ? lse4 + log1p(exp(a - lse4)) : a + log1p(exp(lse4 - a));
+        }
+        for (int r = 0; r < 4; r++) {
+            const double want = ref_logprob_t(l, V, t, ids[r]) - lse4;
+            ASSERT_NEAR(lps[r], want, 2e-5 + 1e-6 * fabs(want));
+        }
+    }
+    rs_sampler_scratch_free(&sc);
+}

@@ -207,13 +207,13 @@ RS_TEST(sync_shm_from_json_body) {
     json_decref(body);
     rs_sync_job job = {.kind = RS_SYNC_SHM};
     rs_error err = {0};
-    ASSERT_EQ(rs_shm_update_parse(text, strlen(text), &job.req.shm, &err), RS_OK);
+    ASSERT_EQ(rs_weights_parse_shm(text, strlen(text), &job.req.shm, &err), RS_OK);
     free(text);
     ASSERT_EQ(rs_sync_run(v.s, &job), RS_OK);
     ASSERT_TRUE(job.res.committed);
     size_t len = 0;
     char *answer = rs_weights_response(job.res.message, job.res.weight_version, job.res.bytes, job.res.seconds,
-                                       job.res.committed, &len);
+                                       job.res.committed, job.res.txn_id, &len);
     json_error_t je;
     json_t *a = json_loads(answer, 0, &je);
     ASSERT_TRUE(a != NULL);
@@ -222,6 +222,7 @@ RS_TEST(sync_shm_from_json_body) {
     ASSERT_EQ(json_integer_value(json_object_get(a, "bytes")), (long long)rs_st_dir_nbytes(v.bt));
     ASSERT_TRUE(json_is_real(json_object_get(a, "seconds")));
     ASSERT_TRUE(json_is_true(json_object_get(a, "committed")));
+    ASSERT_EQ(strlen(json_string_value(json_object_get(a, "transaction_id"))), 16);
     json_decref(a);
     free(answer);
     rs_shm_update_req_free(&job.req.shm);
@@ -369,6 +370,71 @@ RS_TEST(sync_version_conflict_409) {
     ASSERT_TRUE(job.res.n_staged > staged);
     ASSERT_STREQ(rs_engine_weight_version(v.e), "8");
     expect_serving(&v, v.logits_b);
+    bucket_free(&k1);
+    bucket_free(&k2);
+    rs_test_sync_close(&v);
+}
+
+static int send_bucket_txn(env *v, const bucket *k, rs_weight_last last, const char *version, const char *txn,
+                           rs_sync_job *job) {
+    memset(job, 0, sizeof *job);
+    job->kind = RS_SYNC_SHM;
+    rs_shm_update_req *r = &job->req.shm;
+    snprintf(r->shm_name, sizeof r->shm_name, "%s", k->sg.name);
+    r->tensors = k->d;
+    r->n_tensors = k->n;
+    r->is_last = last;
+    if (version) {
+        r->has_version = true;
+        snprintf(r->weight_version, sizeof r->weight_version, "%s", version);
+    }
+    if (txn) {
+        r->has_txn_id = true;
+        snprintf(r->txn_id, sizeof r->txn_id, "%s", txn);
+    }
+    return rs_sync_run(v->s, job);
+}
+
+/* A bucket joins the open transaction only when it names it (sync.h): bucket 1 of version B and a
+ * bucket 2 without a version (is_last absent, so it would complete the set) is a 409 that stages
+ * nothing; so is a version for an update opened without one, and a transaction_id that is not the
+ * open one. The open update is untouched by each refusal and commits when its own bucket comes. */
+RS_TEST(sync_bucket_must_name_the_open_transaction) {
+    env v = rs_test_sync_open("bf16", NULL);
+    size_t n = rs_st_dir_count(v.bt);
+    bucket k1 = bucket_make(&v, 0, n / 2, 0), k2 = bucket_make(&v, n / 2, n, 0);
+    rs_sync_job job;
+    ASSERT_EQ(send_bucket_txn(&v, &k1, RS_WEIGHT_LAST_AUTO, "B", NULL, &job), RS_OK);
+    const int staged = job.res.n_staged;
+    char txn[sizeof job.res.txn_id];
+    snprintf(txn, sizeof txn, "%s", job.res.txn_id);
+    ASSERT_EQ(strlen(txn), 16);
+    ASSERT_EQ(send_bucket_txn(&v, &k2, RS_WEIGHT_LAST_AUTO, NULL, NULL, &job), RS_ESTATE); /* the mix */
+    ASSERT_EQ(rs_err_http_status(job.rc), 409);
+    ASSERT_STREQ(job.err.param, "weight_version");
+    ASSERT_TRUE(strstr(job.err.message, "without a weight_version") && strstr(job.err.message, "'B'"));
+    ASSERT_EQ(send_bucket_txn(&v, &k2, RS_WEIGHT_LAST_AUTO, "B", "0123456789abcdef", &job), RS_ESTATE);
+    ASSERT_STREQ(job.err.param, "transaction_id");
+    ASSERT_TRUE(stats(&v).txn_open);
+    ASSERT_EQ(stats(&v).updates_failed, 0);
+    ASSERT_STREQ(rs_engine_weight_version(v.e), "0");
+    expect_serving(&v, v.logits_a);
+    ASSERT_EQ(send_bucket_txn(&v, &k2, RS_WEIGHT_LAST_AUTO, "B", txn, &job), RS_OK);
+    ASSERT_TRUE(job.res.committed && job.res.n_staged > staged);
+    ASSERT_STREQ(job.res.txn_id, txn);
+    ASSERT_STREQ(rs_engine_weight_version(v.e), "B");
+    expect_serving(&v, v.logits_b);
+    /* the id of a committed transaction matches nothing, and opens nothing */
+    ASSERT_EQ(send_bucket_txn(&v, &k1, RS_WEIGHT_LAST_NO, "C", txn, &job), RS_ESTATE);
+    ASSERT_TRUE(strstr(job.err.message, "is not open"));
+    ASSERT_TRUE(!stats(&v).txn_open);
+    /* opened without a version: a versioned bucket does not relabel it; the version-less one joins */
+    ASSERT_EQ(send_bucket_txn(&v, &k1, RS_WEIGHT_LAST_NO, NULL, NULL, &job), RS_OK);
+    ASSERT_TRUE(strcmp(job.res.txn_id, txn) != 0);
+    ASSERT_EQ(send_bucket_txn(&v, &k2, RS_WEIGHT_LAST_YES, "C", NULL, &job), RS_ESTATE);
+    ASSERT_EQ(send_bucket_txn(&v, &k2, RS_WEIGHT_LAST_YES, NULL, NULL, &job), RS_OK);
+    ASSERT_TRUE(job.res.committed);
+    ASSERT_STREQ(rs_engine_weight_version(v.e), "B"); /* kept: the update named no version */
     bucket_free(&k1);
     bucket_free(&k2);
     rs_test_sync_close(&v);
@@ -590,11 +656,11 @@ static void write_index(env *v, const char *dir, const char *shard) {
     json_decref(root);
 }
 
-/* The shards an index names are checked against allowed-weight-dir before they are opened: one
- * symlinked outside is refused with the same message whatever it points at (a file whose header
- * the parser would quote, one too short to parse, one that does not exist, a FIFO that an open
- * would wait on), so nothing of the file outside reaches the client. A shard symlinked inside is
- * fine. */
+/* The shards an index names are opened without following symlinks: one symlinked outside is
+ * refused with the same message whatever it points at (a file whose header the parser would
+ * quote, one too short to parse, one that does not exist, a FIFO that an open would wait on), so
+ * nothing of the file outside reaches the client. A shard symlinked to a file inside is refused
+ * the same way (no symlink is followed); the same file as a plain name (a hard link) is read. */
 RS_TEST(sync_disk_shards_checked_before_open) {
     alarm(30); /* the FIFO case, were the shard opened, would block the service for good */
     char allowed[600], outside[600], ckpt[700], shard[800], p[1400];
@@ -640,13 +706,17 @@ RS_TEST(sync_disk_shards_checked_before_open) {
     ASSERT_EQ(stats(&v).updates, 0);
     expect_serving(&v, v.logits_a);
 
-    /* a shard symlinked to a file inside the directory is read */
+    /* a shard symlinked to a file inside the directory: refused alike; the file itself: read */
     snprintf(p, sizeof p, "%s/step", allowed);
     write_model(p, 2);
     snprintf(p, sizeof p, "%s/step/model.safetensors", allowed);
     unlink(shard);
     ASSERT_EQ(symlink(p, shard), 0);
     rs_sync_job job;
+    ASSERT_EQ(disk_update(&v, ckpt, &job), RS_EINVAL);
+    ASSERT_STREQ(job.err.message, first);
+    unlink(shard);
+    ASSERT_EQ(link(p, shard), 0);
     if (disk_update(&v, ckpt, &job) != RS_OK) RS_TEST_FAIL("%s", job.err.message);
     ASSERT_TRUE(job.res.committed);
     expect_serving(&v, v.logits_b);
@@ -698,14 +768,6 @@ RS_TEST(sync_disk_disabled_by_default) {
     rs_test_sync_close(&v);
 }
 
-RS_TEST(sync_disk_path_inside) {
-    ASSERT_TRUE(rs_disk_path_inside("/ckpt", "/ckpt"));
-    ASSERT_TRUE(rs_disk_path_inside("/ckpt/step1", "/ckpt"));
-    ASSERT_TRUE(!rs_disk_path_inside("/ckpt2/step1", "/ckpt"));
-    ASSERT_TRUE(!rs_disk_path_inside("/ck", "/ckpt"));
-    ASSERT_TRUE(rs_disk_path_inside("/anything", "/"));
-}
-
 /* Stopping the service answers every queued job exactly once. */
 typedef struct counter {
     pthread_mutex_t mu;
@@ -752,12 +814,12 @@ static void parse_fails(int (*parse)(const char *, size_t, void *, rs_error *), 
                      err.message);
 }
 
-static int shm_parse(const char *b, size_t n, void *out, rs_error *e) { return rs_shm_update_parse(b, n, out, e); }
-static int nccl_parse(const char *b, size_t n, void *out, rs_error *e) { return rs_nccl_update_parse(b, n, out, e); }
-static int group_parse(const char *b, size_t n, void *out, rs_error *e) { return rs_nccl_group_parse(b, n, out, e); }
-static int disk_parse(const char *b, size_t n, void *out, rs_error *e) { return rs_disk_update_parse(b, n, out, e); }
+static int shm_parse(const char *b, size_t n, void *out, rs_error *e) { return rs_weights_parse_shm(b, n, out, e); }
+static int nccl_parse(const char *b, size_t n, void *out, rs_error *e) { return rs_weights_parse_nccl_update(b, n, out, e); }
+static int group_parse(const char *b, size_t n, void *out, rs_error *e) { return rs_weights_parse_nccl_group(b, n, out, e); }
+static int disk_parse(const char *b, size_t n, void *out, rs_error *e) { return rs_weights_parse_disk(b, n, out, e); }
 static int version_parse(const char *b, size_t n, void *out, rs_error *e) {
-    return rs_version_update_parse(b, n, out, e);
+    return rs_weights_parse_version(b, n, out, e);
 }
 
 RS_TEST(sync_parse_shm_request) {
@@ -767,7 +829,7 @@ RS_TEST(sync_parse_shm_request) {
                      "\"bfloat16\",\"shape\":[4096],\"offset\":0},{\"name\":\"lm_head.weight\",\"dtype\":\"F32\","
                      "\"shape\":[2,3],\"offset\":8192}],\"is_last\":false,\"weight_version\":\"18\","
                      "\"abort_all_requests\":false,\"flush_cache\":true}";
-    ASSERT_EQ(rs_shm_update_parse(ok, strlen(ok), &r, &err), RS_OK);
+    ASSERT_EQ(rs_weights_parse_shm(ok, strlen(ok), &r, &err), RS_OK);
     ASSERT_STREQ(r.shm_name, "/rolloutd-w-1");
     ASSERT_EQ(r.n_tensors, 2);
     ASSERT_EQ(r.tensors[0].dtype, RS_DTYPE_BF16);
@@ -780,15 +842,15 @@ RS_TEST(sync_parse_shm_request) {
     ASSERT_STREQ(r.weight_version, "18");
     rs_shm_update_req_free(&r);
     const char *auto_last = "{\"shm_name\":\"/x\",\"tensors\":[],\"weight_version\":null,\"is_last\":null}";
-    ASSERT_EQ(rs_shm_update_parse(auto_last, strlen(auto_last), &r, &err), RS_OK);
+    ASSERT_EQ(rs_weights_parse_shm(auto_last, strlen(auto_last), &r, &err), RS_OK);
     ASSERT_EQ(r.is_last, RS_WEIGHT_LAST_AUTO);
     ASSERT_TRUE(!r.has_version);
     rs_shm_update_req_free(&r);
 
     static const struct { const char *body, *param, *needle; int code; } bad[] = {
         {"{\"shm_name\":\"/x\",\"tensors\":[],\"is_lats\":true}", "is_lats", "unknown field", RS_EINVAL},
-        {"{\"tensors\":[]}", "shm_name", "missing", RS_EINVAL},
-        {"{\"shm_name\":\"/x\"}", "tensors", "missing", RS_EINVAL},
+        {"{\"tensors\":[]}", "shm_name", "shm_name is required", RS_EINVAL},
+        {"{\"shm_name\":\"/x\"}", "tensors", "tensors is required", RS_EINVAL},
         {"{\"shm_name\":\"x\",\"tensors\":[]}", "shm_name", "POSIX", RS_EINVAL},
         {"{\"shm_name\":\"/a/b\",\"tensors\":[]}", "shm_name", "POSIX", RS_EINVAL},
         {"{\"shm_name\":\"/..\",\"tensors\":[]}", "shm_name", "POSIX", RS_EINVAL},
@@ -796,7 +858,7 @@ RS_TEST(sync_parse_shm_request) {
         {"{\"shm_name\":\"/x\",\"tensors\":[{\"name\":\"a\",\"dtype\":\"bfloat16\",\"shape\":[1],\"offset\":0,"
          "\"stride\":1}]}", "tensors[0].stride", "unknown field", RS_EINVAL},
         {"{\"shm_name\":\"/x\",\"tensors\":[{\"name\":\"a\",\"dtype\":\"bfloat16\",\"shape\":[1]}]}",
-         "tensors[0].offset", "missing", RS_EINVAL},
+         "tensors[0].offset", "tensors[0].offset is required", RS_EINVAL},
         {"{\"shm_name\":\"/x\",\"tensors\":[{\"name\":\"a\",\"dtype\":\"int64\",\"shape\":[1],\"offset\":0}]}",
          "tensors[0].dtype", "not supported", RS_EUNSUPPORTED},
         {"{\"shm_name\":\"/x\",\"tensors\":[{\"name\":\"a\",\"dtype\":\"bf16\",\"shape\":[1],\"offset\":0}]}",
@@ -821,8 +883,12 @@ RS_TEST(sync_parse_shm_request) {
         {"{\"shm_name\":\"/x\",\"tensors\":[],\"weight_version\":\"a\\nb\"}", "weight_version", "control",
          RS_EINVAL},
         {"{\"shm_name\":\"/x\",\"shm_name\":\"/y\",\"tensors\":[]}", "", "duplicate", RS_EINVAL},
-        {"[1,2]", "the request body", "object", RS_EINVAL},
-        {"{\"shm_name\":\"/x\",", "", "malformed JSON", RS_EINVAL},
+        {"[1,2]", "", "must be a JSON object", RS_EINVAL},
+        {"{\"shm_name\":\"/x\",", "", "invalid JSON", RS_EINVAL},
+        {"{\"shm_name\":\"/x\",\"tensors\":[],\"abort_all_requests\":true,\"abort_all_request\":true}",
+         "abort_all_request", "give one of them", RS_EINVAL},
+        {"{\"shm_name\":\"/x\",\"tensors\":[],\"http_worker_ipc\":\"ipc:///x\"}", "http_worker_ipc",
+         "not implemented", RS_EUNSUPPORTED},
     };
     for (size_t i = 0; i < RS_ARRAY_LEN(bad); i++) parse_fails(shm_parse, &r, bad[i].body, bad[i].code, bad[i].param, bad[i].needle);
 }
@@ -832,7 +898,7 @@ RS_TEST(sync_parse_nccl_requests) {
     rs_error err = {0};
     const char *ok = "{\"names\":[\"a\",\"b\"],\"dtypes\":[\"bfloat16\",\"float8_e4m3fn\"],\"shapes\":[[3,2],[5]],"
                      "\"group_name\":\"g0\",\"load_format\":\"flattened_bucket\",\"weight_version\":\"18\"}";
-    ASSERT_EQ(rs_nccl_update_parse(ok, strlen(ok), &u, &err), RS_OK);
+    ASSERT_EQ(rs_weights_parse_nccl_update(ok, strlen(ok), &u, &err), RS_OK);
     ASSERT_EQ(u.n_tensors, 2);
     ASSERT_EQ(u.tensors[0].offset, 0);
     ASSERT_EQ(u.tensors[1].offset, 12);
@@ -843,8 +909,15 @@ RS_TEST(sync_parse_nccl_requests) {
     ASSERT_STREQ(u.group_name, "g0");
     rs_nccl_update_req_free(&u);
     const char *plain = "{\"names\":[\"a\"],\"dtypes\":[\"float32\"],\"shapes\":[[1]],\"load_format\":null}";
-    ASSERT_EQ(rs_nccl_update_parse(plain, strlen(plain), &u, &err), RS_OK);
+    ASSERT_EQ(rs_weights_parse_nccl_update(plain, strlen(plain), &u, &err), RS_OK);
     ASSERT_TRUE(!u.flattened_bucket);
+    ASSERT_TRUE(!u.abort_all_requests);
+    rs_nccl_update_req_free(&u);
+    /* AReaL's /update_weights_from_distributed: abort_all_requests, and SGLang's no-effect fields */
+    const char *areal = "{\"names\":[\"a\"],\"dtypes\":[\"float32\"],\"shapes\":[[1]],\"abort_all_requests\":true,"
+                        "\"flush_cache\":true,\"torch_empty_cache\":false,\"rid\":\"u1\",\"http_worker_ipc\":null}";
+    ASSERT_EQ(rs_weights_parse_nccl_update(areal, strlen(areal), &u, &err), RS_OK);
+    ASSERT_TRUE(u.abort_all_requests);
     ASSERT_STREQ(u.group_name, "weight_update_group");
     rs_nccl_update_req_free(&u);
     parse_fails(nccl_parse, &u, "{\"names\":[\"a\",\"b\"],\"dtypes\":[\"float32\"],\"shapes\":[[1],[1]]}", RS_EINVAL,
@@ -862,7 +935,7 @@ RS_TEST(sync_parse_nccl_requests) {
     strcat(id, "AAA=");
     snprintf(body, sizeof body, "{\"master_address\":\"127.0.0.1\",\"master_port\":29711,\"rank_offset\":1,"
              "\"world_size\":2,\"group_name\":\"g0\",\"backend\":\"nccl\",\"nccl_unique_id_b64\":\"%s\"}", id);
-    ASSERT_EQ(rs_nccl_group_parse(body, strlen(body), &g, &err), RS_OK);
+    ASSERT_EQ(rs_weights_parse_nccl_group(body, strlen(body), &g, &err), RS_OK);
     ASSERT_TRUE(g.has_unique_id);
     ASSERT_EQ(g.unique_id[1], 1);
     ASSERT_EQ(g.unique_id[2], 2);
@@ -876,8 +949,19 @@ RS_TEST(sync_parse_nccl_requests) {
                 "\"backend\":\"gloo\"}", RS_EUNSUPPORTED, "backend", NULL);
     parse_fails(group_parse, &g, "{\"master_address\":\"h\",\"master_port\":1,\"rank_offset\":1,\"world_size\":2,"
                 "\"nccl_unique_id_b64\":\"AAEC\"}", RS_EINVAL, "nccl_unique_id_b64", "128");
+    /* AReaL sends master_port as a string: a decimal port is taken, anything else is refused */
+    const char *str_port = "{\"master_address\":\"h\",\"master_port\":\"29711\",\"rank_offset\":1,\"world_size\":2}";
+    ASSERT_EQ(rs_weights_parse_nccl_group(str_port, strlen(str_port), &g, &err), RS_OK);
+    ASSERT_EQ(g.master_port, 29711);
+    static const char *const bad_ports[] = {"\"0\"", "\"70000\"", "\"29a\"", "\"\"", "\"-1\"", "\" 80\"",
+                                            "\"123456\"", "1.5", "true", "[1]"};
+    for (size_t i = 0; i < RS_ARRAY_LEN(bad_ports); i++) {
+        snprintf(body, sizeof body, "{\"master_address\":\"h\",\"master_port\":%s,\"rank_offset\":1,"
+                 "\"world_size\":2}", bad_ports[i]);
+        parse_fails(group_parse, &g, body, RS_EINVAL, "master_port", NULL);
+    }
     rs_nccl_destroy_req dr;
-    ASSERT_EQ(rs_nccl_destroy_parse("{}", 2, &dr, &err), RS_OK);
+    ASSERT_EQ(rs_weights_parse_nccl_destroy("{}", 2, &dr, &err), RS_OK);
     ASSERT_STREQ(dr.group_name, "weight_update_group");
 }
 
@@ -885,18 +969,26 @@ RS_TEST(sync_parse_disk_and_version) {
     rs_disk_update_req d;
     rs_error err = {0};
     const char *ok = "{\"model_path\":\"/ckpt/step18\",\"weight_version\":\"18\",\"load_format\":\"auto\"}";
-    ASSERT_EQ(rs_disk_update_parse(ok, strlen(ok), &d, &err), RS_OK);
+    ASSERT_EQ(rs_weights_parse_disk(ok, strlen(ok), &d, &err), RS_OK);
     ASSERT_STREQ(d.model_path, "/ckpt/step18");
+    ASSERT_TRUE(!d.abort_all_requests);
+    /* AReaL's spelling, and SGLang's fields that have no effect or only a neutral value here */
+    const char *areal = "{\"model_path\":\"/c\",\"abort_all_request\":true,\"flush_cache\":false,"
+                        "\"torch_empty_cache\":true,\"is_async\":false,\"keep_pause\":null,\"token_step\":0}";
+    ASSERT_EQ(rs_weights_parse_disk(areal, strlen(areal), &d, &err), RS_OK);
+    ASSERT_TRUE(d.abort_all_requests);
+    parse_fails(disk_parse, &d, "{\"model_path\":\"/c\",\"is_async\":true}", RS_EUNSUPPORTED, "is_async",
+                "not implemented");
     parse_fails(disk_parse, &d, "{\"model_path\":\"ckpt\"}", RS_EINVAL, "model_path", "absolute");
     parse_fails(disk_parse, &d, "{\"model_path\":\"/c\",\"load_format\":\"pt\"}", RS_EUNSUPPORTED, "load_format",
                 NULL);
     rs_version_update_req v;
     const char *vok = "{\"new_version\":\"18\",\"abort_all_requests\":true}";
-    ASSERT_EQ(rs_version_update_parse(vok, strlen(vok), &v, &err), RS_OK);
+    ASSERT_EQ(rs_weights_parse_version(vok, strlen(vok), &v, &err), RS_OK);
     ASSERT_STREQ(v.new_version, "18");
     ASSERT_TRUE(v.abort_all_requests);
-    ASSERT_EQ(rs_version_update_parse("{\"new_version\":\"1\"}", 19, &v, &err), RS_OK);
+    ASSERT_EQ(rs_weights_parse_version("{\"new_version\":\"1\"}", 19, &v, &err), RS_OK);
     ASSERT_TRUE(!v.abort_all_requests); /* never abort unasked (some SGLang versions default to true) */
-    parse_fails(version_parse, &v, "{}", RS_EINVAL, "new_version", "missing");
+    parse_fails(version_parse, &v, "{}", RS_EINVAL, "new_version", "required");
     parse_fails(version_parse, &v, "{\"new_version\":\"\"}", RS_EINVAL, "new_version", "empty");
 }

@@ -1,5 +1,5 @@
 /*
- * test_update.c — weight slots by name (model/update.h) and the update transaction
+ * test_update.c — weight slots by name (model/weight_store.h) and the update transaction
  * (sync/transaction.h), in process on the CPU backend.
  *
  * The references are independent of the code under test: the slot map is checked against the
@@ -19,7 +19,7 @@
 #include "../../model/model.h"
 #include "../../model/quant.h"
 #include "../../model/safetensors.h"
-#include "../../model/update.h"
+#include "../../model/weight_store.h"
 #include "../../sync/transaction.h"
 #include "test.h"
 #include "test_util.h"
@@ -122,21 +122,21 @@ static void expect_same_weights(rs_model *a, rs_model *b) {
     ASSERT_EQ(a->weight_bytes, b->weight_bytes);
 }
 
-static rs_update_tensor st_tensor(const rs_st_tensor *t) {
-    return (rs_update_tensor){.name = t->name, .dtype = t->dtype, .ndim = t->ndim, .shape = t->shape,
+static rs_txn_tensor st_tensor(const rs_st_tensor *t) {
+    return (rs_txn_tensor){.name = t->name, .dtype = t->dtype, .ndim = t->ndim, .shape = t->shape,
                               .data = t->data};
 }
 
 /* Stages every tensor of checkpoint `dir` except `skip` (may be NULL). */
-static void stage_dir(rs_update *u, const char *dir, const char *skip) {
+static void stage_dir(rs_txn *u, const char *dir, const char *skip) {
     rs_st_dir *d = NULL;
     rs_error err = {0};
     if (rs_st_dir_open(&d, dir, &err) != RS_OK) RS_TEST_FAIL("%s", err.message);
     for (size_t i = 0; i < rs_st_dir_count(d); i++) {
         const rs_st_tensor *t = rs_st_dir_tensor_at(d, i, NULL);
         if (skip && strcmp(t->name, skip) == 0) continue;
-        rs_update_tensor ut = st_tensor(t);
-        if (rs_update_add(u, &ut, &err) != RS_OK) RS_TEST_FAIL("add %s: %s", t->name, err.message);
+        rs_txn_tensor ut = st_tensor(t);
+        if (rs_txn_add(u, &ut, &err) != RS_OK) RS_TEST_FAIL("add %s: %s", t->name, err.message);
     }
     rs_st_dir_close(d);
 }
@@ -277,14 +277,14 @@ static void full_update(rs_arch arch, bool tied, const char *mode) {
     const char *da = model_dir("a", &c, 11), *db = model_dir("b", &c, 12);
     rs_model *a = load(da, b, &qp), *fresh_b = load(db, b, &qp);
     const size_t allocs = rs_weight_store_count(a->store);
-    rs_update *u = NULL;
+    rs_txn *u = NULL;
     rs_error err = {0};
-    ASSERT_EQ(rs_update_begin(&u, a, "v1", 0, &err), RS_OK);
-    ASSERT_EQ(rs_update_n_required(u), rs_model_param_count(a));
+    ASSERT_EQ(rs_txn_begin(&u, a, "v1", 0, &err), RS_OK);
+    ASSERT_EQ(rs_txn_n_required(u), rs_model_param_count(a));
     stage_dir(u, db, NULL);
-    ASSERT_TRUE(rs_update_complete(u));
-    ASSERT_EQ(rs_update_staged_bytes(u), a->weight_bytes); /* staged = served size, never raw BF16 */
-    ASSERT_EQ(rs_update_commit(u, NULL, false, NULL, &err), RS_OK);
+    ASSERT_TRUE(rs_txn_complete(u));
+    ASSERT_EQ(rs_txn_staged_bytes(u), a->weight_bytes); /* staged = served size, never raw BF16 */
+    ASSERT_EQ(rs_txn_commit(u, NULL, false, NULL, &err), RS_OK);
     ASSERT_EQ(rs_weight_store_count(a->store), allocs);
     expect_same_weights(a, fresh_b);
     expect_same_logits(a, fresh_b);
@@ -340,17 +340,17 @@ RS_TEST(update_fp8_pairs_equal_quantize_on_arrival) {
     rs_quant_policy fp8 = policy("fp8");
     const char *da = model_dir("a", &c, 21), *db = model_dir("b", &c, 22);
     rs_model *a = load(da, b, &fp8), *fresh_b = load(db, b, &fp8);
-    rs_update *u = NULL;
+    rs_txn *u = NULL;
     rs_error err = {0};
-    ASSERT_EQ(rs_update_begin(&u, a, "fp8", 0, &err), RS_OK);
+    ASSERT_EQ(rs_txn_begin(&u, a, "fp8", 0, &err), RS_OK);
     rs_st_dir *d = NULL;
     ASSERT_EQ(rs_st_dir_open(&d, db, &err), RS_OK);
     int k = 0;
     for (size_t i = 0; i < rs_st_dir_count(d); i++) {
         const rs_st_tensor *t = rs_st_dir_tensor_at(d, i, NULL);
-        rs_update_tensor ut = st_tensor(t);
+        rs_txn_tensor ut = st_tensor(t);
         if (!rs_quant_eligible(t->name, NULL)) {
-            ASSERT_EQ(rs_update_add(u, &ut, &err), RS_OK);
+            ASSERT_EQ(rs_txn_add(u, &ut, &err), RS_OK);
             continue;
         }
         rs_tensor host = {.dtype = RS_DTYPE_BF16, .ndim = 2, .shape = {t->shape[0], t->shape[1]}};
@@ -363,29 +363,29 @@ RS_TEST(update_fp8_pairs_equal_quantize_on_arrival) {
         char sname[300];
         snprintf(sname, sizeof sname, "%s_scale_inv", t->name);
         int64_t sshape[2] = {rs_fp8_blocks(t->shape[0]), rs_fp8_blocks(t->shape[1])};
-        rs_update_tensor codes = {.name = t->name, .dtype = RS_DTYPE_E4M3, .ndim = 2, .shape = t->shape, .data = q};
-        rs_update_tensor scale = {.name = sname, .dtype = RS_DTYPE_F32, .ndim = 2, .shape = sshape, .data = s};
+        rs_txn_tensor codes = {.name = t->name, .dtype = RS_DTYPE_E4M3, .ndim = 2, .shape = t->shape, .data = q};
+        rs_txn_tensor scale = {.name = sname, .dtype = RS_DTYPE_F32, .ndim = 2, .shape = sshape, .data = s};
         switch (k++ % 3) {
         case 0: /* codes, then scale */
-            ASSERT_EQ(rs_update_add(u, &codes, &err), RS_OK);
-            ASSERT_TRUE(!rs_update_complete(u));
-            ASSERT_EQ(rs_update_add(u, &scale, &err), RS_OK);
+            ASSERT_EQ(rs_txn_add(u, &codes, &err), RS_OK);
+            ASSERT_TRUE(!rs_txn_complete(u));
+            ASSERT_EQ(rs_txn_add(u, &scale, &err), RS_OK);
             break;
         case 1: /* scale first */
-            ASSERT_EQ(rs_update_add(u, &scale, &err), RS_OK);
-            ASSERT_EQ(rs_update_add(u, &codes, &err), RS_OK);
+            ASSERT_EQ(rs_txn_add(u, &scale, &err), RS_OK);
+            ASSERT_EQ(rs_txn_add(u, &codes, &err), RS_OK);
             break;
         default: /* together */
             codes.scale_inv = s;
             codes.scale_dtype = RS_DTYPE_F32;
-            ASSERT_EQ(rs_update_add(u, &codes, &err), RS_OK);
+            ASSERT_EQ(rs_txn_add(u, &codes, &err), RS_OK);
             break;
         }
         free(host.data), free(q), free(s);
     }
     rs_st_dir_close(d);
-    ASSERT_TRUE(rs_update_complete(u));
-    ASSERT_EQ(rs_update_commit(u, NULL, false, NULL, &err), RS_OK);
+    ASSERT_TRUE(rs_txn_complete(u));
+    ASSERT_EQ(rs_txn_commit(u, NULL, false, NULL, &err), RS_OK);
     expect_same_weights(a, fresh_b);
     expect_same_logits(a, fresh_b);
     rs_model_free(a);
@@ -407,8 +407,8 @@ RS_TEST(update_fp8_slot_quantizes_bf16_bit_identically) {
     const char *w = "model.layers.1.mlp.down_proj.weight";
     const rs_st_tensor *t = rs_st_dir_find(d, w, NULL, NULL);
     ASSERT_TRUE(t != NULL);
-    rs_update *u = NULL;
-    ASSERT_EQ(rs_update_begin(&u, a, NULL, 0, &err), RS_OK);
+    rs_txn *u = NULL;
+    ASSERT_EQ(rs_txn_begin(&u, a, NULL, 0, &err), RS_OK);
     /* F32 copy of the BF16 values: quantizes to the same codes */
     size_t n = (size_t)(t->shape[0] * t->shape[1]);
     float *f = malloc(n * sizeof(float));
@@ -417,11 +417,11 @@ RS_TEST(update_fp8_slot_quantizes_bf16_bit_identically) {
         memcpy(&h, (const uint8_t *)t->data + 2 * i, 2);
         f[i] = rs_bf16_to_f32(h);
     }
-    rs_update_tensor ut = {.name = w, .dtype = RS_DTYPE_F32, .ndim = 2, .shape = t->shape, .data = f};
-    ASSERT_EQ(rs_update_add(u, &ut, &err), RS_OK);
+    rs_txn_tensor ut = {.name = w, .dtype = RS_DTYPE_F32, .ndim = 2, .shape = t->shape, .data = f};
+    ASSERT_EQ(rs_txn_add(u, &ut, &err), RS_OK);
     free(f);
     stage_dir(u, db, w);
-    ASSERT_EQ(rs_update_commit(u, NULL, false, NULL, &err), RS_OK);
+    ASSERT_EQ(rs_txn_commit(u, NULL, false, NULL, &err), RS_OK);
     rs_tensor *slot = &a->layers[1].w_down;
     ASSERT_EQ(slot->dtype, RS_DTYPE_E4M3);
     ASSERT_TRUE(slot->scale_inv != NULL);
@@ -445,11 +445,11 @@ RS_TEST(update_fp8_layout_is_the_staged_weights) {
     const char *da = model_dir("a", &c, 33), *db = model_dir("b", &c, 34);
     rs_model *a = load(da, b, &fp8), *fresh_b = load(db, rows, &fp8);
     rs_cpu_set_simd(b, RS_CPU_SIMD_AVX2);
-    rs_update *u = NULL;
+    rs_txn *u = NULL;
     rs_error err = {0};
-    ASSERT_EQ(rs_update_begin(&u, a, NULL, 0, &err), RS_OK);
+    ASSERT_EQ(rs_txn_begin(&u, a, NULL, 0, &err), RS_OK);
     stage_dir(u, db, NULL);
-    ASSERT_EQ(rs_update_commit(u, NULL, false, NULL, &err), RS_OK);
+    ASSERT_EQ(rs_txn_commit(u, NULL, false, NULL, &err), RS_OK);
     expect_same_weights(a, fresh_b); /* codes, scales and layouts */
     ASSERT_EQ(a->layers[1].w_down.layout, RS_LAYOUT_ROWS);
     rs_model_free(a);
@@ -464,18 +464,18 @@ RS_TEST(update_tied_lm_head_follows_embed) {
     rs_model_config c = cfg_for(RS_ARCH_QWEN3, true);
     const char *da = model_dir("a", &c, 41), *db = model_dir("b", &c, 42);
     rs_model *a = load(da, b, NULL), *fresh_b = load(db, b, NULL);
-    rs_update *u = NULL;
+    rs_txn *u = NULL;
     rs_error err = {0};
-    ASSERT_EQ(rs_update_begin(&u, a, "t", 0, &err), RS_OK);
+    ASSERT_EQ(rs_txn_begin(&u, a, "t", 0, &err), RS_OK);
     stage_dir(u, db, NULL);
     rs_slot_info info;
     rs_tensor *emb = rs_model_slot(fresh_b, "model.embed_tokens.weight", &info);
-    rs_update_tensor lm = {.name = "lm_head.weight", .dtype = RS_DTYPE_BF16, .ndim = 2, .shape = emb->shape,
+    rs_txn_tensor lm = {.name = "lm_head.weight", .dtype = RS_DTYPE_BF16, .ndim = 2, .shape = emb->shape,
                            .data = emb->data};
-    ASSERT_EQ(rs_update_add(u, &lm, &err), RS_OK);
-    ASSERT_EQ(rs_update_add(u, &lm, &err), RS_EINVAL); /* twice is a duplicate */
+    ASSERT_EQ(rs_txn_add(u, &lm, &err), RS_OK);
+    ASSERT_EQ(rs_txn_add(u, &lm, &err), RS_EINVAL); /* twice is a duplicate */
     ASSERT_STREQ(err.param, "lm_head.weight");
-    ASSERT_EQ(rs_update_commit(u, NULL, false, NULL, &err), RS_OK);
+    ASSERT_EQ(rs_txn_commit(u, NULL, false, NULL, &err), RS_OK);
     ASSERT_TRUE(a->lm_head.data == a->embed.data);
     expect_same_logits(a, fresh_b);
     rs_model_free(a);
@@ -530,17 +530,17 @@ RS_TEST(update_rejects_bad_tensors_and_leaves_weights) {
     static float zeros[1 << 16];
     for (size_t k = 0; k < RS_ARRAY_LEN(cases); k++) {
         const bad_case *bc = &cases[k];
-        rs_update *u = NULL;
+        rs_txn *u = NULL;
         rs_error err = {0};
-        ASSERT_EQ(rs_update_begin(&u, a, "bad", 0, &err), RS_OK);
+        ASSERT_EQ(rs_txn_begin(&u, a, "bad", 0, &err), RS_OK);
         stage_dir(u, db, bc->name); /* the rest of a valid update ... */
-        rs_update_tensor t = {.name = bc->name, .dtype = bc->dtype, .ndim = bc->ndim, .shape = bc->shape,
+        rs_txn_tensor t = {.name = bc->name, .dtype = bc->dtype, .ndim = bc->ndim, .shape = bc->shape,
                               .data = zeros};
-        int rc = rs_update_add(u, &t, &err); /* ... spoiled by one bad tensor */
+        int rc = rs_txn_add(u, &t, &err); /* ... spoiled by one bad tensor */
         if (rc != bc->code || strcmp(err.param, bc->param) != 0 || !strstr(err.message, bc->needle))
             RS_TEST_FAIL("%s: rc %d (want %d), param '%s', message '%s'", bc->what, rc, bc->code, err.param,
                          err.message);
-        rs_update_abort(u);
+        rs_txn_abort(u);
         ASSERT_EQ(rs_weight_store_count(a->store), allocs);
         ASSERT_EQ(a->weight_bytes, bytes);
     }
@@ -563,77 +563,77 @@ RS_TEST(update_incomplete_duplicate_and_limit) {
     rs_model *a = load(da, b, &fp8), *ref = load(da, b, &fp8);
     const size_t allocs = rs_weight_store_count(a->store);
     rs_error err = {0};
-    rs_update *u = NULL;
+    rs_txn *u = NULL;
     rs_st_dir *d = NULL;
     ASSERT_EQ(rs_st_dir_open(&d, db, &err), RS_OK);
     const rs_st_tensor *qw = rs_st_dir_find(d, "model.layers.0.self_attn.q_proj.weight", NULL, NULL);
-    rs_update_tensor q = st_tensor(qw);
+    rs_txn_tensor q = st_tensor(qw);
 
     /* duplicate */
-    ASSERT_EQ(rs_update_begin(&u, a, "d", 0, &err), RS_OK);
-    ASSERT_EQ(rs_update_add(u, &q, &err), RS_OK);
-    ASSERT_EQ(rs_update_add(u, &q, &err), RS_EINVAL);
+    ASSERT_EQ(rs_txn_begin(&u, a, "d", 0, &err), RS_OK);
+    ASSERT_EQ(rs_txn_add(u, &q, &err), RS_OK);
+    ASSERT_EQ(rs_txn_add(u, &q, &err), RS_EINVAL);
     ASSERT_STREQ(err.param, "model.layers.0.self_attn.q_proj.weight");
     ASSERT_TRUE(strstr(err.message, "duplicate"));
-    rs_update_abort(u);
+    rs_txn_abort(u);
 
     /* missing at commit: the first missing parameter in model order is named */
-    ASSERT_EQ(rs_update_begin(&u, a, "m", 0, &err), RS_OK);
+    ASSERT_EQ(rs_txn_begin(&u, a, "m", 0, &err), RS_OK);
     stage_dir(u, db, "model.layers.1.self_attn.k_norm.weight");
-    ASSERT_TRUE(!rs_update_complete(u));
-    ASSERT_EQ(rs_update_commit(u, NULL, false, NULL, &err), RS_EINVAL);
+    ASSERT_TRUE(!rs_txn_complete(u));
+    ASSERT_EQ(rs_txn_commit(u, NULL, false, NULL, &err), RS_EINVAL);
     ASSERT_STREQ(err.param, "model.layers.1.self_attn.k_norm.weight");
     ASSERT_TRUE(strstr(err.message, "missing tensor"));
     ASSERT_EQ(rs_weight_store_count(a->store), allocs);
 
     /* an empty commit names the embedding */
-    ASSERT_EQ(rs_update_begin(&u, a, "e", 0, &err), RS_OK);
-    ASSERT_EQ(rs_update_commit(u, NULL, false, NULL, &err), RS_EINVAL);
+    ASSERT_EQ(rs_txn_begin(&u, a, "e", 0, &err), RS_OK);
+    ASSERT_EQ(rs_txn_commit(u, NULL, false, NULL, &err), RS_EINVAL);
     ASSERT_STREQ(err.param, "model.embed_tokens.weight");
 
     /* FP8 codes without their scale */
-    ASSERT_EQ(rs_update_begin(&u, a, "h", 0, &err), RS_OK);
+    ASSERT_EQ(rs_txn_begin(&u, a, "h", 0, &err), RS_OK);
     stage_dir(u, db, "model.layers.0.self_attn.q_proj.weight");
     uint8_t *codes = calloc((size_t)(qw->shape[0] * qw->shape[1]), 1);
-    rs_update_tensor qc = {.name = q.name, .dtype = RS_DTYPE_E4M3, .ndim = 2, .shape = qw->shape, .data = codes};
-    ASSERT_EQ(rs_update_add(u, &qc, &err), RS_OK);
-    ASSERT_TRUE(!rs_update_complete(u));
-    ASSERT_EQ(rs_update_commit(u, NULL, false, NULL, &err), RS_EINVAL);
+    rs_txn_tensor qc = {.name = q.name, .dtype = RS_DTYPE_E4M3, .ndim = 2, .shape = qw->shape, .data = codes};
+    ASSERT_EQ(rs_txn_add(u, &qc, &err), RS_OK);
+    ASSERT_TRUE(!rs_txn_complete(u));
+    ASSERT_EQ(rs_txn_commit(u, NULL, false, NULL, &err), RS_EINVAL);
     ASSERT_STREQ(err.param, "model.layers.0.self_attn.q_proj.weight");
     ASSERT_TRUE(strstr(err.message, "without"));
 
     /* a scale, then the float weight: refused (which scales would it be?) */
-    ASSERT_EQ(rs_update_begin(&u, a, "s", 0, &err), RS_OK);
+    ASSERT_EQ(rs_txn_begin(&u, a, "s", 0, &err), RS_OK);
     float sc[2] = {1.0f, 1.0f};
     int64_t sshape[2] = {1, 2};
-    rs_update_tensor st = {.name = "model.layers.0.self_attn.q_proj.weight_scale_inv", .dtype = RS_DTYPE_F32,
+    rs_txn_tensor st = {.name = "model.layers.0.self_attn.q_proj.weight_scale_inv", .dtype = RS_DTYPE_F32,
                            .ndim = 2, .shape = sshape, .data = sc};
-    ASSERT_EQ(rs_update_add(u, &st, &err), RS_OK);
-    ASSERT_EQ(rs_update_add(u, &q, &err), RS_EINVAL);
+    ASSERT_EQ(rs_txn_add(u, &st, &err), RS_OK);
+    ASSERT_EQ(rs_txn_add(u, &q, &err), RS_EINVAL);
     ASSERT_STREQ(err.param, "model.layers.0.self_attn.q_proj.weight");
-    rs_update_abort(u);
+    rs_txn_abort(u);
     /* and a float weight, then a scale */
-    ASSERT_EQ(rs_update_begin(&u, a, "s2", 0, &err), RS_OK);
-    ASSERT_EQ(rs_update_add(u, &q, &err), RS_OK);
-    ASSERT_EQ(rs_update_add(u, &st, &err), RS_EINVAL);
+    ASSERT_EQ(rs_txn_begin(&u, a, "s2", 0, &err), RS_OK);
+    ASSERT_EQ(rs_txn_add(u, &q, &err), RS_OK);
+    ASSERT_EQ(rs_txn_add(u, &st, &err), RS_EINVAL);
     ASSERT_STREQ(err.param, "model.layers.0.self_attn.q_proj.weight_scale_inv");
-    rs_update_abort(u);
+    rs_txn_abort(u);
     /* a NaN scale */
-    ASSERT_EQ(rs_update_begin(&u, a, "n", 0, &err), RS_OK);
+    ASSERT_EQ(rs_txn_begin(&u, a, "n", 0, &err), RS_OK);
     sc[1] = NAN;
-    ASSERT_EQ(rs_update_add(u, &st, &err), RS_EFORMAT);
+    ASSERT_EQ(rs_txn_add(u, &st, &err), RS_EFORMAT);
     ASSERT_TRUE(strstr(err.message, "nan"));
-    rs_update_abort(u);
+    rs_txn_abort(u);
 
     /* the staging limit: 64 KiB is refused with 400 before the backend is asked */
-    ASSERT_EQ(rs_update_begin(&u, a, "l", 64 << 10, &err), RS_OK);
-    rs_update_tensor emb = st_tensor(rs_st_dir_find(d, "model.embed_tokens.weight", NULL, NULL));
-    ASSERT_EQ(rs_update_add(u, &emb, &err), RS_OK); /* 200 x 160 BF16 = 62.5 KiB */
-    ASSERT_EQ(rs_update_add(u, &q, &err), RS_EINVAL);
+    ASSERT_EQ(rs_txn_begin(&u, a, "l", 64 << 10, &err), RS_OK);
+    rs_txn_tensor emb = st_tensor(rs_st_dir_find(d, "model.embed_tokens.weight", NULL, NULL));
+    ASSERT_EQ(rs_txn_add(u, &emb, &err), RS_OK); /* 200 x 160 BF16 = 62.5 KiB */
+    ASSERT_EQ(rs_txn_add(u, &q, &err), RS_EINVAL);
     ASSERT_STREQ(err.param, "model.layers.0.self_attn.q_proj.weight");
     ASSERT_TRUE(strstr(err.message, "staging limit"));
-    ASSERT_TRUE(rs_update_staged_bytes(u) <= (64 << 10));
-    rs_update_abort(u);
+    ASSERT_TRUE(rs_txn_staged_bytes(u) <= (64 << 10));
+    rs_txn_abort(u);
 
     free(codes);
     rs_st_dir_close(d);
@@ -704,32 +704,32 @@ RS_TEST(update_staging_recycles_replaced_weights) {
     const int n = 2 * rs_model_param_count(m);
     const size_t served = m->weight_bytes;
     void **p0 = slot_ptrs(m);
-    rs_update *u = NULL;
+    rs_txn *u = NULL;
     rs_error err = {0};
 
-    ASSERT_EQ(rs_update_begin(&u, m, "v1", 0, &err), RS_OK); /* nothing parked yet: new memory */
+    ASSERT_EQ(rs_txn_begin(&u, m, "v1", 0, &err), RS_OK); /* nothing parked yet: new memory */
     stage_dir(u, db, NULL);
-    ASSERT_EQ(rs_update_commit(u, NULL, false, NULL, &err), RS_OK);
+    ASSERT_EQ(rs_txn_commit(u, NULL, false, NULL, &err), RS_OK);
     ASSERT_EQ(rs_weight_store_spare_bytes(m->store), served);
     ASSERT_EQ(m->weight_bytes, served);
     void **p1 = slot_ptrs(m);
     for (int i = 0; i < n; i++) ASSERT_TRUE(!p1[i] || !ptr_in(p1[i], p0, n));
     expect_same_logits(m, fresh_b);
 
-    ASSERT_EQ(rs_update_begin(&u, m, "v2", 0, &err), RS_OK); /* stages into v0's memory */
+    ASSERT_EQ(rs_txn_begin(&u, m, "v2", 0, &err), RS_OK); /* stages into v0's memory */
     stage_dir(u, da, NULL);
     ASSERT_EQ(rs_weight_store_spare_bytes(m->store), 0);
-    ASSERT_EQ(rs_update_commit(u, NULL, false, NULL, &err), RS_OK);
+    ASSERT_EQ(rs_txn_commit(u, NULL, false, NULL, &err), RS_OK);
     void **p2 = slot_ptrs(m);
     for (int i = 0; i < n; i++) ASSERT_TRUE(!p2[i] || ptr_in(p2[i], p0, n));
     ASSERT_EQ(rs_weight_store_spare_bytes(m->store), served);
     expect_same_weights(m, fresh_a);
     expect_same_logits(m, fresh_a);
 
-    ASSERT_EQ(rs_update_begin(&u, m, "v3", 0, &err), RS_OK); /* aborted: its staging goes back */
+    ASSERT_EQ(rs_txn_begin(&u, m, "v3", 0, &err), RS_OK); /* aborted: its staging goes back */
     stage_dir(u, db, "model.norm.weight");
     ASSERT_TRUE(rs_weight_store_spare_bytes(m->store) < served);
-    rs_update_abort(u);
+    rs_txn_abort(u);
     ASSERT_EQ(rs_weight_store_spare_bytes(m->store), served);
     expect_same_logits(m, fresh_a);
 

@@ -59,17 +59,17 @@ static rs_engine *engine(rs_model *m) {
 }
 
 /* An update to the weights in dir, staged and ready to commit. */
-static rs_update *staged(rs_model *m, const char *dir, const char *version) {
-    rs_update *u = NULL;
+static rs_txn *staged(rs_model *m, const char *dir, const char *version) {
+    rs_txn *u = NULL;
     rs_error err = {0};
-    ASSERT_EQ(rs_update_begin(&u, m, version, 0, &err), RS_OK);
+    ASSERT_EQ(rs_txn_begin(&u, m, version, 0, &err), RS_OK);
     rs_st_dir *d = NULL;
     ASSERT_EQ(rs_st_dir_open(&d, dir, &err), RS_OK);
     for (size_t i = 0; i < rs_st_dir_count(d); i++) {
         const rs_st_tensor *t = rs_st_dir_tensor_at(d, i, NULL);
-        rs_update_tensor ut = {.name = t->name, .dtype = t->dtype, .ndim = t->ndim, .shape = t->shape,
+        rs_txn_tensor ut = {.name = t->name, .dtype = t->dtype, .ndim = t->ndim, .shape = t->shape,
                                .data = t->data};
-        if (rs_update_add(u, &ut, &err) != RS_OK) RS_TEST_FAIL("add %s: %s", t->name, err.message);
+        if (rs_txn_add(u, &ut, &err) != RS_OK) RS_TEST_FAIL("add %s: %s", t->name, err.message);
     }
     rs_st_dir_close(d);
     return u;
@@ -111,7 +111,7 @@ RS_TEST(update_mid_prompt_scoring_rescores_whole_prompt) {
     ASSERT_TRUE(rs_engine_step_once(e)); /* the first 24 rows are scored with the old weights */
     const rs_gen_output *o = &r.job->outputs[0];
     ASSERT_TRUE(!isnan(o->input_logprobs[5]));
-    ASSERT_EQ(rs_update_commit(staged(m, bdir, "v1"), e, false, NULL, &err), RS_OK);
+    ASSERT_EQ(rs_txn_commit(staged(m, bdir, "v1"), e, false, NULL, &err), RS_OK);
     rs_engine_run_until_idle(e);
 
     const rs_gen_output *w = &ref.job->outputs[0];
@@ -168,7 +168,7 @@ RS_TEST(update_version_reported_per_output) {
     while (r.job->outputs == NULL || r.job->outputs[0].finish.type == RS_FINISH_NONE)
         ASSERT_TRUE(rs_engine_step_once(e));
     ASSERT_EQ(r.job->outputs[1].finish.type, RS_FINISH_NONE); /* still prefilling its 64 tokens */
-    ASSERT_EQ(rs_update_commit(staged(m, bdir, "v1"), e, false, NULL, &err), RS_OK);
+    ASSERT_EQ(rs_txn_commit(staged(m, bdir, "v1"), e, false, NULL, &err), RS_OK);
     rs_engine_run_until_idle(e);
 
     size_t len = 0;

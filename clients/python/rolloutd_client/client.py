@@ -347,7 +347,7 @@ class Client:
         return self.post("/destroy_weights_update_group", {"group_name": group_name})
 
     def push_weights(self, state_dict, version, transport="shm", bucket_bytes=512 << 20, fp8=False,
-                     fp8_filter=None, timeout=None, keep_segments=True, **transport_kwargs):
+                     fp8_filter=None, timeout=None, keep_segments=True, checksums=True, **transport_kwargs):
         """Push a full model (every parameter, HF names) as weight version `version`.
 
         state_dict: name -> torch tensor (any device; bf16/fp16/fp32/fp8), numpy array (float32,
@@ -363,6 +363,9 @@ class Client:
         that stay (a 1.19 GB push on 2 cores: ~0.11 s kept, 1-2 s fresh; see shm.py). They are
         unlinked by close(), on error, and at exit (also if the process dies: they are registered
         with multiprocessing's resource tracker). False: fresh segments, unlinked after the push.
+        checksums (shm, default True): send each tensor's CRC-32C (the crc32c package), which
+        rolloutd checks as it reads the segment: bytes that change under its read (a second
+        writer, a truncation) are refused with 400 instead of served.
         Returns PushResult; raises RolloutdError when the server refuses a bucket (the update is
         then void and the previous weights keep serving). Any other failure once a bucket was sent
         (an exception while packing, Ctrl-C, a POST timeout) ends the server's open update as well
@@ -378,7 +381,8 @@ class Client:
         ents = _tensors.entries(state_dict, fp8=fp8, fp8_filter=fp8_filter)
         with self._push_lock:
             resp, nbytes, secs, posts, server_s = _shm.push_shm(self, ents, version, int(bucket_bytes), timeout,
-                                                                self._segments if keep_segments else None)
+                                                                self._segments if keep_segments else None,
+                                                                checksums=checksums)
         return PushResult(response=resp, bytes=nbytes, seconds=secs,
                           gb_per_s=nbytes / secs / 1e9 if secs > 0 else math.inf, posts=posts,
                           server_seconds=server_s, transport="shm")

@@ -10,12 +10,16 @@
 
 The trainer is NCCL rank 0 and the broadcast root; engine i of `clients` is rank 1 + i (one GPU per
 engine), so one broadcast reaches every engine. The rendezvous is an ncclUniqueId made here with
-ncclGetUniqueId and sent base64-encoded as `nccl_unique_id_b64` (rolloutd does not speak torch's
-c10d TCPStore). Both sides must join at once: the init POSTs run in the background while this
-process joins as rank 0; if a POST fails first, the local join is aborted.
+ncclGetUniqueId and sent base64-encoded as `nccl_unique_id_b64`, which needs no torch.distributed
+on this side. Both sides must join at once: the init POSTs run in the background while this process
+joins as rank 0; if a POST fails first, the local join is aborted. (A trainer that already has a
+torch.distributed weight-update group, SGLang's init_custom_process_group with init_method
+tcp://..., needs none of this module: rolloutd joins that group through the trainer's TCPStore when
+the init request carries no nccl_unique_id_b64; sync/nccl.h.)
 
-Each update POSTs names/dtypes/shapes (+ group_name, load_format, weight_version, is_last) and
-broadcasts the bytes while the POST is in flight:
+Each update POSTs names/dtypes/shapes (+ group_name, load_format, weight_version, is_last, and after
+the first bucket the transaction_id each engine's answer gave) and broadcasts the bytes while the
+POST is in flight:
   - flattened=True (default, SGLang's load_format "flattened_bucket"): the tensors of a bucket are
     concatenated in order, without padding, into one contiguous CUDA buffer (for a BF16 model, one
     BF16 buffer, as SGLang's FlattenedTensorBucket), and broadcast once per bucket;
@@ -449,7 +453,7 @@ def plan_buckets(entries, bucket_bytes):
 _ABORT_WAIT_S = 30.0
 
 
-def _abort_open_updates(clients, version, futures, timeout):
+def _abort_open_updates(clients, version, futures, timeout, txn_ids=None):
     """After a failed push: once each engine's POST in flight (`futures`, one per engine, of the
     last bucket sent) has returned, or after `timeout` seconds (rolloutd runs weight requests in
     arrival order, so a later one still comes after it), end every engine's open update to
@@ -464,12 +468,13 @@ def _abort_open_updates(clients, version, futures, timeout):
         except Exception as e:  # noqa: BLE001 -- only whether it is a refusal matters here
             if _shm._refused(e):
                 refused.add(k)
-    targets = [c for k, c in enumerate(clients) if k not in refused]
+    targets = [k for k in range(len(clients)) if k not in refused]
     if not targets:
         return
     ex = cf.ThreadPoolExecutor(max_workers=len(targets), thread_name_prefix="rolloutd-nccl-abort")
     try:
-        cf.wait([ex.submit(_shm.abort_update, c, version, None, timeout) for c in targets], timeout=timeout + 5)
+        cf.wait([ex.submit(_shm.abort_update, clients[k], version, None, timeout, txn_ids[k] if txn_ids else None)
+                 for k in targets], timeout=timeout + 5)
     finally:
         ex.shutdown(wait=False)
 
@@ -505,6 +510,7 @@ def push_weights_nccl(client, state_dict, version, group_name=DEFAULT_GROUP, buc
     total, server_s, final = 0, 0.0, None
     pool = cf.ThreadPoolExecutor(max_workers=len(group.clients), thread_name_prefix="rolloutd-nccl-post")
     futures, posted, ok = [], False, False
+    txn_ids = [None] * len(group.clients)
     try:
         with torch.cuda.device(group.device):
             group.stream.wait_stream(torch.cuda.current_stream(group.device))
@@ -526,7 +532,7 @@ def push_weights_nccl(client, state_dict, version, group_name=DEFAULT_GROUP, buc
                     else:
                         sends = [_as_device_bytes(torch, e, dev).to(dev) for e in items]
                 futures = _post_all(pool, group.clients, "/update_weights_from_distributed",
-                                    [body] * len(group.clients), op_timeout + 60)
+                                    [dict(body, transaction_id=t) if t else body for t in txn_ids], op_timeout + 60)
                 posted = True
                 try:
                     for s in sends:
@@ -541,16 +547,17 @@ def push_weights_nccl(client, state_dict, version, group_name=DEFAULT_GROUP, buc
                             if e is not exc:
                                 raise e from exc
                     raise
-                for f in futures:
+                for k, f in enumerate(futures):
                     final = f.result()
                     server_s += float(final.get("seconds") or 0.0)
+                    txn_ids[k] = final.get("transaction_id")  # each engine's own update
                 total += nbytes
                 del sends
         ok = True
     finally:
         try:
             if not ok and posted:
-                _abort_open_updates(group.clients, version, futures, min(op_timeout, _ABORT_WAIT_S))
+                _abort_open_updates(group.clients, version, futures, min(op_timeout, _ABORT_WAIT_S), txn_ids)
         finally:
             pool.shutdown(wait=False)
     secs = time.perf_counter() - t0

@@ -3,8 +3,11 @@
 The client creates segments with shm_open(O_CREAT | O_EXCL | O_RDWR, 0600), as Python's
 multiprocessing.shared_memory does (only the owner can map them), packs tensors into buckets at
 256-byte aligned offsets, and POSTs one bucket at a time: {"shm_name", "tensors": [{"name", "dtype", "shape",
-"offset"}], "is_last", "weight_version"}. The server has read a bucket when its POST returns, so the
-segment can be refilled.
+"offset", "crc32c"}], "is_last", "weight_version"} (crc32c: the CRC-32C of the bytes written, which
+rolloutd checks in the pass that reads them; checksums=False leaves it out), every bucket after the
+first with the "transaction_id" the
+first one's answer gave, so that a bucket can only ever join this push's update (a 409 otherwise).
+The server has read a bucket when its POST returns, so the segment can be refilled.
 
 Double buffering: two segments (each the size of the fullest bucket, <= bucket_bytes); bucket i+1 is packed (and, with fp8=True, quantized)
 into one while the server is still reading bucket i out of the other. POSTs never overlap.
@@ -228,11 +231,12 @@ def _update_left_open(futures, n_buckets):
     return not any(_refused(f.exception()) for f in done)
 
 
-def abort_update(client, version, shm_name=None, timeout=None):
+def abort_update(client, version, shm_name=None, timeout=None, transaction_id=None):
     """Best effort: make the server drop its open update to `version` (after a push failed on this
-    side). POSTs a last bucket with no tensors for that version; the server answers 400 ("missing
-    tensor ... the update is dropped") and keeps serving the weights it had. An update to another
-    version is left alone (the server answers 409). shm_name: one of this process's segments; by
+    side). POSTs a last bucket with no tensors for that version (and transaction_id, when the push
+    learnt it); the server answers 400 ("missing tensor ... the update is dropped") and keeps
+    serving the weights it had. Another writer's update is left alone (the server answers 409).
+    shm_name: one of this process's segments; by
     default a one-page segment made for the call (or, if none can be made, a name that does not
     exist, which the server also answers by dropping the update). Never raises for the server's
     answer or a transport error; returns the answer, or the exception."""
@@ -244,6 +248,8 @@ def abort_update(client, version, shm_name=None, timeout=None):
         except Exception:  # noqa: BLE001 -- /dev/shm full or absent: a missing segment does as well
             shm_name = f"/rolloutd-w-{os.getpid()}-abort-{secrets.token_hex(4)}"
     body = {"shm_name": shm_name, "tensors": [], "is_last": True, "weight_version": str(version)}
+    if transaction_id:
+        body["transaction_id"] = transaction_id
     try:
         return client.update_weights_from_shm_body(body, timeout)
     except Exception as e:  # noqa: BLE001 -- 400 is the expected answer
@@ -253,10 +259,23 @@ def abort_update(client, version, shm_name=None, timeout=None):
             tmp.close()
 
 
-def push_shm(client, entries, version, bucket_bytes, timeout=None, pool=None):
+def _crc32c():
+    try:
+        import crc32c
+    except ImportError as e:  # pragma: no cover -- a declared dependency
+        raise ImportError("push_weights(checksums=True) needs the crc32c package (pip install crc32c, or Debian's "
+                          "python3-crc32c); pass checksums=False to push without them") from e
+    return crc32c.crc32c
+
+
+def push_shm(client, entries, version, bucket_bytes, timeout=None, pool=None, checksums=True):
     """Returns (final response, bytes, seconds, posts, server_seconds). pool: a SegmentPool whose
-    segments are used and kept (unlinked here only on error). On any failure after a bucket was
-    sent, the server's update is ended (abort_update) before the exception propagates."""
+    segments are used and kept (unlinked here only on error). checksums: each tensor's manifest
+    entry carries the CRC-32C of the bytes written into the segment ("crc32c"), which rolloutd
+    checks as it reads them: a segment that changes under the read (the trainer writing the next
+    bucket into it, a truncation) is refused with 400 instead of committed. On any failure after a
+    bucket was sent, the server's update is ended (abort_update) before the exception propagates."""
+    crc = _crc32c() if checksums else None
     if _posixshmem is None:
         raise RuntimeError("POSIX shared memory is not available on this platform (no _posixshmem)")
     if bucket_bytes < ALIGN:
@@ -307,12 +326,18 @@ def push_shm(client, entries, version, bucket_bytes, timeout=None, pool=None):
             # row share the kept big segment: wait for the first before packing the second.
             if inflight is not None and inflight[2] is seg:
                 wait_inflight()
+            metas = []
             for e, off in items:
-                e.write_into(seg.buf[off:off + e.nbytes])
+                view = seg.buf[off:off + e.nbytes]
+                e.write_into(view)
+                metas.append(e.meta(off) if crc is None else dict(e.meta(off), crc32c=crc(view)))
+                view.release()
                 total += e.nbytes
-            body = {"shm_name": seg.name, "tensors": [e.meta(off) for e, off in items],
-                    "is_last": i == len(buckets) - 1, "weight_version": str(version)}
+            body = {"shm_name": seg.name, "tensors": metas, "is_last": i == len(buckets) - 1,
+                    "weight_version": str(version)}
             wait_inflight()
+            if final is not None and final.get("transaction_id"):  # ties this bucket to the first one's update
+                body["transaction_id"] = final["transaction_id"]
             fut = executor.submit(client.update_weights_from_shm_body, body, timeout)
             futures.append(fut)
             inflight = (fut, seg if own else None, seg)
@@ -336,7 +361,8 @@ def push_shm(client, entries, version, bucket_bytes, timeout=None, pool=None):
                     alive = [s for s in segs + extra + ([pool.big] if pool is not None and pool.big else [])
                              if s.buf is not None]
                     abort_update(client, version, alive[0].name if alive else None,
-                                 timeout if timeout is not None else getattr(client, "timeout", None))
+                                 timeout if timeout is not None else getattr(client, "timeout", None),
+                                 final.get("transaction_id") if isinstance(final, dict) else None)
             finally:
                 for s in extra:
                     s.close()

@@ -31,8 +31,8 @@
 #include <nccl.h>
 
 extern "C" {
-#include "../../core/rs.h"
-#include "../../sync/nccl.h"
+#include "../core/rs.h"
+#include "nccl.h"
 }
 
 static_assert(sizeof(ncclUniqueId) == 128, "ncclUniqueId is 128 bytes (RS_NCCL_UNIQUE_ID_BYTES)");

@@ -1,5 +1,5 @@
 /*
- * update.h — a loaded model's weights as named slots, the conversion of a host tensor into a
+ * weight_store.h — a loaded model's weights as named slots, the conversion of a host tensor into a
  * slot's served format, and the weight store that owns the backend memory behind them.
  *
  * Slots. Every parameter the forward pass reads has one HF name and one rs_tensor slot in the
@@ -25,8 +25,8 @@
  * are tracked by address so that a commit can release a slot's old memory and adopt the staged
  * memory in O(1) per tensor.
  */
-#ifndef RS_MODEL_UPDATE_H
-#define RS_MODEL_UPDATE_H
+#ifndef RS_MODEL_WEIGHT_STORE_H
+#define RS_MODEL_WEIGHT_STORE_H
 
 #include <stdbool.h>
 #include <stddef.h>
@@ -111,6 +111,8 @@ typedef struct rs_weight_src {
     const void *data;                   /* [numel] of dtype, borrowed */
     const void *scale_inv;              /* E4M3 only: [ceil(out/128)][ceil(in/128)] of scale_dtype */
     rs_dtype scale_dtype;               /* F32 or BF16 */
+    bool has_crc32c;                    /* data's bytes must have this CRC-32C (core/crc32c.h) */
+    uint32_t crc32c;
 } rs_weight_src;
 
 /* Converts src into new allocations of `ws` in format `served` and describes them in *out
@@ -120,9 +122,12 @@ typedef struct rs_weight_src {
  *   served BF16/F16/F32 2-D: src BF16/F16/F32 converted (same dtype: copied);
  *   served F32 1-D:     src BF16/F16/F32 widened.
  * Anything else (E4M3 into a non-FP8 slot, an unsupported dtype) is RS_EUNSUPPORTED naming
- * `name`; RS_ENOMEM when the backend is full (nothing is left allocated then). Shapes must have
- * been checked by the caller. scale_inv NULL with src E4M3 converts the codes only (*out's
- * scale_inv stays NULL). */
+ * `name`; RS_ENOMEM when the backend is full. A tensor that holds a NaN or an infinity (an E4M3
+ * NaN code; a finite F32 that overflows the served BF16/F16 counts too), or whose bytes do not
+ * have src->crc32c, is RS_EFORMAT naming `name`, the first bad element's index and value, or the
+ * two CRCs: checked in the conversion pass itself (weight_store.c). On any failure nothing is left
+ * allocated. Shapes must have been checked by the caller. scale_inv NULL with src E4M3 converts
+ * the codes only (*out's scale_inv stays NULL). */
 int rs_weight_convert(rs_weight_store *ws, const char *name, rs_dtype served, const rs_weight_src *src,
                       rs_tensor *out, rs_error *err);
 
@@ -134,4 +139,4 @@ int rs_weight_convert_scales(rs_weight_store *ws, const char *name, const void *
 /* Bytes a matrix [out][in] takes served as E4M3: codes + fp32 block scales. */
 size_t rs_fp8_served_bytes(int64_t out, int64_t in);
 
-#endif /* RS_MODEL_UPDATE_H */
+#endif /* RS_MODEL_WEIGHT_STORE_H */

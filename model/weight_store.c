@@ -1,6 +1,6 @@
 /*
- * update.c — weight slots by HF name, conversion into a slot's served format, and the weight store
- * (see update.h).
+ * weight_store.c — weight slots by HF name, conversion into a slot's served format, and the
+ * weight store (see weight_store.h).
  *
  * The store tracks its allocations in an open-addressing hash table keyed by address (linear
  * probing, backward-shift deletion), so releasing one allocation during a commit is O(1) even for
@@ -18,8 +18,20 @@
  * reference VM). Everything else is uploaded
  * in the slot's dtype, converted element by element when the source dtype differs (F32 -> BF16
  * rounds to nearest even, exactly as rs_f32_to_bf16).
+ *
+ * Checks in the same pass. Every tensor converted is refused (RS_EFORMAT, 400) when it holds a
+ * NaN or an infinity, and, when the source came with a CRC-32C (rs_weight_src.has_crc32c), when
+ * its bytes do not have that CRC. Both are computed where the bytes are read anyway: the
+ * quantizer's amax already tells a non-finite block (cpu_fp8_wquant.c), and each band's CRC is
+ * taken right after its quantization, while the band is in L2; tensors that are copied or
+ * converted go in 256 Ki-element chunks on the store's pool, each chunk copied (or converted), then
+ * scanned for non-finite values (kernels/scan.h) and checksummed while in L2. What is
+ * scanned is what will be served: the destination on a host-memory backend, the converted host
+ * buffer, and otherwise (codes uploaded to a device) the source right after its upload. The CRC
+ * is of the bytes as they arrived; the chunks' and bands' CRCs combine into the tensor's
+ * (core/crc32c.h). A tensor refused this way leaves nothing allocated.
  */
-#include "update.h"
+#include "weight_store.h"
 
 #include <math.h>
 #include <pthread.h>
@@ -28,6 +40,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../core/crc32c.h"
+#include "../kernels/scan.h"
 #include "../kernels/fp8.h"
 #include "quant.h"
 
@@ -517,6 +531,8 @@ typedef struct quant_job {
     uint8_t *codes;                     /* [rows][cols] e4m3, in layout */
     float *scales;                      /* [ceil(rows/128)][ceil(cols/128)] f32 */
     atomic_int rc;                      /* the first failure, RS_OK when none */
+    atomic_bool nonfinite;              /* some band holds a NaN or an infinity */
+    uint32_t *band_crc;                 /* [bands] CRC-32C of each band's source bytes, or NULL */
     void **buf, **band_codes;           /* [pool threads]: each thread's scratch, made on first use */
 } quant_job;
 
@@ -545,7 +561,12 @@ static void quantize_bands(void *ctx, int64_t b0, int64_t b1, int tid) {
         uint8_t *dst = j->codes + (size_t)r0 * (size_t)j->cols;
         int rc = rs_fp8_quantize_weight(&band, band_codes ? band_codes : dst,
                                         j->scales + (size_t)b * (size_t)rs_fp8_blocks(j->cols));
+        if (rc == RS_EFORMAT) { /* a NaN or an infinity: the caller finds where and refuses the tensor */
+            atomic_store(&j->nonfinite, true);
+            rc = RS_OK;
+        }
         if (rc == RS_OK && band_codes) rs_backend_fp8_pack(j->backend, j->layout, dst, band_codes, r1 - r0, j->cols);
+        if (j->band_crc) j->band_crc[b] = rs_crc32c(0, src, n * esz); /* still in L2 */
         int ok = RS_OK;
         if (rc != RS_OK) atomic_compare_exchange_strong(&j->rc, &ok, rc);
     }
@@ -569,6 +590,84 @@ static void pack_bands(void *ctx, int64_t b0, int64_t b1, int tid) {
         const size_t off = (size_t)r0 * (size_t)j->cols;
         rs_backend_fp8_pack(j->backend, j->layout, j->dst + off, j->src + off, r1 - r0, j->cols);
     }
+}
+
+/* The refusal of a tensor holding a non-finite value at element i (p: its elements, dtype dt). */
+static int nonfinite_error(const char *name, rs_dtype dt, const void *p, int64_t i, int ndim, const int64_t *shape,
+                           rs_error *err) {
+    const float v = dt == RS_DTYPE_E4M3 ? NAN : dt == RS_DTYPE_F32 ? ((const float *)p)[i]
+                  : dt == RS_DTYPE_BF16 ? rs_bf16_to_f32(((const uint16_t *)p)[i])
+                                        : rs_f16_to_f32(((const uint16_t *)p)[i]);
+    char at[64];
+    if (ndim == 2) snprintf(at, sizeof at, "[%lld][%lld]", (long long)(i / shape[1]), (long long)(i % shape[1]));
+    else snprintf(at, sizeof at, "[%lld]", (long long)i);
+    return rs_error_set(err, RS_EFORMAT, name,
+                        "tensor '%s' holds %s at %s (element %lld): non-finite weights are refused, and the weights "
+                        "in service are unchanged", name, isnan(v) ? "NaN" : v > 0 ? "+inf" : "-inf", at, (long long)i);
+}
+
+static int crc_error(const char *name, uint32_t got, uint32_t want, uint64_t bytes, rs_error *err) {
+    return rs_error_set(err, RS_EFORMAT, name,
+                        "tensor '%s': the CRC-32C of its %llu bytes as read is 0x%08x, the manifest says 0x%08x: its "
+                        "bytes changed while rolloutd read them (or the checksum is wrong); the weights in service "
+                        "are unchanged", name, (unsigned long long)bytes, got, want);
+}
+
+/* Copies (or converts) a tensor of n elements in chunks, checking each chunk in the same pass:
+ * the first non-finite element of what is served, and the CRC-32C of the source bytes. */
+#define CHUNK_ELEMS ((size_t)1 << 18)
+
+typedef struct chunk_job {
+    const uint8_t *src;                 /* [n] of src_dt, as arrived */
+    rs_dtype src_dt, dst_dt;
+    uint8_t *dst;                       /* [n] of dst_dt, or NULL: src is only checked */
+    size_t n;
+    bool crc;                           /* take the source's CRC */
+    int64_t *bad;                       /* [chunks] the first non-finite element, -1 for none */
+    uint32_t *chunk_crc;                /* [chunks] */
+} chunk_job;
+
+static void check_chunks(void *ctx, int64_t c0, int64_t c1, int tid) {
+    (void)tid;
+    const chunk_job *j = ctx;
+    const size_t ssz = rs_dtype_size(j->src_dt), dsz = rs_dtype_size(j->dst_dt);
+    for (int64_t c = c0; c < c1; c++) {
+        const size_t i0 = (size_t)c * CHUNK_ELEMS, m = RS_MIN(j->n - i0, CHUNK_ELEMS);
+        const uint8_t *src = j->src + i0 * ssz;
+        uint8_t *dst = j->dst ? j->dst + i0 * dsz : NULL;
+        if (dst && j->src_dt == j->dst_dt) memcpy(dst, src, m * ssz);
+        else if (dst) convert_elems(dst, j->dst_dt, src, j->src_dt, m);
+        const int64_t t = rs_cpu_first_nonfinite(dst ? j->dst_dt : j->src_dt, dst ? (const void *)dst : src, m);
+        j->bad[c] = t < 0 ? -1 : (int64_t)i0 + t;
+        /* the served copy when it is the same bytes, else the source (read a moment ago) */
+        if (j->crc) j->chunk_crc[c] = rs_crc32c(0, dst && j->src_dt == j->dst_dt ? dst : src, m * ssz);
+    }
+}
+
+/* Runs a chunk_job on ws's pool; refuses a non-finite value (reported in dst's dtype at its index)
+ * or a CRC that is not src->crc32c. */
+static int run_checked(rs_weight_store *ws, const char *name, const rs_weight_src *src, rs_dtype dst_dt, void *dst,
+                       size_t n, rs_error *err) {
+    const int64_t chunks = (int64_t)((n + CHUNK_ELEMS - 1) / CHUNK_ELEMS);
+    chunk_job j = {.src = src->data, .src_dt = src->dtype, .dst_dt = dst ? dst_dt : src->dtype, .dst = dst, .n = n,
+                   .crc = src->has_crc32c, .bad = rs_xmalloc(sizeof(int64_t) * (size_t)RS_MAX(chunks, 1)),
+                   .chunk_crc = rs_xmalloc(sizeof(uint32_t) * (size_t)RS_MAX(chunks, 1))};
+    if (ws->pool && chunks > 1) rs_pool_run_dynamic(ws->pool, chunks, 1, check_chunks, &j);
+    else if (chunks > 0) check_chunks(&j, 0, chunks, 0);
+    int rc = RS_OK;
+    if (src->has_crc32c) {
+        const size_t ssz = rs_dtype_size(src->dtype);
+        uint32_t crc = 0;
+        for (int64_t c = 0; c < chunks; c++)
+            crc = rs_crc32c_combine(crc, j.chunk_crc[c], RS_MIN(n - (size_t)c * CHUNK_ELEMS, CHUNK_ELEMS) * ssz);
+        if (crc != src->crc32c) rc = crc_error(name, crc, src->crc32c, (uint64_t)(n * ssz), err);
+    }
+    for (int64_t c = 0; c < chunks && rc == RS_OK; c++)
+        if (j.bad[c] >= 0)
+            rc = nonfinite_error(name, j.dst_dt, dst ? dst : src->data, j.bad[c], src->ndim, src->shape, err);
+    free(j.bad);
+    free(j.chunk_crc);
+    return rc;
 }
 
 /* BF16/F16/F32 [out][in] -> E4M3 codes + block scales (kernels/fp8.h), uploaded. */
@@ -601,6 +700,8 @@ static int quantize_into(rs_weight_store *ws, const char *name, const rs_weight_
     }
     const int64_t bands = rs_fp8_blocks(rows);
     const int threads = ws->pool ? rs_pool_threads(ws->pool) : 1;
+    atomic_init(&j.nonfinite, false);
+    if (src->has_crc32c) j.band_crc = rs_xmalloc(sizeof(uint32_t) * (size_t)RS_MAX(bands, 1));
     j.buf = rs_xcalloc((size_t)threads, sizeof *j.buf);
     j.band_codes = rs_xcalloc((size_t)threads, sizeof *j.band_codes);
     /* a band at a time to whichever thread is free: a push shares the CPUs with the trainer packing
@@ -614,7 +715,30 @@ static int quantize_into(rs_weight_store *ws, const char *name, const rs_weight_
     free(j.buf);
     free(j.band_codes);
     int rc = atomic_load(&j.rc);
-    if (rc != RS_OK) {
+    if (rc == RS_OK && src->has_crc32c) { /* the bands' CRCs, in order, are the tensor's */
+        const uint64_t band_bytes = (uint64_t)RS_FP8_BLOCK * (uint64_t)cols * rs_dtype_size(src->dtype);
+        uint32_t crc = 0;
+        for (int64_t b = 0; b < bands; b++)
+            crc = rs_crc32c_combine(crc, j.band_crc[b], b + 1 < bands ? band_bytes
+                                                        : (uint64_t)(rows - b * RS_FP8_BLOCK) * (uint64_t)cols *
+                                                              rs_dtype_size(src->dtype));
+        if (crc != src->crc32c) rc = crc_error(name, crc, src->crc32c, (uint64_t)n * rs_dtype_size(src->dtype), err);
+    }
+    if (rc == RS_OK && atomic_load(&j.nonfinite)) {
+        const int64_t at = rs_cpu_first_nonfinite(src->dtype, src->data, n);
+        rc = at >= 0 ? nonfinite_error(name, src->dtype, src->data, at, 2, src->shape, err)
+                     : rs_error_set(err, RS_EFORMAT, name,
+                                    "tensor '%s' held a non-finite value when it was quantized and none when searched "
+                                    "again: its bytes changed while rolloutd read them; the weights in service are "
+                                    "unchanged", name);
+    }
+    free(j.band_crc);
+    if (rc == RS_EFORMAT) {
+        if (direct) {
+            rs_weight_store_release(ws, d);
+            rs_weight_store_release(ws, s);
+        }
+    } else if (rc != RS_OK) {
         rc = rs_error_set(err, RS_EINTERNAL, name, "cannot quantize tensor '%s' (%s)", name, rs_err_name(rc));
         if (direct) {
             rs_weight_store_release(ws, d);
@@ -636,6 +760,38 @@ static int quantize_into(rs_weight_store *ws, const char *name, const rs_weight_
     return RS_OK;
 }
 
+/* A new allocation of `bytes` holding src's n elements in dtype `dt` (converted when src's dtype
+ * differs), checked (run_checked). On a host-memory backend the chunks go straight into the
+ * allocation; otherwise same-dtype data is uploaded as it lies and checked right after, and
+ * converted data goes through a host buffer. */
+static int store_checked(rs_weight_store *ws, const char *name, const rs_weight_src *src, rs_dtype dt, size_t n,
+                         void **out, rs_error *err) {
+    const size_t bytes = n * rs_dtype_size(dt);
+    int rc;
+    void *p = NULL;
+    if (ws->backend->ops->host_memory) {
+        if (!(p = rs_weight_store_alloc(ws, bytes)))
+            return rs_error_set(err, RS_ENOMEM, name, "backend out of memory allocating %zu bytes for tensor '%s'",
+                                bytes, name);
+        rc = run_checked(ws, name, src, dt, p, n, err);
+    } else if (dt == src->dtype) {
+        if ((rc = upload_new(ws, name, src->data, bytes, &p, err)) != RS_OK) return rc;
+        rc = run_checked(ws, name, src, dt, NULL, n, err);
+    } else {
+        void *host = rs_xmalloc(bytes ? bytes : 1);
+        rc = run_checked(ws, name, src, dt, host, n, err);
+        if (rc == RS_OK) rc = upload_new(ws, name, host, bytes, &p, err);
+        free(host);
+        if (rc != RS_OK) return rc;
+    }
+    if (rc != RS_OK) {
+        rs_weight_store_release(ws, p);
+        return rc;
+    }
+    *out = p;
+    return RS_OK;
+}
+
 int rs_weight_convert(rs_weight_store *ws, const char *name, rs_dtype served, const rs_weight_src *src,
                       rs_tensor *out, rs_error *err) {
     memset(out, 0, sizeof *out);
@@ -654,7 +810,7 @@ int rs_weight_convert(rs_weight_store *ws, const char *name, rs_dtype served, co
         const rs_layout layout = rs_backend_fp8_layout(ws->backend, out->shape[0], out->shape[1]);
         int rc = RS_OK;
         if (layout == RS_LAYOUT_ROWS) {
-            rc = upload_new(ws, name, src->data, n, &codes, err);
+            rc = store_checked(ws, name, src, RS_DTYPE_E4M3, n, &codes, err);
         } else if (!(codes = rs_weight_store_alloc(ws, n))) {
             rc = rs_error_set(err, RS_ENOMEM, name, "backend out of memory allocating %zu bytes for tensor '%s'", n,
                               name);
@@ -664,6 +820,8 @@ int rs_weight_convert(rs_weight_store *ws, const char *name, rs_dtype served, co
             const int64_t bands = rs_fp8_blocks(pj.rows);
             if (ws->pool && bands > 1) rs_pool_run_dynamic(ws->pool, bands, 1, pack_bands, &pj);
             else pack_bands(&pj, 0, bands, 0);
+            if ((rc = run_checked(ws, name, src, RS_DTYPE_E4M3, NULL, n, err)) != RS_OK) /* the codes packed */
+                rs_weight_store_release(ws, codes);
         }
         if (rc != RS_OK) return rc;
         if (src->scale_inv) {
@@ -689,11 +847,5 @@ int rs_weight_convert(rs_weight_store *ws, const char *name, rs_dtype served, co
         return rs_error_set(err, RS_EUNSUPPORTED, name, "tensor '%s' has dtype %s, expected bfloat16, float16 or float32",
                             name, rs_dtype_name(src->dtype));
     out->dtype = served;
-    const size_t bytes = n * rs_dtype_size(served);
-    if (served == src->dtype) return upload_new(ws, name, src->data, bytes, &out->data, err);
-    void *host = rs_xmalloc(bytes ? bytes : 1);
-    convert_elems(host, served, src->data, src->dtype, n);
-    int rc = upload_new(ws, name, host, bytes, &out->data, err);
-    free(host);
-    return rc;
+    return store_checked(ws, name, src, served, n, &out->data, err);
 }
