@@ -97,7 +97,10 @@ const void *rs_cuda_mirror_of(rs_cuda_ctx *c, int slot, const void *host, size_t
     if (bytes == 0) return buf_reserve(c, &m->dev, 1);
     if (c->recording) return mirror_record(c, slot, host, bytes);
     if (c->graphs && m->pinned_cap < bytes) { /* room for a later recording's staging */
-        if (m->pinned) CUDA_CHECK(cudaFreeHost(m->pinned));
+        if (m->pinned) {
+            CUDA_CHECK(cudaFreeHost(m->pinned));
+            c->mem_gen++; /* recordings copy from the old staging buffer: they go */
+        }
         m->pinned_cap = RS_MAX(bytes, m->pinned_cap + m->pinned_cap / 2);
         CUDA_CHECK(cudaMallocHost(&m->pinned, m->pinned_cap));
     }
