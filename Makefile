@@ -65,7 +65,7 @@ DEPS_OK  := $(BUILD)/.deps-ok
 
 PROGRAMS := $(BUILD)/rolloutd $(BUILD)/rollout-bench $(BUILD)/make-default-model $(BUILD)/unit-tests \
             $(BUILD)/bench-matmul $(BUILD)/bench-quant $(BUILD)/fp8-mismatch $(BUILD)/rl-bench $(BUILD)/bench-inproc \
-            $(BUILD)/tcpstore-probe $(BUILD)/tokenize $(BUILD)/print-fields
+            $(BUILD)/tcpstore-probe $(BUILD)/tokenize $(BUILD)/print-fields $(BUILD)/bench-gpu
 
 .PHONY: all run test unit e2e fuzz clean deps cuda-emu golden-kernels docs rl-demo
 all: $(PROGRAMS)
@@ -130,6 +130,9 @@ $(BUILD)/tokenize: $(BUILD)/tools/tokenize.o $(BUILD)/librolloutd.a
 	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
 
 $(BUILD)/print-fields: $(BUILD)/tools/print_fields.o $(BUILD)/librolloutd.a
+	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
+
+$(BUILD)/bench-gpu: $(BUILD)/tools/bench_gpu.o $(BUILD)/librolloutd.a
 	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
 
 $(BUILD)/unit-tests: $(TEST_OBJ) $(BUILD)/librolloutd.a

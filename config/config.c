@@ -40,6 +40,12 @@ static const rs_config_entry entries[] = {
      "backend that runs the model: cpu, or cuda (a build with `make CUDA=1`)", 0},
     {"cuda-device", RS_CONFIG_TYPE_INT, F(cuda_device), 0, 63, "0", NULL, "CUDA device ordinal used with --device cuda",
      0},
+    {"numerics", RS_CONFIG_TYPE_ENUM, F(numerics), 0, 0, "fast", "exact|fast",
+     "arithmetic of the model's kernels: fast (tensor cores, fp32 accumulation; the GPU default) or exact "
+     "(bit-identical to the CPU reference); the CPU backend has only exact kernels and runs them either way", 0},
+    {"cuda-graphs", RS_CONFIG_TYPE_BOOL, F(cuda_graphs), 0, 1, "true", NULL,
+     "with --device cuda: record each decode batch size's step once as a CUDA graph and replay it (false = "
+     "launch every kernel of every step)", 0},
     {"threads", RS_CONFIG_TYPE_INT, F(threads), 0, 4096, "0", NULL, "CPU backend threads (0 = all cores)", 0},
     {"cpu-kernels", RS_CONFIG_TYPE_ENUM, F(cpu_kernels), 0, 0, "auto", "auto|avx512|avx2|scalar",
      "CPU backend kernels: auto = the best this CPU runs (RS_CPU_SIMD may cap it); avx2 or scalar "

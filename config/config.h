@@ -23,6 +23,7 @@
  * RS_CFG_QUANT_FP8, RS_CFG_QUANT_BF16); tests/unit/test_config.c checks the two agree. */
 typedef enum rs_cfg_quantization { RS_CFG_QUANT_FP8 = 0, RS_CFG_QUANT_BF16 } rs_cfg_quantization;
 typedef enum rs_cfg_device { RS_CFG_DEVICE_CPU = 0, RS_CFG_DEVICE_CUDA } rs_cfg_device;
+typedef enum rs_cfg_numerics { RS_CFG_NUMERICS_EXACT = 0, RS_CFG_NUMERICS_FAST } rs_cfg_numerics;
 typedef enum rs_cfg_cpu_kernels {
     RS_CFG_CPU_KERNELS_AUTO = 0, RS_CFG_CPU_KERNELS_AVX512, RS_CFG_CPU_KERNELS_AVX2, RS_CFG_CPU_KERNELS_SCALAR
 } rs_cfg_cpu_kernels;
@@ -45,6 +46,8 @@ typedef struct rs_config {
     int port;                   /* 0 = any free port */
     rs_cfg_device device;       /* the backend that runs the model */
     int cuda_device;            /* CUDA device ordinal with --device cuda */
+    rs_cfg_numerics numerics;   /* the backend's arithmetic (kernels/backend.h rs_numerics) */
+    bool cuda_graphs;           /* record and replay decode steps as CUDA graphs (--device cuda) */
     int threads;                /* CPU backend threads; 0 = all cores */
     rs_cfg_cpu_kernels cpu_kernels; /* the CPU backend's kernel class */
     int kv_cache_mb;            /* KV pool budget in MiB */

@@ -7,10 +7,30 @@
  */
 #include "backend_impl.h"
 
+#include <string.h>
+
 #include "../core/rs.h"
 
 const char *rs_backend_name(const rs_backend *b) { return b->ops->name; }
 bool rs_backend_host_memory(const rs_backend *b) { return b->ops->host_memory; }
+
+const char *rs_numerics_name(rs_numerics n) { return n == RS_NUMERICS_FAST ? "fast" : "exact"; }
+
+int rs_numerics_parse(const char *s, rs_numerics *out) {
+    if (s && strcmp(s, "exact") == 0) *out = RS_NUMERICS_EXACT;
+    else if (s && strcmp(s, "fast") == 0) *out = RS_NUMERICS_FAST;
+    else return RS_EINVAL;
+    return RS_OK;
+}
+
+rs_numerics rs_backend_numerics(const rs_backend *b) {
+    return b->ops->numerics ? b->ops->numerics(b) : RS_NUMERICS_EXACT;
+}
+
+rs_numerics rs_backend_set_numerics(rs_backend *b, rs_numerics want) {
+    RS_ASSERT(want == RS_NUMERICS_EXACT || want == RS_NUMERICS_FAST);
+    return b->ops->set_numerics ? b->ops->set_numerics(b, want) : RS_NUMERICS_EXACT;
+}
 
 void rs_backend_free(rs_backend *b) {
     if (b) b->ops->destroy(b);
@@ -37,6 +57,31 @@ size_t rs_kv_layer_check(const rs_kv_layer *kv) {
         RS_ASSERT(kv->scale_mode == RS_KV_SCALE_NONE);
     }
     return rs_dtype_size(kv->dtype);
+}
+
+rs_graph_state rs_backend_graph_begin(rs_backend *b, const void *owner, int slot, uint64_t key) {
+    RS_ASSERT(owner && slot >= 0);
+    return b->ops->graph_begin ? b->ops->graph_begin(b, owner, slot, key) : RS_GRAPH_OFF;
+}
+
+bool rs_backend_graph_end(rs_backend *b) {
+    RS_ASSERT(b->ops->graph_end);
+    return b->ops->graph_end(b);
+}
+
+void rs_backend_graph_forget(rs_backend *b, const void *owner) {
+    if (b->ops->graph_forget) b->ops->graph_forget(b, owner);
+}
+
+bool rs_backend_has_graphs(const rs_backend *b) { return b->ops->graph_begin != NULL; }
+
+bool rs_backend_has_sample(const rs_backend *b) { return b->ops->sample != NULL; }
+
+void rs_backend_sample(rs_backend *b, const float *logits, int vocab, const rs_sample_req *req, int n,
+                       rs_sample_res *res) {
+    RS_ASSERT(b->ops->sample && logits && vocab > 0 && n >= 0 && (n == 0 || (req && res)));
+    for (int i = 0; i < n; i++) RS_ASSERT(req[i].row >= 0 && req[i].n_top >= 0 && req[i].n_top <= RS_SAMPLE_MAX_TOP);
+    b->ops->sample(b, logits, vocab, req, n, res);
 }
 
 void *rs_backend_alloc(rs_backend *b, size_t bytes) { return b->ops->alloc(b, bytes); }

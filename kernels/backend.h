@@ -10,6 +10,8 @@
  *   - activations are fp32, row-major, one row per token of the step's flattened batch;
  *   - pointers named x/out/q/k/v/... live in the backend's memory (rs_backend_alloc);
  *   - per-step batch metadata (rs_batch) is host memory: a device backend uploads it itself;
+ *     a negative slot stores nothing (the padding rows of a step graph; only backends with graph
+ *     ops are handed one);
  *   - ops are asynchronous on a device backend; rs_backend_download synchronizes.
  */
 #ifndef RS_BACKEND_H
@@ -74,6 +76,63 @@ typedef struct rs_moe_weights {
     bool norm_topk_prob;
 } rs_moe_weights;
 
+/* How a backend does its arithmetic (--numerics).
+ *   EXACT  the reference kernels: bit-identical to the CPU backend wherever the roundings allow
+ *          (docs/design.md "Numerics"), every kernel batch-invariant. The CPU backend has only these.
+ *   FAST   a device backend's tensor-core path: GEMMs through cuBLASLt (BF16 x BF16, block-scaled
+ *          FP8) with fp32 accumulation in the library's order, BF16 activations into BF16 GEMMs,
+ *          split-K attention. Compared with EXACT under per-op tolerances; not batch-invariant. */
+typedef enum rs_numerics {
+    RS_NUMERICS_EXACT = 0,
+    RS_NUMERICS_FAST,
+} rs_numerics;
+
+const char *rs_numerics_name(rs_numerics n);                /* "exact" | "fast" */
+int rs_numerics_parse(const char *s, rs_numerics *out);     /* RS_OK, or RS_EINVAL */
+
+/* Step graphs (optional ops below): what rs_backend_graph_begin did. */
+typedef enum rs_graph_state {
+    RS_GRAPH_OFF = 0,       /* nothing: run the ops one by one (a first sighting of the key warms up) */
+    RS_GRAPH_RECORDING,     /* run the ops, then rs_backend_graph_end: they are recorded, not run yet */
+    RS_GRAPH_REPLAYED,      /* the recording of this key ran: skip the ops */
+    RS_GRAPH_NEVER,         /* this key cannot be recorded (an earlier try was refused): run the
+                             * ops as without step graphs */
+} rs_graph_state;
+
+/* Sampling on the device (optional op `sample`): one request per logits row to sample from, the
+ * semantics of scheduler/sampler.c (sampler.h) bit for bit on the same logits: the distribution
+ * relative to the largest logit (rs_expf((x - max) / T), the 16-lane double sum), the (seed,
+ * sample index, position) RNG, top-k / top-p / min-p over the order (logit desc, id asc), greedy
+ * for T <= 0, the logprob of the requested mode and the top logprobs. An invalid row (a NaN, a
+ * +inf, no finite entry) comes back done with token -1, as rs_sample returns it. A backend may
+ * leave a request undone (done false: e.g. a truncation that keeps more tokens than it sorts);
+ * the caller samples that row on the host. */
+#define RS_SAMPLE_MAX_TOP 64
+typedef enum rs_sample_lp_mode {
+    RS_SAMPLE_LP_DEFAULT = 0,   /* log_softmax(logits / T) before truncation (T = 1 when greedy) */
+    RS_SAMPLE_LP_RAW,           /* log_softmax(logits) */
+    RS_SAMPLE_LP_PROCESSED,     /* of the distribution sampled from (T, truncation, renormalized) */
+} rs_sample_lp_mode;
+
+typedef struct rs_sample_req {
+    int row;                    /* logits row */
+    float temperature;          /* <= 0: greedy (the engine sends 0 where rs_sampling_greedy holds) */
+    float top_p, min_p;
+    int top_k;                  /* <= 0 or >= vocab: off */
+    uint64_t seed, sample_index, position;
+    rs_sample_lp_mode lp_mode;
+    int n_top;                  /* top logprobs wanted, 0..RS_SAMPLE_MAX_TOP */
+} rs_sample_req;
+
+typedef struct rs_sample_res {
+    bool done;                  /* false: not sampled here, sample the row on the host */
+    int32_t token;
+    float logprob;              /* in the request's mode */
+    int n_top;                  /* top entries written (fewer than asked when truncation keeps fewer) */
+    int32_t top_ids[RS_SAMPLE_MAX_TOP];
+    float top_lps[RS_SAMPLE_MAX_TOP];
+} rs_sample_res;
+
 /* An opaque handle: the op table behind it is private to kernels/ (backend_impl.h). Callers use
  * the constructors and the checked dispatch below. */
 typedef struct rs_backend rs_backend;
@@ -91,9 +150,21 @@ rs_backend *rs_backend_cpu_init_kernels(int n_threads, const char *kernels, stru
  * avx2-exact; bf16 tile 4x3". Returns buf. */
 const char *rs_backend_cpu_describe(rs_backend *b, char *buf, size_t n);
 #ifdef RS_CUDA
+/* A CUDA backend on `device`, in RS_NUMERICS_EXACT until rs_backend_set_numerics says otherwise
+ * (the daemon and the benchmarks switch it to their --numerics, fast by default). */
 rs_backend *rs_backend_cuda_init(int device);
 /* The CUDA device ordinal of a CUDA backend, -1 for any other backend. */
 int rs_backend_cuda_device(const rs_backend *b);
+/* Fast numerics: matmuls of up to `rows` rows take the GEMV kernels, more take cuBLASLt (default
+ * 8; benchmarks move it to measure the crossover). Returns the previous value. */
+int rs_backend_cuda_set_gemv_rows(rs_backend *b, int rows);
+/* Sampling on the device on (the default) or off: off, every request comes back undone and the
+ * caller samples on the host (the engine does, row by row). */
+void rs_backend_cuda_set_device_sampling(rs_backend *b, bool on);
+/* Step graphs on (the default) or off (every step op by op), e.g. --cuda-graphs false. */
+void rs_backend_cuda_set_graphs(rs_backend *b, bool on);
+/* Recordings made, replays run and recordings refused so far. */
+void rs_backend_cuda_graph_stats(const rs_backend *b, uint64_t *recorded, uint64_t *replayed, uint64_t *refused);
 #endif
 void rs_backend_free(rs_backend *b);
 
@@ -106,6 +177,42 @@ const char *rs_backend_name(const rs_backend *b);
 /* Whether rs_backend_alloc returns host memory that host code may read and write directly (the
  * CPU backend): a weight update then writes in place instead of uploading. */
 bool rs_backend_host_memory(const rs_backend *b);
+
+/* The arithmetic b runs in, and the switch: returns the mode in effect after the call (EXACT on a
+ * backend without fast kernels, whatever was asked). */
+rs_numerics rs_backend_numerics(const rs_backend *b);
+rs_numerics rs_backend_set_numerics(rs_backend *b, rs_numerics want);
+
+/* Whether b samples on the device, and the call (see rs_sample_req). */
+bool rs_backend_has_sample(const rs_backend *b);
+void rs_backend_sample(rs_backend *b, const float *logits, int vocab, const rs_sample_req *req, int n,
+                       rs_sample_res *res);
+
+/* Step graphs: a sequence of ops that runs again and again with the same shapes and pointers (a
+ * decode step of one batch size) is recorded once and replayed (CUDA graphs). Protocol:
+ *   st = rs_backend_graph_begin(b, owner, slot, key);
+ *   if (st != RS_GRAPH_REPLAYED) {
+ *       ...the ops...
+ *       if (st == RS_GRAPH_RECORDING && !rs_backend_graph_end(b)) ...the ops again (the recording
+ *                                                       failed: they have not run; nothing did)
+ *   }
+ * owner (the caller's identity) and slot (e.g. the padded batch size) name one recording; key is
+ * everything the recorded ops depend on besides the contents of memory: shapes, every device
+ * pointer they read or write (weights, KV pages, activations), the numerics. A key seen for the first
+ * time runs op by op (OFF: warm-up, so buffers reach their sizes), the second time it is recorded,
+ * then replayed; a new key for the same (owner, slot) replaces the recording. Contract while
+ * recording: every host array an op reads (token ids, positions, slots, block tables: rs_batch)
+ * must live at an address whose contents the caller updates in place before each later begin —
+ * a replay re-reads those addresses; the ops must not synchronize (no download). An op the
+ * backend cannot record (e.g. one that reads device results on the host) makes graph_end return
+ * false, and that key answers RS_GRAPH_NEVER from then on. Backends without graphs always answer
+ * OFF. */
+rs_graph_state rs_backend_graph_begin(rs_backend *b, const void *owner, int slot, uint64_t key);
+bool rs_backend_graph_end(rs_backend *b);
+/* Drops owner's recordings (before freeing what they point to). */
+void rs_backend_graph_forget(rs_backend *b, const void *owner);
+/* Whether b records step graphs at all. */
+bool rs_backend_has_graphs(const rs_backend *b);
 
 /* Checked dispatch: every caller goes through these. */
 void *rs_backend_alloc(rs_backend *b, size_t bytes);

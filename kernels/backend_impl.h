@@ -9,8 +9,6 @@
 
 #include "backend.h"
 
-typedef struct rs_backend rs_backend;
-
 typedef struct rs_backend_ops {
     const char *name;
     bool host_memory;  /* alloc returns host memory that host code may read and write directly */
@@ -70,6 +68,20 @@ typedef struct rs_backend_ops {
      * w_e * down_e(silu(gate_e x) * up_e x), router softmax in fp32, weights renormalized over the
      * top k when norm_topk_prob. */
     void (*moe)(rs_backend *b, float *out, const float *x, int rows, int hidden, const rs_moe_weights *w);
+
+    /* Optional (NULL: the backend has only exact kernels). Switches the arithmetic of every later op
+     * and returns the mode now in effect; numerics reports it. */
+    rs_numerics (*set_numerics)(rs_backend *b, rs_numerics want);
+    rs_numerics (*numerics)(const rs_backend *b);
+
+    /* Optional (NULL: sampling on the host): requests [n] over logits [rows][vocab] in backend
+     * memory; synchronizes (results are host memory). */
+    void (*sample)(rs_backend *b, const float *logits, int vocab, const rs_sample_req *req, int n, rs_sample_res *res);
+
+    /* Optional (NULL: no step graphs): rs_backend_graph_begin and friends below. */
+    rs_graph_state (*graph_begin)(rs_backend *b, const void *owner, int slot, uint64_t key);
+    bool (*graph_end)(rs_backend *b);
+    void (*graph_forget)(rs_backend *b, const void *owner);
 
     void (*destroy)(rs_backend *b);
 } rs_backend_ops;

@@ -151,8 +151,16 @@ rs_forward_ctx *rs_forward_ctx_init(const rs_model *m, int max_tokens, int max_l
 void rs_forward_ctx_free(rs_forward_ctx *f);
 
 /* Runs one step over `batch`, writing K/V into kv[layer] and the logits of the rows listed in
- * logit_rows ([n_logits], ascending row indices) into logits_host [n_logits][vocab] fp32. */
+ * logit_rows ([n_logits], ascending row indices) into logits_host [n_logits][vocab] fp32 — or, with
+ * logits_host NULL, leaving them on the backend for rs_forward_sample / rs_forward_logits_row. */
 void rs_forward(rs_forward_ctx *f, const rs_batch *batch, rs_kv_layer *kv /* [n_layers] */,
                 const int32_t *logit_rows, int n_logits, float *logits_host);
+
+/* Whether the backend samples on the device (kernels/backend.h rs_sample_req), and the call over
+ * the last step's logits (req[i].row indexes its n_logits rows); and one row of those logits to the
+ * host (for a request the device left undone). */
+bool rs_forward_samples(const rs_forward_ctx *f);
+void rs_forward_sample(rs_forward_ctx *f, const rs_sample_req *req, int n, rs_sample_res *res);
+void rs_forward_logits_row(rs_forward_ctx *f, int i, float *dst /* [vocab] */);
 
 #endif /* RS_MODEL_H */

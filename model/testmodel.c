@@ -18,11 +18,13 @@
  */
 #include <errno.h>
 #include <jansson.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 
+#include "../core/pool.h"
 #include "model.h"
 #include "presets.h"
 #include "safetensors.h"
@@ -61,18 +63,42 @@ static float tm_uniform(uint64_t key, uint64_t j) {
  * not depend on whether a compiler contracts the expression into an fma. */
 static float tm_value(float base, float a, float u) { return (float)((double)base + (double)a * (double)u); }
 
+/* One chunk of a tensor: elements j0 + [0, n) into out (BF16, little-endian). */
+typedef struct tm_chunk {
+    const tm_gen *g;
+    uint8_t *out;
+    uint64_t j0;
+} tm_chunk;
+
+static void tm_fill_range(void *ctx, int64_t begin, int64_t end, int tid) {
+    (void)tid;
+    const tm_chunk *c = ctx;
+    const float a = c->g->kind == TM_MATRIX ? 0.034641016f : c->g->kind == TM_NORM ? 0.05f : 0.02f;
+    const float base = c->g->kind == TM_NORM ? 1.0f : 0.0f;
+    for (int64_t i = begin; i < end; i++) {
+        uint16_t h = rs_f32_to_bf16(tm_value(base, a, tm_uniform(c->g->key, c->j0 + (uint64_t)i)));
+        c->out[2 * i] = (uint8_t)(h & 0xff);
+        c->out[2 * i + 1] = (uint8_t)(h >> 8);
+    }
+}
+
+/* Elements are pure functions of (key, index), so a chunk splits over threads without changing a
+ * byte: large models (the 8B preset is 16 GB) are written at disk speed. The writer fills one chunk
+ * at a time, so one pool serves every write of the process (guarded for concurrent writers). */
 static int tm_fill(void *ctx, void *dst, uint64_t byte_offset, size_t nbytes, rs_error *err) {
     (void)err;
-    const tm_gen *g = ctx;
-    uint8_t *out = dst;
-    const uint64_t j0 = byte_offset / 2;
-    const float a = g->kind == TM_MATRIX ? 0.034641016f : g->kind == TM_NORM ? 0.05f : 0.02f;
-    const float base = g->kind == TM_NORM ? 1.0f : 0.0f;
-    for (size_t i = 0; i < nbytes / 2; i++) {
-        uint16_t h = rs_f32_to_bf16(tm_value(base, a, tm_uniform(g->key, j0 + i)));
-        out[2 * i] = (uint8_t)(h & 0xff);
-        out[2 * i + 1] = (uint8_t)(h >> 8);
+    static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+    static rs_pool *pool;
+    tm_chunk c = {.g = ctx, .out = dst, .j0 = byte_offset / 2};
+    const int64_t n = (int64_t)(nbytes / 2);
+    if (n < (1 << 18)) {
+        tm_fill_range(&c, 0, n, 0);
+        return RS_OK;
     }
+    pthread_mutex_lock(&mu);
+    if (!pool) pool = rs_pool_init(0);
+    rs_pool_run(pool, n, 4096, tm_fill_range, &c);
+    pthread_mutex_unlock(&mu);
     return RS_OK;
 }
 
@@ -303,6 +329,11 @@ static const tm_preset presets[] = {
      {.arch = RS_ARCH_QWEN3, .vocab_size = 151936, .hidden = 1024, .intermediate = 3072, .n_layers = 28,
       .n_heads = 16, .n_kv_heads = 8, .head_dim = 128, .max_position = 40960, .rms_eps = 1e-6f, .rope_theta = 1e6,
       .tie_embeddings = true, .qk_norm = true, .decoder_sparse_step = 1, .bos_token_id = 151643,
+      .eos_token_ids = {151645, 151643}, .n_eos = 2}},
+    {"qwen3-8b", 3,
+     {.arch = RS_ARCH_QWEN3, .vocab_size = 151936, .hidden = 4096, .intermediate = 12288, .n_layers = 36,
+      .n_heads = 32, .n_kv_heads = 8, .head_dim = 128, .max_position = 40960, .rms_eps = 1e-6f, .rope_theta = 1e6,
+      .tie_embeddings = false, .qk_norm = true, .decoder_sparse_step = 1, .bos_token_id = 151643,
       .eos_token_ids = {151645, 151643}, .n_eos = 2}},
 };
 

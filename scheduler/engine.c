@@ -109,6 +109,11 @@ int rs_engine_init(rs_engine **out, rs_model *m, const rs_engine_opts *opts, rs_
     e->top_ids = rs_xmalloc(sizeof(int32_t) * (size_t)max_top);
     e->top_lps = rs_xmalloc(sizeof(float) * (size_t)max_top);
     e->proc_logits = rs_xmalloc(sizeof(float) * (size_t)c->vocab_size);
+    if (rs_forward_samples(e->fwd)) {
+        e->dev_req = rs_xmalloc(sizeof(rs_sample_req) * (size_t)e->max_logits);
+        e->dev_res = rs_xmalloc(sizeof(rs_sample_res) * (size_t)e->max_logits);
+        e->dev_idx = rs_xmalloc(sizeof(int) * (size_t)e->max_logits);
+    }
     /* the capacity is readable (/get_server_info, /metrics) from the moment the pool exists, before
      * /health turns 200 and before any step ran */
     rs_eng_publish_stats(e);
@@ -183,7 +188,7 @@ void rs_engine_free(rs_engine *e) {
     rs_sampler_scratch_free(&e->sampler);
     void *bufs[] = {e->b_tokens, e->b_pos, e->b_slot, e->logit_rows, e->b_seq_start, e->b_seq_ctx,
                     e->b_tables, e->step_seqs, e->sampled, e->running, e->logits, e->proc_logits, e->top_ids,
-                    e->top_lps, e->inbox, e->progress};
+                    e->top_lps, e->inbox, e->progress, e->dev_req, e->dev_res, e->dev_idx};
     for (size_t i = 0; i < RS_ARRAY_LEN(bufs); i++) free(bufs[i]);
     for (int i = 0; i < e->n_abort_rids; i++) free(e->abort_rids[i]);
     free(e->abort_rids);

@@ -59,6 +59,9 @@ struct rs_engine {
     int32_t *top_ids;           /* [max_top] scratch */
     float *top_lps;
     float *proc_logits;         /* [vocab] a row after the logits-processing step (process_logits) */
+    rs_sample_req *dev_req;     /* [max_logits] sampling on the device (rs_forward_sample), or NULL */
+    rs_sample_res *dev_res;
+    int *dev_idx;               /* [max_logits] a logits row's request in dev_req, -1: the host samples it */
 
     rs_seq *wait_head, *wait_tail;
     int n_waiting;

@@ -96,15 +96,11 @@ static float logprob_in_mode(rs_engine *e, const rs_seq *s, const float *raw_log
     return lp;
 }
 
-/* Samples s's next token from logits; false (nothing pushed, the job failed) on a bug. */
-static bool sample_into(rs_engine *e, rs_seq *s, const float *logits) {
-    RS_ASSERT(rs_eng_wants_sample(s));
-    const float *proc = process_logits(e, s, logits);
-    rs_sample_info info;
-    int32_t tok = rs_sample(proc, e->model->cfg.vocab_size, &s->job->sp, (uint64_t)s->sample_index,
-                            (uint64_t)s->n_tokens, &e->sampler, &info);
-    float lp = tok >= 0 ? logprob_in_mode(e, s, logits, proc, tok, &info) : NAN;
-    if (isnan(lp)) {
+/* s's sampled token tok with its logprob (and top logprobs in e->top_ids / e->top_lps); false
+ * (nothing pushed, the job failed) for an invalid row (tok < 0: the logits hold a NaN or +inf) or
+ * a NaN logprob, which are bugs upstream. */
+static bool record_sample(rs_engine *e, rs_seq *s, int32_t tok, float lp) {
+    if (tok < 0 || isnan(lp)) {
         fail_job(e, s->job, tok < 0 ? "the logits hold a NaN or +inf" : "a logprob came out NaN", s->n_tokens);
         return false;
     }
@@ -121,6 +117,66 @@ static bool sample_into(rs_engine *e, rs_seq *s, const float *logits) {
     }
     s->t_last_token = now;
     return true;
+}
+
+/* Samples s's next token from logits; false (nothing pushed, the job failed) on a bug. */
+static bool sample_into(rs_engine *e, rs_seq *s, const float *logits) {
+    RS_ASSERT(rs_eng_wants_sample(s));
+    const float *proc = process_logits(e, s, logits);
+    rs_sample_info info;
+    int32_t tok = rs_sample(proc, e->model->cfg.vocab_size, &s->job->sp, (uint64_t)s->sample_index,
+                            (uint64_t)s->n_tokens, &e->sampler, &info);
+    return record_sample(e, s, tok, tok >= 0 ? logprob_in_mode(e, s, logits, proc, tok, &info) : NAN);
+}
+
+/* ---- sampling on the device (rs_forward_sample: only tokens and logprobs come back) ---- */
+
+/* Whether the device samples s's row as sample_into would: the row is the model's own (no
+ * penalties, no stop tokens masked before min_new_tokens, so process_logits would change nothing). */
+static bool device_samples(const rs_engine *e, const rs_seq *s) {
+    return !rs_penalties_active(&s->job->sp) && !masks_stop_tokens(e, s);
+}
+
+/* Whether the step leaves its logits on the backend: every logits row samples the next token of a
+ * sequence (no prompt scoring, no fork to fan out) with top logprobs within the device sampler's
+ * limit, and the device samples at least one of them; the host downloads the others' rows. */
+static bool device_sampling_step(const rs_engine *e, int n_seq, int n_logits) {
+    if (!e->dev_req || n_logits == 0) return false;
+    bool any = false;
+    for (int si = 0, li = 0; si < n_seq; si++) {
+        const rs_seq *s = e->step_seqs[si];
+        for (; li < n_logits && e->logit_rows[li] < e->b_seq_start[si + 1]; li++) {
+            if (e->b_pos[e->logit_rows[li]] + 1 != s->n_tokens || s->n_forks > 0 ||
+                s->job->top_logprobs_num > RS_SAMPLE_MAX_TOP)
+                return false;
+            any = any || device_samples(e, s);
+        }
+    }
+    return any;
+}
+
+/* The request for logits row li, sequence s: sample_into's parameters and key. */
+static rs_sample_req device_request(const rs_seq *s, int li) {
+    const rs_gen_job *job = s->job;
+    return (rs_sample_req){.row = li, .temperature = rs_sampling_greedy(&job->sp) ? 0.0f : job->sp.temperature,
+                           .top_p = job->sp.top_p,
+                           .min_p = job->sp.min_p, .top_k = job->sp.top_k, .seed = job->sp.seed,
+                           .sample_index = (uint64_t)s->sample_index, .position = (uint64_t)s->n_tokens,
+                           .lp_mode = job->logprobs_mode == RS_LOGPROBS_RAW         ? RS_SAMPLE_LP_RAW
+                                      : job->logprobs_mode == RS_LOGPROBS_PROCESSED ? RS_SAMPLE_LP_PROCESSED
+                                                                                    : RS_SAMPLE_LP_DEFAULT,
+                           .n_top = job->top_logprobs_num};
+}
+
+/* Records what the device sampled for s (top entries past the ones it found: -1 / NaN, as
+ * logprob_in_mode leaves them); false as record_sample. */
+static bool sample_from_device(rs_engine *e, rs_seq *s, const rs_sample_res *r) {
+    RS_ASSERT(rs_eng_wants_sample(s) && r->done);
+    for (int i = 0; i < s->job->top_logprobs_num; i++) {
+        e->top_ids[i] = i < r->n_top ? r->top_ids[i] : -1;
+        e->top_lps[i] = i < r->n_top ? r->top_lps[i] : NAN;
+    }
+    return record_sample(e, s, r->token, r->logprob);
 }
 
 /* The group leader's prompt is computed: its siblings start from its pages and sample their
@@ -219,7 +275,18 @@ int rs_eng_step(rs_engine *e) {
     rs_batch batch = {.n_tok = n_tok, .n_seq = n_seq, .tokens = e->b_tokens, .pos = e->b_pos,
                       .slot = e->b_slot, .seq_start = e->b_seq_start, .seq_ctx = e->b_seq_ctx,
                       .block_tables = e->b_tables, .max_blocks = e->max_blocks_per_seq};
-    rs_forward(e->fwd, &batch, e->pool.layers, e->logit_rows, n_logits, e->logits);
+    const bool dev = device_sampling_step(e, n_seq, n_logits);
+    rs_forward(e->fwd, &batch, e->pool.layers, e->logit_rows, n_logits, dev ? NULL : e->logits);
+    if (dev) {
+        int n_req = 0;
+        for (int si = 0, li = 0; si < n_seq; si++)
+            for (; li < n_logits && e->logit_rows[li] < e->b_seq_start[si + 1]; li++) {
+                const bool here = device_samples(e, e->step_seqs[si]);
+                e->dev_idx[li] = here ? n_req : -1;
+                if (here) e->dev_req[n_req++] = device_request(e->step_seqs[si], li);
+            }
+        rs_forward_sample(e->fwd, e->dev_req, n_req, e->dev_res);
+    }
     e->stats.steps++;
 
     int li = 0, n_sampled = 0;
@@ -231,7 +298,15 @@ int rs_eng_step(rs_engine *e) {
         s->n_computed += r1 - r0;
         for (; li < n_logits && e->logit_rows[li] < r1; li++) {
             RS_ASSERT(e->logit_rows[li] >= r0);
-            handle_logits(e, s, e->b_pos[e->logit_rows[li]], e->logits + (size_t)li * c->vocab_size, &n_sampled);
+            float *row = e->logits + (size_t)li * c->vocab_size;
+            const int di = dev ? e->dev_idx[li] : -1;
+            if (di >= 0 && e->dev_res[di].done) {
+                if (sample_from_device(e, s, &e->dev_res[di])) e->sampled[n_sampled++] = s;
+                continue;
+            }
+            /* left to the host: a processed row, or a kept prefix longer than the device sorts */
+            if (dev) rs_forward_logits_row(e->fwd, li, row);
+            handle_logits(e, s, e->b_pos[e->logit_rows[li]], row, &n_sampled);
         }
         if (e->opts.prefix_cache) rs_kv_seq_commit(&e->pool, &s->kv, s->tokens, s->n_computed);
         /* a prompt scored with max_new_tokens = 0 is done once computed */

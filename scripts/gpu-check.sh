@@ -1,90 +1,207 @@
 #!/usr/bin/env bash
-# The GPU check: one prepared run on a machine with an NVIDIA GPU (sm_90), meant to finish in about
-# eight minutes. It builds with `make CUDA=1`, runs the CUDA-vs-CPU op tests (every test whose name
-# starts with cuda_), the golden end-to-end test with the daemon on the GPU, the GPU and CPU
-# benchmarks, the NCCL end-to-end test, and last the whole unit suite on that build, and writes
-# everything to $OUT/gpu-check.txt (OUT defaults to build-cuda/). The NCCL test includes an
-# SGLang-style trainer (torch.distributed, init_method tcp://, dist.broadcast) joining over the
-# trainer's TCPStore. Most valuable first: a run cut short by the device's time limit still brings
-# back the CUDA verdicts.
+# The GPU check: one prepared run on a machine with an NVIDIA GPU (sm_90, CUDA 13), under about eight
+# minutes. Everything goes under $OUT (default build-cuda/): the full log in gpu-check.txt, one line
+# per step (name, exit status, seconds) in gpu-check-summary.txt, the build's output in build.txt.
+# Most valuable first. Every step runs under its own time limit, cut to what is left of the run's
+# budget (GPU_CHECK_BUDGET seconds, default 480, counted from the start; a step with less than 20 s
+# left is skipped and says so); a failing or timed-out step is recorded and the run goes on, so a
+# run cut short still brings back the verdicts that matter most:
+#
+#   build      make CUDA=1 (all programs)                                                <= 180 s
+#   ops        every cuda_* unit test: each CUDA op against the CPU backend (exact numerics), fast
+#              numerics against exact (cuBLASLt BF16 and block-scaled FP8 GEMMs, the FP8 GEMV,
+#              split and tensor-core attention, device sampling, MoE), cuBLASLt's own refusals
+#              (the emulation's rules against the real library), step graphs, capture rules   <= 120 s
+#   golden     test_golden.py against transformers, daemon --device cuda --numerics exact    <= 110 s
+#   numerics   test_numerics.py: fast against exact and transformers, seeded determinism     <= 40 s
+#   decode06   batch-1 and batch-32 decode tokens/s and MBU (weight bytes per step / the
+#              device-to-device copy bandwidth measured in the same run), Qwen3-0.6B shapes,
+#              FP8 and BF16 weights, fast numerics                                            <= 60 s
+#   decode06x  the same in exact numerics (the CUDA-core kernels), for fast against exact     <= 60 s
+#   decode8b   batch-1 decode, the 8B-shaped random model (preset qwen3-8b, written once: 16 GB),
+#              FP8 and BF16 weights                                                          <= 240 s
+#   gemm       cuBLASLt block-scaled FP8 vs BF16 TFLOP/s at prefill shapes                   <= 60 s
+#   torchmm    torch._scaled_mm (1x128 x 128x128 blocks) and torch.matmul in BF16 at the same
+#              shapes, where torch sees the GPU                                              <= 60 s
+#   rl_bf16    the RL shape on the 8B-shaped model: 32 prompts x n = 8 = 256 sequences, prompt
+#              1024, 256 new tokens (cut from 2048 to fit the run: decode steps scale linearly),
+#              T = 1; BF16 weights, BF16 KV                                                  <= 120 s
+#   rl_fp8     the same with FP8 weights, BF16 KV then FP8 KV                                <= 150 s
+#   gemv       the GEMV/cuBLASLt crossover per weight dtype at decode shapes (the default is 8
+#              rows: RS_CUDA_GEMV_ROWS_DEFAULT)                                              <= 60 s
+#   push       a BF16 push of the 8B-shaped model into a GPU daemon serving FP8 weights and FP8
+#              KV: requantization and KV recalibration included                              <= 150 s
+#   nccl       tests/e2e/test_nccl_gpu.py: NCCL weight updates from rolloutd_client (unique id)
+#              and from an SGLang-style torch.distributed trainer over its TCPStore           <= 120 s
+#   e2e        the weight-sync and generation-API e2e files against a GPU daemon             <= 180 s
+#   cpu        the CPU benchmarks on this host's cores                                       <= 120 s
+#   unit       the whole unit suite on the CUDA build                                        <= 240 s
+#
+# GPU_CHECK_STEPS="ops golden ..." runs only the named steps (the build always runs);
+# GPU_CHECK_DRY_RUN=1 prints each step's command and records it without running anything (a
+# check of the script itself on a machine without a GPU).
 #
 # The device machine lacks libmicrohttpd, jansson and libuv, and has no network. Before the call,
 # run scripts/fetch-debs.sh here and name `.debs` in the device tool's `carry`; this script unpacks
-# them into .debs/root. One call:  OUT=$OUT bash scripts/gpu-check.sh   (timeout_s ~540)
+# them into .debs/root. One call:  OUT=$OUT bash scripts/gpu-check.sh   (timeout_s ~560)
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 1
 OUT=${OUT:-build-cuda}
 mkdir -p "$OUT"
-log="$OUT/gpu-check.txt"
-exec > >(tee "$log") 2>&1
+OUT=$(cd "$OUT" && pwd)
+SUMMARY=$OUT/gpu-check-summary.txt
+BUDGET=${GPU_CHECK_BUDGET:-480}
+ONLY=${GPU_CHECK_STEPS:-}
+DRY=${GPU_CHECK_DRY_RUN:-0}
+T0=$(date +%s)
+: >"$SUMMARY"
 
-if ls .debs/*.deb >/dev/null 2>&1; then
-  mkdir -p .debs/root
-  for f in .debs/*.deb; do dpkg -x "$f" .debs/root; done
-  root=$PWD/.debs/root
-  export CPATH="$root/usr/include${CPATH:+:$CPATH}"
-  export LIBRARY_PATH="$root/usr/lib/x86_64-linux-gnu${LIBRARY_PATH:+:$LIBRARY_PATH}"
-  export LD_LIBRARY_PATH="$root/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-  export PKG_CONFIG_PATH="$root/usr/lib/x86_64-linux-gnu/pkgconfig"
-  # the .pc files name /usr as prefix; point them at the unpacked tree
-  for pc in "$PKG_CONFIG_PATH"/*.pc; do sed -i "s|^prefix=/usr|prefix=$root/usr|" "$pc"; done
-  # the Makefile's dependency stamp would run install-deps.sh (apt, no network there) if pkg-config
-  # were missing; the libraries are in place, so mark them found
-  command -v pkg-config >/dev/null 2>&1 || { mkdir -p build-cuda && touch build-cuda/.deps-ok; }
-fi
-
-# NCCL: the toolkit's, the system's, or the nvidia-nccl pip wheel's (the device image has the wheel)
-nccl_args=()
-if [ ! -e /usr/local/cuda/include/nccl.h ] && [ ! -e /usr/include/nccl.h ]; then
-  nccl_home=$(python3 -c 'import nvidia.nccl, os; print(list(nvidia.nccl.__path__)[0])' 2>/dev/null || true)
-  if [ -n "$nccl_home" ] && [ -e "$nccl_home/include/nccl.h" ]; then
-    nccl_args=(NCCL_HOME="$nccl_home")
-    [ -e "$nccl_home/lib/libnccl.so" ] || nccl_args+=(NCCL_LIB=-l:libnccl.so.2)
-    export LD_LIBRARY_PATH="$nccl_home/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+# step ID SECONDS CMD...: CMD under a time limit of SECONDS, or what is left of the budget if less;
+# records "ID exit-status seconds" in the summary and in LAST_RC, and returns 0 (the run goes on).
+LAST_RC=0
+step() {
+  local id=$1 secs=$2
+  shift 2
+  LAST_RC=0
+  if [ -n "$ONLY" ] && [[ " $ONLY " != *" $id "* ]]; then return 0; fi
+  local now=$(($(date +%s) - T0))
+  local left=$((BUDGET - now))
+  if ((left < 20)); then
+    echo "== $id: skipped (${now} s of the ${BUDGET} s budget used)"
+    printf '%-10s skipped (budget)\n' "$id" >>"$SUMMARY"
+    return 0
   fi
-fi
+  ((secs > left)) && secs=$left
+  echo "== $id (at most ${secs} s; ${now} s into the run): $*"
+  if [ "$DRY" = 1 ]; then
+    printf '%-10s dry run\n' "$id" >>"$SUMMARY"
+    return 0
+  fi
+  local t
+  t=$(date +%s)
+  # timeout runs CMD in its own process group and signals the whole group, so daemons that a
+  # pytest fixture started go too; -k: SIGKILL 10 s after a SIGTERM that did not end it
+  timeout -k 10 "$secs" "$@"
+  local rc=$?
+  LAST_RC=$rc
+  local took=$(($(date +%s) - t))
+  local what="exit $rc"
+  ((rc == 124 || rc == 137)) && what="$what (time limit)"
+  echo "   -> $what after ${took} s"
+  printf '%-10s %-22s %4d s\n' "$id" "$what" "$took" >>"$SUMMARY"
+  return 0
+}
 
-echo "== $(date -u +%FT%TZ) gpu-check on $(hostname)"
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
-echo "== build (make CUDA=1)"
-echo "   NCCL: ${nccl_args[*]:-toolkit or /usr}"
-make -j"$(nproc)" CUDA=1 BUILD=build-cuda "${nccl_args[@]}" all || { echo "BUILD FAILED"; exit 1; }
-echo "== CUDA op tests (every test named cuda_*: each CUDA op against the CPU backend)"
-timeout 150 ./build-cuda/unit-tests cuda_
-echo "== end-to-end on the GPU: golden (transformers' logprobs), weight pushes, generation API; daemons --device cuda"
-if python3 -c 'import pytest, requests, numpy' 2>/dev/null; then
-  ROLLOUTD_BIN=$PWD/build-cuda/rolloutd ROLLOUTD_ARGS="--device cuda" \
-    timeout 200 python3 -m pytest -q -rs tests/e2e/test_golden.py tests/e2e/test_weight_sync.py tests/e2e/test_generate_api.py
-else
-  echo "skipped: needs python3 with pytest, requests and numpy"
-fi
-echo "== GPU decode: FP8 vs BF16 weights, the model on the H200"
-timeout 180 ./build-cuda/rollout-bench --device cuda --preset qwen3-0.6b --quantization both --batches 1,32,256
-echo "== NCCL weight updates end to end (tests/e2e/test_nccl_gpu.py; trainer = this python, rank 0: rolloutd_client's"
-echo "   unique-id push, then an SGLang-style torch.distributed trainer over the TCPStore rendezvous)"
-if python3 -c 'import pytest, requests, numpy, torch; assert torch.cuda.is_available()' 2>/dev/null; then
-  ROLLOUTD_BIN=$PWD/build-cuda/rolloutd timeout 180 python3 -m pytest -q -rs tests/e2e/test_nccl_gpu.py
-else
-  echo "skipped: needs python3 with pytest, requests, numpy and torch with CUDA"
-fi
-echo "== weight sync into a GPU-served daemon (requantization and KV recalibration on the GPU)"
-if python3 -c 'import requests, numpy' 2>/dev/null; then
-  timeout 180 python3 scripts/bench_weight_sync.py --bin build-cuda/rolloutd --repeat 3 --daemon-args "--device cuda" \
-    --quantizations bf16/bf16,fp8/bf16,fp8
-else
-  echo "weight-sync bench skipped: needs python3 with requests and numpy"
-fi
-echo "== benchmarks (CPU backend on this host's $(nproc) cores)"
-# FP8 vs BF16 batch-1 decode on more than the CI VM's two cores: there the exact FP8 kernel should
-# have the compute to be memory-bound (docs/benchmarks.md "Decode: FP8 against BF16 weights").
-timeout 150 ./build-cuda/rollout-bench --preset qwen3-0.6b --quantization both --batches 1,32
-./build-cuda/bench-matmul 3072 1024 fp8,bf16 "$(nproc)" 1,32
-# the host-side quantizer a push into the GPU daemon runs (table encoder where the CPU has VBMI)
-./build-cuda/bench-quant 4096 7168 bf16 "$(nproc)" normal
-if python3 -c 'import requests, numpy' 2>/dev/null; then
-  timeout 120 python3 scripts/bench_weight_sync.py --bin build-cuda/rolloutd --repeat 2 \
-    --quantizations bf16/bf16,fp8/bf16,fp8
-fi
-echo "== full unit suite on the CUDA build"
-timeout 240 ./build-cuda/unit-tests
-echo "== done"
+# skip ID REASON: records a step that cannot run here
+skip() {
+  if [ -n "$ONLY" ] && [[ " $ONLY " != *" $1 "* ]]; then return 0; fi
+  echo "== $1: skipped ($2)"
+  printf '%-10s skipped (%s)\n' "$1" "$2" >>"$SUMMARY"
+}
+
+have_py() { python3 -c "import $1" 2>/dev/null; }
+
+setup_deps() {
+  if ls .debs/*.deb >/dev/null 2>&1; then
+    mkdir -p .debs/root
+    for f in .debs/*.deb; do dpkg -x "$f" .debs/root; done
+    local root=$PWD/.debs/root
+    export CPATH="$root/usr/include${CPATH:+:$CPATH}"
+    export LIBRARY_PATH="$root/usr/lib/x86_64-linux-gnu${LIBRARY_PATH:+:$LIBRARY_PATH}"
+    export LD_LIBRARY_PATH="$root/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+    export PKG_CONFIG_PATH="$root/usr/lib/x86_64-linux-gnu/pkgconfig"
+    # the .pc files name /usr as prefix; point them at the unpacked tree
+    for pc in "$PKG_CONFIG_PATH"/*.pc; do sed -i "s|^prefix=/usr|prefix=$root/usr|" "$pc"; done
+    # the Makefile's dependency stamp would run install-deps.sh (apt, no network there) if
+    # pkg-config were missing; the libraries are in place, so mark them found
+    command -v pkg-config >/dev/null 2>&1 || { mkdir -p build-cuda && touch build-cuda/.deps-ok; }
+  fi
+  # NCCL: the toolkit's, the system's, or the nvidia-nccl pip wheel's (the device image has the wheel)
+  NCCL_ARGS=()
+  if [ ! -e /usr/local/cuda/include/nccl.h ] && [ ! -e /usr/include/nccl.h ]; then
+    local home
+    home=$(python3 -c 'import nvidia.nccl; print(list(nvidia.nccl.__path__)[0])' 2>/dev/null || true)
+    if [ -n "$home" ] && [ -e "$home/include/nccl.h" ]; then
+      NCCL_ARGS=(NCCL_HOME="$home")
+      [ -e "$home/lib/libnccl.so" ] || NCCL_ARGS+=(NCCL_LIB=-l:libnccl.so.2)
+      export LD_LIBRARY_PATH="$home/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+    fi
+  fi
+}
+
+main() {
+  setup_deps
+  echo "== $(date -u +%FT%TZ) gpu-check on $(hostname), budget ${BUDGET} s${ONLY:+, steps: $ONLY}"
+  nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm,clocks.max.mem --format=csv,noheader 2>/dev/null ||
+    echo "   nvidia-smi: no GPU visible"
+  echo "   NCCL: ${NCCL_ARGS[*]:-toolkit or /usr}"
+  local B=build-cuda
+  # the build's output goes to build.txt; its last lines come into the log when it fails
+  step build 180 sh -c "make -j$(nproc) CUDA=1 BUILD=build-cuda ${NCCL_ARGS[*]} all >'$OUT/build.txt' 2>&1 ||
+    { tail -40 '$OUT/build.txt'; exit 1; }"
+  if ((LAST_RC != 0)); then
+    echo "BUILD FAILED: nothing else can run"
+    return 1
+  fi
+
+  local fx=$PWD/tests/fixtures py_e2e=0 py_torch_cuda=0
+  have_py pytest && have_py requests && have_py numpy && py_e2e=1
+  python3 -c 'import torch; assert torch.cuda.is_available()' 2>/dev/null && py_torch_cuda=1
+  local daemon="ROLLOUTD_BIN=$PWD/$B/rolloutd"
+  local m8 # where rollout-bench and rl-bench write the preset
+  m8=/tmp/rolloutd-bench-qwen3-8b-$(id -u)
+
+  step ops 120 env RS_FIXTURES="$fx" RS_TEST_TIMEOUT=90 $B/unit-tests cuda_
+  if ((py_e2e)); then
+    step golden 110 env "$daemon" ROLLOUTD_ARGS="--device cuda --numerics exact" \
+      python3 -m pytest -q -rs tests/e2e/test_golden.py
+    step numerics 40 env "$daemon" ROLLOUTD_ARGS="--device cuda" python3 -m pytest -q -rs tests/e2e/test_numerics.py
+  else
+    skip golden "needs python3 with pytest, requests and numpy"
+    skip numerics "needs python3 with pytest, requests and numpy"
+  fi
+  step decode06 60 $B/rollout-bench --device cuda --numerics fast --preset qwen3-0.6b --quantization both \
+    --batches 1,32 --prompt 32 --gen 32
+  step decode06x 60 $B/rollout-bench --device cuda --numerics exact --preset qwen3-0.6b --quantization both \
+    --batches 1,32 --prompt 32 --gen 32
+  step decode8b 240 $B/rollout-bench --device cuda --preset qwen3-8b --quantization both --batches 1 \
+    --prompt 32 --gen 32
+  step gemm 60 $B/bench-gpu gemm
+  if ((py_torch_cuda)); then
+    step torchmm 60 python3 scripts/bench_scaled_mm.py
+  else
+    skip torchmm "no torch with CUDA"
+  fi
+  local rl=("$B/rl-bench" --device cuda --preset qwen3-8b --runs engine --prompts 32 --n 8 --prompt-len 1024 --gen 256)
+  step rl_bf16 120 "${rl[@]}" --quantization bf16 --kv-dtype bf16
+  step rl_fp8 150 "${rl[@]}" --quantization fp8 --kv-dtype bf16,fp8
+  step gemv 60 $B/bench-gpu gemv --shapes 6144:4096,4096:12288 --rows 1,2,4,8,12,16,32
+  if have_py requests && have_py numpy && { [ -e "$m8/model.safetensors" ] || [ "$DRY" = 1 ]; }; then
+    step push 150 python3 scripts/bench_weight_sync.py --bin $B/rolloutd --model-dir "$m8" --repeat 2 \
+      --kv-cache-mb 4096 --daemon-args "--device cuda" --quantizations fp8
+  else
+    skip push "needs python3 with requests and numpy, and the 8B preset that decode8b writes"
+  fi
+  if ((py_e2e && py_torch_cuda)); then
+    step nccl 120 env "$daemon" python3 -m pytest -q -rs tests/e2e/test_nccl_gpu.py
+  else
+    skip nccl "needs python3 with pytest, requests, numpy and torch with CUDA"
+  fi
+  if ((py_e2e)); then
+    step e2e 180 env "$daemon" ROLLOUTD_ARGS="--device cuda" \
+      python3 -m pytest -q -rs tests/e2e/test_weight_sync.py tests/e2e/test_generate_api.py
+  else
+    skip e2e "needs python3 with pytest, requests and numpy"
+  fi
+  local n
+  n=$(nproc)
+  step cpu 120 sh -c "$B/rollout-bench --preset qwen3-0.6b --quantization both --batches 1,32 &&
+    $B/bench-matmul 3072 1024 fp8,bf16 $n 1,32 && $B/bench-quant 4096 7168 bf16 $n normal"
+  step unit 240 env RS_FIXTURES="$fx" $B/unit-tests
+  echo "== done after $(($(date +%s) - T0)) s; summary ($SUMMARY):"
+  cat "$SUMMARY"
+}
+
+# the pipeline ends when tee has written the last line, so the log is complete when the script exits
+main 2>&1 | tee "$OUT/gpu-check.txt"
+exit "${PIPESTATUS[0]}"

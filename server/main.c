@@ -180,6 +180,7 @@ static int load(rs_daemon *d, rs_error *err) {
         if (!d->backend)
             return rs_error_set(err, RS_EINVAL, "cuda-device", "cannot use CUDA device %d (the log says why)",
                                 c->cuda_device);
+        rs_backend_cuda_set_graphs(d->backend, c->cuda_graphs);
 #else
         return rs_error_set(err, RS_EUNSUPPORTED, "device",
                             "--device cuda needs a CUDA build of rolloutd (make CUDA=1); this one is CPU-only");
@@ -190,6 +191,13 @@ static int load(rs_daemon *d, rs_error *err) {
         d->backend = rs_backend_cpu_init_kernels(c->threads, kernels, err);
         if (!d->backend) return err->code;
     }
+    const rs_numerics want = c->numerics == RS_CFG_NUMERICS_FAST ? RS_NUMERICS_FAST : RS_NUMERICS_EXACT;
+    const rs_numerics got = rs_backend_set_numerics(d->backend, want);
+    if (got != want)
+        RS_INFO("numerics: %s asked; the %s backend has only %s kernels", rs_numerics_name(want),
+                rs_backend_name(d->backend), rs_numerics_name(got));
+    /* /get_server_info reports the arithmetic in effect */
+    d->cfg.numerics = got == RS_NUMERICS_FAST ? RS_CFG_NUMERICS_FAST : RS_CFG_NUMERICS_EXACT;
 
     char *dir = d->model_dir;
     int rc;

@@ -422,6 +422,8 @@ int rs_sync_start(rs_sync **out, rs_engine *e, rs_model *m, const rs_sync_opts *
         else if (rs_backend_cuda_device(m->backend) >= 0)
             s->calib = rs_backend_cuda_init(rs_backend_cuda_device(m->backend));
 #endif
+        /* the scales are calibrated with the arithmetic that will read them */
+        if (s->calib) rs_backend_set_numerics(s->calib, rs_backend_numerics(m->backend));
     }
     pthread_mutex_init(&s->mu, NULL);
     pthread_mutex_init(&s->stats_mu, NULL);

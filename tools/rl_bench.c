@@ -3,10 +3,15 @@
  *
  *   build/rl-bench [--model DIR | --preset NAME] [--prompts 64] [--n 8] [--prompt-len 128]
  *                  [--gen 256] [--kv-mb 0] [--threads N] [--runs all|engine|skeleton|kv|loop]
- *                  [--loop-prompts 2] [--quantization bf16|fp8]
+ *                  [--loop-prompts 2] [--quantization bf16|fp8] [--kv-dtype fp8|bf16|f32[,...]]
+ *                  [--device cpu|cuda] [--numerics exact|fast]
  *
  * Weights are served as stored (BF16) by default; --quantization fp8 serves the attention and MLP
- * matrices as W8A8 FP8 blocks, as the daemon's default does.
+ * matrices as W8A8 FP8 blocks, as the daemon's default does. --kv-dtype is the engine and loop
+ * runs' KV cache (fp8 by default, per-head calibrated scales); a list (bf16,fp8) runs the engine
+ * once per entry on the same loaded model, each with room for every sequence in its own page format
+ * (the loop run takes the first). --device cuda (a `make CUDA=1` build) runs on GPU 0 with --numerics (default fast, the daemon's); every row names the numerics
+ * the backend ran.
  *
  * A GRPO step: P prompts, n samples each, fixed-length outputs (ignore_eos), sampled at T = 1.
  * Every configuration runs the same requests in the same process:
@@ -39,9 +44,12 @@
 #include "../scheduler/engine.h"
 
 typedef struct opts {
-    const char *model, *preset, *runs, *quantization;
+    const char *model, *preset, *runs, *quantization, *kv_dtype, *device;
     int prompts, n, prompt_len, gen, threads, kv_mb, loop_prompts;
+    rs_numerics numerics;
 } opts;
+
+static const char *numerics_name; /* what the backend runs, for every row */
 
 typedef struct result {
     double seconds, tokens_per_s;
@@ -132,21 +140,74 @@ static result run_loop(rs_model *m, const opts *o, const rs_engine_opts *eo) {
 }
 
 static void print_row(const char *name, const char *kv, size_t kv_bytes, const result *r) {
-    printf("| %-9s | %-5s | %8.1f MiB | %8.1f | %10.1f | %12d | %11llu | %11llu |\n", name, kv,
-           (double)kv_bytes / (1 << 20), r->seconds, r->tokens_per_s, r->peak_running, r->retractions,
+    printf("| %-9s | %-8s | %-5s | %8.1f MiB | %8.1f | %10.1f | %12d | %11llu | %11llu |\n", name, numerics_name,
+           kv, (double)kv_bytes / (1 << 20), r->seconds, r->tokens_per_s, r->peak_running, r->retractions,
            r->prefix_hits);
+}
+
+/* The KV page dtype of --kv-dtype. */
+static rs_dtype kv_dtype_of(const char *s) {
+    if (!strcmp(s, "fp8")) return RS_DTYPE_E4M3;
+    if (!strcmp(s, "bf16")) return RS_DTYPE_BF16;
+    if (!strcmp(s, "f32")) return RS_DTYPE_F32;
+    fprintf(stderr, "--kv-dtype must be fp8, bf16 or f32\n");
+    exit(2);
+}
+
+#define MAX_KV 3
+
+static void usage(void);
+
+/* --kv-dtype's comma-separated list into names (pointing into buf) and page dtypes; exits with a
+ * message on an empty, unknown or repeated entry or more than MAX_KV of them. Returns the count. */
+static int parse_kv_list(const char *list, char *buf, size_t cap, const char **names, rs_dtype *dts) {
+    if (snprintf(buf, cap, "%s", list) >= (int)cap) usage();
+    int n = 0;
+    for (char *save = NULL, *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
+        if (n == MAX_KV) usage();
+        dts[n] = kv_dtype_of(t);
+        for (int i = 0; i < n; i++)
+            if (dts[i] == dts[n]) usage();
+        names[n++] = t;
+    }
+    if (n == 0) usage();
+    return n;
+}
+
+static rs_backend *make_backend(const opts *o) {
+    rs_backend *b = NULL;
+    if (!strcmp(o->device, "cuda")) {
+#ifdef RS_CUDA
+        b = rs_backend_cuda_init(0);
+#else
+        fprintf(stderr, "--device cuda needs a CUDA build (make CUDA=1)\n");
+        exit(2);
+#endif
+    } else if (!strcmp(o->device, "cpu")) {
+        b = rs_backend_cpu_init(o->threads);
+    } else {
+        fprintf(stderr, "--device must be cpu or cuda\n");
+        exit(2);
+    }
+    if (!b) {
+        fprintf(stderr, "cannot create the %s backend\n", o->device);
+        exit(1);
+    }
+    rs_backend_set_numerics(b, o->numerics);
+    return b;
 }
 
 static void usage(void) {
     fprintf(stderr, "usage: rl-bench [--model DIR | --preset NAME] [--prompts 64] [--n 8] [--prompt-len 128] "
                     "[--gen 256] [--kv-mb 0] [--threads N] [--runs all|engine|skeleton|kv|loop] [--loop-prompts 2] "
-                    "[--quantization bf16|fp8]\n");
+                    "[--quantization bf16|fp8] [--kv-dtype fp8|bf16|f32[,...]] [--device cpu|cuda] [--numerics exact|fast]\n");
     exit(2);
 }
 
 int main(int argc, char **argv) {
     opts o = {.preset = "default", .runs = "all", .prompts = 64, .n = 8, .prompt_len = 128, .gen = 256,
-              .loop_prompts = 2, .quantization = "bf16"};
+              .loop_prompts = 2, .quantization = "bf16", .kv_dtype = "fp8", .device = "cpu",
+              .numerics = RS_NUMERICS_FAST};
     for (int i = 1; i < argc; i += 2) {
         if (i + 1 >= argc) usage();
         const char *a = argv[i], *v = argv[i + 1];
@@ -161,11 +222,25 @@ int main(int argc, char **argv) {
         else if (!strcmp(a, "--threads")) o.threads = atoi(v);
         else if (!strcmp(a, "--loop-prompts")) o.loop_prompts = atoi(v);
         else if (!strcmp(a, "--quantization")) o.quantization = v;
-        else usage();
+        else if (!strcmp(a, "--kv-dtype")) o.kv_dtype = v;
+        else if (!strcmp(a, "--device")) o.device = v;
+        else if (!strcmp(a, "--numerics")) {
+            if (rs_numerics_parse(v, &o.numerics) != RS_OK) usage();
+        } else usage();
     }
     if (o.prompts < 1 || o.n < 1 || o.prompt_len < 1 || o.gen < 1) usage();
     bool all = !strcmp(o.runs, "all");
     rs_log_min_level = RS_LOG_LEVEL_WARN;
+
+    const char *kv_names[MAX_KV]; /* --kv-dtype a,b,...: the engine runs once per entry */
+    rs_dtype kv_dts[MAX_KV];
+    char kv_list[64];
+    const int n_kv = parse_kv_list(o.kv_dtype, kv_list, sizeof kv_list, kv_names, kv_dts);
+    const rs_dtype kv_dt = kv_dts[0];
+    const rs_kv_scales kv_scales = kv_dt == RS_DTYPE_E4M3 ? RS_KV_SCALES_CALIBRATE : RS_KV_SCALES_NONE;
+    /* the backend first: a --device that cannot start fails before a preset is written (16 GB for qwen3-8b) */
+    rs_backend *b = make_backend(&o);
+    numerics_name = rs_numerics_name(rs_backend_numerics(b));
 
     char dir[4096];
     rs_error err = {0};
@@ -186,7 +261,6 @@ int main(int argc, char **argv) {
         fprintf(stderr, "%s\n", err.message);
         return 2;
     }
-    rs_backend *b = rs_backend_cpu_init(o.threads);
     rs_model *m = NULL;
     if (rs_model_load(dir, b, &qp, &m, &err) != RS_OK) {
         fprintf(stderr, "%s\n", err.message);
@@ -196,28 +270,30 @@ int main(int argc, char **argv) {
     int seqs = o.prompts * o.n, ctx = o.prompt_len + o.gen;
     size_t f32_token = (size_t)c->n_layers * 2 * (size_t)c->n_kv_heads * (size_t)c->head_dim * 4;
     size_t demand = (size_t)seqs * (size_t)(ctx + RS_KV_BLOCK) * f32_token;
-    printf("model %s: %s, %d layers, hidden %d, %d kv heads x %d, weights %s; workload %d prompts x n=%d, "
-           "prompt %d, %d new tokens, T=1\n",
+    printf("model %s: %s, %d layers, hidden %d, %d kv heads x %d, weights %s; %s backend, numerics %s; workload "
+           "%d prompts x n=%d, prompt %d, %d new tokens, T=1\n",
            dir, rs_arch_name(c->arch), c->n_layers, c->hidden, c->n_kv_heads, c->head_dim, o.quantization,
-           o.prompts, o.n, o.prompt_len, o.gen);
-    printf("| run       | KV    | KV budget    | seconds  | tokens/s   | peak running | preemptions | prefix hits |\n");
-    printf("|---|---|---|---|---|---|---|---|\n");
+           rs_backend_name(b), numerics_name, o.prompts, o.n, o.prompt_len, o.gen);
+    printf("| run       | numerics | KV    | KV budget    | seconds  | tokens/s   | peak running | preemptions | "
+           "prefix hits |\n");
+    printf("|---|---|---|---|---|---|---|---|---|\n");
 
     rs_engine_opts base = {.max_running = seqs, .max_step_tokens = 2048,
                            .limits = {.max_context = ctx, .max_new_tokens = o.gen, .max_n = o.n,
                                       .max_batch = seqs, .max_top_logprobs = 0}};
     result eng = {0}, skel = {0};
-    if (all || !strcmp(o.runs, "engine")) {
+    for (int ki = 0; ki < n_kv && (all || !strcmp(o.runs, "engine")); ki++) {
         rs_engine_opts eo = base;
-        eo.kv_cache_bytes = demand; /* room for everything: throughput, not memory, is measured */
+        eo.kv_cache_bytes = demand / 4 * rs_dtype_size(kv_dts[ki]); /* room for every sequence */
         eo.prefix_cache = true;
         eo.admission_new_token_ratio = 0.4f;
-        eo.kv_dtype = RS_DTYPE_E4M3;
-        eo.kv_scales = RS_KV_SCALES_CALIBRATE;
+        eo.kv_dtype = kv_dts[ki];
+        eo.kv_scales = kv_dts[ki] == RS_DTYPE_E4M3 ? RS_KV_SCALES_CALIBRATE : RS_KV_SCALES_NONE;
         eo.kv_calib_margin = 1.0f;
         eo.kv_calib_percentile = 1.0f;
-        eng = run(m, &o, &eo, true);
-        print_row("engine", "fp8", eo.kv_cache_bytes, &eng);
+        result r = run(m, &o, &eo, true);
+        print_row("engine", kv_names[ki], eo.kv_cache_bytes, &r);
+        if (ki == 0) eng = r;
     }
     if (all || !strcmp(o.runs, "skeleton")) {
         rs_engine_opts eo = base;
@@ -232,14 +308,14 @@ int main(int argc, char **argv) {
         printf("engine vs skeleton: %.2fx output tokens/s\n", eng.tokens_per_s / skel.tokens_per_s);
     if (all || !strcmp(o.runs, "loop")) {
         rs_engine_opts eo = base;
-        eo.kv_cache_bytes = demand;
+        eo.kv_cache_bytes = demand / 4 * rs_dtype_size(kv_dt);
         eo.prefix_cache = false; /* nothing shared: each request prefills its own prompt */
-        eo.kv_dtype = RS_DTYPE_E4M3;
-        eo.kv_scales = RS_KV_SCALES_CALIBRATE;
+        eo.kv_dtype = kv_dt;
+        eo.kv_scales = kv_scales;
         eo.kv_calib_margin = 1.0f;
         eo.kv_calib_percentile = 1.0f;
         result lp = run_loop(m, &o, &eo);
-        print_row("loop", "fp8", eo.kv_cache_bytes, &lp);
+        print_row("loop", kv_names[0], eo.kv_cache_bytes, &lp);
         if (eng.seconds > 0) printf("engine vs plain loop: %.2fx output tokens/s\n", eng.tokens_per_s / lp.tokens_per_s);
     }
     if (all || !strcmp(o.runs, "kv")) {

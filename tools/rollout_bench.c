@@ -1,9 +1,10 @@
 /*
  * rollout_bench.c — in-process decode throughput of the engine (no HTTP).
  *
- *   build/rollout-bench [--preset default|qwen3-0.6b|all] [--model DIR] [--threads N]
+ *   build/rollout-bench [--preset default|qwen3-0.6b|qwen3-8b|all] [--model DIR] [--threads N]
  *                       [--batches 1,16] [--prompt 32] [--gen 32] [--quantization bf16|fp8|both]
- *                       [--device cpu|cuda] [--cpu-kernels auto|avx512|avx2|scalar]
+ *                       [--device cpu|cuda] [--numerics exact|fast] [--graphs on|off]
+ *                       [--cpu-kernels auto|avx512|avx2|scalar]
  *                       [--kv-cache-dtype f32|bf16|fp8] [--prefill 512[,128]] [--repeat 3]
  *                       [--no-bandwidth] [--quantize-lm-head]
  *
@@ -26,6 +27,9 @@
  * only). --repeat R runs every measurement R times and prints min / median / max (and the
  * process's user CPU seconds). --no-bandwidth skips the memory measurements (a few seconds).
  * --quantize-lm-head loads the FP8 model with its output projection in FP8 too (model/quant.h).
+ * --numerics (default fast, the daemon's) picks the kernels (kernels/backend.h rs_numerics); every
+ * row says which ones ran (the CPU backend has only the exact ones). --graphs off (CUDA) launches
+ * every kernel of every decode step instead of replaying recorded step graphs.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -57,6 +61,8 @@ typedef struct bench_opts {
     int prefill[4];             /* prompt lengths timed for prefill */
     int n_prefill;
     int repeat;                 /* runs of every measurement */
+    rs_numerics numerics;       /* asked for; the row says what the backend runs */
+    bool graphs;                /* CUDA step graphs (--graphs on|off) */
 } bench_opts;
 
 static rs_backend *make_backend(const bench_opts *o) {
@@ -80,6 +86,10 @@ static rs_backend *make_backend(const bench_opts *o) {
         fprintf(stderr, "cannot create the %s backend\n", o->device);
         exit(1);
     }
+    rs_backend_set_numerics(b, o->numerics);
+#ifdef RS_CUDA
+    if (rs_backend_cuda_device(b) >= 0) rs_backend_cuda_set_graphs(b, o->graphs);
+#endif
     return b;
 }
 
@@ -293,12 +303,15 @@ static void bench_model(const char *label, const char *dir, const bench_opts *o,
      * token (it is re-read as lm_head when tied). */
     double step_bytes = (double)m->weight_bytes;
     if (!m->cfg.tie_embeddings) step_bytes -= (double)rs_tensor_nbytes(&m->embed);
-    printf("\n%s [%s]: %s, %d layers, hidden %d, vocab %d, weights %.1f MiB (%s), %s backend, %d threads\n",
+    const char *numerics = rs_numerics_name(rs_backend_numerics(b));
+    printf("\n%s [%s]: %s, %d layers, hidden %d, vocab %d, weights %.1f MiB (%s), %s backend, numerics %s%s, "
+           "%d threads\n",
            label, rs_quant_mode_name(qp->mode), rs_arch_name(m->cfg.arch), m->cfg.n_layers, m->cfg.hidden,
            m->cfg.vocab_size, (double)m->weight_bytes / (1 << 20), rs_dtype_name(m->layers[0].wq.dtype),
-           rs_backend_name(b), o->threads);
-    printf("  %-6s %-10s %-12s %-14s %-12s %s\n", "batch", "decode", "ms/step", "tokens/s", "x batch 1",
-           "weight GB/s (share of copy / read bw)");
+           rs_backend_name(b), numerics, rs_backend_has_graphs(b) ? (o->graphs ? ", step graphs on" : ", step graphs off") : "",
+           o->threads);
+    printf("  %-8s %-6s %-10s %-12s %-14s %-12s %s\n", "numerics", "batch", "decode", "ms/step", "tokens/s",
+           "x batch 1", "weight GB/s (share of copy / read bw)");
     run_batch(e, &m->cfg, 1, o->prompt_len, 2); /* warm-up: page in the weights */
     const long thp = thp_mib();
     double base = 0;
@@ -314,7 +327,8 @@ static void bench_model(const char *label, const char *dir, const bench_opts *o,
         if (i == 0) base = tps;
         tps_out[i] = tps;
         double gbs = step_bytes / step / 1e9;
-        printf("  %-6d %-10d %-12.2f %-14.1f %-12.2f %.1f", B, o->gen - 1, step * 1e3, tps, tps / base, gbs);
+        printf("  %-8s %-6d %-10d %-12.2f %-14.1f %-12.2f %.1f", numerics, B, o->gen - 1, step * 1e3, tps,
+               tps / base, gbs);
         if (bw[0] > 0) printf(" (%.0f%% / %.0f%%)", 100.0 * gbs / bw[0], 100.0 * gbs / bw[1]);
         if (o->repeat > 1)
             printf("  [min %.1f median %.1f max %.1f tokens/s over %d runs, %.2f s user CPU]", tv[0], tps,
@@ -364,9 +378,11 @@ static const char *ensure_preset(const char *name, char *dir, size_t cap) {
 }
 
 static void usage(void) {
-    fprintf(stderr, "usage: rollout-bench [--preset default|qwen3-0.6b|all] [--model DIR] [--threads N]\n"
+    fprintf(stderr, "usage: rollout-bench [--preset NAME|all] [--model DIR] [--threads N]\n"
                     "                     [--batches 1,16] [--prompt 32] [--gen 32] [--quantization bf16|fp8|both]\n"
-                    "                     [--device cpu|cuda] [--cpu-kernels auto|avx512|avx2|scalar]\n"
+                    "                     [--device cpu|cuda] [--numerics exact|fast] [--graphs on|off]\n"
+
+                    "                     [--cpu-kernels auto|avx512|avx2|scalar]\n"
                     "                     [--kv-cache-dtype f32|bf16|fp8] [--prefill 512[,N]] [--repeat R]\n"
                     "                     [--no-bandwidth] [--quantize-lm-head]   (--batches 0: prefill only)\n");
     exit(2);
@@ -375,7 +391,8 @@ static void usage(void) {
 int main(int argc, char **argv) {
     bench_opts o = {.preset = "all", .threads = 0, .batches = {1, 16}, .n_batches = 2, .prompt_len = 32,
                     .gen = 32, .quantization = "bf16", .device = "cpu",
-                    .cpu_kernels = "auto", .kv_dtype = "f32", .repeat = 1};
+                    .cpu_kernels = "auto", .kv_dtype = "f32", .repeat = 1,
+                    .numerics = RS_NUMERICS_FAST, .graphs = true};
     bool bandwidth = true, head = false;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -405,8 +422,12 @@ int main(int argc, char **argv) {
                 o.prefill[o.n_prefill++] = (int)strtol(q, &q, 10);
                 if (*q != ',') break;
             }
-        }
-        else if (!strcmp(a, "--batches")) {
+        } else if (!strcmp(a, "--numerics")) {
+            if (rs_numerics_parse(v, &o.numerics) != RS_OK) usage();
+        } else if (!strcmp(a, "--graphs")) {
+            if (strcmp(v, "on") && strcmp(v, "off")) usage();
+            o.graphs = !strcmp(v, "on");
+        } else if (!strcmp(a, "--batches")) {
             o.n_batches = 0;
             for (char *s = (char *)v; *s && o.n_batches < 8 && strcmp(v, "0") != 0; s++) {
                 o.batches[o.n_batches++] = (int)strtol(s, &s, 10);
@@ -462,11 +483,14 @@ int main(int argc, char **argv) {
            "KV cache %s\n",
            o.prompt_len, o.gen, o.kv_dtype);
     char dir[4096];
+    /* "all" is the two small presets; any other preset name (qwen3-8b: 16 GB) runs alone */
     const char *all[] = {"default", "qwen3-0.6b"};
-    for (size_t i = 0; i < RS_ARRAY_LEN(all) + 1; i++) {
-        const char *label = i < RS_ARRAY_LEN(all) ? all[i] : o.model;
-        if (o.model ? i < RS_ARRAY_LEN(all) : i == RS_ARRAY_LEN(all)) continue;
-        if (!o.model && strcmp(o.preset, "all") != 0 && strcmp(o.preset, label) != 0) continue;
+    const bool every = !strcmp(o.preset, "all");
+    if (!every) all[0] = o.preset;
+    const size_t n_all = every ? RS_ARRAY_LEN(all) : 1;
+    for (size_t i = 0; i < n_all + 1; i++) {
+        const char *label = i < n_all ? all[i] : o.model;
+        if (o.model ? i < n_all : i == n_all) continue;
         const char *path = o.model ? o.model : ensure_preset(label, dir, sizeof dir);
         double tps[2][8];
         for (int q = 0; q < n_policies; q++) bench_model(label, path, &o, &policies[q], bw, tps[q]);

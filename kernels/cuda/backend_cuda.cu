@@ -56,11 +56,17 @@ static void cuda_copy(rs_backend *b, void *dst, const void *src, size_t bytes) {
  * earlier still reads the old allocation before it is released. */
 static void *buf_reserve(rs_cuda_ctx *c, rs_cuda_buf *buf, size_t bytes) {
     if (bytes <= buf->cap && buf->p) return buf->p;
+    if (c->recording) { /* a recorded step may not allocate: it reruns op by op, which grows it */
+        rs_cuda_recording_broken(c, "a scratch buffer must grow");
+        return buf->p;
+    }
+    c->mem_gen++;
     size_t cap = RS_MAX(bytes, buf->cap + buf->cap / 2);
     cap = (cap + ((size_t)1 << 16) - 1) & ~(((size_t)1 << 16) - 1); /* 64 KiB granules */
+    void *p = NULL; /* the new one first: a moved buffer never reuses the old address */
+    CUDA_CHECK(cudaMallocAsync(&p, cap, c->stream));
     if (buf->p) CUDA_CHECK(cudaFreeAsync(buf->p, c->stream));
-    buf->p = NULL;
-    CUDA_CHECK(cudaMallocAsync(&buf->p, cap, c->stream));
+    buf->p = p;
     buf->cap = cap;
     return buf->p;
 }
@@ -70,10 +76,34 @@ void *rs_cuda_scratch(rs_cuda_ctx *c, int slot, size_t bytes) {
     return buf_reserve(c, &c->scratch[slot], bytes);
 }
 
+/* Recording: the copy of host[0, bytes) into m's device buffer is recorded from m's pinned buffer
+ * (each mirror copies one host array per step; the first copy of a step serves its later uses). */
+static const void *mirror_record(rs_cuda_ctx *c, int slot, const void *host, size_t bytes) {
+    rs_cuda_mirror *m = &c->mirror[slot];
+    if (m->rec_src == host && m->rec_bytes == bytes) return m->dev.p;
+    if (m->rec_src) rs_cuda_recording_broken(c, "one mirror copies two host arrays in one step");
+    else if (!m->dev.p || m->dev.cap < bytes || m->pinned_cap < bytes) rs_cuda_recording_broken(c, "a mirror must grow");
+    if (c->rec_broken) return m->dev.p;
+    CUDA_CHECK(cudaMemcpyAsync(m->dev.p, m->pinned, bytes, cudaMemcpyHostToDevice, c->stream));
+    m->rec_src = host;
+    m->rec_bytes = bytes;
+    rs_cuda_graph_note_copy(c, slot, host, bytes);
+    return m->dev.p;
+}
+
 const void *rs_cuda_mirror_of(rs_cuda_ctx *c, int slot, const void *host, size_t bytes) {
     RS_ASSERT(slot >= 0 && slot < RS_CUDA_M_COUNT);
     rs_cuda_mirror *m = &c->mirror[slot];
     if (bytes == 0) return buf_reserve(c, &m->dev, 1);
+    if (c->recording) return mirror_record(c, slot, host, bytes);
+    if (c->graphs && m->pinned_cap < bytes) { /* room for a later recording's staging */
+        if (m->pinned) {
+            CUDA_CHECK(cudaFreeHost(m->pinned));
+            c->mem_gen++; /* recordings copy from the old staging buffer: they go */
+        }
+        m->pinned_cap = RS_MAX(bytes, m->pinned_cap + m->pinned_cap / 2);
+        CUDA_CHECK(cudaMallocHost(&m->pinned, m->pinned_cap));
+    }
     if (m->dev.p && bytes == m->bytes && memcmp(host, m->host, bytes) == 0) return m->dev.p;
     void *dev = buf_reserve(c, &m->dev, bytes);
     /* Pageable source: the driver stages it before returning, so `host` may change afterwards;
@@ -89,22 +119,45 @@ const void *rs_cuda_mirror_of(rs_cuda_ctx *c, int slot, const void *host, size_t
     return dev;
 }
 
+/* Test hook: every scratch and mirror buffer moves to a new allocation (what growth does), so a
+ * recording that still pointed at one would read freed memory. */
+extern "C" void rs_cuda_test_move_buffers(rs_backend *b) {
+    rs_cuda_ctx *c = ctx_of(b);
+    for (int i = 0; i < RS_CUDA_S_COUNT + RS_CUDA_M_COUNT; i++) {
+        rs_cuda_buf *buf = i < RS_CUDA_S_COUNT ? &c->scratch[i] : &c->mirror[i - RS_CUDA_S_COUNT].dev;
+        if (!buf->p) continue;
+        const size_t cap = buf->cap;
+        buf_reserve(c, buf, cap + 1);
+        if (i >= RS_CUDA_S_COUNT) c->mirror[i - RS_CUDA_S_COUNT].bytes = 0; /* contents gone */
+    }
+}
+
 static void cuda_destroy(rs_backend *b) {
     rs_cuda_ctx *c = ctx_of(b);
     CUDA_CHECK(cudaStreamSynchronize(c->stream));
     for (int i = 0; i < RS_CUDA_S_COUNT; i++)
         if (c->scratch[i].p) CUDA_CHECK(cudaFreeAsync(c->scratch[i].p, c->stream));
+    rs_cuda_graphs_free(c);
+    rs_cuda_moe_tables_free(c);
     for (int i = 0; i < RS_CUDA_M_COUNT; i++) {
         if (c->mirror[i].dev.p) CUDA_CHECK(cudaFreeAsync(c->mirror[i].dev.p, c->stream));
+        if (c->mirror[i].pinned) CUDA_CHECK(cudaFreeHost(c->mirror[i].pinned));
         free(c->mirror[i].host);
     }
     CUDA_CHECK(cudaStreamSynchronize(c->stream));
-    CUDA_CHECK(cudaFree(c->lt_workspace));
-    CUBLAS_CHECK(cublasLtDestroy(c->lt));
+    rs_cuda_blas_free(c);
     CUDA_CHECK(cudaStreamDestroy(c->stream));
     free(c);
     free(b);
 }
+
+static rs_numerics cuda_set_numerics(rs_backend *b, rs_numerics want) {
+    rs_cuda_ctx *c = ctx_of(b);
+    c->numerics = want;
+    return c->numerics;
+}
+
+static rs_numerics cuda_numerics(const rs_backend *b) { return ((const rs_cuda_ctx *)b->ctx)->numerics; }
 
 static rs_backend_ops make_ops(void) {
     rs_backend_ops ops;
@@ -125,6 +178,12 @@ static rs_backend_ops make_ops(void) {
     ops.add = rs_cuda_op_add;
     ops.gather_rows = rs_cuda_op_gather_rows;
     ops.moe = rs_cuda_op_moe;
+    ops.set_numerics = cuda_set_numerics;
+    ops.numerics = cuda_numerics;
+    ops.sample = rs_cuda_op_sample;
+    ops.graph_begin = rs_cuda_graph_begin;
+    ops.graph_end = rs_cuda_graph_end;
+    ops.graph_forget = rs_cuda_graph_forget;
     ops.destroy = cuda_destroy;
     return ops;
 }
@@ -133,6 +192,14 @@ static const rs_backend_ops cuda_ops = make_ops();
 
 extern "C" int rs_backend_cuda_device(const rs_backend *b) {
     return b->ops == &cuda_ops ? ((const rs_cuda_ctx *)b->ctx)->device : -1;
+}
+
+extern "C" int rs_backend_cuda_set_gemv_rows(rs_backend *b, int rows) {
+    RS_ASSERT(b->ops == &cuda_ops && rows >= 0);
+    rs_cuda_ctx *c = ctx_of(b);
+    const int old = c->gemv_rows;
+    c->gemv_rows = rows;
+    return old;
 }
 
 extern "C" rs_backend *rs_backend_cuda_init(int device) {
@@ -152,16 +219,17 @@ extern "C" rs_backend *rs_backend_cuda_init(int device) {
     rs_cuda_ctx *c = (rs_cuda_ctx *)rs_xcalloc(1, sizeof *c);
     c->device = device;
     c->sm_count = prop.multiProcessorCount;
+    c->numerics = RS_NUMERICS_EXACT;
+    c->gemv_rows = RS_CUDA_GEMV_ROWS_DEFAULT;
     CUDA_CHECK(cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking));
-    CUBLAS_CHECK(cublasLtCreate(&c->lt));
-    c->lt_workspace_bytes = (size_t)32 << 20;
-    CUDA_CHECK(cudaMalloc(&c->lt_workspace, c->lt_workspace_bytes));
+    rs_cuda_blas_init(c);
 
     rs_backend *b = (rs_backend *)rs_xcalloc(1, sizeof *b);
     b->ops = &cuda_ops;
     b->ctx = c;
+    rs_backend_cuda_set_graphs(b, true);
     rs_log(RS_LOG_LEVEL_INFO, "cuda backend: device %d %s (sm_%d%d, %.1f GiB), cuBLASLt %zu, NCCL %d",
            device, prop.name, prop.major, prop.minor, (double)prop.totalGlobalMem / (1 << 30),
-           cublasLtGetVersion(), nccl_version);
+           rs_cuda_blas_version(c), nccl_version);
     return b;
 }

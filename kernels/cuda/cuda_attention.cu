@@ -30,12 +30,15 @@
  *   per-position metadata (~13 KiB), independent of the context length. The end writes
  *   acc / l (times v_scale[kvh] for PER_HEAD: softmax(s V) = s softmax(V), as on the CPU).
  *   gc = min(group, 16, 2048 / head_dim) (>= 8), any value of which is correct; the grid is
- *   (n_tok, n_kv_heads, ceil(group / gc)). One block walks a row's whole context, so a decode step
- *   of few rows at long context uses few SMs: splitting the context over blocks with a combine
- *   pass (flash-decoding's split-K) is the next step for speed, not needed for correctness.
+ *   (n_tok, n_kv_heads, ceil(group / gc)). In exact numerics one block walks a row's whole
+ *   context. In fast numerics a decode row's context splits over blocks (flash-decoding's split-K:
+ *   decode_splits picks enough blocks for two waves of the GPU), each writing its softmax-normalized
+ *   partial output and log-sum-exp, and attention_combine_kernel merges them; a decode step of few
+ *   rows at long context then uses every SM. Prefill chunks go to the tensor-core kernel.
  *   The host checks what the CPU asserts as it reads (positions, the pages a row can reach,
- *   every row in a sequence), since a kernel cannot; rows, positions and block tables reach the
- *   GPU through the context's mirrors.
+ *   every row in a sequence), since a kernel cannot; positions, sequence starts and block tables
+ *   reach the GPU through the context's mirrors (a row finds its sequence in seq_start itself, so
+ *   every array a kernel reads is one the caller handed over: a recorded step graph re-reads them).
  */
 #include <math.h>
 #include <stdlib.h>
@@ -95,6 +98,7 @@ static __global__ void kv_store_kernel(void *pages /* [n_blocks][2][16][n_kv][hd
     const size_t row_elems = (size_t)n_kv * (size_t)hd;
     const float *src = (half ? v : k) + (size_t)r * row_elems;
     const int64_t s = slot[r];
+    if (s < 0) return; /* a padding row of a step graph stores nothing (backend.h) */
     /* the [n_kv][hd] row of (slot, half) in the pages; token_scales is the same without hd */
     const size_t prow = ((size_t)(s / RS_KV_BLOCK) * 2 + (size_t)half) * RS_KV_BLOCK + (size_t)(s % RS_KV_BLOCK);
     /* h is the same for all lanes of a warp, so the warp reductions below see all 32 lanes */
@@ -131,7 +135,7 @@ void rs_cuda_op_kv_store(rs_backend *b, rs_kv_layer *kv, const float *k, const f
     if (n <= 0) return;
     RS_ASSERT(k && v && batch->slot);
     for (int r = 0; r < n; r++)
-        RS_ASSERT(batch->slot[r] >= 0 && batch->slot[r] < (int64_t)kv->n_blocks * RS_KV_BLOCK);
+        RS_ASSERT(batch->slot[r] >= -1 && batch->slot[r] < (int64_t)kv->n_blocks * RS_KV_BLOCK); /* -1: padding */
     const int32_t *dslot = (const int32_t *)rs_cuda_mirror_of(c, RS_CUDA_M_KV_SLOT, batch->slot, (size_t)n * sizeof(int32_t));
     kv_store_kernel<<<dim3((unsigned)n, 2), KV_THREADS, 0, c->stream>>>(
         kv->pages, kv->dtype, kv->scale_mode, k, v, dslot, kv->k_scale, kv->v_scale, kv->token_scales,
@@ -150,29 +154,49 @@ __device__ __forceinline__ float page_elem(const void *pages, size_t i) {
     return __half2float(__half(h));
 }
 
-/* Block (r, kvh, z); see the file comment for the phases. DT is the pages' dtype. */
+/* Block (i, kvh, z): row r = rows ? rows[i] : i, KV head kvh, query-head chunk z % n_chunks and
+ * context split z / n_chunks; see the file comment for the phases. DT is the pages' dtype. With one
+ * split and no partial buffers the block writes its heads' outputs (exact numerics: the whole
+ * context in one pass); otherwise split sp covers positions [sp * per, (sp + 1) * per) of the
+ * row's context (per = ceil(n_ctx / n_split) rounded up to whole tiles; later splits may be empty)
+ * and writes its normalized partial output and log-sum-exp for the combine pass. */
 template <int DT>
 static __global__ void __launch_bounds__(ATT_THREADS)
 attention_kernel(float *out /* [n_tok][n_heads][hd] */, const float *q /* [n_tok][n_heads][hd] */,
                  const void *pages /* [n_blocks][2][16][n_kv][hd] of DT */, rs_kv_scale_mode mode,
                  const float *k_scale /* [n_kv] */, const float *v_scale /* [n_kv] */,
                  const float *token_scales /* [n_blocks][2][16][n_kv] */, const int32_t *pos /* [n_tok] */,
-                 const int32_t *row_seq /* [n_tok] */, const int32_t *tables /* [n_seq][max_blocks] */,
-                 int max_blocks, int n_heads, int n_kv, int hd, int group, int gc, float scale) {
+                 const int32_t *seq_start /* [n_seq + 1] */, int n_seq, const int32_t *tables /* [n_seq][max_blocks] */,
+                 int max_blocks, int n_heads, int n_kv, int hd, int group, int gc, float scale,
+                 const int32_t *rows /* [grid x] or NULL */, int n_chunks, int n_split,
+                 float *part_o /* [grid x][n_heads][n_split][hd] or NULL */,
+                 float *part_lse /* [grid x][n_heads][n_split] */) {
     __shared__ float q_s[ATT_MAX_OUT];                /* [ng][hd] this block's query heads */
     __shared__ float p_s[ATT_MAX_HEADS][ATT_TILE];    /* scores, then p_j * vs_j, of one tile */
     __shared__ size_t krow_s[ATT_TILE];               /* page row of K at each tile position */
     __shared__ float kmul_s[ATT_TILE], vmul_s[ATT_TILE];
     __shared__ float m_s[ATT_MAX_HEADS], l_s[ATT_MAX_HEADS], corr_s[ATT_MAX_HEADS];
 
-    const int r = blockIdx.x, kvh = blockIdx.y, h0 = blockIdx.z * gc;
+    const int r = rows ? rows[blockIdx.x] : (int)blockIdx.x, kvh = blockIdx.y;
+    const int h0 = (int)(blockIdx.z % (unsigned)n_chunks) * gc, sp = (int)(blockIdx.z / (unsigned)n_chunks);
     const int ng = min(gc, group - h0);
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
     const int n_out = ng * hd; /* <= ATT_MAX_OUT (host check) */
     const size_t head0 = (size_t)r * (size_t)n_heads + (size_t)kvh * (size_t)group + (size_t)h0;
     const size_t row_elems = (size_t)n_kv * (size_t)hd;
     const int n_ctx = pos[r] + 1;
-    const int32_t *table = tables + (size_t)row_seq[r] * (size_t)max_blocks;
+    /* this block's positions [t_begin, t_end) */
+    const int per = n_split == 1 ? n_ctx : (n_ctx + n_split - 1) / n_split;
+    const int t_begin = sp * ((per + ATT_TILE - 1) / ATT_TILE * ATT_TILE);
+    const int t_end = n_split == 1 ? n_ctx : min(n_ctx, t_begin + (per + ATT_TILE - 1) / ATT_TILE * ATT_TILE);
+    /* partial results of heads h0.. of this (list row, split) */
+    const size_t part0 = ((size_t)blockIdx.x * (size_t)n_heads + (size_t)kvh * (size_t)group + (size_t)h0) * (size_t)n_split;
+    if (t_begin >= t_end) { /* an empty split: weight 0 in the combine */
+        for (int i = tid; i < n_out; i += ATT_THREADS) part_o[(part0 + (size_t)(i / hd) * n_split + sp) * hd + i % hd] = 0.0f;
+        if (tid < ng) part_lse[part0 + (size_t)tid * n_split + sp] = -INFINITY;
+        return;
+    }
+    const int32_t *table = tables + (size_t)rs_cuda_row_seq(seq_start, n_seq, r) * (size_t)max_blocks;
     const bool per_token = DT == RS_DTYPE_E4M3 && mode == RS_KV_SCALE_PER_TOKEN;
     const float head_mul = DT == RS_DTYPE_E4M3 && !per_token ? scale * k_scale[kvh] : scale;
 
@@ -183,8 +207,8 @@ attention_kernel(float *out /* [n_tok][n_heads][hd] */, const float *q /* [n_tok
 #pragma unroll
     for (int a = 0; a < ATT_ACC; a++) acc[a] = 0.0f;
 
-    for (int t0 = 0; t0 < n_ctx; t0 += ATT_TILE) {
-        const int n = min(ATT_TILE, n_ctx - t0);
+    for (int t0 = t_begin; t0 < t_end; t0 += ATT_TILE) {
+        const int n = min(ATT_TILE, t_end - t0);
         /* A: where each position lives, and its scale factors */
         if (tid < n) {
             const int p = t0 + tid;
@@ -258,12 +282,134 @@ attention_kernel(float *out /* [n_tok][n_heads][hd] */, const float *q /* [n_tok
         __syncthreads(); /* the tile's shared arrays are rewritten by the next A */
     }
 
+    if (part_o) { /* the split's softmax-normalized output and its log-sum-exp; v_scale in the combine */
+#pragma unroll
+        for (int a = 0; a < ATT_ACC; a++) {
+            const int i = tid + ATT_THREADS * a;
+            if (i < n_out) part_o[(part0 + (size_t)(i / hd) * n_split + sp) * hd + i % hd] = acc[a] / l_s[i / hd];
+        }
+        if (tid < ng) part_lse[part0 + (size_t)tid * n_split + sp] = m_s[tid] + logf(l_s[tid]);
+        return;
+    }
     const float out_mul = DT == RS_DTYPE_E4M3 && !per_token ? v_scale[kvh] : 1.0f;
 #pragma unroll
     for (int a = 0; a < ATT_ACC; a++) {
         const int i = tid + ATT_THREADS * a;
         if (i < n_out) out[head0 * (size_t)hd + (size_t)i] = acc[a] / l_s[i / hd] * out_mul;
     }
+}
+
+/* out[r][h] = sum_s w_s o_s / sum_s w_s with w_s = exp(lse_s - max lse): the splits of list row i
+ * (blockIdx.x) and head h (blockIdx.y) merged, times the per-head V scale (E4M3 PER_HEAD). */
+static __global__ void __launch_bounds__(ATT_THREADS)
+attention_combine_kernel(float *out /* [n_tok][n_heads][hd] */, const float *part_o /* [rows][n_heads][n_split][hd] */,
+                         const float *part_lse /* [rows][n_heads][n_split] */, const int32_t *rows, int n_heads,
+                         int hd, int n_split, int group, const float *v_scale /* [n_kv] or NULL */) {
+    const int i = blockIdx.x, h = blockIdx.y, r = rows ? rows[i] : i;
+    const size_t p0 = ((size_t)i * n_heads + (size_t)h) * (size_t)n_split;
+    float mx = -INFINITY;
+    for (int sp = 0; sp < n_split; sp++) mx = fmaxf(mx, part_lse[p0 + sp]);
+    float wsum = 0.0f;
+    for (int sp = 0; sp < n_split; sp++) wsum += expf(part_lse[p0 + sp] - mx); /* split 0 is never empty */
+    const float mul = v_scale ? v_scale[h / group] : 1.0f;
+    for (int d = threadIdx.x; d < hd; d += blockDim.x) {
+        float acc = 0.0f;
+        for (int sp = 0; sp < n_split; sp++) {
+            const float w = expf(part_lse[p0 + sp] - mx);
+            if (w > 0.0f) acc += w * part_o[(p0 + sp) * hd + d];
+        }
+        out[((size_t)r * n_heads + (size_t)h) * hd + d] = acc / wsum * mul;
+    }
+}
+
+/* What every launch of one op call shares (device pointers from the mirrors). */
+struct att_launch {
+    float *out;
+    const float *q;
+    const rs_kv_layer *kv;
+    int n_heads;
+    float scale;
+    const int32_t *dpos, *dstart;
+    int n_seq;
+    const int32_t *dtab;
+    int max_blocks, group, gc, n_chunks;
+};
+
+/* attention_kernel over n_rows rows (rows: device list, or NULL for rows 0..n_rows-1) in n_split
+ * context splits; more than one split goes through the partial buffers and the combine pass. */
+static void launch_rows(rs_cuda_ctx *c, const att_launch *L, const int32_t *rows, int n_rows, int n_split) {
+    const rs_kv_layer *kv = L->kv;
+    const int n_kv = kv->n_kv_heads, hd = kv->head_dim;
+    float *part_o = NULL, *part_lse = NULL;
+    if (n_split > 1) {
+        const size_t np = (size_t)n_rows * (size_t)L->n_heads * (size_t)n_split;
+        part_o = (float *)rs_cuda_scratch(c, RS_CUDA_S_ATT_PART_O, np * (size_t)hd * sizeof(float));
+        part_lse = (float *)rs_cuda_scratch(c, RS_CUDA_S_ATT_PART_LSE, np * sizeof(float));
+    }
+    RS_ASSERT((size_t)L->n_chunks * (size_t)n_split <= 65535u);
+    const dim3 grid((unsigned)n_rows, (unsigned)n_kv, (unsigned)(L->n_chunks * n_split));
+#define ATT_LAUNCH(DT)                                                                                              \
+    attention_kernel<DT><<<grid, ATT_THREADS, 0, c->stream>>>(                                                      \
+        L->out, L->q, kv->pages, kv->scale_mode, kv->k_scale, kv->v_scale, kv->token_scales, L->dpos, L->dstart,    \
+        L->n_seq, L->dtab, L->max_blocks, L->n_heads, n_kv, hd, L->group, L->gc, L->scale, rows, L->n_chunks,       \
+        n_split, part_o, part_lse)
+    if (kv->dtype == RS_DTYPE_F32) ATT_LAUNCH(RS_DTYPE_F32);
+    else if (kv->dtype == RS_DTYPE_BF16) ATT_LAUNCH(RS_DTYPE_BF16);
+    else ATT_LAUNCH(RS_DTYPE_E4M3);
+#undef ATT_LAUNCH
+    CUDA_CHECK_LAUNCH();
+    if (n_split == 1) return;
+    const float *vs = kv->dtype == RS_DTYPE_E4M3 && kv->scale_mode == RS_KV_SCALE_PER_HEAD ? kv->v_scale : NULL;
+    attention_combine_kernel<<<dim3((unsigned)n_rows, (unsigned)L->n_heads), ATT_THREADS, 0, c->stream>>>(
+        L->out, part_o, part_lse, rows, L->n_heads, hd, n_split, L->group, vs);
+    CUDA_CHECK_LAUNCH();
+}
+
+/* Context splits of a decode launch: enough blocks for two waves of the GPU, at most 32. A function
+ * of the row count alone, so that a recorded step replays right at any context length. */
+static int decode_splits(const rs_cuda_ctx *c, int n_rows, int n_kv, int n_chunks) {
+    if (c->att_splits > 0) return c->att_splits;
+    const long base = (long)n_rows * n_kv * n_chunks, want = 2L * RS_MAX(c->sm_count, 1);
+    return (int)RS_MAX(1L, RS_MIN(32L, (want + base - 1) / base));
+}
+
+/* Fast numerics: decode rows (sequences with one row in the step) through the split-context
+ * kernel, prefill chunks through the tensor-core kernel (cuda_attention_tc.cu) where the head size
+ * allows it, else through the split kernel too. */
+static void attention_fast(rs_cuda_ctx *c, const att_launch *L, const rs_batch *batch) {
+    const int n_seq = batch->n_seq, n_tok = batch->n_tok, n_kv = L->kv->n_kv_heads;
+    bool all_single = true;
+    for (int s = 0; s < n_seq && all_single; s++) all_single = batch->seq_start[s + 1] - batch->seq_start[s] <= 1;
+    if (all_single) { /* a decode step: every row, no list (what a step graph records) */
+        launch_rows(c, L, NULL, n_tok, decode_splits(c, n_tok, n_kv, L->n_chunks));
+        return;
+    }
+    const bool tc = rs_cuda_attention_tc_takes(L->kv->head_dim);
+    int32_t *rows = (int32_t *)rs_xmalloc((size_t)n_tok * sizeof(int32_t)), *tiles = (int32_t *)rs_xmalloc(
+        ((size_t)n_tok + (size_t)n_seq) * 4 * sizeof(int32_t));
+    int n_rows = 0, n_tiles = 0;
+    for (int s = 0; s < n_seq; s++) {
+        const int r0 = batch->seq_start[s], r1 = batch->seq_start[s + 1];
+        if (r1 - r0 == 1 || (!tc && r1 > r0)) {
+            for (int r = r0; r < r1; r++) rows[n_rows++] = r;
+            continue;
+        }
+        for (int t = r0; t < r1; t += RS_CUDA_ATT_TC_ROWS) { /* tiles of the chunk's rows */
+            int32_t *tl = tiles + 4 * (size_t)n_tiles++;
+            tl[0] = s, tl[1] = t, tl[2] = RS_MIN(RS_CUDA_ATT_TC_ROWS, r1 - t), tl[3] = 0;
+        }
+    }
+    if (n_rows) {
+        const int32_t *drows = (const int32_t *)rs_cuda_mirror_of(c, RS_CUDA_M_ATTN_ROWS, rows, (size_t)n_rows * sizeof(int32_t));
+        launch_rows(c, L, drows, n_rows, decode_splits(c, n_rows, n_kv, L->n_chunks));
+    }
+    if (n_tiles) {
+        const int32_t *dtiles =
+            (const int32_t *)rs_cuda_mirror_of(c, RS_CUDA_M_ATTN_TILES, tiles, (size_t)n_tiles * 4 * sizeof(int32_t));
+        rs_cuda_attention_tc(c, L->out, L->q, L->kv, L->n_heads, L->scale, L->dpos, dtiles, n_tiles, L->dtab,
+                             L->max_blocks);
+    }
+    free(rows), free(tiles);
 }
 
 void rs_cuda_op_attention(rs_backend *b, float *out, const float *q, const rs_kv_layer *kv, int n_heads,
@@ -303,19 +449,21 @@ void rs_cuda_op_attention(rs_backend *b, float *out, const float *q, const rs_kv
     RS_ASSERT(n_kv <= 65535 && n_chunks <= 65535);
 
     const int32_t *dpos = (const int32_t *)rs_cuda_mirror_of(c, RS_CUDA_M_ATTN_POS, batch->pos, (size_t)n_tok * sizeof(int32_t));
-    const int32_t *drow = (const int32_t *)rs_cuda_mirror_of(c, RS_CUDA_M_ATTN_ROW_SEQ, row_seq, (size_t)n_tok * sizeof(int32_t));
+    const int32_t *dstart = (const int32_t *)rs_cuda_mirror_of(c, RS_CUDA_M_ATTN_SEQ_START, batch->seq_start,
+                                                               ((size_t)n_seq + 1) * sizeof(int32_t));
     const int32_t *dtab = (const int32_t *)rs_cuda_mirror_of(c, RS_CUDA_M_ATTN_TABLES, batch->block_tables,
                                                              (size_t)n_seq * (size_t)batch->max_blocks * sizeof(int32_t));
-    free(row_seq); /* the mirror has staged (and kept) its bytes */
+    free(row_seq);
 
-    const dim3 grid((unsigned)n_tok, (unsigned)n_kv, (unsigned)n_chunks);
-#define ATT_LAUNCH(DT)                                                                                            \
-    attention_kernel<DT><<<grid, ATT_THREADS, 0, c->stream>>>(out, q, kv->pages, kv->scale_mode, kv->k_scale,     \
-                                                              kv->v_scale, kv->token_scales, dpos, drow, dtab,   \
-                                                              batch->max_blocks, n_heads, n_kv, hd, group, gc, scale)
-    if (kv->dtype == RS_DTYPE_F32) ATT_LAUNCH(RS_DTYPE_F32);
-    else if (kv->dtype == RS_DTYPE_BF16) ATT_LAUNCH(RS_DTYPE_BF16);
-    else ATT_LAUNCH(RS_DTYPE_E4M3);
-#undef ATT_LAUNCH
-    CUDA_CHECK_LAUNCH();
+    const att_launch L = {out, q, kv, n_heads, scale, dpos, dstart, n_seq, dtab, batch->max_blocks, group, gc, n_chunks};
+    if (c->numerics == RS_NUMERICS_FAST) attention_fast(c, &L, batch);
+    else launch_rows(c, &L, NULL, n_tok, 1);
+}
+
+/* ---- C-callable hook for tests/unit/test_cuda_attention_fast.c ---- */
+
+/* Fast numerics' decode attention in n context splits from now on (0: chosen by size). */
+extern "C" void rs_cuda_test_attention_splits(rs_backend *b, int n) {
+    RS_ASSERT(n >= 0 && n <= 64);
+    rs_cuda_ctx_of(b)->att_splits = n;
 }

@@ -1,6 +1,8 @@
 /*
- * cuda_matmul.cu — out[rows][N] = x[rows][K] @ w[N][K]^T (+ bias) on the GPU, CUDA cores only.
- * The CPU twin is kernels/cpu/cpu_matmul.c; cuBLASLt block-scaled FP8 for prefill comes later.
+ * cuda_matmul.cu — out[rows][N] = x[rows][K] @ w[N][K]^T (+ bias) on the GPU: the op, and its exact
+ * kernels (CUDA cores), bit-identical to the CPU twin kernels/cpu/cpu_matmul.c. In fast numerics the
+ * op first offers the problem to cuda_matmul_fast.cu (cuBLASLt tensor cores); what that does not
+ * take runs here.
  *
  * E4M3 weights (W8A8, docs/design.md "Numerics"): bit-identical to rs_fp8_quantize_act +
  * rs_fp8_gemm_ref + the fp32 bias add, i.e. to the CPU backend.
@@ -29,12 +31,9 @@
 #include <cuda_fp8.h>
 #include <stdint.h>
 
-#include "cuda_internal.h"
-extern "C" {
-#include "../fp8.h"
-}
+#include "cuda_act.h"
 
-#define FULL_MASK 0xffffffffu
+#define FULL_MASK RS_CUDA_FULL_MASK
 #define BLK RS_FP8_BLOCK      /* K block of the FP8 recipe, and the weight-scale row height */
 #define GEMV_MAX_ROWS 8       /* up to this many rows: the GEMV kernels (template on the row count) */
 #define GEMV_WARPS 8          /* output features (warps) per GEMV block */
@@ -51,12 +50,6 @@ static bool aligned16(const void *p) { return ((uintptr_t)p & 15) == 0; }
 __device__ __forceinline__ float canonical_nan(float v) { return isnan(v) ? __int_as_float(0x7fc00000) : v; }
 
 /* ---- E4M3 codec ---- */
-
-/* The CPU's rs_fp8_e4m3_from_f32: round to nearest even, saturating to +-448, any NaN -> 0x7F. */
-__device__ __forceinline__ uint32_t e4m3_encode(float v) {
-    if (isnan(v)) return 0x7fu;
-    return (uint32_t)__nv_cvt_float_to_fp8(v, __NV_SATFINITE, __NV_E4M3);
-}
 
 /* The exact value of code c & 0xff as a double. The code's 7 magnitude bits placed at the top of a
  * double's exponent/mantissa (exponent field E, mantissa m << 49) read as 2^(E-1023) * (1 + m/8),
@@ -83,23 +76,12 @@ __global__ void __launch_bounds__(256)
     const int len = (int)min((int64_t)BLK, k - j0);
     const float *xr = x + r * k + j0;
     float v[BLK / 32];
-    float amax = 0.0f; /* fmaxf drops NaN operands, as the CPU's comparison does; max is order-free */
 #pragma unroll
     for (int i = 0; i < BLK / 32; i++) {
         const int j = lane + 32 * i;
-        v[i] = j < len ? xr[j] : 0.0f; /* padding |0| leaves amax alone */
-        amax = fmaxf(amax, fabsf(v[i]));
+        v[i] = j < len ? xr[j] : 0.0f;
     }
-#pragma unroll
-    for (int off = 16; off > 0; off >>= 1) amax = fmaxf(amax, __shfl_xor_sync(FULL_MASK, amax, off));
-    const float s = __fdiv_rn(fmaxf(amax, RS_FP8_AMAX_FLOOR), RS_FP8_E4M3_MAX);
-    if (lane == 0) scale[r * ng + g] = s;
-    uint8_t *qr = q + r * k + j0;
-#pragma unroll
-    for (int i = 0; i < BLK / 32; i++) {
-        const int j = lane + 32 * i;
-        if (j < len) qr[j] = (uint8_t)e4m3_encode(__fdiv_rn(v[i], s));
-    }
+    rs_cuda_group_fp8(v, lane, len, q + r * k + j0, &scale[r * ng + g]);
 }
 
 void rs_cuda_fp8_quantize_act(rs_cuda_ctx *c, const float *x, int rows, int k, uint8_t *q, float *scale) {
@@ -111,21 +93,6 @@ void rs_cuda_fp8_quantize_act(rs_cuda_ctx *c, const float *x, int rows, int k, u
 }
 
 /* ---- FP8 GEMM: GEMV for few rows ---- */
-
-/* 16 codes p[0..16) as 4 little-endian words; codes at or past `avail` read as 0x00 (+0, which adds
- * an exact +0 to a block sum). vec: p is 16-byte aligned and avail >= 16. */
-__device__ __forceinline__ void load_codes16(uint32_t wd[4], const uint8_t *p, int64_t avail, bool vec) {
-    if (vec) {
-        const uint4 u = __ldg((const uint4 *)p);
-        wd[0] = u.x, wd[1] = u.y, wd[2] = u.z, wd[3] = u.w;
-        return;
-    }
-#pragma unroll
-    for (int i = 0; i < 4; i++) wd[i] = 0;
-#pragma unroll
-    for (int i = 0; i < 16; i++)
-        if (i < avail) wd[i / 4] |= (uint32_t)p[i] << (8 * (i % 4));
-}
 
 /* One warp per output feature o, GEMV_WARPS per block. The warp walks K in chunks of 4 blocks (512
  * codes): lane l takes the 16 codes [16 (l & 7), +16) of block 4c + (l >> 3), so a chunk of the
@@ -155,14 +122,14 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32)
         for (int r = 0; r < R; r++) s[r] = 0.0;
         if (b < kb && j0 < k) {
             uint32_t w4[4];
-            load_codes16(w4, wrow + j0, k - j0, vec);
+            rs_cuda_load_codes16(w4, wrow + j0, k - j0, vec);
             double wv[16];
 #pragma unroll
             for (int i = 0; i < 16; i++) wv[i] = e4m3_f64(w4[i / 4] >> (8 * (i % 4)));
 #pragma unroll
             for (int r = 0; r < R; r++) {
                 uint32_t x4[4];
-                load_codes16(x4, xq + (int64_t)r * k + j0, k - j0, vec);
+                rs_cuda_load_codes16(x4, xq + (int64_t)r * k + j0, k - j0, vec);
 #pragma unroll
                 for (int i = 0; i < 16; i++) s[r] = __fma_rn(e4m3_f64(x4[i / 4] >> (8 * (i % 4))), wv[i], s[r]);
             }
@@ -305,6 +272,12 @@ __global__ void add_bias_kernel(float *out /* [rows][n] f32 */, const void *bias
     if (i < total) out[i] = canonical_nan(__fadd_rn(out[i], rs_cuda_elem(bias, bdt, (size_t)(i % n))));
 }
 
+static void add_bias(rs_cuda_ctx *c, float *out, const void *bias, rs_dtype bdt, int rows, int n) {
+    const size_t total = (size_t)rows * (size_t)n;
+    add_bias_kernel<<<rs_cuda_blocks(total, 256), 256, 0, c->stream>>>(out, bias, bdt, n, (int64_t)total);
+    CUDA_CHECK_LAUNCH();
+}
+
 /* ---- BF16 / F16 / F32 weights ---- */
 
 /* Weight element i of a row as fp32 (exact), DT a compile-time dtype. */
@@ -427,11 +400,17 @@ static void check_weight(const rs_tensor *w) {
 
 void rs_cuda_op_matmul(rs_backend *b, float *out, const float *x, const rs_tensor *w, const rs_tensor *bias,
                        int rows) {
+    rs_cuda_ctx *c = rs_cuda_ctx_keep(b); /* a matmul reads the cached forms of x (cuda_act.cu) */
+    rs_cuda_matmul(c, out, x, w, bias, rows, c->numerics);
+}
+
+void rs_cuda_matmul(rs_cuda_ctx *c, float *out, const float *x, const rs_tensor *w, const rs_tensor *bias, int rows,
+                    rs_numerics numerics) {
     check_weight(w);
     RS_ASSERT((const float *)out != x);
     const int n = (int)w->shape[0], k = (int)w->shape[1];
+    if (c->act.x != x) c->act.x = NULL;  /* another activation's forms: out may overwrite it */
     if (rows <= 0 || n <= 0) return;
-    rs_cuda_ctx *c = rs_cuda_ctx_of(b);
     const void *bp = NULL;
     rs_dtype bdt = RS_DTYPE_F32;
     if (rs_tensor_present(bias)) {
@@ -440,6 +419,10 @@ void rs_cuda_op_matmul(rs_backend *b, float *out, const float *x, const rs_tenso
         bp = bias->data;
         bdt = bias->dtype;
     }
+    if (numerics == RS_NUMERICS_FAST && rs_cuda_matmul_fast(c, out, x, w, rows)) {
+        if (bp) add_bias(c, out, bp, bdt, rows, n);
+        return;
+    }
     switch (w->dtype) {
     case RS_DTYPE_E4M3: {
         const size_t kb = (size_t)rs_fp8_blocks(k);
@@ -447,11 +430,7 @@ void rs_cuda_op_matmul(rs_backend *b, float *out, const float *x, const rs_tenso
         float *xs = (float *)rs_cuda_scratch(c, RS_CUDA_S_ACT_SCALES, ((size_t)rows * kb + 1) * sizeof(float));
         rs_cuda_fp8_quantize_act(c, x, rows, k, xq, xs);
         rs_cuda_fp8_gemm(c, out, xq, xs, (const uint8_t *)w->data, w->scale_inv, rows, n, k);
-        if (bp) {
-            const size_t total = (size_t)rows * (size_t)n;
-            add_bias_kernel<<<rs_cuda_blocks(total, 256), 256, 0, c->stream>>>(out, bp, bdt, n, (int64_t)total);
-            CUDA_CHECK_LAUNCH();
-        }
+        if (bp) add_bias(c, out, bp, bdt, rows, n);
         break;
     }
     case RS_DTYPE_BF16: dense_matmul<RS_DTYPE_BF16>(c, out, x, w->data, bp, bdt, rows, n, k); break;

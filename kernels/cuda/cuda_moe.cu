@@ -1,7 +1,8 @@
 /*
  * cuda_moe.cu — the Qwen3-MoE sparse MLP on the GPU, step for step the CPU's (kernels/cpu/cpu_moe.c):
  *
- *   router logits = x @ router^T on the device (rs_cuda_op_matmul), copied to the host;
+ *   router logits = x @ router^T on the device (the exact matmul kernels in either numerics),
+ *   copied to the host;
  *   routing on the host (kernels/moe_route.c, shared with the CPU backend): softmax, top-k, optional
  *   renormalization, then the (row, weight) pairs grouped by expert in row order;
  *   out = 0, then for each hit expert in ascending index: gather its rows, gate and up matmuls,
@@ -10,9 +11,12 @@
  *   order as on the CPU, and a row appears at most once per expert, so no two threads add to one
  *   output element at a time.
  *
- * The router logits come back to the host once per layer (a synchronization point). Decode steps
- * are small, and grouping rows per expert keeps every expert's weights streamed once per step;
- * a device-side router is the next step if the copy shows up in a profile.
+ * That is exact numerics (the same experts as the CPU for the same logits: the routing is the same
+ * host code). The router logits come back to the host once per layer (a synchronization point), so
+ * such steps are never recorded as step graphs. Fast numerics route on the device
+ * (cuda_moe_fast.cu): up to RS_CUDA_MOE_FUSED_ROWS rows the whole block runs there with no host
+ * round trip (recordable); above, only the expert offsets come back and the same per-expert loop
+ * runs from device lists.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -47,17 +51,72 @@ static void check_expert(const rs_moe_weights *w, int e, int hidden, int64_t int
     RS_ASSERT(w->down[e].ndim == 2 && w->down[e].shape[0] == hidden && w->down[e].shape[1] == inter);
 }
 
+/* Every hit expert e (offsets host [E + 1]; drows / dwts its selections on the device, row order):
+ * gather its rows, gate and up matmuls, swiglu, down matmul, out[row] += y * w. */
+static void run_experts(rs_backend *b, rs_cuda_ctx *c, float *out, const float *x, int rows, int hidden,
+                        const rs_moe_weights *w, const int32_t *offsets, const int32_t *drows, const float *dwts) {
+    const size_t xbytes = (size_t)rows * (size_t)hidden * sizeof(float);
+    /* out may alias x (backend.h allows it): the experts read a copy then */
+    if (out == x) {
+        float *xc = (float *)rs_cuda_scratch(c, RS_CUDA_S_MOE_XCOPY, xbytes);
+        CUDA_CHECK(cudaMemcpyAsync(xc, x, xbytes, cudaMemcpyDeviceToDevice, c->stream));
+        x = xc;
+    }
+    CUDA_CHECK(cudaMemsetAsync(out, 0, xbytes, c->stream));
+    const unsigned threads = hidden >= 256 ? 256 : 128;
+    for (int e = 0; e < w->n_experts; e++) {
+        const int n = offsets[e + 1] - offsets[e];
+        if (n == 0) continue;
+        const int64_t inter = w->gate[e].shape[0];
+        check_expert(w, e, hidden, inter);
+        const size_t act = (size_t)n * (size_t)inter;
+        float *xg = (float *)rs_cuda_scratch(c, RS_CUDA_S_MOE_X, (size_t)n * (size_t)hidden * sizeof(float));
+        float *g = (float *)rs_cuda_scratch(c, RS_CUDA_S_MOE_GATE, act * sizeof(float));
+        float *u = (float *)rs_cuda_scratch(c, RS_CUDA_S_MOE_UP, act * sizeof(float));
+        float *y = (float *)rs_cuda_scratch(c, RS_CUDA_S_MOE_Y, (size_t)n * (size_t)hidden * sizeof(float));
+        moe_gather_kernel<<<(unsigned)n, threads, 0, c->stream>>>(xg, x, drows + offsets[e], hidden);
+        CUDA_CHECK_LAUNCH();
+        c->act.x = NULL; /* xg was rewritten: no cached forms of it survive (cuda_act.cu) */
+        rs_cuda_op_matmul(b, g, xg, &w->gate[e], NULL, n);
+        rs_cuda_op_matmul(b, u, xg, &w->up[e], NULL, n);
+        rs_cuda_op_swiglu(b, g, g, u, act);
+        rs_cuda_op_matmul(b, y, g, &w->down[e], NULL, n);
+        moe_scatter_add_kernel<<<(unsigned)n, threads, 0, c->stream>>>(out, y, drows + offsets[e], dwts + offsets[e],
+                                                                       hidden);
+        CUDA_CHECK_LAUNCH();
+    }
+}
+
 void rs_cuda_op_moe(rs_backend *b, float *out, const float *x, int rows, int hidden, const rs_moe_weights *w) {
     rs_cuda_ctx *c = rs_cuda_ctx_of(b);
     const int n_exp = w->n_experts, k = w->top_k;
     RS_ASSERT(w->router->ndim == 2 && w->router->shape[0] == n_exp && w->router->shape[1] == hidden);
     RS_ASSERT(k >= 1 && k <= n_exp);
     if (rows <= 0) return;
-    const size_t xbytes = (size_t)rows * (size_t)hidden * sizeof(float);
+    if (c->numerics == RS_NUMERICS_FAST) {
+        if (rs_cuda_moe_fused(c, out, x, rows, hidden, w)) return; /* decode sizes: all on the device */
+        if (c->recording) {
+            rs_cuda_recording_broken(c, "the MoE op sends expert offsets to the host");
+            return;
+        }
+        int32_t *offsets = (int32_t *)rs_xmalloc(((size_t)n_exp + 1) * sizeof(int32_t));
+        const int32_t *drows;
+        const float *dwts;
+        rs_cuda_moe_route_groups(c, x, rows, hidden, w, offsets, &drows, &dwts);
+        run_experts(b, c, out, x, rows, hidden, w, offsets, drows, dwts);
+        free(offsets);
+        return;
+    }
+    if (c->recording) { /* the routing below waits for the router logits on the host */
+        rs_cuda_recording_broken(c, "the MoE op routes on the host");
+        return;
+    }
 
     /* routing: logits to the host, the shared top-k and grouping */
     float *dlogits = (float *)rs_cuda_scratch(c, RS_CUDA_S_MOE_LOGITS, (size_t)rows * (size_t)n_exp * sizeof(float));
-    rs_cuda_op_matmul(b, dlogits, x, w->router, NULL, rows);
+    /* the router in fp32 activations whatever the numerics: top-k is discontinuous, and a router
+     * logit rounded to BF16 would send some tokens to other experts than the exact path does */
+    rs_cuda_matmul(c, dlogits, x, w->router, NULL, rows, RS_NUMERICS_EXACT);
     const size_t n_sel = (size_t)rows * (size_t)k;
     float *logits = (float *)rs_xmalloc((size_t)rows * (size_t)n_exp * sizeof(float)); /* [rows][E] */
     int32_t *sel_e = (int32_t *)rs_xmalloc(n_sel * sizeof(int32_t));                   /* [rows][k] */
@@ -76,34 +135,7 @@ void rs_cuda_op_moe(rs_backend *b, float *out, const float *x, int rows, int hid
     const int32_t *drows = (const int32_t *)rs_cuda_mirror_of(c, RS_CUDA_M_MOE_ROWS, lrows, n_sel * sizeof(int32_t));
     const float *dwts = (const float *)rs_cuda_mirror_of(c, RS_CUDA_M_MOE_WEIGHTS, lwts, n_sel * sizeof(float));
 
-    /* out may alias x (backend.h allows it): the experts read a copy then */
-    if (out == x) {
-        float *xc = (float *)rs_cuda_scratch(c, RS_CUDA_S_MOE_XCOPY, xbytes);
-        CUDA_CHECK(cudaMemcpyAsync(xc, x, xbytes, cudaMemcpyDeviceToDevice, c->stream));
-        x = xc;
-    }
-    CUDA_CHECK(cudaMemsetAsync(out, 0, xbytes, c->stream));
-    const unsigned threads = hidden >= 256 ? 256 : 128;
-    for (int e = 0; e < n_exp; e++) {
-        const int n = offsets[e + 1] - offsets[e];
-        if (n == 0) continue;
-        const int64_t inter = w->gate[e].shape[0];
-        check_expert(w, e, hidden, inter);
-        const size_t act = (size_t)n * (size_t)inter;
-        float *xg = (float *)rs_cuda_scratch(c, RS_CUDA_S_MOE_X, (size_t)n * (size_t)hidden * sizeof(float));
-        float *g = (float *)rs_cuda_scratch(c, RS_CUDA_S_MOE_GATE, act * sizeof(float));
-        float *u = (float *)rs_cuda_scratch(c, RS_CUDA_S_MOE_UP, act * sizeof(float));
-        float *y = (float *)rs_cuda_scratch(c, RS_CUDA_S_MOE_Y, (size_t)n * (size_t)hidden * sizeof(float));
-        moe_gather_kernel<<<(unsigned)n, threads, 0, c->stream>>>(xg, x, drows + offsets[e], hidden);
-        CUDA_CHECK_LAUNCH();
-        rs_cuda_op_matmul(b, g, xg, &w->gate[e], NULL, n);
-        rs_cuda_op_matmul(b, u, xg, &w->up[e], NULL, n);
-        rs_cuda_op_swiglu(b, g, g, u, act);
-        rs_cuda_op_matmul(b, y, g, &w->down[e], NULL, n);
-        moe_scatter_add_kernel<<<(unsigned)n, threads, 0, c->stream>>>(out, y, drows + offsets[e], dwts + offsets[e],
-                                                                       hidden);
-        CUDA_CHECK_LAUNCH();
-    }
+    run_experts(b, c, out, x, rows, hidden, w, offsets, drows, dwts);
     free(logits);
     free(sel_e);
     free(sel_w);

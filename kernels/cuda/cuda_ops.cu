@@ -21,7 +21,7 @@
  */
 #include <math.h>
 
-#include "cuda_internal.h"
+#include "cuda_act.h"
 
 /* ---- embed ---- */
 
@@ -49,9 +49,13 @@ void rs_cuda_op_embed(rs_backend *b, float *out, const rs_tensor *table, const i
 #define NORM_LANES 16 /* the CPU's sum_squares lanes */
 
 /* One block per row. Threads 0..15 are the CPU's 16 lanes of the sum of squares; the tree and the
- * scaling then repeat cpu_ops.c's norm_range exactly. */
+ * scaling then repeat cpu_ops.c's norm_range exactly. FORMS (fast numerics): then the row's
+ * activation forms (cuda_act.cu) from the values just written, a warp per 1x128 group. */
+template <bool FORMS>
 __global__ void rmsnorm_kernel(float *out /* [rows][dim] */, const float *x /* [rows][dim] */,
-                               const void *w /* [dim] */, rs_dtype wdt, int dim, float eps) {
+                               const void *w /* [dim] */, rs_dtype wdt, int dim, float eps,
+                               uint16_t *bf /* [rows][dim] bf16 */, uint8_t *q /* [rows][dim] e4m3 */,
+                               float *qs /* [rows][ceil(dim/128)] */) {
     __shared__ float acc[NORM_LANES];
     __shared__ float inv;
     const size_t r = blockIdx.x;
@@ -72,6 +76,20 @@ __global__ void rmsnorm_kernel(float *out /* [rows][dim] */, const float *x /* [
     __syncthreads();
     const float s = inv;
     for (int d = threadIdx.x; d < dim; d += blockDim.x) o[d] = __fmul_rn(rs_cuda_elem(w, wdt, (size_t)d), __fmul_rn(xr[d], s));
+    if (!FORMS) return;
+    __syncthreads(); /* the row's outputs are written (global writes are visible within the block) */
+    const int lane = threadIdx.x % 32, L = (dim + RS_FP8_BLOCK - 1) / RS_FP8_BLOCK;
+    for (int g = threadIdx.x / 32; g < L; g += blockDim.x / 32) {
+        const int j0 = g * RS_FP8_BLOCK, len = min(RS_FP8_BLOCK, dim - j0);
+        float v[RS_FP8_BLOCK / 32];
+#pragma unroll
+        for (int i = 0; i < RS_FP8_BLOCK / 32; i++) {
+            const int j = lane + 32 * i;
+            v[i] = j < len ? o[j0 + j] : 0.0f;
+            if (j < len) bf[r * (size_t)dim + (size_t)(j0 + j)] = rs_cuda_bf16_bits(v[i]);
+        }
+        rs_cuda_group_fp8(v, lane, len, q + r * (size_t)dim + (size_t)j0, &qs[r * (size_t)L + (size_t)g]);
+    }
 }
 
 void rs_cuda_op_rmsnorm(rs_backend *b, float *out, const float *x, const rs_tensor *w, int rows, int dim,
@@ -80,7 +98,16 @@ void rs_cuda_op_rmsnorm(rs_backend *b, float *out, const float *x, const rs_tens
     RS_ASSERT(w->data && rs_tensor_numel(w) == dim);
     if (rows <= 0) return;
     const unsigned threads = dim >= 256 ? 256 : dim >= 64 ? 128 : 32;
-    rmsnorm_kernel<<<(unsigned)rows, threads, 0, c->stream>>>(out, x, w->data, w->dtype, dim, eps);
+    if (c->numerics == RS_NUMERICS_FAST) {
+        uint16_t *bf;
+        uint8_t *q;
+        float *qs;
+        rs_cuda_act_produce(c, out, (size_t)rows * (size_t)dim, dim, &bf, &q, &qs);
+        rmsnorm_kernel<true><<<(unsigned)rows, threads, 0, c->stream>>>(out, x, w->data, w->dtype, dim, eps, bf, q, qs);
+    } else {
+        rmsnorm_kernel<false><<<(unsigned)rows, threads, 0, c->stream>>>(out, x, w->data, w->dtype, dim, eps, NULL,
+                                                                         NULL, NULL);
+    }
     CUDA_CHECK_LAUNCH();
 }
 
@@ -122,11 +149,33 @@ void rs_cuda_op_rope(rs_backend *b, float *x, int rows, int n_heads, int head_di
 
 /* ---- swiglu, add, gather_rows ---- */
 
+__device__ __forceinline__ float swiglu_one(float g, float u) {
+    const float silu = __fdiv_rn(g, __fadd_rn(1.0f, expf(-g)));
+    return __fmul_rn(silu, u);
+}
+
 __global__ void swiglu_kernel(float *out, const float *gate, const float *up, size_t n) {
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
-        const float g = gate[i];
-        const float silu = __fdiv_rn(g, __fadd_rn(1.0f, expf(-g)));
-        out[i] = __fmul_rn(silu, up[i]);
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        out[i] = swiglu_one(gate[i], up[i]);
+}
+
+/* Fast numerics, n a multiple of 128: the same values, and their activation forms over groups of
+ * 128 consecutive elements (a row's groups when its length is a multiple of 128: cuda_act.cu), a
+ * warp per group. */
+__global__ void swiglu_forms_kernel(float *out, const float *gate, const float *up, size_t groups,
+                                    uint16_t *bf /* [n] */, uint8_t *q /* [n] */, float *qs /* [groups] */) {
+    const int lane = threadIdx.x % 32, warps = blockDim.x / 32;
+    for (size_t g = blockIdx.x * (size_t)warps + threadIdx.x / 32; g < groups; g += (size_t)gridDim.x * warps) {
+        const size_t i0 = g * RS_FP8_BLOCK;
+        float v[RS_FP8_BLOCK / 32];
+#pragma unroll
+        for (int i = 0; i < RS_FP8_BLOCK / 32; i++) {
+            const size_t at = i0 + (size_t)(lane + 32 * i);
+            v[i] = swiglu_one(gate[at], up[at]);
+            out[at] = v[i];
+            bf[at] = rs_cuda_bf16_bits(v[i]);
+        }
+        rs_cuda_group_fp8(v, lane, RS_FP8_BLOCK, q + i0, &qs[g]);
     }
 }
 
@@ -145,7 +194,16 @@ static unsigned flat_blocks(const rs_cuda_ctx *c, size_t n) {
 void rs_cuda_op_swiglu(rs_backend *b, float *out, const float *gate, const float *up, size_t n) {
     rs_cuda_ctx *c = rs_cuda_ctx_of(b);
     if (n == 0) return;
-    swiglu_kernel<<<flat_blocks(c, n), 256, 0, c->stream>>>(out, gate, up, n);
+    if (c->numerics == RS_NUMERICS_FAST && n % RS_FP8_BLOCK == 0) {
+        uint16_t *bf;
+        uint8_t *q;
+        float *qs;
+        rs_cuda_act_produce(c, out, n, 0, &bf, &q, &qs);
+        const size_t groups = n / RS_FP8_BLOCK;
+        swiglu_forms_kernel<<<flat_blocks(c, groups * 32), 256, 0, c->stream>>>(out, gate, up, groups, bf, q, qs);
+    } else {
+        swiglu_kernel<<<flat_blocks(c, n), 256, 0, c->stream>>>(out, gate, up, n);
+    }
     CUDA_CHECK_LAUNCH();
 }
 

@@ -38,14 +38,15 @@ for d in core config protocol scheduler kvcache model kernels kernels/cpu sync t
     fi
   done
 done
-for f in runner test_util test_cuda_ops test_cuda_matmul test_cuda_attention test_cuda_backend; do
+for f in runner test_util test_cuda_ops test_cuda_matmul test_cuda_attention test_cuda_backend test_cuda_blas test_cuda_fast test_cuda_graph test_cuda_attention_fast test_cuda_sample; do
   compile "$root/tests/unit/$f.c" "$out/obj/t_$f.o" gcc $cflags
 done
-for f in backend_cuda cuda_ops cuda_matmul cuda_moe cuda_attention; do
+for f in backend_cuda cuda_ops cuda_matmul cuda_matmul_fast cuda_blas cuda_act cuda_graph cuda_moe cuda_attention cuda_attention_tc cuda_sample cuda_moe_fast; do
   python3 "$emu/gen.py" "$root/kernels/cuda/$f.cu" "$out/gen/$f.cpp"
   compile "$out/gen/$f.cpp" "$out/obj/cu_$f.o" g++ $cxxflags
 done
 compile "$emu/emu_rt.cpp" "$out/obj/emu_rt.o" g++ $cxxflags
+compile "$emu/emu_cublaslt.cpp" "$out/obj/emu_cublaslt.o" g++ $cxxflags
 wait
 lib=("${objs[@]}")
 compile "$root/server/main.c" "$out/obj/server_main.o" gcc $cflags
@@ -55,4 +56,12 @@ g++ ${EMU_CXXFLAGS:-} -o "$out/unit-tests" "${lib[@]}" -lmicrohttpd -ljansson -l
 daemon=()
 for o in "${lib[@]}"; do case $o in */t_*) ;; *) daemon+=("$o") ;; esac; done
 g++ ${EMU_CXXFLAGS:-} -o "$out/rolloutd" "$out/obj/server_main.o" "${daemon[@]}" -lmicrohttpd -ljansson -luv -lisal -lpcre2-8 -lutf8proc -lm -pthread
-echo "built $out/unit-tests and $out/rolloutd"
+# the GPU benchmarks too, for smoke runs of scripts/gpu-check.sh's steps on tiny shapes
+for t in bench_gpu rollout_bench rl_bench; do
+  compile "$root/tools/$t.c" "$out/obj/tool_$t.o" gcc $cflags
+done
+wait
+for t in bench_gpu rollout_bench rl_bench; do
+  g++ ${EMU_CXXFLAGS:-} -o "$out/${t//_/-}" "$out/obj/tool_$t.o" "${daemon[@]}" -lmicrohttpd -ljansson -luv -lisal -lpcre2-8 -lutf8proc -lm -pthread
+done
+echo "built $out/unit-tests, $out/rolloutd and the GPU benchmarks"

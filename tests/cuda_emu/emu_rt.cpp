@@ -6,6 +6,8 @@
 #include <string>
 #include <vector>
 #include <algorithm>
+#include <atomic>
+#include <functional>
 #include <random>
 #include <sys/mman.h>
 
@@ -173,6 +175,22 @@ uint64_t emu_shfl_get(int src) {
     return v;
 }
 
+static uint8_t gather_buf[2][1024][64];
+void emu_warp_gather(const void *mine, size_t bytes, void *all) {
+    if (bytes > 64) emu_die("warp gather of more than 64 bytes");
+    const unsigned par = cur->shfl_count & 1, base = cur->tid & ~31u;
+    memcpy(gather_buf[par][cur->tid], mine, bytes);
+    shfl_tag[par][cur->tid] = cur->shfl_count;
+    yield_to_sched(F_WARP);
+    for (unsigned l = 0; l < 32; l++) {
+        const unsigned s = base + l;
+        if (s >= fibers.size() || s >= blockDim.x) emu_die("warp gather with lanes outside the block");
+        if (shfl_tag[par][s] != cur->shfl_count) emu_die("warp gather: a lane is not at the same collective");
+        memcpy((uint8_t *)all + l * bytes, gather_buf[par][s], bytes);
+    }
+    cur->shfl_count++;
+}
+
 static void run_block(unsigned T) {
     if (fibers.size() < T) fibers.resize(T);
     for (unsigned t = 0; t < T; t++) {
@@ -232,7 +250,7 @@ static void run_block(unsigned T) {
  * KV calibration on a backend of its own). A GPU would run them concurrently; here they queue. */
 static std::mutex launch_mu;
 
-void emu_run_grid(const char *name, dim3 g, dim3 b, void (*body)(void *), void *arg) {
+static void emu_run_grid(const char *name, dim3 g, dim3 b, void (*body)(void *), void *arg) {
     std::lock_guard<std::mutex> launch_lock(launch_mu);
     if (sched_mode < 0) {
         const char *m = getenv("EMU_SCHED");
@@ -261,9 +279,84 @@ void emu_run_grid(const char *name, dim3 g, dim3 b, void (*body)(void *), void *
             }
 }
 
+/* ---------------- streams and capture ---------------- */
+/* A stream records instead of running while it captures (cudaStreamBeginCapture, global mode):
+ * kernel launches, copies, memsets and library work become the graph's steps, replayed in order by
+ * cudaGraphLaunch. What a real capture refuses is refused here too, and invalidates the capture:
+ * synchronizing the capturing stream, a copy from or to pageable host memory, and (global mode:
+ * "potentially unsafe" calls, in any thread) cudaMalloc / cudaFree / their async forms and
+ * synchronous copies. Those calls return cudaErrorStreamCaptureUnsupported, and
+ * cudaStreamEndCapture then cudaErrorStreamCaptureInvalidated. */
+struct EmuStep {
+    const char *what;
+    std::function<void()> fn;
+};
+struct emu_stream {
+    bool capturing = false, broken = false;
+    std::vector<EmuStep> steps;
+};
+struct emu_graph {
+    std::vector<EmuStep> steps;
+};
+struct emu_graph_exec {
+    std::vector<EmuStep> steps;
+};
+static emu_stream default_stream; /* the NULL stream: never captures here */
+static std::atomic<int> capturing_streams{0};
+static std::mutex capture_mu;
+static std::set<emu_stream *> capturing_set;
+
+static emu_stream *stream_of(cudaStream_t s) { return s ? s : &default_stream; }
+
+/* Marks the capture broken and returns the error the call gets. */
+static cudaError_t capture_refuse(emu_stream *st, const char *what) {
+    if (getenv("EMU_TRACE")) fprintf(stderr, "emu: %s during stream capture: not permitted\n", what);
+    if (st) st->broken = true;
+    return cudaErrorStreamCaptureUnsupported;
+}
+
+/* A call that a global-mode capture forbids in any thread: refuses, and invalidates every capture
+ * in progress, while any stream captures. */
+static bool unsafe_during_capture(const char *what) {
+    if (capturing_streams.load() == 0) return false;
+    std::lock_guard<std::mutex> l(capture_mu);
+    for (emu_stream *st : capturing_set) capture_refuse(st, what);
+    return true;
+}
+
+void emu_launch_grid(cudaStream_t s, const char *name, dim3 g, dim3 b, std::function<void()> body) {
+    emu_stream *st = stream_of(s);
+    if (st->capturing) {
+        st->steps.push_back({name, [name, g, b, body]() {
+                                 std::function<void()> f = body;
+                                 emu_run_grid(name, g, b, [](void *p) { (*(std::function<void()> *)p)(); }, &f);
+                             }});
+        return;
+    }
+    emu_run_grid(name, g, b, [](void *p) { (*(std::function<void()> *)p)(); }, &body);
+}
+
+/* Work a library queues on a stream (cuBLASLt's matmul): runs now, in stream order (every stream
+ * operation runs synchronously here), or is recorded while the stream captures. */
+void emu_stream_run(cudaStream_t s, const char *what, std::function<void()> fn) {
+    emu_stream *st = stream_of(s);
+    if (st->capturing) st->steps.push_back({what, fn});
+    else fn();
+}
+
 /* ---------------- device memory ---------------- */
 static std::mutex mu;
 static std::map<uintptr_t, size_t> allocs; /* base -> bytes */
+static std::map<uintptr_t, size_t> pinned; /* cudaMallocHost / cudaHostAlloc: base -> bytes */
+
+static bool is_pinned(const void *p, size_t n) {
+    std::lock_guard<std::mutex> l(mu);
+    uintptr_t u = (uintptr_t)p;
+    auto it = pinned.upper_bound(u);
+    if (it == pinned.begin()) return false;
+    --it;
+    return u >= it->first && u + n <= it->first + it->second;
+}
 
 extern "C" int emu_is_device_ptr(const void *p) {
     std::lock_guard<std::mutex> l(mu);
@@ -308,6 +401,7 @@ cudaError_t cudaGetDeviceProperties(cudaDeviceProp *p, int d) {
     return cudaSuccess;
 }
 cudaError_t cudaMalloc(void **p, size_t n) {
+    if (unsafe_during_capture("cudaMalloc")) return cudaErrorStreamCaptureUnsupported;
     if (n == 0) { *p = NULL; return cudaSuccess; }
     void *q = NULL;
     if (posix_memalign(&q, 256, n)) return cudaErrorMemoryAllocation;
@@ -318,6 +412,7 @@ cudaError_t cudaMalloc(void **p, size_t n) {
     return cudaSuccess;
 }
 cudaError_t cudaFree(void *p) {
+    if (unsafe_during_capture("cudaFree")) return cudaErrorStreamCaptureUnsupported;
     if (!p) return cudaSuccess;
     {
         std::lock_guard<std::mutex> l(mu);
@@ -329,11 +424,29 @@ cudaError_t cudaFree(void *p) {
     free(p);
     return cudaSuccess;
 }
+/* (a capture would record these as graph-owned allocation nodes; the backend never does that) */
 cudaError_t cudaMallocAsync(void **p, size_t n, cudaStream_t) { return cudaMalloc(p, n); }
 cudaError_t cudaFreeAsync(void *p, cudaStream_t) { return cudaFree(p); }
-cudaError_t cudaMallocHost(void **p, size_t n) { *p = malloc(n ? n : 1); return *p ? cudaSuccess : cudaErrorMemoryAllocation; }
-cudaError_t cudaFreeHost(void *p) { free(p); return cudaSuccess; }
-cudaError_t cudaMemcpy(void *d, const void *s, size_t n, cudaMemcpyKind k) {
+cudaError_t cudaHostAlloc(void **p, size_t n, unsigned) {
+    if (unsafe_during_capture("cudaHostAlloc")) return cudaErrorStreamCaptureUnsupported;
+    *p = malloc(n ? n : 1);
+    if (!*p) return cudaErrorMemoryAllocation;
+    std::lock_guard<std::mutex> l(mu);
+    pinned[(uintptr_t)*p] = n ? n : 1;
+    return cudaSuccess;
+}
+cudaError_t cudaMallocHost(void **p, size_t n) { return cudaHostAlloc(p, n, 0); }
+cudaError_t cudaFreeHost(void *p) {
+    if (unsafe_during_capture("cudaFreeHost")) return cudaErrorStreamCaptureUnsupported;
+    if (!p) return cudaSuccess;
+    {
+        std::lock_guard<std::mutex> l(mu);
+        if (!pinned.erase((uintptr_t)p)) { fprintf(stderr, "emu ERROR: cudaFreeHost(%p): not pinned memory\n", p); abort(); }
+    }
+    free(p);
+    return cudaSuccess;
+}
+static void copy_now(void *d, const void *s, size_t n, cudaMemcpyKind k) {
     switch (k) {
     case cudaMemcpyHostToDevice: check_range(d, n, true, "memcpy H2D dst"), check_range(s, n, false, "memcpy H2D src"); break;
     case cudaMemcpyDeviceToHost: check_range(d, n, false, "memcpy D2H dst"), check_range(s, n, true, "memcpy D2H src"); break;
@@ -341,25 +454,123 @@ cudaError_t cudaMemcpy(void *d, const void *s, size_t n, cudaMemcpyKind k) {
     default: break;
     }
     if (n) memmove(d, s, n);
+}
+cudaError_t cudaMemcpy(void *d, const void *s, size_t n, cudaMemcpyKind k) {
+    if (unsafe_during_capture("cudaMemcpy (synchronous)")) return cudaErrorStreamCaptureUnsupported;
+    copy_now(d, s, n, k);
     return cudaSuccess;
 }
-cudaError_t cudaMemcpyAsync(void *d, const void *s, size_t n, cudaMemcpyKind k, cudaStream_t) { return cudaMemcpy(d, s, n, k); }
+cudaError_t cudaMemcpyAsync(void *d, const void *s, size_t n, cudaMemcpyKind k, cudaStream_t st) {
+    emu_stream *es = stream_of(st);
+    if (!es->capturing) {
+        copy_now(d, s, n, k);
+        return cudaSuccess;
+    }
+    const void *host = k == cudaMemcpyHostToDevice ? s : k == cudaMemcpyDeviceToHost ? d : NULL;
+    if (host && n && !is_pinned(host, n)) return capture_refuse(es, "cudaMemcpyAsync from/to pageable host memory");
+    es->steps.push_back({"cudaMemcpyAsync", [d, s, n, k]() { copy_now(d, s, n, k); }});
+    return cudaSuccess;
+}
 cudaError_t cudaMemset(void *d, int v, size_t n) {
+    if (unsafe_during_capture("cudaMemset (synchronous)")) return cudaErrorStreamCaptureUnsupported;
     check_range(d, n, true, "memset dst");
     memset(d, v, n);
     return cudaSuccess;
 }
-cudaError_t cudaMemsetAsync(void *d, int v, size_t n, cudaStream_t) { return cudaMemset(d, v, n); }
-cudaError_t cudaStreamSynchronize(cudaStream_t) { return cudaSuccess; }
-cudaError_t cudaDeviceSynchronize(void) { return cudaSuccess; }
-cudaError_t cudaStreamCreate(cudaStream_t *s) { *s = (cudaStream_t)0x5; return cudaSuccess; }
-cudaError_t cudaStreamCreateWithFlags(cudaStream_t *s, unsigned) { *s = (cudaStream_t)0x5; return cudaSuccess; }
-cudaError_t cudaStreamDestroy(cudaStream_t) { return cudaSuccess; }
+cudaError_t cudaMemsetAsync(void *d, int v, size_t n, cudaStream_t st) {
+    emu_stream *es = stream_of(st);
+    auto run = [d, v, n]() {
+        check_range(d, n, true, "memset dst");
+        memset(d, v, n);
+    };
+    if (es->capturing) es->steps.push_back({"cudaMemsetAsync", run});
+    else run();
+    return cudaSuccess;
+}
+cudaError_t cudaStreamSynchronize(cudaStream_t st) {
+    if (stream_of(st)->capturing) return capture_refuse(stream_of(st), "cudaStreamSynchronize");
+    return cudaSuccess;
+}
+cudaError_t cudaDeviceSynchronize(void) {
+    if (unsafe_during_capture("cudaDeviceSynchronize")) return cudaErrorStreamCaptureUnsupported;
+    return cudaSuccess;
+}
+cudaError_t cudaStreamCreate(cudaStream_t *s) { *s = new emu_stream; return cudaSuccess; }
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t *s, unsigned) { *s = new emu_stream; return cudaSuccess; }
+cudaError_t cudaStreamDestroy(cudaStream_t s) {
+    if (s && s->capturing) { fprintf(stderr, "emu ERROR: cudaStreamDestroy of a capturing stream\n"); abort(); }
+    delete s;
+    return cudaSuccess;
+}
+cudaError_t cudaStreamBeginCapture(cudaStream_t s, enum cudaStreamCaptureMode mode) {
+    emu_stream *es = stream_of(s);
+    if (!s || es->capturing) return cudaErrorStreamCaptureUnsupported; /* not the NULL stream, not twice */
+    if (mode != cudaStreamCaptureModeGlobal) { fprintf(stderr, "emu: only global-mode capture is emulated\n"); abort(); }
+    es->capturing = true, es->broken = false, es->steps.clear();
+    {
+        std::lock_guard<std::mutex> l(capture_mu);
+        capturing_set.insert(es);
+    }
+    capturing_streams++;
+    return cudaSuccess;
+}
+cudaError_t cudaStreamEndCapture(cudaStream_t s, cudaGraph_t *graph) {
+    emu_stream *es = stream_of(s);
+    if (!es->capturing) return cudaErrorStreamCaptureUnsupported;
+    {
+        std::lock_guard<std::mutex> l(capture_mu);
+        capturing_set.erase(es);
+    }
+    es->capturing = false;
+    capturing_streams--;
+    *graph = NULL;
+    const bool broken = es->broken;
+    std::vector<EmuStep> steps;
+    steps.swap(es->steps);
+    if (broken) return cudaErrorStreamCaptureInvalidated;
+    *graph = new emu_graph{std::move(steps)};
+    return cudaSuccess;
+}
+cudaError_t cudaStreamIsCapturing(cudaStream_t s, enum cudaStreamCaptureStatus *status) {
+    emu_stream *es = stream_of(s);
+    *status = !es->capturing ? cudaStreamCaptureStatusNone
+                             : es->broken ? cudaStreamCaptureStatusInvalidated : cudaStreamCaptureStatusActive;
+    return cudaSuccess;
+}
+cudaError_t cudaGraphInstantiate(cudaGraphExec_t *exec, cudaGraph_t graph, unsigned long long) {
+    if (!graph) return 1; /* cudaErrorInvalidValue */
+    *exec = new emu_graph_exec{graph->steps};
+    return cudaSuccess;
+}
+cudaError_t cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t s) {
+    if (stream_of(s)->capturing) { fprintf(stderr, "emu: launching a graph into a capture is not emulated\n"); abort(); }
+    for (EmuStep &st : exec->steps) st.fn();
+    return cudaSuccess;
+}
+cudaError_t cudaGraphExecDestroy(cudaGraphExec_t exec) { delete exec; return cudaSuccess; }
+cudaError_t cudaGraphDestroy(cudaGraph_t graph) { delete graph; return cudaSuccess; }
 cudaError_t cudaGetLastError(void) { return cudaSuccess; }
 cudaError_t cudaPeekAtLastError(void) { return cudaSuccess; }
-const char *cudaGetErrorName(cudaError_t) { return "emuError"; }
-const char *cudaGetErrorString(cudaError_t) { return "emu error"; }
+const char *cudaGetErrorName(cudaError_t e) {
+    switch (e) {
+    case cudaSuccess: return "cudaSuccess";
+    case cudaErrorMemoryAllocation: return "cudaErrorMemoryAllocation";
+    case cudaErrorStreamCaptureUnsupported: return "cudaErrorStreamCaptureUnsupported";
+    case cudaErrorStreamCaptureInvalidated: return "cudaErrorStreamCaptureInvalidated";
+    default: return "emuError";
+    }
 }
+const char *cudaGetErrorString(cudaError_t e) {
+    switch (e) {
+    case cudaErrorStreamCaptureUnsupported: return "operation not permitted when stream is capturing";
+    case cudaErrorStreamCaptureInvalidated: return "operation failed due to a previous error during capture";
+    default: return "emu error";
+    }
+}
+}
+
+/* [p, p + n) must lie in one device allocation (library emulations check what they read and write) */
+void emu_require_device_range(const void *p, size_t n, const char *what) { check_range(p, n, true, what); }
 
 /* kernel pointer arguments must be device memory (or NULL) */
 void emu_check_kernel_ptr(const char *name, int i, const void *p) {

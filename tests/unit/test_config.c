@@ -38,7 +38,20 @@ RS_TEST(config_defaults) {
     ASSERT_EQ(c.kv_scale_mode, RS_CFG_KV_SCALES_CALIBRATE);
     ASSERT_EQ(c.device, RS_CFG_DEVICE_CPU);
     ASSERT_STREQ(c.api_key, "");
+    ASSERT_EQ(c.numerics, RS_CFG_NUMERICS_FAST);
     ASSERT_EQ(rs_config_log_level(&c), RS_LOG_LEVEL_INFO);
+}
+
+RS_TEST(config_numerics) {
+    rs_config c;
+    rs_config_default(&c);
+    rs_error err;
+    bool help;
+    ASSERT_EQ(parse_args(&c, &err, &help, NARGS("--numerics", "exact"), ARGS("--numerics", "exact")), RS_OK);
+    ASSERT_EQ(c.numerics, RS_CFG_NUMERICS_EXACT);
+    ASSERT_EQ(parse_args(&c, &err, &help, NARGS("--numerics", "tf32"), ARGS("--numerics", "tf32")), RS_EINVAL);
+    ASSERT_STREQ(err.param, "numerics");
+    ASSERT_EQ(c.numerics, RS_CFG_NUMERICS_EXACT); /* a refused value leaves the setting alone */
 }
 
 RS_TEST(config_every_entry_is_sane) {
@@ -64,6 +77,7 @@ RS_TEST(config_enums_match_their_choices) {
         {"quantization", "fp8", RS_CFG_QUANT_FP8},          {"quantization", "bf16", RS_CFG_QUANT_BF16},
         {"device", "cpu", RS_CFG_DEVICE_CPU},               {"device", "cuda", RS_CFG_DEVICE_CUDA},
         {"cpu-kernels", "auto", RS_CFG_CPU_KERNELS_AUTO},   {"cpu-kernels", "avx512", RS_CFG_CPU_KERNELS_AVX512},
+        {"numerics", "exact", RS_CFG_NUMERICS_EXACT},       {"numerics", "fast", RS_CFG_NUMERICS_FAST},
         {"cpu-kernels", "avx2", RS_CFG_CPU_KERNELS_AVX2},   {"cpu-kernels", "scalar", RS_CFG_CPU_KERNELS_SCALAR},
         {"log-level", "debug", RS_CFG_LOG_DEBUG},           {"log-level", "info", RS_CFG_LOG_INFO},
         {"log-level", "warn", RS_CFG_LOG_WARN},             {"log-level", "error", RS_CFG_LOG_ERROR},

@@ -98,6 +98,20 @@ static rs_backend *backend_at(int threads, int simd) {
 
 /* ---- memory ---- */
 
+RS_TEST(cpu_backend_numerics_is_exact) {
+    rs_backend *b = rs_backend_cpu_init(1);
+    ASSERT_EQ(rs_backend_numerics(b), RS_NUMERICS_EXACT);
+    ASSERT_EQ(rs_backend_set_numerics(b, RS_NUMERICS_FAST), RS_NUMERICS_EXACT); /* no fast kernels */
+    ASSERT_EQ(rs_backend_numerics(b), RS_NUMERICS_EXACT);
+    rs_numerics n = RS_NUMERICS_EXACT;
+    ASSERT_EQ(rs_numerics_parse("fast", &n), RS_OK);
+    ASSERT_EQ(n, RS_NUMERICS_FAST);
+    ASSERT_STREQ(rs_numerics_name(n), "fast");
+    ASSERT_EQ(rs_numerics_parse("Fast", &n), RS_EINVAL);
+    ASSERT_EQ(rs_numerics_parse(NULL, &n), RS_EINVAL);
+    rs_backend_free(b);
+}
+
 RS_TEST(cpu_alloc_is_zeroed_aligned_and_copies) {
     rs_backend *b = rs_backend_cpu_init(2);
     unsigned char *p = rs_backend_alloc(b, 1000);

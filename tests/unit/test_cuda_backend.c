@@ -28,6 +28,15 @@ RS_TEST(cuda_memory_round_trip) {
     free(back);
 }
 
+RS_TEST(cuda_numerics_switch) {
+    rs_backend *b = rs_test_cuda_or_skip();
+    ASSERT_EQ(rs_backend_numerics(b), RS_NUMERICS_EXACT); /* the constructor's: the reference kernels */
+    ASSERT_EQ(rs_backend_set_numerics(b, RS_NUMERICS_FAST), RS_NUMERICS_FAST);
+    ASSERT_EQ(rs_backend_numerics(b), RS_NUMERICS_FAST);
+    ASSERT_EQ(rs_backend_set_numerics(b, RS_NUMERICS_EXACT), RS_NUMERICS_EXACT);
+    rs_backend_free(b);
+}
+
 RS_TEST(cuda_op_table_is_complete) {
     rs_backend *b = rs_test_cuda_or_skip();
     const char *missing = rs_backend_missing_op(b);

@@ -16,7 +16,8 @@
 
 #include "../../protocol/weights.h"
 #include "../../sync/nccl.h"
-#include "../../sync/sync_internal.h"
+#include "../../sync/sync.h"
+#include "../../sync/sync_internal.h" /* rs_sync_nccl_state: the CUDA build's tests read the group slot */
 #include "test.h"
 #include "test_util.h"
 

@@ -32,3 +32,11 @@ static inline __half_raw __nv_cvt_fp8_to_halfraw(__nv_fp8_storage_t c, __nv_fp8_
     }
     return r;
 }
+typedef unsigned short __nv_fp8x2_storage_t;
+/* two codes (low byte first) -> two binary16 values, as the paired hardware conversion */
+static inline __half2_raw __nv_cvt_fp8x2_to_halfraw2(__nv_fp8x2_storage_t c, __nv_fp8_interpretation_t i) {
+    __half2_raw r;
+    r.x = __nv_cvt_fp8_to_halfraw((__nv_fp8_storage_t)(c & 0xff), i).x;
+    r.y = __nv_cvt_fp8_to_halfraw((__nv_fp8_storage_t)(c >> 8), i).x;
+    return r;
+}

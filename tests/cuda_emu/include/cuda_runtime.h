@@ -2,6 +2,7 @@
  * The C part is usable from C. */
 #ifndef EMU_CUDA_RUNTIME_H
 #define EMU_CUDA_RUNTIME_H
+#define RS_CUDA_EMU 1 /* code that needs an emulation of a device-only instruction tests this */
 #include <stddef.h>
 #include <stdint.h>
 #ifdef __cplusplus
@@ -12,7 +13,16 @@ typedef int cudaError_t;
 #define cudaErrorMemoryAllocation 2
 #define cudaErrorInvalidDevice 101
 #define cudaErrorNoDevice 100
+#define cudaErrorStreamCaptureUnsupported 900
+#define cudaErrorStreamCaptureInvalidated 901
 typedef struct emu_stream *cudaStream_t;
+typedef struct emu_graph *cudaGraph_t;
+typedef struct emu_graph_exec *cudaGraphExec_t;
+enum cudaStreamCaptureMode { cudaStreamCaptureModeGlobal = 0, cudaStreamCaptureModeThreadLocal = 1,
+                             cudaStreamCaptureModeRelaxed = 2 };
+enum cudaStreamCaptureStatus { cudaStreamCaptureStatusNone = 0, cudaStreamCaptureStatusActive = 1,
+                               cudaStreamCaptureStatusInvalidated = 2 };
+#define cudaHostAllocDefault 0
 typedef enum { cudaMemcpyHostToHost = 0, cudaMemcpyHostToDevice = 1, cudaMemcpyDeviceToHost = 2,
                cudaMemcpyDeviceToDevice = 3, cudaMemcpyDefault = 4 } cudaMemcpyKind;
 #define cudaStreamNonBlocking 1
@@ -32,7 +42,16 @@ cudaError_t cudaFree(void *p);
 cudaError_t cudaMallocAsync(void **p, size_t n, cudaStream_t s);
 cudaError_t cudaFreeAsync(void *p, cudaStream_t s);
 cudaError_t cudaMallocHost(void **p, size_t n);
+cudaError_t cudaHostAlloc(void **p, size_t n, unsigned flags);
 cudaError_t cudaFreeHost(void *p);
+/* stream capture as record and replay (emu_rt.cpp) */
+cudaError_t cudaStreamBeginCapture(cudaStream_t s, enum cudaStreamCaptureMode mode);
+cudaError_t cudaStreamEndCapture(cudaStream_t s, cudaGraph_t *graph);
+cudaError_t cudaStreamIsCapturing(cudaStream_t s, enum cudaStreamCaptureStatus *status);
+cudaError_t cudaGraphInstantiate(cudaGraphExec_t *exec, cudaGraph_t graph, unsigned long long flags);
+cudaError_t cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t s);
+cudaError_t cudaGraphExecDestroy(cudaGraphExec_t exec);
+cudaError_t cudaGraphDestroy(cudaGraph_t graph);
 cudaError_t cudaMemcpy(void *d, const void *s, size_t n, cudaMemcpyKind k);
 cudaError_t cudaMemcpyAsync(void *d, const void *s, size_t n, cudaMemcpyKind k, cudaStream_t st);
 cudaError_t cudaMemset(void *d, int v, size_t n);
@@ -123,6 +142,54 @@ template <class T> static inline T __shfl_up_sync(unsigned mask, T v, unsigned d
 }
 template <class T> static inline T __ldg(const T *p) { return *p; }
 
+/* Warp-collective helpers: every lane of the warp passes `bytes` (<= 64) and receives all 32 lanes'
+ * contributions in lane order (a scheduling point, like a shuffle). */
+void emu_warp_gather(const void *mine, size_t bytes, void *all);
+
+/* mma.sync.aligned.m16n8k16.row.col.f32.{bf16,f16}.{bf16,f16}.f32 on the warp, d += A B, with the PTX ISA's
+ * fragment layouts (groupID g = lane / 4, t = lane % 4): a[0] holds A[g][2t, 2t+1] (low half first),
+ * a[1] A[g+8][2t..], a[2] A[g][2t+8..], a[3] A[g+8][2t+8..]; b[0] B[2t, 2t+1][g], b[1] B[2t+8..][g];
+ * d[0..1] D[g][2t, 2t+1], d[2..3] D[g+8][2t..]. Products of BF16 (or F16) values are exact in fp32;
+ * the sum over k runs in order. */
+static inline float emu_half_bits_f32(uint32_t h) { /* IEEE binary16 bits -> float, exact */
+    const uint32_t sg = (h >> 15) << 31, e = (h >> 10) & 0x1f, m = h & 0x3ff;
+    float f;
+    if (e == 0x1f) { uint32_t u = sg | 0x7f800000u | (m << 13); memcpy(&f, &u, 4); return f; }
+    if (e) { uint32_t u = sg | ((e + 112) << 23) | (m << 13); memcpy(&f, &u, 4); return f; }
+    f = (float)m * 0x1p-24f;
+    return sg ? -f : f;
+}
+static inline void emu_mma_16816(float d[4], const uint32_t a[4], const uint32_t b[2], bool f16) {
+    uint32_t mine[6] = {a[0], a[1], a[2], a[3], b[0], b[1]}, all[32][6];
+    emu_warp_gather(mine, sizeof mine, all);
+    float A[16][16], B[16][8];
+    for (int l = 0; l < 32; l++) {
+        const int g = l / 4, t = l % 4;
+        for (int h = 0; h < 2; h++) {
+            uint32_t w[6];
+            memcpy(w, all[l], sizeof w);
+            auto bf = [f16](uint32_t v, int hi) {
+                const uint32_t h16 = hi ? v >> 16 : v & 0xffffu;
+                if (f16) return emu_half_bits_f32(h16);
+                uint32_t u = h16 << 16;
+                float f;
+                memcpy(&f, &u, 4);
+                return f;
+            };
+            A[g][2 * t + h] = bf(w[0], h), A[g + 8][2 * t + h] = bf(w[1], h);
+            A[g][2 * t + 8 + h] = bf(w[2], h), A[g + 8][2 * t + 8 + h] = bf(w[3], h);
+            B[2 * t + h][g] = bf(w[4], h), B[2 * t + 8 + h][g] = bf(w[5], h);
+        }
+    }
+    const int l = (int)(threadIdx.x % 32), g = l / 4, t = l % 4;
+    for (int i = 0; i < 4; i++) {
+        const int row = g + (i >= 2 ? 8 : 0), col = 2 * t + (i & 1);
+        float acc = d[i];
+        for (int k = 0; k < 16; k++) acc += A[row][k] * B[k][col];
+        d[i] = acc;
+    }
+}
+
 /* correctly rounded float / double ops (the host FPU is IEEE; compiled with -ffp-contract=off) */
 static inline float __fadd_rn(float a, float b) { return a + b; }
 static inline float __fsub_rn(float a, float b) { return a - b; }
@@ -175,23 +242,29 @@ void emu_check_kernel_ptr(const char *name, int i, const void *p);
 template <class T> static inline void emu_check_arg(const char *name, int i, const T &v) {
     if constexpr (std::is_pointer<T>::value) emu_check_kernel_ptr(name, i, (const void *)v);
 }
-void emu_run_grid(const char *name, dim3 g, dim3 b, void (*body)(void *), void *arg);
-template <class F> struct EmuLaunch {
+#include <functional>
+/* runs the grid now, or records it when s is capturing */
+void emu_launch_grid(cudaStream_t s, const char *name, dim3 g, dim3 b, std::function<void()> body);
+template <class F> struct EmuLaunch;
+/* operator() takes the kernel's own parameter types, so arguments convert as in a real launch
+ * (NULL to a pointer parameter, int to size_t, ...); the kernel keeps copies of them, as a real
+ * launch or a captured graph node does */
+template <class... P> struct EmuLaunch<void (*)(P...)> {
     const char *name;
     dim3 g, b;
-    F f;
-    template <class... A> void operator()(A... a) {
+    cudaStream_t s;
+    void (*f)(P...);
+    void operator()(P... a) {
         int i = 0;
         (emu_check_arg(name, i++, a), ...);
-        auto call = [&]() { f(a...); };
-        emu_run_grid(name, g, b, [](void *p) { (*(decltype(call) *)p)(); }, &call);
+        void (*fn)(P...) = f;
+        emu_launch_grid(s, name, g, b, [fn, a...]() { fn(a...); });
     }
 };
 template <class F> static inline EmuLaunch<F> emu_launch_(const char *name, dim3 g, dim3 b, size_t smem, cudaStream_t s,
                                                           F f) {
-    (void)s;
     if (smem) { fprintf(stderr, "emu: dynamic shared memory not supported\n"); abort(); }
-    return EmuLaunch<F>{name, g, b, f};
+    return EmuLaunch<F>{name, g, b, s, f};
 }
 #define emu_launch(g, b, smem, s, ...) emu_launch_(#__VA_ARGS__, g, b, smem, s, __VA_ARGS__)
 #endif /* __cplusplus */

@@ -1,0 +1,159 @@
+/*
+ * test_cuda_attention_fast.c — the fast numerics' attention (kernels/cuda/cuda_attention.cu split
+ * decode + combine, cuda_attention_tc.cu tensor-core prefill) against the exact kernel of the same
+ * backend (which test_cuda_attention.c ties to the CPU), on every page format: F32, BF16, E4M3
+ * with per-head and with per-token scales.
+ *
+ * A cache of shuffled pages holds four sequences: A (200 positions), B (100), C (1), D (5). A mixed
+ * step runs A's decode row, B's prefill chunk of 70 rows (two tensor-core tiles), C's row and D's
+ * 5-row chunk; a decode step runs the last row of each. Decode rows go through the split kernel,
+ * forced to 1, 3 and 7 splits (ragged and empty splits) and by size; their outputs differ from the
+ * exact kernel's by the fp32 order of the combine only (tolerance 2e-5). Prefill rows go through the
+ * tensor-core kernel for head sizes 32, 64 and 128 (the split kernel for 48): Q, K and V hold
+ * BF16-exact values (exact in either operand type), so what it changes is P rounded to F16
+ * (relative 2^-11; BF16 pages: BF16, 2^-8) and fp32 order: within 1e-3 (4e-3) x max |V| of the KV
+ * head (outputs are convex combinations of V rows). Group sizes 2, 4, 1 and 12.
+ */
+#ifdef RS_CUDA
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../../core/rs.h"
+#include "../../kernels/backend.h"
+#include "test.h"
+#include "test_util.h"
+
+void rs_cuda_test_attention_splits(rs_backend *b, int n); /* kernels/cuda/cuda_attention.cu */
+
+enum { NSEQ = 4, NBLK = 48 };
+static const int seq_len[NSEQ] = {200, 100, 1, 5};
+
+typedef struct kv_kind {
+    rs_dtype dt;
+    rs_kv_scale_mode mode;
+    const char *name;
+} kv_kind;
+
+static const kv_kind kinds[] = {{RS_DTYPE_F32, RS_KV_SCALE_NONE, "f32"},
+                                {RS_DTYPE_BF16, RS_KV_SCALE_NONE, "bf16"},
+                                {RS_DTYPE_E4M3, RS_KV_SCALE_PER_HEAD, "e4m3 per-head"},
+                                {RS_DTYPE_E4M3, RS_KV_SCALE_PER_TOKEN, "e4m3 per-token"}};
+
+static float bf16_rand(uint64_t *s) { return rs_bf16_to_f32(rs_f32_to_bf16(rs_test_uniform(s))); }
+
+/* out = attention of `batch` on g in `numerics` (q [n_tok][n_heads][hd] host); malloc'd host copy. */
+static float *run(rs_backend *g, rs_numerics numerics, const float *q, rs_kv_layer *kv, int n_heads, const rs_batch *batch) {
+    const size_t n = (size_t)batch->n_tok * n_heads * kv->head_dim;
+    ASSERT_EQ(rs_backend_set_numerics(g, numerics), numerics);
+    float *dq = rs_test_to_backend(g, q, n * 4), *dout = rs_backend_alloc(g, n * 4);
+    rs_op_attention(g, dout, dq, kv, n_heads, 1.0f / sqrtf((float)kv->head_dim), batch);
+    float *out = rs_test_to_host(g, dout, n * 4);
+    rs_backend_free_mem(g, dq), rs_backend_free_mem(g, dout);
+    return out;
+}
+
+static void one_case(rs_backend *g, const kv_kind *kind, int n_heads, int n_kv, int hd, uint64_t *s) {
+    rs_kv_layer kv = {.dtype = kind->dt, .n_blocks = NBLK, .n_kv_heads = n_kv, .head_dim = hd,
+                      .scale_mode = kind->mode};
+    const size_t page_bytes = (size_t)NBLK * 2 * RS_KV_BLOCK * n_kv * hd * rs_dtype_size(kind->dt);
+    kv.pages = rs_backend_alloc(g, page_bytes);
+    float ks[16], vs[16];
+    for (int h = 0; h < n_kv; h++) ks[h] = 0.004f * (1 + h), vs[h] = 0.003f * (2 + h);
+    if (kind->mode == RS_KV_SCALE_PER_HEAD) {
+        kv.k_scale = rs_test_to_backend(g, ks, (size_t)n_kv * 4);
+        kv.v_scale = rs_test_to_backend(g, vs, (size_t)n_kv * 4);
+    } else if (kind->mode == RS_KV_SCALE_PER_TOKEN) {
+        kv.token_scales = rs_backend_alloc(g, (size_t)NBLK * 2 * RS_KV_BLOCK * n_kv * 4);
+    }
+    /* pages: a shuffled permutation, each sequence its run of pages */
+    int32_t perm[NBLK], tables[NSEQ][16];
+    for (int i = 0; i < NBLK; i++) perm[i] = i;
+    for (int i = NBLK - 1; i > 0; i--) {
+        int j = (int)(rs_test_rng(s) % (uint64_t)(i + 1)), t = perm[i];
+        perm[i] = perm[j], perm[j] = t;
+    }
+    int next = 0;
+    for (int q = 0; q < NSEQ; q++)
+        for (int b = 0; b < 16; b++) tables[q][b] = b * RS_KV_BLOCK < seq_len[q] ? perm[next++] : 0;
+    RS_ASSERT(next <= NBLK);
+    /* K, V of every position (BF16-exact values), stored through kv_store */
+    int total = 0;
+    for (int q = 0; q < NSEQ; q++) total += seq_len[q];
+    const size_t row = (size_t)n_kv * hd;
+    float *k = malloc((size_t)total * row * 4), *v = malloc((size_t)total * row * 4);
+    int32_t *slot = malloc((size_t)total * 4);
+    for (int q = 0, r = 0; q < NSEQ; q++)
+        for (int p = 0; p < seq_len[q]; p++, r++) slot[r] = tables[q][p / RS_KV_BLOCK] * RS_KV_BLOCK + p % RS_KV_BLOCK;
+    for (size_t i = 0; i < (size_t)total * row; i++) k[i] = bf16_rand(s), v[i] = bf16_rand(s);
+    if (kind->dt == RS_DTYPE_E4M3 && kind->mode == RS_KV_SCALE_PER_HEAD) /* codes span the range */
+        for (size_t i = 0; i < (size_t)total * row; i++) k[i] *= 400 * ks[(i % row) / hd], v[i] *= 400 * vs[(i % row) / hd];
+    {
+        int32_t st[2] = {0, total};
+        rs_batch bt = {.n_tok = total, .n_seq = 1, .slot = slot, .seq_start = st};
+        float *dk = rs_test_to_backend(g, k, (size_t)total * row * 4), *dv = rs_test_to_backend(g, v, (size_t)total * row * 4);
+        rs_op_kv_store(g, &kv, dk, dv, &bt);
+        rs_backend_free_mem(g, dk), rs_backend_free_mem(g, dv);
+    }
+    /* the steps: [0] mixed, [1] decode */
+    for (int step = 0; step < 2; step++) {
+        const int from[NSEQ] = {199, step ? 99 : 30, 0, step ? 4 : 0};
+        int32_t pos[128], start[NSEQ + 1], ctx[NSEQ];
+        int n = 0;
+        for (int q = 0; q < NSEQ; q++) {
+            start[q] = n;
+            for (int p = from[q]; p < seq_len[q]; p++) pos[n++] = p;
+            ctx[q] = seq_len[q];
+        }
+        start[NSEQ] = n;
+        rs_batch bt = {.n_tok = n, .n_seq = NSEQ, .pos = pos, .seq_start = start, .seq_ctx = ctx,
+                       .block_tables = &tables[0][0], .max_blocks = 16};
+        const size_t nq = (size_t)n * n_heads * hd;
+        float *qv = malloc(nq * 4);
+        for (size_t i = 0; i < nq; i++) qv[i] = bf16_rand(s) * 2;
+        float *want = run(g, RS_NUMERICS_EXACT, qv, &kv, n_heads, &bt);
+        float vmax[16] = {0}; /* max |V| per KV head (as stored: the outputs' bound) */
+        for (size_t i = 0; i < (size_t)total * row; i++) vmax[(i % row) / hd] = fmaxf(vmax[(i % row) / hd], fabsf(v[i]));
+        static const int splits[] = {0, 1, 3, 7};
+        for (size_t si = 0; si < RS_ARRAY_LEN(splits); si++) {
+            rs_cuda_test_attention_splits(g, splits[si]);
+            float *got = run(g, RS_NUMERICS_FAST, qv, &kv, n_heads, &bt);
+            const bool tc_ok = hd == 32 || hd == 64 || hd == 128;
+            for (int q = 0; q < NSEQ; q++)
+                for (int r = start[q]; r < start[q + 1]; r++) {
+                    const bool prefill = start[q + 1] - start[q] > 1, tc = prefill && tc_ok;
+                    /* tensor cores: P rounds to F16 (2^-11) or, on BF16 pages, to BF16 (2^-8) */
+                    const double tol = !tc ? 2e-5 : kind->dt == RS_DTYPE_BF16 ? 4e-3 : 1e-3;
+                    for (size_t e = 0; e < (size_t)n_heads * hd; e++) {
+                        const size_t i = (size_t)r * n_heads * hd + e;
+                        const double bound = tc ? vmax[(e / hd) / (n_heads / n_kv)] : 1.0 + fabs(want[i]);
+                        if (!(fabs((double)got[i] - want[i]) <= tol * bound))
+                            RS_TEST_FAIL("%s heads %d/%d hd %d %s step, %d splits: row %d (seq %d pos %d) head %zu dim %zu: "
+                                         "fast %.7g exact %.7g (%s)",
+                                         kind->name, n_heads, n_kv, hd, step ? "decode" : "mixed", splits[si], r, q,
+                                         pos[r], e / hd, e % hd, got[i], want[i], tc ? "tensor cores" : "split");
+                    }
+                }
+            free(got);
+        }
+        rs_cuda_test_attention_splits(g, 0);
+        free(qv), free(want);
+    }
+    free(k), free(v), free(slot);
+    rs_backend_free_mem(g, kv.pages);
+    if (kv.k_scale) rs_backend_free_mem(g, kv.k_scale), rs_backend_free_mem(g, kv.v_scale);
+    if (kv.token_scales) rs_backend_free_mem(g, kv.token_scales);
+}
+
+RS_TEST(cuda_attention_fast_matches_exact) {
+    rs_backend *g = rs_test_cuda_or_skip();
+    uint64_t s = 131;
+    static const int shapes[][3] = {{4, 2, 32}, {8, 2, 64}, {4, 4, 128}, {12, 1, 48}};
+    for (size_t ki = 0; ki < RS_ARRAY_LEN(kinds); ki++)
+        for (size_t si = 0; si < RS_ARRAY_LEN(shapes); si++)
+            one_case(g, &kinds[ki], shapes[si][0], shapes[si][1], shapes[si][2], &s);
+    rs_backend_free(g);
+}
+#endif

@@ -1,0 +1,242 @@
+/*
+ * test_cuda_graph.c — step graphs (kernels/cuda/cuda_graph.cu, model/forward.c): decode steps of a
+ * fixture model recorded and replayed give the logits of the same steps run op by op, bit for bit
+ * (both numerics: padding rows change nothing, and decode sizes stay on per-row kernels), through
+ * new batch sizes, a weight commit that moves a tensor (a stale recording would read the old one),
+ * and scratch buffers that move, as growth moves them (a stale recording would read freed memory,
+ * which the emulation refuses). And CUDA's capture rules as the backend relies on them: a copy
+ * from pageable memory or an allocation invalidates a capture, a pinned copy replays fresh data.
+ */
+#ifdef RS_CUDA
+#include <cuda_runtime.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../../core/rs.h"
+#include "../../kernels/backend.h"
+#include "../../kvcache/kvcache.h"
+#include "../../model/model.h"
+#include "../../model/quant.h"
+#include "test.h"
+#include "test_util.h"
+
+enum { MAXS = 6, MAXT = 96 };
+
+void rs_cuda_test_move_buffers(rs_backend *b); /* kernels/cuda/backend_cuda.cu */
+
+typedef struct dec {
+    rs_backend *b;
+    rs_model *m;
+    rs_kv_pool p;
+    rs_kv_seq s[MAXS];
+    int len[MAXS];
+    rs_forward_ctx *f;
+} dec;
+
+static void dec_open(dec *d, rs_backend *b, const char *model, const char *quant) {
+    char dir[512];
+    snprintf(dir, sizeof dir, "%s/models/%s", rs_test_fixtures_dir(), model);
+    rs_error err = {0};
+    rs_quant_policy qp;
+    ASSERT_EQ(rs_quant_policy_init(&qp, quant, "", 0, 0, &err), RS_OK);
+    memset(d, 0, sizeof *d);
+    d->b = b;
+    if (rs_model_load(dir, b, &qp, &d->m, &err) != RS_OK) RS_TEST_FAIL("load %s: %s", dir, err.message);
+    const rs_model_config *c = &d->m->cfg;
+    const rs_kv_cache_opts ko = {RS_DTYPE_BF16, RS_KV_SCALE_NONE};
+    ASSERT_EQ(rs_kv_pool_init_ex(&d->p, b, c->n_layers, c->n_kv_heads, c->head_dim, &ko, 4 << 20), RS_OK);
+    d->f = rs_forward_ctx_init(d->m, MAXT, MAXS);
+    ASSERT_TRUE(d->f != NULL);
+}
+
+static void dec_close(dec *d) {
+    rs_forward_ctx_free(d->f);
+    for (int i = 0; i < MAXS; i++) rs_kv_seq_release(&d->p, &d->s[i]);
+    rs_kv_pool_free(&d->p);
+    rs_model_free(d->m);
+}
+
+/* One step: sequences [0, ns) each advance to new_len[i] (prefill rows when more than one), token
+ * of position q of sequence i a fixed function of (i, q); logits of each sequence's last row. */
+static void dec_step(dec *d, int ns, const int *new_len, float *logits) {
+    const int V = d->m->cfg.vocab_size, mb = 8;
+    int32_t tok[MAXT], pos[MAXT], slot[MAXT], start[MAXS + 1], ctx[MAXS], rows[MAXS], tables[MAXS * 8];
+    int n = 0;
+    memset(tables, 0, sizeof tables);
+    for (int i = 0; i < ns; i++) {
+        ASSERT_EQ(rs_kv_seq_reserve(&d->p, &d->s[i], new_len[i]), RS_OK);
+        ASSERT_TRUE(d->s[i].n_blocks <= mb);
+        start[i] = n;
+        for (int q = d->len[i]; q < new_len[i]; q++) {
+            tok[n] = (int32_t)((q * 131 + i * 17 + 5) % V), pos[n] = q, slot[n] = rs_kv_slot(&d->s[i], q);
+            n++;
+        }
+        ctx[i] = new_len[i], rows[i] = n - 1, d->len[i] = new_len[i];
+        memcpy(tables + i * mb, d->s[i].blocks, sizeof(int32_t) * (size_t)d->s[i].n_blocks);
+    }
+    start[ns] = n;
+    rs_batch bt = {.n_tok = n, .n_seq = ns, .tokens = tok, .pos = pos, .slot = slot, .seq_start = start,
+                   .seq_ctx = ctx, .block_tables = tables, .max_blocks = mb};
+    rs_forward(d->f, &bt, d->p.layers, rows, ns, logits);
+}
+
+/* Both runs take the same step; their logits must be the same bits. */
+static void both_step(dec *g, dec *e, int ns, const int *new_len, const char *what) {
+    const int V = g->m->cfg.vocab_size;
+    float *lg = malloc(sizeof(float) * MAXS * (size_t)V), *le = malloc(sizeof(float) * MAXS * (size_t)V);
+    dec_step(g, ns, new_len, lg);
+    dec_step(e, ns, new_len, le);
+    for (size_t i = 0; i < (size_t)ns * V; i++)
+        if (rs_test_f32_bits(lg[i]) != rs_test_f32_bits(le[i]))
+            RS_TEST_FAIL("%s: seq %zu logit %zu: graphed %a, op by op %a", what, i / V, i % V, lg[i], le[i]);
+    free(lg), free(le);
+}
+
+/* A copy of weight t in new device memory, times `scale` (BF16): a commit that moves the tensor. */
+static void move_weight(rs_backend *b, rs_tensor *t, float scale) {
+    ASSERT_EQ(t->dtype, RS_DTYPE_BF16);
+    const size_t n = (size_t)rs_tensor_numel(t);
+    uint16_t *h = rs_test_to_host(b, t->data, n * 2);
+    for (size_t i = 0; i < n; i++) h[i] = rs_f32_to_bf16(rs_bf16_to_f32(h[i]) * scale);
+    t->data = rs_test_to_backend(b, h, n * 2); /* the old allocation stays (the store owns it) */
+    free(h);
+}
+
+static void graph_case(rs_numerics numerics) {
+    rs_backend *g = rs_test_cuda_or_skip(), *e = rs_test_cuda_or_skip();
+    rs_backend_cuda_set_graphs(e, false);
+    ASSERT_EQ(rs_backend_set_numerics(g, numerics), numerics);
+    ASSERT_EQ(rs_backend_set_numerics(e, numerics), numerics);
+    dec dg, de;
+    dec_open(&dg, g, "qwen3", "bf16");
+    dec_open(&de, e, "qwen3", "bf16");
+    int len[MAXS] = {6, 9, 3, 0, 0, 0};
+    both_step(&dg, &de, 3, len, "prefill");
+    for (int st = 0; st < 4; st++) { /* 3 decode rows -> recordings of 4 rows: warm-up, record, replay x2 */
+        for (int i = 0; i < 3; i++) len[i]++;
+        both_step(&dg, &de, 3, len, "decode of 3");
+    }
+    uint64_t rec, rep, refused;
+    rs_backend_cuda_graph_stats(g, &rec, &rep, &refused);
+    if (rec != 1 || rep != 2 || refused != 0)
+        RS_TEST_FAIL("3-row decode: %llu recorded, %llu replayed, %llu refused; want 1, 2, 0", (unsigned long long)rec,
+                     (unsigned long long)rep, (unsigned long long)refused);
+    /* a fourth and fifth sequence join (prefill), then 5-row decode: a second size, 8 rows */
+    for (int i = 0; i < 3; i++) len[i]++; /* decode rows mixed with the newcomers' prefill */
+    len[3] = 4, len[4] = 2;
+    both_step(&dg, &de, 5, len, "prefill of two more");
+    for (int st = 0; st < 3; st++) {
+        for (int i = 0; i < 5; i++) len[i]++;
+        both_step(&dg, &de, 5, len, "decode of 5");
+    }
+    /* a commit moves wo of layer 1 (new values, new address) in both: the 8-row recording must go */
+    void *g_wo = dg.m->layers[1].wo.data, *e_wo = de.m->layers[1].wo.data;
+    move_weight(g, &dg.m->layers[1].wo, 0.5f);
+    move_weight(e, &de.m->layers[1].wo, 0.5f);
+    for (int st = 0; st < 3; st++) {
+        for (int i = 0; i < 5; i++) len[i]++;
+        both_step(&dg, &de, 5, len, "decode of 5 after a commit");
+    }
+    /* the scratch moves (as a long prefill makes it grow): every recording points at freed buffers
+     * and must go */
+    for (int i = 0; i < 5; i++) len[i]++;
+    len[5] = 60;
+    both_step(&dg, &de, 6, len, "long prefill");
+    for (int st = 0; st < 3; st++) {
+        for (int i = 0; i < 6; i++) len[i]++;
+        both_step(&dg, &de, 6, len, "decode of 6");
+    }
+    rs_cuda_test_move_buffers(g);
+    for (int st = 0; st < 3; st++) {
+        for (int i = 0; i < 6; i++) len[i]++;
+        both_step(&dg, &de, 6, len, "decode of 6 after the scratch moved");
+    }
+    rs_backend_cuda_graph_stats(g, &rec, &rep, &refused);
+    /* recordings: 4 rows; 5 rows (the context's 6-row limit keeps 5 unpadded), again after the
+     * commit; 6 rows, again after the move */
+    if (rec != 5 || rep != 6 || refused != 0)
+        RS_TEST_FAIL("%llu recorded, %llu replayed, %llu refused", (unsigned long long)rec, (unsigned long long)rep,
+                     (unsigned long long)refused);
+    rs_backend_free_mem(g, dg.m->layers[1].wo.data), rs_backend_free_mem(e, de.m->layers[1].wo.data);
+    dg.m->layers[1].wo.data = g_wo, de.m->layers[1].wo.data = e_wo; /* the store's, which it frees */
+    dec_close(&dg), dec_close(&de);
+    rs_backend_free(g), rs_backend_free(e);
+}
+
+RS_TEST(cuda_graph_decode_matches_op_by_op_exact) { graph_case(RS_NUMERICS_EXACT); }
+RS_TEST(cuda_graph_decode_matches_op_by_op_fast) { graph_case(RS_NUMERICS_FAST); }
+
+/* MoE decode steps: exact numerics route on the host, so the recording is refused once and the
+ * size runs op by op from then on; fast numerics keep decode-sized MoE blocks on the device, so they
+ * record and replay, matching op by op bit for bit. */
+RS_TEST(cuda_graph_moe) {
+    for (int fast = 0; fast < 2; fast++) {
+        rs_backend *g = rs_test_cuda_or_skip(), *e = rs_test_cuda_or_skip();
+        const rs_numerics nu = fast ? RS_NUMERICS_FAST : RS_NUMERICS_EXACT;
+        rs_backend_set_numerics(g, nu), rs_backend_set_numerics(e, nu);
+        rs_backend_cuda_set_graphs(e, false);
+        dec dg, de;
+        dec_open(&dg, g, "qwen3_moe", fast ? "fp8" : "bf16");
+        dec_open(&de, e, "qwen3_moe", fast ? "fp8" : "bf16");
+        int len[MAXS] = {3, 2};
+        both_step(&dg, &de, 2, len, "moe prefill");
+        for (int st = 0; st < 4; st++) {
+            len[0]++, len[1]++;
+            both_step(&dg, &de, 2, len, fast ? "moe decode, fast" : "moe decode, exact");
+        }
+        uint64_t rec, rep, refused;
+        rs_backend_cuda_graph_stats(g, &rec, &rep, &refused);
+        if (fast ? (rec != 1 || rep != 2 || refused != 0) : (rec != 0 || rep != 0 || refused != 1))
+            RS_TEST_FAIL("%s: %llu recorded, %llu replayed, %llu refused", fast ? "fast" : "exact",
+                         (unsigned long long)rec, (unsigned long long)rep, (unsigned long long)refused);
+        dec_close(&dg), dec_close(&de);
+        rs_backend_free(g), rs_backend_free(e);
+    }
+}
+
+/* CUDA's capture rules: a copy from pageable host memory, or an allocation, during a capture is
+ * refused and invalidates it; copies from pinned memory are recorded and read their source at each
+ * replay. */
+RS_TEST(cuda_capture_rules) {
+    rs_backend *g = rs_test_cuda_or_skip();
+    cudaStream_t s;
+    ASSERT_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
+    int *dev = NULL, *pinned = NULL, pageable[4] = {1, 2, 3, 4}, back[4];
+    ASSERT_EQ(cudaMalloc((void **)&dev, sizeof back), cudaSuccess);
+    ASSERT_EQ(cudaMallocHost((void **)&pinned, sizeof back), cudaSuccess);
+    cudaGraph_t graph = NULL;
+
+    ASSERT_EQ(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal), cudaSuccess);
+    ASSERT_TRUE(cudaMemcpyAsync(dev, pageable, sizeof pageable, cudaMemcpyHostToDevice, s) != cudaSuccess);
+    ASSERT_TRUE(cudaStreamEndCapture(s, &graph) != cudaSuccess);
+    if (graph) cudaGraphDestroy(graph);
+    (void)cudaGetLastError();
+
+    ASSERT_EQ(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal), cudaSuccess);
+    void *p = NULL;
+    ASSERT_TRUE(cudaMalloc(&p, 64) != cudaSuccess);
+    ASSERT_TRUE(cudaStreamEndCapture(s, &graph) != cudaSuccess);
+    if (graph) cudaGraphDestroy(graph);
+    (void)cudaGetLastError();
+
+    ASSERT_EQ(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal), cudaSuccess);
+    ASSERT_EQ(cudaMemcpyAsync(dev, pinned, sizeof back, cudaMemcpyHostToDevice, s), cudaSuccess);
+    ASSERT_EQ(cudaStreamEndCapture(s, &graph), cudaSuccess);
+    cudaGraphExec_t exec;
+    ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+    for (int rep = 0; rep < 2; rep++) {
+        for (int i = 0; i < 4; i++) pinned[i] = 10 * rep + i; /* the source as of the replay */
+        ASSERT_EQ(cudaGraphLaunch(exec, s), cudaSuccess);
+        ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
+        ASSERT_EQ(cudaMemcpy(back, dev, sizeof back, cudaMemcpyDeviceToHost), cudaSuccess);
+        for (int i = 0; i < 4; i++) ASSERT_EQ(back[i], 10 * rep + i);
+    }
+    cudaGraphExecDestroy(exec);
+    cudaGraphDestroy(graph);
+    cudaFreeHost(pinned);
+    cudaFree(dev);
+    cudaStreamDestroy(s);
+    rs_backend_free(g);
+}
+#endif

@@ -1,0 +1,266 @@
+/*
+ * bench_gpu.c — the CUDA backend's matmul speed on one GPU (a `make CUDA=1` build).
+ *
+ *   bench-gpu copy                                  device-to-device copy bandwidth (the ceiling)
+ *   bench-gpu gemm [--shapes N:K,...] [--tokens 512,2048,4096]
+ *       cuBLASLt's block-scaled FP8 GEMM and its BF16 GEMM through kernels/cuda/cuda_blas.cu, on
+ *       device-resident operands (no activation quantization in the time): TFLOP/s and the
+ *       FP8 / BF16 speed ratio per shape. Default shapes: Qwen3-8B's q|k|v, o, gate (= up) and
+ *       down projections.
+ *   bench-gpu gemv [--shapes N:K,...] [--rows 1,2,4,8,16,32,64]
+ *       the matmul op in fast numerics with the GEMV kernels forced on and off (rs_backend_cuda_set_
+ *       gemv_rows), FP8 and BF16 weights, fp32 activations as the forward pass hands them over
+ *       (FP8: quantized per call): us per call, weight GB/s, and per dtype the largest row count at
+ *       which the GEMV is faster (the crossover that RS_CUDA_GEMV_ROWS_DEFAULT should match).
+ *
+ * Times are the best of 5 windows of at least 0.05 s, each ending with a synchronizing download;
+ * weights are cycled over enough copies to exceed the 50 MB L2 of an H100/H200. One line per
+ * measurement, each naming the numerics.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../core/rs.h"
+#include "../kernels/backend.h"
+#include "../kernels/fp8.h"
+
+#ifdef RS_CUDA
+/* hooks in kernels/cuda/cuda_blas.cu */
+int rs_cuda_test_blas_gemm(rs_backend *b, int kind, void *out, rs_dtype out_dt, const void *x, const float *xs,
+                           const void *w, const float *ws, int t, int n, int k);
+
+#define WINDOWS 5
+#define MAX_LIST 16
+
+typedef struct list {
+    int v[MAX_LIST][2];
+    int n;
+} list;
+
+/* "a,b,c" or "n:k,n:k" into l. */
+static int parse_list(const char *s, list *l, bool pairs) {
+    l->n = 0;
+    while (*s && l->n < MAX_LIST) {
+        char *end;
+        l->v[l->n][0] = (int)strtol(s, &end, 10);
+        if (pairs) {
+            if (*end != ':') return -1;
+            l->v[l->n][1] = (int)strtol(end + 1, &end, 10);
+        }
+        if (l->v[l->n][0] <= 0 || (pairs && l->v[l->n][1] <= 0)) return -1;
+        l->n++;
+        if (*end == ',') end++;
+        else if (*end) return -1;
+        s = end;
+    }
+    return l->n > 0 ? 0 : -1;
+}
+
+static void sync_backend(rs_backend *b, const void *dev) {
+    char c;
+    rs_backend_download(b, &c, dev, 1);
+}
+
+static void *dev_random(rs_backend *b, size_t bytes, uint64_t *seed, bool codes) {
+    uint8_t *h = rs_xmalloc(bytes);
+    for (size_t i = 0; i < bytes; i++) {
+        *seed = *seed * 6364136223846793005ull + 1442695040888963407ull;
+        uint8_t v = (uint8_t)(*seed >> 56);
+        if (codes && (v & 0x7f) == 0x7f) v ^= 1; /* no NaN codes */
+        h[i] = codes ? v : (uint8_t)(v & 0xbf); /* bf16 bytes: keep exponents moderate */
+    }
+    void *d = rs_backend_alloc(b, bytes);
+    RS_ASSERT(d);
+    rs_backend_upload(b, d, h, bytes);
+    free(h);
+    return d;
+}
+
+static float *dev_scales(rs_backend *b, size_t n) {
+    float *h = rs_xmalloc(n * sizeof(float));
+    for (size_t i = 0; i < n; i++) h[i] = 1.0f / 64.0f;
+    float *d = rs_backend_alloc(b, n * sizeof(float));
+    rs_backend_upload(b, d, h, n * sizeof(float));
+    free(h);
+    return d;
+}
+
+static double copy_gbs(rs_backend *b) {
+    const size_t n = (size_t)1 << 30;
+    char *x = rs_backend_alloc(b, n), *y = rs_backend_alloc(b, n);
+    RS_ASSERT(x && y);
+    double best = 0;
+    for (int rep = 0; rep < 6; rep++) {
+        double t0 = rs_now_s();
+        rs_backend_copy(b, y, x, n);
+        sync_backend(b, y);
+        double dt = rs_now_s() - t0;
+        if (rep > 0) best = RS_MAX(best, 2.0 * (double)n / dt / 1e9);
+    }
+    rs_backend_free_mem(b, x), rs_backend_free_mem(b, y);
+    return best;
+}
+
+/* ---- gemm ---- */
+
+static void bench_gemm(rs_backend *b, const list *shapes, const list *tokens) {
+    uint64_t seed = 7;
+    printf("cuBLASLt GEMM, operands on the device: out[t][n] = x[t][k] w[n][k]^T, fp32 out, numerics fast\n");
+    for (int si = 0; si < shapes->n; si++) {
+        const int n = shapes->v[si][0], k = shapes->v[si][1], L = (int)rs_fp8_blocks(k), L4 = (L + 3) / 4 * 4;
+        int tmax = 0;
+        for (int ti = 0; ti < tokens->n; ti++) tmax = RS_MAX(tmax, tokens->v[ti][0]);
+        void *w8 = dev_random(b, (size_t)n * k, &seed, true), *x8 = dev_random(b, (size_t)tmax * k, &seed, true);
+        void *w16 = dev_random(b, (size_t)n * k * 2, &seed, false), *x16 = dev_random(b, (size_t)tmax * k * 2, &seed, false);
+        float *ws = dev_scales(b, (size_t)rs_fp8_blocks(n) * L4), *xs = dev_scales(b, (size_t)L * tmax);
+        float *out = rs_backend_alloc(b, (size_t)tmax * n * sizeof(float));
+        for (int ti = 0; ti < tokens->n; ti++) {
+            const int t = tokens->v[ti][0];
+            double best[2] = {1e30, 1e30};
+            for (int kind = 0; kind < 2; kind++) { /* 0 bf16, 1 fp8 (cuda_internal.h RS_CUDA_GEMM_*) */
+                for (int win = 0; win < WINDOWS; win++) {
+                    int iters = 0;
+                    double t0 = rs_now_s(), dt;
+                    do {
+                        int rc = kind ? rs_cuda_test_blas_gemm(b, 1, out, RS_DTYPE_F32, x8, xs, w8, ws, t, n, k)
+                                      : rs_cuda_test_blas_gemm(b, 0, out, RS_DTYPE_F32, x16, NULL, w16, NULL, t, n, k);
+                        if (rc != RS_OK) {
+                            printf("  n %d k %d t %d %s: refused by cuBLASLt\n", n, k, t, kind ? "fp8" : "bf16");
+                            goto next;
+                        }
+                        iters++;
+                        if (iters % 8 == 0) sync_backend(b, out);
+                        dt = rs_now_s() - t0;
+                    } while (dt < 0.05 || iters < 8);
+                    sync_backend(b, out);
+                    best[kind] = RS_MIN(best[kind], (rs_now_s() - t0) / iters);
+                }
+            }
+            {
+                const double flop = 2.0 * t * (double)n * k;
+                printf("  fast n %5d k %5d t %5d: fp8 %8.1f us %7.1f TFLOP/s | bf16 %8.1f us %7.1f TFLOP/s | fp8/bf16 "
+                       "speed %.2fx\n",
+                       n, k, t, best[1] * 1e6, flop / best[1] / 1e12, best[0] * 1e6, flop / best[0] / 1e12,
+                       best[0] / best[1]);
+            }
+        next:;
+        }
+        rs_backend_free_mem(b, w8), rs_backend_free_mem(b, x8), rs_backend_free_mem(b, w16), rs_backend_free_mem(b, x16);
+        rs_backend_free_mem(b, ws), rs_backend_free_mem(b, xs), rs_backend_free_mem(b, out);
+    }
+}
+
+/* ---- gemv crossover ---- */
+
+static double time_op(rs_backend *b, float *out, const float *x, const rs_tensor *w, int copies, int rows) {
+    for (int c = 0; c < copies; c++) rs_op_matmul(b, out, x, &w[c], NULL, rows);
+    sync_backend(b, out);
+    double best = 1e30;
+    for (int win = 0; win < WINDOWS; win++) {
+        int iters = 0;
+        double t0 = rs_now_s(), dt;
+        do {
+            rs_op_matmul(b, out, x, &w[iters % copies], NULL, rows);
+            iters++;
+            if (iters % copies == 0) sync_backend(b, out);
+            dt = rs_now_s() - t0;
+        } while (dt < 0.05 || iters < copies);
+        sync_backend(b, out);
+        best = RS_MIN(best, (rs_now_s() - t0) / iters);
+    }
+    return best;
+}
+
+static void bench_gemv(rs_backend *b, const list *shapes, const list *rows, double bw) {
+    uint64_t seed = 11;
+    printf("matmul op, numerics fast: the GEMV kernels (gemv) against cuBLASLt (gemm); weights cycled past L2\n");
+    for (int si = 0; si < shapes->n; si++) {
+        const int n = shapes->v[si][0], k = shapes->v[si][1];
+        for (int fp8 = 1; fp8 >= 0; fp8--) {
+            const size_t wbytes = (size_t)n * k * (fp8 ? 1 : 2);
+            const int copies = (int)RS_MAX((size_t)2, RS_MIN((size_t)32, ((size_t)256 << 20) / wbytes));
+            rs_tensor *w = rs_xcalloc((size_t)copies, sizeof *w);
+            for (int c = 0; c < copies; c++) {
+                w[c] = (rs_tensor){.dtype = fp8 ? RS_DTYPE_E4M3 : RS_DTYPE_BF16, .ndim = 2, .shape = {n, k},
+                                   .data = dev_random(b, wbytes, &seed, fp8)};
+                if (fp8) w[c].scale_inv = dev_scales(b, (size_t)rs_fp8_blocks(n) * rs_fp8_blocks(k));
+            }
+            int rmax = 0;
+            for (int ri = 0; ri < rows->n; ri++) rmax = RS_MAX(rmax, rows->v[ri][0]);
+            float *hx = rs_xmalloc((size_t)rmax * k * sizeof(float));
+            for (size_t i = 0; i < (size_t)rmax * k; i++) hx[i] = (float)((i * 2654435761u) % 1000) / 500.0f - 1.0f;
+            float *x = rs_backend_alloc(b, (size_t)rmax * k * sizeof(float)), *out = rs_backend_alloc(b, (size_t)rmax * n * 4);
+            rs_backend_upload(b, x, hx, (size_t)rmax * k * sizeof(float));
+            int crossover = 0;
+            for (int ri = 0; ri < rows->n; ri++) {
+                const int r = rows->v[ri][0];
+                rs_backend_cuda_set_gemv_rows(b, 1 << 20);
+                const double tg = time_op(b, out, x, w, copies, r);
+                rs_backend_cuda_set_gemv_rows(b, 0);
+                const double tm = time_op(b, out, x, w, copies, r);
+                if (tg < tm) crossover = r;
+                printf("  fast %-4s n %5d k %5d rows %3d: gemv %7.1f us (%6.0f GB/s, %3.0f%% of copy) | gemm %7.1f us | "
+                       "%s\n",
+                       fp8 ? "fp8" : "bf16", n, k, r, tg * 1e6, wbytes / tg / 1e9, 100.0 * wbytes / tg / 1e9 / bw,
+                       tm * 1e6, tg < tm ? "gemv" : "gemm");
+            }
+            printf("  fast %-4s n %5d k %5d: GEMV faster up to %d rows (largest measured row count where it won)\n",
+                   fp8 ? "fp8" : "bf16", n, k, crossover);
+            for (int c = 0; c < copies; c++) {
+                rs_backend_free_mem(b, w[c].data);
+                if (w[c].scale_inv) rs_backend_free_mem(b, w[c].scale_inv);
+            }
+            free(w), free(hx);
+            rs_backend_free_mem(b, x), rs_backend_free_mem(b, out);
+        }
+    }
+    rs_backend_cuda_set_gemv_rows(b, 8);
+}
+
+static void usage(void) {
+    fprintf(stderr, "usage: bench-gpu copy | gemm [--shapes N:K,...] [--tokens T,...] | gemv [--shapes N:K,...] "
+                    "[--rows R,...]\n");
+    exit(2);
+}
+
+int main(int argc, char **argv) {
+    if (argc < 2) usage();
+    const char *what = argv[1];
+    list shapes, tokens, rows;
+    parse_list("6144:4096,4096:4096,12288:4096,4096:12288", &shapes, true); /* Qwen3-8B q|k|v, o, gate, down */
+    parse_list("512,2048,4096", &tokens, false);
+    parse_list("1,2,4,8,12,16,24,32,64", &rows, false);
+    for (int i = 2; i < argc; i += 2) {
+        if (i + 1 >= argc) usage();
+        if (!strcmp(argv[i], "--shapes")) {
+            if (parse_list(argv[i + 1], &shapes, true)) usage();
+        } else if (!strcmp(argv[i], "--tokens")) {
+            if (parse_list(argv[i + 1], &tokens, false)) usage();
+        } else if (!strcmp(argv[i], "--rows")) {
+            if (parse_list(argv[i + 1], &rows, false)) usage();
+        } else usage();
+    }
+    rs_log_min_level = RS_LOG_LEVEL_WARN;
+    rs_backend *b = rs_backend_cuda_init(0);
+    if (!b) {
+        fprintf(stderr, "no CUDA device\n");
+        return 1;
+    }
+    rs_backend_set_numerics(b, RS_NUMERICS_FAST);
+    if (!strcmp(what, "copy")) printf("device-to-device copy: %.1f GB/s (read + write)\n", copy_gbs(b));
+    else if (!strcmp(what, "gemm")) bench_gemm(b, &shapes, &tokens);
+    else if (!strcmp(what, "gemv")) {
+        const double bw = copy_gbs(b);
+        printf("device-to-device copy: %.1f GB/s (read + write)\n", bw);
+        bench_gemv(b, &shapes, &rows, bw);
+    } else usage();
+    rs_backend_free(b);
+    return 0;
+}
+#else
+int main(void) {
+    fprintf(stderr, "bench-gpu needs a CUDA build (make CUDA=1)\n");
+    return 2;
+}
+#endif
