@@ -13,7 +13,8 @@
  *   5. samples (after the sequence's penalties over its own output, scheduler/penalties.h), scores
  *      prompt tokens, fans a prompt out to its n samples (one shared prefill, the pages forked, the
  *      partial last page copied on first write), registers full blocks in the prefix cache, and
- *      finishes sequences (stop token, EOS, max_new_tokens, context limit).
+ *      finishes sequences (stop token, EOS, a text stop reported by the job's on_token hook,
+ *      max_new_tokens, context limit).
  *
  * Reproducibility: a token's random draw is keyed by (sampling_seed, sample index, position) and
  * every op computes each row independently of the others in the batch, so a request produces the
@@ -53,6 +54,7 @@ typedef struct rs_seq {
     bool admitted_once;
     rs_kv_seq kv;
     rs_penalty_counts pen;      /* its output tokens, counted when the job asks for penalties */
+    int stop_text;              /* 1 + the text stop job->on_token reported for its last token, 0 = none */
     struct rs_seq *next;        /* waiting queue */
 } rs_seq;
 
@@ -925,6 +927,11 @@ static bool sample_into(rs_engine *e, rs_seq *s, const float *logits) {
     out_push(s->out, s->job->top_logprobs_num, tok, lp, e->top_ids, e->top_lps);
     seq_push_token(s, tok);
     if (rs_penalties_active(&s->job->sp)) rs_penalty_counts_add(&s->pen, tok);
+    rs_gen_job *job = s->job;
+    if (job->on_token && !is_stop_token(e, &job->sp, tok)) { /* a stop token ends it anyway */
+        int k = job->on_token(job, (int)(s->out - job->outputs), tok, job->on_token_user);
+        if (k >= 0) s->stop_text = k + 1;
+    }
     e->stats.generation_tokens++;
     double now = rs_now_s();
     if (s->job->t_first_token == 0) {
@@ -982,9 +989,12 @@ static void check_finished(rs_engine *e, rs_seq *s) {
     const rs_sampling_params *sp = &s->job->sp;
     rs_gen_output *o = s->out;
     int32_t last = o->output_ids[o->n_output - 1];
-    if (is_stop_token(e, sp, last)) /* none before min_new_tokens: process_logits masked them */
+    if (is_stop_token(e, sp, last)) { /* none before min_new_tokens: process_logits masked them */
         finish_running(e, s, RS_FINISH_STOP, last, NULL);
-    else if (o->n_output >= sp->max_new_tokens || s->n_tokens >= e->opts.limits.max_context)
+    } else if (s->stop_text > 0) { /* a text stop (job->on_token) */
+        o->finish.matched_text = s->stop_text;
+        finish_running(e, s, RS_FINISH_STOP, -1, NULL);
+    } else if (o->n_output >= sp->max_new_tokens || s->n_tokens >= e->opts.limits.max_context)
         finish_running(e, s, RS_FINISH_LENGTH, -1, NULL);
 }
 

@@ -82,6 +82,8 @@ static const route_def routes[] = {
     {"/pause_generation", RS_ROUTE_PAUSE, "POST", false},
     {"/continue_generation", RS_ROUTE_CONTINUE, "POST", false},
     {"/flush_cache", RS_ROUTE_FLUSH, "GET, POST", false}, /* SGLang takes both */
+    {"/tokenize", RS_ROUTE_TOKENIZE, "POST", false},
+    {"/detokenize", RS_ROUTE_DETOKENIZE, "POST", false},
     {"/update_weights_from_shm", RS_ROUTE_WEIGHTS, "POST", false}, /* weights_routes.c, all six */
     {"/update_weights_from_disk", RS_ROUTE_WEIGHTS, "POST", false},
     {"/update_weight_version", RS_ROUTE_WEIGHTS, "POST", false},

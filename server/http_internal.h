@@ -40,6 +40,8 @@ typedef enum rs_route {
     RS_ROUTE_PAUSE,
     RS_ROUTE_CONTINUE,
     RS_ROUTE_FLUSH,
+    RS_ROUTE_TOKENIZE,
+    RS_ROUTE_DETOKENIZE,
     RS_ROUTE_WEIGHTS,           /* every weight-update route: weights_routes.c */
     RS_ROUTE_COUNT
 } rs_route;

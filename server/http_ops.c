@@ -1,7 +1,7 @@
 /*
  * http_ops.c — the operations routes: /health, /get_model_info, /get_server_info, /server_info,
- * /model_info, /get_load, /get_weight_version, /v1/models, /metrics and /abort_request answer at
- * once on the MHD thread;
+ * /model_info, /get_load, /get_weight_version, /v1/models, /metrics, /abort_request, /tokenize and
+ * /detokenize answer at once on the MHD thread;
  * /pause_generation, /continue_generation and /flush_cache wait for an engine step boundary, so
  * they run on this module's control thread while their connection is suspended.
  *
@@ -19,6 +19,7 @@
 #include "../protocol/errors.h"
 #include "../protocol/metrics.h"
 #include "../protocol/ops.h"
+#include "../protocol/tokenize.h"
 #include "http_internal.h"
 #include "weights_routes.h"
 
@@ -39,6 +40,10 @@ static void model_info(rs_http *h, rs_engine *e, rs_model_info *mi) {
         .fp8_checkpoint = mc->fp8_checkpoint,
         .vocab_size = mc->vocab_size,
         .max_context_len = rs_engine_get_limits(e)->max_context,
+        .tokenizer_path = h->info.tok ? rs_tok_path(h->info.tok) : NULL,
+        .bos_token_id = mc->bos_token_id,
+        .eos_token_ids = mc->eos_token_ids,
+        .n_eos = mc->n_eos,
     };
 }
 
@@ -70,7 +75,8 @@ static enum MHD_Result metrics(rs_http_req *r, rs_engine *e) {
         [RS_ROUTE_WEIGHT_VERSION] = "/get_weight_version",
         [RS_ROUTE_METRICS] = "/metrics", [RS_ROUTE_ABORT] = "/abort_request",
         [RS_ROUTE_PAUSE] = "/pause_generation", [RS_ROUTE_CONTINUE] = "/continue_generation",
-        [RS_ROUTE_FLUSH] = "/flush_cache", [RS_ROUTE_WEIGHTS] = "/update_weights",
+        [RS_ROUTE_FLUSH] = "/flush_cache", [RS_ROUTE_TOKENIZE] = "/tokenize",
+        [RS_ROUTE_DETOKENIZE] = "/detokenize", [RS_ROUTE_WEIGHTS] = "/update_weights",
     };
     size_t n = 0;
     for (int ro = 0; ro < RS_ROUTE_COUNT; ro++) {
@@ -111,6 +117,23 @@ static enum MHD_Result server_info(rs_http_req *r, rs_engine *e) {
     si.uptime_s = (double)ts.tv_sec + ts.tv_nsec * 1e-9 - h->start_time_unix;
     size_t len = 0;
     return send_json(r, rs_server_info_body(&si, &len), &len);
+}
+
+/* /tokenize and /detokenize: the model's tokenizer on this thread (it is thread-safe). */
+static enum MHD_Result tokenize(rs_http_req *r, rs_engine *e) {
+    rs_http *h = r->h;
+    rs_error err = {0};
+    rs_tokenize_req q;
+    int rc = r->route == RS_ROUTE_TOKENIZE
+                 ? rs_tokenize_parse(r->body, r->n, h->info.tok, &q, &err)
+                 : rs_detokenize_parse(r->body, r->n, h->info.tok, rs_engine_model_config(e)->vocab_size, &q, &err);
+    if (rc != RS_OK) return rs_http_send_error(r, &err);
+    size_t len = 0;
+    char *body = r->route == RS_ROUTE_TOKENIZE
+                     ? rs_tokenize_body(&q, h->info.tok, rs_engine_get_limits(e)->max_context, &len)
+                     : rs_detokenize_body(&q, h->info.tok, &len);
+    rs_tokenize_req_free(&q);
+    return send_json(r, body, &len);
 }
 
 /* ---------------------------------------------------------------- the control thread */
@@ -262,6 +285,8 @@ enum MHD_Result rs_http_ops_handle(rs_http_req *r) {
     case RS_ROUTE_PAUSE:
     case RS_ROUTE_CONTINUE:
     case RS_ROUTE_FLUSH: return control(r, e);
+    case RS_ROUTE_TOKENIZE:
+    case RS_ROUTE_DETOKENIZE: return tokenize(r, e);
     default: break;
     }
     RS_ASSERT(!"unrouted request");
