@@ -22,7 +22,7 @@
 static const rs_config_entry entries[] = {
     {"model", RS_CONFIG_TYPE_STRING, F(model), 0, 4095, "", NULL,
      "model directory (config.json + safetensors); empty = the embedded default model", 0},
-    {"quantization", RS_CONFIG_TYPE_STRING, F(quantization), 1, 7, "fp8", "fp8|bf16",
+    {"quantization", RS_CONFIG_TYPE_ENUM, F(quantization), 0, 0, "fp8", "fp8|bf16",
      "weight precision of attention and MLP matrices: fp8 (128x128 blocks, W8A8) or bf16 (as stored)", 0},
     {"quant-ignore", RS_CONFIG_TYPE_STRING, F(quant_ignore), 0, 1023, "", NULL,
      "comma-separated globs of tensor names kept as stored with --quantization fp8 (e.g. '*.mlp.down_proj')", 0},
@@ -33,7 +33,7 @@ static const rs_config_entry entries[] = {
     {"host", RS_CONFIG_TYPE_STRING, F(host), 1, 255, "127.0.0.1", NULL,
      "address to listen on (0.0.0.0 or :: for every interface)", 0},
     {"port", RS_CONFIG_TYPE_INT, F(port), 0, 65535, "8000", NULL, "TCP port to listen on (0 = any free port)", 0},
-    {"device", RS_CONFIG_TYPE_STRING, F(device), 1, 7, "cpu", "cpu|cuda",
+    {"device", RS_CONFIG_TYPE_ENUM, F(device), 0, 0, "cpu", "cpu|cuda",
      "backend that runs the model: cpu, or cuda (a build with `make CUDA=1`)", 0},
     {"cuda-device", RS_CONFIG_TYPE_INT, F(cuda_device), 0, 63, "0", NULL, "CUDA device ordinal used with --device cuda",
      0},
@@ -77,15 +77,15 @@ static const rs_config_entry entries[] = {
     {"drain-timeout", RS_CONFIG_TYPE_FLOAT, F(drain_timeout), 0, 86400, "30", NULL,
      "seconds SIGTERM (or SIGHUP, SIGINT) waits for in-flight requests before aborting them; paused generation "
      "is aborted at once", 0},
-    {"log-level", RS_CONFIG_TYPE_STRING, F(log_level), 1, 15, "info", "debug|info|warn|error",
+    {"log-level", RS_CONFIG_TYPE_ENUM, F(log_level), 0, 0, "info", "debug|info|warn|error",
      "least severe log level printed", 0},
     {"max-top-logprobs", RS_CONFIG_TYPE_INT, F(max_top_logprobs), 0, 1024, "20", NULL,
      "largest top_logprobs_num a request may ask for", 0},
     {"prefix-cache", RS_CONFIG_TYPE_BOOL, F(prefix_cache), 0, 1, "true", NULL,
      "share the KV pages of identical prompt prefixes across requests (and of an n-sample group)", 0},
-    {"kv-cache-dtype", RS_CONFIG_TYPE_STRING, F(kv_cache_dtype), 1, 7, "fp8", "fp8|bf16|f32",
+    {"kv-cache-dtype", RS_CONFIG_TYPE_ENUM, F(kv_cache_dtype), 0, 0, "fp8", "fp8|bf16|f32",
      "KV cache page format: fp8 (E4M3 with scales), bf16, or f32", 0},
-    {"kv-scale-mode", RS_CONFIG_TYPE_STRING, F(kv_scale_mode), 1, 15, "calibrate", "calibrate|dynamic|static",
+    {"kv-scale-mode", RS_CONFIG_TYPE_ENUM, F(kv_scale_mode), 0, 0, "calibrate", "calibrate|dynamic|static",
      "fp8 KV scales: per layer and head from a fixed calibration set (redone after weight updates), per token, "
      "or the checkpoint's self_attn.k_scale/v_scale", 0},
     {"kv-calib-margin", RS_CONFIG_TYPE_FLOAT, F(kv_calib_margin), 0.1, 100, "1.2", NULL,
@@ -216,15 +216,32 @@ static int parse_bool(const rs_config_entry *e, const char *v, bool *out, rs_err
     return rs_error_set(err, RS_EINVAL, e->name, "invalid value for %s: '%s' is not true or false", e->name, v);
 }
 
-static bool in_choices(const char *choices, const char *v) {
+/* The index of v among choices "a|b|c", or -1. */
+static int choice_index(const char *choices, const char *v) {
     size_t n = strlen(v);
-    for (const char *p = choices; *p;) {
+    int i = 0;
+    for (const char *p = choices; *p; i++) {
         const char *bar = strchr(p, '|');
         size_t len = bar ? (size_t)(bar - p) : strlen(p);
-        if (len == n && strncmp(p, v, n) == 0) return true;
+        if (len == n && strncmp(p, v, n) == 0) return i;
         p += len + (bar ? 1 : 0);
     }
-    return false;
+    return -1;
+}
+
+/* The name of choice i into buf ("?" when there is none). */
+static void choice_name(const char *choices, int i, char *buf, size_t n) {
+    const char *p = choices;
+    for (int k = 0; k < i && p; k++) {
+        p = strchr(p, '|');
+        if (p) p++;
+    }
+    if (!p || i < 0) {
+        snprintf(buf, n, "?");
+        return;
+    }
+    const char *bar = strchr(p, '|');
+    snprintf(buf, n, "%.*s", (int)(bar ? (size_t)(bar - p) : strlen(p)), p);
 }
 
 static int set_entry(rs_config *c, const rs_config_entry *e, const char *v, rs_error *err) {
@@ -252,9 +269,14 @@ static int set_entry(rs_config *c, const rs_config_entry *e, const char *v, rs_e
         if ((double)len < e->min || (double)len > e->max || len >= e->size)
             return rs_error_set(err, RS_EINVAL, e->name, "%s must be %.0f to %.0f characters long, got %zu",
                                 e->name, e->min, e->max, len);
-        if (e->choices && !in_choices(e->choices, v))
-            return rs_error_set(err, RS_EINVAL, e->name, "%s must be one of %s, got '%s'", e->name, e->choices, v);
         memcpy(field, v, len + 1);
+        return RS_OK;
+    }
+    case RS_CONFIG_TYPE_ENUM: {
+        RS_ASSERT(e->size == sizeof(int) && e->choices);
+        int i = choice_index(e->choices, v);
+        if (i < 0) return rs_error_set(err, RS_EINVAL, e->name, "%s must be one of %s, got '%s'", e->name, e->choices, v);
+        *(int *)field = i;
         return RS_OK;
     }
     }
@@ -264,6 +286,10 @@ static int set_entry(rs_config *c, const rs_config_entry *e, const char *v, rs_e
 void rs_config_default(rs_config *c) {
     memset(c, 0, sizeof *c);
     for (size_t i = 0; i < RS_ARRAY_LEN(entries); i++) {
+        if ((entries[i].type == RS_CONFIG_TYPE_ENUM) != (entries[i].choices != NULL))
+            RS_ERROR("config table: %s: a setting with choices is RS_CONFIG_TYPE_ENUM, over an enum field of "
+                     "config.h, and only it has choices", entries[i].name);
+        RS_ASSERT((entries[i].type == RS_CONFIG_TYPE_ENUM) == (entries[i].choices != NULL));
         rs_error err;
         int rc = set_entry(c, &entries[i], entries[i].def, &err);
         if (rc != RS_OK) RS_ERROR("config table: default of %s: %s", entries[i].name, err.message);
@@ -376,6 +402,7 @@ void rs_config_format(const rs_config *c, const rs_config_entry *e, char *buf, s
     case RS_CONFIG_TYPE_SIZE: snprintf(buf, n, "%zu", *(const size_t *)field); return;
     case RS_CONFIG_TYPE_FLOAT: snprintf(buf, n, "%g", *(const double *)field); return;
     case RS_CONFIG_TYPE_BOOL: snprintf(buf, n, "%s", *(const bool *)field ? "true" : "false"); return;
+    case RS_CONFIG_TYPE_ENUM: choice_name(e->choices, *(const int *)field, buf, n); return;
     case RS_CONFIG_TYPE_STRING:
         if (e->flags & RS_CONFIG_SECRET) snprintf(buf, n, "%s", *field ? "(set)" : "");
         else snprintf(buf, n, "%s", field);
@@ -384,13 +411,20 @@ void rs_config_format(const rs_config *c, const rs_config_entry *e, char *buf, s
     snprintf(buf, n, "?");
 }
 
+void rs_config_get(const rs_config *c, const char *name, char *buf, size_t n) {
+    const rs_config_entry *e = rs_config_find(name);
+    RS_ASSERT(e != NULL);
+    rs_config_format(c, e, buf, n);
+}
+
 static const char *type_word(const rs_config_entry *e) {
     switch (e->type) {
     case RS_CONFIG_TYPE_INT: return "INT";
     case RS_CONFIG_TYPE_SIZE: return "SIZE";
     case RS_CONFIG_TYPE_FLOAT: return "NUM";
     case RS_CONFIG_TYPE_BOOL: return "BOOL";
-    case RS_CONFIG_TYPE_STRING: return e->choices ? "WORD" : "TEXT";
+    case RS_CONFIG_TYPE_ENUM: return "WORD";
+    case RS_CONFIG_TYPE_STRING: return "TEXT";
     }
     return "?";
 }
@@ -407,7 +441,7 @@ void rs_config_print_help(FILE *f, const char *prog) {
         const rs_config_entry *e = &entries[i];
         char flag[64], range[96] = "";
         snprintf(flag, sizeof flag, "--%s %s", e->name, type_word(e));
-        if (e->type == RS_CONFIG_TYPE_STRING && e->choices) snprintf(range, sizeof range, "; one of %s", e->choices);
+        if (e->type == RS_CONFIG_TYPE_ENUM) snprintf(range, sizeof range, "; one of %s", e->choices);
         else if (e->type == RS_CONFIG_TYPE_FLOAT)
             snprintf(range, sizeof range, "; %g..%g", e->min, e->max);
         else if (e->type == RS_CONFIG_TYPE_INT || e->type == RS_CONFIG_TYPE_SIZE)
@@ -426,8 +460,11 @@ void rs_config_log(const rs_config *c) {
 }
 
 rs_log_level rs_config_log_level(const rs_config *c) {
-    if (strcmp(c->log_level, "debug") == 0) return RS_LOG_LEVEL_DEBUG;
-    if (strcmp(c->log_level, "warn") == 0) return RS_LOG_LEVEL_WARN;
-    if (strcmp(c->log_level, "error") == 0) return RS_LOG_LEVEL_ERROR;
+    switch (c->log_level) {
+    case RS_CFG_LOG_DEBUG: return RS_LOG_LEVEL_DEBUG;
+    case RS_CFG_LOG_WARN: return RS_LOG_LEVEL_WARN;
+    case RS_CFG_LOG_ERROR: return RS_LOG_LEVEL_ERROR;
+    case RS_CFG_LOG_INFO: break;
+    }
     return RS_LOG_LEVEL_INFO;
 }

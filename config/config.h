@@ -19,15 +19,27 @@
 
 #include "../core/rs.h"
 
+/* The values of the enum settings, in the order of their table row's choices ("fp8|bf16" is
+ * RS_CFG_QUANT_FP8, RS_CFG_QUANT_BF16); tests/unit/test_config.c checks the two agree. */
+typedef enum rs_cfg_quantization { RS_CFG_QUANT_FP8 = 0, RS_CFG_QUANT_BF16 } rs_cfg_quantization;
+typedef enum rs_cfg_device { RS_CFG_DEVICE_CPU = 0, RS_CFG_DEVICE_CUDA } rs_cfg_device;
+typedef enum rs_cfg_log_level {
+    RS_CFG_LOG_DEBUG = 0, RS_CFG_LOG_INFO, RS_CFG_LOG_WARN, RS_CFG_LOG_ERROR
+} rs_cfg_log_level;
+typedef enum rs_cfg_kv_dtype { RS_CFG_KV_FP8 = 0, RS_CFG_KV_BF16, RS_CFG_KV_F32 } rs_cfg_kv_dtype;
+typedef enum rs_cfg_kv_scales {
+    RS_CFG_KV_SCALES_CALIBRATE = 0, RS_CFG_KV_SCALES_DYNAMIC, RS_CFG_KV_SCALES_STATIC
+} rs_cfg_kv_scales;
+
 typedef struct rs_config {
     char model[4096];           /* model directory; empty = the embedded default model */
-    char quantization[8];       /* fp8 | bf16: precision of attention and MLP matrices */
+    rs_cfg_quantization quantization; /* precision of attention and MLP matrices */
     char quant_ignore[1024];    /* comma-separated globs of tensors kept as stored */
     int bf16_first_layers;      /* first N decoder layers kept as stored */
     int bf16_last_layers;       /* last N decoder layers kept as stored */
     char host[256];             /* bind address */
     int port;                   /* 0 = any free port */
-    char device[8];             /* cpu | cuda: the backend that runs the model */
+    rs_cfg_device device;       /* the backend that runs the model */
     int cuda_device;            /* CUDA device ordinal with --device cuda */
     int threads;                /* CPU backend threads; 0 = all cores */
     int kv_cache_mb;            /* KV pool budget in MiB */
@@ -46,13 +58,13 @@ typedef struct rs_config {
     size_t stream_memory_budget; /* unsent streamed bytes, all streams */
     size_t max_stream_buffer;   /* unsent bytes of one stream */
     double drain_timeout;       /* seconds to wait for in-flight requests on SIGTERM */
-    char log_level[16];         /* debug | info | warn | error */
+    rs_cfg_log_level log_level;
     char api_key[256];          /* empty = no auth */
     char weight_version[64];            /* version reported for the weights loaded at start */
     int max_top_logprobs;       /* cap on top_logprobs_num */
     bool prefix_cache;
-    char kv_cache_dtype[8];     /* fp8 | bf16 | f32 */
-    char kv_scale_mode[16];     /* calibrate | dynamic */
+    rs_cfg_kv_dtype kv_cache_dtype;
+    rs_cfg_kv_scales kv_scale_mode;
     double kv_calib_margin, kv_calib_percentile;
     int kv_calib_tokens;
     double admission_new_token_ratio;    /* share of remaining max_new_tokens admission reserves pages for */
@@ -74,6 +86,7 @@ typedef enum rs_config_type {
     RS_CONFIG_TYPE_FLOAT,       /* double field */
     RS_CONFIG_TYPE_STRING,      /* char[size] field; min/max bound its length */
     RS_CONFIG_TYPE_BOOL,        /* bool field; true/false, 1/0, yes/no, on/off */
+    RS_CONFIG_TYPE_ENUM,        /* enum field (int-sized); one of choices, stored as its index */
 } rs_config_type;
 
 enum {
@@ -87,7 +100,7 @@ typedef struct rs_config_entry {
     size_t size;                /* of the field (the buffer size for strings) */
     double min, max;            /* inclusive range (string: length range) */
     const char *def;            /* default, as text, parsed like user input */
-    const char *choices;        /* strings only: "a|b|c", or NULL for any value */
+    const char *choices;        /* enums only: "a|b|c", the names of values 0, 1, 2 */
     const char *doc;
     unsigned flags;
 } rs_config_entry;
@@ -111,6 +124,8 @@ int rs_config_parse_args(rs_config *c, int argc, char **argv, bool *help, rs_err
 
 /* Formats a setting's current value into buf (secrets as "(set)" or ""). */
 void rs_config_format(const rs_config *c, const rs_config_entry *e, char *buf, size_t n);
+/* rs_config_format of the setting called `name` (it must exist): an enum's value as its name. */
+void rs_config_get(const rs_config *c, const char *name, char *buf, size_t n);
 
 void rs_config_print_help(FILE *f, const char *prog);
 void rs_config_log(const rs_config *c); /* one info line per setting */

@@ -313,6 +313,21 @@ void rs_kv_pool_free(rs_kv_pool *p) {
     memset(p, 0, sizeof *p);
 }
 
+rs_kv_scale_mode rs_kv_scales_storage(rs_kv_scales src) {
+    switch (src) {
+    case RS_KV_SCALES_DYNAMIC: return RS_KV_SCALE_PER_TOKEN;
+    case RS_KV_SCALES_CALIBRATE:
+    case RS_KV_SCALES_STATIC: return RS_KV_SCALE_PER_HEAD;
+    case RS_KV_SCALES_NONE: break;
+    }
+    return RS_KV_SCALE_NONE;
+}
+
+const char *rs_kv_scales_name(rs_kv_scales src) {
+    static const char *const names[] = {"none", "dynamic", "calibrate", "static"};
+    return (unsigned)src < sizeof names / sizeof names[0] ? names[src] : "?";
+}
+
 bool rs_kv_scales_valid(const float *k_scales, const float *v_scales, size_t n) {
     for (size_t i = 0; i < n; i++)
         if (!(isfinite(k_scales[i]) && k_scales[i] > 0.0f && isfinite(v_scales[i]) && v_scales[i] > 0.0f)) return false;

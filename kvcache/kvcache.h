@@ -97,6 +97,24 @@ typedef struct rs_kv_stats {
     uint64_t evictions;      /* cached blocks reclaimed for new allocations */
 } rs_kv_stats;
 
+/* Where the scales of E4M3 KV pages come from (--kv-scale-mode; docs/design.md "Numerics"). The
+ * storage follows from it: DYNAMIC keeps a scale per token and head beside the pages
+ * (RS_KV_SCALE_PER_TOKEN), CALIBRATE and STATIC one per layer and KV head (RS_KV_SCALE_PER_HEAD).
+ *   NONE       F32 / BF16 pages: no scales
+ *   DYNAMIC    each token's own amax, as it is written
+ *   CALIBRATE  computed from a fixed calibration set at start and after every weight update
+ *   STATIC     from the checkpoint (self_attn.k_scale / v_scale) or pushed with the weights */
+typedef enum rs_kv_scales {
+    RS_KV_SCALES_NONE = 0,
+    RS_KV_SCALES_DYNAMIC,
+    RS_KV_SCALES_CALIBRATE,
+    RS_KV_SCALES_STATIC,
+} rs_kv_scales;
+
+/* The page format a scale source stores: NONE, PER_TOKEN or PER_HEAD. */
+rs_kv_scale_mode rs_kv_scales_storage(rs_kv_scales src);
+const char *rs_kv_scales_name(rs_kv_scales src); /* "none", "dynamic", "calibrate", "static" */
+
 /* What the pages hold: dtype F32 or BF16 with scale_mode NONE, or E4M3 with PER_HEAD or PER_TOKEN. */
 typedef struct rs_kv_cache_opts {
     rs_dtype dtype;

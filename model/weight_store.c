@@ -25,7 +25,7 @@
  * quantizer's amax already tells a non-finite block (cpu_fp8_wquant.c), and each band's CRC is
  * taken right after its quantization, while the band is in L2; tensors that are copied or
  * converted go in 256 Ki-element chunks on the store's pool, each chunk copied (or converted), then
- * scanned for non-finite values (kernels/cpu/cpu_scan.h) and checksummed while in L2. What is
+ * scanned for non-finite values (kernels/scan.h) and checksummed while in L2. What is
  * scanned is what will be served: the destination on a host-memory backend, the converted host
  * buffer, and otherwise (codes uploaded to a device) the source right after its upload. The CRC
  * is of the bytes as they arrived; the chunks' and bands' CRCs combine into the tensor's
@@ -41,7 +41,7 @@
 #include <string.h>
 
 #include "../core/crc32c.h"
-#include "../kernels/cpu/cpu_scan.h"
+#include "../kernels/scan.h"
 #include "../kernels/fp8.h"
 #include "quant.h"
 

@@ -167,6 +167,7 @@ static json_t *setting_json(const rs_config *c, const rs_config_entry *e) {
     case RS_CONFIG_TYPE_SIZE: return json_integer((json_int_t) * (const size_t *)field);
     case RS_CONFIG_TYPE_FLOAT: return json_real(*(const double *)field);
     case RS_CONFIG_TYPE_BOOL: return json_boolean(*(const bool *)field);
+    case RS_CONFIG_TYPE_ENUM:
     case RS_CONFIG_TYPE_STRING: {
         char buf[4200];
         rs_config_format(c, e, buf, sizeof buf); /* secrets come out as "(set)" */

@@ -111,29 +111,14 @@ typedef enum rs_ctl_kind { RS_CTL_PAUSE, RS_CTL_CONTINUE, RS_CTL_FLUSH, RS_CTL_W
 typedef struct rs_ctl {
     rs_ctl_kind kind;
     int arg;                    /* RS_CTL_PAUSE: rs_pause_mode */
-    rs_weights_apply_fn apply;  /* RS_CTL_WEIGHTS */
-    rs_weights_calibrate_fn calibrate; /* RS_CTL_WEIGHTS: scales for the new weights, before apply */
-    void *apply_ctx;
-    const float *k_scales, *v_scales; /* RS_CTL_WEIGHTS: pushed static KV scales, or NULL */
-    bool kv_calibrated;                /* RS_CTL_WEIGHTS: k/v_scales are the calibration of the new weights */
-    const char *version;        /* RS_CTL_WEIGHTS, RS_CTL_VERSION */
+    const rs_weight_swap *swap; /* RS_CTL_WEIGHTS */
+    const char *version;        /* RS_CTL_VERSION */
     double seconds;             /* RS_CTL_WEIGHTS: time the step loop was held */
     rs_error *err;
     int rc;
     bool done;
     struct rs_ctl *next;
 } rs_ctl;
-
-const double rs_hist_bounds[RS_HIST_BUCKETS] = {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
-                                                0.25,  0.5,    1.0,   2.5,  5.0,   10.0, INFINITY};
-
-void rs_histogram_observe(rs_histogram *h, double seconds) {
-    int i = 0;
-    while (i < RS_HIST_BUCKETS - 1 && seconds > rs_hist_bounds[i]) i++;
-    h->counts[i]++;
-    h->n++;
-    h->sum += seconds;
-}
 
 /* ---------------------------------------------------------------- jobs */
 
@@ -273,17 +258,24 @@ int rs_engine_init(rs_engine **out, rs_model *m, const rs_engine_opts *opts, rs_
     pthread_cond_init(&e->ctl_cv, NULL);
     pthread_mutex_init(&e->stats_mu, NULL);
 
-    rs_kv_cache_opts ko = {.dtype = opts->kv_dtype, .scale_mode = opts->kv_scale_mode};
-    if (ko.dtype != RS_DTYPE_E4M3) ko.scale_mode = RS_KV_SCALE_NONE;
-    int rc = rs_kv_pool_init_ex(&e->pool, m->backend, c->n_layers, c->n_kv_heads, c->head_dim, &ko,
+    int rc;
+    if (opts->kv_dtype != RS_DTYPE_E4M3) {
+        e->opts.kv_scales = RS_KV_SCALES_NONE;
+    } else if (opts->kv_scales == RS_KV_SCALES_NONE) {
+        rc = rs_error_set(err, RS_EINVAL, "kv-scale-mode", "an FP8 KV cache needs a scale source (dynamic, "
+                          "calibrate or static)");
+        goto fail;
+    }
+    rs_kv_cache_opts ko = {.dtype = opts->kv_dtype, .scale_mode = rs_kv_scales_storage(e->opts.kv_scales)};
+    rc = rs_kv_pool_init_ex(&e->pool, m->backend, c->n_layers, c->n_kv_heads, c->head_dim, &ko,
                                 opts->kv_cache_bytes);
     if (rc != RS_OK) {
         rs_error_set(err, rc, "kv-cache-mb", "cannot allocate the KV cache (%zu bytes, %s)", opts->kv_cache_bytes,
                      rs_dtype_name(ko.dtype));
         goto fail;
     }
-    if (ko.scale_mode == RS_KV_SCALE_PER_HEAD &&
-        (rc = opts->kv_scales_static ? load_static_kv_scales(e, err) : rs_engine_calibrate_kv(e, err)) != RS_OK)
+    if ((rc = e->opts.kv_scales == RS_KV_SCALES_STATIC ? load_static_kv_scales(e, err) : rs_engine_calibrate_kv(e, err)) !=
+        RS_OK)
         goto fail;
     int T = e->opts.max_step_tokens, R = e->opts.max_running;
     e->max_logits = R + 64;
@@ -339,9 +331,7 @@ static int load_static_kv_scales(rs_engine *e, rs_error *err) {
     return rc;
 }
 
-bool rs_engine_calibrates_kv(const rs_engine *e) {
-    return e->pool.layers[0].scale_mode == RS_KV_SCALE_PER_HEAD && !e->opts.kv_scales_static;
-}
+rs_kv_scales rs_engine_kv_scales(const rs_engine *e) { return e->opts.kv_scales; }
 
 int rs_engine_calibrate_kv_on(const rs_engine *e, const rs_model *m, float *k, float *v, rs_error *err) {
     const rs_model_config *c = &m->cfg;
@@ -366,7 +356,7 @@ int rs_engine_calibrate_kv_on(const rs_engine *e, const rs_model *m, float *k, f
 
 int rs_engine_calibrate_kv(rs_engine *e, rs_error *err) {
     const rs_model_config *c = &e->model->cfg;
-    if (!rs_engine_calibrates_kv(e)) return RS_OK;
+    if (e->opts.kv_scales != RS_KV_SCALES_CALIBRATE) return RS_OK;
     size_t n = (size_t)c->n_layers * (size_t)c->n_kv_heads;
     float *k = rs_xmalloc(sizeof(float) * n), *v = rs_xmalloc(sizeof(float) * n);
     int rc = rs_engine_calibrate_kv_on(e, e->model, k, v, err);
@@ -730,12 +720,14 @@ static bool is_decode(const rs_seq *s) {
     return s->n_computed >= s->prompt_len && s->n_computed == s->n_tokens - 1;
 }
 
-/* Pages a sequence is expected to still need, beyond what it holds, for the admission estimate. */
-static int expected_growth(const rs_engine *e, const rs_seq *s) {
+/* The admission estimate, the one place it is made: the pages s is expected to need beyond the
+ * `held` it holds, for its tokens so far plus admission_new_token_ratio of the new tokens it may
+ * still sample, capped at max_context (where the engine stops every sequence). */
+static int blocks_needed(const rs_engine *e, const rs_seq *s, int held) {
     int remaining = s->job->sp.max_new_tokens - s->out->n_output;
     int target = s->n_tokens + (int)ceilf((float)remaining * e->opts.admission_new_token_ratio);
     if (target > e->opts.limits.max_context) target = e->opts.limits.max_context;
-    int need = blocks_for(target) - s->kv.n_blocks;
+    int need = blocks_for(target) - held;
     return need > 0 ? need : 0;
 }
 
@@ -787,7 +779,7 @@ static void admit_waiting(rs_engine *e) {
     int reserved = 0;
     for (int i = 0; i < e->n_running; i++) {
         slots += 1 + e->running[i]->n_forks;
-        reserved += expected_growth(e, e->running[i]) * (1 + e->running[i]->n_forks);
+        reserved += blocks_needed(e, e->running[i], e->running[i]->kv.n_blocks) * (1 + e->running[i]->n_forks);
     }
     while (e->wait_head) {
         rs_seq *s = e->wait_head;
@@ -800,7 +792,8 @@ static void admit_waiting(rs_engine *e) {
         int budget = s->prompt_len + s->job->sp.max_new_tokens;
         if (blocks_for(RS_MIN(budget, e->opts.limits.max_context)) > e->pool.n_blocks) {
             wait_pop_front(e);
-            RS_WARN("rid %s | needs %d KV blocks, the pool has %d", s->job->rid, blocks_for(budget), e->pool.n_blocks);
+            RS_WARN("rid %s | needs %d KV blocks, the pool has %d", s->job->rid,
+                    blocks_for(RS_MIN(budget, e->opts.limits.max_context)), e->pool.n_blocks);
             finish_seq(e, s, RS_FINISH_ABORT, -1, "request needs more KV cache than the server has");
             continue;
         }
@@ -809,10 +802,8 @@ static void admit_waiting(rs_engine *e) {
             s->n_computed = hit;
             if (!s->admitted_once) s->out->cached_tokens = RS_MIN(hit, s->prompt_len);
         }
-        int own = blocks_for(s->n_tokens) - s->kv.n_blocks;
-        int growth = blocks_for(s->n_tokens + (int)ceilf((float)(s->job->sp.max_new_tokens - s->out->n_output) *
-                                                         e->opts.admission_new_token_ratio)) -
-                     blocks_for(s->n_tokens);
+        int own = blocks_for(s->n_tokens) - s->kv.n_blocks;      /* pages for the tokens it has */
+        int growth = blocks_needed(e, s, blocks_for(s->n_tokens)); /* and for what it may sample */
         int need = own + growth * (1 + s->n_forks) + s->n_forks; /* + one copied page per sibling */
         if (e->n_running > 0 && rs_kv_available_blocks(&e->pool) - reserved < need) break;
         if (rs_kv_seq_reserve(&e->pool, &s->kv, s->n_tokens) != RS_OK) break;
@@ -1123,10 +1114,6 @@ static void set_weight_version(rs_engine *e, const char *version, bool new_weigh
     for (rs_seq *s = e->wait_head; s; s = s->next) seq_new_version(s, version, new_weights);
 }
 
-bool rs_engine_takes_kv_scales(const rs_engine *e) {
-    return e->opts.kv_scales_static && e->pool.layers[0].scale_mode == RS_KV_SCALE_PER_HEAD;
-}
-
 /* New weights are in. No KV computed by the old ones is used again: sequences in flight are
  * retracted and recompute their tokens with the new weights (so every token's logprob is exactly
  * that of the version it reports), waiting ones drop matched or forked pages, and the prefix cache
@@ -1141,45 +1128,34 @@ static void drop_old_kv(rs_engine *e) {
     rs_kv_pool_flush_cache(&e->pool);
 }
 
-/* RS_CTL_WEIGHTS. Everything that can fail happens before c->apply swaps the tensors: the KV
- * scales the new weights will be served with are settled first (static mode: the pushed ones, or
- * the old ones kept; calibrate mode: the caller's calibration of the new weights, or c->calibrate
- * run here over the staged weights, holding the step loop) and checked. A refusal leaves the old
- * weights, scales and version in service. After the swap nothing can fail. */
+/* RS_CTL_WEIGHTS (rs_engine_swap_weights, engine.h): settle the scales, swap, drop the old KV.
+ * Everything that can fail happens before swap->apply; after it nothing can. */
 static int commit_weights(rs_engine *e, rs_ctl *c) {
+    const rs_weight_swap *w = c->swap;
     const size_t n = (size_t)e->pool.n_layers * (size_t)e->pool.n_kv_heads;
-    const float *k = NULL, *v = NULL;
+    const float *k = w->k_scales, *v = w->v_scales;
     float *ck = NULL, *cv = NULL;
-    const char *param = "k_scale", *what = "the pushed KV scales are unusable";
     int rc = RS_OK;
-    if (rs_engine_takes_kv_scales(e)) {
-        k = c->k_scales, v = c->v_scales; /* NULL: the scales in service stay */
-    } else if (rs_engine_calibrates_kv(e)) {
-        param = "kv-cache-dtype", what = "calibration of the new weights produced unusable KV scales";
-        if (c->kv_calibrated && c->k_scales) {
-            k = c->k_scales, v = c->v_scales;
-        } else if (c->calibrate) {
-            ck = rs_xmalloc(n * sizeof *ck);
-            cv = rs_xmalloc(n * sizeof *cv);
-            rc = c->calibrate(c->apply_ctx, e, ck, cv, c->err);
-            k = ck, v = cv;
-        } else {
-            rc = rs_error_set(c->err, RS_EINVAL, "kv-cache-dtype",
-                              "an engine that calibrates FP8 KV scales needs them for the new weights");
-        }
+    if (w->calibrate) {
+        ck = rs_xmalloc(n * sizeof *ck);
+        cv = rs_xmalloc(n * sizeof *cv);
+        rc = w->calibrate(w->ctx, e, ck, cv, c->err);
+        k = ck, v = cv;
     }
+    RS_ASSERT(!k || e->pool.layers[0].scale_mode == RS_KV_SCALE_PER_HEAD); /* sync's policy gives none else */
     if (rc == RS_OK && k && !rs_kv_scales_valid(k, v, n))
-        rc = rs_error_set(c->err, RS_EINVAL, param, "%s; the update is dropped and the weights in service are "
-                          "unchanged", what);
+        rc = rs_error_set(c->err, RS_EINVAL, w->scales_param ? w->scales_param : "k_scale",
+                          "%s are unusable (each must be finite and > 0); the update is dropped and the weights "
+                          "in service are unchanged", w->scales_what ? w->scales_what : "the KV scales");
     if (rc == RS_OK) {
-        c->apply(e->model, c->apply_ctx);
+        w->apply(e->model, w->ctx);
         drop_old_kv(e);
         if (k) {
             int set = rs_kv_pool_set_scales(&e->pool, k, v);
             RS_ASSERT(set == RS_OK); /* checked above */
-            if (rs_engine_takes_kv_scales(e)) RS_INFO("kv cache: static per-head FP8 scales from the weight update");
+            RS_INFO("kv cache: per-head FP8 scales: %s", w->scales_what ? w->scales_what : "installed");
         }
-        set_weight_version(e, c->version, true);
+        set_weight_version(e, w->version, true);
         e->stats.weight_updates++;
     }
     free(ck);
@@ -1210,7 +1186,7 @@ static void apply_control(rs_engine *e, rs_ctl *c) {
         c->seconds = rs_now_s() - t0;
         if (c->rc == RS_OK)
             RS_INFO("engine: weights updated to version %s (step loop held %.3f s, %d running, %d waiting)",
-                    c->version, c->seconds, e->n_running, e->n_waiting);
+                    c->swap->version, c->seconds, e->n_running, e->n_waiting);
         break;
     }
     case RS_CTL_VERSION:
@@ -1258,11 +1234,8 @@ static int engine_control(rs_engine *e, rs_ctl_kind kind, int arg) {
     return engine_control_req(e, &c);
 }
 
-int rs_engine_update_weights(rs_engine *e, rs_weights_apply_fn apply, rs_weights_calibrate_fn calibrate, void *ctx,
-                             const float *k_scales, const float *v_scales, bool kv_calibrated, const char *version,
-                             double *seconds_paused, rs_error *err) {
-    rs_ctl c = {.kind = RS_CTL_WEIGHTS, .apply = apply, .calibrate = calibrate, .apply_ctx = ctx, .k_scales = k_scales,
-                .v_scales = v_scales, .kv_calibrated = kv_calibrated, .version = version, .err = err};
+int rs_engine_swap_weights(rs_engine *e, const rs_weight_swap *swap, double *seconds_paused, rs_error *err) {
+    rs_ctl c = {.kind = RS_CTL_WEIGHTS, .swap = swap, .err = err};
     int rc = engine_control_req(e, &c);
     if (seconds_paused) *seconds_paused = c.seconds;
     if (rc == RS_EBUSY) return rs_error_set(err, rc, NULL, "the engine is shutting down");

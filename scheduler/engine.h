@@ -15,7 +15,9 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "../core/histogram.h"
 #include "../core/rs.h"
+#include "../kvcache/kvcache.h"
 #include "../model/model.h"
 
 typedef struct rs_sampling_params {
@@ -216,15 +218,13 @@ typedef struct rs_engine_opts {
      * that preemption stays rare (1.0: never preempt; small: admit more, preempt more). */
     float admission_new_token_ratio;
     bool prefix_cache;          /* share KV pages of identical prompt prefixes across requests */
-    /* KV cache pages: F32, BF16 or E4M3 (0 = F32). E4M3 scales: per layer and KV head, from
-     * calibration (or set later), or per token and head. */
+    /* KV cache pages: F32, BF16 or E4M3 (0 = F32), and for E4M3 where their scales come from
+     * (kvcache.h; required for E4M3, ignored otherwise). */
     rs_dtype kv_dtype;
-    rs_kv_scale_mode kv_scale_mode;
+    rs_kv_scales kv_scales;
     float kv_calib_margin;      /* calibrated scale = stat * margin / 448 */
     float kv_calib_percentile;  /* stat = this percentile of |K|, |V| (1.0 = amax) */
     int kv_calib_tokens;        /* length of the calibration token set (<= 0: 512) */
-    bool kv_scales_static;      /* per-head scales from the checkpoint (self_attn.k_scale/v_scale),
-                                 * kept across weight updates, instead of calibration */
     rs_engine_limits limits;
     const char *weight_version; /* version of the loaded weights; NULL = "0" */
 } rs_engine_opts;
@@ -259,32 +259,36 @@ void rs_engine_continue(rs_engine *e);
  * Thread-safe; runs at the next step boundary. */
 int rs_engine_flush_cache(rs_engine *e, rs_error *err);
 
-/* Weight updates. `apply` runs on the engine thread at a step boundary, when no forward pass is
- * in flight, and swaps the staged tensors into the model (it must not fail: everything that can
- * fail happens before it, while staging, or in `calibrate`). Then sequences in flight are
- * retracted and recompute their tokens with the new weights (KV from the old weights is never
- * read again, so a token's logprob is exactly that of the version it reports), the prefix cache
- * is dropped, the FP8 KV scales for the new weights are installed, and weight_version is set.
- * The scales, [n_layers][n_kv_heads] each, are settled and checked (finite, > 0) before the swap:
- *   static mode     k_scales / v_scales when given (pushed with the weights), else the old ones;
- *   calibrate mode  k_scales / v_scales when kv_calibrated says the caller already ran
- *                   rs_engine_calibrate_kv_on over the new weights, else what `calibrate(ctx, e,
- *                   k, v, err)` computes on the engine thread before the swap (holding the step
- *                   loop; e.g. over a view of the staged weights on the engine's backend).
- * Any failure there refuses the update with nothing swapped: the old weights, scales and version
- * stay in service. In-flight requests are not aborted: tokens sampled after the commit come from
- * the new weights, and outputs record version spans. Thread-safe; returns once committed. RS_EBUSY
- * when the engine is shutting down. */
+/* Weight updates: the one operation the engine offers sync/ (whose commit policy decides what
+ * goes in it). At a step boundary, when no forward pass is in flight, the engine
+ *   1. settles the KV scales the new weights are served with: swap->k_scales / v_scales, or what
+ *      swap->calibrate computes here (holding the step loop), or, with neither, the ones in
+ *      service; given or computed, they must be finite and > 0, else the update is refused;
+ *   2. calls swap->apply, which swaps the staged tensors into the model (it cannot fail: all that
+ *      can fail happened before, while staging, or in step 1);
+ *   3. retracts sequences in flight, which recompute their tokens with the new weights (KV from
+ *      the old weights is never read again, so a token's logprob is exactly that of the version it
+ *      reports), drops the prefix cache, installs the scales and sets weight_version.
+ * A refusal in step 1 leaves the old weights, scales and version in service. In-flight requests
+ * are not aborted: tokens sampled after the commit come from the new weights, and outputs record
+ * version spans. Scales are [n_layers][n_kv_heads] each and only for an engine with per-head
+ * scales (CALIBRATE or STATIC). Thread-safe; returns once committed or refused. RS_EBUSY when the
+ * engine is shutting down. */
 typedef void (*rs_weights_apply_fn)(rs_model *m, void *ctx);
 typedef int (*rs_weights_calibrate_fn)(void *ctx, const rs_engine *e, float *k, float *v, rs_error *err);
-int rs_engine_update_weights(rs_engine *e, rs_weights_apply_fn apply, rs_weights_calibrate_fn calibrate, void *ctx,
-                             const float *k_scales, const float *v_scales, bool kv_calibrated, const char *version,
-                             double *seconds_paused, rs_error *err);
+typedef struct rs_weight_swap {
+    rs_weights_apply_fn apply;
+    void *ctx;                          /* for apply and calibrate */
+    const float *k_scales, *v_scales;   /* the scales to install, or NULL */
+    rs_weights_calibrate_fn calibrate;  /* or: computes them before the swap; NULL = none */
+    const char *scales_param;           /* what a refusal of the scales names ("k_scale") */
+    const char *scales_what;            /* and says ("the pushed KV scales") */
+    const char *version;                /* served from the swap on */
+} rs_weight_swap;
+int rs_engine_swap_weights(rs_engine *e, const rs_weight_swap *swap, double *seconds_paused, rs_error *err);
 
-/* Whether rs_engine_update_weights applies pushed KV scales: FP8 KV with static per-head scales
- * (--kv-scale-mode static). Otherwise pushed scales are not used: calibrate recomputes them from
- * the new weights, dynamic and BF16 KV have none. */
-bool rs_engine_takes_kv_scales(const rs_engine *e);
+/* Where this engine's FP8 KV scales come from: NONE unless its pages are E4M3. */
+rs_kv_scales rs_engine_kv_scales(const rs_engine *e);
 
 /* Relabels the weights in service (no weight change); later tokens report `version`. */
 int rs_engine_set_weight_version(rs_engine *e, const char *version, rs_error *err);
@@ -298,16 +302,6 @@ void rs_engine_run_until_idle(rs_engine *e);
 bool rs_engine_step_once(rs_engine *e);
 
 /* A snapshot of the engine's counters and occupancy; thread-safe (published after every step). */
-/* Latency histogram: counts of observations <= each bound (Prometheus "le" buckets) plus sum. */
-#define RS_HIST_BUCKETS 14
-extern const double rs_hist_bounds[RS_HIST_BUCKETS]; /* seconds; the last is +Inf */
-typedef struct rs_histogram {
-    uint64_t counts[RS_HIST_BUCKETS]; /* non-cumulative */
-    uint64_t n;
-    double sum;
-} rs_histogram;
-void rs_histogram_observe(rs_histogram *h, double seconds);
-
 typedef struct rs_engine_stats {
     int kv_blocks_total;
     int kv_blocks_free;         /* free or holding evictable cached prefixes */
@@ -329,14 +323,11 @@ typedef struct rs_engine_stats {
 } rs_engine_stats;
 void rs_engine_get_stats(const rs_engine *e, rs_engine_stats *out);
 
-/* Recomputes the per-head FP8 KV scales from the calibration token set (no-op for other KV
- * modes). Runs on the caller's thread: call it at init or from the engine thread at a step
+/* Recomputes the per-head FP8 KV scales from the calibration token set (no-op unless the engine
+ * calibrates: RS_KV_SCALES_CALIBRATE). Runs on the caller's thread: call it at init or from the engine thread at a step
  * boundary with no sequence holding KV (it flushes the prefix cache). */
 int rs_engine_calibrate_kv(rs_engine *e, rs_error *err);
 
-/* Whether this engine recalibrates per-head FP8 KV scales after every weight update
- * (--kv-cache-dtype fp8 --kv-scale-mode calibrate). */
-bool rs_engine_calibrates_kv(const rs_engine *e);
 /* The scales rs_engine_calibrate_kv would compute for model m (the engine's options, m's
  * weights), into k, v [n_layers][n_kv_heads], without installing them. Runs on m's backend on
  * the caller's thread, which must be the only user of that backend; m may be a view holding

@@ -9,7 +9,7 @@
  * The distribution of a row (dist_init) is three passes over the vocabulary: the largest logit
  * (fp32, exact), d = x - max into the scratch (fp32; exact for every x within a factor of two of
  * the max, which is where the mass is), and e = rs_expf(d * (1/T)) in place, summed in double over
- * 16 fixed lanes (kernels/cpu/cpu_exp.h). The exp and the order of the sum are the same on every
+ * 16 fixed lanes (kernels/exp.h). The exp and the order of the sum are the same on every
  * ISA, so the sampler stays a pure function of its inputs. A token's logprob takes its difference
  * to the max and the scaling in double: (x - max) / T - log(sum). Every quantity is relative to
  * the max, so no temperature >= RS_SAMPLING_EPS overflows, and the draw walks e against u * sum,
@@ -22,7 +22,7 @@
 #include <math.h>
 #include <stdlib.h>
 
-#include "../kernels/cpu/cpu_exp.h"
+#include "../kernels/exp.h"
 
 void rs_sampling_params_default(rs_sampling_params *sp) {
     *sp = (rs_sampling_params){.max_new_tokens = 128, .min_new_tokens = 0, .temperature = 1.0f,

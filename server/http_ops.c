@@ -28,15 +28,22 @@ static enum MHD_Result send_json(rs_http_req *r, char *body, const size_t *len) 
     return rs_http_send(r, 200, body, *len, "application/json");
 }
 
-static void model_info(rs_http *h, rs_engine *e, rs_model_info *mi) {
+/* The names of the enum settings rs_model_info quotes, kept with it. */
+typedef struct setting_names {
+    char quantization[16], kv_cache_dtype[16];
+} setting_names;
+
+static void model_info(rs_http *h, rs_engine *e, rs_model_info *mi, setting_names *sn) {
     const rs_model_config *mc = rs_engine_model_config(e);
+    rs_config_get(h->info.cfg, "quantization", sn->quantization, sizeof sn->quantization);
+    rs_config_get(h->info.cfg, "kv-cache-dtype", sn->kv_cache_dtype, sizeof sn->kv_cache_dtype);
     *mi = (rs_model_info){
         .model_path = h->info.model_path,
         .served_model_name = h->info.served_model_name,
         .architecture = rs_arch_name(mc->arch),
         .weight_version = rs_engine_weight_version(e),
-        .quantization = h->info.cfg->quantization,
-        .kv_cache_dtype = h->info.cfg->kv_cache_dtype,
+        .quantization = sn->quantization,
+        .kv_cache_dtype = sn->kv_cache_dtype,
         .fp8_checkpoint = mc->fp8_checkpoint,
         .vocab_size = mc->vocab_size,
         .max_context_len = rs_engine_get_limits(e)->max_context,
@@ -111,7 +118,8 @@ static enum MHD_Result server_info(rs_http_req *r, rs_engine *e) {
         .http_in_flight = rs_http_in_flight(h),
         .uptime_s = 0,
     };
-    model_info(h, e, &si.model);
+    setting_names sn;
+    model_info(h, e, &si.model, &sn);
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
     si.uptime_s = (double)ts.tv_sec + ts.tv_nsec * 1e-9 - h->start_time_unix;
@@ -265,7 +273,8 @@ enum MHD_Result rs_http_ops_handle(rs_http_req *r) {
     }
     case RS_ROUTE_MODEL_INFO: {
         rs_model_info mi;
-        model_info(h, e, &mi);
+        setting_names sn;
+        model_info(h, e, &mi, &sn);
         return send_json(r, rs_model_info_body(&mi, &len), &len);
     }
     case RS_ROUTE_WEIGHT_VERSION: return send_json(r, rs_weight_version_body(rs_engine_weight_version(e), &len), &len);

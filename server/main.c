@@ -194,7 +194,7 @@ static int load_tokenizer(rs_daemon *d, rs_error *err) {
 
 static int load(rs_daemon *d, rs_error *err) {
     const rs_config *c = &d->cfg;
-    if (strcmp(c->device, "cuda") == 0) {
+    if (c->device == RS_CFG_DEVICE_CUDA) {
 #ifdef RS_CUDA
         d->backend = rs_backend_cuda_init(c->cuda_device);
         if (!d->backend)
@@ -214,7 +214,9 @@ static int load(rs_daemon *d, rs_error *err) {
     if (c->model[0]) snprintf(dir, sizeof d->model_dir, "%s", c->model);
     else if ((rc = default_model_dir(dir, sizeof d->model_dir, err)) != RS_OK) return rc;
     rs_quant_policy qp;
-    if ((rc = rs_quant_policy_init(&qp, c->quantization, c->quant_ignore, c->bf16_first_layers, c->bf16_last_layers,
+    char quant[16];
+    rs_config_get(c, "quantization", quant, sizeof quant);
+    if ((rc = rs_quant_policy_init(&qp, quant, c->quant_ignore, c->bf16_first_layers, c->bf16_last_layers,
                                    err)) != RS_OK)
         return rc;
     if ((rc = rs_model_load(dir, d->backend, &qp, &d->model, err)) != RS_OK) return rc;

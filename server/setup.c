@@ -21,12 +21,12 @@ void rs_setup_engine_opts(const rs_config *c, int max_position, rs_engine_opts *
         .weight_version = c->weight_version,
         .admission_new_token_ratio = (float)c->admission_new_token_ratio,
         .prefix_cache = c->prefix_cache,
-        .kv_dtype = !strcmp(c->kv_cache_dtype, "fp8") ? RS_DTYPE_E4M3
-                    : !strcmp(c->kv_cache_dtype, "bf16") ? RS_DTYPE_BF16 : RS_DTYPE_F32,
-        .kv_scale_mode = !strcmp(c->kv_scale_mode, "dynamic") ? RS_KV_SCALE_PER_TOKEN : RS_KV_SCALE_PER_HEAD,
+        .kv_dtype = c->kv_cache_dtype == RS_CFG_KV_FP8    ? RS_DTYPE_E4M3
+                    : c->kv_cache_dtype == RS_CFG_KV_BF16 ? RS_DTYPE_BF16 : RS_DTYPE_F32,
+        .kv_scales = c->kv_scale_mode == RS_CFG_KV_SCALES_DYNAMIC  ? RS_KV_SCALES_DYNAMIC
+                     : c->kv_scale_mode == RS_CFG_KV_SCALES_STATIC ? RS_KV_SCALES_STATIC : RS_KV_SCALES_CALIBRATE,
         .kv_calib_margin = (float)c->kv_calib_margin,
         .kv_calib_percentile = (float)c->kv_calib_percentile,
         .kv_calib_tokens = c->kv_calib_tokens,
-        .kv_scales_static = !strcmp(c->kv_scale_mode, "static"),
     };
 }

@@ -41,7 +41,7 @@
 #ifndef RS_SYNC_DISK_H
 #define RS_SYNC_DISK_H
 
-#include "sync.h"
+#include "sync_internal.h"
 
 /* The job (sync service thread). RS_EINVAL (400) with param "model_path" when the route is
  * disabled, the path is refused (above), a file is missing or not a regular file, or a file shrank

@@ -15,7 +15,7 @@
 #include <string.h>
 
 #include "requests.h"
-#include "sync.h"
+#include "sync_internal.h"
 #include "tcpstore.h"
 #include "transaction.h"
 

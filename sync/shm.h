@@ -36,7 +36,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "sync.h"
+#include "sync_internal.h"
 
 typedef struct rs_shm_segment {
     const uint8_t *base;                /* [size] mapped read-only; NULL when size == 0 */

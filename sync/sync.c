@@ -11,7 +11,7 @@
  * transaction (rs_sync_txn), any failure drops the transaction, so a corrupt bucket can never
  * leave half an update staged for a later is_last to commit.
  */
-#include "sync.h"
+#include "sync_internal.h"
 
 #include <errno.h>
 #include <limits.h>
@@ -27,6 +27,7 @@
 #include "disk.h"
 #include "nccl.h"
 #include "shm.h"
+#include "../core/latch.h"
 #include "../model/weight_store.h"
 
 struct rs_sync {
@@ -249,7 +250,7 @@ int rs_sync_txn_finish(rs_sync *s, rs_weight_last last, bool abort_all, rs_sync_
              "generation held %.3f s%s", res->n_required, (double)c.bytes / (1 << 20), (double)staged / (1 << 20),
              c.seconds, c.paused,
              !kv_pushed ? ""
-             : s->e && rs_engine_takes_kv_scales(s->e)
+             : s->e && rs_engine_kv_scales(s->e) == RS_KV_SCALES_STATIC
                  ? "; KV scales from this update"
                  : "; the pushed KV scales are unused (only --kv-cache-dtype fp8 --kv-scale-mode static takes them)");
     RS_INFO("sync | version '%s' in service: %s", rs_engine_weight_version(s->e), res->message);
@@ -415,7 +416,7 @@ int rs_sync_start(rs_sync **out, rs_engine *e, rs_model *m, const rs_sync_opts *
      * commit, on a backend of the service's own that reads the staged weights where the model's
      * backend holds them: a CPU backend for host memory, a CUDA backend with a stream of its own on
      * the same GPU for device memory. Generation goes on meanwhile instead of waiting for a prefill. */
-    if (rs_engine_calibrates_kv(e)) {
+    if (rs_engine_kv_scales(e) == RS_KV_SCALES_CALIBRATE) {
         if (m->backend->ops->host_memory) s->calib = rs_backend_cpu_init(threads);
 #ifdef RS_CUDA
         else if (rs_backend_cuda_device(m->backend) >= 0)
@@ -503,37 +504,23 @@ int rs_sync_submit(rs_sync *s, rs_sync_job *job, rs_error *err) {
     return RS_OK;
 }
 
-typedef struct waiter {
-    pthread_mutex_t mu;
-    pthread_cond_t cv;
-    bool done;
-} waiter;
-
 static void on_waited(rs_sync_job *job, void *user) {
     (void)job;
-    waiter *w = user;
-    pthread_mutex_lock(&w->mu);
-    w->done = true;
-    pthread_cond_signal(&w->cv);
-    pthread_mutex_unlock(&w->mu);
+    rs_latch_arrive(user);
 }
 
 int rs_sync_run(rs_sync *s, rs_sync_job *job) {
-    waiter w = {.done = false};
-    pthread_mutex_init(&w.mu, NULL);
-    pthread_cond_init(&w.cv, NULL);
+    rs_latch done;
+    rs_latch_init(&done);
     job->on_done = on_waited;
-    job->user = &w;
+    job->user = &done;
     int rc = rs_sync_submit(s, job, &job->err);
     if (rc == RS_OK) {
-        pthread_mutex_lock(&w.mu);
-        while (!w.done) pthread_cond_wait(&w.cv, &w.mu);
-        pthread_mutex_unlock(&w.mu);
+        rs_latch_wait(&done, 1);
         rc = job->rc;
     } else {
         job->rc = rc;
     }
-    pthread_cond_destroy(&w.cv);
-    pthread_mutex_destroy(&w.mu);
+    rs_latch_destroy(&done);
     return rc;
 }

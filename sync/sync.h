@@ -27,8 +27,12 @@
  *   RS_SYNC_DISK           /update_weights_from_disk: one whole transaction from a safetensors dir
  *   RS_SYNC_VERSION        /update_weight_version: relabel (and optionally abort in-flight work)
  *   RS_SYNC_NCCL_INIT, RS_SYNC_NCCL_UPDATE, RS_SYNC_NCCL_DESTROY: run sync/nccl.h's functions on
- *                          this thread; rs_nccl_update stages through rs_sync_txn / rs_txn_add /
- *                          rs_sync_txn_finish exactly like the shm transport.
+ *                          this thread; rs_nccl_update stages through the same transaction as the
+ *                          shm transport (sync_internal.h).
+ *
+ * This header is what the rest of the daemon sees. The transports' side of the service (joining
+ * and finishing a transaction) is sync_internal.h, and the transaction itself transaction.h: no
+ * file outside sync/ includes either.
  *
  * Metrics: rs_sync_get_stats (thread-safe) for /metrics.
  */
@@ -39,11 +43,11 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "../core/histogram.h"
 #include "../core/rs.h"
 #include "../model/model.h"
 #include "requests.h"
 #include "../scheduler/engine.h"
-#include "transaction.h"
 
 typedef struct rs_sync rs_sync;
 
@@ -132,30 +136,5 @@ typedef struct rs_sync_stats {
     uint64_t last_update_bytes;
 } rs_sync_stats;
 void rs_sync_get_stats(const rs_sync *s, rs_sync_stats *out);
-
-/* ---- for transports running on the service thread (shm.c, disk.c, nccl.c) ---- */
-
-/* The open transaction named by `version` and `txn_id` (NULL = the request named none), opened if
- * none is and txn_id is NULL; RS_ESTATE (409) when they do not name the open one (the rule above):
- * nothing changes then. Once this returns RS_OK the job has joined the transaction (res->txn_id,
- * filled by rs_sync_txn_finish, names it), and if the job then fails, the service drops it.
- * rs_sync_txn is rs_sync_txn_join without a transaction id (disk updates). */
-int rs_sync_txn_join(rs_sync *s, const char *version, const char *txn_id, rs_txn **out, rs_error *err);
-int rs_sync_txn(rs_sync *s, const char *version, rs_txn **out, rs_error *err);
-
-/* Ends the job's part in the transaction: commits when `last` is YES, or AUTO and the set is
- * complete (abort_all: abort in-flight requests first); fills res (version, progress, committed,
- * seconds_paused, message). A commit that finds tensors missing fails with RS_EINVAL naming the
- * first. */
-int rs_sync_txn_finish(rs_sync *s, rs_weight_last last, bool abort_all, rs_sync_result *res, rs_error *err);
-
-rs_model *rs_sync_model(rs_sync *s);
-rs_engine *rs_sync_engine(rs_sync *s);
-rs_txn *rs_sync_open_txn(rs_sync *s);            /* the open transaction, or NULL */
-struct rs_shm_maps *rs_sync_shm_maps(rs_sync *s);   /* kept shm mappings, or NULL (weight-shm-keep off) */
-const char *rs_sync_allowed_dir(const rs_sync *s);  /* realpath of allowed-weight-dir, "" = disabled */
-/* A pointer slot for sync/nccl.c's own state (groups, communicators): NULL at start; nccl.c owns
- * what it stores there; rs_sync_stop calls rs_nccl_release after the thread has stopped. */
-void **rs_sync_nccl_state(rs_sync *s);
 
 #endif /* RS_SYNC_H */

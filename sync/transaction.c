@@ -408,15 +408,49 @@ int rs_txn_commit_extras(rs_txn *u, rs_engine *e, bool *kv_installed, rs_error *
     RS_ASSERT(rs_txn_only_extras(u));
     *kv_installed = false;
     int rc = kv_missing_error(u, err);
-    if (rc == RS_OK && u->kv_count > 0 && e && rs_engine_takes_kv_scales(e)) {
+    if (rc == RS_OK && u->kv_count > 0 && e && rs_engine_kv_scales(e) == RS_KV_SCALES_STATIC) {
         /* the version in service stays; its KV, written with the old scales, is recomputed */
         char version[RS_TXN_VERSION_BYTES];
         snprintf(version, sizeof version, "%s", rs_engine_weight_version(e));
-        rc = rs_engine_update_weights(e, apply_nothing, NULL, u, u->kv_k, u->kv_v, false, version, NULL, err);
+        rs_weight_swap w = {.apply = apply_nothing, .ctx = u, .k_scales = u->kv_k, .v_scales = u->kv_v,
+                            .scales_param = "k_scale", .scales_what = "the pushed KV scales", .version = version};
+        rc = rs_engine_swap_weights(e, &w, NULL, err);
         *kv_installed = rc == RS_OK;
     }
     rs_txn_abort(u);
     return rc;
+}
+
+/* The commit policy: the FP8 KV scales the new weights are served with, by the engine's scale
+ * source (kvcache.h rs_kv_scales; docs/design.md "Numerics"):
+ *   STATIC     the scales pushed with this update, else the ones in service stay;
+ *   CALIBRATE  a calibration of the staged weights: on the service's own backend (u->calib) before
+ *              the commit, while generation goes on; without one, by the engine before its swap,
+ *              holding the step loop. A calibration that fails refuses the update;
+ *   DYNAMIC, NONE  no per-head scales (pushed ones are unused).
+ * Fills w's scales (ck/cv hold a precalibration, freed by the caller). */
+static int kv_scales_policy(rs_txn *u, rs_engine *e, rs_weight_swap *w, float **ck, float **cv, rs_error *err) {
+    switch (rs_engine_kv_scales(e)) {
+    case RS_KV_SCALES_STATIC:
+        w->k_scales = u->kv_k, w->v_scales = u->kv_v; /* NULL when none were pushed */
+        w->scales_param = "k_scale", w->scales_what = "the pushed KV scales";
+        return RS_OK;
+    case RS_KV_SCALES_CALIBRATE:
+        w->scales_param = "kv-cache-dtype", w->scales_what = "the calibrated KV scales of the new weights";
+        if (!u->calib) {
+            w->calibrate = calibrate_on_engine;
+            return RS_OK;
+        }
+        const size_t n = (size_t)u->m->cfg.n_layers * (size_t)u->m->cfg.n_kv_heads;
+        *ck = rs_xmalloc(n * sizeof **ck);
+        *cv = rs_xmalloc(n * sizeof **cv);
+        w->k_scales = *ck, w->v_scales = *cv;
+        return calibrate_staged(u, e, u->calib, *ck, *cv, err);
+    case RS_KV_SCALES_DYNAMIC:
+    case RS_KV_SCALES_NONE:
+        break;
+    }
+    return RS_OK;
 }
 
 int rs_txn_commit(rs_txn *u, rs_engine *e, bool abort_all, double *seconds_paused, rs_error *err) {
@@ -432,23 +466,12 @@ int rs_txn_commit(rs_txn *u, rs_engine *e, bool abort_all, double *seconds_pause
     } else {
         char version[RS_TXN_VERSION_BYTES];
         snprintf(version, sizeof version, "%s", u->version[0] ? u->version : rs_engine_weight_version(e));
-        const float *k = u->kv_k, *v = u->kv_v;
+        rs_weight_swap w = {.apply = apply, .ctx = u, .version = version};
         float *ck = NULL, *cv = NULL;
-        /* Calibrate mode: the scales of the new weights are computed before the commit, on the
-         * service's calibration backend while generation goes on, or else by the engine before its
-         * swap. Either way a calibration that fails leaves the weights in service alone. */
-        const bool calibrates = rs_engine_calibrates_kv(e), precalibrate = calibrates && u->calib;
-        if (precalibrate) {
-            const size_t n = (size_t)u->m->cfg.n_layers * (size_t)u->m->cfg.n_kv_heads;
-            ck = rs_xmalloc(n * sizeof *ck);
-            cv = rs_xmalloc(n * sizeof *cv);
-            rc = calibrate_staged(u, e, u->calib, ck, cv, err);
-            k = ck, v = cv;
-        }
+        rc = kv_scales_policy(u, e, &w, &ck, &cv, err);
         if (rc == RS_OK) {
             if (abort_all) rs_engine_abort(e, NULL);
-            rc = rs_engine_update_weights(e, apply, calibrates && !precalibrate ? calibrate_on_engine : NULL, u, k, v,
-                                          precalibrate, version, seconds_paused, err);
+            rc = rs_engine_swap_weights(e, &w, seconds_paused, err);
         }
         free(ck);
         free(cv);

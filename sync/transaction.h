@@ -11,8 +11,9 @@
  *                      scale_inv copied, 1-D tensors to F32), so the caller can release its raw
  *                      bucket right away;
  *   rs_txn_commit   checks that every parameter of the model has been staged (a tied lm_head is
- *                      optional), then swaps the staged tensors in through rs_engine_update_weights
- *                      and frees the old ones; the transaction ends either way;
+ *                      optional), settles the KV scales by the commit policy (transaction.c,
+ *                      kv_scales_policy), then swaps the staged tensors in through
+ *                      rs_engine_swap_weights and frees the old ones; the transaction ends either way;
  *   rs_txn_abort    drops it.
  *
  * Memory. Staging holds the converted, served-precision tensors of the transaction until commit,
@@ -85,20 +86,20 @@ bool rs_txn_complete(const rs_txn *u);
 
 /* True when the update carries static FP8 KV scales (`model.layers.N.self_attn.k_scale` /
  * `v_scale`). They are optional; once one is sent, every layer's pair is required at the commit,
- * which hands them to the engine (applied under --kv-scale-mode static, see
- * rs_engine_takes_kv_scales). A `*.q_scale` is refused: queries stay fp32. */
+ * which hands them to the engine under --kv-scale-mode static (RS_KV_SCALES_STATIC); other scale
+ * sources leave them unused. A `*.q_scale` is refused: queries stay fp32. */
 bool rs_txn_has_kv_scales(const rs_txn *u);
 
 /* Commits and ends the transaction (u is freed whether or not it succeeds). If a parameter is
  * missing, returns RS_EINVAL naming the first one in the model's order (or an FP8 half-pair) and
- * drops the transaction. Otherwise swaps the staged tensors in through rs_engine_update_weights
+ * drops the transaction. Otherwise swaps the staged tensors in through rs_engine_swap_weights
  * (at a step boundary; in-flight sequences are recomputed, not aborted, unless abort_all) and
  * frees the old allocations. `e` NULL swaps directly on the caller's thread (no engine: tests,
  * tools; the caller guarantees no forward pass runs meanwhile). *seconds_paused (may be NULL)
  * receives how long the engine's step loop was held.
  *
  * With a calibration backend (rs_txn_set_calib_backend) and an engine that recalibrates
- * per-head FP8 KV scales after every update, the calibration runs here, on the caller's thread,
+ * per-head FP8 KV scales after every update (RS_KV_SCALES_CALIBRATE), the calibration runs here, on the caller's thread,
  * over a view of the model holding the staged weights, before the commit: the engine keeps
  * generating with the old weights meanwhile and is held only for the swap. New weights whose
  * K/V come out non-finite on the calibration set are then refused (RS_EINVAL, "kv-cache-dtype")

@@ -17,6 +17,7 @@
 #include <string.h>
 
 #include "../config/config.h"
+#include "../core/latch.h"
 #include "../core/rs.h"
 #include "../kernels/backend.h"
 #include "../model/model.h"
@@ -24,19 +25,9 @@
 #include "../scheduler/engine.h"
 #include "../server/setup.h"
 
-typedef struct waiter {
-    pthread_mutex_t mu;
-    pthread_cond_t cv;
-    bool done;
-} waiter;
-
 static void on_done(rs_gen_job *job, void *user) {
     (void)job;
-    waiter *w = user;
-    pthread_mutex_lock(&w->mu);
-    w->done = true;
-    pthread_cond_signal(&w->cv);
-    pthread_mutex_unlock(&w->mu);
+    rs_latch_arrive(user);
 }
 
 static int cmp_double(const void *a, const void *b) {
@@ -44,7 +35,7 @@ static int cmp_double(const void *a, const void *b) {
     return (x > y) - (x < y);
 }
 
-static double one_request(rs_engine *e, int max_new_tokens, waiter *w) {
+static double one_request(rs_engine *e, int max_new_tokens, rs_latch *done) {
     rs_gen_job *job = rs_gen_job_new();
     job->n_prompts = 1;
     job->prompts = rs_xcalloc(1, sizeof(int32_t *));
@@ -54,18 +45,16 @@ static double one_request(rs_engine *e, int max_new_tokens, waiter *w) {
     job->prompt_lens[0] = 4;
     job->sp.max_new_tokens = max_new_tokens;
     job->on_done = on_done;
-    job->on_done_user = w;
+    job->on_done_user = done;
     snprintf(job->rid, sizeof job->rid, "bench");
-    w->done = false;
+    const int arrived = done->arrived; /* only this thread submits, and the job is not in yet */
     double t0 = rs_now_s();
     rs_error err;
     if (rs_engine_submit(e, job, &err) != RS_OK) {
         fprintf(stderr, "bench-inproc: submit: %s\n", err.message);
         exit(1);
     }
-    pthread_mutex_lock(&w->mu);
-    while (!w->done) pthread_cond_wait(&w->cv, &w->mu);
-    pthread_mutex_unlock(&w->mu);
+    rs_latch_wait(done, arrived + 1);
     double dt = rs_now_s() - t0;
     rs_gen_job_free(job);
     return dt;
@@ -100,9 +89,11 @@ int main(int argc, char **argv) {
 
     rs_backend *b = rs_backend_cpu_init(cfg.threads);
     rs_quant_policy qp;
+    char quant[16];
+    rs_config_get(&cfg, "quantization", quant, sizeof quant);
     rs_model *m = NULL;
     rs_engine *e = NULL;
-    if (!b || rs_quant_policy_init(&qp, cfg.quantization, cfg.quant_ignore, cfg.bf16_first_layers,
+    if (!b || rs_quant_policy_init(&qp, quant, cfg.quant_ignore, cfg.bf16_first_layers,
                                    cfg.bf16_last_layers, &err) != RS_OK ||
         rs_model_load(cfg.model, b, &qp, &m, &err) != RS_OK) {
         fprintf(stderr, "bench-inproc: %s\n", err.message);
@@ -115,9 +106,8 @@ int main(int argc, char **argv) {
         return 1;
     }
 
-    waiter w = {.done = false};
-    pthread_mutex_init(&w.mu, NULL);
-    pthread_cond_init(&w.cv, NULL);
+    rs_latch w;
+    rs_latch_init(&w);
     for (int i = 0; i < warmup; i++) one_request(e, max_new, &w);
     double *t = rs_xmalloc(sizeof(double) * (size_t)iterations), sum = 0;
     for (int i = 0; i < iterations; i++) {
@@ -134,7 +124,6 @@ int main(int argc, char **argv) {
     rs_engine_free(e);
     rs_model_free(m);
     rs_backend_free(b);
-    pthread_cond_destroy(&w.cv);
-    pthread_mutex_destroy(&w.mu);
+    rs_latch_destroy(&w);
     return 0;
 }

@@ -213,7 +213,7 @@ int main(int argc, char **argv) {
         eo.prefix_cache = true;
         eo.admission_new_token_ratio = 0.4f;
         eo.kv_dtype = RS_DTYPE_E4M3;
-        eo.kv_scale_mode = RS_KV_SCALE_PER_HEAD;
+        eo.kv_scales = RS_KV_SCALES_CALIBRATE;
         eo.kv_calib_margin = 1.0f;
         eo.kv_calib_percentile = 1.0f;
         eng = run(m, &o, &eo, true);
@@ -235,7 +235,7 @@ int main(int argc, char **argv) {
         eo.kv_cache_bytes = demand;
         eo.prefix_cache = false; /* nothing shared: each request prefills its own prompt */
         eo.kv_dtype = RS_DTYPE_E4M3;
-        eo.kv_scale_mode = RS_KV_SCALE_PER_HEAD;
+        eo.kv_scales = RS_KV_SCALES_CALIBRATE;
         eo.kv_calib_margin = 1.0f;
         eo.kv_calib_percentile = 1.0f;
         result lp = run_loop(m, &o, &eo);
@@ -252,7 +252,7 @@ int main(int argc, char **argv) {
             eo.prefix_cache = true;
             eo.admission_new_token_ratio = 0.4f;
             eo.kv_dtype = kvs[i].dt;
-            eo.kv_scale_mode = kvs[i].dt == RS_DTYPE_E4M3 ? RS_KV_SCALE_PER_HEAD : RS_KV_SCALE_NONE;
+            eo.kv_scales = kvs[i].dt == RS_DTYPE_E4M3 ? RS_KV_SCALES_CALIBRATE : RS_KV_SCALES_NONE;
             eo.kv_calib_margin = 1.0f;
             eo.kv_calib_percentile = 1.0f;
             result r = run(m, &o, &eo, true);

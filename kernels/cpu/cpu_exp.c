@@ -34,7 +34,7 @@
  * Compiled for any x86-64 target: each vector function carries its target attribute and is only
  * called when rs_cpu_exp_best or the backend found the feature, like cpu_simd_*.c.
  */
-#include "cpu_exp.h"
+#include "../exp.h"
 
 #include <math.h>
 #include <pthread.h>

@@ -18,7 +18,7 @@
 
 #include "../../core/pool.h"
 #include "../backend.h"
-#include "cpu_exp.h"
+#include "../exp.h"
 
 typedef enum rs_cpu_simd {
     RS_CPU_SIMD_SCALAR = 0,

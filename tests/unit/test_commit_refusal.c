@@ -35,13 +35,13 @@ static void tiny(rs_model_config *c) {
 
 static rs_engine *calibrating_engine(rs_model *m, float margin) {
     rs_engine_opts o = {.kv_cache_bytes = 1 << 20, .max_running = 4, .max_step_tokens = 256,
-                        .kv_dtype = RS_DTYPE_E4M3, .kv_scale_mode = RS_KV_SCALE_PER_HEAD,
+                        .kv_dtype = RS_DTYPE_E4M3, .kv_scales = RS_KV_SCALES_CALIBRATE,
                         .kv_calib_margin = margin, .kv_calib_percentile = 1.0f,
                         .limits = {.max_context = 256, .max_new_tokens = 16, .max_n = 1, .max_batch = 1}};
     rs_engine *e = NULL;
     rs_error err = {0};
     if (rs_engine_init(&e, m, &o, &err) != RS_OK) RS_TEST_FAIL("engine: %s", err.message);
-    ASSERT_TRUE(rs_engine_calibrates_kv(e));
+    ASSERT_EQ(rs_engine_kv_scales(e), RS_KV_SCALES_CALIBRATE);
     return e;
 }
 
@@ -181,7 +181,16 @@ static void count_apply(rs_model *m, void *ctx) {
     applied++;
 }
 
-/* Scales a caller hands in as the calibration of the new weights are checked before the swap. */
+/* A calibration the engine runs before the swap that yields a zero scale. */
+static int calibrate_zero(void *ctx, const rs_engine *e, float *k, float *v, rs_error *err) {
+    (void)ctx, (void)e, (void)err;
+    for (int i = 0; i < NL * NKV; i++) k[i] = v[i] = 0.01f;
+    v[NL * NKV - 1] = 0.0f;
+    return RS_OK;
+}
+
+/* Scales handed to the engine's swap, or computed by the calibration it runs, are checked before
+ * the swap: unusable ones refuse the update with nothing applied. */
 RS_TEST(commit_refuses_unusable_caller_scales) {
     char dir[512];
     write_ckpt(dir, sizeof dir);
@@ -193,14 +202,17 @@ RS_TEST(commit_refuses_unusable_caller_scales) {
     for (int i = 0; i < NL * NKV; i++) k[i] = v[i] = 0.01f;
     k[3] = INFINITY;
     applied = 0;
-    ASSERT_EQ(rs_engine_update_weights(e, count_apply, NULL, NULL, k, v, true, "x", NULL, &err), RS_EINVAL);
+    rs_weight_swap w = {.apply = count_apply, .k_scales = k, .v_scales = v, .version = "x"};
+    ASSERT_EQ(rs_engine_swap_weights(e, &w, NULL, &err), RS_EINVAL);
     ASSERT_EQ(applied, 0);
     ASSERT_STREQ(rs_engine_weight_version(e), "0");
-    /* no scales and nothing to compute them with: refused too */
-    ASSERT_EQ(rs_engine_update_weights(e, count_apply, NULL, NULL, NULL, NULL, false, "x", NULL, &err), RS_EINVAL);
+    rs_weight_swap wc = {.apply = count_apply, .calibrate = calibrate_zero, .version = "x"};
+    ASSERT_EQ(rs_engine_swap_weights(e, &wc, NULL, &err), RS_EINVAL);
     ASSERT_EQ(applied, 0);
+    ASSERT_STREQ(rs_engine_weight_version(e), "0");
     k[3] = 0.01f;
-    ASSERT_EQ(rs_engine_update_weights(e, count_apply, NULL, NULL, k, v, true, "y", NULL, &err), RS_OK);
+    w.version = "y";
+    ASSERT_EQ(rs_engine_swap_weights(e, &w, NULL, &err), RS_OK);
     ASSERT_EQ(applied, 1);
     ASSERT_STREQ(rs_engine_weight_version(e), "y");
     rs_engine_free(e);

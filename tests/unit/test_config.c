@@ -32,7 +32,11 @@ RS_TEST(config_defaults) {
     ASSERT_EQ(c.max_body_bytes, 16 << 20);
     ASSERT_EQ(c.max_waiting_requests, 1024);
     ASSERT_NEAR(c.drain_timeout, 30, 0);
-    ASSERT_STREQ(c.log_level, "info");
+    ASSERT_EQ(c.log_level, RS_CFG_LOG_INFO);
+    ASSERT_EQ(c.quantization, RS_CFG_QUANT_FP8);
+    ASSERT_EQ(c.kv_cache_dtype, RS_CFG_KV_FP8);
+    ASSERT_EQ(c.kv_scale_mode, RS_CFG_KV_SCALES_CALIBRATE);
+    ASSERT_EQ(c.device, RS_CFG_DEVICE_CPU);
     ASSERT_STREQ(c.api_key, "");
     ASSERT_EQ(rs_config_log_level(&c), RS_LOG_LEVEL_INFO);
 }
@@ -47,6 +51,47 @@ RS_TEST(config_every_entry_is_sane) {
         ASSERT_TRUE(strchr(e[i].name, '_') == NULL); /* names use dashes */
         ASSERT_TRUE(rs_config_find(e[i].name) == &e[i]);
         for (size_t k = 0; k < i; k++) ASSERT_TRUE(strcmp(e[i].name, e[k].name) != 0);
+    }
+}
+
+/* Every enum setting: each name of its choices sets the C value config.h gives it (the table's
+ * order and the enum's agree), prints back as that name, and anything else is refused. */
+RS_TEST(config_enums_match_their_choices) {
+    static const struct {
+        const char *setting, *value;
+        int want;
+    } cases[] = {
+        {"quantization", "fp8", RS_CFG_QUANT_FP8},          {"quantization", "bf16", RS_CFG_QUANT_BF16},
+        {"device", "cpu", RS_CFG_DEVICE_CPU},               {"device", "cuda", RS_CFG_DEVICE_CUDA},
+        {"log-level", "debug", RS_CFG_LOG_DEBUG},           {"log-level", "info", RS_CFG_LOG_INFO},
+        {"log-level", "warn", RS_CFG_LOG_WARN},             {"log-level", "error", RS_CFG_LOG_ERROR},
+        {"kv-cache-dtype", "fp8", RS_CFG_KV_FP8},           {"kv-cache-dtype", "bf16", RS_CFG_KV_BF16},
+        {"kv-cache-dtype", "f32", RS_CFG_KV_F32},           {"kv-scale-mode", "calibrate", RS_CFG_KV_SCALES_CALIBRATE},
+        {"kv-scale-mode", "dynamic", RS_CFG_KV_SCALES_DYNAMIC}, {"kv-scale-mode", "static", RS_CFG_KV_SCALES_STATIC},
+    };
+    rs_config c;
+    rs_config_default(&c);
+    rs_error err;
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        const rs_config_entry *e = rs_config_find(cases[i].setting);
+        ASSERT_TRUE(e && e->type == RS_CONFIG_TYPE_ENUM);
+        ASSERT_EQ(rs_config_set(&c, cases[i].setting, cases[i].value, &err), RS_OK);
+        ASSERT_EQ(*(const int *)((const char *)&c + e->offset), cases[i].want);
+        char buf[32];
+        rs_config_get(&c, cases[i].setting, buf, sizeof buf);
+        ASSERT_STREQ(buf, cases[i].value);
+        ASSERT_EQ(rs_config_set(&c, cases[i].setting, "nope", &err), RS_EINVAL);
+        ASSERT_TRUE(strstr(err.message, e->choices) != NULL);
+        ASSERT_EQ(*(const int *)((const char *)&c + e->offset), cases[i].want); /* unchanged */
+    }
+    /* and every enum row of the table has a case above */
+    size_t n;
+    const rs_config_entry *all = rs_config_entries(&n);
+    for (size_t i = 0; i < n; i++) {
+        if (all[i].type != RS_CONFIG_TYPE_ENUM) continue;
+        bool covered = false;
+        for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) covered |= !strcmp(cases[k].setting, all[i].name);
+        if (!covered) RS_TEST_FAIL("enum setting %s has no case in this test", all[i].name);
     }
 }
 

@@ -8,6 +8,7 @@
 #include <math.h>
 #include <pthread.h>
 
+#include "../../core/latch.h"
 #include "../../model/presets.h"
 #include "../../scheduler/engine.h"
 #include "test.h"
@@ -500,6 +501,31 @@ RS_TEST(engine_small_pool_queues_requests) {
     env_close(&small);
 }
 
+/* Admission estimates a waiting sequence's pages as it estimates a running one's: growth up to
+ * max_context, never past it (the engine stops every sequence there). A job submitted to the
+ * engine directly may ask for more new tokens than the context leaves (the server's validation
+ * refuses that; the engine caps it); two such 200-token prompts at ratio 1 need 16 pages each at
+ * most, and a pool of 34 holds both at once. An estimate that forgot the cap (21 pages each)
+ * admitted them one after the other. */
+RS_TEST(engine_admission_caps_growth_at_max_context) {
+    env v = env_open_opts(34 * 8192, 8, 512, false, 1.0f);
+    int lens[2] = {200, 200};
+    rs_gen_job *j = job_new(2, lens, 70);
+    j->sp.max_new_tokens = 128; /* 200 + 128 > max_context 256 */
+    rs_error err = {0};
+    ASSERT_EQ(rs_engine_submit(v.e, j, &err), RS_OK);
+    rs_engine_run_until_idle(v.e);
+    for (int p = 0; p < 2; p++) {
+        ASSERT_EQ(j->outputs[p].finish.type, RS_FINISH_LENGTH);
+        ASSERT_EQ(j->outputs[p].n_output, 256 - 200);
+    }
+    rs_engine_stats st;
+    rs_engine_get_stats(v.e, &st);
+    ASSERT_EQ(st.peak_running, 2);
+    rs_gen_job_free(j);
+    env_close(&v);
+}
+
 RS_TEST(engine_validate_rejects_bad_jobs) {
     env v = env_open(1 << 20, 4, 64);
     rs_gen_invalid why;
@@ -695,36 +721,27 @@ RS_TEST(engine_top_logprobs_and_modes) {
 /* ---- the engine thread: control requests and progress callbacks ---- */
 
 typedef struct waiter {
-    pthread_mutex_t mu;
-    pthread_cond_t cv;
-    int done;
-    int progress_calls;
+    rs_latch done;              /* finished jobs */
+    int progress_calls;         /* under done.mu */
     int tokens_seen;
 } waiter;
 
 static void on_done_cb(rs_gen_job *job, void *user) {
     (void)job;
     waiter *w = user;
-    pthread_mutex_lock(&w->mu);
-    w->done++;
-    pthread_cond_broadcast(&w->cv);
-    pthread_mutex_unlock(&w->mu);
+    rs_latch_arrive(&w->done);
 }
 
 static void on_progress_cb(rs_gen_job *job, void *user) {
     waiter *w = user;
-    pthread_mutex_lock(&w->mu);
+    pthread_mutex_lock(&w->done.mu);
     w->progress_calls++;
     ASSERT_TRUE(job->outputs[0].n_output > w->tokens_seen); /* every call brings new tokens */
     w->tokens_seen = job->outputs[0].n_output;
-    pthread_mutex_unlock(&w->mu);
+    pthread_mutex_unlock(&w->done.mu);
 }
 
-static void wait_done(waiter *w, int n) {
-    pthread_mutex_lock(&w->mu);
-    while (w->done < n) pthread_cond_wait(&w->cv, &w->mu);
-    pthread_mutex_unlock(&w->mu);
-}
+static void wait_done(waiter *w, int n) { rs_latch_wait(&w->done, n); }
 
 /* Pausing with retract frees every page and recomputes later: the output is the same as without
  * the pause. In-place pause keeps pages; abort pause ends requests. Flushing the prefix cache is
@@ -737,7 +754,7 @@ RS_TEST(engine_thread_pause_continue_flush_progress) {
     ref->sp.seed = 3;
     run(&v, ref);
 
-    waiter w = {.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER};
+    waiter w = {.done = RS_LATCH_INIT};
     ASSERT_EQ(rs_engine_start(v.e), RS_OK);
     rs_gen_job *j = job_new(1, &len, 77);
     j->sp.max_new_tokens = 60;
@@ -787,7 +804,7 @@ RS_TEST(engine_thread_pause_continue_flush_progress) {
  * generation continues; its own rid still aborts it. */
 RS_TEST(engine_probe_survives_abort_all_and_pause_abort) {
     env v = env_open(8 << 20, 8, 512);
-    waiter w = {.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER};
+    waiter w = {.done = RS_LATCH_INIT};
     ASSERT_EQ(rs_engine_start(v.e), RS_OK);
     int len = 8;
     rs_gen_job *user[2], *probe[3];
@@ -878,7 +895,7 @@ RS_TEST(engine_weight_updates_during_generation) {
     ASSERT_EQ(rs_engine_start(v.e), RS_OK);
 
     enum { R = 6 };
-    waiter w = {.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER};
+    waiter w = {.done = RS_LATCH_INIT};
     rs_gen_job *jobs[R];
     for (int i = 0; i < R; i++) {
         int len = 5 + 7 * i;
@@ -893,7 +910,8 @@ RS_TEST(engine_weight_updates_during_generation) {
     for (int u = 1; u <= 20; u++) {
         char ver[16];
         snprintf(ver, sizeof ver, "%d", u);
-        ASSERT_EQ(rs_engine_update_weights(v.e, swap_weights, NULL, &sc, NULL, NULL, false, ver, NULL, &err), RS_OK);
+        rs_weight_swap ws = {.apply = swap_weights, .ctx = &sc, .version = ver};
+        ASSERT_EQ(rs_engine_swap_weights(v.e, &ws, NULL, &err), RS_OK);
     }
     wait_done(&w, R);
     rs_engine_stop(v.e);

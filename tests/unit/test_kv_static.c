@@ -33,8 +33,8 @@ static void small_config(rs_model_config *c) {
 
 static int engine_for(rs_model *m, bool is_static, rs_engine **e, rs_error *err) {
     rs_engine_opts o = {.kv_cache_bytes = 1 << 20, .max_running = 4, .max_step_tokens = 256,
-                        .kv_dtype = RS_DTYPE_E4M3, .kv_scale_mode = RS_KV_SCALE_PER_HEAD,
-                        .kv_calib_margin = 1.2f, .kv_calib_percentile = 1.0f, .kv_scales_static = is_static,
+                        .kv_dtype = RS_DTYPE_E4M3, .kv_scales = is_static ? RS_KV_SCALES_STATIC : RS_KV_SCALES_CALIBRATE,
+                        .kv_calib_margin = 1.2f, .kv_calib_percentile = 1.0f,
                         .limits = {.max_context = 256, .max_new_tokens = 16, .max_n = 1, .max_batch = 1}};
     return rs_engine_init(e, m, &o, err);
 }
@@ -208,7 +208,7 @@ RS_TEST(kv_static_scales_pushed_with_weights) {
     rs_model_free(mb);
 
     ASSERT_EQ(engine_for(m, true, &e, &err), RS_OK);
-    ASSERT_TRUE(rs_engine_takes_kv_scales(e));
+    ASSERT_EQ(rs_engine_kv_scales(e), RS_KV_SCALES_STATIC);
     score(e, sa);
     ASSERT_TRUE(!(same(sa, sb, 39))); /* the scales matter */
 
@@ -265,7 +265,7 @@ RS_TEST(kv_static_scales_pushed_with_weights) {
     /* calibrate mode: pushed scales are not used; the scales follow the weights */
     rs_engine *ec = NULL, *fresh = NULL;
     ASSERT_EQ(engine_for(m, false, &ec, &err), RS_OK);
-    ASSERT_TRUE(!(rs_engine_takes_kv_scales(ec)));
+    ASSERT_EQ(rs_engine_kv_scales(ec), RS_KV_SCALES_CALIBRATE);
     ASSERT_EQ(rs_txn_begin(&u, m, "v4", 0, &err), RS_OK);
     stage_dir(u, b_dir, true, -1);
     ASSERT_EQ(rs_txn_commit(u, ec, false, NULL, &err), RS_OK);
@@ -308,7 +308,7 @@ RS_TEST(kv_calibrated_before_commit) {
 
     ASSERT_EQ(rs_model_load(a_dir, b, &qp, &m, &err), RS_OK);
     ASSERT_EQ(engine_for(m, false, &e, &err), RS_OK);
-    ASSERT_TRUE(rs_engine_calibrates_kv(e));
+    ASSERT_EQ(rs_engine_kv_scales(e), RS_KV_SCALES_CALIBRATE);
     score(e, sa);
     ASSERT_TRUE(!(same(sa, sb, 39)));
 

@@ -379,41 +379,13 @@ RS_TEST(model_load_config_errors) {
 /* ---- synthetic models ---- */
 
 static rs_model_config small_cfg(rs_arch arch) {
-    rs_model_config c;
-    memset(&c, 0, sizeof c);
-    c.arch = arch;
-    c.vocab_size = 96;
-    c.hidden = 32;
-    c.intermediate = 48;
-    c.n_layers = 2;
-    c.n_heads = 4;
-    c.n_kv_heads = 2;
-    c.head_dim = 16; /* n_heads * head_dim = 64 != hidden: a transposed weight cannot pass */
-    c.max_position = 256;
-    c.rms_eps = 1e-5f;
-    c.rope_theta = 10000.0;
-    c.rope_factor = c.rope_low_freq_factor = c.rope_high_freq_factor = 1.0;
-    c.rope_original_max_position = 256;
-    c.qk_norm = arch == RS_ARCH_QWEN3 || arch == RS_ARCH_QWEN3_MOE;
-    c.qkv_bias = arch == RS_ARCH_QWEN2;
-    c.decoder_sparse_step = 1;
-    c.bos_token_id = 1;
-    c.eos_token_ids[0] = 2;
-    c.n_eos = 1;
-    if (arch == RS_ARCH_QWEN3_MOE) { /* layer 0 dense (mlp_only_layers), layer 1 sparse */
-        c.n_experts = 4;
-        c.n_experts_per_tok = 2;
-        c.moe_intermediate = 24;
-        c.norm_topk_prob = true;
-        c.layer_is_moe[1] = true;
-    }
-    return c;
+    /* n_heads * head_dim = 64 != hidden: a transposed weight cannot pass */
+    return rs_test_config(arch, (rs_test_dims){.vocab = 96, .hidden = 32, .intermediate = 48, .n_layers = 2,
+                                               .n_heads = 4, .n_kv_heads = 2, .head_dim = 16, .max_position = 256,
+                                               .moe_intermediate = 24, .rms_eps = 1e-5f});
 }
 
-static void write_model(const char *dir, const rs_model_config *c, uint64_t seed) {
-    rs_error err = {0};
-    if (rs_testmodel_write(dir, c, seed, &err) != RS_OK) RS_TEST_FAIL("testmodel: %s", err.message);
-}
+static void write_model(const char *dir, const rs_model_config *c, uint64_t seed) { rs_test_write_model(dir, c, seed); }
 
 static rs_model *load_ok(const char *dir, rs_backend *b) {
     rs_model *m = NULL;

@@ -43,41 +43,12 @@ static char *subdir(const char *name) {
  * matrix is a whole number of 128x128 blocks. The MoE variant has layer 0 dense and layer 1 sparse
  * with 4 experts of width 24 (ragged blocks: [24][256] and [256][24]). */
 static rs_model_config make_cfg(rs_arch arch, int n_layers) {
-    rs_model_config c;
-    memset(&c, 0, sizeof c);
-    c.arch = arch;
-    c.vocab_size = 128;
-    c.hidden = 256;
-    c.intermediate = 384;
-    c.n_layers = n_layers;
-    c.n_heads = 4;
-    c.n_kv_heads = 2;
-    c.head_dim = 64;
-    c.max_position = 256;
-    c.rms_eps = 1e-6f;
-    c.rope_theta = 10000.0;
-    c.rope_factor = c.rope_low_freq_factor = c.rope_high_freq_factor = 1.0;
-    c.rope_original_max_position = 256;
-    c.qk_norm = arch == RS_ARCH_QWEN3 || arch == RS_ARCH_QWEN3_MOE;
-    c.qkv_bias = arch == RS_ARCH_QWEN2;
-    c.decoder_sparse_step = 1;
-    c.bos_token_id = 1;
-    c.eos_token_ids[0] = 2;
-    c.n_eos = 1;
-    if (arch == RS_ARCH_QWEN3_MOE) {
-        c.n_experts = 4;
-        c.n_experts_per_tok = 2;
-        c.moe_intermediate = 24;
-        c.norm_topk_prob = true;
-        for (int l = 1; l < n_layers; l++) c.layer_is_moe[l] = true; /* layer 0 in mlp_only_layers */
-    }
-    return c;
+    return rs_test_config(arch, (rs_test_dims){.vocab = 128, .hidden = 256, .intermediate = 384,
+                                               .n_layers = n_layers, .n_heads = 4, .n_kv_heads = 2, .head_dim = 64,
+                                               .max_position = 256, .moe_intermediate = 24});
 }
 
-static void write_model(const char *dir, const rs_model_config *c, uint64_t seed) {
-    rs_error err = {0};
-    if (rs_testmodel_write(dir, c, seed, &err) != RS_OK) RS_TEST_FAIL("testmodel: %s", err.message);
-}
+static void write_model(const char *dir, const rs_model_config *c, uint64_t seed) { rs_test_write_model(dir, c, seed); }
 
 static rs_quant_policy policy(const char *mode, const char *ignore, int first, int last) {
     rs_quant_policy p;

@@ -20,6 +20,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "../../core/latch.h"
 #include "../../kvcache/kvcache.h"
 #include "../../model/model.h"
 #include "../../model/quant.h"
@@ -37,8 +38,7 @@
 
 static void write_model(const char *dir, uint64_t seed) {
     rs_model_config c = rs_test_tiny_qwen3();
-    rs_error err = {0};
-    if (rs_testmodel_write(dir, &c, seed, &err) != RS_OK) RS_TEST_FAIL("testmodel: %s", err.message);
+    rs_test_write_model(dir, &c, seed);
 }
 
 typedef rs_test_sync_env env;
@@ -475,19 +475,9 @@ RS_TEST(sync_staging_limit) {
 }
 
 /* /update_weight_version relabels; with abort_all_requests it aborts what is running. */
-typedef struct done_flag {
-    pthread_mutex_t mu;
-    pthread_cond_t cv;
-    bool done;
-} done_flag;
-
 static void on_gen_done(rs_gen_job *job, void *user) {
     (void)job;
-    done_flag *f = user;
-    pthread_mutex_lock(&f->mu);
-    f->done = true;
-    pthread_cond_signal(&f->cv);
-    pthread_mutex_unlock(&f->mu);
+    rs_latch_arrive(user);
 }
 
 RS_TEST(sync_update_weight_version) {
@@ -501,7 +491,7 @@ RS_TEST(sync_update_weight_version) {
     /* a generation held by a pause (so it cannot finish first), then a version bump with
      * abort_all_requests */
     rs_engine_pause(v.e, RS_PAUSE_IN_PLACE);
-    done_flag f = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, false};
+    rs_latch f = RS_LATCH_INIT;
     rs_gen_job *g = rs_gen_job_new();
     g->n_prompts = 1;
     g->prompts = calloc(1, sizeof(int32_t *));
@@ -519,9 +509,7 @@ RS_TEST(sync_update_weight_version) {
     snprintf(job.req.version.new_version, sizeof job.req.version.new_version, "v43");
     job.req.version.abort_all_requests = true;
     ASSERT_EQ(rs_sync_run(v.s, &job), RS_OK);
-    pthread_mutex_lock(&f.mu);
-    while (!f.done) pthread_cond_wait(&f.cv, &f.mu);
-    pthread_mutex_unlock(&f.mu);
+    rs_latch_wait(&f, 1);
     ASSERT_EQ(g->outputs[0].finish.type, RS_FINISH_ABORT);
     rs_gen_job_free(g);
     rs_engine_continue(v.e);

@@ -27,36 +27,10 @@
 /* ---------------------------------------------------------------- helpers */
 
 static rs_model_config cfg_for(rs_arch arch, bool tied) {
-    rs_model_config c;
-    memset(&c, 0, sizeof c);
-    c.arch = arch;
-    c.vocab_size = 200;
-    c.hidden = 160;         /* two 128-blocks, the second ragged */
-    c.intermediate = 136;
-    c.n_layers = 2;
-    c.n_heads = 4;
-    c.n_kv_heads = 2;
-    c.head_dim = 32;
-    c.max_position = 256;
-    c.rms_eps = 1e-6f;
-    c.rope_theta = 10000.0;
-    c.rope_factor = c.rope_low_freq_factor = c.rope_high_freq_factor = 1.0;
-    c.rope_original_max_position = 256;
-    c.tie_embeddings = tied;
-    c.qk_norm = arch == RS_ARCH_QWEN3 || arch == RS_ARCH_QWEN3_MOE;
-    c.qkv_bias = arch == RS_ARCH_QWEN2;
-    c.decoder_sparse_step = 1;
-    c.bos_token_id = 1;
-    c.eos_token_ids[0] = 2;
-    c.n_eos = 1;
-    if (arch == RS_ARCH_QWEN3_MOE) { /* layer 0 dense (mlp_only_layers), layer 1 sparse */
-        c.n_experts = 4;
-        c.n_experts_per_tok = 2;
-        c.moe_intermediate = 72;
-        c.norm_topk_prob = true;
-        c.layer_is_moe[1] = true;
-    }
-    return c;
+    /* hidden 160: two 128-blocks, the second ragged */
+    return rs_test_config(arch, (rs_test_dims){.vocab = 200, .hidden = 160, .intermediate = 136, .n_layers = 2,
+                                               .n_heads = 4, .n_kv_heads = 2, .head_dim = 32, .max_position = 256,
+                                               .moe_intermediate = 72, .tied = tied});
 }
 
 static const char *model_dir(const char *name, const rs_model_config *c, uint64_t seed) {

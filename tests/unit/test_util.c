@@ -103,6 +103,44 @@ rs_model_config rs_test_tiny_qwen3(void) {
     return c;
 }
 
+rs_model_config rs_test_config(rs_arch arch, rs_test_dims d) {
+    rs_model_config c;
+    memset(&c, 0, sizeof c);
+    c.arch = arch;
+    c.vocab_size = d.vocab;
+    c.hidden = d.hidden;
+    c.intermediate = d.intermediate;
+    c.n_layers = d.n_layers;
+    c.n_heads = d.n_heads;
+    c.n_kv_heads = d.n_kv_heads;
+    c.head_dim = d.head_dim;
+    c.max_position = d.max_position;
+    c.rms_eps = d.rms_eps > 0 ? d.rms_eps : 1e-6f;
+    c.rope_theta = 10000.0;
+    c.rope_factor = c.rope_low_freq_factor = c.rope_high_freq_factor = 1.0;
+    c.rope_original_max_position = d.max_position;
+    c.tie_embeddings = d.tied;
+    c.qk_norm = arch == RS_ARCH_QWEN3 || arch == RS_ARCH_QWEN3_MOE;
+    c.qkv_bias = arch == RS_ARCH_QWEN2;
+    c.decoder_sparse_step = 1;
+    c.bos_token_id = 1;
+    c.eos_token_ids[0] = 2;
+    c.n_eos = 1;
+    if (arch == RS_ARCH_QWEN3_MOE) {
+        c.n_experts = 4;
+        c.n_experts_per_tok = 2;
+        c.moe_intermediate = d.moe_intermediate;
+        c.norm_topk_prob = true;
+        for (int l = 1; l < d.n_layers; l++) c.layer_is_moe[l] = true;
+    }
+    return c;
+}
+
+void rs_test_write_model(const char *dir, const rs_model_config *c, uint64_t seed) {
+    rs_error err = {0};
+    if (rs_testmodel_write(dir, c, seed, &err) != RS_OK) RS_TEST_FAIL("testmodel %s: %s", dir, err.message);
+}
+
 uint64_t rs_test_rng(uint64_t *s) {
     uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
     z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;

@@ -41,6 +41,21 @@ int rs_test_same_probe(const float *x, const float *y, int vocab);
 
 rs_model_config rs_test_tiny_qwen3(void);
 
+/* A synthetic config of `arch` with these dimensions; the rest is what every test model shares:
+ * rope theta 1e4 without scaling, bos 1, eos 2, q/k norms for Qwen3 and Qwen3-MoE, q/k/v biases
+ * for Qwen2, and for Qwen3-MoE 4 experts (top 2, renormalized) of width moe_intermediate in every
+ * layer but layer 0 (in mlp_only_layers). rms_eps 0 means 1e-6. */
+typedef struct rs_test_dims {
+    int vocab, hidden, intermediate, n_layers, n_heads, n_kv_heads, head_dim, max_position;
+    int moe_intermediate;
+    bool tied;
+    float rms_eps;
+} rs_test_dims;
+rs_model_config rs_test_config(rs_arch arch, rs_test_dims d);
+
+/* rs_testmodel_write (model/testmodel.h) that fails the test on error. */
+void rs_test_write_model(const char *dir, const rs_model_config *c, uint64_t seed);
+
 /* splitmix64: the next pseudo-random word of the stream *s. */
 uint64_t rs_test_rng(uint64_t *s);
 /* Uniform in [-1, 1), from rs_test_rng. */

@@ -2,7 +2,7 @@
  * test_weight_checks.c — what a weight conversion refuses in its own pass (model/weight_store.h): a NaN
  * or an infinity anywhere (every served format, every source dtype, across bands and chunks, the
  * first one named), and bytes whose CRC-32C is not the one given; with the CRC-32C itself
- * (core/crc32c.h) and the non-finite scan (kernels/cpu/cpu_scan.h) at every SIMD level.
+ * (core/crc32c.h) and the non-finite scan (kernels/scan.h, kernels/cpu/cpu_scan.h) at every SIMD level.
  *
  * References: the CRC test vectors of RFC 3720 (B.4) and "123456789", ISA-L's baseline table
  * code for whole buffers, and isfinite() on decoded values, element by element.

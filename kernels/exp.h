@@ -1,6 +1,6 @@
 /*
- * cpu_exp.h — fp32 exp and the loops built on it (softmax, silu), vectorized, the same bits on
- * every ISA (cpu_exp.c has the numerics).
+ * exp.h — fp32 exp and the loops built on it (softmax, silu), vectorized, the same bits on
+ * every ISA (kernels/cpu/cpu_exp.c has the numerics).
  *
  * rs_expf is the definition: within 2 ulp of exp over the whole fp32 range (1.02 ulp measured on
  * every fp32 input, subnormal results included); exp(0) = 1 exactly, 0 for x < -103.98 and -inf,
@@ -10,8 +10,8 @@
  * attention kernels pick a table with the backend's SIMD level (rs_cpu_exp_for in cpu_internal.h);
  * code outside the backend (the sampler) takes rs_cpu_exp_best.
  */
-#ifndef RS_CPU_EXP_H
-#define RS_CPU_EXP_H
+#ifndef RS_KERNELS_EXP_H
+#define RS_KERNELS_EXP_H
 
 #include <stddef.h>
 
@@ -43,4 +43,4 @@ extern const rs_cpu_exp_vec rs_cpu_exp_scalar, rs_cpu_exp_avx2, rs_cpu_exp_avx51
  * RS_CPU_SIMD=scalar|avx2 caps it as it caps the backend. Thread-safe. */
 const rs_cpu_exp_vec *rs_cpu_exp_best(void);
 
-#endif /* RS_CPU_EXP_H */
+#endif /* RS_KERNELS_EXP_H */
