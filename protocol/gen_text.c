@@ -46,6 +46,7 @@ int rs_gen_text_add_stop(rs_gen_text *t, const char *s, size_t len, const char *
 void rs_gen_text_attach(rs_gen_text *t, rs_gen_job *job) {
     job->on_token = rs_gen_text_on_token;
     job->on_token_user = t;
+    t->hooked = true;
 }
 
 static rs_gen_text_out *out_of(rs_gen_text *t, const rs_gen_job *job, int i) {
@@ -87,8 +88,9 @@ static void settle(rs_gen_text *t, const rs_gen_job *job, int i, rs_gen_text_out
     if (o->settled || g->finish.type == RS_FINISH_NONE) return;
     o->settled = true;
     if (o->stop >= 0) return; /* the text ends at the match, which is all emitted */
-    if (g->finish.type == RS_FINISH_STOP && g->finish.matched_text == 0 && t->no_stop_trim && g->n_output > 0)
-        push(t, o, g->output_ids[g->n_output - 1]);
+    const bool stop_token = g->finish.type == RS_FINISH_STOP && g->finish.matched_text == 0 && g->n_output > 0;
+    for (int k = 0; !t->hooked && k < g->n_output - (stop_token ? 1 : 0); k++) push(t, o, g->output_ids[k]);
+    if (stop_token && t->no_stop_trim) push(t, o, g->output_ids[g->n_output - 1]);
     if (!o->stream) return;
     const char *d;
     size_t n = rs_tok_stream_finish(o->stream, &d);

@@ -61,6 +61,7 @@ typedef struct rs_gen_text {
     int n_stops;
     bool no_stop_trim;
     bool skip_special_tokens;   /* default true, as SGLang and vLLM */
+    bool hooked;                /* the job's on_token feeds it; else outputs are decoded when they finish */
     int n_out;
     rs_gen_text_out *outs;      /* [n_out], allocated at the job's first token (after validation) */
 } rs_gen_text;
@@ -73,7 +74,9 @@ void rs_gen_text_free(rs_gen_text *t);
  * err naming `param` when there are too many or one is too long. */
 int rs_gen_text_add_stop(rs_gen_text *t, const char *s, size_t len, const char *param, rs_error *err);
 
-/* Makes t the job's on_token hook. */
+/* Makes t the job's on_token hook: needed for stop strings and streamed text. Without it (a plain
+ * answer without stop strings) each output is decoded once it has finished, on the thread that
+ * writes the answer, and the engine thread does no text work for it. */
 void rs_gen_text_attach(rs_gen_text *t, rs_gen_job *job);
 
 /* The hook itself (engine.h's rs_job_token_fn; user = the rs_gen_text). */

@@ -296,7 +296,7 @@ int rs_generate_parse(const char *body, size_t len, const rs_tok *tok, rs_genera
         return rc;
     }
     rs_gen_job *job = out->job;
-    if (tok) rs_gen_text_attach(out->text, job);
+    if (tok && (out->text->n_stops > 0 || out->stream)) rs_gen_text_attach(out->text, job);
     job->stream = out->stream;
     /* As in SGLang, logprob_start_len only means something with return_logprob; without it the
      * engine must not spend a forward row per prompt token on scores nobody receives. */

@@ -78,8 +78,8 @@ typedef struct rs_generate_req {
 } rs_generate_req;
 
 /* Parses a request body (need not be NUL-terminated). tok (NULL: the model has no tokenizer.json)
- * encodes `text` prompts and makes the outputs' text; with it the job's on_token hook is set
- * (stop strings). On success fills *out (the caller frees it with rs_generate_req_free) and
+ * encodes `text` prompts and makes the outputs' text; with it, stop strings or a stream set the
+ * job's on_token hook (gen_text.h). On success fills *out (the caller frees it with rs_generate_req_free) and
  * returns RS_OK; rid and job->rid are left empty for the caller to name. On failure returns RS_EINVAL (or RS_EUNSUPPORTED for a valid value this server does not
  * implement) with err filled, and *out zeroed. */
 int rs_generate_parse(const char *body, size_t len, const rs_tok *tok, rs_generate_req *out, rs_error *err);

@@ -254,7 +254,7 @@ int rs_openai_parse_completions(const char *body, size_t len, const rs_tok *tok,
     job->top_logprobs_num = out->logprobs > 0 ? out->logprobs : 0;
     job->logprob_start_len = out->echo && job->return_logprob ? 0 : -1;
     job->stream = out->stream;
-    if (tok) rs_gen_text_attach(out->text, job);
+    if (tok && (out->text->n_stops > 0 || out->stream)) rs_gen_text_attach(out->text, job);
     return RS_OK;
 }
 

@@ -215,24 +215,26 @@ RS_TEST(gen_text_stop_spanning_tokens_and_holdback) {
 }
 
 /* A stop token or EOS ends the output without reaching the hook: the text is the tokens' before
- * it, and with no_stop_trim it also has the stop token's text (empty for a special token skipped). */
+ * it, and with no_stop_trim it also has the stop token's text (empty for a special token skipped).
+ * The same without the hook (a plain answer without stop strings decodes the finished output). */
 RS_TEST(gen_text_stop_token_trim) {
     rs_tok *tok = default_tok();
     int32_t *ids;
     size_t n;
     rs_error err = {0};
     ASSERT_EQ(rs_tok_encode(tok, "hi there", 8, false, &ids, &n, &err), RS_OK);
-    for (int trim = 0; trim < 2; trim++) {
+    for (int trim = 0; trim < 4; trim++) {
+        const bool hooked = trim >= 2;
         for (int skip = 0; skip < 2; skip++) {
             rs_gen_text *t = rs_gen_text_new(tok);
-            t->no_stop_trim = trim == 1;
+            t->no_stop_trim = trim % 2 == 1;
             t->skip_special_tokens = skip == 1;
             int32_t all[16];
             memcpy(all, ids, sizeof(int32_t) * n);
             all[n] = 2; /* <|endoftext|> */
             rs_gen_job *job = fake_job(all, (int)n + 1);
-            rs_gen_text_attach(t, job);
-            for (size_t k = 0; k < n; k++) {
+            if (hooked) rs_gen_text_attach(t, job);
+            for (size_t k = 0; hooked && k < n; k++) {
                 job->outputs[0].n_output = (int)k + 1;
                 ASSERT_EQ(job->on_token(job, 0, all[k], t), -1);
             }
@@ -240,7 +242,7 @@ RS_TEST(gen_text_stop_token_trim) {
             job->outputs[0].finish = (rs_finish){.type = RS_FINISH_STOP, .matched = 2};
             size_t len;
             const char *text = rs_gen_text_get(t, job, 0, &len);
-            const char *want = trim && !skip ? "hi there<|endoftext|>" : "hi there";
+            const char *want = t->no_stop_trim && !skip ? "hi there<|endoftext|>" : "hi there";
             ASSERT_EQ(len, strlen(want));
             ASSERT_TRUE(memcmp(text, want, len) == 0);
             ASSERT_TRUE(rs_gen_text_stop_string(t, &job->outputs[0].finish) == NULL);
