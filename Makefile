@@ -9,6 +9,7 @@
 #   make fuzz            libFuzzer targets (clang), bounded run
 #   make fp8-exhaustive  FP8 encoders vs CUDA's cuda_fp8.h host path on all 2^32 floats
 #   make cuda-emu        the CUDA kernels under a CPU emulation of CUDA: every cuda_* test, no GPU
+#   make rl-demo         GRPO on rolloutd, FP8 vs BF16 rollouts with TIS/MIS (examples/grpo/README.md)
 #
 # Missing Debian packages are installed by scripts/install-deps.sh on first use.
 
@@ -65,7 +66,7 @@ PROGRAMS := $(BUILD)/rolloutd $(BUILD)/rollout-bench $(BUILD)/make-default-model
             $(BUILD)/bench-matmul $(BUILD)/bench-quant $(BUILD)/fp8-mismatch $(BUILD)/rl-bench $(BUILD)/bench-inproc \
             $(BUILD)/tcpstore-probe $(BUILD)/tokenize $(BUILD)/print-fields
 
-.PHONY: all run test unit e2e fuzz clean deps cuda-emu docs
+.PHONY: all run test unit e2e fuzz clean deps cuda-emu docs rl-demo
 all: $(PROGRAMS)
 
 $(DEPS_OK):
@@ -145,6 +146,12 @@ run: $(BUILD)/rolloutd
 cuda-emu: $(DEPS_OK)
 	tests/cuda_emu/build.sh $(abspath build-emu)
 	RS_FIXTURES=$(abspath tests/fixtures) $(abspath build-emu)/unit-tests cuda_
+
+# The GRPO example: a warm start and four RL runs (BF16; FP8 without correction, with TIS, with
+# MIS), results and figures in examples/grpo/results/. Makes build/rl-venv (torch, transformers,
+# matplotlib from PyPI) on first use; RL_ARGS="--steps 20" passes flags to examples/grpo/run.py.
+rl-demo: $(BUILD)/rolloutd $(BUILD)/fp8-mismatch
+	examples/grpo/run.sh demo $(RL_ARGS)
 
 unit: $(BUILD)/unit-tests
 	$(abspath $(BUILD))/unit-tests

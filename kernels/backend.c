@@ -5,9 +5,12 @@
  * pointers that must be set) before calling into the backend, so a shape bug in model/ fails
  * loudly at the call site instead of reading out of bounds inside a kernel.
  */
-#include "backend.h"
+#include "backend_impl.h"
 
 #include "../core/rs.h"
+
+const char *rs_backend_name(const rs_backend *b) { return b->ops->name; }
+bool rs_backend_host_memory(const rs_backend *b) { return b->ops->host_memory; }
 
 void rs_backend_free(rs_backend *b) {
     if (b) b->ops->destroy(b);

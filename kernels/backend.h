@@ -1,8 +1,8 @@
 /*
  * backend.h — the table of operations that model/ writes its forward pass against.
  *
- * In the spirit of ggml-backend: an opaque handle with a private table of function pointers and
- * checked dispatch. The CPU backend (kernels/cpu/) is always built; it is the reference every other
+ * In the spirit of ggml-backend: an opaque handle with a private table of function pointers
+ * (backend_impl.h, seen only inside kernels/) and checked dispatch. The CPU backend (kernels/cpu/) is always built; it is the reference every other
  * backend is compared against, op by op, with the same inputs. The CUDA backend (kernels/cuda/,
  * `make CUDA=1`) implements the same table on device memory.
  *
@@ -74,74 +74,9 @@ typedef struct rs_moe_weights {
     bool norm_topk_prob;
 } rs_moe_weights;
 
+/* An opaque handle: the op table behind it is private to kernels/ (backend_impl.h). Callers use
+ * the constructors and the checked dispatch below. */
 typedef struct rs_backend rs_backend;
-
-typedef struct rs_backend_ops {
-    const char *name;
-    bool host_memory;  /* alloc returns host memory that host code may read and write directly */
-
-    /* memory */
-    void *(*alloc)(rs_backend *b, size_t bytes);             /* zeroed; NULL on failure */
-    void (*free)(rs_backend *b, void *p);
-    void (*upload)(rs_backend *b, void *dst, const void *src_host, size_t bytes);
-    void (*download)(rs_backend *b, void *dst_host, const void *src, size_t bytes); /* synchronizes */
-    void (*copy)(rs_backend *b, void *dst, const void *src, size_t bytes);   /* within the backend */
-
-    /* Optional, host-memory backends only (NULL: FP8 weights are read row-major, as stored).
-     * fp8_layout: the layout (rs_tensor.layout) the backend serves an E4M3 weight [n][k] in;
-     * fp8_pack: row-major codes src [n][k] (host) -> dst (backend memory) in that layout; n may
-     * also be a 128-row band of the weight (bands of any layout are whole groups). */
-    rs_layout (*fp8_layout)(rs_backend *b, int64_t n, int64_t k);
-    void (*fp8_pack)(rs_backend *b, rs_layout layout, uint8_t *dst, const uint8_t *src, int64_t n, int64_t k);
-
-    /* out[i][:] = table[ids[i]][:]  (table [vocab][dim] bf16/f16/f32) */
-    void (*embed)(rs_backend *b, float *out, const rs_tensor *table, const int32_t *ids, int n);
-
-    /* out[r] = x[r] / sqrt(mean(x[r]^2) + eps) * w, over `rows` rows of `dim`; out may alias x.
-     * Per-head q/k norm is the same op with rows = n_tok * n_heads and dim = head_dim. */
-    void (*rmsnorm)(rs_backend *b, float *out, const float *x, const rs_tensor *w, int rows, int dim,
-                    float eps);
-
-    /* out[rows][N] = x[rows][K] @ w^T (+ bias), w [N][K] in bf16/f16/f32, or E4M3 with scale_inv
-     * (W8A8: x is quantized per token in 1x128 groups, docs/design.md "Numerics"). out must not alias x. */
-    void (*matmul)(rs_backend *b, float *out, const float *x, const rs_tensor *w, const rs_tensor *bias,
-                   int rows);
-
-    /* Rotary embedding, rotate-half (NeoX/HF) convention, in place on x [rows][n_heads][head_dim]:
-     * row r uses position pos[r] and inv_freq [head_dim/2]. */
-    void (*rope)(rs_backend *b, float *x, int rows, int n_heads, int head_dim, const int32_t *pos,
-                 const float *inv_freq);
-
-    /* Write each row's k, v [n_tok][n_kv_heads][head_dim] into its slot of the layer's pages. */
-    void (*kv_store)(rs_backend *b, rs_kv_layer *kv, const float *k, const float *v, const rs_batch *batch);
-
-    /* Causal attention over the paged cache (after kv_store): for row r of sequence s at position
-     * p, out[r] = softmax(q[r] . K[0..p] * scale) V[0..p], grouped-query (n_heads / n_kv_heads
-     * query heads share a KV head). q, out: [n_tok][n_heads][head_dim]. */
-    void (*attention)(rs_backend *b, float *out, const float *q, const rs_kv_layer *kv, int n_heads,
-                      float scale, const rs_batch *batch);
-
-    /* out[r][i] = silu(gate[r][i]) * up[r][i] over rows x n; out may alias gate. */
-    void (*swiglu)(rs_backend *b, float *out, const float *gate, const float *up, size_t n);
-
-    /* x[i] += y[i] */
-    void (*add)(rs_backend *b, float *x, const float *y, size_t n);
-
-    /* Gather rows: out[i] = x[idx[i]] for i < n, rows of `dim` (idx is host memory). */
-    void (*gather_rows)(rs_backend *b, float *out, const float *x, const int32_t *idx, int n, int dim);
-
-    /* Qwen3-MoE sparse MLP: out[rows][hidden] = sum over top-k experts of
-     * w_e * down_e(silu(gate_e x) * up_e x), router softmax in fp32, weights renormalized over the
-     * top k when norm_topk_prob. */
-    void (*moe)(rs_backend *b, float *out, const float *x, int rows, int hidden, const rs_moe_weights *w);
-
-    void (*destroy)(rs_backend *b);
-} rs_backend_ops;
-
-struct rs_backend {
-    const rs_backend_ops *ops;
-    void *ctx; /* the backend's private state */
-};
 
 /* Constructors. n_threads <= 0 picks the number of online CPUs. */
 rs_backend *rs_backend_cpu_init(int n_threads);
@@ -156,7 +91,13 @@ void rs_backend_free(rs_backend *b);
  * provides them all. A model is only ever run on a complete backend. */
 const char *rs_backend_missing_op(const rs_backend *b);
 
-/* Checked dispatch: every caller goes through these, never through b->ops directly. */
+/* The backend's name ("cpu", "cuda"), for logs and /get_server_info. */
+const char *rs_backend_name(const rs_backend *b);
+/* Whether rs_backend_alloc returns host memory that host code may read and write directly (the
+ * CPU backend): a weight update then writes in place instead of uploading. */
+bool rs_backend_host_memory(const rs_backend *b);
+
+/* Checked dispatch: every caller goes through these. */
 void *rs_backend_alloc(rs_backend *b, size_t bytes);
 void rs_backend_free_mem(rs_backend *b, void *p);
 void rs_backend_upload(rs_backend *b, void *dst, const void *src_host, size_t bytes);

@@ -399,7 +399,7 @@ int rs_model_load(const char *dir, rs_backend *b, const rs_quant_policy *qp, rs_
     RS_INFO("model | %s | %s | layers %d (moe %d) hidden %d heads %d/%d head_dim %d vocab %d | params %.1fM | "
             "%.1f MiB on %s | %.2f s",
             dir, rs_arch_name(c->arch), c->n_layers, n_moe, c->hidden, c->n_heads, c->n_kv_heads, c->head_dim,
-            c->vocab_size, (double)L.params / 1e6, (double)m->weight_bytes / (1 << 20), b->ops->name,
+            c->vocab_size, (double)L.params / 1e6, (double)m->weight_bytes / (1 << 20), rs_backend_name(b),
             rs_now_s() - t0);
     rs_weight_store_set_pool(m->store, NULL);
     rs_pool_free(pool);

@@ -681,7 +681,7 @@ static int quantize_into(rs_weight_store *ws, const char *name, const rs_weight_
     atomic_init(&j.rc, RS_OK);
     /* A host-memory backend takes the codes where they will be served: no second copy. (Only a
      * host-memory backend has a layout of its own.) */
-    const bool direct = ws->backend->ops->host_memory;
+    const bool direct = rs_backend_host_memory(ws->backend);
     RS_ASSERT(direct || j.layout == RS_LAYOUT_ROWS);
     void *d = NULL, *s = NULL;
     if (direct) {
@@ -769,7 +769,7 @@ static int store_checked(rs_weight_store *ws, const char *name, const rs_weight_
     const size_t bytes = n * rs_dtype_size(dt);
     int rc;
     void *p = NULL;
-    if (ws->backend->ops->host_memory) {
+    if (rs_backend_host_memory(ws->backend)) {
         if (!(p = rs_weight_store_alloc(ws, bytes)))
             return rs_error_set(err, RS_ENOMEM, name, "backend out of memory allocating %zu bytes for tensor '%s'",
                                 bytes, name);

@@ -24,7 +24,7 @@ typedef struct rs_sampling_params {
     int max_new_tokens;         /* default 128 */
     int min_new_tokens;         /* default 0: before this many outputs every stop token (stop_token_ids
                                  * and the model's EOS ids, ignore_eos or not) is masked out of the
-                                 * distribution, as SGLang and vLLM do; see process_logits in engine.c
+                                 * distribution, as SGLang and vLLM do; see process_logits in step.c
                                  * and the logprob rule in sampler.h */
     float temperature;          /* default 1.0; 0 = greedy */
     float top_p;                /* default 1.0 */

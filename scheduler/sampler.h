@@ -21,7 +21,7 @@
  * token's logprob in the distribution actually drawn from (after truncation, renormalized).
  *
  * Masked steps. Before min_new_tokens outputs the engine hands the sampler its processed row, with
- * every stop id and EOS id at -inf (engine.c, process_logits; SGLang's MinNewTokensPenalizer and
+ * every stop id and EOS id at -inf (step.c, process_logits; SGLang's MinNewTokensPenalizer and
  * vLLM's min_tokens do the same). What such a step reports follows logprobs_mode:
  *   default    log_softmax(masked / T)[token] = lp_T(token) - log(1 - sum of p_T over the stop ids):
  *              the masked distribution, renormalized (SGLang's, whose logprobs come after its

@@ -1,7 +1,8 @@
 /*
- * http.c — libmicrohttpd glue: the route table, auth, body limits, answers, the suspend/resume
- * protocol, the disconnect scan and the server's lifecycle (see http.h for the threads and the
- * lifetime rules; http_gen.c and http_ops.c hold the routes' own logic).
+ * http.c — libmicrohttpd glue: routing through the route table (routes.c), auth, body limits,
+ * answers, the suspend/resume protocol, the disconnect scan and the server's lifecycle (see http.h
+ * for the threads and the lifetime rules; the table's handlers, in http_gen.c, http_ops.c and
+ * weights_routes.c, hold the routes' own logic).
  *
  * MHD calls the access handler several times per request: once with the headers (routing, auth
  * and the Content-Length check happen there), once per piece of body, and once with no data when
@@ -58,43 +59,9 @@
 
 /* ---------------------------------------------------------------- routes */
 
-typedef struct route_def {
-    const char *path;
-    rs_route route;
-    const char *allow;          /* methods, as the Allow header lists them */
-    bool open;                  /* answered without the API key */
-} route_def;
-
-static const route_def routes[] = {
-    {"/health", RS_ROUTE_HEALTH, "GET", true},
-    {"/health_generate", RS_ROUTE_HEALTH_GENERATE, "GET", false},
-    {"/generate", RS_ROUTE_GENERATE, "POST, PUT", false}, /* SGLang takes both */
-    {"/v1/completions", RS_ROUTE_COMPLETIONS, "POST", false},
-    {"/v1/models", RS_ROUTE_MODELS, "GET", false},
-    {"/get_model_info", RS_ROUTE_MODEL_INFO, "GET", false},
-    {"/model_info", RS_ROUTE_MODEL_INFO, "GET", false}, /* SGLang's newer names */
-    {"/get_server_info", RS_ROUTE_SERVER_INFO, "GET", false},
-    {"/server_info", RS_ROUTE_SERVER_INFO, "GET", false},
-    {"/get_load", RS_ROUTE_LOAD, "GET", false},
-    {"/get_weight_version", RS_ROUTE_WEIGHT_VERSION, "GET", false},
-    {"/metrics", RS_ROUTE_METRICS, "GET", true},
-    {"/abort_request", RS_ROUTE_ABORT, "POST", false},
-    {"/pause_generation", RS_ROUTE_PAUSE, "POST", false},
-    {"/continue_generation", RS_ROUTE_CONTINUE, "POST", false},
-    {"/flush_cache", RS_ROUTE_FLUSH, "GET, POST", false}, /* SGLang takes both */
-    {"/tokenize", RS_ROUTE_TOKENIZE, "POST", false},
-    {"/detokenize", RS_ROUTE_DETOKENIZE, "POST", false},
-    {"/update_weights_from_shm", RS_ROUTE_WEIGHTS, "POST", false}, /* weights_routes.c, all six */
-    {"/update_weights_from_disk", RS_ROUTE_WEIGHTS, "POST", false},
-    {"/update_weight_version", RS_ROUTE_WEIGHTS, "POST", false},
-    {"/init_weights_update_group", RS_ROUTE_WEIGHTS, "POST", false},
-    {"/update_weights_from_distributed", RS_ROUTE_WEIGHTS, "POST", false},
-    {"/destroy_weights_update_group", RS_ROUTE_WEIGHTS, "POST", false},
-};
-
 /* The path a request is logged under: the one it came in on (six weight routes share
  * RS_ROUTE_WEIGHTS, and a log line must say which one it was). */
-static const char *req_path(const rs_http_req *r) { return r->path ? r->path : "(none)"; }
+static const char *req_path(const rs_http_req *r) { return r->def ? r->def->path : "(none)"; }
 
 static bool method_allowed(const char *allow, const char *method) {
     size_t n = strlen(method);
@@ -158,9 +125,7 @@ void rs_http_req_free(rs_http_req *r) {
     else if (h->live == r) h->live = r->live_next;
     if (r->live_next) r->live_next->live_prev = r->live_prev;
     pthread_mutex_unlock(&h->mu);
-    rs_generate_req_free(&r->gen);
-    rs_openai_req_free(&r->oai);
-    rs_weights_call_free(r->weights);
+    if (r->def && r->def->cleanup) r->def->cleanup(r);
     if (r->sse.len > r->sse_off) rs_http_budget_give(&h->lim.stream_bytes, r->sse.len - r->sse_off);
     rs_buf_free(&r->sse);
     rs_http_body_drop(r);
@@ -346,12 +311,10 @@ static void refuse_body_memory(rs_http_req *r) {
 /* First call, headers only: connection caps, framing, auth, route, method, declared size. */
 static void begin(rs_http_req *r, const char *url, const char *method, const char *version) {
     rs_http *h = r->h;
-    const route_def *def = NULL;
-    for (size_t i = 0; i < RS_ARRAY_LEN(routes) && !def; i++)
-        if (strcmp(url, routes[i].path) == 0) def = &routes[i];
+    const rs_route_def *def = rs_route_find(url);
     if (def) {
-        r->route = def->route;
-        r->path = def->path;
+        r->def = def;
+        r->route = def->id;
     }
     /* GET /health and GET /metrics: open without the key, and served from the connection reserve */
     const bool open = def && def->open && method_allowed(def->allow, method);
@@ -454,8 +417,8 @@ static enum MHD_Result resumed(rs_http_req *r) {
     if (now) return rs_http_send_error(r, &r->error); /* a probe past its deadline, done or not */
     if (done) {
         if (r->failed) return rs_http_send_error(r, &r->error);
-        if (r->route == RS_ROUTE_WEIGHTS) return rs_weights_routes_answer(r);
-        return r->job ? rs_http_gen_answer(r) : rs_http_ops_answer(r);
+        RS_ASSERT(r->def && r->def->answer); /* only routes with an answer stage suspend */
+        return r->def->answer(r);
     }
     RS_ASSERT(gone); /* nothing else resumes a waiting request */
     return MHD_NO;   /* closes the connection */
@@ -480,16 +443,7 @@ static enum MHD_Result on_access(void *cls, struct MHD_Connection *conn, const c
     }
     if (r->phase == RS_PHASE_WAITING) return resumed(r);
     if (r->failed) return rs_http_send_error(r, &r->error);
-    switch (r->route) {
-    case RS_ROUTE_GENERATE:
-    case RS_ROUTE_COMPLETIONS:
-    case RS_ROUTE_HEALTH_GENERATE:
-        return rs_http_gen_start(r);
-    case RS_ROUTE_WEIGHTS:
-        return rs_weights_routes_handle(r, url);
-    default:
-        return rs_http_ops_handle(r);
-    }
+    return r->def->handle(r); /* a request without a route has failed in begin() */
 }
 
 /* A request ended (answered, or its connection closed). A job still running for it is aborted:

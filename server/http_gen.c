@@ -250,6 +250,11 @@ static void make_probe(rs_http_req *r) {
 
 /* ---------------------------------------------------------------- the routes */
 
+void rs_http_gen_cleanup(rs_http_req *r) {
+    rs_generate_req_free(&r->gen);
+    rs_openai_req_free(&r->oai);
+}
+
 enum MHD_Result rs_http_gen_start(rs_http_req *r) {
     rs_http *h = r->h;
     rs_error err = {0};

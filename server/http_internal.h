@@ -1,8 +1,8 @@
 /*
- * http_internal.h — the state shared by the HTTP modules: http.c (MHD glue, routing, answers,
- * lifecycle, the disconnect scan), http_gen.c (generation and streaming), http_ops.c (the
- * operations routes and the control thread) and http_limits.c (connection caps, memory budgets,
- * rate-limited log lines). Private to server/.
+ * http_internal.h — the state shared by the HTTP modules: routes.c (the route table), http.c (MHD
+ * glue, auth, answers, lifecycle, the disconnect scan), http_gen.c (generation and streaming),
+ * http_ops.c (the operations routes and the control thread), weights_routes.c (weight updates) and
+ * http_limits.c (connection caps, memory budgets, rate-limited log lines). Private to server/.
  */
 #ifndef RS_HTTP_INTERNAL_H
 #define RS_HTTP_INTERNAL_H
@@ -24,6 +24,7 @@ typedef enum rs_http_state {
     RS_HTTP_STATE_DRAINING,
 } rs_http_state;
 
+/* Which route a request took, for the /metrics counters (a path and its SGLang alias share one). */
 typedef enum rs_route {
     RS_ROUTE_NONE = 0,
     RS_ROUTE_HEALTH,
@@ -62,6 +63,28 @@ typedef enum rs_phase {
 } rs_phase;
 
 typedef struct rs_http_req rs_http_req;
+
+/* One row of the route table (routes.c), in the nginx style: what a path accepts and the handlers
+ * that serve it. Every stage but `handle` is optional.
+ *   handle    the body is complete (or there is none): answer at once, or hand the work to the
+ *             engine, the control thread or the sync service and suspend the connection;
+ *   answer    the request was resumed with that work done: send the answer;
+ *   cleanup   frees the route's state of the request (r->ctx and what it holds) when the request
+ *             is freed. */
+typedef struct rs_route_def {
+    const char *path;
+    rs_route id;
+    const char *allow;          /* methods, as the Allow header lists them */
+    bool open;                  /* answered without the API key (GET /health, /metrics) */
+    int arg;                    /* a constant for the handlers: a weight route's rs_sync_kind */
+    enum MHD_Result (*handle)(rs_http_req *r);
+    enum MHD_Result (*answer)(rs_http_req *r);
+    void (*cleanup)(rs_http_req *r);
+} rs_route_def;
+
+/* The route for `path`, or NULL; the path /metrics reports for a route id. */
+const rs_route_def *rs_route_find(const char *path);
+const char *rs_route_name(rs_route id);
 
 /* http_limits.c: connections beyond the soft caps live in a reserve this much larger (MHD's own
  * limits), with an idle timeout of at most RS_HTTP_OVER_TIMEOUT_S seconds. */
@@ -135,8 +158,9 @@ struct rs_http_req {
     rs_http *h;
     struct MHD_Connection *conn;
     int fd;                     /* the connection's socket, for the disconnect scan */
-    rs_route route;
-    const char *path;           /* the matched route's path (static; six weight routes share one rs_route), or NULL */
+    const rs_route_def *def;    /* the route it took, or NULL (no such path) */
+    rs_route route;             /* def->id, RS_ROUTE_NONE without one */
+    void *ctx;                  /* the route's per-request context, freed by def->cleanup */
     rs_phase phase;
     double t_arrival;
 
@@ -151,22 +175,18 @@ struct rs_http_req {
     char *body;                 /* [n] (cap allocated, and charged to body-memory-budget) */
     size_t n, cap;
 
-    /* generation: one of gen (generate, health_generate) or oai (completions) holds the job */
+    /* the generation routes' state (http_gen.c; freed by their cleanup): one of gen
+     * (generate, health_generate) or oai (completions) holds the job */
     rs_generate_req gen;
     rs_openai_req oai;
-    rs_gen_job *job;            /* borrowed from gen or oai; lent to the engine while held */
+    /* an engine job in flight, what every stage that aborts or times out requests looks at */
+    rs_gen_job *job;            /* borrowed from the route's context; lent to the engine while held */
     bool stream;
     bool counted;               /* holds one of in_flight's slots */
     double deadline;            /* /health_generate: answer 503 after this (rs_now_s) */
     char engine_rid[128];       /* job->rid, copied for aborts from other threads */
 
-    struct rs_weights_call *weights; /* weight routes: the sync job (weights_routes.c), owned */
-
-    /* control */
-    rs_pause_mode pause_mode;
-    int ctl_rc;
-    rs_error ctl_err;
-    rs_http_req *ctl_next;
+    rs_http_req *ctl_next;      /* the control thread's queue (http_ops.c) */
 
     /* under h->mu */
     bool in_mhd;                /* MHD has not yet reported the request completed */
@@ -201,9 +221,10 @@ void rs_http_count(rs_http *h, rs_route route, unsigned status);
 /* The engine when READY (or DRAINING with engine routes still up); NULL with err set (503) otherwise. */
 rs_engine *rs_http_engine(rs_http *h, bool need_ready, rs_error *err);
 
-/* http_gen.c */
-enum MHD_Result rs_http_gen_start(rs_http_req *r);      /* generate, completions, health_generate */
+/* http_gen.c: /generate, /v1/completions, /health_generate */
+enum MHD_Result rs_http_gen_start(rs_http_req *r);
 enum MHD_Result rs_http_gen_answer(rs_http_req *r);     /* resumed: the job is done */
+void rs_http_gen_cleanup(rs_http_req *r);               /* frees gen / oai */
 /* Aborts, in the engine, the admitted requests `rid` names (all with NULL); returns how many. */
 int rs_http_gen_abort(rs_http *h, rs_engine *e, const char *rid);
 
@@ -220,9 +241,20 @@ void rs_http_budget_give(atomic_size_t *used, size_t n);
 /* A line of `kind` may be logged: at most one a second; *skipped gets how many were not since. */
 bool rs_http_log_allowed(rs_http_limits *L, rs_http_log_kind kind, unsigned long *skipped);
 
-/* http_ops.c */
-enum MHD_Result rs_http_ops_handle(rs_http_req *r);     /* every other route */
-enum MHD_Result rs_http_ops_answer(rs_http_req *r);     /* resumed: the control operation is done */
+/* http_ops.c: the operations routes, one handler each, and the control routes (pause, continue,
+ * flush), which run on the control thread and answer when resumed */
+enum MHD_Result rs_http_health(rs_http_req *r);
+enum MHD_Result rs_http_metrics(rs_http_req *r);
+enum MHD_Result rs_http_server_info(rs_http_req *r);
+enum MHD_Result rs_http_model_info(rs_http_req *r);
+enum MHD_Result rs_http_load(rs_http_req *r);
+enum MHD_Result rs_http_weight_version(rs_http_req *r);
+enum MHD_Result rs_http_models(rs_http_req *r);
+enum MHD_Result rs_http_abort(rs_http_req *r);
+enum MHD_Result rs_http_tokenize(rs_http_req *r);     /* /tokenize and /detokenize */
+enum MHD_Result rs_http_control(rs_http_req *r);
+enum MHD_Result rs_http_control_answer(rs_http_req *r);
+void rs_http_control_cleanup(rs_http_req *r);
 void rs_http_ctl_start(rs_http *h);
 void rs_http_ctl_stop(rs_http *h);
 

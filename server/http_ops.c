@@ -74,22 +74,11 @@ static enum MHD_Result metrics(rs_http_req *r, rs_engine *e) {
         RS_HTTP_CODES(RS_HTTP_CODE_VALUE)
 #undef RS_HTTP_CODE_VALUE
     };
-    static const char *const names[RS_ROUTE_COUNT] = {
-        [RS_ROUTE_HEALTH] = "/health", [RS_ROUTE_HEALTH_GENERATE] = "/health_generate",
-        [RS_ROUTE_GENERATE] = "/generate", [RS_ROUTE_COMPLETIONS] = "/v1/completions",
-        [RS_ROUTE_MODELS] = "/v1/models", [RS_ROUTE_MODEL_INFO] = "/get_model_info",
-        [RS_ROUTE_SERVER_INFO] = "/get_server_info", [RS_ROUTE_LOAD] = "/get_load",
-        [RS_ROUTE_WEIGHT_VERSION] = "/get_weight_version",
-        [RS_ROUTE_METRICS] = "/metrics", [RS_ROUTE_ABORT] = "/abort_request",
-        [RS_ROUTE_PAUSE] = "/pause_generation", [RS_ROUTE_CONTINUE] = "/continue_generation",
-        [RS_ROUTE_FLUSH] = "/flush_cache", [RS_ROUTE_TOKENIZE] = "/tokenize",
-        [RS_ROUTE_DETOKENIZE] = "/detokenize", [RS_ROUTE_WEIGHTS] = "/update_weights",
-    };
     size_t n = 0;
     for (int ro = 0; ro < RS_ROUTE_COUNT; ro++) {
         for (int c = 0; c < RS_HTTP_CODE_COUNT; c++) {
             uint64_t v = atomic_load_explicit(&h->responses[ro][c], memory_order_relaxed);
-            if (v) counts[n++] = (rs_metrics_http){ro == RS_ROUTE_NONE ? "(none)" : names[ro], codes[c], v};
+            if (v) counts[n++] = (rs_metrics_http){rs_route_name((rs_route)ro), codes[c], v};
         }
     }
     rs_sync_stats sy;
@@ -127,24 +116,20 @@ static enum MHD_Result server_info(rs_http_req *r, rs_engine *e) {
     return send_json(r, rs_server_info_body(&si, &len), &len);
 }
 
-/* /tokenize and /detokenize: the model's tokenizer on this thread (it is thread-safe). */
-static enum MHD_Result tokenize(rs_http_req *r, rs_engine *e) {
-    rs_http *h = r->h;
-    rs_error err = {0};
-    rs_tokenize_req q;
-    int rc = r->route == RS_ROUTE_TOKENIZE
-                 ? rs_tokenize_parse(r->body, r->n, h->info.tok, &q, &err)
-                 : rs_detokenize_parse(r->body, r->n, h->info.tok, rs_engine_model_config(e)->vocab_size, &q, &err);
-    if (rc != RS_OK) return rs_http_send_error(r, &err);
-    size_t len = 0;
-    char *body = r->route == RS_ROUTE_TOKENIZE
-                     ? rs_tokenize_body(&q, h->info.tok, rs_engine_get_limits(e)->max_context, &len)
-                     : rs_detokenize_body(&q, h->info.tok, &len);
-    rs_tokenize_req_free(&q);
-    return send_json(r, body, &len);
-}
 
 /* ---------------------------------------------------------------- the control thread */
+
+/* A control route's context: what it asked for and how it went. */
+typedef struct ctl_call {
+    rs_pause_mode pause_mode;
+    int rc;
+    rs_error err;
+} ctl_call;
+
+void rs_http_control_cleanup(rs_http_req *r) {
+    free(r->ctx);
+    r->ctx = NULL;
+}
 
 static void ctl_push(rs_http *h, rs_http_req *r) {
     pthread_mutex_lock(&h->mu);
@@ -159,19 +144,20 @@ static void ctl_push(rs_http *h, rs_http_req *r) {
 
 /* Runs one control operation on the engine (blocks until a step boundary). */
 static void ctl_run(rs_http_req *r, rs_engine *e) {
-    r->ctl_rc = RS_OK;
+    ctl_call *c = r->ctx;
+    c->rc = RS_OK;
     switch (r->route) {
     case RS_ROUTE_PAUSE:
-        rs_engine_pause(e, r->pause_mode);
-        RS_INFO("http | /pause_generation | mode %s", rs_pause_mode_name(r->pause_mode));
+        rs_engine_pause(e, c->pause_mode);
+        RS_INFO("http | /pause_generation | mode %s", rs_pause_mode_name(c->pause_mode));
         break;
     case RS_ROUTE_CONTINUE:
         rs_engine_continue(e);
         RS_INFO("http | /continue_generation");
         break;
     case RS_ROUTE_FLUSH:
-        r->ctl_rc = rs_engine_flush_cache(e, &r->ctl_err);
-        if (r->ctl_rc == RS_OK) RS_INFO("http | /flush_cache | prefix cache dropped");
+        c->rc = rs_engine_flush_cache(e, &c->err);
+        if (c->rc == RS_OK) RS_INFO("http | /flush_cache | prefix cache dropped");
         break;
     default:
         RS_ASSERT(!"not a control route");
@@ -191,8 +177,9 @@ static void *ctl_main(void *arg) {
         h->ctl_busy = e != NULL;
         pthread_mutex_unlock(&h->mu);
 
+        ctl_call *c = r->ctx;
         if (e) ctl_run(r, e);
-        else r->ctl_rc = rs_error_set(&r->ctl_err, RS_EBUSY, NULL, "server is shutting down");
+        else c->rc = rs_error_set(&c->err, RS_EBUSY, NULL, "server is shutting down");
 
         pthread_mutex_lock(&h->mu);
         h->ctl_busy = false;
@@ -230,22 +217,96 @@ void rs_http_ctl_stop(rs_http *h) {
 
 /* ---------------------------------------------------------------- the routes */
 
-static enum MHD_Result control(rs_http_req *r, rs_engine *e) {
+/* The engine for a route that needs one (503 while starting, or once detached). */
+#define ENGINE_OR_ANSWER(r, e)                                                                                \
+    rs_error err_ = {0};                                                                                      \
+    rs_engine *e = rs_http_engine((r)->h, false, &err_);                                                      \
+    if (!e) return rs_http_send_error((r), &err_)
+
+enum MHD_Result rs_http_health(rs_http_req *r) {
+    rs_error err = {0};
+    size_t len = 0;
+    if (!rs_http_engine(r->h, true, &err)) return rs_http_send_error(r, &err);
+    return send_json(r, rs_health_body(&len), &len);
+}
+
+enum MHD_Result rs_http_metrics(rs_http_req *r) {
+    ENGINE_OR_ANSWER(r, e);
+    return metrics(r, e);
+}
+
+enum MHD_Result rs_http_server_info(rs_http_req *r) {
+    ENGINE_OR_ANSWER(r, e);
+    return server_info(r, e);
+}
+
+enum MHD_Result rs_http_load(rs_http_req *r) {
+    ENGINE_OR_ANSWER(r, e);
+    rs_engine_stats st;
+    rs_engine_get_stats(e, &st);
+    size_t len = 0;
+    return send_json(r, rs_load_body(&st, &len), &len);
+}
+
+enum MHD_Result rs_http_model_info(rs_http_req *r) {
+    ENGINE_OR_ANSWER(r, e);
+    rs_model_info mi;
+    setting_names sn;
+    model_info(r->h, e, &mi, &sn);
+    size_t len = 0;
+    return send_json(r, rs_model_info_body(&mi, &len), &len);
+}
+
+enum MHD_Result rs_http_weight_version(rs_http_req *r) {
+    ENGINE_OR_ANSWER(r, e);
+    size_t len = 0;
+    return send_json(r, rs_weight_version_body(rs_engine_weight_version(e), &len), &len);
+}
+
+enum MHD_Result rs_http_models(rs_http_req *r) {
+    ENGINE_OR_ANSWER(r, e);
+    rs_http *h = r->h;
+    size_t len = 0;
+    return send_json(r, rs_openai_models_body(h->info.served_model_name, h->info.model_path,
+                                              (long long)h->start_time_unix, rs_engine_get_limits(e)->max_context,
+                                              &len),
+                     &len);
+}
+
+enum MHD_Result rs_http_abort(rs_http_req *r) {
+    ENGINE_OR_ANSWER(r, e);
+    rs_abort_req a;
+    rs_error err = {0};
+    if (rs_abort_parse(r->body, r->n, &a, &err) != RS_OK) return rs_http_send_error(r, &err);
+    int n = rs_http_gen_abort(r->h, e, a.abort_all ? NULL : a.rid);
+    RS_INFO("http | /abort_request | %s | %d request%s in flight matched", a.abort_all ? "all" : a.rid, n,
+            n == 1 ? "" : "s");
+    size_t len = 0;
+    return send_json(r, rs_abort_body(n, &len), &len);
+}
+
+/* /pause_generation, /continue_generation, /flush_cache: parsed here, run on the control thread. */
+enum MHD_Result rs_http_control(rs_http_req *r) {
+    ENGINE_OR_ANSWER(r, e);
     (void)e;
     rs_error err = {0};
+    ctl_call c = {0};
     int rc = RS_OK;
-    if (r->route == RS_ROUTE_PAUSE) rc = rs_pause_parse(r->body, r->n, &r->pause_mode, &err);
+    if (r->route == RS_ROUTE_PAUSE) rc = rs_pause_parse(r->body, r->n, &c.pause_mode, &err);
     else if (r->route == RS_ROUTE_CONTINUE) rc = rs_continue_parse(r->body, r->n, &err);
     else rc = rs_flush_parse(r->body, r->n, &err);
     if (rc != RS_OK) return rs_http_send_error(r, &err);
+    r->ctx = rs_xmalloc(sizeof c);
+    memcpy(r->ctx, &c, sizeof c);
     r->phase = RS_PHASE_WAITING;
     ctl_push(r->h, r);
     rs_http_suspend(r); /* the operation may already be done: then this goes straight on */
     return MHD_YES;
 }
 
-enum MHD_Result rs_http_ops_answer(rs_http_req *r) {
-    if (r->ctl_rc != RS_OK) return rs_http_send_error(r, &r->ctl_err);
+enum MHD_Result rs_http_control_answer(rs_http_req *r) {
+    const ctl_call *c = r->ctx;
+    if (c->rc != RS_OK) return rs_http_send_error(r, &c->err);
     const char *msg = r->route == RS_ROUTE_PAUSE      ? "Generation paused successfully."
                       : r->route == RS_ROUTE_CONTINUE ? "Generation continued successfully."
                                                       : "Cache flushed.";
@@ -253,51 +314,19 @@ enum MHD_Result rs_http_ops_answer(rs_http_req *r) {
     return send_json(r, rs_status_body(msg, &len), &len);
 }
 
-enum MHD_Result rs_http_ops_handle(rs_http_req *r) {
+/* /tokenize and /detokenize: the model's tokenizer on this MHD thread (it is thread-safe). */
+enum MHD_Result rs_http_tokenize(rs_http_req *r) {
+    ENGINE_OR_ANSWER(r, e);
     rs_http *h = r->h;
     rs_error err = {0};
+    rs_tokenize_req q;
+    const bool enc = r->route == RS_ROUTE_TOKENIZE;
+    int rc = enc ? rs_tokenize_parse(r->body, r->n, h->info.tok, &q, &err)
+                 : rs_detokenize_parse(r->body, r->n, h->info.tok, rs_engine_model_config(e)->vocab_size, &q, &err);
+    if (rc != RS_OK) return rs_http_send_error(r, &err);
     size_t len = 0;
-    if (r->route == RS_ROUTE_HEALTH) {
-        if (!rs_http_engine(h, true, &err)) return rs_http_send_error(r, &err);
-        return send_json(r, rs_health_body(&len), &len);
-    }
-    rs_engine *e = rs_http_engine(h, false, &err);
-    if (!e) return rs_http_send_error(r, &err);
-    switch (r->route) {
-    case RS_ROUTE_METRICS: return metrics(r, e);
-    case RS_ROUTE_SERVER_INFO: return server_info(r, e);
-    case RS_ROUTE_LOAD: {
-        rs_engine_stats st;
-        rs_engine_get_stats(e, &st);
-        return send_json(r, rs_load_body(&st, &len), &len);
-    }
-    case RS_ROUTE_MODEL_INFO: {
-        rs_model_info mi;
-        setting_names sn;
-        model_info(h, e, &mi, &sn);
-        return send_json(r, rs_model_info_body(&mi, &len), &len);
-    }
-    case RS_ROUTE_WEIGHT_VERSION: return send_json(r, rs_weight_version_body(rs_engine_weight_version(e), &len), &len);
-    case RS_ROUTE_MODELS:
-        return send_json(r, rs_openai_models_body(h->info.served_model_name, h->info.model_path,
-                                                  (long long)h->start_time_unix, rs_engine_get_limits(e)->max_context,
-                                                  &len),
-                         &len);
-    case RS_ROUTE_ABORT: {
-        rs_abort_req a;
-        if (rs_abort_parse(r->body, r->n, &a, &err) != RS_OK) return rs_http_send_error(r, &err);
-        int n = rs_http_gen_abort(h, e, a.abort_all ? NULL : a.rid);
-        RS_INFO("http | /abort_request | %s | %d request%s in flight matched", a.abort_all ? "all" : a.rid, n,
-                n == 1 ? "" : "s");
-        return send_json(r, rs_abort_body(n, &len), &len);
-    }
-    case RS_ROUTE_PAUSE:
-    case RS_ROUTE_CONTINUE:
-    case RS_ROUTE_FLUSH: return control(r, e);
-    case RS_ROUTE_TOKENIZE:
-    case RS_ROUTE_DETOKENIZE: return tokenize(r, e);
-    default: break;
-    }
-    RS_ASSERT(!"unrouted request");
-    return MHD_NO;
+    char *body = enc ? rs_tokenize_body(&q, h->info.tok, rs_engine_get_limits(e)->max_context, &len)
+                     : rs_detokenize_body(&q, h->info.tok, &len);
+    rs_tokenize_req_free(&q);
+    return send_json(r, body, &len);
 }

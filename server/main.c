@@ -379,7 +379,7 @@ int main(int argc, char **argv) {
     const char *served = d->cfg.served_model_name[0] ? d->cfg.served_model_name : d->cfg.model[0] ? d->cfg.model : "default";
     snprintf(d->served_model_name, sizeof d->served_model_name, "%.*s", (int)sizeof d->served_model_name - 1, served);
     rs_http_info info = {.cfg = &d->cfg, .model = d->model, .model_path = d->model_dir,
-                         .served_model_name = d->served_model_name, .backend = d->backend->ops->name,
+                         .served_model_name = d->served_model_name, .backend = rs_backend_name(d->backend),
                          .tok = d->tok};
     rs_http_set_engine(d->http, d->engine, &info);
     rs_weights_routes_attach(d->sync);

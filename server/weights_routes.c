@@ -47,23 +47,15 @@ bool rs_weights_routes_stats(rs_sync_stats *out) {
     return ok;
 }
 
-static const struct {
-    const char *path;
-    rs_sync_kind kind;
-} paths[] = {
-    {"/update_weights_from_shm", RS_SYNC_SHM},
-    {"/update_weights_from_disk", RS_SYNC_DISK},
-    {"/update_weight_version", RS_SYNC_VERSION},
-    {"/init_weights_update_group", RS_SYNC_NCCL_INIT},
-    {"/update_weights_from_distributed", RS_SYNC_NCCL_UPDATE},
-    {"/destroy_weights_update_group", RS_SYNC_NCCL_DESTROY},
-};
+typedef struct rs_weights_call weights_call;
 
-void rs_weights_call_free(struct rs_weights_call *c) {
+void rs_weights_routes_cleanup(rs_http_req *r) {
+    weights_call *c = r->ctx;
     if (!c) return;
     if (c->job.kind == RS_SYNC_SHM) rs_shm_update_req_free(&c->job.req.shm);
     else if (c->job.kind == RS_SYNC_NCCL_UPDATE) rs_nccl_update_req_free(&c->job.req.nccl);
     free(c);
+    r->ctx = NULL;
 }
 
 static int parse(rs_sync_job *job, const char *body, size_t n, rs_error *err) {
@@ -94,23 +86,20 @@ static void on_done(rs_sync_job *job, void *user) {
     else if (wake) MHD_resume_connection(r->conn); /* suspended, so still alive */
 }
 
-enum MHD_Result rs_weights_routes_handle(rs_http_req *r, const char *url) {
+enum MHD_Result rs_weights_routes_handle(rs_http_req *r) {
     rs_http *h = r->h;
     rs_error err = {0};
     if (!rs_http_engine(h, false, &err)) return rs_http_send_error(r, &err);
     struct rs_weights_call *c = rs_xcalloc(1, sizeof *c);
     c->r = r;
-    size_t i = 0;
-    while (i < RS_ARRAY_LEN(paths) && strcmp(url, paths[i].path) != 0) i++;
-    RS_ASSERT(i < RS_ARRAY_LEN(paths)); /* http.c routes only these paths here */
-    c->job.kind = paths[i].kind;
+    c->job.kind = (rs_sync_kind)r->def->arg;
     if (parse(&c->job, r->body ? r->body : "", r->n, &err) != RS_OK) {
         free(c); /* a failed parse owns nothing */
         return rs_http_send_error(r, &err);
     }
     c->job.on_done = on_done;
     c->job.user = c;
-    r->weights = c;
+    r->ctx = c;
     r->phase = RS_PHASE_WAITING;
     rs_http_lock(h);
     r->held = true; /* before the submit: on_done may run at once */
@@ -131,7 +120,7 @@ enum MHD_Result rs_weights_routes_handle(rs_http_req *r, const char *url) {
 }
 
 enum MHD_Result rs_weights_routes_answer(rs_http_req *r) {
-    const rs_sync_job *job = &r->weights->job;
+    const rs_sync_job *job = &((weights_call *)r->ctx)->job;
     if (job->rc != RS_OK) return rs_http_send_error(r, &job->err);
     const rs_sync_result *res = &job->res;
     RS_INFO("http | weights | 200 | %s | %.3f s", res->message, res->seconds);

@@ -5,7 +5,8 @@
  *   POST /update_weight_version            POST /init_weights_update_group
  *   POST /update_weights_from_distributed  POST /destroy_weights_update_group
  *
- * http.c routes these paths here once the body is complete (RS_ROUTE_WEIGHTS). The body is parsed
+ * The route table (routes.c) sends these paths here once the body is complete, each with its
+ * rs_sync_kind as the row's arg. The body is parsed
  * on the MHD thread (protocol/weights.h; a bad body is answered at once), then handed to the
  * weight-sync service (sync/sync.h) as a job and the connection suspended: nothing here blocks.
  * The service thread finishes the job and resumes the connection; MHD calls the handler again and
@@ -24,7 +25,6 @@
 #include "../sync/sync.h"
 
 typedef struct rs_http_req rs_http_req; /* http_internal.h (main.c does not see it) */
-struct rs_weights_call;
 
 /* main.c: after rs_sync_start, and before rs_sync_stop (from then on the routes answer 503). */
 void rs_weights_routes_attach(rs_sync *s);
@@ -34,11 +34,10 @@ void rs_weights_routes_detach(void);
  * none is attached. Thread-safe. */
 bool rs_weights_routes_stats(rs_sync_stats *out);
 
-/* http.c: the body of r (route RS_ROUTE_WEIGHTS, path `url`) is complete. */
-enum MHD_Result rs_weights_routes_handle(rs_http_req *r, const char *url);
-/* http.c: r was resumed with its job done. */
+/* The route table's handlers: the body of r is complete; r was resumed with its job done; r is
+ * freed (its job with it). */
+enum MHD_Result rs_weights_routes_handle(rs_http_req *r);
 enum MHD_Result rs_weights_routes_answer(rs_http_req *r);
-/* http.c (rs_http_req_free): frees the request's job. NULL is a no-op. */
-void rs_weights_call_free(struct rs_weights_call *c);
+void rs_weights_routes_cleanup(rs_http_req *r);
 
 #endif /* RS_WEIGHTS_ROUTES_H */

@@ -250,7 +250,7 @@ static void bench_model(const char *label, const char *dir, const bench_opts *o,
     printf("\n%s [%s]: %s, %d layers, hidden %d, vocab %d, weights %.1f MiB (%s), %s backend, %d threads\n",
            label, rs_quant_mode_name(qp->mode), rs_arch_name(m->cfg.arch), m->cfg.n_layers, m->cfg.hidden,
            m->cfg.vocab_size, (double)m->weight_bytes / (1 << 20), rs_dtype_name(m->layers[0].wq.dtype),
-           b->ops->name, o->threads);
+           rs_backend_name(b), o->threads);
     printf("  %-6s %-10s %-12s %-14s %-12s %s\n", "batch", "decode", "ms/step", "tokens/s", "x batch 1",
            "weight GB/s (share of copy / read bw)");
     run_batch(e, &m->cfg, 1, o->prompt_len, 2); /* warm-up: page in the weights */

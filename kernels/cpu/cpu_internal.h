@@ -17,7 +17,7 @@
 #include <stdint.h>
 
 #include "../../core/pool.h"
-#include "../backend.h"
+#include "../backend_impl.h"
 #include "../exp.h"
 
 typedef enum rs_cpu_simd {

@@ -21,7 +21,7 @@
 #include <stdint.h>
 
 extern "C" {
-#include "../backend.h"
+#include "../backend_impl.h"
 }
 #include <cuda_fp16.h>
 

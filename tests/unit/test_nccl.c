@@ -16,7 +16,7 @@
 
 #include "../../protocol/weights.h"
 #include "../../sync/nccl.h"
-#include "../../sync/sync.h"
+#include "../../sync/sync_internal.h"
 #include "test.h"
 #include "test_util.h"
 

@@ -3,6 +3,7 @@
  */
 #include "test_util.h"
 
+#include "../../kernels/backend_impl.h" /* a host-memory backend of the test's own */
 #include "../../kvcache/kvcache.h"
 #include "../../model/quant.h"
 #include "test.h"
