@@ -5,6 +5,7 @@
 #   make CUDA=1          also compile and link the CUDA backend (cudart, cuBLASLt, NCCL)
 #   make run             serve the embedded default model on 127.0.0.1:8000
 #   make test            C unit tests + end-to-end tests against the real daemon
+#   make golden-kernels  the golden end-to-end tests with each CPU kernel class forced in turn
 #   make SANITIZE=address,undefined unit   unit tests under ASan+UBSan (own build dir)
 #   make fuzz            libFuzzer targets (clang), bounded run
 #   make fp8-exhaustive  FP8 encoders vs CUDA's cuda_fp8.h host path on all 2^32 floats
@@ -66,7 +67,7 @@ PROGRAMS := $(BUILD)/rolloutd $(BUILD)/rollout-bench $(BUILD)/make-default-model
             $(BUILD)/bench-matmul $(BUILD)/bench-quant $(BUILD)/fp8-mismatch $(BUILD)/rl-bench $(BUILD)/bench-inproc \
             $(BUILD)/tcpstore-probe $(BUILD)/tokenize $(BUILD)/print-fields
 
-.PHONY: all run test unit e2e fuzz clean deps cuda-emu docs rl-demo
+.PHONY: all run test unit e2e fuzz clean deps cuda-emu golden-kernels docs rl-demo
 all: $(PROGRAMS)
 
 $(DEPS_OK):
@@ -163,6 +164,10 @@ e2e: $(BUILD)/rolloutd
 test: all
 	$(abspath $(BUILD))/unit-tests
 	@$(MAKE) --no-print-directory e2e
+
+golden-kernels: $(BUILD)/rolloutd
+	@$(PYTHON) -c 'import pytest, numpy' 2>/dev/null || ./scripts/install-deps.sh
+	./scripts/golden_each_kernel.sh $(abspath $(BUILD)/rolloutd)
 
 # ---- FP8 codec vs CUDA's own cuda_fp8.h (host path) on all 2^32 inputs --------------------------
 # Needs the CUDA headers only (no nvcc, no GPU, no CUDA libraries): cuda_fp8.h compiles as plain

@@ -30,6 +30,9 @@ static const rs_config_entry entries[] = {
      "first N decoder layers kept as stored with --quantization fp8", 0},
     {"bf16-last-layers", RS_CONFIG_TYPE_INT, F(bf16_last_layers), 0, 256, "0", NULL,
      "last N decoder layers kept as stored with --quantization fp8", 0},
+    {"quantize-lm-head", RS_CONFIG_TYPE_BOOL, F(quantize_lm_head), 0, 1, "false", NULL,
+     "with --quantization fp8, the output projection in FP8 too (lm_head; for a tied model the shared embedding "
+     "table): faster decode with a large vocabulary, at an accuracy cost the recipe avoids; CPU backend only", 0},
     {"host", RS_CONFIG_TYPE_STRING, F(host), 1, 255, "127.0.0.1", NULL,
      "address to listen on (0.0.0.0 or :: for every interface)", 0},
     {"port", RS_CONFIG_TYPE_INT, F(port), 0, 65535, "8000", NULL, "TCP port to listen on (0 = any free port)", 0},
@@ -38,6 +41,9 @@ static const rs_config_entry entries[] = {
     {"cuda-device", RS_CONFIG_TYPE_INT, F(cuda_device), 0, 63, "0", NULL, "CUDA device ordinal used with --device cuda",
      0},
     {"threads", RS_CONFIG_TYPE_INT, F(threads), 0, 4096, "0", NULL, "CPU backend threads (0 = all cores)", 0},
+    {"cpu-kernels", RS_CONFIG_TYPE_ENUM, F(cpu_kernels), 0, 0, "auto", "auto|avx512|avx2|scalar",
+     "CPU backend kernels: auto = the best this CPU runs (RS_CPU_SIMD may cap it); avx2 or scalar "
+     "force a lower class (to test or benchmark it on a bigger CPU); logged at start", 0},
     {"kv-cache-mb", RS_CONFIG_TYPE_INT, F(kv_cache_mb), 1, 16777216, "1024", NULL,
      "KV cache budget in MiB", 0},
     {"max-running", RS_CONFIG_TYPE_INT, F(max_running), 1, 65536, "64", NULL,

@@ -23,6 +23,9 @@
  * RS_CFG_QUANT_FP8, RS_CFG_QUANT_BF16); tests/unit/test_config.c checks the two agree. */
 typedef enum rs_cfg_quantization { RS_CFG_QUANT_FP8 = 0, RS_CFG_QUANT_BF16 } rs_cfg_quantization;
 typedef enum rs_cfg_device { RS_CFG_DEVICE_CPU = 0, RS_CFG_DEVICE_CUDA } rs_cfg_device;
+typedef enum rs_cfg_cpu_kernels {
+    RS_CFG_CPU_KERNELS_AUTO = 0, RS_CFG_CPU_KERNELS_AVX512, RS_CFG_CPU_KERNELS_AVX2, RS_CFG_CPU_KERNELS_SCALAR
+} rs_cfg_cpu_kernels;
 typedef enum rs_cfg_log_level {
     RS_CFG_LOG_DEBUG = 0, RS_CFG_LOG_INFO, RS_CFG_LOG_WARN, RS_CFG_LOG_ERROR
 } rs_cfg_log_level;
@@ -37,11 +40,13 @@ typedef struct rs_config {
     char quant_ignore[1024];    /* comma-separated globs of tensors kept as stored */
     int bf16_first_layers;      /* first N decoder layers kept as stored */
     int bf16_last_layers;       /* last N decoder layers kept as stored */
+    bool quantize_lm_head;      /* fp8: the output projection (tied: the embedding table) in FP8 too */
     char host[256];             /* bind address */
     int port;                   /* 0 = any free port */
     rs_cfg_device device;       /* the backend that runs the model */
     int cuda_device;            /* CUDA device ordinal with --device cuda */
     int threads;                /* CPU backend threads; 0 = all cores */
+    rs_cfg_cpu_kernels cpu_kernels; /* the CPU backend's kernel class */
     int kv_cache_mb;            /* KV pool budget in MiB */
     int max_running;            /* sequences per engine step */
     int max_step_tokens;        /* rows per forward step */

@@ -77,9 +77,19 @@ typedef struct rs_moe_weights {
 /* An opaque handle: the op table behind it is private to kernels/ (backend_impl.h). Callers use
  * the constructors and the checked dispatch below. */
 typedef struct rs_backend rs_backend;
+struct rs_error; /* core/rs.h */
 
 /* Constructors. n_threads <= 0 picks the number of online CPUs. */
 rs_backend *rs_backend_cpu_init(int n_threads);
+/* The CPU backend with its kernel class chosen by `kernels` (the --cpu-kernels setting): "auto",
+ * the best this CPU runs (the RS_CPU_SIMD environment variable may cap it), or "avx512", "avx2",
+ * "scalar", forced (to test or benchmark a lower class on a bigger CPU). NULL with err set
+ * (RS_EINVAL for another name, RS_EUNSUPPORTED when this CPU cannot run the class). Logs the
+ * dispatch (rs_backend_cpu_describe) at info level. */
+rs_backend *rs_backend_cpu_init_kernels(int n_threads, const char *kernels, struct rs_error *err);
+/* One line naming what a CPU backend dispatches to, e.g. "cpu: avx2 fma f16c; fp8 kernel
+ * avx2-exact; bf16 tile 4x3". Returns buf. */
+const char *rs_backend_cpu_describe(rs_backend *b, char *buf, size_t n);
 #ifdef RS_CUDA
 rs_backend *rs_backend_cuda_init(int device);
 /* The CUDA device ordinal of a CUDA backend, -1 for any other backend. */

@@ -29,7 +29,8 @@ typedef struct rs_backend_ops {
     rs_layout (*fp8_layout)(rs_backend *b, int64_t n, int64_t k);
     void (*fp8_pack)(rs_backend *b, rs_layout layout, uint8_t *dst, const uint8_t *src, int64_t n, int64_t k);
 
-    /* out[i][:] = table[ids[i]][:]  (table [vocab][dim] bf16/f16/f32) */
+    /* out[i][:] = table[ids[i]][:]  (table [vocab][dim] bf16/f16/f32; the CPU backend also takes
+     * E4M3 with scale_inv, dequantized: a tied table under --quantize-lm-head) */
     void (*embed)(rs_backend *b, float *out, const rs_tensor *table, const int32_t *ids, int n);
 
     /* out[r] = x[r] / sqrt(mean(x[r]^2) + eps) * w, over `rows` rows of `dim`; out may alias x.

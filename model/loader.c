@@ -200,7 +200,9 @@ static int load_tensor(loader *L, rs_tensor *out, int kind, int layer, int64_t d
     if (eligible && L->cfg->fp8_checkpoint && !rs_quant_listed(L->cfg->fp8_not_converted, name) &&
         L->n_unlisted++ == 0)
         snprintf(L->first_unlisted, sizeof L->first_unlisted, "%s", name);
-    if (eligible && rs_quant_should_quantize(L->qp, L->cfg, name, layer)) return load_quantized(L, out, t, name);
+    if ((eligible || (kind == KIND_MATRIX && rs_quant_is_head(L->cfg, name))) &&
+        rs_quant_should_quantize(L->qp, L->cfg, name, layer))
+        return load_quantized(L, out, t, name);
 
     /* matrices as stored, vectors widened to F32 */
     rs_weight_src src = st_src(t);

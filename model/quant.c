@@ -163,9 +163,15 @@ static bool ignore_matches(const char *globs, const char *tensor_name) {
     return false;
 }
 
+bool rs_quant_is_head(const rs_model_config *cfg, const char *tensor_name) {
+    return strcmp(tensor_name, cfg->tie_embeddings ? "model.embed_tokens.weight" : "lm_head.weight") == 0;
+}
+
 bool rs_quant_should_quantize(const rs_quant_policy *qp, const rs_model_config *cfg, const char *tensor_name,
                               int layer) {
-    if (!qp || qp->mode != RS_QUANT_FP8 || !rs_quant_eligible(tensor_name, NULL)) return false;
+    if (!qp || qp->mode != RS_QUANT_FP8) return false;
+    if (rs_quant_is_head(cfg, tensor_name)) return qp->quantize_lm_head;
+    if (!rs_quant_eligible(tensor_name, NULL)) return false;
     if (layer < 0 || layer < qp->bf16_first_layers || layer >= cfg->n_layers - qp->bf16_last_layers) return false;
     if (ignore_matches(qp->ignore, tensor_name)) return false;
     if (cfg->fp8_checkpoint && rs_quant_listed(cfg->fp8_not_converted, tensor_name)) return false;

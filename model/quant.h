@@ -18,6 +18,13 @@
  * user's ignore globs, the first/last N decoder layers, and, for an FP8 checkpoint, the modules its
  * quantization_config lists as not converted.
  *
+ * One opt-in leaves the recipe (--quantize-lm-head): the output projection in FP8 too, same
+ * 128x128 blocks, for users who trade its accuracy for decode speed (with a large vocabulary it
+ * is a third of what a batch-1 step reads). For an untied model that is lm_head.weight; for a
+ * tied one the table embed_tokens serves both ends, so it is the embedding table, and the
+ * embedding lookups read the FP8 rows too (the CPU backend dequantizes them; build/fp8-mismatch
+ * --quantize-lm-head measures what it costs against BF16).
+ *
  * The loader asks rs_quant_should_quantize for every matrix it loads from a BF16/F16/F32
  * checkpoint. A matrix stored as F8_E4M3 in an FP8 checkpoint is always served FP8, whatever the
  * policy says (see model.h).
@@ -45,6 +52,7 @@ typedef struct rs_quant_policy {
     char ignore[RS_QUANT_IGNORE_MAX];
     int bf16_first_layers;  /* layers l < this stay as stored */
     int bf16_last_layers;   /* layers l >= n_layers - this stay as stored */
+    bool quantize_lm_head;  /* FP8 mode: the output projection in FP8 too (see the top); init: false */
 } rs_quant_policy;
 
 /* "fp8" / "bf16" and back. rs_quant_mode_parse answers RS_EINVAL for anything else. */
@@ -73,11 +81,16 @@ bool rs_quant_listed(const char *list, const char *tensor_name);
 /* RS_OK when a list entry is usable (a non-empty name, or a "re:" pattern that compiles). */
 int rs_quant_check_list_entry(const char *entry);
 
+/* True when `tensor_name` is the model's output projection: lm_head.weight, or for a tied model
+ * (cfg->tie_embeddings) model.embed_tokens.weight. */
+bool rs_quant_is_head(const rs_model_config *cfg, const char *tensor_name);
+
 /* The policy's decision for one matrix at load: true = store it as E4M3 + block scales.
  * `layer` is the decoder layer the tensor belongs to, or -1 for tensors outside the layers.
  * False when qp is NULL or in BF16 mode, for tensors that are not FP8-eligible, for tensors the
  * ignore globs match, in the first/last bf16 layers, and for modules the checkpoint's
- * quantization_config keeps unconverted (cfg->fp8_not_converted). */
+ * quantization_config keeps unconverted (cfg->fp8_not_converted). The output projection
+ * (rs_quant_is_head) follows qp->quantize_lm_head alone. */
 bool rs_quant_should_quantize(const rs_quant_policy *qp, const rs_model_config *cfg, const char *tensor_name,
                               int layer);
 

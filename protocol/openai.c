@@ -3,7 +3,10 @@
  *
  * The request is read by a descriptor table (json_util.h) that lists every field of vLLM's
  * CompletionRequest (vllm/entrypoints/openai/completion/protocol.py, vllm-project/vllm at
- * d5dba2d7, mid 2026) and of OpenAI's completions API (best_of), plus rolloutd's logprobs_mode.
+ * d5dba2d7, mid 2026), of SGLang's (python/sglang/srt/entrypoints/openai/protocol.py,
+ * sgl-project/sglang at 004c82e0: sglang-router re-serializes every completion with its
+ * no_stop_trim, skip_special_tokens and return_hidden_states defaults filled in) and of OpenAI's
+ * completions API (best_of), plus rolloutd's logprobs_mode.
  * Ranges follow vLLM's SamplingParams (presence and frequency penalties in [-2, 2], repetition
  * penalty > 0). Every error names the field as the client wrote it.
  */
@@ -82,6 +85,14 @@ static int read_request_id(const rs_jctx *c, const json_t *v, rs_error *err) {
     snprintf(r->request_id, sizeof r->request_id, "%s", json_string_value(v));
     snprintf(r->id, sizeof r->id, "cmpl-%.*s", RS_RID_MAX - 5, r->request_id);
     return RS_OK;
+}
+
+/* SGLang's rid: one string is the request_id; one per prompt (a list) is not implemented. */
+static int read_rid(const rs_jctx *c, const json_t *v, rs_error *err) {
+    if (json_is_string(v)) return read_request_id(c, v, err);
+    if (!json_is_array(v)) return rs_json_bad_type(err, c->param, "a string", v);
+    return rs_error_set(err, RS_EUNSUPPORTED, c->param, "%s is not supported: it is not implemented in rolloutd "
+                        "(one rid per prompt; give one string, or request_id)", c->param);
 }
 
 /* An explicit null means "as many as the context allows" (the server fills it in). */
@@ -223,6 +234,47 @@ static const rs_jfield completion_fields[] = {
      .doc = "stopping on repeated patterns"},
     {.name = "repetition_min_count", .type = RS_JT_INT, .use = RS_JU_NEUTRAL, .neutral = "0",
      .doc = "stopping on repeated patterns"},
+    /* SGLang's CompletionRequest adds these (its top_k, min_p, min_tokens, repetition_penalty,
+     * stop_token_ids, ignore_eos, skip_special_tokens, response_format, cache_salt and priority are
+     * rows above) */
+    {.name = "rid", .type = RS_JT_CUSTOM, .read = read_rid, .shape = "string (<= 122 bytes)",
+     .doc = "SGLang's name for request_id"},
+    {.name = "no_stop_trim", .type = RS_JT_BOOL, .flags = RS_JF_TOKENIZER, TXT(no_stop_trim), .def = "false",
+     .doc = "SGLang's name for include_stop_str_in_output (one of the two may be given)"},
+    {.name = "stop_regex", .type = RS_JT_STRINGS, .use = RS_JU_NEUTRAL, .neutral = "\"\"|[]",
+     .doc = "stop regexes; use stop"},
+    {.name = "custom_params", .type = RS_JT_MAP, .use = RS_JU_NO_EFFECT,
+     .doc = "arguments of a custom logit processor; ignored without one, as in SGLang"},
+    {.name = "custom_logit_processor", .type = RS_JT_ANY, .use = RS_JU_NEUTRAL, .doc = "custom logit processors"},
+    {.name = "json_schema", .type = RS_JT_TEXT, .use = RS_JU_NEUTRAL, .doc = "constrained decoding"},
+    {.name = "regex", .type = RS_JT_TEXT, .use = RS_JU_NEUTRAL, .doc = "constrained decoding"},
+    {.name = "ebnf", .type = RS_JT_TEXT, .use = RS_JU_NEUTRAL, .doc = "constrained decoding"},
+    {.name = "return_hidden_states", .type = RS_JT_ANY, .use = RS_JU_NEUTRAL, .neutral = "false",
+     .doc = "hidden states"},
+    {.name = "return_routed_experts", .type = RS_JT_BOOL, .use = RS_JU_NEUTRAL, .neutral = "false",
+     .doc = "MoE routing replay"},
+    {.name = "routed_experts_start_len", .type = RS_JT_INT, .use = RS_JU_NEUTRAL, .neutral = "0",
+     .doc = "MoE routing replay"},
+    {.name = "return_cached_tokens_details", .type = RS_JT_BOOL, .use = RS_JU_NEUTRAL, .neutral = "false",
+     .doc = "per-source cached-token counts"},
+    {.name = "lora_path", .type = RS_JT_ANY, .use = RS_JU_NEUTRAL, .doc = "LoRA adapters"},
+    {.name = "session_id", .type = RS_JT_TEXT, .use = RS_JU_NEUTRAL, .doc = "sessions"},
+    {.name = "session_params", .type = RS_JT_MAP, .use = RS_JU_NEUTRAL, .doc = "sessions"},
+    {.name = "images_config", .type = RS_JT_MAP, .use = RS_JU_NEUTRAL, .doc = "multimodal tiling"},
+    {.name = "bootstrap_host", .type = RS_JT_ANY, .use = RS_JU_NEUTRAL, .doc = "prefill/decode disaggregation"},
+    {.name = "bootstrap_port", .type = RS_JT_ANY, .use = RS_JU_NEUTRAL, .doc = "prefill/decode disaggregation"},
+    {.name = "bootstrap_room", .type = RS_JT_ANY, .use = RS_JU_NEUTRAL, .doc = "prefill/decode disaggregation"},
+    {.name = "disagg_prefill_dp_rank", .type = RS_JT_INT, .use = RS_JU_NEUTRAL, .neutral = "0",
+     .doc = "prefill/decode disaggregation"},
+    {.name = "routed_dp_rank", .type = RS_JT_INT, .use = RS_JU_NEUTRAL, .neutral = "0",
+     .doc = "data-parallel ranks: this server is rank 0 of 1"},
+    {.name = "data_parallel_rank", .type = RS_JT_INT, .use = RS_JU_NEUTRAL, .neutral = "0",
+     .doc = "data-parallel ranks: this server is rank 0 of 1"},
+    {.name = "extra_key", .type = RS_JT_STRINGS, .use = RS_JU_NEUTRAL, .neutral = "\"\"",
+     .doc = "prefix-cache namespaces"},
+    {.name = "ngram_corpus_id", .type = RS_JT_ANY, .use = RS_JU_NEUTRAL, .doc = "n-gram speculative decoding"},
+    {.name = "custom_labels", .type = RS_JT_MAP, .use = RS_JU_NEUTRAL, .neutral = "{}",
+     .doc = "per-request metric labels"},
     {.name = "input_ids", .use = RS_JU_ELSEWHERE, .doc = "/v1/completions takes prompt"},
 };
 

@@ -4,16 +4,17 @@
  *
  * Request. `prompt` is token ids (one list, or a list of lists: a batch) or, when the model has a
  * tokenizer.json (tok), text: a string, or a list of strings (a batch), encoded with
- * add_special_tokens (default true); without one a string prompt is a 400 saying so. The body is read by its descriptor table (openai.c;
- * docs/api-fields.md lists it): every field vLLM's CompletionRequest and OpenAI define is
- * accepted, implemented ones work (model, max_tokens (default 16; null = up to the context limit),
+ * add_special_tokens (default true); without one a string prompt is a 400 saying so. The body is
+ * read by its descriptor table (openai.c; docs/api-fields.md lists it): every field vLLM's
+ * CompletionRequest, SGLang's and OpenAI define is accepted, implemented ones work (model,
+ * max_tokens (default 16; null = up to the context limit),
  * temperature, top_p, top_k (0 or -1 = off), min_p, the frequency / presence / repetition
  * penalties, n, seed, stop_token_ids, ignore_eos, min_tokens, logprobs (k: the sampled token's
  * logprob plus the k most likely alternatives per position, vLLM's shape), echo (with logprobs,
  * the prompt's tokens are scored and listed before the output's, the first one null; `max_tokens:
  * 0` with echo scores a prompt), stream, stream_options.include_usage, return_token_ids (adds
  * prompt_token_ids), request_id (vLLM's: the response id becomes "cmpl-<request_id>", and
- * /abort_request takes either) and logprobs_mode (rolloutd's: as on /generate)); null or the
+ * /abort_request takes either; SGLang's rid, one string, is the same) and logprobs_mode (rolloutd's: as on /generate)); null or the
  * neutral value of an unimplemented one is accepted, any other value of it is a 400
  * "unsupported" naming the field; any other name is a 400 naming it. null means "default" for
  * every field. Without `seed` every request draws a fresh one (OpenAI semantics; the server

@@ -205,8 +205,10 @@ static int load(rs_daemon *d, rs_error *err) {
                             "--device cuda needs a CUDA build of rolloutd (make CUDA=1); this one is CPU-only");
 #endif
     } else {
-        d->backend = rs_backend_cpu_init(c->threads);
-        if (!d->backend) return rs_error_set(err, RS_EINTERNAL, "threads", "cannot create the CPU backend");
+        char kernels[16];
+        rs_config_get(c, "cpu-kernels", kernels, sizeof kernels);
+        d->backend = rs_backend_cpu_init_kernels(c->threads, kernels, err);
+        if (!d->backend) return err->code;
     }
 
     char *dir = d->model_dir;
@@ -219,6 +221,9 @@ static int load(rs_daemon *d, rs_error *err) {
     if ((rc = rs_quant_policy_init(&qp, quant, c->quant_ignore, c->bf16_first_layers, c->bf16_last_layers,
                                    err)) != RS_OK)
         return rc;
+    qp.quantize_lm_head = c->quantize_lm_head;
+    if (qp.quantize_lm_head && c->device != RS_CFG_DEVICE_CPU)
+        return rs_error_set(err, RS_EUNSUPPORTED, "quantize-lm-head", "quantize-lm-head needs --device cpu");
     if ((rc = rs_model_load(dir, d->backend, &qp, &d->model, err)) != RS_OK) return rc;
     const rs_model_config *mc = &d->model->cfg;
     if ((rc = load_tokenizer(d, err)) != RS_OK) return rc;

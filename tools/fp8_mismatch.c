@@ -3,7 +3,7 @@
  * policy mismatch on the same prompts and the same sampled tokens.
  *
  *   build/fp8-mismatch [--model DIR | --preset NAME] [--prompts 8] [--prompt-len 32] [--gen 48]
- *                      [--temperature 1.0] [--seed 1] [--threads N]
+ *                      [--temperature 1.0] [--seed 1] [--threads N] [--quantize-lm-head]
  *
  * The FP8 model (W8A8, 128x128 weight blocks, 1x128 activation groups) samples the rollouts, as
  * rolloutd does in production. Both models then score every sampled token by teacher forcing
@@ -11,6 +11,8 @@
  * token: mean and max |logprob_bf16 - logprob_fp8|, mean KL(BF16 || FP8) over the full
  * vocabulary, and the share of tokens whose ratio pi_bf16 / pi_fp8 is above 2 or below 1/2 —
  * the tokens a TIS cap of C = 2 would clip. Logprobs are of softmax(logits / T).
+ * --quantize-lm-head serves the FP8 model's output projection in FP8 too (quant.h): the table
+ * then shows what that opt-in adds to the recipe's mismatch.
  */
 #include <math.h>
 #include <stdio.h>
@@ -29,6 +31,7 @@
 typedef struct opts {
     const char *model, *preset;
     int prompts, prompt_len, gen, threads;
+    bool quantize_lm_head;
     float temperature;
     uint64_t seed;
 } opts;
@@ -39,11 +42,12 @@ typedef struct scorer {
     rs_kv_pool pool;
 } scorer;
 
-static void scorer_open(scorer *s, const char *dir, rs_backend *b, const char *mode, int max_tokens) {
+static void scorer_open(scorer *s, const char *dir, rs_backend *b, const char *mode, bool head, int max_tokens) {
     rs_quant_policy qp;
     rs_error err = {0};
-    if (rs_quant_policy_init(&qp, mode, "", 0, 0, &err) != RS_OK ||
-        rs_model_load(dir, b, &qp, &s->m, &err) != RS_OK) {
+    int rc = rs_quant_policy_init(&qp, mode, "", 0, 0, &err);
+    qp.quantize_lm_head = head;
+    if (rc != RS_OK || rs_model_load(dir, b, &qp, &s->m, &err) != RS_OK) {
         fprintf(stderr, "cannot load %s as %s: %s\n", dir, mode, err.message);
         exit(1);
     }
@@ -130,13 +134,18 @@ static void logsoftmax(const float *x, int n, float inv_t, double *out) {
 
 static void usage(void) {
     fprintf(stderr, "usage: fp8-mismatch [--model DIR | --preset NAME] [--prompts N] [--prompt-len N] "
-                    "[--gen N] [--temperature T] [--seed S] [--threads N]\n");
+                    "[--gen N] [--temperature T] [--seed S] [--threads N] [--quantize-lm-head]\n");
     exit(2);
 }
 
 int main(int argc, char **argv) {
     opts o = {.preset = "default", .prompts = 8, .prompt_len = 32, .gen = 48, .temperature = 1.0f, .seed = 1};
     for (int i = 1; i < argc; i += 2) {
+        if (!strcmp(argv[i], "--quantize-lm-head")) {
+            o.quantize_lm_head = true;
+            i--;
+            continue;
+        }
         if (i + 1 >= argc) usage();
         const char *a = argv[i], *v = argv[i + 1];
         if (!strcmp(a, "--model")) o.model = v;
@@ -169,8 +178,8 @@ int main(int argc, char **argv) {
     int max_tokens = o.prompt_len + o.gen;
     rs_backend *b = rs_backend_cpu_init(o.threads);
     scorer bf16, fp8;
-    scorer_open(&bf16, dir, b, "bf16", max_tokens);
-    scorer_open(&fp8, dir, b, "fp8", max_tokens);
+    scorer_open(&bf16, dir, b, "bf16", false, max_tokens);
+    scorer_open(&fp8, dir, b, "fp8", o.quantize_lm_head, max_tokens);
     const rs_model_config *c = &bf16.m->cfg;
     int V = c->vocab_size;
     float *la = rs_xmalloc(sizeof(float) * (size_t)o.gen * V), *lb = rs_xmalloc(sizeof(float) * (size_t)o.gen * V);
@@ -208,9 +217,10 @@ int main(int argc, char **argv) {
             n_tok++;
         }
     }
-    printf("%s: %s, %d layers, hidden %d, vocab %d; FP8 %d tensors, %.1f MiB (BF16 %.1f MiB)\n", dir,
+    printf("%s: %s, %d layers, hidden %d, vocab %d; FP8 %d tensors, %.1f MiB (BF16 %.1f MiB)%s\n", dir,
            rs_arch_name(c->arch), c->n_layers, c->hidden, V, fp8.m->n_quantized,
-           (double)fp8.m->quantized_bytes / (1 << 20), (double)fp8.m->quantized_bf16_bytes / (1 << 20));
+           (double)fp8.m->quantized_bytes / (1 << 20), (double)fp8.m->quantized_bf16_bytes / (1 << 20),
+           o.quantize_lm_head ? "; lm_head in FP8 too (--quantize-lm-head)" : "");
     printf("rollouts: %d prompts x %d tokens sampled by the FP8 model at T=%.2f (seed %llu)\n", o.prompts, o.gen,
            o.temperature, (unsigned long long)o.seed);
     printf("| tokens | mean abs dlogprob | max abs dlogprob | mean KL(bf16||fp8) | ratio > 2 | ratio < 1/2 |\n");

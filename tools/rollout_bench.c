@@ -3,7 +3,9 @@
  *
  *   build/rollout-bench [--preset default|qwen3-0.6b|all] [--model DIR] [--threads N]
  *                       [--batches 1,16] [--prompt 32] [--gen 32] [--quantization bf16|fp8|both]
- *                       [--device cpu|cuda]
+ *                       [--device cpu|cuda] [--cpu-kernels auto|avx512|avx2|scalar]
+ *                       [--kv-cache-dtype f32|bf16|fp8] [--prefill 512[,128]] [--repeat 3]
+ *                       [--no-bandwidth] [--quantize-lm-head]
  *
  * For each batch size B it runs B greedy sequences twice through the real engine: once with
  * max_new_tokens = 1 (prefill + first token) and once with max_new_tokens = gen. Decode tokens/s
@@ -17,6 +19,13 @@
  * the weight precision the model is loaded with (model/quant.h; "both" runs bf16, then fp8).
  * --device cuda (a `make CUDA=1` build) runs the model on GPU 0; both bandwidth figures are then
  * the GPU's own device-to-device copy (read + write bytes), the ceiling for its weight reads.
+ * --cpu-kernels picks the CPU backend's kernel class exactly as the daemon's flag does (the same
+ * constructor, rs_backend_cpu_init_kernels), and the header names the dispatch it got.
+ * --prefill N also times one N-token prompt with max_new_tokens = 1 (a single forward pass over
+ * the prompt, unchunked, and the first token): prefill tokens/s = N / t (--batches 0: prefill
+ * only). --repeat R runs every measurement R times and prints min / median / max (and the
+ * process's user CPU seconds). --no-bandwidth skips the memory measurements (a few seconds).
+ * --quantize-lm-head loads the FP8 model with its output projection in FP8 too (model/quant.h).
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -43,6 +52,11 @@ typedef struct bench_opts {
     int gen;
     const char *quantization;   /* bf16 | fp8 | both */
     const char *device;         /* cpu | cuda */
+    const char *cpu_kernels;    /* auto | avx512 | avx2 | scalar */
+    const char *kv_dtype;       /* f32 | bf16 | fp8 */
+    int prefill[4];             /* prompt lengths timed for prefill */
+    int n_prefill;
+    int repeat;                 /* runs of every measurement */
 } bench_opts;
 
 static rs_backend *make_backend(const bench_opts *o) {
@@ -55,7 +69,12 @@ static rs_backend *make_backend(const bench_opts *o) {
         exit(2);
 #endif
     } else {
-        b = rs_backend_cpu_init(o->threads);
+        rs_error err = {0};
+        b = rs_backend_cpu_init_kernels(o->threads, o->cpu_kernels, &err);
+        if (!b) {
+            fprintf(stderr, "%s\n", err.message);
+            exit(2);
+        }
     }
     if (!b) {
         fprintf(stderr, "cannot create the %s backend\n", o->device);
@@ -198,6 +217,24 @@ static double run_batch(rs_engine *e, const rs_model_config *cfg, int batch, int
     return dt;
 }
 
+/* Sorts v[0..n) and returns its median. */
+static double median(double *v, int n) {
+    for (int i = 1; i < n; i++)
+        for (int j = i; j > 0 && v[j - 1] > v[j]; j--) {
+            const double t = v[j];
+            v[j] = v[j - 1];
+            v[j - 1] = t;
+        }
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+/* User CPU seconds of this process so far (all threads). */
+static double user_cpu_s(void) {
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    return (double)ru.ru_utime.tv_sec + 1e-6 * (double)ru.ru_utime.tv_usec;
+}
+
 static long peak_rss_mib(void) {
     struct rusage ru;
     getrusage(RUSAGE_SELF, &ru);
@@ -230,13 +267,22 @@ static void bench_model(const char *label, const char *dir, const bench_opts *o,
     }
     int max_batch = 1;
     for (int i = 0; i < o->n_batches; i++) max_batch = RS_MAX(max_batch, o->batches[i]);
+    int max_prefill = 0;
+    for (int i = 0; i < o->n_prefill; i++) max_prefill = RS_MAX(max_prefill, o->prefill[i]);
+    const int max_context = RS_MAX(o->prompt_len + o->gen, max_prefill + 1);
+    const size_t kv_tokens = RS_MAX((size_t)max_batch * (size_t)(o->prompt_len + o->gen + RS_KV_BLOCK),
+                                    (size_t)(max_prefill + 2 * RS_KV_BLOCK));
     rs_engine_opts eo = {
-        .kv_cache_bytes = (size_t)max_batch * (size_t)(o->prompt_len + o->gen + RS_KV_BLOCK) *
-                          (size_t)m->cfg.n_layers * 2 * (size_t)m->cfg.n_kv_heads * (size_t)m->cfg.head_dim * 4,
+        .kv_cache_bytes = kv_tokens * (size_t)m->cfg.n_layers * 2 * (size_t)m->cfg.n_kv_heads *
+                          (size_t)m->cfg.head_dim * 4,
         .max_running = max_batch,
-        .max_step_tokens = RS_MAX(max_batch * o->prompt_len, max_batch),
-        .limits = {.max_context = o->prompt_len + o->gen, .max_new_tokens = o->gen, .max_n = 1,
-                   .max_batch = max_batch},
+        .max_step_tokens = RS_MAX(RS_MAX(max_batch * o->prompt_len, max_batch), max_prefill),
+        .kv_dtype = !strcmp(o->kv_dtype, "fp8") ? RS_DTYPE_E4M3 : !strcmp(o->kv_dtype, "bf16") ? RS_DTYPE_BF16
+                                                                                               : RS_DTYPE_F32,
+        .kv_scales = RS_KV_SCALES_CALIBRATE,
+        .kv_calib_margin = 1.2f,
+        .kv_calib_percentile = 1.0f,
+        .limits = {.max_context = max_context, .max_new_tokens = o->gen, .max_n = 1, .max_batch = max_batch},
     };
     rs_engine *e = NULL;
     if (rs_engine_init(&e, m, &eo, &err) != RS_OK) {
@@ -258,15 +304,32 @@ static void bench_model(const char *label, const char *dir, const bench_opts *o,
     double base = 0;
     for (int i = 0; i < o->n_batches; i++) {
         int B = o->batches[i];
-        double t1 = run_batch(e, &m->cfg, B, o->prompt_len, 1);
-        double tg = run_batch(e, &m->cfg, B, o->prompt_len, o->gen);
-        double step = (tg - t1) / (o->gen - 1);
-        double tps = B / step;
+        double tv[16], cpu0 = user_cpu_s();
+        for (int r = 0; r < o->repeat; r++) {
+            double t1 = run_batch(e, &m->cfg, B, o->prompt_len, 1);
+            double tg = run_batch(e, &m->cfg, B, o->prompt_len, o->gen);
+            tv[r] = B * (o->gen - 1) / (tg - t1);
+        }
+        double tps = median(tv, o->repeat), step = B / tps;
         if (i == 0) base = tps;
         tps_out[i] = tps;
         double gbs = step_bytes / step / 1e9;
-        printf("  %-6d %-10d %-12.2f %-14.1f %-12.2f %.1f (%.0f%% / %.0f%%)\n", B, o->gen - 1, step * 1e3, tps,
-               tps / base, gbs, 100.0 * gbs / bw[0], 100.0 * gbs / bw[1]);
+        printf("  %-6d %-10d %-12.2f %-14.1f %-12.2f %.1f", B, o->gen - 1, step * 1e3, tps, tps / base, gbs);
+        if (bw[0] > 0) printf(" (%.0f%% / %.0f%%)", 100.0 * gbs / bw[0], 100.0 * gbs / bw[1]);
+        if (o->repeat > 1)
+            printf("  [min %.1f median %.1f max %.1f tokens/s over %d runs, %.2f s user CPU]", tv[0], tps,
+                   tv[o->repeat - 1], o->repeat, user_cpu_s() - cpu0);
+        printf("\n");
+    }
+    for (int i = 0; i < o->n_prefill; i++) {
+        const int N = o->prefill[i];
+        double tv[16], cpu0 = user_cpu_s();
+        for (int r = 0; r < o->repeat; r++) tv[r] = N / run_batch(e, &m->cfg, 1, N, 1);
+        printf("  prefill %d tokens (one prompt, one forward pass): %.1f tokens/s", N, median(tv, o->repeat));
+        if (o->repeat > 1)
+            printf("  [min %.1f median %.1f max %.1f over %d runs, %.2f s user CPU]", tv[0], median(tv, o->repeat),
+                   tv[o->repeat - 1], o->repeat, user_cpu_s() - cpu0);
+        printf("\n");
     }
     if (m->n_quantized > 0)
         printf("  quantized layers: %d tensors, %.1f MiB resident vs %.1f MiB in BF16 (%.3fx)\n", m->n_quantized,
@@ -303,15 +366,27 @@ static const char *ensure_preset(const char *name, char *dir, size_t cap) {
 static void usage(void) {
     fprintf(stderr, "usage: rollout-bench [--preset default|qwen3-0.6b|all] [--model DIR] [--threads N]\n"
                     "                     [--batches 1,16] [--prompt 32] [--gen 32] [--quantization bf16|fp8|both]\n"
-                    "                     [--device cpu|cuda]\n");
+                    "                     [--device cpu|cuda] [--cpu-kernels auto|avx512|avx2|scalar]\n"
+                    "                     [--kv-cache-dtype f32|bf16|fp8] [--prefill 512[,N]] [--repeat R]\n"
+                    "                     [--no-bandwidth] [--quantize-lm-head]   (--batches 0: prefill only)\n");
     exit(2);
 }
 
 int main(int argc, char **argv) {
     bench_opts o = {.preset = "all", .threads = 0, .batches = {1, 16}, .n_batches = 2, .prompt_len = 32,
-                    .gen = 32, .quantization = "bf16", .device = "cpu"};
+                    .gen = 32, .quantization = "bf16", .device = "cpu",
+                    .cpu_kernels = "auto", .kv_dtype = "f32", .repeat = 1};
+    bool bandwidth = true, head = false;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
+        if (!strcmp(a, "--no-bandwidth")) {
+            bandwidth = false;
+            continue;
+        }
+        if (!strcmp(a, "--quantize-lm-head")) {
+            head = true;
+            continue;
+        }
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!v) usage();
         if (!strcmp(a, "--preset")) o.preset = v;
@@ -321,16 +396,31 @@ int main(int argc, char **argv) {
         else if (!strcmp(a, "--gen")) o.gen = atoi(v);
         else if (!strcmp(a, "--quantization")) o.quantization = v;
         else if (!strcmp(a, "--device")) o.device = v;
+        else if (!strcmp(a, "--cpu-kernels")) o.cpu_kernels = v;
+        else if (!strcmp(a, "--kv-cache-dtype")) o.kv_dtype = v;
+        else if (!strcmp(a, "--repeat")) o.repeat = atoi(v);
+        else if (!strcmp(a, "--prefill")) {
+            o.n_prefill = 0;
+            for (char *q = (char *)v; *q && o.n_prefill < 4; q++) {
+                o.prefill[o.n_prefill++] = (int)strtol(q, &q, 10);
+                if (*q != ',') break;
+            }
+        }
         else if (!strcmp(a, "--batches")) {
             o.n_batches = 0;
-            for (char *s = (char *)v; *s && o.n_batches < 8; s++) {
+            for (char *s = (char *)v; *s && o.n_batches < 8 && strcmp(v, "0") != 0; s++) {
                 o.batches[o.n_batches++] = (int)strtol(s, &s, 10);
                 if (*s != ',') break;
             }
         } else usage();
         i++;
     }
-    if (o.gen < 2 || o.prompt_len < 1 || o.n_batches < 1) usage();
+    if (o.gen < 2 || o.prompt_len < 1 || o.n_batches + o.n_prefill < 1 || o.repeat < 1 || o.repeat > 16) usage();
+    for (int i = 0; i < o.n_batches; i++)
+        if (o.batches[i] < 1) usage();
+    for (int i = 0; i < o.n_prefill; i++)
+        if (o.prefill[i] < 1) usage();
+    if (strcmp(o.kv_dtype, "f32") != 0 && strcmp(o.kv_dtype, "bf16") != 0 && strcmp(o.kv_dtype, "fp8") != 0) usage();
     if (strcmp(o.device, "cpu") != 0 && strcmp(o.device, "cuda") != 0) usage();
     /* the policies to run, in order */
     rs_quant_policy policies[2];
@@ -339,13 +429,21 @@ int main(int argc, char **argv) {
     const char *modes[2] = {both ? "bf16" : o.quantization, "fp8"};
     for (int i = 0; i < (both ? 2 : 1); i++) {
         rs_error err = {0};
-        if (rs_quant_policy_init(&policies[n_policies++], modes[i], "", 0, 0, &err) != RS_OK) usage();
+        if (rs_quant_policy_init(&policies[n_policies], modes[i], "", 0, 0, &err) != RS_OK) usage();
+        policies[n_policies++].quantize_lm_head = head;
     }
     if (o.threads <= 0) o.threads = (int)sysconf(_SC_NPROCESSORS_ONLN);
     rs_log_min_level = RS_LOG_LEVEL_WARN;
 
-    double bw[2]; /* copy, read */
-    if (strcmp(o.device, "cuda") == 0) {
+    double bw[2] = {0, 0}; /* copy, read; 0 when not measured */
+    if (!bandwidth) {
+        if (strcmp(o.device, "cpu") == 0) {
+            rs_backend *b = make_backend(&o);
+            char line[256];
+            printf("%s (--cpu-kernels %s)\n", rs_backend_cpu_describe(b, line, sizeof line), o.cpu_kernels);
+            rs_backend_free(b);
+        }
+    } else if (strcmp(o.device, "cuda") == 0) {
         bw[0] = bw[1] = device_copy_gbs(&o);
         printf("memory: device-to-device copy %.1f GB/s (read + write; the GPU's bandwidth, both columns below)\n",
                bw[0]);
@@ -355,9 +453,14 @@ int main(int argc, char **argv) {
         printf("memory: STREAM-like copy %.1f GB/s (read + write, 1 thread; %.1f with the CPU backend's "
                "streaming-store upload), read %.1f GB/s (%d threads, weight-like memory)\n",
                bw[0], upload_copy_gbs(), bw[1], o.threads);
+        rs_backend *b = make_backend(&o);
+        char line[256];
+        printf("%s (--cpu-kernels %s)\n", rs_backend_cpu_describe(b, line, sizeof line), o.cpu_kernels);
+        rs_backend_free(b);
     }
-    printf("workload: greedy, prompt %d tokens, %d new tokens; decode tokens/s = B*(gen-1)/(t_gen - t_1)\n",
-           o.prompt_len, o.gen);
+    printf("workload: greedy, prompt %d tokens, %d new tokens; decode tokens/s = B*(gen-1)/(t_gen - t_1); "
+           "KV cache %s\n",
+           o.prompt_len, o.gen, o.kv_dtype);
     char dir[4096];
     const char *all[] = {"default", "qwen3-0.6b"};
     for (size_t i = 0; i < RS_ARRAY_LEN(all) + 1; i++) {

@@ -8,6 +8,7 @@
  */
 #include <stdbool.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -259,4 +260,47 @@ rs_backend *rs_backend_cpu_init(int n_threads) {
     RS_DEBUG("cpu backend | threads %d | simd %s (cpu supports %s)", c->n_threads, rs_cpu_simd_name(c->simd),
              rs_cpu_simd_name(c->simd_max));
     return b;
+}
+
+rs_backend *rs_backend_cpu_init_kernels(int n_threads, const char *kernels, rs_error *err) {
+    rs_cpu_simd want = RS_CPU_SIMD_AVX512;
+    bool forced = strcmp(kernels, "auto") != 0;
+    if (forced) {
+        int s = RS_CPU_SIMD_SCALAR;
+        while (s <= RS_CPU_SIMD_AVX512 && strcmp(kernels, rs_cpu_simd_name((rs_cpu_simd)s)) != 0) s++;
+        if (s > RS_CPU_SIMD_AVX512) {
+            rs_error_set(err, RS_EINVAL, "cpu-kernels", "cpu-kernels '%s': expected auto, avx512, avx2 or scalar",
+                         kernels);
+            return NULL;
+        }
+        want = (rs_cpu_simd)s;
+    }
+    rs_backend *b = rs_backend_cpu_init(n_threads);
+    rs_cpu_ctx *c = rs_cpu_ctx_of(b);
+    if (forced) {
+        if (want > c->simd_max) {
+            rs_error_set(err, RS_EUNSUPPORTED, "cpu-kernels", "cpu-kernels %s: this CPU runs %s at most", kernels,
+                         rs_cpu_simd_name(c->simd_max));
+            rs_backend_free(b);
+            return NULL;
+        }
+        c->simd = want;
+    }
+    char line[256];
+    RS_INFO("%s%s", rs_backend_cpu_describe(b, line, sizeof line),
+            forced ? " (forced by cpu-kernels)" : c->simd < c->simd_max ? " (capped by RS_CPU_SIMD)" : "");
+    return b;
+}
+
+const char *rs_backend_cpu_describe(rs_backend *b, char *buf, size_t n) {
+    const rs_cpu_ctx *c = rs_cpu_ctx_of(b);
+    const bool vnni = rs_fp8_gemm_isa_supported(RS_FP8_GEMM_ISA_AVX512_VNNI);
+    const char *isa = c->simd == RS_CPU_SIMD_SCALAR ? "scalar C"
+                      : c->simd == RS_CPU_SIMD_AVX2 ? "avx2 fma f16c"
+                      : vnni ? "avx512f avx512bw avx512vl avx512dq avx512vbmi avx512vnni gfni avx2 fma f16c"
+                             : "avx512f avx2 fma f16c";
+    const int nt = c->simd == RS_CPU_SIMD_AVX512 ? RS_CPU_NT_AVX512 : c->simd == RS_CPU_SIMD_AVX2 ? RS_CPU_NT_AVX2 : 4;
+    snprintf(buf, n, "cpu: %s; fp8 kernel %s; bf16 tile %dx%d; %d threads", isa,
+             rs_fp8_gemm_isa_name(rs_cpu_fp8_isa(c->simd)), RS_CPU_NW, nt, c->n_threads);
+    return buf;
 }

@@ -19,6 +19,7 @@
 #include "../../core/pool.h"
 #include "../backend_impl.h"
 #include "../exp.h"
+#include "fp8_gemm.h"
 
 typedef enum rs_cpu_simd {
     RS_CPU_SIMD_SCALAR = 0,
@@ -100,9 +101,14 @@ typedef struct rs_cpu_tile {
 typedef void (*rs_cpu_tile_fn)(const rs_cpu_tile *t);
 #define RS_CPU_NW        4 /* weight rows per tile, every ISA */
 #define RS_CPU_NT_AVX512 6 /* token rows per tile: 24 zmm accumulators + 4 weights + 1 x */
-#define RS_CPU_NT_AVX2   2 /* 8 ymm accumulators + 4 weights + 2 x (16 registers) */
+#define RS_CPU_NT_AVX2   3 /* 12 ymm accumulators + 3 x + 1 weight (16 registers) */
 rs_cpu_tile_fn rs_cpu_tile_avx512(rs_dtype dt);
 rs_cpu_tile_fn rs_cpu_tile_avx2(rs_dtype dt);
+
+/* The FP8 GEMM's instruction set at SIMD level s (cpu_matmul.c; every one gives the same bits):
+ * AVX-512 VNNI where the CPU has that set at the AVX-512 level, else the AVX2 kernel, scalar C at
+ * the scalar level. */
+rs_fp8_gemm_isa rs_cpu_fp8_isa(rs_cpu_simd s);
 
 /* ---- FP8 activations (cpu_fp8_quant.c) ---- */
 

@@ -3,7 +3,7 @@
  *
  * Decode (rows 1..16) is bound by reading the weights, so each weight row is streamed once and
  * used for every token row while it is in registers: a tile is 4 weight rows by up to NT token
- * rows (NT = 6 with AVX-512, 2 with AVX2), BF16/F16 converted to fp32 in registers. Threads split
+ * rows (NT = 6 with AVX-512, 3 with AVX2), BF16/F16 converted to fp32 in registers. Threads split
  * N, in multiples of the tile. For longer batches (prefill) the loops are blocked so that a block
  * of weight rows stays in L2 while every token tile of a token block passes over it, and the token
  * block stays in L2 while the weight blocks pass: the weights are read from memory once per token
@@ -161,12 +161,11 @@ static void quant_rows(void *arg, int64_t r0, int64_t r1, int tid) {
     rs_cpu_fp8_quantize_act(j->simd, j->x + r0 * j->k, r1 - r0, j->k, j->q + r0 * j->k, j->s + r0 * j->kb);
 }
 
-/* The FP8 GEMM's instruction set at the backend's SIMD level (every one gives the same bits). */
-static rs_fp8_gemm_isa fp8_isa(rs_cpu_simd s) {
+rs_fp8_gemm_isa rs_cpu_fp8_isa(rs_cpu_simd s) {
     switch (s) {
     case RS_CPU_SIMD_AVX512:
         return rs_fp8_gemm_isa_supported(RS_FP8_GEMM_ISA_AVX512_VNNI) ? RS_FP8_GEMM_ISA_AVX512_VNNI
-                                                                      : RS_FP8_GEMM_ISA_AVX512;
+                                                                      : RS_FP8_GEMM_ISA_AVX2;
     case RS_CPU_SIMD_AVX2: return RS_FP8_GEMM_ISA_AVX2;
     default: return RS_FP8_GEMM_ISA_GENERIC;
     }
@@ -190,13 +189,13 @@ static void matmul_fp8(rs_cpu_ctx *c, float *out, const float *x, const rs_tenso
     else
         quant_rows(&q, 0, rows, 0);
     rs_pool *pool = n * k * rows < MIN_PARALLEL_MACS ? NULL : c->pool;
-    int rc = rs_fp8_gemm_layout_with_isa(fp8_isa(c->simd), pool, out, q.q, q.s, w->data, w->layout, w->scale_inv,
+    int rc = rs_fp8_gemm_layout_with_isa(rs_cpu_fp8_isa(c->simd), pool, out, q.q, q.s, w->data, w->layout, w->scale_inv,
                                          rows, (int)n, (int)k);
     if (rc == RS_EUNSUPPORTED && w->layout != RS_LAYOUT_ROWS) {
         /* a packed weight at a SIMD level below its kernel's (rs_cpu_set_simd after loading) */
         uint8_t *wr = rs_cpu_scratch(&c->fp8_rows, (size_t)(n * k));
         rs_fp8_pairs32_unpack(wr, w->data, n, k);
-        rc = rs_fp8_gemm_with_isa(fp8_isa(c->simd), pool, out, q.q, q.s, wr, w->scale_inv, rows, (int)n, (int)k);
+        rc = rs_fp8_gemm_with_isa(rs_cpu_fp8_isa(c->simd), pool, out, q.q, q.s, wr, w->scale_inv, rows, (int)n, (int)k);
     }
     RS_ASSERT(rc == RS_OK);
     const float *b = rs_cpu_param_f32(&c->param_buf[0], bias, n);

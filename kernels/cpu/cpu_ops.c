@@ -1,6 +1,9 @@
 /*
  * cpu_ops.c — the element-wise and per-row ops: embed, rmsnorm, rope, swiglu, add, gather_rows.
  *
+ * embed takes BF16/F16/F32 tables, and E4M3 ones (a tied table served in FP8, --quantize-lm-head)
+ * dequantized row by row exactly as rs_fp8_dequantize_weight.
+ *
  * These follow the arithmetic of the PyTorch modules the checkpoints were trained with, one
  * rounding at a time (the build has -ffp-contract=off, so nothing is fused behind our back):
  *   rmsnorm  LlamaRMSNorm: variance = mean(x^2) in fp32, x * (1 / sqrt(variance + eps)), then * w;
@@ -17,7 +20,9 @@
 #include <string.h>
 
 #include "../../core/rs.h"
+#include "../fp8.h"
 #include "cpu_internal.h"
+#include "fp8_layout.h"
 
 #define FLAT_GRAIN     16384 /* elements per pool item for the flat ops */
 #define ROW_WORK_GRAIN 16384 /* elements of row work below which a row op stays on one thread */
@@ -29,13 +34,30 @@ static int64_t row_grain(int64_t row_elems) {
 
 /* ---- embed ---- */
 
+/* Row r of an E4M3 table (--quantize-lm-head on a tied model) dequantized as
+ * rs_fp8_dequantize_weight does it: code value times its block's scale_inv, rounded to fp32. */
+static void embed_fp8_row(float *o /* [dim] */, const rs_tensor *t, int64_t r) {
+    const int64_t vocab = t->shape[0], dim = t->shape[1], kb = rs_fp8_blocks(dim);
+    const uint8_t *q = t->data;
+    const float *s = t->scale_inv + (r / RS_FP8_BLOCK) * kb;
+    for (int64_t d = 0; d < dim; d++) {
+        const uint8_t c = t->layout == RS_LAYOUT_FP8_PAIRS32 ? rs_fp8_pairs32_at(q, vocab, dim, r, d) : q[r * dim + d];
+        o[d] = rs_fp8_e4m3_f32[c] * s[d / RS_FP8_BLOCK];
+    }
+}
+
 void rs_cpu_op_embed(rs_backend *b, float *out, const rs_tensor *table, const int32_t *ids, int n) {
     (void)b;
     int64_t vocab = table->shape[0], dim = table->shape[1];
-    RS_ASSERT(table->dtype == RS_DTYPE_BF16 || table->dtype == RS_DTYPE_F16 || table->dtype == RS_DTYPE_F32);
+    RS_ASSERT(table->dtype == RS_DTYPE_BF16 || table->dtype == RS_DTYPE_F16 || table->dtype == RS_DTYPE_F32 ||
+              (table->dtype == RS_DTYPE_E4M3 && table->scale_inv));
     size_t es = rs_dtype_size(table->dtype);
     for (int i = 0; i < n; i++) {
         RS_ASSERT(ids[i] >= 0 && ids[i] < vocab);
+        if (table->dtype == RS_DTYPE_E4M3) {
+            embed_fp8_row(out + (size_t)i * (size_t)dim, table, ids[i]);
+            continue;
+        }
         const void *row = (const char *)table->data + (size_t)ids[i] * (size_t)dim * es;
         float *o = out + (size_t)i * (size_t)dim;
         if (table->dtype == RS_DTYPE_F32) {

@@ -2,7 +2,9 @@
  * cpu_simd_avx2.c — AVX2 + FMA + F16C kernels: the matmul tile and the attention vector helpers.
  *
  * The same shapes as cpu_simd_avx512.c on 8 lanes and 16 registers: a tile is 4 weight rows x
- * NT <= 2 token rows (8 accumulators, 4 weight vectors, 1 x vector). Every function carries
+ * NT <= 3 token rows (12 accumulators, the 3 x vectors, 1 weight vector at a time). Every output
+ * is computed in the same order whatever NT (lane l sums k = l mod 8 in order, then a fixed tree),
+ * so a row's result does not depend on the batch it is in. Every function carries
  * target("avx2,fma,f16c") and is only called when init found those features.
  */
 #include "cpu_internal.h"
@@ -51,14 +53,15 @@ T256 INLINE void tile_body(const rs_cpu_tile *tl, const int NT, const rs_dtype d
 #pragma GCC unroll 4
             for (int j = 0; j < RS_CPU_NW; j++) _mm_prefetch(pf[j] + (size_t)i * es, _MM_HINT_T1);
         }
-        __m256 wv[RS_CPU_NW];
+        /* the tile's x vectors in registers, one weight vector at a time: NT + 1 + 4 NT registers */
+        __m256 xv[RS_CPU_NT_AVX2];
 #pragma GCC unroll 4
-        for (int j = 0; j < RS_CPU_NW; j++) wv[j] = load8(wr[j], i, dt);
+        for (int t = 0; t < NT; t++) xv[t] = _mm256_loadu_ps(x + t * ldx + i);
 #pragma GCC unroll 4
-        for (int t = 0; t < NT; t++) {
-            __m256 xv = _mm256_loadu_ps(x + t * ldx + i);
+        for (int j = 0; j < RS_CPU_NW; j++) {
+            const __m256 wv = load8(wr[j], i, dt);
 #pragma GCC unroll 4
-            for (int j = 0; j < RS_CPU_NW; j++) acc[j][t] = _mm256_fmadd_ps(wv[j], xv, acc[j][t]);
+            for (int t = 0; t < NT; t++) acc[j][t] = _mm256_fmadd_ps(wv, xv[t], acc[j][t]);
         }
     }
 #pragma GCC unroll 4
@@ -75,15 +78,16 @@ T256 INLINE void tile_body(const rs_cpu_tile *tl, const int NT, const rs_dtype d
 
 #define DEFINE_TILE(name, DT)                                                                                \
     T256 static void name(const rs_cpu_tile *t) {                                                            \
-        if (t->nt == 1)                                                                                      \
-            tile_body(t, 1, DT);                                                                             \
-        else                                                                                                 \
-            tile_body(t, 2, DT);                                                                             \
+        switch (t->nt) {                                                                                     \
+        case 1: tile_body(t, 1, DT); break;                                                                  \
+        case 2: tile_body(t, 2, DT); break;                                                                  \
+        default: tile_body(t, 3, DT); break;                                                                 \
+        }                                                                                                    \
     }
 DEFINE_TILE(tile_bf16, RS_DTYPE_BF16)
 DEFINE_TILE(tile_f16, RS_DTYPE_F16)
 DEFINE_TILE(tile_f32, RS_DTYPE_F32)
-_Static_assert(RS_CPU_NT_AVX2 == 2, "DEFINE_TILE instantiates nt = 1..2");
+_Static_assert(RS_CPU_NT_AVX2 == 3, "DEFINE_TILE instantiates nt = 1..3");
 
 rs_cpu_tile_fn rs_cpu_tile_avx2(rs_dtype dt) {
     return dt == RS_DTYPE_BF16 ? tile_bf16 : dt == RS_DTYPE_F16 ? tile_f16 : tile_f32;

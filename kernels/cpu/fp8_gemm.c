@@ -23,18 +23,18 @@
  * the rest (`xs * ws` in fp32, the fmaf chain over blocks in order, starting from +0) is the same
  * sequence of correctly rounded operations in both. Hence bit-identity, for any thread count.
  *
- * Fast paths. Where the CPU has AVX-512 BW/VL/DQ + VBMI + VNNI + GFNI (Ice Lake, Zen 4 and later),
- * fp8_gemm_vnni.c does the products with exact 16-bit integer digits instead (several times
- * faster); the paths below serve the other CPUs, and all of them give the same bits.
+ * Fast paths, all giving the same bits. Where the CPU has AVX-512 BW/VL/DQ + VBMI + VNNI + GFNI
+ * (Ice Lake, Zen 4 and later), fp8_gemm_vnni.c does the products with exact 16-bit integer digits;
+ * on every other x86-64 CPU with AVX2 (Haswell to Comet Lake, Zen 1 to 3, Skylake-X without VBMI),
+ * fp8_gemm_avx2.c does the same with vpmaddwd. The generic path here serves the rest.
  *
- * Fast path layout. Work items are (tile of up to 16 rows, chunk of 64 output features); threads
- * take contiguous runs of items from core/pool. Within an item, for each K block: the row tile's
- * activation codes are decoded once to double, then for each output feature its weight block is
- * decoded to double and dotted with every row of the tile (FMA in double, exact as shown above),
- * and `out` itself carries the fmaf accumulator across blocks. Decoding is arithmetic on the code
- * bits (normal: exponent rebias; subnormal: m * 2^-9; NaN: blend), equal to the decode table for
- * all 256 codes (the 256-code tests check it through the GEMM). Nothing is allocated: the tiles
- * (~17 KB) live on the stack. Ragged K blocks are zero-padded to 128, which adds exact +0 terms.
+ * Generic path layout. Work items are (tile of up to 16 rows, chunk of 64 output features);
+ * threads take contiguous runs of items from core/pool. Within an item, for each K block: the row
+ * tile's activation codes are decoded once to double (the decode table), then for each output
+ * feature its weight block is decoded to double and dotted with every row of the tile (exact as
+ * shown above), and `out` itself carries the fmaf accumulator across blocks. Nothing is allocated:
+ * the tiles (~17 KB) live on the stack. Ragged K blocks are zero-padded to 128, which adds exact
+ * +0 terms.
  */
 #include "fp8_gemm.h"
 
@@ -43,15 +43,10 @@
 
 #include "../../core/rs.h"
 #include "../fp8.h"
+#include "fp8_gemm_avx2.h"
 #include "fp8_gemm_vnni.h"
 #include "fp8_layout.h"
 
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-#define RS_FP8_GEMM_X86 1
-#include <immintrin.h>
-#else
-#define RS_FP8_GEMM_X86 0
-#endif
 
 #define BLK RS_FP8_BLOCK
 #define ROW_TILE 16  /* rows sharing one decoded weight block; 16 x 1 KB of doubles stays in L1 */
@@ -178,155 +173,6 @@ static void gemm_items_generic(void *ctx, int64_t it0, int64_t it1, int tid) {
     gemm_items(ctx, it0, it1, decode_generic, dot_generic);
 }
 
-#if RS_FP8_GEMM_X86
-
-/* ---- AVX2 + FMA ---- */
-
-#define RS_TARGET_AVX2 __attribute__((target("avx2,fma")))
-
-/* 8 codes (low 8 bytes of `bytes`) -> 8 floats, equal to rs_fp8_e4m3_f32[] for every code.
- * Normal codes: the E4M3 bits shifted into fp32 position with the exponent rebiased by 127 - 7.
- * Subnormal codes (exponent field 0, mag < 8): mag * 2^-9, exact. NaN codes: +NaN. */
-RS_TARGET_AVX2 static inline __m256 e4m3x8_avx2(__m128i bytes) {
-    const __m256i c = _mm256_cvtepu8_epi32(bytes);
-    const __m256i mag = _mm256_and_si256(c, _mm256_set1_epi32(0x7f));
-    const __m256i sign = _mm256_slli_epi32(_mm256_and_si256(c, _mm256_set1_epi32(0x80)), 24);
-    __m256 normal = _mm256_castsi256_ps(
-        _mm256_add_epi32(_mm256_slli_epi32(mag, 20), _mm256_set1_epi32((127 - 7) << 23)));
-    __m256 subnormal = _mm256_mul_ps(_mm256_cvtepi32_ps(mag), _mm256_set1_ps(0x1p-9f));
-    __m256 is_sub = _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(8), mag));
-    __m256 v = _mm256_blendv_ps(normal, subnormal, is_sub);
-    v = _mm256_or_ps(v, _mm256_castsi256_ps(sign));
-    __m256 is_nan = _mm256_castsi256_ps(_mm256_cmpeq_epi32(mag, _mm256_set1_epi32(0x7f)));
-    return _mm256_blendv_ps(v, _mm256_set1_ps(NAN), is_nan);
-}
-
-RS_TARGET_AVX2 static void decode_avx2(double *dst, const uint8_t *src) {
-    for (int j = 0; j < BLK; j += 8) {
-        __m256 f = e4m3x8_avx2(_mm_loadl_epi64((const __m128i *)(src + j)));
-        _mm256_store_pd(dst + j, _mm256_cvtps_pd(_mm256_castps256_ps128(f)));
-        _mm256_store_pd(dst + j + 4, _mm256_cvtps_pd(_mm256_extractf128_ps(f, 1)));
-    }
-}
-
-RS_TARGET_AVX2 static inline double hsum_avx2(__m256d v) {
-    __m128d s = _mm_add_pd(_mm256_castpd256_pd128(v), _mm256_extractf128_pd(v, 1));
-    return _mm_cvtsd_f64(_mm_add_sd(s, _mm_unpackhi_pd(s, s)));
-}
-
-/* Four rows at a time, two accumulators each (8 independent FMA chains); wd comes from L1. */
-RS_TARGET_AVX2 static void dot_avx2(double *sums, const double *wd, const double *xd, int nr) {
-    int i = 0;
-    for (; i + 4 <= nr; i += 4) {
-        const double *x0 = xd + (int64_t)i * BLK, *x1 = x0 + BLK, *x2 = x1 + BLK, *x3 = x2 + BLK;
-        __m256d a0 = _mm256_setzero_pd(), a1 = a0, a2 = a0, a3 = a0, b0 = a0, b1 = a0, b2 = a0, b3 = a0;
-        for (int j = 0; j < BLK; j += 8) {
-            __m256d w0 = _mm256_load_pd(wd + j), w1 = _mm256_load_pd(wd + j + 4);
-            a0 = _mm256_fmadd_pd(_mm256_load_pd(x0 + j), w0, a0);
-            b0 = _mm256_fmadd_pd(_mm256_load_pd(x0 + j + 4), w1, b0);
-            a1 = _mm256_fmadd_pd(_mm256_load_pd(x1 + j), w0, a1);
-            b1 = _mm256_fmadd_pd(_mm256_load_pd(x1 + j + 4), w1, b1);
-            a2 = _mm256_fmadd_pd(_mm256_load_pd(x2 + j), w0, a2);
-            b2 = _mm256_fmadd_pd(_mm256_load_pd(x2 + j + 4), w1, b2);
-            a3 = _mm256_fmadd_pd(_mm256_load_pd(x3 + j), w0, a3);
-            b3 = _mm256_fmadd_pd(_mm256_load_pd(x3 + j + 4), w1, b3);
-        }
-        sums[i] = hsum_avx2(_mm256_add_pd(a0, b0));
-        sums[i + 1] = hsum_avx2(_mm256_add_pd(a1, b1));
-        sums[i + 2] = hsum_avx2(_mm256_add_pd(a2, b2));
-        sums[i + 3] = hsum_avx2(_mm256_add_pd(a3, b3));
-    }
-    for (; i < nr; i++) {
-        const double *x = xd + (int64_t)i * BLK;
-        __m256d a = _mm256_setzero_pd(), b = a, c = a, d = a;
-        for (int j = 0; j < BLK; j += 16) {
-            a = _mm256_fmadd_pd(_mm256_load_pd(x + j), _mm256_load_pd(wd + j), a);
-            b = _mm256_fmadd_pd(_mm256_load_pd(x + j + 4), _mm256_load_pd(wd + j + 4), b);
-            c = _mm256_fmadd_pd(_mm256_load_pd(x + j + 8), _mm256_load_pd(wd + j + 8), c);
-            d = _mm256_fmadd_pd(_mm256_load_pd(x + j + 12), _mm256_load_pd(wd + j + 12), d);
-        }
-        sums[i] = hsum_avx2(_mm256_add_pd(_mm256_add_pd(a, b), _mm256_add_pd(c, d)));
-    }
-}
-
-RS_TARGET_AVX2 static void gemm_items_avx2(void *ctx, int64_t it0, int64_t it1, int tid) {
-    (void)tid;
-    gemm_items(ctx, it0, it1, decode_avx2, dot_avx2);
-}
-
-/* ---- AVX-512 (F only) ---- */
-
-#define RS_TARGET_AVX512 __attribute__((target("avx512f")))
-
-/* 16 codes -> 16 floats; same construction as e4m3x8_avx2, with mask registers. */
-RS_TARGET_AVX512 static inline __m512 e4m3x16_avx512(__m128i bytes) {
-    const __m512i c = _mm512_cvtepu8_epi32(bytes);
-    const __m512i mag = _mm512_and_si512(c, _mm512_set1_epi32(0x7f));
-    const __m512i sign = _mm512_slli_epi32(_mm512_and_si512(c, _mm512_set1_epi32(0x80)), 24);
-    __m512 v = _mm512_castsi512_ps(
-        _mm512_add_epi32(_mm512_slli_epi32(mag, 20), _mm512_set1_epi32((127 - 7) << 23)));
-    __mmask16 is_sub = _mm512_cmplt_epi32_mask(mag, _mm512_set1_epi32(8));
-    v = _mm512_mask_mul_ps(v, is_sub, _mm512_cvtepi32_ps(mag), _mm512_set1_ps(0x1p-9f));
-    v = _mm512_castsi512_ps(_mm512_or_si512(_mm512_castps_si512(v), sign));
-    __mmask16 is_nan = _mm512_cmpeq_epi32_mask(mag, _mm512_set1_epi32(0x7f));
-    return _mm512_mask_mov_ps(v, is_nan, _mm512_set1_ps(NAN));
-}
-
-RS_TARGET_AVX512 static void decode_avx512(double *dst, const uint8_t *src) {
-    for (int j = 0; j < BLK; j += 16) {
-        __m512 f = e4m3x16_avx512(_mm_loadu_si128((const __m128i *)(src + j)));
-        __m256 hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(f), 1));
-        _mm512_store_pd(dst + j, _mm512_cvtps_pd(_mm512_castps512_ps256(f)));
-        _mm512_store_pd(dst + j + 8, _mm512_cvtps_pd(hi));
-    }
-}
-
-/* The weight block stays in 16 zmm registers; rows go four at a time with two accumulators each. */
-RS_TARGET_AVX512 static void dot_avx512(double *sums, const double *wd, const double *xd, int nr) {
-    __m512d w[BLK / 8];
-#pragma GCC unroll 16
-    for (int c = 0; c < BLK / 8; c++) w[c] = _mm512_load_pd(wd + 8 * c);
-    int i = 0;
-    for (; i + 4 <= nr; i += 4) {
-        const double *x0 = xd + (int64_t)i * BLK, *x1 = x0 + BLK, *x2 = x1 + BLK, *x3 = x2 + BLK;
-        __m512d a0 = _mm512_setzero_pd(), a1 = a0, a2 = a0, a3 = a0, b0 = a0, b1 = a0, b2 = a0, b3 = a0;
-#pragma GCC unroll 8
-        for (int c = 0; c < BLK / 8; c += 2) {
-            a0 = _mm512_fmadd_pd(_mm512_load_pd(x0 + 8 * c), w[c], a0);
-            b0 = _mm512_fmadd_pd(_mm512_load_pd(x0 + 8 * c + 8), w[c + 1], b0);
-            a1 = _mm512_fmadd_pd(_mm512_load_pd(x1 + 8 * c), w[c], a1);
-            b1 = _mm512_fmadd_pd(_mm512_load_pd(x1 + 8 * c + 8), w[c + 1], b1);
-            a2 = _mm512_fmadd_pd(_mm512_load_pd(x2 + 8 * c), w[c], a2);
-            b2 = _mm512_fmadd_pd(_mm512_load_pd(x2 + 8 * c + 8), w[c + 1], b2);
-            a3 = _mm512_fmadd_pd(_mm512_load_pd(x3 + 8 * c), w[c], a3);
-            b3 = _mm512_fmadd_pd(_mm512_load_pd(x3 + 8 * c + 8), w[c + 1], b3);
-        }
-        sums[i] = _mm512_reduce_add_pd(_mm512_add_pd(a0, b0));
-        sums[i + 1] = _mm512_reduce_add_pd(_mm512_add_pd(a1, b1));
-        sums[i + 2] = _mm512_reduce_add_pd(_mm512_add_pd(a2, b2));
-        sums[i + 3] = _mm512_reduce_add_pd(_mm512_add_pd(a3, b3));
-    }
-    for (; i < nr; i++) {
-        const double *x = xd + (int64_t)i * BLK;
-        __m512d a = _mm512_setzero_pd(), b = a, c = a, d = a;
-#pragma GCC unroll 4
-        for (int q = 0; q < BLK / 8; q += 4) {
-            a = _mm512_fmadd_pd(_mm512_load_pd(x + 8 * q), w[q], a);
-            b = _mm512_fmadd_pd(_mm512_load_pd(x + 8 * q + 8), w[q + 1], b);
-            c = _mm512_fmadd_pd(_mm512_load_pd(x + 8 * q + 16), w[q + 2], c);
-            d = _mm512_fmadd_pd(_mm512_load_pd(x + 8 * q + 24), w[q + 3], d);
-        }
-        sums[i] = _mm512_reduce_add_pd(_mm512_add_pd(_mm512_add_pd(a, b), _mm512_add_pd(c, d)));
-    }
-}
-
-RS_TARGET_AVX512 static void gemm_items_avx512(void *ctx, int64_t it0, int64_t it1, int tid) {
-    (void)tid;
-    gemm_items(ctx, it0, it1, decode_avx512, dot_avx512);
-}
-
-#endif /* RS_FP8_GEMM_X86 */
-
 /* ---------------------------------------------------------------------------------------------
  * Dispatch
  * ------------------------------------------------------------------------------------------- */
@@ -334,26 +180,15 @@ RS_TARGET_AVX512 static void gemm_items_avx512(void *ctx, int64_t it0, int64_t i
 int rs_fp8_gemm_isa_supported(rs_fp8_gemm_isa isa) {
     switch (isa) {
     case RS_FP8_GEMM_ISA_AUTO:
-    case RS_FP8_GEMM_ISA_GENERIC:
-        return 1;
-#if RS_FP8_GEMM_X86
-    case RS_FP8_GEMM_ISA_AVX2:
-        __builtin_cpu_init();
-        return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-    case RS_FP8_GEMM_ISA_AVX512:
-        __builtin_cpu_init();
-        return __builtin_cpu_supports("avx512f");
-    case RS_FP8_GEMM_ISA_AVX512_VNNI:
-        return rs_fp8_gemm_vnni_supported();
-#endif
-    default:
-        return 0;
+    case RS_FP8_GEMM_ISA_GENERIC: return 1;
+    case RS_FP8_GEMM_ISA_AVX2: return rs_fp8_gemm_avx2_supported();
+    case RS_FP8_GEMM_ISA_AVX512_VNNI: return rs_fp8_gemm_vnni_supported();
     }
+    return 0;
 }
 
 rs_fp8_gemm_isa rs_fp8_gemm_detect_isa(void) {
-    static const rs_fp8_gemm_isa order[] = {RS_FP8_GEMM_ISA_AVX512_VNNI, RS_FP8_GEMM_ISA_AVX512,
-                                            RS_FP8_GEMM_ISA_AVX2};
+    static const rs_fp8_gemm_isa order[] = {RS_FP8_GEMM_ISA_AVX512_VNNI, RS_FP8_GEMM_ISA_AVX2};
     for (size_t i = 0; i < RS_ARRAY_LEN(order); i++)
         if (rs_fp8_gemm_isa_supported(order[i])) return order[i];
     return RS_FP8_GEMM_ISA_GENERIC;
@@ -362,10 +197,9 @@ rs_fp8_gemm_isa rs_fp8_gemm_detect_isa(void) {
 const char *rs_fp8_gemm_isa_name(rs_fp8_gemm_isa isa) {
     switch (isa) {
     case RS_FP8_GEMM_ISA_AUTO: return "auto";
-    case RS_FP8_GEMM_ISA_GENERIC: return "generic";
-    case RS_FP8_GEMM_ISA_AVX2: return "avx2";
-    case RS_FP8_GEMM_ISA_AVX512: return "avx512";
-    case RS_FP8_GEMM_ISA_AVX512_VNNI: return "avx512vnni";
+    case RS_FP8_GEMM_ISA_GENERIC: return "generic-exact";
+    case RS_FP8_GEMM_ISA_AVX2: return "avx2-exact";
+    case RS_FP8_GEMM_ISA_AVX512_VNNI: return "avx512vnni-exact";
     }
     return "?";
 }
@@ -393,20 +227,19 @@ int rs_fp8_gemm_layout_with_isa(rs_fp8_gemm_isa isa, rs_pool *pool, float *out, 
         rs_fp8_gemm_vnni(pool, out, xq, xs, wq, layout == RS_LAYOUT_FP8_PAIRS32, ws, rows, n, k);
         return RS_OK;
     }
-    rs_pool_fn fn = gemm_items_generic;
-#if RS_FP8_GEMM_X86
-    if (isa == RS_FP8_GEMM_ISA_AVX2) fn = gemm_items_avx2;
-    if (isa == RS_FP8_GEMM_ISA_AVX512) fn = gemm_items_avx512;
-#endif
+    if (isa == RS_FP8_GEMM_ISA_AVX2) {
+        rs_fp8_gemm_avx2(pool, out, xq, xs, wq, ws, rows, n, k);
+        return RS_OK;
+    }
     gemm_job job = {
         .out = out, .xq = xq, .xs = xs, .wq = wq, .ws = ws, .rows = rows, .n = n, .k = k,
         .kb = rs_fp8_blocks(k), .n_chunks = (n + COL_CHUNK - 1) / COL_CHUNK,
     };
     int64_t items = ((int64_t)rows + ROW_TILE - 1) / ROW_TILE * job.n_chunks;
     if (pool)
-        rs_pool_run(pool, items, 1, fn, &job);
+        rs_pool_run(pool, items, 1, gemm_items_generic, &job);
     else
-        fn(&job, 0, items, 0);
+        gemm_items_generic(&job, 0, items, 0);
     return RS_OK;
 }
 

@@ -29,9 +29,8 @@
 
 typedef enum rs_fp8_gemm_isa {
     RS_FP8_GEMM_ISA_AUTO = 0, /* the best one this CPU supports */
-    RS_FP8_GEMM_ISA_GENERIC,  /* portable C, any CPU */
-    RS_FP8_GEMM_ISA_AVX2,     /* AVX2 + FMA */
-    RS_FP8_GEMM_ISA_AVX512,   /* AVX-512F */
+    RS_FP8_GEMM_ISA_GENERIC,  /* portable C, any CPU: products decoded to double */
+    RS_FP8_GEMM_ISA_AVX2,     /* AVX2 + FMA: exact integer digit products (vpmaddwd) */
     RS_FP8_GEMM_ISA_AVX512_VNNI, /* AVX-512 BW/VL/DQ + VBMI + VNNI + GFNI: exact integer digit products */
 } rs_fp8_gemm_isa;
 
@@ -73,6 +72,6 @@ int rs_fp8_gemm_layout_with_isa(rs_fp8_gemm_isa isa, rs_pool *pool, float *out, 
 
 rs_fp8_gemm_isa rs_fp8_gemm_detect_isa(void);          /* never AUTO */
 int rs_fp8_gemm_isa_supported(rs_fp8_gemm_isa isa);    /* 1 if this CPU can run it */
-const char *rs_fp8_gemm_isa_name(rs_fp8_gemm_isa isa); /* "avx512", ... */
+const char *rs_fp8_gemm_isa_name(rs_fp8_gemm_isa isa); /* "avx2-exact", ... */
 
 #endif /* RS_FP8_GEMM_H */

@@ -48,11 +48,12 @@
  *     The tile's activation digits are transposed so that one zmm holds one k-pair of 16 rows; the
  *     weight digits are decoded once per block into L1 (4 outputs at a time from row-major
  *     weights, a whole 32-output group from packed ones, which then serves both tiles of the item)
- *     and broadcast, no horizontal sums. Each k-pair takes 2 vpdpwssd per output and tile for the
- *     weight's H digits (one asm loop per block); the L-digit products run only over the pairs
- *     where the weight has an L digit, which a block scaled to amax 448 gives to few codes
- *     (|w| < 2 in E4M3 units; with packed weights, the pairs where one of 4 outputs has one).
- *     FP8 takes ~1.5x the BF16 time here: the price of an exact sum (fp32 FMAs would round).
+ *     and broadcast, no horizontal sums. The activations take one digit X = V >> 5 and a rare
+ *     remainder (r2_state), so each k-pair takes 1 vpdpwssd per output and tile for the weight's
+ *     H digits (one asm loop per block); the L-digit products run only over the pairs where the
+ *     weight has an L digit, which a block scaled to amax 448 gives to few codes (|w| < 2 in E4M3
+ *     units; with packed weights, the pairs where one of 4 outputs has one), the remainder
+ *     products only over the pairs where a row has a remainder.
  *     Outputs leave through 16 x 16 transposes.
  * Work items are (chunk of 64 outputs, row tile), the tile varying fastest so that a chunk's
  * weights stay in L2 across the tiles; threads take contiguous runs of items. Nothing is
@@ -137,74 +138,39 @@ RS_TARGET_VNNI INLINE void decode64(__m512i codes, const vlut *l, __m512i d[4], 
     d[3] = _mm512_unpackhi_epi8(h0, h1);
 }
 
-/* One k-pair p of a lanes = rows tile for one output: with wl, wh the output's L and H word pairs
- * broadcast to all lanes and xl, xh the rows' L and H pairs, ll += xl.wl, xa += xh.wl, xb += xl.wh,
- * hh += xh.wh (vpdpwssd). Inline asm because GCC 12 allocates registers badly for this loop: it
- * copies each of the 16 loop-carried accumulators every iteration and does not share broadcasts. */
-RS_TARGET_VNNI INLINE void dp_pair(__m512i *ll, __m512i *xa, __m512i *xb, __m512i *hh, __m512i xl, __m512i xh,
-                                   const int32_t *wl, const int32_t *wh) {
-    __m512i bl, bh;
-    __asm__("vpbroadcastd %[wl], %[bl]\n\t"
-            "vpbroadcastd %[wh], %[bh]\n\t"
-            "vpdpwssd %[bl], %[xl], %[ll]\n\t"
-            "vpdpwssd %[bl], %[xh], %[xa]\n\t"
-            "vpdpwssd %[bh], %[xl], %[xb]\n\t"
-            "vpdpwssd %[bh], %[xh], %[hh]"
-            : [ll] "+v"(*ll), [xa] "+v"(*xa), [xb] "+v"(*xb), [hh] "+v"(*hh), [bl] "=&v"(bl), [bh] "=&v"(bh)
-            : [xl] "v"(xl), [xh] "v"(xh), [wl] "m"(*wl), [wh] "m"(*wh));
-}
-
-/* Half of dp_pair for one weight digit: with w the output's word pair of one digit (L or H)
- * broadcast to all lanes, a += xl.w and b += xh.w. */
-RS_TARGET_VNNI INLINE void dp_digit(__m512i *a, __m512i *b, __m512i xl, __m512i xh, const int32_t *w) {
-    __m512i bw;
-    __asm__("vpbroadcastd %[w], %[bw]\n\t"
-            "vpdpwssd %[bw], %[xl], %[a]\n\t"
-            "vpdpwssd %[bw], %[xh], %[b]"
-            : [a] "+v"(*a), [b] "+v"(*b), [bw] "=&v"(bw)
-            : [xl] "v"(xl), [xh] "v"(xh), [w] "m"(*w));
-}
-
-/* The H-digit products of four outputs over pairs [0, np) of a block, as one asm loop: for each pair
- * p, with xl, xh the rows' L and H word pairs (xt[0][p], xt[1][p]) and w_q the output's H word
- * pair broadcast, a[q] += xl.w_q and b[q] += xh.w_q. In asm because GCC 12 copies the eight
- * loop-carried accumulators between registers every iteration, with intrinsics or with an asm
- * statement per pair alike. x: &xt[0][0][0] ([2][64][16] int32, so xt[1][p] is 4096 bytes after
- * xt[0][p]); w: output 0's H digit of pair 0, output q's at w + Q q bytes, pair p + 1's P bytes
- * after pair p's (dp_h4_rows: wd [4][2][64], Q = 512, P = 4; dp_h4_pairs: wdp [64][2][32],
+/* The weight-H products of four outputs over pairs [0, np) of a block, as one asm loop: for each
+ * pair p, with x the rows' one-digit activation word pairs (xt[t][0][p]) and w_q the output's H
+ * word pair broadcast, a[q] += x.w_q. In asm because GCC 12 copies the loop-carried accumulators
+ * between registers every iteration, with intrinsics or with an asm statement per pair alike.
+ * x: &xt[t][0][0][0]; w: output 0's H digit of pair 0, output q's at w + Q q bytes, pair p + 1's
+ * P bytes after pair p's (dp_h4_rows: wd [4][2][64], Q = 512, P = 4; dp_h4_pairs: wdp [64][2][32],
  * Q = 4, P = 256); wall: the whole digit array, WN int32, which the loop reads. */
 #define RS_STR_(x) #x
 #define RS_STR(x)  RS_STR_(x)
 #define DP_H4(NAME, Q, P, WN)                                                                             \
-    RS_TARGET_VNNI INLINE void NAME(__m512i a[4], __m512i b[4], const int32_t *x, const int32_t *wall,      \
-                                    const int32_t *w, int np) {                                           \
-        __m512i xl, xh, t0, t1;                                                                           \
+    RS_TARGET_VNNI INLINE void NAME(__m512i a[4], const int32_t *x, const int32_t *wall, const int32_t *w,   \
+                                    int np) {                                                             \
+        __m512i xv, t0, t1;                                                                               \
         const int32_t *px = x, *pw = w;                                                                   \
         long n = np;                                                                                      \
         if (n <= 0) return;                                                                               \
         __asm__("1:\n\t"                                                                                  \
-                "vmovdqa64 (%[px]), %[xl]\n\t"                                                            \
-                "vmovdqa64 4096(%[px]), %[xh]\n\t"                                                        \
+                "vmovdqa64 (%[px]), %[xv]\n\t"                                                            \
                 "vpbroadcastd (%[pw]), %[t0]\n\t"                                                         \
                 "vpbroadcastd " RS_STR(Q) "(%[pw]), %[t1]\n\t"                                            \
-                "vpdpwssd %[t0], %[xl], %[a0]\n\t"                                                        \
-                "vpdpwssd %[t0], %[xh], %[b0]\n\t"                                                        \
+                "vpdpwssd %[t0], %[xv], %[a0]\n\t"                                                        \
                 "vpbroadcastd " RS_STR(2 * Q) "(%[pw]), %[t0]\n\t"                                        \
-                "vpdpwssd %[t1], %[xl], %[a1]\n\t"                                                        \
-                "vpdpwssd %[t1], %[xh], %[b1]\n\t"                                                        \
+                "vpdpwssd %[t1], %[xv], %[a1]\n\t"                                                        \
                 "vpbroadcastd " RS_STR(3 * Q) "(%[pw]), %[t1]\n\t"                                        \
-                "vpdpwssd %[t0], %[xl], %[a2]\n\t"                                                        \
-                "vpdpwssd %[t0], %[xh], %[b2]\n\t"                                                        \
-                "vpdpwssd %[t1], %[xl], %[a3]\n\t"                                                        \
-                "vpdpwssd %[t1], %[xh], %[b3]\n\t"                                                        \
+                "vpdpwssd %[t0], %[xv], %[a2]\n\t"                                                        \
+                "vpdpwssd %[t1], %[xv], %[a3]\n\t"                                                        \
                 "add $64, %[px]\n\t"                                                                      \
                 "add $" RS_STR(P) ", %[pw]\n\t"                                                           \
                 "dec %[n]\n\t"                                                                            \
                 "jnz 1b"                                                                                  \
-                : [a0] "+v"(a[0]), [a1] "+v"(a[1]), [a2] "+v"(a[2]), [a3] "+v"(a[3]), [b0] "+v"(b[0]),    \
-                  [b1] "+v"(b[1]), [b2] "+v"(b[2]), [b3] "+v"(b[3]), [xl] "=&v"(xl), [xh] "=&v"(xh),      \
+                : [a0] "+v"(a[0]), [a1] "+v"(a[1]), [a2] "+v"(a[2]), [a3] "+v"(a[3]), [xv] "=&v"(xv),     \
                   [t0] "=&v"(t0), [t1] "=&v"(t1), [px] "+r"(px), [pw] "+r"(pw), [n] "+r"(n)               \
-                : "m"(*(const int32_t(*)[2 * 64 * R2_ROWS])x), "m"(*(const int32_t(*)[WN])wall)            \
+                : "m"(*(const int32_t(*)[64 * R2_ROWS])x), "m"(*(const int32_t(*)[WN])wall)                \
                 : "cc");                                                                                  \
     }
 DP_H4(dp_h4_rows, 512, 4, R2_NO * 2 * 64)
@@ -217,48 +183,45 @@ DP_H4(dp_h4_pairs, 4, 256, 64 * 2 * 32)
     ASM_STORE("0", "0") ASM_STORE("1", "64") ASM_STORE("2", "128") ASM_STORE("3", "192")                  \
     ASM_STORE("4", "256") ASM_STORE("5", "320") ASM_STORE("6", "384") ASM_STORE("7", "448")
 
-/* dp_h4_pairs for two row tiles at once, from zero (x: xt[0], tile 1's 8192 bytes on): one
- * broadcast of each weight digit feeds both tiles. Stores acc[0..3] = tile 0's xl products of the
- * four outputs, [4..7] its xh products, [8..15] the same for tile 1. Fixed registers (16
- * accumulators are more operands than an asm statement may have). */
-RS_TARGET_VNNI static void dp_h4_pairs2(int32_t acc[16][16], const int32_t *x, const int32_t *wall, const int32_t *w,
+/* dp_h4_pairs for two row tiles at once, from zero (x: xt[0][0], tile 1's 8192 bytes on): one
+ * broadcast of each weight digit feeds both tiles. Stores acc[0..3] = tile 0's products of the
+ * four outputs, [4..7] tile 1's. Fixed registers. */
+RS_TARGET_VNNI static void dp_h4_pairs2(int32_t acc[8][16], const int32_t *x, const int32_t *wall, const int32_t *w,
                                         int np) {
     const int32_t *px = x, *pw = w;
     long n = np;
-#define DP2_Q(OFF, A, B, C, D)                                                                            \
+#define DP2_Q(OFF, A, B)                                                                                  \
     "vpbroadcastd " OFF "(%[pw]), %%zmm20\n\t"                                                          \
     "vpdpwssd %%zmm20, %%zmm16, %%zmm" A "\n\t"                                                          \
-    "vpdpwssd %%zmm20, %%zmm17, %%zmm" B "\n\t"                                                          \
-    "vpdpwssd %%zmm20, %%zmm18, %%zmm" C "\n\t"                                                          \
-    "vpdpwssd %%zmm20, %%zmm19, %%zmm" D "\n\t"
+    "vpdpwssd %%zmm20, %%zmm17, %%zmm" B "\n\t"
     __asm__ volatile(ASM_ZERO("0") ASM_ZERO("1") ASM_ZERO("2") ASM_ZERO("3") ASM_ZERO("4") ASM_ZERO("5")
-                     ASM_ZERO("6") ASM_ZERO("7") ASM_ZERO("8") ASM_ZERO("9") ASM_ZERO("10") ASM_ZERO("11")
-                     ASM_ZERO("12") ASM_ZERO("13") ASM_ZERO("14") ASM_ZERO("15")
+                     ASM_ZERO("6") ASM_ZERO("7")
                      "test %[n], %[n]\n\t"
                      "jle 2f\n\t"
                      "1:\n\t"
                      "vmovdqa64 (%[px]), %%zmm16\n\t"
-                     "vmovdqa64 4096(%[px]), %%zmm17\n\t"
-                     "vmovdqa64 8192(%[px]), %%zmm18\n\t"
-                     "vmovdqa64 12288(%[px]), %%zmm19\n\t"
-                     DP2_Q("0", "0", "4", "8", "12")
-                     DP2_Q("4", "1", "5", "9", "13")
-                     DP2_Q("8", "2", "6", "10", "14")
-                     DP2_Q("12", "3", "7", "11", "15")
+                     "vmovdqa64 8192(%[px]), %%zmm17\n\t"
+                     DP2_Q("0", "0", "4")
+                     DP2_Q("4", "1", "5")
+                     DP2_Q("8", "2", "6")
+                     DP2_Q("12", "3", "7")
                      "add $64, %[px]\n\t"
                      "add $256, %[pw]\n\t"
                      "dec %[n]\n\t"
                      "jnz 1b\n\t"
                      "2:\n\t"
                      ASM_STORE_0_7
-                     ASM_STORE("8", "512") ASM_STORE("9", "576") ASM_STORE("10", "640") ASM_STORE("11", "704")
-                     ASM_STORE("12", "768") ASM_STORE("13", "832") ASM_STORE("14", "896") ASM_STORE("15", "960")
-                     : [px] "+r"(px), [pw] "+r"(pw), [n] "+r"(n), "=m"(*(int32_t(*)[16][16])acc)
+                     : [px] "+r"(px), [pw] "+r"(pw), [n] "+r"(n), "=m"(*(int32_t(*)[8][16])acc)
                      : [acc] "r"(acc), "m"(*(const int32_t(*)[R2_TILES * 2 * 64 * R2_ROWS])x),
                        "m"(*(const int32_t(*)[64 * 2 * 32])wall)
-                     : "zmm0", "zmm1", "zmm2", "zmm3", "zmm4", "zmm5", "zmm6", "zmm7", "zmm8", "zmm9", "zmm10",
-                       "zmm11", "zmm12", "zmm13", "zmm14", "zmm15", "zmm16", "zmm17", "zmm18", "zmm19", "zmm20", "cc");
+                     : "zmm0", "zmm1", "zmm2", "zmm3", "zmm4", "zmm5", "zmm6", "zmm7", "zmm16", "zmm17", "zmm20",
+                       "cc");
 #undef DP2_Q
+}
+
+/* acc += x . broadcast(*w) (one vpdpwssd). */
+RS_TARGET_VNNI INLINE __m512i dp_one(__m512i acc, __m512i x, const int32_t *w) {
+    return _mm512_dpwssd_epi32(acc, x, _mm512_set1_epi32(*w));
 }
 
 /* The first n of 64 bytes (n may be <= 0 or >= 64). */
@@ -751,25 +714,35 @@ RS_TARGET_VNNI static void r3_item(const vjob *jb, const vlut *l, int r0, int nr
  * ------------------------------------------------------------------------------------------- */
 
 /* The state of an item's one or two row tiles (two only with RS_LAYOUT_FP8_PAIRS32 weights, whose
- * decoded digits then serve 32 rows): the block's transposed activation digits, the running fmaf
+ * decoded digits then serve 32 rows): the block's transposed activations, the running fmaf
  * accumulators of the chunk, and one group's decoded weight digits. Pair p of a block is dword
  * p % 16 of word vector p / 16 in the order (L_a, L_b) of codes 0-63, then of codes 64-127 — the
- * same for x (per row) and w. */
+ * same for x (per row) and w.
+ *
+ * The activations take one digit plus a rare remainder: V = 32 X + r, X = V >> 5 = (L >> 5) + 4 H
+ * (floor; |X| <= 7168) and r = V & 31 = L & 31, nonzero only for codes below ~2^-4 in E4M3 units
+ * (|x| < amax / 900). The block sum is 2^-18 (32 A_L + 4096 A_H + R_L + 128 R_H) with A_L = sum
+ * X Lw, A_H = sum X Hw, R_L = sum r Lw, R_H = sum r Hw, each an int32 lane per row over the block:
+ * |A_H| <= 128 * 7680 * 1920 < 2^31 even with NaN codes' digits. So A_H takes one vpdpwssd per
+ * output and pair; A_L runs only over the pairs where the weight has an L digit, R_* only over
+ * those where a row has a remainder (skipping a zero product changes no integer sum). */
 typedef struct r2_state {
-    _Alignas(64) int32_t xt[R2_TILES][2][64][R2_ROWS]; /* [tile][L/H][pair][row] */
-    _Alignas(64) int32_t rowv[2][4][R2_ROWS][16]; /* [L/H][word vector][row][dword]: before transposing */
+    _Alignas(64) int32_t xt[R2_TILES][2][64][R2_ROWS]; /* [tile][X/r][pair][row] */
+    _Alignas(64) int32_t rowv[2][4][R2_ROWS][16]; /* [X/r][word vector][row][dword]: before transposing */
     _Alignas(64) int32_t wd[R2_NO][2][64];     /* [output][L/H][pair] */
     _Alignas(64) float acc[CHUNK][R2_TILES * R2_ROWS]; /* [output - o0][row of the item] */
     _Alignas(64) float s[R2_TILES][R2_ROWS];   /* x scales of the block */
-    _Alignas(64) int32_t sums[R2_NO][3][R2_ROWS]; /* [output][S_LL, S_X, S_HH][row] */
     _Alignas(64) int32_t wdp[64][2][32];       /* RS_LAYOUT_FP8_PAIRS32: [pair][L/H][output] of a group */
     _Alignas(64) uint32_t lmask[64];           /* ... per pair, the outputs with an L digit there */
+    uint64_t rpairs[R2_TILES];                 /* per tile, the pairs where a row has a remainder */
 } r2_state;
 
 /* Tile t's rows [r0, r0 + nr) (nr <= R2_ROWS; the rest padded with zeros) for block b. */
 RS_TARGET_VNNI static void r2_prep(r2_state *st, int t, __mmask16 *xnan, const vjob *jb, const vlut *l, int r0,
                                    int nr, int64_t b) {
     const int64_t j0 = b * BLK;
+    const __m512i low5 = _mm512_set1_epi16(31);
+    __m512i rany = _mm512_setzero_si512();
     *xnan = 0;
     for (int r = 0; r < R2_ROWS; r++) {
         const uint8_t *x = jb->xq + (int64_t)(r0 + RS_MIN(r, nr - 1)) * jb->k + j0;
@@ -779,52 +752,82 @@ RS_TARGET_VNNI static void r2_prep(r2_state *st, int t, __mmask16 *xnan, const v
             __m512i d[4];
             const __mmask64 m = r < nr ? tail_mask(jb->k - j0 - 64 * h) : 0; /* padding rows: zeros */
             decode64(_mm512_maskz_loadu_epi8(m, x + 64 * h), l, d, &nan);
-            _mm512_store_si512(st->rowv[0][2 * h][r], d[0]);
-            _mm512_store_si512(st->rowv[0][2 * h + 1][r], d[1]);
-            _mm512_store_si512(st->rowv[1][2 * h][r], d[2]);
-            _mm512_store_si512(st->rowv[1][2 * h + 1][r], d[3]);
+#pragma GCC unroll 2
+            for (int v = 0; v < 2; v++) { /* v: the unpacklo, unpackhi words; X = (L >> 5) + 4 H, r = L & 31 */
+                const __m512i rv = _mm512_and_si512(d[v], low5);
+                _mm512_store_si512(st->rowv[0][2 * h + v][r],
+                                   _mm512_add_epi16(_mm512_srai_epi16(d[v], 5), _mm512_slli_epi16(d[2 + v], 2)));
+                _mm512_store_si512(st->rowv[1][2 * h + v][r], rv);
+                rany = _mm512_or_si512(rany, rv);
+            }
         }
         if (nan) *xnan |= (__mmask16)(1u << r);
         st->s[t][r] = r < nr ? jb->xs[(int64_t)(r0 + r) * jb->kb + b] : 0.0f;
     }
-    for (int dg = 0; dg < 2; dg++)
+    const bool rem = _mm512_test_epi32_mask(rany, rany) != 0;
+    uint64_t rp = 0;
+    for (int dg = 0; dg < (rem ? 2 : 1); dg++) /* no remainders: xt[t][1] is never read */
         for (int g = 0; g < 4; g++) {
             __m512i v[16];
 #pragma GCC unroll 16
             for (int r = 0; r < 16; r++) v[r] = _mm512_load_si512(st->rowv[dg][g][r]);
             rs_transpose16_epi32(v);
 #pragma GCC unroll 16
-            for (int j = 0; j < 16; j++) _mm512_store_si512(st->xt[t][dg][16 * g + j], v[j]);
+            for (int j = 0; j < 16; j++) {
+                _mm512_store_si512(st->xt[t][dg][16 * g + j], v[j]);
+                if (dg == 1) rp |= (uint64_t)(_mm512_test_epi32_mask(v[j], v[j]) != 0) << (16 * g + j);
+            }
         }
+    st->rpairs[t] = rp;
+}
+
+/* 2^-18 (32 al + 4096 ah + rl + 128 rh) for the 16 lanes, exact in double (< 2^43 * 2^-18), rounded
+ * once to fp32. */
+RS_TARGET_VNNI INLINE __m512 block_sums16(__m512i al, __m512i ah, __m512i rl, __m512i rh) {
+    __m256 f[2];
+#pragma GCC unroll 2
+    for (int h = 0; h < 2; h++) {
+#define R2_Q(v) _mm512_cvtepi32_pd(h ? _mm512_extracti64x4_epi64(v, 1) : _mm512_castsi512_si256(v))
+        __m512d t = _mm512_fmadd_pd(R2_Q(ah), _mm512_set1_pd(4096.0), R2_Q(rl));
+        t = _mm512_fmadd_pd(R2_Q(al), _mm512_set1_pd(32.0), t);
+        t = _mm512_fmadd_pd(R2_Q(rh), _mm512_set1_pd(128.0), t);
+#undef R2_Q
+        f[h] = _mm512_cvtpd_ps(_mm512_mul_pd(t, _mm512_set1_pd(0x1p-18)));
+    }
+    return _mm512_insertf32x8(_mm512_castps256_ps512(f[0]), f[1], 1);
 }
 
 /* Tile t's block sums of R2_NO outputs (the first cnt stored) into their fmaf accumulators
  * acc[q][16 t ..]: with wnan[q] the output's block is NaN, with bit r of xnan row r's. */
-RS_TARGET_VNNI INLINE void r2_finish(r2_state *st, int t, const __m512i ll[R2_NO], const __m512i xa[R2_NO],
-                                     const __m512i xb[R2_NO], const __m512i hh[R2_NO], __mmask16 xnan,
+RS_TARGET_VNNI INLINE void r2_finish(const r2_state *st, int t, const __m512i al[R2_NO], const __m512i ah[R2_NO],
+                                     const __m512i rl[R2_NO], const __m512i rh[R2_NO], __mmask16 xnan,
                                      const bool wnan[R2_NO], float wsb, int64_t b,
                                      float (*acc)[R2_TILES * R2_ROWS], int cnt) {
-#pragma GCC unroll 16
-    for (int q = 0; q < R2_NO; q++) {
-        _mm512_store_si512(st->sums[q][0], ll[q]);
-        _mm512_store_si512(st->sums[q][1], _mm512_add_epi32(xa[q], xb[q]));
-        _mm512_store_si512(st->sums[q][2], hh[q]);
-    }
     const __m512 sx = _mm512_load_ps(st->s[t]);
 #pragma GCC unroll 16
     for (int q = 0; q < R2_NO; q++) {
         if (q >= cnt) break;
-        const __m256 lo = combine8(_mm256_load_si256((const __m256i *)st->sums[q][0]),
-                                   _mm256_load_si256((const __m256i *)st->sums[q][1]),
-                                   _mm256_load_si256((const __m256i *)st->sums[q][2]));
-        const __m256 hi = combine8(_mm256_load_si256((const __m256i *)(st->sums[q][0] + 8)),
-                                   _mm256_load_si256((const __m256i *)(st->sums[q][1] + 8)),
-                                   _mm256_load_si256((const __m256i *)(st->sums[q][2] + 8)));
-        __m512 bs = _mm512_insertf32x8(_mm512_castps256_ps512(lo), hi, 1);
+        __m512 bs = block_sums16(al[q], ah[q], rl[q], rh[q]);
         bs = _mm512_mask_mov_ps(bs, wnan[q] ? (__mmask16)0xffff : xnan, _mm512_set1_ps(NAN));
         float *a = acc[q] + R2_ROWS * t;
         const __m512 prev = b == 0 ? _mm512_setzero_ps() : _mm512_load_ps(a);
         _mm512_store_ps(a, _mm512_fmadd_ps(bs, _mm512_mul_ps(sx, _mm512_set1_ps(wsb)), prev));
+    }
+}
+
+/* Tile t's remainder products of outputs q < nq over its remainder pairs: rl[q] += r . Lw,
+ * rh[q] += r . Hw, with output q's L and H word pairs of pair p at wl + p * wps + q * wqs (H:
+ * + hoff) int32. */
+RS_TARGET_VNNI INLINE void r2_remainders(const r2_state *st, int t, const int32_t *wl, int64_t wps, int64_t wqs,
+                                         int64_t hoff, __m512i rl[R2_NO], __m512i rh[R2_NO]) {
+    for (uint64_t m = st->rpairs[t]; m; m &= m - 1) {
+        const int p = __builtin_ctzll(m);
+        const __m512i r = _mm512_load_si512(st->xt[t][1][p]);
+#pragma GCC unroll 4
+        for (int q = 0; q < R2_NO; q++) {
+            rl[q] = dp_one(rl[q], r, wl + p * wps + q * wqs);
+            rh[q] = dp_one(rh[q], r, wl + p * wps + q * wqs + hoff);
+        }
     }
 }
 
@@ -866,23 +869,23 @@ RS_TARGET_VNNI static void r2_group(r2_state *st, int t, __mmask16 xnan, const v
         }
         if (np < 64) lpairs[q] &= ((uint64_t)1 << np) - 1;
     }
-    __m512i ll[R2_NO], xa[R2_NO], xb[R2_NO], hh[R2_NO];
+    __m512i al[R2_NO], ah[R2_NO], rl[R2_NO], rh[R2_NO];
 #pragma GCC unroll 16
-    for (int q = 0; q < R2_NO; q++) ll[q] = xa[q] = xb[q] = hh[q] = _mm512_setzero_si512();
+    for (int q = 0; q < R2_NO; q++) al[q] = ah[q] = rl[q] = rh[q] = _mm512_setzero_si512();
     _Static_assert(R2_NO == 4 && R2_ROWS == 16, "dp_h4_rows' layout");
-    dp_h4_rows(xb, hh, &st->xt[t][0][0][0], &st->wd[0][0][0], &st->wd[0][1][0], np);
+    dp_h4_rows(ah, &st->xt[t][0][0][0], &st->wd[0][0][0], &st->wd[0][1][0], np);
 #pragma GCC unroll 16
     for (int q = 0; q < R2_NO; q++) {
         for (uint64_t m = lpairs[q]; m; m &= m - 1) {
             const int p = __builtin_ctzll(m);
-            dp_digit(&ll[q], &xa[q], _mm512_load_si512(st->xt[t][0][p]), _mm512_load_si512(st->xt[t][1][p]),
-                     &st->wd[q][0][p]);
+            al[q] = dp_one(al[q], _mm512_load_si512(st->xt[t][0][p]), &st->wd[q][0][p]);
         }
     }
+    r2_remainders(st, t, &st->wd[0][0][0], 1, 2 * 64, 64, rl, rh); /* wd [output][L/H][pair] */
     bool nan[R2_NO];
 #pragma GCC unroll 16
     for (int q = 0; q < R2_NO; q++) nan[q] = wnan[q] != 0;
-    r2_finish(st, t, ll, xa, xb, hh, xnan, nan, jb->ws[(o / BLK) * jb->kb + b], b, &st->acc[o - o0],
+    r2_finish(st, t, al, ah, rl, rh, xnan, nan, jb->ws[(o / BLK) * jb->kb + b], b, &st->acc[o - o0],
               (int)RS_MIN((int64_t)R2_NO, o1 - o));
 }
 
@@ -930,23 +933,20 @@ RS_TARGET_VNNI static void r2_group_pairs(r2_state *st, int nt, const __mmask16 
     const uint32_t wout = __builtin_expect(wnan != 0, 0) ? pairs32_nan_outputs(wnan) : 0;
     const float wsb = jb->ws[(g * RS_FP8_PAIRS32_ROWS / BLK) * jb->kb + b];
     for (int q0 = 0; q0 < RS_FP8_PAIRS32_ROWS; q0 += R2_NO) {
-        __m512i ll[R2_TILES][R2_NO], xa[R2_TILES][R2_NO], xb[R2_TILES][R2_NO], hh[R2_TILES][R2_NO];
+        __m512i al[R2_TILES][R2_NO], ah[R2_TILES][R2_NO], rl[R2_TILES][R2_NO], rh[R2_TILES][R2_NO];
 #pragma GCC unroll 16
         for (int t = 0; t < R2_TILES; t++)
 #pragma GCC unroll 16
-            for (int q = 0; q < R2_NO; q++) ll[t][q] = xa[t][q] = xb[t][q] = hh[t][q] = _mm512_setzero_si512();
+            for (int q = 0; q < R2_NO; q++) al[t][q] = ah[t][q] = rl[t][q] = rh[t][q] = _mm512_setzero_si512();
         if (nt == 2) {
-            _Alignas(64) int32_t h4[16][16];
-            dp_h4_pairs2(h4, &st->xt[0][0][0][0], &st->wdp[0][0][0], &st->wdp[0][1][q0], npr);
+            _Alignas(64) int32_t h8[8][16];
+            dp_h4_pairs2(h8, &st->xt[0][0][0][0], &st->wdp[0][0][0], &st->wdp[0][1][q0], npr);
 #pragma GCC unroll 16
             for (int t = 0; t < 2; t++)
 #pragma GCC unroll 16
-                for (int q = 0; q < R2_NO; q++) {
-                    xb[t][q] = _mm512_load_si512(h4[8 * t + q]);
-                    hh[t][q] = _mm512_load_si512(h4[8 * t + 4 + q]);
-                }
+                for (int q = 0; q < R2_NO; q++) ah[t][q] = _mm512_load_si512(h8[4 * t + q]);
         } else
-            dp_h4_pairs(xb[0], hh[0], &st->xt[0][0][0][0], &st->wdp[0][0][0], &st->wdp[0][1][q0], npr);
+            dp_h4_pairs(ah[0], &st->xt[0][0][0][0], &st->wdp[0][0][0], &st->wdp[0][1][q0], npr);
         /* the pairs where one of the quad's outputs has an L digit (a zero digit adds nothing) */
         const __m512i qm = _mm512_set1_epi32((int)(0xFu << q0));
         uint64_t lp = 0;
@@ -955,16 +955,18 @@ RS_TARGET_VNNI static void r2_group_pairs(r2_state *st, int nt, const __mmask16 
         for (uint64_t m = lp; m; m &= m - 1) {
             const int p = __builtin_ctzll(m);
             for (int t = 0; t < nt; t++) {
-                const __m512i xl = _mm512_load_si512(st->xt[t][0][p]), xh = _mm512_load_si512(st->xt[t][1][p]);
+                const __m512i xv = _mm512_load_si512(st->xt[t][0][p]);
 #pragma GCC unroll 16
-                for (int q = 0; q < R2_NO; q++) dp_digit(&ll[t][q], &xa[t][q], xl, xh, &st->wdp[p][0][q0 + q]);
+                for (int q = 0; q < R2_NO; q++) al[t][q] = dp_one(al[t][q], xv, &st->wdp[p][0][q0 + q]);
             }
         }
+        for (int t = 0; t < nt; t++) /* wdp [pair][L/H][output] */
+            r2_remainders(st, t, &st->wdp[0][0][q0], 2 * 32, 1, 32, rl[t], rh[t]);
         bool nan[R2_NO];
 #pragma GCC unroll 16
         for (int q = 0; q < R2_NO; q++) nan[q] = (wout >> (q0 + q)) & 1;
         for (int t = 0; t < nt; t++)
-            r2_finish(st, t, ll[t], xa[t], xb[t], hh[t], xnan[t], nan, wsb, b,
+            r2_finish(st, t, al[t], ah[t], rl[t], rh[t], xnan[t], nan, wsb, b,
                       &st->acc[g * RS_FP8_PAIRS32_ROWS + q0 - o0], R2_NO);
     }
 }

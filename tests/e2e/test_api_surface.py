@@ -4,6 +4,7 @@ The field lists below are copied from the engines' own sources (not from rollout
   SGLang  python/sglang/srt/managers/io_struct.py at 001067ff (GenerateReqInput, the weight-update
           structs, AbortReq, ...), python/sglang/srt/sampling/sampling_params.py at 00c17caf
           (SamplingParams), sgl-router's GenerateRequest (model, data_parallel_rank_decode);
+          python/sglang/srt/entrypoints/openai/protocol.py at 004c82e0 (CompletionRequest);
   vLLM    vllm/entrypoints/openai/completion/protocol.py at d5dba2d7 (CompletionRequest), plus
           OpenAI's best_of.
 Each field sent as null (SGLang's and pydantic's "absent") must be accepted; the request shapes
@@ -50,6 +51,12 @@ COMPLETION_FIELDS = [
     "return_token_ids", "cache_salt", "kv_transfer_params", "vllm_xargs", "max_repetition_pattern_size",
     "min_repetition_pattern_size", "repetition_min_count",
     "best_of",  # OpenAI's
+    # SGLang's CompletionRequest, beyond vLLM's
+    "return_hidden_states", "return_routed_experts", "routed_experts_start_len", "return_cached_tokens_details",
+    "json_schema", "regex", "ebnf", "stop_regex", "no_stop_trim", "lora_path", "session_id", "session_params",
+    "custom_params", "custom_logit_processor", "images_config", "bootstrap_host", "bootstrap_port", "bootstrap_room",
+    "routed_dp_rank", "disagg_prefill_dp_rank", "data_parallel_rank", "rid", "extra_key", "ngram_corpus_id",
+    "custom_labels",
 ]
 BASE_REQ = ["rid", "http_worker_ipc"]
 WEIGHT_ROUTES = {  # route -> (a body that parses, the struct's fields)
@@ -153,6 +160,25 @@ def test_sglang_router_reserialized_request(daemon):
     assert r.status_code == 200, r.text
     o = r.json()
     assert o["meta_info"]["id"] == "router-1" and len(o["output_ids"]) == 4
+
+
+def test_sglang_router_reserialized_completion(daemon):
+    """sglang-router (0.3) re-serializes each /v1/completions with SGLang's CompletionRequest defaults:
+    the body below is what it sent upstream for {"model", "prompt", "max_tokens", "temperature", "seed"}
+    (with the prompt as token ids, which rolloutd takes without a tokenizer)."""
+    body = {"model": "default", "prompt": [5, 6, 7], "max_tokens": 4, "temperature": 0.0, "stream": False,
+            "echo": False, "seed": 3, "no_stop_trim": False, "ignore_eos": False, "skip_special_tokens": True,
+            "return_hidden_states": False}
+    r = daemon.post("/v1/completions", body)
+    assert r.status_code == 200, r.text
+    plain = daemon.post("/v1/completions", {k: body[k] for k in ("model", "prompt", "max_tokens", "temperature")})
+    assert r.json()["choices"][0]["token_ids"] == plain.json()["choices"][0]["token_ids"]
+    r = daemon.post("/v1/completions", dict(body, rid="router-cmpl-1"))
+    assert r.status_code == 200 and r.json()["id"] == "cmpl-router-cmpl-1", r.text
+    for field, value in [("return_hidden_states", True), ("rid", ["a"]), ("regex", "a+"), ("routed_dp_rank", 1)]:
+        r = daemon.post("/v1/completions", dict(body, **{field: value}))
+        assert r.status_code == 400 and r.json()["error"]["param"] == field, (field, r.text)
+        assert "not implemented" in r.json()["error"]["message"], r.text
 
 
 def test_areal_and_slime_requests(daemon):

@@ -316,31 +316,41 @@ def test_safetensors_reader():
 class _Stub(http.server.BaseHTTPRequestHandler):
     """Records each /update_weights_from_shm body plus the bytes of every tensor, read from the
     segment the way rolloutd does (open by name, check the mode); sleeps `delay_at[n]` seconds
-    before answering call n; answers 400 on bucket `fail_at`, and to a last bucket with no tensors
-    (a client ending its update) as rolloutd does."""
+    before answering call n; answers 400 on bucket `fail_at`, to a segment that does not exist (a
+    client dropping its update) and, unless `complete` is set (every parameter staged), to a last
+    bucket with no tensors, as rolloutd does; answers with `txn_id` as the transaction_id when set."""
 
     def do_POST(self):
         srv = self.server
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         path = "/dev/shm" + body["shm_name"]
-        st = os.stat(path)
         n = len(srv.calls)
         data = {}
-        with open(path, "rb") as f:
-            seg = f.read()
-        for t in body["tensors"]:
+        try:
+            st = os.stat(path)
+            with open(path, "rb") as f:
+                seg = f.read()
+        except FileNotFoundError:
+            st = seg = None
+        for t in body["tensors"] if seg is not None else []:
             nb = math.prod(t["shape"]) * rdt.ITEMSIZE[t["dtype"]]
             data[t["name"]] = seg[t["offset"]:t["offset"] + nb]
-        srv.calls.append({"body": body, "mode": stat.S_IMODE(st.st_mode), "size": st.st_size, "data": data})
+        srv.calls.append({"body": body, "mode": stat.S_IMODE(st.st_mode) if st else None,
+                          "size": st.st_size if st else None, "data": data})
         time.sleep(srv.delay_at.get(n, 0))
         if n == srv.fail_at:
             out, code = {"error": {"message": "stub says no", "type": "invalid_request"}}, 400
-        elif not body["tensors"] and body.get("is_last"):
+        elif seg is None:
+            out, code = {"error": {"message": f"shared-memory segment '{body['shm_name']}' does not exist",
+                                   "type": "invalid_request", "param": "shm_name"}}, 400
+        elif not body["tensors"] and body.get("is_last") and not srv.complete:
             out, code = {"error": {"message": "missing tensor 'x' at is_last; the update is dropped",
                                    "type": "invalid_request"}}, 400
         else:
             out, code = {"success": True, "message": "ok", "weight_version": body["weight_version"],
                          "bytes": sum(len(v) for v in data.values()), "seconds": 0.001}, 200
+            if srv.txn_id:
+                out["transaction_id"] = srv.txn_id
         raw = json.dumps(out).encode()
         try:
             self.send_response(code)
@@ -358,7 +368,7 @@ class _Stub(http.server.BaseHTTPRequestHandler):
 @pytest.fixture
 def stub():
     srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Stub)
-    srv.calls, srv.fail_at, srv.delay_at = [], -1, {}
+    srv.calls, srv.fail_at, srv.delay_at, srv.txn_id, srv.complete = [], -1, {}, None, False
     t = threading.Thread(target=srv.serve_forever, daemon=True)
     t.start()
     yield srv

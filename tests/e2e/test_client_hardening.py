@@ -7,7 +7,8 @@ values in requests, an error crossing a process boundary, extreme log-ratios.
     posix_fallocate made to fail);
   - a push that fails after some buckets were accepted (packing raises, Ctrl-C, a POST timeout) ends
     the daemon's transaction: the next version is accepted at once, not refused with 409 until
-    weight-update-timeout; a bucket the server refused is not followed by anything;
+    weight-update-timeout; a bucket the server refused is not followed by anything; ending it never
+    commits, also when every parameter was staged (a tied lm_head that fails to pack last);
   - big-endian float32 / float16 arrays and raw ">u2" bfloat16 bits serve what their little-endian
     twins serve (prompt logprobs compared exactly);
   - a forked child that exits leaves its parent's segments alone; a Ctrl-C inside Segment() leaks none;
@@ -192,22 +193,48 @@ def test_failed_push_does_not_block_the_next(rolloutd, monkeypatch, segments, ex
     c.close()
 
 
+def _is_drop(body, version, txn_id=None):
+    """The bucket that drops an update without committing it (shm.abort_update): is_last false, no
+    tensors, a segment nobody made, the transaction's id when it was known."""
+    return (body["tensors"] == [] and body["is_last"] is False and body["weight_version"] == version
+            and "-drop-" in body["shm_name"] and not os.path.exists("/dev/shm" + body["shm_name"])
+            and body.get("transaction_id") == txn_id)
+
+
 def test_post_timeout_ends_the_update(stub, segments):
-    """A POST that times out on the client side: once it has returned, the client sends the poison
-    bucket (no tensors, is_last, the same version) through one of its own segments."""
+    """A POST that times out on the client side: once it has returned, the client sends the drop
+    bucket (no tensors, is_last false, the same version and transaction, a segment that does not
+    exist)."""
     stub.delay_at = {1: 1.5}
+    stub.txn_id = "00000000000000aa"
     c = Client(f"http://127.0.0.1:{stub.server_address[1]}")
     with pytest.raises(requests.Timeout):
         c.push_weights(_small_sd(), version="t1", bucket_bytes=8192, timeout=0.5)
     bodies = [x["body"] for x in stub.calls]
-    last = bodies[-1]
     assert len(bodies) == 3, [b["tensors"] for b in bodies]
-    assert last["tensors"] == [] and last["is_last"] is True and last["weight_version"] == "t1"
-    assert last["shm_name"] in {b["shm_name"] for b in bodies[:2]}
+    assert _is_drop(bodies[-1], "t1", "00000000000000aa"), bodies[-1]
+    assert bodies[1].get("transaction_id") == "00000000000000aa"
     c.close()
 
 
-def test_no_poison_when_nothing_was_sent_or_all_committed(stub, segments, monkeypatch):
+def test_failed_push_of_a_complete_set_commits_nothing(rolloutd, monkeypatch, segments):
+    """Every parameter staged, then packing the last tensor (a tied lm_head.weight, which the
+    commit does not need) fails: the update must be dropped, not committed. (Ending it with a last
+    bucket without tensors, as the client once did, commits the staged set.)"""
+    d = rolloutd(ORIG, *BF16_ARGS)
+    c = Client(d.url, timeout=120)
+    v0, lp0 = c.get_weight_version(), prompt_lps(c)
+    sd = {k: v * np.float32(1.5) for k, v in weights_f32().items()}
+    sd["lm_head.weight"] = sd["model.embed_tokens.weight"]  # tied: validated, then ignored
+    _raise_at(monkeypatch, "lm_head.weight", RuntimeError("packing the tied lm_head failed"))
+    with pytest.raises(RuntimeError, match="tied lm_head"):
+        c.push_weights(sd, version="w-torn", bucket_bytes=64 << 10)
+    monkeypatch.undo()
+    assert c.get_weight_version() == v0 and prompt_lps(c) == lp0
+    c.close()
+
+
+def test_no_drop_when_nothing_was_sent_or_all_committed(stub, segments, monkeypatch):
     c = Client(f"http://127.0.0.1:{stub.server_address[1]}")
     _raise_at(monkeypatch, "t0", RuntimeError("first tensor"))
     with pytest.raises(RuntimeError):
@@ -221,7 +248,7 @@ def test_no_poison_when_nothing_was_sent_or_all_committed(stub, segments, monkey
 
 def test_nccl_failure_ends_the_update_on_engines_that_did_not_refuse(stub):
     """nccl.push_weights_nccl's clean-up (no torch or GPU needed for it): of two engines, the one
-    that refused the bucket in flight (400) gets nothing more, the other the poison bucket over the
+    that refused the bucket in flight (400) gets nothing more, the other the drop bucket over the
     shm route (an /update_weights_from_distributed without names would abort the group)."""
     import concurrent.futures as cf
     from rolloutd_client import nccl
@@ -230,10 +257,9 @@ def test_nccl_failure_ends_the_update_on_engines_that_did_not_refuse(stub):
     ok, refused = cf.Future(), cf.Future()
     ok.set_result({"success": True})
     refused.set_exception(RolloutdError(400, {"error": {"message": "bad shape"}}, "/update_weights_from_distributed"))
-    nccl._abort_open_updates([a, b], "n1", [ok, refused], 10)
+    nccl._abort_open_updates([a, b], "n1", [ok, refused], 10, ["00000000000000bb", None])
     assert len(stub.calls) == 1
-    assert stub.calls[0]["body"]["tensors"] == [] and stub.calls[0]["body"]["is_last"] is True
-    assert stub.calls[0]["body"]["weight_version"] == "n1"
+    assert _is_drop(stub.calls[0]["body"], "n1", "00000000000000bb"), stub.calls[0]["body"]
 
 
 # ================================================================ M2: big-endian arrays

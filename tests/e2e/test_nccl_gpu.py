@@ -11,6 +11,10 @@ rolloutd_client.nccl, and the daemon must then reproduce the perturbed model's g
   - a request naming a tensor the model lacks is refused (400), the weights and version in service
     do not change, and the group stays in step: the next push through it works;
   - destroying the group, after which an update through it is a 400; the daemon exits cleanly.
+test_nccl_fleet_push_all_or_none pushes to two daemons as one fleet (rolloutd_client.Fleet: one group,
+world size 3, each daemon at its rank_offset): both serve the perturbed golden model, a push one
+daemon refuses (another writer holds its update: 409) leaves both on the version they served with
+unchanged logprobs, and the group stays usable for a per-tensor push back.
 test_sglang_trainer_over_tcpstore does the same from a trainer that uses torch.distributed only,
 as SGLang's trainers do: the TCPStore rendezvous (init_method tcp://, no unique id) and
 dist.broadcast per tensor and of a flattened bucket; it needs torch's NCCL to be the release
@@ -195,6 +199,41 @@ def layout():
                                                                         NCCL_HOSTID="rolloutd-e2e-host0")
 
 
+def fleet_layout(n_daemons):
+    """(trainer device, [env of each daemon], env for this process) for a group of 1 + n_daemons
+    ranks, or pytest.skip: a GPU each where there are enough, else every rank on GPU 0 as an
+    emulated host of its own (NCCL_HOSTID; the module docstring)."""
+    n = TORCH.cuda.device_count()
+    if n >= 1 + n_daemons:
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+        ids = [x for x in visible.split(",") if x.strip()] if visible else [str(i) for i in range(n)]
+        return 0, [{"CUDA_VISIBLE_DEVICES": ids[1 + k]} for k in range(n_daemons)], {}
+    if os.environ.get("ROLLOUTD_NCCL_SAME_GPU") == "0":
+        pytest.skip(f"needs {1 + n_daemons} GPUs (ROLLOUTD_NCCL_SAME_GPU=0: no same-GPU emulation)")
+    why = same_gpu_probe(nccl_so())
+    if why:
+        pytest.skip(f"needs {1 + n_daemons} GPUs; the NCCL_HOSTID emulation failed on this machine: {why}")
+    env = {"CUDA_VISIBLE_DEVICES": os.environ["CUDA_VISIBLE_DEVICES"].split(",")[0]} \
+        if os.environ.get("CUDA_VISIBLE_DEVICES") else {}
+    return (0, [dict(SAME_GPU_ENV, NCCL_HOSTID=f"rolloutd-e2e-host{1 + k}", **env) for k in range(n_daemons)],
+            dict(SAME_GPU_ENV, NCCL_HOSTID="rolloutd-e2e-host0"))
+
+
+def start_with_env(rolloutd, monkeypatch, env, *args):
+    """A daemon started with `env` on top of this process's environment (which is restored)."""
+    saved = {k: os.environ.get(k) for k in env}
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    try:
+        return rolloutd(*args)
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                monkeypatch.delenv(k)
+            else:
+                monkeypatch.setenv(k, v)
+
+
 # ------------------------------------------------------------------------------------------------
 # the test
 
@@ -335,6 +374,77 @@ def test_nccl_push_matches_golden(rolloutd, monkeypatch):
     assert ei.value.status == 400 and GROUP in (ei.value.message or ""), ei.value
     assert c.get_weight_version() == "nccl-3"
     assert c.health()
+
+
+GROUP_FLEET = "g-e2e-fleet"
+
+
+@needs_gpu[0]
+@needs_gpu[1]
+def test_nccl_fleet_push_all_or_none(rolloutd, monkeypatch):
+    from rolloutd_client import Fleet, FleetPushError
+    from rolloutd_client import nccl as rn
+    from rolloutd_client import shm as rshm
+
+    device, daemon_envs, trainer_env = fleet_layout(2)
+    ds = [start_with_env(rolloutd, monkeypatch, env, ORIG, *BF16_ARGS) for env in daemon_envs]
+    for k, v in trainer_env.items():
+        monkeypatch.setenv(k, v)
+    fleet = Fleet([d.url for d in ds], timeout=TIMEOUT)
+    assert fleet.nccl_ranks() == ([1, 2], 3)
+    g_orig, g_pert = golden(ORIG), golden(PERT)
+    try:
+        group = fleet.init_nccl_group(group_name=GROUP_FLEET, device=device, timeout=TIMEOUT, nccl_so=nccl_so())
+    except RolloutdError as e:
+        if e.status == 400 and "CUDA build" in (e.message or ""):
+            pytest.skip(f"{BIN} is not a CUDA build (make CUDA=1): {e.message}")
+        raise
+    assert group.world_size == 3 and group.urls == fleet.urls
+    seg = None
+    try:
+        pert = raw_weights(PERT)
+        res = fleet.push_weights(pert, "fleet-1", transport="nccl", group_name=GROUP_FLEET, bucket_bytes=64 << 10,
+                                 timeout=TIMEOUT)
+        assert res.transport == "nccl" and res.weight_version == "fleet-1" and res.rounds >= 3, res
+        assert res.bytes == sum(len(v[0]) for v in pert.values()), res
+        assert all(r.get("committed") is True for r in res.responses.values()), res.responses
+        for d in ds:
+            check_golden(d, g_pert, f"qwen3/perturbed over a fleet NCCL group ({d.url})")
+        assert fleet.weight_versions() == {d.url: "fleet-1" for d in ds}
+
+        # another writer holds the second daemon's update: it refuses every bucket of the fleet push
+        # (409, received and discarded), so the first drops its update and neither changes
+        before = [scores(d, g_pert["prompts"]) for d in ds]
+        norm = pert["model.norm.weight"]
+        seg = rshm.Segment(len(norm[0]))
+        seg.buf[:len(norm[0])] = bytes(norm[0])
+        other = Client(ds[1].url).update_weights_from_shm(
+            seg.name, [{"name": "model.norm.weight", "dtype": "bfloat16", "shape": list(norm[2]), "offset": 0}],
+            is_last=False, weight_version="other-writer")
+        with pytest.raises(FleetPushError) as ei:
+            fleet.push_weights(raw_weights(ORIG), "fleet-bad", transport="nccl", group_name=GROUP_FLEET,
+                               bucket_bytes=64 << 10, timeout=TIMEOUT)
+        e = ei.value
+        assert e.stage == "stage" and e.committed == [], e
+        assert getattr(e.errors.get(ds[1].url), "status", None) == 409, e.errors
+        assert e.outcomes[ds[0].url] == "its open update was dropped", e.outcomes
+        assert e.versions == {d.url: "fleet-1" for d in ds}, e.versions
+        assert [scores(d, g_pert["prompts"]) for d in ds] == before, "a refused fleet push changed the weights"
+        rshm.abort_update(Client(ds[1].url), "other-writer", TIMEOUT, other["transaction_id"])
+
+        # the group is still in step: back to the original weights, one broadcast per tensor
+        assert rn.get_group(GROUP_FLEET) is group
+        res = fleet.push_weights(cuda_weights(ORIG, device), "fleet-2", transport="nccl", group_name=GROUP_FLEET,
+                                 bucket_bytes=256 << 10, flattened=False, timeout=TIMEOUT)
+        assert res.weight_version == "fleet-2", res
+        for d in ds:
+            check_golden(d, g_orig, f"qwen3 over a fleet NCCL group, per tensor ({d.url})")
+    finally:
+        if seg is not None:
+            seg.close()
+        if rn.get_group(GROUP_FLEET) is not None:
+            fleet.destroy_nccl_group(GROUP_FLEET)
+    assert all(fleet.health().values())
 
 
 # ------------------------------------------------------------------------------------------------

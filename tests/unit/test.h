@@ -46,6 +46,20 @@ const char *rs_test_tmpdir(void);
         exit(77);                                                                     \
     } while (0)
 
+/* Prints "  skipped: NAME (this CPU cannot run it)" once per name and test process: for a code path
+ * (an instruction set) that a test cannot run here while it runs the others. */
+static inline void rs_test_note_skip(const char *name) {
+    static const char *seen[16];
+    for (int i = 0; i < 16 && seen[i]; i++)
+        if (strcmp(seen[i], name) == 0) return;
+    for (int i = 0; i < 16; i++)
+        if (!seen[i]) {
+            seen[i] = name;
+            break;
+        }
+    fprintf(stderr, "  skipped: %s (this CPU cannot run it)\n", name);
+}
+
 #define ASSERT_TRUE(c)                                                                \
     do { if (!(c)) RS_TEST_FAIL("ASSERT_TRUE(%s) failed", #c); } while (0)
 

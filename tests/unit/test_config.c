@@ -63,6 +63,8 @@ RS_TEST(config_enums_match_their_choices) {
     } cases[] = {
         {"quantization", "fp8", RS_CFG_QUANT_FP8},          {"quantization", "bf16", RS_CFG_QUANT_BF16},
         {"device", "cpu", RS_CFG_DEVICE_CPU},               {"device", "cuda", RS_CFG_DEVICE_CUDA},
+        {"cpu-kernels", "auto", RS_CFG_CPU_KERNELS_AUTO},   {"cpu-kernels", "avx512", RS_CFG_CPU_KERNELS_AVX512},
+        {"cpu-kernels", "avx2", RS_CFG_CPU_KERNELS_AVX2},   {"cpu-kernels", "scalar", RS_CFG_CPU_KERNELS_SCALAR},
         {"log-level", "debug", RS_CFG_LOG_DEBUG},           {"log-level", "info", RS_CFG_LOG_INFO},
         {"log-level", "warn", RS_CFG_LOG_WARN},             {"log-level", "error", RS_CFG_LOG_ERROR},
         {"kv-cache-dtype", "fp8", RS_CFG_KV_FP8},           {"kv-cache-dtype", "bf16", RS_CFG_KV_BF16},

@@ -14,6 +14,8 @@
 #include "../../core/rs.h"
 #include "../../kernels/backend.h"
 #include "../../kernels/cpu/cpu_internal.h"
+#include "../../kernels/cpu/fp8_layout.h"
+#include "../../kernels/fp8.h"
 #include "test.h"
 
 /* ---- helpers ---- */
@@ -237,6 +239,34 @@ RS_TEST(cpu_embed_converts_rows) {
         rs_backend_free(b);
         free_tensor(&table);
     }
+}
+
+/* An E4M3 table (a tied table under --quantize-lm-head): each row dequantized like
+ * rs_fp8_dequantize_weight, bit for bit, row-major and in RS_LAYOUT_FP8_PAIRS32; ragged blocks. */
+RS_TEST(cpu_embed_fp8_rows) {
+    uint64_t rng = 4;
+    const int64_t vocab = 200, dim = 130;
+    wmat src = make_tensor(RS_DTYPE_F32, 2, vocab, dim, &rng, 3.0f);
+    rs_tensor t = {.dtype = RS_DTYPE_E4M3, .ndim = 2, .shape = {vocab, dim}, .data = malloc((size_t)(vocab * dim))};
+    t.scale_inv = malloc((size_t)(rs_fp8_blocks(vocab) * rs_fp8_blocks(dim)) * sizeof(float));
+    ASSERT_EQ(rs_fp8_quantize_weight(&src.t, t.data, t.scale_inv), RS_OK);
+    float *deq = malloc((size_t)(vocab * dim) * sizeof(float));
+    rs_fp8_dequantize_weight(t.data, t.scale_inv, vocab, dim, deq);
+    uint8_t *packed = malloc((size_t)(vocab * dim));
+    rs_fp8_pairs32_pack(packed, t.data, vocab, dim);
+    const int32_t ids[] = {199, 0, 127, 128, 31, 32, 64};
+    float out[7 * 130];
+    rs_backend *b = rs_backend_cpu_init(1);
+    for (int lay = 0; lay < 2; lay++) {
+        rs_tensor v = t;
+        if (lay) v.data = packed, v.layout = RS_LAYOUT_FP8_PAIRS32;
+        rs_op_embed(b, out, &v, ids, 7);
+        for (int i = 0; i < 7; i++)
+            for (int64_t d = 0; d < dim; d++) ASSERT_FEQ(out[i * dim + d], deq[ids[i] * dim + d]);
+    }
+    rs_backend_free(b);
+    free(t.data), free(t.scale_inv), free(deq), free(packed);
+    free_tensor(&src);
 }
 
 RS_TEST(cpu_rmsnorm_matches_double_and_aliases) {

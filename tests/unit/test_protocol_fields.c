@@ -73,7 +73,7 @@ RS_TEST(protocol_fields_documented_defaults_are_the_defaults) {
     body = "{\"prompt\": [1]}";
     ASSERT_EQ(rs_openai_parse_completions(body, strlen(body), NULL, &o, &err), RS_OK);
     void *const odst[] = {&o, o.job, &o.job->sp, o.text};
-    ASSERT_TRUE(check_defaults(&rs_openai_completion_fields, odst) == 18);
+    ASSERT_TRUE(check_defaults(&rs_openai_completion_fields, odst) == 19);
     ASSERT_EQ(o.job->sp.max_new_tokens, 16); /* documented "16" on a custom row */
     rs_openai_req_free(&o);
 }

@@ -16,6 +16,7 @@
  * and every failure path is also checked to give back all memory.
  */
 #include <jansson.h>
+#include <math.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -390,6 +391,66 @@ RS_TEST(quant_load_dense_fp8) {
     rs_model_free(m);
     ASSERT_EQ(rs_test_live_allocs, 0);
     rs_backend_free(b);
+}
+
+/* --quantize-lm-head: the output projection joins the FP8 matrices, nothing else changes. For a
+ * tied model that projection is the embedding table (one tensor serves both ends), for an untied
+ * one lm_head alone; the codes are rs_fp8_quantize_weight's of the file's BF16 values (checked by
+ * check_against_file through the policy), and a CPU forward pass reads them. */
+RS_TEST(quant_policy_lm_head_opt_in) {
+    rs_model_config tied = make_cfg(RS_ARCH_QWEN3, 2), untied = tied;
+    tied.tie_embeddings = true;
+    untied.tie_embeddings = false;
+    rs_quant_policy fp8 = policy("fp8", "", 0, 0), head = fp8, bf16_head = policy("bf16", "", 0, 0);
+    ASSERT_TRUE(!fp8.quantize_lm_head); /* off unless asked for */
+    head.quantize_lm_head = bf16_head.quantize_lm_head = true;
+    ASSERT_TRUE(rs_quant_should_quantize(&head, &tied, "model.embed_tokens.weight", -1));
+    ASSERT_TRUE(!rs_quant_should_quantize(&head, &tied, "lm_head.weight", -1));
+    ASSERT_TRUE(rs_quant_should_quantize(&head, &untied, "lm_head.weight", -1));
+    ASSERT_TRUE(!rs_quant_should_quantize(&head, &untied, "model.embed_tokens.weight", -1));
+    ASSERT_TRUE(!rs_quant_should_quantize(&fp8, &untied, "lm_head.weight", -1));
+    ASSERT_TRUE(!rs_quant_should_quantize(&bf16_head, &untied, "lm_head.weight", -1));
+    ASSERT_TRUE(!rs_quant_should_quantize(&head, &untied, "model.norm.weight", -1));
+    ASSERT_TRUE(rs_quant_should_quantize(&head, &untied, "model.layers.1.mlp.up_proj.weight", 1));
+}
+
+RS_TEST(quant_load_lm_head_opt_in) {
+    for (int t = 0; t < 2; t++) {
+        const char *d = subdir(t ? "head-tied" : "head-untied");
+        rs_model_config c = make_cfg(RS_ARCH_QWEN3, 2);
+        c.vocab_size = 300; /* ragged: 3 blocks of rows, the last partial */
+        c.tie_embeddings = t == 1;
+        write_model(d, &c, 31);
+        rs_quant_policy qp = policy("fp8", "", 0, 0);
+        qp.quantize_lm_head = true;
+        rs_backend *hb = rs_test_host_backend();
+        rs_model *m = load_ok(d, hb, &qp);
+        check_against_file(d, m, &qp);
+        ASSERT_EQ(m->n_quantized, 2 * 7 + 1);
+        ASSERT_EQ(m->lm_head.dtype, RS_DTYPE_E4M3);
+        ASSERT_EQ(m->embed.dtype, t ? RS_DTYPE_E4M3 : RS_DTYPE_BF16);
+        if (t) ASSERT_TRUE(m->lm_head.data == m->embed.data);
+        rs_model_free(m);
+        rs_backend_free(hb);
+        ASSERT_EQ(rs_test_live_allocs, 0);
+
+        /* the CPU backend runs it (its own layout; the embedding rows dequantized) and its logits are
+         * close to the recipe's, which keeps the head in BF16 */
+        rs_backend *b = rs_backend_cpu_init(2);
+        rs_quant_policy recipe = policy("fp8", "", 0, 0);
+        rs_model *mh = load_ok(d, b, &qp), *mr = load_ok(d, b, &recipe);
+        float *lh = rs_test_probe_logits(mh), *lr = rs_test_probe_logits(mr);
+        double err = 0, norm = 0;
+        for (int i = 0; i < RS_TEST_PROBE_TOKENS * c.vocab_size; i++) {
+            err += ((double)lh[i] - lr[i]) * ((double)lh[i] - lr[i]);
+            norm += (double)lr[i] * lr[i];
+        }
+        ASSERT_TRUE(norm > 0 && err > 0);    /* the head really is FP8 */
+        ASSERT_TRUE(sqrt(err / norm) < 0.2); /* ... and still the same model */
+        free(lh), free(lr);
+        rs_model_free(mh), rs_model_free(mr);
+        rs_backend_free(b);
+    }
 }
 
 RS_TEST(quant_load_biases_and_ragged_blocks) {

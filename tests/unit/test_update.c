@@ -244,10 +244,10 @@ RS_TEST(update_slot_served_format) {
 
 /* A served model updated with every tensor of a second checkpoint (same config, other seed)
  * serves exactly what a fresh load of that checkpoint serves. */
-static void full_update(rs_arch arch, bool tied, const char *mode) {
+static void full_update_policy(rs_arch arch, bool tied, const rs_quant_policy *policy_) {
     rs_backend *b = rs_backend_cpu_init(2);
     rs_model_config c = cfg_for(arch, tied);
-    rs_quant_policy qp = policy(mode);
+    const rs_quant_policy qp = *policy_;
     const char *da = model_dir("a", &c, 11), *db = model_dir("b", &c, 12);
     rs_model *a = load(da, b, &qp), *fresh_b = load(db, b, &qp);
     const size_t allocs = rs_weight_store_count(a->store);
@@ -267,6 +267,21 @@ static void full_update(rs_arch arch, bool tied, const char *mode) {
     rs_backend_free(b);
 }
 
+static void full_update(rs_arch arch, bool tied, const char *mode) {
+    const rs_quant_policy qp = policy(mode);
+    full_update_policy(arch, tied, &qp);
+}
+
+/* --quantize-lm-head: pushes land in the FP8 head too (tied: the FP8 table that serves both
+ * ends), as a fresh load with the same policy has it. */
+static void full_update_fp8_head(rs_arch arch, bool tied) {
+    rs_quant_policy qp = policy("fp8");
+    qp.quantize_lm_head = true;
+    full_update_policy(arch, tied, &qp);
+}
+
+RS_TEST(update_full_fp8_head_qwen3_tied) { full_update_fp8_head(RS_ARCH_QWEN3, true); }
+RS_TEST(update_full_fp8_head_llama_untied) { full_update_fp8_head(RS_ARCH_LLAMA, false); }
 RS_TEST(update_full_bf16_qwen3) { full_update(RS_ARCH_QWEN3, true, "bf16"); }
 RS_TEST(update_full_fp8_qwen3) { full_update(RS_ARCH_QWEN3, true, "fp8"); }
 RS_TEST(update_full_fp8_qwen3_moe) { full_update(RS_ARCH_QWEN3_MOE, false, "fp8"); }

@@ -52,6 +52,7 @@ class GenerateResult:
     output_top_logprobs: List[Any] = field(default_factory=list)
     meta: Dict[str, Any] = field(default_factory=dict)       # meta_info as sent
     spans_reported: bool = False                             # whether the server sent per-token spans
+    server: Optional[str] = None                             # the URL that answered (Client.url)
 
     def token_versions(self):
         """The weight version of every output token (a list of len(output_ids))."""
@@ -257,7 +258,10 @@ class Client:
             body["rid"] = rid
         body.update(extra or {})
         data = self.post("/generate", body, timeout)
-        return [parse_output(o) for o in (data if isinstance(data, list) else [data])]
+        out = [parse_output(o) for o in (data if isinstance(data, list) else [data])]
+        for o in out:
+            o.server = self.url
+        return out
 
     def score(self, input_ids, logprob_start_len=0, timeout=None):
         """Teacher forcing: prompt logprobs of each sequence (max_new_tokens 0). Returns one float64
@@ -369,7 +373,8 @@ class Client:
         Returns PushResult; raises RolloutdError when the server refuses a bucket (the update is
         then void and the previous weights keep serving). Any other failure once a bucket was sent
         (an exception while packing, Ctrl-C, a POST timeout) ends the server's open update as well
-        (shm.abort_update) before it propagates, so the next push is not refused with 409."""
+        (shm.abort_update, which never commits) before it propagates, so the next push is not refused
+        with 409. rolloutd_client.Fleet pushes one update to many daemons at once."""
         if transport == "nccl":
             from .nccl import push_weights_nccl
             return push_weights_nccl(self, state_dict, version, bucket_bytes=bucket_bytes, fp8=fp8,

@@ -8,8 +8,10 @@
     nccl.push_weights_nccl(c, model.state_dict(), version="18", group_name="g0")
     nccl.destroy_group(g)
 
-The trainer is NCCL rank 0 and the broadcast root; engine i of `clients` is rank 1 + i (one GPU per
-engine), so one broadcast reaches every engine. The rendezvous is an ncclUniqueId made here with
+The trainer is NCCL rank 0 and the broadcast root; engine i of `clients` joins from rank 1 + the
+ranks of the engines before it (one each for rolloutd; rank_layout), so one broadcast reaches every
+engine. rolloutd_client.Fleet builds such a group over a whole fleet and pushes through it with an
+all-or-none commit (fleet_push.py). The rendezvous is an ncclUniqueId made here with
 ncclGetUniqueId and sent base64-encoded as `nccl_unique_id_b64`, which needs no torch.distributed
 on this side. Both sides must join at once: the init POSTs run in the background while this process
 joins as rank 0; if a POST fails first, the local join is aborted. (A trainer that already has a
@@ -55,6 +57,7 @@ import base64
 import concurrent.futures as cf
 import ctypes
 import math
+import operator
 import os
 import socket
 import threading
@@ -334,12 +337,45 @@ def get_group(group_name=DEFAULT_GROUP):
         return _groups.get(group_name)
 
 
-def init_group(clients, group_name=DEFAULT_GROUP, device=None, timeout=300.0, nccl_so=None,
-               master_address=None, master_port=29500):
-    """Creates weights update group `group_name` with this process as rank 0 and each of
-    `clients` (a Client or a list) as ranks 1.. in order; returns the NcclGroup (also found later by
-    get_group / push_weights_nccl under its name).
+def rank_layout(ranks_per_client):
+    """(rank_offsets, world_size) of a group in which the trainer is rank 0 and client i joins
+    ranks_per_client[i] ranks from rank_offsets[i] on: rank_offset = 1 + the ranks of the clients
+    before it, world_size = 1 + all of them (SGLang's convention: a server with tp_size N joins as
+    rank_offset + tp_rank; rolloutd joins one rank)."""
+    ranks = [operator.index(r) for r in ranks_per_client]
+    if not ranks:
+        raise ValueError("a weights update group needs at least one server")
+    if any(r < 1 for r in ranks):
+        raise ValueError(f"every server joins at least one rank, got ranks_per_client={ranks}")
+    offsets, nxt = [], 1
+    for r in ranks:
+        offsets.append(nxt)
+        nxt += r
+    return offsets, nxt
 
+
+def group_bodies(n_clients, group_name, uid_b64, master_address, master_port, ranks_per_client=None):
+    """The /init_weights_update_group body for each of n_clients servers (ranks_per_client: an int
+    for all, a list, or None for one each; rank_layout)."""
+    if ranks_per_client is None or isinstance(ranks_per_client, int):
+        ranks_per_client = [1 if ranks_per_client is None else ranks_per_client] * n_clients
+    if len(ranks_per_client) != n_clients:
+        raise ValueError(f"ranks_per_client has {len(ranks_per_client)} entries for {n_clients} servers")
+    offsets, world_size = rank_layout(ranks_per_client)
+    return [{"master_address": master_address, "master_port": int(master_port), "rank_offset": off,
+             "world_size": world_size, "group_name": group_name, "backend": "nccl", "nccl_unique_id_b64": uid_b64}
+            for off in offsets]
+
+
+def init_group(clients, group_name=DEFAULT_GROUP, device=None, timeout=300.0, nccl_so=None,
+               master_address=None, master_port=29500, ranks_per_client=None):
+    """Creates weights update group `group_name` with this process as rank 0 and each of
+    `clients` (a Client or a list) joining in order after it; returns the NcclGroup (also found
+    later by get_group / push_weights_nccl under its name).
+
+    ranks_per_client: how many ranks each server joins (an int for all, or a list; default one
+    each, which is what a rolloutd daemon joins): server i is sent rank_offset = 1 + the ranks of
+    the servers before it and world_size = 1 + all of them (rank_layout).
     device: the CUDA device the trainer broadcasts from (default torch.cuda.current_device()).
     master_address / master_port are sent for SGLang's request shape only: the rendezvous is the
     unique id, which carries this process's bootstrap address (chosen by NCCL, see
@@ -354,13 +390,11 @@ def init_group(clients, group_name=DEFAULT_GROUP, device=None, timeout=300.0, nc
     lib = load_nccl(nccl_so)
     device = torch.cuda.current_device() if device is None else int(device)
     torch.cuda.set_device(device)
-    world_size = 1 + len(clients)
 
     uid, uid_b64 = new_unique_id(lib)
-    bodies = [{"master_address": master_address or socket.gethostname() or "127.0.0.1",
-               "master_port": int(master_port), "rank_offset": 1 + i, "world_size": world_size,
-               "group_name": group_name, "backend": "nccl", "nccl_unique_id_b64": uid_b64}
-              for i in range(len(clients))]
+    bodies = group_bodies(len(clients), group_name, uid_b64, master_address or socket.gethostname() or "127.0.0.1",
+                          master_port, ranks_per_client)
+    world_size = bodies[0]["world_size"]
     pool = cf.ThreadPoolExecutor(max_workers=len(clients), thread_name_prefix="rolloutd-nccl-init")
     deadline = time.monotonic() + timeout
     try:
@@ -450,6 +484,31 @@ def plan_buckets(entries, bucket_bytes):
     return out
 
 
+def bucket_body(items, group_name, flattened, version, is_last):
+    """The /update_weights_from_distributed body of one bucket of entries (the transaction_id of
+    each engine's update is added per engine)."""
+    return {"names": [e.name for e in items], "dtypes": [e.dtype for e in items],
+            "shapes": [list(e.shape) for e in items], "group_name": group_name,
+            "load_format": "flattened_bucket" if flattened else None,
+            "weight_version": str(version), "is_last": bool(is_last)}
+
+
+def bucket_sends(torch, group, items, flattened, dev):
+    """The CUDA buffers the broadcasts of one bucket send, made on the group's stream: flattened,
+    one uint8 buffer of every tensor of `items` concatenated in order without padding; else one per
+    tensor."""
+    with torch.cuda.stream(group.stream):
+        if not flattened:
+            return [_as_device_bytes(torch, e, dev).to(dev) for e in items]
+        buf = torch.empty(sum(e.nbytes for e in items), dtype=torch.uint8, device=dev)
+        off = 0
+        for e in items:
+            if e.nbytes:
+                buf[off:off + e.nbytes].copy_(_as_device_bytes(torch, e, dev))
+            off += e.nbytes
+        return [buf]
+
+
 _ABORT_WAIT_S = 30.0
 
 
@@ -473,7 +532,7 @@ def _abort_open_updates(clients, version, futures, timeout, txn_ids=None):
         return
     ex = cf.ThreadPoolExecutor(max_workers=len(targets), thread_name_prefix="rolloutd-nccl-abort")
     try:
-        cf.wait([ex.submit(_shm.abort_update, clients[k], version, None, timeout, txn_ids[k] if txn_ids else None)
+        cf.wait([ex.submit(_shm.abort_update, clients[k], version, timeout, txn_ids[k] if txn_ids else None)
                  for k in targets], timeout=timeout + 5)
     finally:
         ex.shutdown(wait=False)
@@ -515,22 +574,9 @@ def push_weights_nccl(client, state_dict, version, group_name=DEFAULT_GROUP, buc
         with torch.cuda.device(group.device):
             group.stream.wait_stream(torch.cuda.current_stream(group.device))
             for i, items in enumerate(buckets):
-                body = {"names": [e.name for e in items], "dtypes": [e.dtype for e in items],
-                        "shapes": [list(e.shape) for e in items], "group_name": group.group_name,
-                        "load_format": "flattened_bucket" if flattened else None,
-                        "weight_version": str(version), "is_last": i == len(buckets) - 1}
+                body = bucket_body(items, group.group_name, flattened, version, i == len(buckets) - 1)
                 nbytes = sum(e.nbytes for e in items)
-                with torch.cuda.stream(group.stream):
-                    if flattened:
-                        buf = torch.empty(nbytes, dtype=torch.uint8, device=dev)
-                        off = 0
-                        for e in items:
-                            if e.nbytes:
-                                buf[off:off + e.nbytes].copy_(_as_device_bytes(torch, e, dev))
-                            off += e.nbytes
-                        sends = [buf]
-                    else:
-                        sends = [_as_device_bytes(torch, e, dev).to(dev) for e in items]
+                sends = bucket_sends(torch, group, items, flattened, dev)
                 futures = _post_all(pool, group.clients, "/update_weights_from_distributed",
                                     [dict(body, transaction_id=t) if t else body for t in txn_ids], op_timeout + 60)
                 posted = True
@@ -567,4 +613,5 @@ def push_weights_nccl(client, state_dict, version, group_name=DEFAULT_GROUP, buc
 
 
 __all__ = ["NcclError", "NcclGroup", "init_group", "destroy_group", "get_group", "push_weights_nccl",
-           "load_nccl", "new_unique_id", "unique_id_from_b64", "join_comm", "plan_buckets", "DEFAULT_GROUP"]
+           "load_nccl", "new_unique_id", "unique_id_from_b64", "join_comm", "plan_buckets", "DEFAULT_GROUP",
+           "rank_layout", "group_bodies", "bucket_body", "bucket_sends"]

@@ -23,10 +23,12 @@ reserved, it is an OSError (ENOSPC) naming /dev/shm, and the segment is unlinked
 
 A push that fails after a bucket reached the server (an exception while packing, Ctrl-C, a POST
 timeout) leaves the server's update transaction open, which would refuse the next version (409) until
-weight-update-timeout. Once the last POST has returned, push_shm ends it with abort_update: a final
-bucket with no tensors for the same version, which the server answers with 400 ("missing tensor")
-and drops the whole update. A bucket the server itself refused (400, 409) needs none: that already
-dropped it.
+weight-update-timeout. Once the last POST has returned, push_shm ends it with abort_update: a bucket
+with is_last false and no tensors, tied to the update by its transaction_id, that names a segment no
+process creates; the server answers 400 (the segment does not exist) and drops the whole update. It
+can never commit anything, also when every parameter had already been staged (a state_dict whose last
+tensor, a tied lm_head, failed to pack): a last bucket with no tensors would have committed that set.
+A bucket the server itself refused (400, 409) needs none: that already dropped it.
 
 Segments are mapped with MAP_POPULATE. Allocating tmpfs pages is the expensive part of a push (the
 kernel zeroes them: ~1.5 GB/s on a small VM, against >10 GB/s for the copy itself), so by default
@@ -231,32 +233,35 @@ def _update_left_open(futures, n_buckets):
     return not any(_refused(f.exception()) for f in done)
 
 
-def abort_update(client, version, shm_name=None, timeout=None, transaction_id=None):
-    """Best effort: make the server drop its open update to `version` (after a push failed on this
-    side). POSTs a last bucket with no tensors for that version (and transaction_id, when the push
-    learnt it); the server answers 400 ("missing tensor ... the update is dropped") and keeps
-    serving the weights it had. Another writer's update is left alone (the server answers 409).
-    shm_name: one of this process's segments; by
-    default a one-page segment made for the call (or, if none can be made, a name that does not
-    exist, which the server also answers by dropping the update). Never raises for the server's
-    answer or a transport error; returns the answer, or the exception."""
-    tmp = None
-    if shm_name is None:
-        try:
-            tmp = Segment(ALIGN)
-            shm_name = tmp.name
-        except Exception:  # noqa: BLE001 -- /dev/shm full or absent: a missing segment does as well
-            shm_name = f"/rolloutd-w-{os.getpid()}-abort-{secrets.token_hex(4)}"
-    body = {"shm_name": shm_name, "tensors": [], "is_last": True, "weight_version": str(version)}
+def drop_segment_name():
+    """A shared-memory name no process creates (Segment names carry a counter where this has
+    "drop"): a bucket naming it always fails to open on the server, whatever host that is."""
+    return f"/rolloutd-w-{os.getpid()}-drop-{secrets.token_hex(8)}"
+
+
+def drop_body(version, transaction_id=None):
+    """The body abort_update sends: is_last false, no tensors, a segment that does not exist."""
+    body = {"shm_name": drop_segment_name(), "tensors": [], "is_last": False, "weight_version": str(version)}
     if transaction_id:
         body["transaction_id"] = transaction_id
+    return body
+
+
+def abort_update(client, version, timeout=None, transaction_id=None):
+    """Best effort: make the server drop its open update to `version` (after a push failed on this
+    side) without ever committing it. POSTs drop_body(version, transaction_id): the bucket joins the
+    open update that transaction_id names (without one: the open update to `version`), the segment it
+    names cannot be opened, and a bucket that joined an update and fails drops that update whole; the
+    server answers 400 ("shared-memory segment ... does not exist") and keeps serving the weights it
+    had. is_last is false, so nothing commits even when every parameter was already staged. Another
+    writer's update (another transaction_id or version) is refused with 409 and left alone, as is a
+    transaction_id that is no longer open (409). Without a transaction_id and nothing open, the
+    server opens an update for `version` and drops it at once. Never raises for the server's answer
+    or a transport error; returns the answer, or the exception."""
     try:
-        return client.update_weights_from_shm_body(body, timeout)
+        return client.update_weights_from_shm_body(drop_body(version, transaction_id), timeout)
     except Exception as e:  # noqa: BLE001 -- 400 is the expected answer
         return e
-    finally:
-        if tmp is not None:
-            tmp.close()
 
 
 def _crc32c():
@@ -358,10 +363,7 @@ def push_shm(client, entries, version, bucket_bytes, timeout=None, pool=None, ch
             executor.shutdown(wait=True)  # every POST has returned
             try:
                 if not ok and _update_left_open(futures, len(buckets)):
-                    alive = [s for s in segs + extra + ([pool.big] if pool is not None and pool.big else [])
-                             if s.buf is not None]
-                    abort_update(client, version, alive[0].name if alive else None,
-                                 timeout if timeout is not None else getattr(client, "timeout", None),
+                    abort_update(client, version, timeout if timeout is not None else getattr(client, "timeout", None),
                                  final.get("transaction_id") if isinstance(final, dict) else None)
             finally:
                 for s in extra:

@@ -1,0 +1,645 @@
+/*
+ * fp8_gemm_avx2.c — the block-scaled E4M3 GEMM of fp8_gemm.h on AVX2 integer dot products
+ * (vpmaddwd), bit-identical to rs_fp8_gemm_ref. The kernel of every x86-64 CPU with AVX2 that
+ * lacks the AVX-512 VNNI set of fp8_gemm_vnni.c (Haswell to Comet Lake, Zen 1 to 3, Skylake-X).
+ *
+ * Why integers, and why it is exact (the argument of fp8_gemm_vnni.c). Every E4M3 value is
+ * V * 2^-9 with V = ±M * 2^(max(e,1)-1) an integer, M = m (e = 0) or 8 + m. Split V by the top
+ * exponent bit e3 into two exclusive 16-bit digits: L = V when e3 = 0 (|L| <= 15 * 2^6 = 960),
+ * H = V / 128 when e3 = 1 (exact; |H| <= 14 * 2^7 = 1792). A block sum is
+ *
+ *   sum_j x_j w_j = 2^-18 (S_LL + 128 S_X + 16384 S_HH),
+ *   S_LL = sum Lx Lw,  S_X = sum (Lx Hw + Hx Lw),  S_HH = sum Hx Hw,
+ *
+ * each below 2^29 in magnitude over a 128-block in any order (at most one of the four digit
+ * products of a j is nonzero), so int32 lanes hold them exactly; the combination is an exact int64,
+ * and its one rounding to fp32 (times 2^-18, exact) is the reference's fp32 block sum. A NaN code
+ * in the block's x or w makes the block sum the canonical NaN, as in the reference. Then the
+ * reference's own sequence: the fp32 product of the two scales, fmaf over the blocks in order
+ * from +0, NaN outputs canonical. Hence bit-identity, for any tiling and thread count.
+ *
+ * Digits without a 128-entry lookup (decode32). A digit is a power of two times a signed
+ * mantissa: pow = 2^(max(e,1)-1) (L, 1..64) or 2^(e-8) (H, 1..128), an unsigned byte looked up
+ * by vpshufb from the 4 exponent bits (0 for the other class), and ±M, a signed byte (m, the
+ * implicit bit from another 16-entry vpshufb, vpsignb by the code). vpmaddubsw multiplies
+ * unsigned by signed bytes and adds adjacent pairs into int16: with the pow of every odd byte set
+ * to 0 (vpshufb zeroes a byte whose index has bit 7 set), the word is the digit of the even code,
+ * exactly (one product, |.| <= 1920); likewise for odd codes. 32 codes give four word vectors:
+ * L_even, L_odd, H_even, H_odd (word j = the digit of code 2j, or 2j + 1). vpmaddwd then pairs
+ * words 2i, 2i + 1, i.e. codes 4i and 4i + 2 (or 4i + 1 and 4i + 3); the activations go through
+ * the same decode, so both sides pair the same codes: 16 instructions per 32 codes.
+ *
+ * Activations in one digit where they can be: a block of codes all >= 2^-3 in E4M3 units (or
+ * zero; smaller ones are rare once a block is scaled to amax 448) has every V a multiple of 8, and
+ * X = V / 8 fits int16, so a weight chunk takes 4 vpmaddwd per row instead of 8.
+ *
+ * Arrangements:
+ *   - few rows (r1: tiles of 1 or 2 rows with the weight digits in registers, 3..8 rows with them
+ *     staged in L1): lanes = k. One decode per 32 weight codes serves every row of the tile; at
+ *     the end of a block each row's accumulators are summed across lanes, exactly, in double.
+ *     The tile's activation digits (one- and two-digit forms) are decoded once per super-block
+ *     (up to 32 K blocks) into L1, and each output's weight row is read front to back. At batch
+ *     1 this is ~11 instructions per 32 weight codes beyond the decode's 16.
+ *   - many rows (r2: tiles of 16 rows, padded from 10): lanes = rows. The tile's activations,
+ *     one digit X = V >> 5 and a rare remainder V & 31, are transposed so that two ymm hold one
+ *     code pair of 16 rows; each output's weight digits are decoded once per block and
+ *     broadcast. X times the weight's H digits goes through every pair, the L digits (rare:
+ *     |w| < 2 in E4M3 units) and the remainders only where they are nonzero (see r2_state).
+ * Work items are (chunk of 64 outputs, row tile), the tile varying fastest; threads take
+ * contiguous runs of items. Nothing is allocated: the scratch (under 64 KB) is on the stack.
+ */
+#include "fp8_gemm_avx2.h"
+
+#include <math.h>
+#include <string.h>
+
+#include "../../core/rs.h"
+#include "../fp8.h"
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <immintrin.h>
+
+#define RS_TARGET_AVX2 __attribute__((target("avx2,fma")))
+#define INLINE         static inline __attribute__((always_inline))
+
+#define BLK      RS_FP8_BLOCK
+#define CHUNK    64 /* output features per work item */
+#define R1_ROWS  8  /* rows of a lanes = k tile */
+#define XD_ROW_BLOCKS 32 /* row-blocks of activation digits a lanes = k tile holds (24 KB) */
+#define R2_ROWS  16 /* rows of a lanes = rows tile: two ymm of int32 */
+#define R2_MIN   10 /* a remainder of at least this many rows still takes a lanes = rows tile */
+#define R2_NO    4  /* outputs accumulated together in a lanes = rows tile */
+
+/* ---- decode ---- */
+
+/* The decode's constants: vpshufb tables indexed by the exponent e (both 128-bit lanes alike) and
+ * byte masks, kept in registers across a loop. */
+typedef struct dlut {
+    __m256i pow_l; /* L digit's power of two: e = 0, 1 -> 1, e = 2..7 -> 2^(e-1); 0 for e >= 8 */
+    __m256i pow_h; /* H digit's: e = 8..15 -> 2^(e-8); 0 for e < 8 */
+    __m256i imp;   /* the implicit mantissa bit: 8 for e > 0 */
+    __m256i low4, low3, low7, even, odd;
+} dlut;
+
+static const _Alignas(16) uint8_t pow_l_tab[16] = {1, 1, 2, 4, 8, 16, 32, 64, 0, 0, 0, 0, 0, 0, 0, 0};
+static const _Alignas(16) uint8_t pow_h_tab[16] = {0, 0, 0, 0, 0, 0, 0, 0, 1, 2, 4, 8, 16, 32, 64, 128};
+static const _Alignas(16) uint8_t imp_tab[16] = {0, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8};
+
+RS_TARGET_AVX2 INLINE void dlut_load(dlut *l) {
+    l->pow_l = _mm256_broadcastsi128_si256(_mm_load_si128((const __m128i *)pow_l_tab));
+    l->pow_h = _mm256_broadcastsi128_si256(_mm_load_si128((const __m128i *)pow_h_tab));
+    l->imp = _mm256_broadcastsi128_si256(_mm_load_si128((const __m128i *)imp_tab));
+    l->low4 = _mm256_set1_epi8(0x0f);
+    l->low3 = _mm256_set1_epi8(7);
+    l->low7 = _mm256_set1_epi8(0x7f);
+    l->even = _mm256_set1_epi16(0x00ff);
+    l->odd = _mm256_set1_epi16((short)0xff00);
+}
+
+/* 32 codes -> d[0..3] = L_even, L_odd, H_even, H_odd digit words (word j: code 2j or 2j + 1).
+ * *nan keeps the running byte-wise max of code & 0x7f: 0x7f there means a NaN code was seen. */
+RS_TARGET_AVX2 INLINE void decode32(__m256i c, const dlut *l, __m256i d[4], __m256i *nan) {
+    const __m256i e = _mm256_and_si256(_mm256_srli_epi16(c, 3), l->low4);
+    __m256i m = _mm256_or_si256(_mm256_and_si256(c, l->low3), _mm256_shuffle_epi8(l->imp, e));
+    m = _mm256_sign_epi8(m, c); /* -M for sign-bit codes; code 0x00 gives 0, as M = 0 there */
+    const __m256i me = _mm256_and_si256(m, l->even), mo = _mm256_and_si256(m, l->odd);
+    const __m256i pl = _mm256_shuffle_epi8(l->pow_l, e), ph = _mm256_shuffle_epi8(l->pow_h, e);
+    d[0] = _mm256_maddubs_epi16(pl, me);
+    d[1] = _mm256_maddubs_epi16(pl, mo);
+    d[2] = _mm256_maddubs_epi16(ph, me);
+    d[3] = _mm256_maddubs_epi16(ph, mo);
+    *nan = _mm256_max_epu8(*nan, _mm256_and_si256(c, l->low7));
+}
+
+RS_TARGET_AVX2 INLINE bool nan_seen(__m256i nan) {
+    return _mm256_movemask_epi8(_mm256_cmpeq_epi8(nan, _mm256_set1_epi8(0x7f))) != 0;
+}
+
+/* The 32 codes at p, of which only the first n (1..32) are in the array: zeros past them. */
+RS_TARGET_AVX2 INLINE __m256i load_codes(const uint8_t *p, int64_t n) {
+    if (n >= 32) return _mm256_loadu_si256((const __m256i *)p);
+    _Alignas(32) uint8_t t[32] = {0};
+    memcpy(t, p, (size_t)n);
+    return _mm256_load_si256((const __m256i *)t);
+}
+
+/* Whether codes p[0 .. n) hold a NaN code. */
+static bool has_nan_code(const uint8_t *p, int64_t n) {
+    for (int64_t i = 0; i < n; i++)
+        if ((p[i] & 0x7f) == 0x7f) return true;
+    return false;
+}
+
+static inline float canonical_nan(float v) { return isnan(v) ? NAN : v; }
+
+/* ---- the job ---- */
+
+typedef struct ajob {
+    float *out;        /* [rows][n] f32 */
+    const uint8_t *xq; /* [rows][k] e4m3 */
+    const float *xs;   /* [rows][kb] f32 */
+    const uint8_t *wq; /* [n][k] e4m3 */
+    const float *ws;   /* [ceil(n/128)][kb] f32 */
+    int rows, n, k;
+    int64_t kb, n_chunks;
+    int n_r2;     /* lanes = rows tiles: rows [R2_ROWS t, ...) */
+    int r2_last;  /* rows of the last of them (<= R2_ROWS) */
+    int r1_start; /* lanes = k tiles of R1_ROWS rows from here */
+    int n_tiles;
+} ajob;
+
+/* A block's exact sum as the lane sum of 4 doubles (each lane exact, and so is their sum: every
+ * lane is a multiple of 2^-18 below 2^25 in magnitude), from the one-digit accumulators al, ah. */
+RS_TARGET_AVX2 INLINE __m256d lanes_one(__m256i al, __m256i ah) {
+    const __m256i p = _mm256_hadd_epi32(al, ah); /* al01 al23 ah01 ah23 | al45 al67 ah45 ah67: < 2^31 */
+    const __m256d q = _mm256_add_pd(_mm256_cvtepi32_pd(_mm256_castsi256_si128(p)),
+                                    _mm256_cvtepi32_pd(_mm256_extracti128_si256(p, 1)));
+    return _mm256_mul_pd(q, _mm256_setr_pd(0x1p-15, 0x1p-15, 0x1p-8, 0x1p-8)); /* 8, 1024 times 2^-18 */
+}
+
+/* The same from the two-digit accumulators (S_LL, S_X, S_HH; lane totals below 2^29). */
+RS_TARGET_AVX2 INLINE __m256d lanes_two(__m256i ll, __m256i xa, __m256i hh) {
+    const __m256i t = _mm256_hadd_epi32(_mm256_hadd_epi32(ll, xa), _mm256_hadd_epi32(hh, hh));
+    const __m128i s = _mm_add_epi32(_mm256_castsi256_si128(t), _mm256_extracti128_si256(t, 1));
+    return _mm256_mul_pd(_mm256_cvtepi32_pd(s), _mm256_setr_pd(0x1p-18, 0x1p-11, 0x1p-4, 0.0));
+}
+
+/* The fp32 block sums of four blocks from their lanes: the exact lane sums, rounded once. */
+RS_TARGET_AVX2 INLINE __m128 sum4(const __m256d v[4]) {
+    const __m256d h01 = _mm256_hadd_pd(v[0], v[1]), h23 = _mm256_hadd_pd(v[2], v[3]);
+    const __m256d s = _mm256_add_pd(_mm256_permute2f128_pd(h01, h23, 0x20), _mm256_permute2f128_pd(h01, h23, 0x31));
+    return _mm256_cvtpd_ps(s);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Few rows: lanes = k
+ * ------------------------------------------------------------------------------------------- */
+
+/* An activation block in one digit, when it can be: every code of the block with e >= 4 (or
+ * zero) has V a multiple of 8, and then V = 8 X with |X| <= 28672 in int16, so a weight chunk
+ * needs 4 vpmaddwd per row instead of 8: A_L = sum Lw X, A_H = sum Hw X, block sum =
+ * 2^-18 (8 A_L + 1024 A_H). In int32 lanes, 16 codes a lane, |A_H| <= 16 * 1792 * 28672 < 2^30,
+ * and a sum of two lanes < 2^31 (lanes_one widens after that). Blocks with smaller codes
+ * (|x| < 2^-3 in E4M3 units: rare once a block is scaled to amax 448) keep the two digits. */
+
+/* A tile's activation digits for one super-block of sb blocks (nr * sb <= XD_ROW_BLOCKS), chunk
+ * c (codes 32c .. 32c + 31) of block bi of row r: two digits (L_even, L_odd, H_even, H_odd) at
+ * two + ((r * sb + bi) * 4 + c) * 64 words, one digit (X_even, X_odd) at one + (...) * 32. */
+typedef struct r1_x {
+    _Alignas(32) int16_t two[XD_ROW_BLOCKS * 4 * 64];
+    _Alignas(32) int16_t one[XD_ROW_BLOCKS * 4 * 32];
+    float s[R1_ROWS][XD_ROW_BLOCKS];  /* x scales [row][block] */
+    bool nan[R1_ROWS][XD_ROW_BLOCKS]; /* a NaN code in the row's block */
+    bool one_ok[XD_ROW_BLOCKS];       /* every row's block has the one-digit form */
+    int sb;                           /* blocks per super-block */
+} r1_x;
+
+/* One digit from two: X = (L + 128 H) / 8, exact when every L is a multiple of 8 (|L| <= 960). */
+RS_TARGET_AVX2 INLINE __m256i one_digit(__m256i lo, __m256i hi) {
+    return _mm256_add_epi16(_mm256_srai_epi16(lo, 3), _mm256_slli_epi16(hi, 4));
+}
+
+RS_TARGET_AVX2 static void r1_prep(r1_x *px, const ajob *jb, const dlut *l, int r0, int nr, int64_t b0, int nb) {
+    for (int bi = 0; bi < nb; bi++) px->one_ok[bi] = true;
+    for (int r = 0; r < nr; r++) {
+        const uint8_t *x = jb->xq + (int64_t)(r0 + r) * jb->k;
+        for (int bi = 0; bi < nb; bi++) {
+            const int64_t j0 = (b0 + bi) * BLK, kw = RS_MIN((int64_t)BLK, jb->k - j0);
+            __m256i nan = _mm256_setzero_si256(), low = _mm256_setzero_si256();
+            int16_t *two = px->two + ((r * px->sb + bi) * 4) * 64, *one = px->one + ((r * px->sb + bi) * 4) * 32;
+            for (int c = 0; c * 32 < kw; c++) {
+                __m256i d[4];
+                decode32(load_codes(x + j0 + 32 * c, kw - 32 * c), l, d, &nan);
+                for (int v = 0; v < 4; v++) _mm256_store_si256((__m256i *)(two + c * 64 + v * 16), d[v]);
+                low = _mm256_or_si256(low, _mm256_or_si256(d[0], d[1]));
+                _mm256_store_si256((__m256i *)(one + c * 32), one_digit(d[0], d[2]));
+                _mm256_store_si256((__m256i *)(one + c * 32 + 16), one_digit(d[1], d[3]));
+            }
+            /* one digit when no L digit has one of its 3 low bits set */
+            px->one_ok[bi] &= _mm256_testz_si256(low, _mm256_set1_epi16(7)) != 0;
+            px->nan[r][bi] = nan_seen(nan);
+            px->s[r][bi] = jb->xs[(int64_t)(r0 + r) * jb->kb + b0 + bi];
+        }
+    }
+}
+
+/* One weight chunk (digits d) times one row's one-digit activations x: al += L.X, ah += H.X. */
+RS_TARGET_AVX2 INLINE void dot_one(const __m256i d[4], const int16_t *x, __m256i *al, __m256i *ah) {
+    const __m256i xe = _mm256_load_si256((const __m256i *)x), xo = _mm256_load_si256((const __m256i *)(x + 16));
+    *al = _mm256_add_epi32(*al, _mm256_add_epi32(_mm256_madd_epi16(d[0], xe), _mm256_madd_epi16(d[1], xo)));
+    *ah = _mm256_add_epi32(*ah, _mm256_add_epi32(_mm256_madd_epi16(d[2], xe), _mm256_madd_epi16(d[3], xo)));
+}
+
+/* The same with two-digit activations (L_e, L_o, H_e, H_o at x): S_LL, S_X, S_HH. */
+RS_TARGET_AVX2 INLINE void dot_two(const __m256i d[4], const int16_t *x, __m256i *ll, __m256i *xa, __m256i *hh) {
+    const __m256i *p = (const __m256i *)x;
+    const __m256i x0 = _mm256_load_si256(p), x1 = _mm256_load_si256(p + 1);
+    const __m256i x2 = _mm256_load_si256(p + 2), x3 = _mm256_load_si256(p + 3);
+    *ll = _mm256_add_epi32(*ll, _mm256_add_epi32(_mm256_madd_epi16(d[0], x0), _mm256_madd_epi16(d[1], x1)));
+    *xa = _mm256_add_epi32(*xa, _mm256_add_epi32(_mm256_madd_epi16(d[0], x2), _mm256_madd_epi16(d[1], x3)));
+    *xa = _mm256_add_epi32(*xa, _mm256_add_epi32(_mm256_madd_epi16(d[2], x0), _mm256_madd_epi16(d[3], x1)));
+    *hh = _mm256_add_epi32(*hh, _mm256_add_epi32(_mm256_madd_epi16(d[2], x2), _mm256_madd_epi16(d[3], x3)));
+}
+
+/* The weight chunk c of a block of kw codes at w, decoded. */
+RS_TARGET_AVX2 INLINE void decode_chunk(const dlut *l, const uint8_t *w, int64_t kw, int c, __m256i d[4], __m256i *nan) {
+    decode32(kw >= 32 * (c + 1) ? _mm256_loadu_si256((const __m256i *)(w + 32 * c)) : load_codes(w + 32 * c, kw - 32 * c),
+             l, d, nan);
+}
+
+/* Block bi of one output (the block's kw weight codes at w) for NR <= 2 rows, decoded weights in
+ * registers: lanes[r] whose sum is row r's exact block sum. */
+RS_TARGET_AVX2 INLINE void r1_block_reg(const dlut *l, const r1_x *px, const int NR, const uint8_t *w, int64_t kw,
+                                        int bi, __m256d lanes[], __m256i *nan) {
+    const int nch = (int)((kw + 31) / 32);
+    if (px->one_ok[bi]) {
+        const int16_t *x = px->one + (int64_t)bi * 4 * 32;
+        const int64_t rs = (int64_t)px->sb * 4 * 32;
+        __m256i al[2], ah[2];
+#pragma GCC unroll 2
+        for (int r = 0; r < NR; r++) al[r] = ah[r] = _mm256_setzero_si256();
+        for (int c = 0; c < nch; c++) {
+            __m256i d[4];
+            decode_chunk(l, w, kw, c, d, nan);
+#pragma GCC unroll 2
+            for (int r = 0; r < NR; r++) dot_one(d, x + r * rs + c * 32, &al[r], &ah[r]);
+        }
+#pragma GCC unroll 2
+        for (int r = 0; r < NR; r++) lanes[r] = lanes_one(al[r], ah[r]);
+    } else {
+        const int16_t *x = px->two + (int64_t)bi * 4 * 64;
+        const int64_t rs = (int64_t)px->sb * 4 * 64;
+        __m256i ll[2], xa[2], hh[2];
+#pragma GCC unroll 2
+        for (int r = 0; r < NR; r++) ll[r] = xa[r] = hh[r] = _mm256_setzero_si256();
+        for (int c = 0; c < nch; c++) {
+            __m256i d[4];
+            decode_chunk(l, w, kw, c, d, nan);
+#pragma GCC unroll 2
+            for (int r = 0; r < NR; r++) dot_two(d, x + r * rs + c * 64, &ll[r], &xa[r], &hh[r]);
+        }
+#pragma GCC unroll 2
+        for (int r = 0; r < NR; r++) lanes[r] = lanes_two(ll[r], xa[r], hh[r]);
+    }
+}
+
+/* The same for 3..R1_ROWS rows: the block's weight digits decoded once into L1, then one row at a
+ * time (the accumulators of every row do not fit in 16 registers). */
+RS_TARGET_AVX2 INLINE void r1_block_staged(const dlut *l, const r1_x *px, int nr, const uint8_t *w, int64_t kw,
+                                           int bi, __m256d lanes[], __m256i *nan) {
+    const int nch = (int)((kw + 31) / 32);
+    __m256i d[4][4];
+    for (int c = 0; c < nch; c++) decode_chunk(l, w, kw, c, d[c], nan);
+    if (px->one_ok[bi]) {
+        const int16_t *x = px->one + (int64_t)bi * 4 * 32;
+        const int64_t rs = (int64_t)px->sb * 4 * 32;
+        for (int r = 0; r < nr; r++) {
+            __m256i al = _mm256_setzero_si256(), ah = al;
+            for (int c = 0; c < nch; c++) dot_one(d[c], x + r * rs + c * 32, &al, &ah);
+            lanes[r] = lanes_one(al, ah);
+        }
+    } else {
+        const int16_t *x = px->two + (int64_t)bi * 4 * 64;
+        const int64_t rs = (int64_t)px->sb * 4 * 64;
+        for (int r = 0; r < nr; r++) {
+            __m256i ll = _mm256_setzero_si256(), xa = ll, hh = ll;
+            for (int c = 0; c < nch; c++) dot_two(d[c], x + r * rs + c * 64, &ll, &xa, &hh);
+            lanes[r] = lanes_two(ll, xa, hh);
+        }
+    }
+}
+
+/* One output o for nr rows (NR of them when NR > 0, else nr staged) over the super-block's blocks
+ * [b0, b0 + nb); the fmaf accumulators live in out between super-blocks. */
+RS_TARGET_AVX2 INLINE void r1_out(const ajob *jb, const dlut *l, const r1_x *px, const int NR, int nr, int r0,
+                                  int64_t o, int64_t b0, int nb) {
+    const int64_t k = jb->k, kb = jb->kb, n = jb->n;
+    const uint8_t *w = jb->wq + o * k;
+    _Alignas(32) __m256d lanes[R1_ROWS][XD_ROW_BLOCKS];
+    _Alignas(16) float bs[R1_ROWS][XD_ROW_BLOCKS];
+    __m256i nan = _mm256_setzero_si256();
+    if (NR) nr = NR;
+    for (int bi = 0; bi < nb; bi++) {
+        const int64_t j0 = (b0 + bi) * BLK;
+        __m256d v[R1_ROWS];
+        if (NR)
+            r1_block_reg(l, px, NR, w + j0, RS_MIN((int64_t)BLK, k - j0), bi, v, &nan);
+        else
+            r1_block_staged(l, px, nr, w + j0, RS_MIN((int64_t)BLK, k - j0), bi, v, &nan);
+        for (int r = 0; r < nr; r++) lanes[r][bi] = v[r];
+    }
+    for (int r = 0; r < nr; r++) {
+        for (int bi = nb; bi % 4; bi++) lanes[r][bi] = _mm256_setzero_pd();
+        for (int bi = 0; bi < nb; bi += 4) _mm_store_ps(&bs[r][bi], sum4(&lanes[r][bi]));
+    }
+    if (__builtin_expect(nan_seen(nan), 0)) /* NaN weight codes: rare; find their blocks */
+        for (int bi = 0; bi < nb; bi++) {
+            const int64_t j0 = (b0 + bi) * BLK;
+            if (has_nan_code(w + j0, RS_MIN((int64_t)BLK, k - j0)))
+                for (int r = 0; r < nr; r++) bs[r][bi] = NAN;
+        }
+    const float *wsb = jb->ws + (o / BLK) * kb + b0;
+    for (int r = 0; r < nr; r++) {
+        float *dst = jb->out + (int64_t)(r0 + r) * n + o;
+        float acc = b0 == 0 ? 0.0f : *dst;
+        for (int bi = 0; bi < nb; bi++)
+            acc = fmaf(px->nan[r][bi] ? NAN : bs[r][bi], px->s[r][bi] * wsb[bi], acc);
+        *dst = canonical_nan(acc); /* NaN stays NaN through later super-blocks */
+    }
+}
+
+RS_TARGET_AVX2 __attribute__((noinline)) static void r1_out_1(const ajob *jb, const dlut *l, const r1_x *px, int r0,
+                                                              int64_t o, int64_t b0, int nb) {
+    r1_out(jb, l, px, 1, 1, r0, o, b0, nb);
+}
+
+RS_TARGET_AVX2 __attribute__((noinline)) static void r1_out_2(const ajob *jb, const dlut *l, const r1_x *px, int r0,
+                                                              int64_t o, int64_t b0, int nb) {
+    r1_out(jb, l, px, 2, 2, r0, o, b0, nb);
+}
+
+RS_TARGET_AVX2 __attribute__((noinline)) static void r1_out_n(const ajob *jb, const dlut *l, const r1_x *px, int nr,
+                                                              int r0, int64_t o, int64_t b0, int nb) {
+    r1_out(jb, l, px, 0, nr, r0, o, b0, nb);
+}
+
+/* Rows [r0, r0 + nr) (nr <= R1_ROWS) x outputs [o0, o1). */
+RS_TARGET_AVX2 static void r1_item(const ajob *jb, const dlut *l, int r0, int nr, int64_t o0, int64_t o1) {
+    r1_x px;
+    px.sb = XD_ROW_BLOCKS / nr;
+    for (int64_t b0 = 0; b0 < jb->kb; b0 += px.sb) {
+        const int nb = (int)RS_MIN((int64_t)px.sb, jb->kb - b0);
+        r1_prep(&px, jb, l, r0, nr, b0, nb);
+        for (int64_t o = o0; o < o1; o++) {
+            if (nr == 1)
+                r1_out_1(jb, l, &px, r0, o, b0, nb);
+            else if (nr == 2)
+                r1_out_2(jb, l, &px, r0, o, b0, nb);
+            else
+                r1_out_n(jb, l, &px, nr, r0, o, b0, nb);
+        }
+    }
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Many rows: lanes = rows
+ * ------------------------------------------------------------------------------------------- */
+
+/* A tile of R2_ROWS rows, two 8-row halves of one dword each: pair p of a block (decode32's order:
+ * p = 16 c + 8 v + i is dword i of word vector v (0 even, 1 odd) of chunk c) of 16 rows is two ymm,
+ * the weight digits are decoded once per block and output, and broadcast.
+ *
+ * The activations take one digit plus a rare remainder: V = 32 X + r with X = V >> 5 (floor;
+ * from the digits, (L >> 5) + 4 H, |X| <= 7168) and r = V & 31 = L & 31, which is nonzero only for
+ * codes below 2^-4 or so in E4M3 units (|x| < amax / 900: rare once a row's 1x128 group is scaled
+ * to 448). The block sum is 2^-18 (32 A_L + 4096 A_H + R_L + 128 R_H), A_L = sum X Lw,
+ * A_H = sum X Hw, R_L = sum r Lw, R_H = sum r Hw, each over the block in an int32 lane per row:
+ * |A_H| <= 128 * 7680 * 1920 < 2^31 even with NaN codes' digits. A_H takes every pair (one
+ * vpmaddwd per half, output and pair); A_L only the pairs where the weight has an L digit (|w| < 2
+ * in E4M3 units: ~1.6% of Gaussian weights), R_* only those where one of the tile's rows has a
+ * remainder: skipping a zero product leaves the integer sums as they were. */
+typedef struct r2_state {
+    _Alignas(32) int32_t xt[2][64][R2_ROWS];       /* [X/r][pair][row]: the block's activations */
+    _Alignas(32) int32_t rowv[R2_ROWS][2][64];     /* [row][X/r][pair]: before transposing */
+    _Alignas(32) int32_t wd[R2_NO][2][64];         /* [output][L/H][pair] */
+    _Alignas(32) float acc[CHUNK][R2_ROWS];        /* [output - o0][row]: the fmaf accumulators */
+    _Alignas(32) float s[R2_ROWS];                 /* x scales of the block */
+} r2_state;
+
+/* In-place transpose of an 8 x 8 matrix of 32-bit elements (v[i] = row i). */
+RS_TARGET_AVX2 INLINE void transpose8(__m256i v[8]) {
+    __m256i t[8], u[8];
+#pragma GCC unroll 4
+    for (int i = 0; i < 4; i++) {
+        t[2 * i] = _mm256_unpacklo_epi32(v[2 * i], v[2 * i + 1]);
+        t[2 * i + 1] = _mm256_unpackhi_epi32(v[2 * i], v[2 * i + 1]);
+    }
+#pragma GCC unroll 2
+    for (int i = 0; i < 2; i++) {
+        u[4 * i] = _mm256_unpacklo_epi64(t[4 * i], t[4 * i + 2]);
+        u[4 * i + 1] = _mm256_unpackhi_epi64(t[4 * i], t[4 * i + 2]);
+        u[4 * i + 2] = _mm256_unpacklo_epi64(t[4 * i + 1], t[4 * i + 3]);
+        u[4 * i + 3] = _mm256_unpackhi_epi64(t[4 * i + 1], t[4 * i + 3]);
+    }
+#pragma GCC unroll 4
+    for (int i = 0; i < 4; i++) {
+        v[i] = _mm256_permute2x128_si256(u[i], u[4 + i], 0x20);
+        v[4 + i] = _mm256_permute2x128_si256(u[i], u[4 + i], 0x31);
+    }
+}
+
+/* Bit i set when dword i of v is nonzero (i < 8). */
+RS_TARGET_AVX2 INLINE uint64_t nonzero_pairs8(__m256i v) {
+    return ~(uint64_t)_mm256_movemask_ps(_mm256_castsi256_ps(_mm256_cmpeq_epi32(v, _mm256_setzero_si256()))) & 0xffu;
+}
+
+/* Rows [r0, r0 + nr) of block b into st->xt (rows past nr are zeros); *rpairs: the pairs where a
+ * row has a remainder. Bit r of the result: row r's block has a NaN code. */
+RS_TARGET_AVX2 static uint32_t r2_prep(r2_state *st, const ajob *jb, const dlut *l, int r0, int nr, int64_t b,
+                                       uint64_t *rpairs) {
+    const int64_t j0 = b * BLK, kw = RS_MIN((int64_t)BLK, jb->k - j0);
+    const __m256i low5 = _mm256_set1_epi16(31);
+    uint32_t xnan = 0;
+    __m256i rany[8];
+    for (int i = 0; i < 8; i++) rany[i] = _mm256_setzero_si256();
+    for (int r = 0; r < R2_ROWS; r++) {
+        if (r >= nr) {
+            memset(st->rowv[r], 0, sizeof st->rowv[r]);
+            st->s[r] = 0.0f;
+            continue;
+        }
+        const uint8_t *x = jb->xq + (int64_t)(r0 + r) * jb->k + j0;
+        __m256i nan = _mm256_setzero_si256();
+        for (int c = 0; c < 4; c++) {
+            __m256i d[4] = {_mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256(),
+                            _mm256_setzero_si256()};
+            if (32 * c < kw) decode_chunk(l, x, kw, c, d, &nan);
+            for (int v = 0; v < 2; v++) { /* v: even, odd codes; X = (L >> 5) + 4 H, r = L & 31 */
+                const __m256i X = _mm256_add_epi16(_mm256_srai_epi16(d[v], 5), _mm256_slli_epi16(d[2 + v], 2));
+                const __m256i R = _mm256_and_si256(d[v], low5);
+                _mm256_store_si256((__m256i *)&st->rowv[r][0][16 * c + 8 * v], X);
+                _mm256_store_si256((__m256i *)&st->rowv[r][1][16 * c + 8 * v], R);
+                rany[2 * c + v] = _mm256_or_si256(rany[2 * c + v], R);
+            }
+        }
+        if (nan_seen(nan)) xnan |= 1u << r;
+        st->s[r] = jb->xs[(int64_t)(r0 + r) * jb->kb + b];
+    }
+    uint64_t rp = 0;
+    for (int i = 0; i < 8; i++) rp |= nonzero_pairs8(rany[i]) << (8 * i);
+    *rpairs = rp;
+    for (int dg = 0; dg < 2; dg++) {
+        if (dg == 1 && rp == 0) break; /* no remainders: xt[1] is never read */
+        for (int g = 0; g < 8; g++)
+            for (int h = 0; h < 2; h++) {
+                __m256i v[8];
+#pragma GCC unroll 8
+                for (int r = 0; r < 8; r++) v[r] = _mm256_load_si256((const __m256i *)&st->rowv[8 * h + r][dg][8 * g]);
+                transpose8(v);
+#pragma GCC unroll 8
+                for (int i = 0; i < 8; i++) _mm256_store_si256((__m256i *)&st->xt[dg][8 * g + i][8 * h], v[i]);
+            }
+    }
+    return xnan;
+}
+
+/* acc[16 rows] = fmaf(block sums, s * wsb, previous) for one output, from its exact lane sums. */
+RS_TARGET_AVX2 INLINE void r2_finish(const r2_state *st, float *acc, const __m256i al[2], const __m256i ah[2],
+                                     const __m256i rl[2], const __m256i rh[2], uint32_t nanrows, float wsb,
+                                     int64_t b) {
+    for (int h = 0; h < 2; h++) {
+        __m128 f[2];
+        for (int half = 0; half < 2; half++) {
+#define R2_Q(v) _mm256_cvtepi32_pd(half ? _mm256_extracti128_si256(v[h], 1) : _mm256_castsi256_si128(v[h]))
+            /* 2^-18 (32 A_L + 4096 A_H + R_L + 128 R_H), exact in double (< 2^43 * 2^-18) */
+            __m256d t = _mm256_fmadd_pd(R2_Q(ah), _mm256_set1_pd(4096.0), R2_Q(rl));
+            t = _mm256_fmadd_pd(R2_Q(al), _mm256_set1_pd(32.0), t);
+            t = _mm256_fmadd_pd(R2_Q(rh), _mm256_set1_pd(128.0), t);
+#undef R2_Q
+            f[half] = _mm256_cvtpd_ps(_mm256_mul_pd(t, _mm256_set1_pd(0x1p-18)));
+        }
+        __m256 bs = _mm256_insertf128_ps(_mm256_castps128_ps256(f[0]), f[1], 1);
+        const uint32_t nr8 = (nanrows >> (8 * h)) & 0xffu;
+        if (__builtin_expect(nr8 != 0, 0)) {
+            const __m256i bits = _mm256_setr_epi32(1, 2, 4, 8, 16, 32, 64, 128);
+            const __m256 m = _mm256_castsi256_ps(_mm256_cmpeq_epi32(_mm256_and_si256(_mm256_set1_epi32((int)nr8), bits), bits));
+            bs = _mm256_blendv_ps(bs, _mm256_set1_ps(NAN), m);
+        }
+        const __m256 sx = _mm256_mul_ps(_mm256_load_ps(st->s + 8 * h), _mm256_set1_ps(wsb));
+        const __m256 prev = b == 0 ? _mm256_setzero_ps() : _mm256_load_ps(acc + 8 * h);
+        _mm256_store_ps(acc + 8 * h, _mm256_fmadd_ps(bs, sx, prev));
+    }
+}
+
+/* Block b of outputs o .. o + R2_NO - 1 (those below o1) into their accumulators. */
+RS_TARGET_AVX2 static void r2_group(r2_state *st, uint32_t xnan, uint64_t rpairs, const ajob *jb, const dlut *l,
+                                    int64_t o0, int64_t o, int64_t o1, int64_t b) {
+    const int64_t k = jb->k, j0 = b * BLK, kw = RS_MIN((int64_t)BLK, k - j0);
+    const int nq = (int)RS_MIN((int64_t)R2_NO, o1 - o), np = (int)((kw + 31) / 32) * 16;
+    uint64_t lpairs[R2_NO];
+    bool wnan[R2_NO];
+    for (int q = 0; q < R2_NO; q++) {
+        lpairs[q] = 0, wnan[q] = false;
+        if (q >= nq) { /* past o1: zero digits, never stored */
+            memset(st->wd[q], 0, sizeof st->wd[q]);
+            continue;
+        }
+        const uint8_t *w = jb->wq + (o + q) * k + j0;
+        __m256i nan = _mm256_setzero_si256();
+        if (kw == BLK && j0 + BLK < k) { /* the next block: needed by this item's next pass */
+            _mm_prefetch((const char *)(w + BLK), _MM_HINT_T0);
+            _mm_prefetch((const char *)(w + BLK + 64), _MM_HINT_T0);
+        }
+        for (int c = 0; c * 32 < kw; c++) {
+            __m256i d[4];
+            decode_chunk(l, w, kw, c, d, &nan);
+            for (int v = 0; v < 4; v++) _mm256_store_si256((__m256i *)&st->wd[q][v / 2][16 * c + 8 * (v % 2)], d[v]);
+            lpairs[q] |= (nonzero_pairs8(d[0]) | nonzero_pairs8(d[1]) << 8) << (16 * c);
+        }
+        wnan[q] = nan_seen(nan);
+    }
+    __m256i ah[R2_NO][2];
+    for (int q = 0; q < R2_NO; q++) ah[q][0] = ah[q][1] = _mm256_setzero_si256();
+    for (int p = 0; p < np; p++) { /* X . Hw: every pair */
+        const __m256i x0 = _mm256_load_si256((const __m256i *)&st->xt[0][p][0]);
+        const __m256i x1 = _mm256_load_si256((const __m256i *)&st->xt[0][p][8]);
+#pragma GCC unroll 4
+        for (int q = 0; q < R2_NO; q++) {
+            const __m256i bw = _mm256_set1_epi32(st->wd[q][1][p]);
+            ah[q][0] = _mm256_add_epi32(ah[q][0], _mm256_madd_epi16(x0, bw));
+            ah[q][1] = _mm256_add_epi32(ah[q][1], _mm256_madd_epi16(x1, bw));
+        }
+    }
+    const float wsb = jb->ws[(o / BLK) * jb->kb + b];
+    for (int q = 0; q < nq; q++) {
+        __m256i al[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()}, rl[2] = {al[0], al[0]}, rh[2] = {al[0], al[0]};
+        for (uint64_t m = lpairs[q]; m; m &= m - 1) { /* X . Lw: where the weight has L digits */
+            const int p = __builtin_ctzll(m);
+            const __m256i bw = _mm256_set1_epi32(st->wd[q][0][p]);
+            al[0] = _mm256_add_epi32(al[0], _mm256_madd_epi16(_mm256_load_si256((const __m256i *)&st->xt[0][p][0]), bw));
+            al[1] = _mm256_add_epi32(al[1], _mm256_madd_epi16(_mm256_load_si256((const __m256i *)&st->xt[0][p][8]), bw));
+        }
+        for (uint64_t m = rpairs; m; m &= m - 1) { /* r . w: where a row has a remainder */
+            const int p = __builtin_ctzll(m);
+            const __m256i bl = _mm256_set1_epi32(st->wd[q][0][p]), bh = _mm256_set1_epi32(st->wd[q][1][p]);
+            const __m256i r0 = _mm256_load_si256((const __m256i *)&st->xt[1][p][0]);
+            const __m256i r1 = _mm256_load_si256((const __m256i *)&st->xt[1][p][8]);
+            rl[0] = _mm256_add_epi32(rl[0], _mm256_madd_epi16(r0, bl));
+            rl[1] = _mm256_add_epi32(rl[1], _mm256_madd_epi16(r1, bl));
+            rh[0] = _mm256_add_epi32(rh[0], _mm256_madd_epi16(r0, bh));
+            rh[1] = _mm256_add_epi32(rh[1], _mm256_madd_epi16(r1, bh));
+        }
+        r2_finish(st, st->acc[o + q - o0], al, ah[q], rl, rh, wnan[q] ? 0xffffu : xnan, wsb, b);
+    }
+}
+
+/* Rows [r0, r0 + nr) (nr <= R2_ROWS) x outputs [o0, o1). */
+RS_TARGET_AVX2 static void r2_item(const ajob *jb, const dlut *l, int r0, int nr, int64_t o0, int64_t o1) {
+    r2_state st;
+    for (int64_t b = 0; b < jb->kb; b++) {
+        uint64_t rpairs;
+        const uint32_t xnan = r2_prep(&st, jb, l, r0, nr, b, &rpairs);
+        for (int64_t o = o0; o < o1; o += R2_NO) r2_group(&st, xnan, rpairs, jb, l, o0, o, o1, b);
+    }
+    for (int r = 0; r < nr; r++)
+        for (int64_t o = o0; o < o1; o++) jb->out[(int64_t)(r0 + r) * jb->n + o] = canonical_nan(st.acc[o - o0][r]);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Driver
+ * ------------------------------------------------------------------------------------------- */
+
+/* Items [it0, it1); item = chunk * n_tiles + tile. */
+RS_TARGET_AVX2 static void avx2_items(void *ctx, int64_t it0, int64_t it1, int tid) {
+    (void)tid;
+    const ajob *jb = ctx;
+    dlut l;
+    dlut_load(&l);
+    for (int64_t it = it0; it < it1; it++) {
+        const int64_t o0 = (it / jb->n_tiles) * CHUNK, o1 = RS_MIN(o0 + CHUNK, (int64_t)jb->n);
+        const int t = (int)(it % jb->n_tiles);
+        if (t < jb->n_r2) {
+            r2_item(jb, &l, t * R2_ROWS, t == jb->n_r2 - 1 ? jb->r2_last : R2_ROWS, o0, o1);
+        } else {
+            const int r0 = jb->r1_start + (t - jb->n_r2) * R1_ROWS;
+            r1_item(jb, &l, r0, RS_MIN(R1_ROWS, jb->rows - r0), o0, o1);
+        }
+    }
+}
+
+int rs_fp8_gemm_avx2_supported(void) {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+}
+
+void rs_fp8_gemm_avx2(rs_pool *pool, float *out, const uint8_t *xq, const float *xs, const uint8_t *wq,
+                      const float *ws, int rows, int n, int k) {
+    RS_ASSERT(rows > 0 && n > 0 && k > 0);
+    ajob jb = {
+        .out = out, .xq = xq, .xs = xs, .wq = wq, .ws = ws, .rows = rows, .n = n, .k = k,
+        .kb = rs_fp8_blocks(k), .n_chunks = ((int64_t)n + CHUNK - 1) / CHUNK,
+    };
+    /* whole lanes = rows tiles, and a padded one for a remainder of at least R2_MIN rows */
+    const int rem = rows % R2_ROWS, last = rem >= R2_MIN ? rem : 0;
+    jb.n_r2 = rows / R2_ROWS + (last > 0);
+    jb.r2_last = last > 0 ? last : R2_ROWS;
+    jb.r1_start = rows / R2_ROWS * R2_ROWS + last;
+    jb.n_tiles = jb.n_r2 + (rows - jb.r1_start + R1_ROWS - 1) / R1_ROWS;
+    const int64_t items = jb.n_chunks * jb.n_tiles;
+    if (pool)
+        rs_pool_run(pool, items, jb.n_tiles, avx2_items, &jb);
+    else
+        avx2_items(&jb, 0, items, 0);
+}
+
+#else /* not x86-64 */
+
+int rs_fp8_gemm_avx2_supported(void) { return 0; }
+
+void rs_fp8_gemm_avx2(rs_pool *pool, float *out, const uint8_t *xq, const float *xs, const uint8_t *wq,
+                      const float *ws, int rows, int n, int k) {
+    (void)pool, (void)out, (void)xq, (void)xs, (void)wq, (void)ws, (void)rows, (void)n, (void)k;
+    RS_ASSERT(!"rs_fp8_gemm_avx2 on a CPU without AVX2");
+}
+
+#endif

@@ -1,0 +1,258 @@
+/*
+ * test_cpu_matmul.c — the CPU matmul's exact arithmetic at every SIMD level, and batch invariance.
+ *
+ * BF16/F16/F32 weights: each SIMD level's tile computes every output in one fixed order, written
+ * out here in scalar C (tile_sum_ref): lane l of the level's width accumulates fmaf(w[i], x[i], .)
+ * over i = l mod width in increasing i from +0, the lanes are added by the tile's tree, then the
+ * K tail (k mod width) is added term by term (product, then sum), then the bias. The scalar level
+ * is the sequential sum (rs_cpu_matmul_ref). Every level must equal its order bit for bit on
+ * ragged shapes, every row count up to 40 and some beyond (every token-tile size and the blocked
+ * prefill loops), 1 and 2 threads. A level this CPU cannot run is skipped with its name printed.
+ *
+ * Batch invariance: a row's outputs are the same bits whatever batch it is computed in (1 to 512
+ * rows, first, middle or last), for BF16 and E4M3 weights at every level, since seeded rollouts
+ * must not depend on what else runs.
+ */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../../core/rs.h"
+#include "../../kernels/backend.h"
+#include "../../kernels/cpu/cpu_internal.h"
+#include "../../kernels/fp8.h"
+#include "test.h"
+#include "test_util.h"
+
+static uint64_t rng_next(uint64_t *s) { /* splitmix64 */
+    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+static float rng_uniform(uint64_t *s) { /* [-1, 1) */
+    return (float)((double)(rng_next(s) >> 11) * (2.0 / 9007199254740992.0) - 1.0);
+}
+
+static const rs_cpu_simd levels[] = {RS_CPU_SIMD_SCALAR, RS_CPU_SIMD_AVX2, RS_CPU_SIMD_AVX512};
+
+/* The backend at `level` with `threads`, or NULL (the name printed) when this CPU lacks it. */
+static rs_backend *backend_at(int threads, rs_cpu_simd level) {
+    rs_backend *b = rs_backend_cpu_init(threads);
+    if (rs_cpu_set_simd(b, level) != level) {
+        rs_test_note_skip(rs_cpu_simd_name(level));
+        rs_backend_free(b);
+        return NULL;
+    }
+    return b;
+}
+
+/* A [n][k] weight of dt (values in [-1, 1)) and the same values as fp32. */
+typedef struct wt {
+    rs_tensor t;
+    float *f; /* [n][k] */
+} wt;
+
+static wt make_weight(rs_dtype dt, int64_t n, int64_t k, uint64_t *s) {
+    wt w = {.t = {.dtype = dt, .ndim = 2, .shape = {n, k}}};
+    const size_t numel = (size_t)(n * k);
+    w.f = malloc(numel * sizeof(float) + 1);
+    w.t.data = malloc(numel * rs_dtype_size(dt) + 1);
+    for (size_t i = 0; i < numel; i++) {
+        const float v = rng_uniform(s);
+        if (dt == RS_DTYPE_BF16) {
+            ((uint16_t *)w.t.data)[i] = rs_f32_to_bf16(v);
+            w.f[i] = rs_bf16_to_f32(((uint16_t *)w.t.data)[i]);
+        } else if (dt == RS_DTYPE_F16) {
+            ((uint16_t *)w.t.data)[i] = rs_f32_to_f16(v);
+            w.f[i] = rs_f16_to_f32(((uint16_t *)w.t.data)[i]);
+        } else {
+            ((float *)w.t.data)[i] = v;
+            w.f[i] = v;
+        }
+    }
+    return w;
+}
+
+static void free_weight(wt *w) { free(w->t.data), free(w->f); }
+
+/* The sum a tile of `width` lanes computes for one output (width 1: the sequential sum). */
+static float tile_sum_ref(const float *x /* [k] */, const float *w /* [k] */, int64_t k, int width,
+                          const float *bias) {
+    float s = 0.0f;
+    int64_t i = 0;
+    if (width > 1) {
+        float lane[16] = {0};
+        const int64_t kv = k - k % width;
+        for (; i < kv; i++) lane[i % width] = fmaf(w[i], x[i], lane[i % width]);
+        if (width == 16) /* AVX-512: the two 256-bit halves first */
+            for (int l = 0; l < 8; l++) lane[l] = lane[l] + lane[l + 8];
+        s = ((lane[0] + lane[1]) + (lane[2] + lane[3])) + ((lane[4] + lane[5]) + (lane[6] + lane[7]));
+    }
+    for (; i < k; i++) {
+        const float p = x[i] * w[i];
+        s = s + p;
+    }
+    return bias ? s + *bias : s;
+}
+
+static int level_width(rs_cpu_simd level) {
+    return level == RS_CPU_SIMD_AVX512 ? 16 : level == RS_CPU_SIMD_AVX2 ? 8 : 1;
+}
+
+/* rs_op_matmul at every level and 1 and 2 threads against tile_sum_ref, bit for bit. */
+static void check_order(rs_dtype dt, int64_t n, int64_t k, int rows, bool with_bias, uint64_t *s) {
+    wt w = make_weight(dt, n, k, s);
+    float *x = malloc((size_t)(rows * k) * sizeof(float) + 1), *bias = malloc((size_t)n * sizeof(float));
+    float *got = malloc((size_t)(rows * n) * sizeof(float));
+    for (int64_t i = 0; i < rows * k; i++) x[i] = rng_uniform(s);
+    for (int64_t i = 0; i < n; i++) bias[i] = rng_uniform(s);
+    rs_tensor bt = {.dtype = RS_DTYPE_F32, .ndim = 1, .shape = {n}, .data = bias};
+    for (size_t li = 0; li < RS_ARRAY_LEN(levels); li++) {
+        for (int threads = 1; threads <= 2; threads++) {
+            rs_backend *b = backend_at(threads, levels[li]);
+            if (!b) continue;
+            memset(got, 0xff, (size_t)(rows * n) * sizeof(float));
+            rs_op_matmul(b, got, x, &w.t, with_bias ? &bt : NULL, rows);
+            for (int r = 0; r < rows; r++)
+                for (int64_t o = 0; o < n; o++) {
+                    const float want = tile_sum_ref(x + r * k, w.f + o * k, k, level_width(levels[li]),
+                                                    with_bias ? &bias[o] : NULL);
+                    if (rs_test_f32_bits(got[r * n + o]) != rs_test_f32_bits(want))
+                        RS_TEST_FAIL("%s %s threads %d n %lld k %lld rows %d bias %d: out[%d][%lld] %a, order %a",
+                                     rs_dtype_name(dt), rs_cpu_simd_name(levels[li]), threads, (long long)n,
+                                     (long long)k, rows, with_bias, r, (long long)o, got[r * n + o], want);
+                }
+            rs_backend_free(b);
+        }
+    }
+    free(x), free(bias), free(got);
+    free_weight(&w);
+}
+
+RS_TEST(cpu_matmul_every_level_exact_order) {
+    static const rs_dtype dts[] = {RS_DTYPE_BF16, RS_DTYPE_F16, RS_DTYPE_F32};
+    static const int64_t shapes[][2] = {{5, 7}, {13, 33}, {67, 100}, {9, 257}, {130, 16}, {6, 1000}};
+    uint64_t s = 1;
+    for (size_t d = 0; d < RS_ARRAY_LEN(dts); d++)
+        for (size_t si = 0; si < RS_ARRAY_LEN(shapes); si++)
+            for (int rows = 1; rows <= 13; rows++)
+                check_order(dts[d], shapes[si][0], shapes[si][1], rows, (rows + si) % 2 == 1, &s);
+}
+
+/* Every row count to 40 and beyond on one shape; K big enough (a 512 KiB token block holds 31
+ * rows of it) that the blocked prefill loops run. */
+RS_TEST(cpu_matmul_every_level_exact_order_all_rows) {
+    uint64_t s = 2;
+    for (int rows = 1; rows <= 40; rows++) check_order(RS_DTYPE_BF16, 37, 130, rows, rows % 2 == 0, &s);
+    check_order(RS_DTYPE_BF16, 21, 4100, 70, true, &s);
+    check_order(RS_DTYPE_BF16, 70, 520, 97, false, &s);
+}
+
+/* ---- batch invariance ---- */
+
+/* For each level: the probe row x[0..k) alone, then inside batches of 1..512 rows at the first,
+ * middle and last position (the other rows random): its outputs must be the same bits. */
+static void check_batch_invariance(const rs_tensor *w, int64_t k, uint64_t *s) {
+    static const int batches[] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 12, 13, 16, 17, 31, 32, 33, 64, 100, 512};
+    const int64_t n = w->shape[0], max_rows = 512;
+    float *x = malloc((size_t)(max_rows * k) * sizeof(float)), *probe = malloc((size_t)k * sizeof(float));
+    float *alone = malloc((size_t)n * sizeof(float)), *got = malloc((size_t)(max_rows * n) * sizeof(float));
+    for (int64_t i = 0; i < k; i++) probe[i] = 2.0f * rng_uniform(s);
+    for (size_t li = 0; li < RS_ARRAY_LEN(levels); li++) {
+        rs_backend *b = backend_at(2, levels[li]);
+        if (!b) continue;
+        rs_op_matmul(b, alone, probe, w, NULL, 1);
+        for (size_t bi = 0; bi < RS_ARRAY_LEN(batches); bi++) {
+            const int B = batches[bi], at[3] = {0, B / 2, B - 1};
+            for (int ai = 0; ai < 3; ai++) {
+                for (int64_t i = 0; i < B * k; i++) x[i] = 2.0f * rng_uniform(s);
+                memcpy(x + at[ai] * k, probe, (size_t)k * sizeof(float));
+                rs_op_matmul(b, got, x, w, NULL, B);
+                for (int64_t o = 0; o < n; o++)
+                    if (rs_test_f32_bits(got[at[ai] * n + o]) != rs_test_f32_bits(alone[o]))
+                        RS_TEST_FAIL("%s %s: batch %d row %d: out[%lld] %a, alone %a", rs_dtype_name(w->dtype),
+                                     rs_cpu_simd_name(levels[li]), B, at[ai], (long long)o, got[at[ai] * n + o],
+                                     alone[o]);
+            }
+        }
+        rs_backend_free(b);
+    }
+    free(x), free(probe), free(alone), free(got);
+}
+
+RS_TEST(cpu_matmul_batch_invariant_bf16) {
+    uint64_t s = 3;
+    wt w = make_weight(RS_DTYPE_BF16, 70, 300, &s);
+    check_batch_invariance(&w.t, 300, &s);
+    free_weight(&w);
+    wt big = make_weight(RS_DTYPE_BF16, 9, 4100, &s); /* blocked: 31 rows a token block */
+    check_batch_invariance(&big.t, 4100, &s);
+    free_weight(&big);
+}
+
+RS_TEST(cpu_matmul_batch_invariant_fp8) {
+    uint64_t s = 4;
+    const int64_t n = 96, k = 300;
+    wt f = make_weight(RS_DTYPE_F32, n, k, &s);
+    rs_tensor w = {.dtype = RS_DTYPE_E4M3, .ndim = 2, .shape = {n, k}, .data = malloc((size_t)(n * k))};
+    w.scale_inv = malloc((size_t)(rs_fp8_blocks(n) * rs_fp8_blocks(k)) * sizeof(float));
+    ASSERT_EQ(rs_fp8_quantize_weight(&f.t, w.data, w.scale_inv), RS_OK);
+    check_batch_invariance(&w, k, &s); /* row-major: every level's own kernel */
+    rs_backend *b = rs_backend_cpu_init(1);
+    const rs_layout layout = rs_backend_fp8_layout(b, n, k);
+    if (layout != RS_LAYOUT_ROWS) { /* and in the layout this CPU serves weights in */
+        uint8_t *packed = malloc((size_t)(n * k));
+        rs_backend_fp8_pack(b, layout, packed, w.data, n, k);
+        free(w.data);
+        w.data = packed;
+        w.layout = layout;
+        check_batch_invariance(&w, k, &s);
+    }
+    rs_backend_free(b);
+    free(w.data), free(w.scale_inv);
+    free_weight(&f);
+}
+
+/* ---- the kernel class setting (--cpu-kernels) ---- */
+
+RS_TEST(cpu_kernels_setting_forces_the_dispatch) {
+    rs_error err = {0};
+    ASSERT_TRUE(rs_backend_cpu_init_kernels(1, "avx9", &err) == NULL);
+    ASSERT_EQ(err.code, RS_EINVAL);
+    ASSERT_STREQ(err.param, "cpu-kernels");
+    char line[256];
+    rs_backend *b = rs_backend_cpu_init_kernels(1, "scalar", &err);
+    ASSERT_TRUE(b != NULL);
+    ASSERT_STREQ(rs_backend_cpu_describe(b, line, sizeof line), "cpu: scalar C; fp8 kernel generic-exact; bf16 tile 4x4; 1 threads");
+    rs_backend_free(b);
+    rs_backend *top = rs_backend_cpu_init(1);
+    const rs_cpu_simd max = rs_cpu_set_simd(top, RS_CPU_SIMD_AVX512);
+    rs_backend_free(top);
+    b = rs_backend_cpu_init_kernels(1, "avx2", &err);
+    if (max < RS_CPU_SIMD_AVX2) {
+        ASSERT_TRUE(b == NULL);
+        ASSERT_EQ(err.code, RS_EUNSUPPORTED);
+        rs_test_note_skip("avx2");
+    } else {
+        ASSERT_TRUE(b != NULL);
+        ASSERT_STREQ(rs_backend_cpu_describe(b, line, sizeof line),
+                     "cpu: avx2 fma f16c; fp8 kernel avx2-exact; bf16 tile 4x3; 1 threads");
+        rs_backend_free(b);
+    }
+    b = rs_backend_cpu_init_kernels(1, "avx512", &err);
+    ASSERT_EQ(b != NULL, max == RS_CPU_SIMD_AVX512);
+    if (b) {
+        ASSERT_TRUE(strstr(rs_backend_cpu_describe(b, line, sizeof line), "cpu: avx512f") == line);
+        rs_backend_free(b);
+    } else {
+        ASSERT_EQ(err.code, RS_EUNSUPPORTED);
+        rs_test_note_skip("avx512");
+    }
+    b = rs_backend_cpu_init_kernels(1, "auto", &err);
+    ASSERT_TRUE(b != NULL);
+    ASSERT_EQ(rs_cpu_set_simd(b, RS_CPU_SIMD_AVX512), max);
+    rs_backend_free(b);
+}
