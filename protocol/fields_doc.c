@@ -7,12 +7,14 @@
 #include "json_util.h"
 #include "openai.h"
 #include "ops.h"
+#include "tokenize.h"
 #include "weights.h"
 
 static const rs_jobject *const tables[] = {
     &rs_generate_fields,     &rs_openai_completion_fields, &rs_shm_update_fields,  &rs_disk_update_fields,
     &rs_nccl_group_fields,   &rs_nccl_update_fields,       &rs_nccl_destroy_fields, &rs_version_update_fields,
     &rs_abort_fields,        &rs_pause_fields,             &rs_continue_fields,    &rs_flush_fields,
+    &rs_tokenize_fields,     &rs_detokenize_fields,
 };
 
 const rs_jobject *const *rs_protocol_tables(size_t *n) {
@@ -29,7 +31,7 @@ void rs_protocol_print_fields(FILE *out) {
           "*not implemented*: `null` and the listed neutral values are accepted silently; any other value is a "
           "400 (`\"type\": \"unsupported\"`) naming the field. A name not listed is a 400 "
           "(`\"type\": \"invalid_request\"`, `unknown field`). `null` always means the default. Text fields "
-          "(*text: comes with the tokenizer*) behave as shown until rolloutd loads a tokenizer.\n\n",
+          "(*text: needs the model's tokenizer.json*) are a 400 saying so when the model directory has none.\n\n",
           out);
     for (size_t i = 0; i < RS_ARRAY_LEN(tables); i++) rs_json_print_table(out, tables[i]);
 }

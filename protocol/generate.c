@@ -29,17 +29,43 @@
 
 /* ---------------------------------------------------------------- request fields */
 
-enum { B_REQ, B_JOB, B_SP }; /* destinations: rs_generate_req, its rs_gen_job, the job's sampling params */
+enum { B_REQ, B_JOB, B_SP, B_TEXT }; /* destinations: rs_generate_req, its rs_gen_job, the job's sampling
+                                       * params, its rs_gen_text */
 
 #define DST(T, b, field) .base = b, .offset = offsetof(T, field), .size = sizeof(((T *)0)->field)
 #define REQ(field) DST(rs_generate_req, B_REQ, field)
 #define JOB(field) DST(rs_gen_job, B_JOB, field)
 #define SP(field) DST(rs_sampling_params, B_SP, field)
+#define TXT(field) DST(rs_gen_text, B_TEXT, field)
 
 static rs_gen_job *job_of(const rs_jctx *c) { return c->dst[B_JOB]; }
 
+static rs_generate_req *req_of(const rs_jctx *c) { return c->dst[B_REQ]; }
+
+int rs_generate_no_tokenizer(const char *param, rs_error *err) {
+    return rs_error_set(err, RS_EINVAL, param,
+                        "%s needs the model's tokenizer, and the model directory has no tokenizer.json: rolloutd "
+                        "serves token ids only for this model (send input_ids, stop_token_ids)", param);
+}
+
+static int read_text(const rs_jctx *c, const json_t *v, rs_error *err) {
+    rs_generate_req *r = req_of(c);
+    if (!r->tok) return rs_generate_no_tokenizer(c->param, err);
+    r->from_text = true;
+    return rs_json_get_text_prompts(v, c->param, r->tok, true, job_of(c), err);
+}
+
 static int read_input_ids(const rs_jctx *c, const json_t *v, rs_error *err) {
+    if (req_of(c)->from_text)
+        return rs_error_set(err, RS_EINVAL, c->param, "input_ids and text are both given: send one of them");
     return rs_json_get_prompts(v, c->param, job_of(c), err);
+}
+
+static int read_stop(const rs_jctx *c, const json_t *v, rs_error *err) {
+    rs_generate_req *r = req_of(c);
+    int rc = rs_json_read_stops(v, c->param, r->text, err);
+    if (rc == RS_OK && r->text->n_stops > 0 && !r->tok) return rs_generate_no_tokenizer(c->param, err);
+    return rc;
 }
 
 static int read_rid(const rs_jctx *c, const json_t *v, rs_error *err) {
@@ -109,16 +135,19 @@ static const rs_jfield sampling_fields[] = {
      .doc = "the model's EOS tokens do not end the output"},
     {.name = "stream_interval", .type = RS_JT_INT, REQ(stream_interval), .min = 1, .max = INT_MAX, .def = "1",
      .doc = "streaming: tokens between an output's events"},
-    {.name = "stop", .type = RS_JT_STRINGS, .use = RS_JU_NEUTRAL, .flags = RS_JF_TOKENIZER, .neutral = "\"\"|[]",
-     .doc = "stop strings need the tokenizer; use stop_token_ids"},
-    {.name = "stop_regex", .type = RS_JT_STRINGS, .use = RS_JU_NEUTRAL, .flags = RS_JF_TOKENIZER,
-     .neutral = "\"\"|[]", .doc = "stop regexes need the tokenizer; use stop_token_ids"},
-    {.name = "skip_special_tokens", .type = RS_JT_BOOL, .use = RS_JU_NO_EFFECT, .flags = RS_JF_TOKENIZER,
-     .def = "true", .doc = "shapes the decoded text only; no text without the tokenizer"},
-    {.name = "spaces_between_special_tokens", .type = RS_JT_BOOL, .use = RS_JU_NO_EFFECT, .flags = RS_JF_TOKENIZER,
-     .def = "true", .doc = "shapes the decoded text only; no text without the tokenizer"},
-    {.name = "no_stop_trim", .type = RS_JT_BOOL, .use = RS_JU_NO_EFFECT, .flags = RS_JF_TOKENIZER, .def = "false",
-     .doc = "shapes the decoded text only; output_ids always keep the stop token"},
+    {.name = "stop", .type = RS_JT_CUSTOM, .flags = RS_JF_TOKENIZER, .read = read_stop,
+     .shape = "string, or a list of strings (<= 64, each <= 1024 bytes)", .def = "[]",
+     .doc = "the output ends once its text contains one (matched on the decoded text, across tokens); the "
+            "text is cut before it, output_ids keep the token that completed it"},
+    {.name = "stop_regex", .type = RS_JT_STRINGS, .use = RS_JU_NEUTRAL, .neutral = "\"\"|[]",
+     .doc = "stop regexes; use stop"},
+    {.name = "skip_special_tokens", .type = RS_JT_BOOL, .flags = RS_JF_TOKENIZER, TXT(skip_special_tokens),
+     .def = "true", .doc = "special tokens are left out of the text (and of stop-string matching)"},
+    {.name = "spaces_between_special_tokens", .type = RS_JT_BOOL, .use = RS_JU_NO_EFFECT, .def = "true",
+     .doc = "no effect with a tokenizer.json (fast) tokenizer, as in transformers"},
+    {.name = "no_stop_trim", .type = RS_JT_BOOL, .flags = RS_JF_TOKENIZER, TXT(no_stop_trim), .def = "false",
+     .doc = "the text keeps the matched stop string (or the stop token's text); output_ids always keep the "
+            "stop token"},
     {.name = "custom_params", .type = RS_JT_MAP, .use = RS_JU_NO_EFFECT,
      .doc = "arguments of a custom logit processor; ignored without one, as in SGLang (slime sends them)"},
     {.name = "logit_bias", .type = RS_JT_MAP, .use = RS_JU_NEUTRAL, .neutral = "{}", .doc = "logit biases"},
@@ -135,10 +164,12 @@ static const rs_jobject sampling_object = {
 
 /* GenerateReqInput: every field of SGLang's (and sglang-router's), in the order they are read. */
 static const rs_jfield generate_fields[] = {
-    {.name = "text", .type = RS_JT_STRINGS, .use = RS_JU_NEUTRAL, .flags = RS_JF_TOKENIZER,
-     .doc = "text prompts need the tokenizer; rolloutd takes token ids: use input_ids"},
-    {.name = "input_ids", .type = RS_JT_CUSTOM, .flags = RS_JF_REQUIRED, .read = read_input_ids,
-     .shape = "list of token ids, or a list of such lists (a batch)", .doc = "the prompt(s)"},
+    {.name = "text", .type = RS_JT_CUSTOM, .flags = RS_JF_TOKENIZER, .read = read_text,
+     .shape = "non-empty string, or a list of them (a batch)",
+     .doc = "the prompt(s) as text, encoded as Tokenizer.encode(text) does (instead of input_ids)"},
+    {.name = "input_ids", .type = RS_JT_CUSTOM, .read = read_input_ids,
+     .shape = "list of token ids, or a list of such lists (a batch)",
+     .doc = "the prompt(s); this or text is required"},
     {.name = "rid", .type = RS_JT_CUSTOM, .read = read_rid, .shape = "string, or a list of strings (one per prompt)",
      .doc = "request id (<= 127 bytes): /abort_request takes it; outputs are named after it"},
     {.name = "sampling_params", .type = RS_JT_OBJECT, .sub = &sampling_object, .doc = "see below"},
@@ -151,8 +182,8 @@ static const rs_jfield generate_fields[] = {
     {.name = "logprobs_mode", .type = RS_JT_ENUM, JOB(logprobs_mode), .choices = "default|raw|processed",
      .def = "\"default\"", .doc = "rolloutd's: which distribution logprobs come from (see the README)"},
     {.name = "stream", .type = RS_JT_BOOL, REQ(stream), .def = "false", .doc = "answer with Server-Sent Events"},
-    {.name = "return_text_in_logprobs", .type = RS_JT_BOOL, .use = RS_JU_NEUTRAL, .flags = RS_JF_TOKENIZER,
-     .neutral = "false", .doc = "token text needs the tokenizer; the text slot of each triple is null"},
+    {.name = "return_text_in_logprobs", .type = RS_JT_BOOL, .flags = RS_JF_TOKENIZER, REQ(text_in_logprobs),
+     .def = "false", .doc = "the third element of each logprob triple (and top entry) is the token's text"},
     {.name = "log_metrics", .type = RS_JT_BOOL, .use = RS_JU_NO_EFFECT, .def = "true",
      .doc = "every request is counted in /metrics"},
     {.name = "no_logs", .type = RS_JT_BOOL, .use = RS_JU_NO_EFFECT, .def = "false",
@@ -245,21 +276,27 @@ static const rs_jfield generate_fields[] = {
 const rs_jobject rs_generate_fields = {
     .title = "POST /generate", .fields = generate_fields, .n = RS_ARRAY_LEN(generate_fields)};
 
-int rs_generate_parse(const char *body, size_t len, rs_generate_req *out, rs_error *err) {
+int rs_generate_parse(const char *body, size_t len, const rs_tok *tok, rs_generate_req *out, rs_error *err) {
     memset(out, 0, sizeof *out);
     json_t *root;
     int rc = rs_json_load_object(body, len, false, &root, err);
     if (rc != RS_OK) return rc;
     out->job = rs_gen_job_new();
     out->stream_interval = 1;
-    void *const dst[] = {[B_REQ] = out, [B_JOB] = out->job, [B_SP] = &out->job->sp};
+    out->tok = tok;
+    out->text = rs_gen_text_new(tok);
+    void *const dst[] = {[B_REQ] = out, [B_JOB] = out->job, [B_SP] = &out->job->sp, [B_TEXT] = out->text};
     rc = rs_json_read(root, &rs_generate_fields, dst, "", err);
     json_decref(root);
+    if (rc == RS_OK && out->job->n_prompts == 0)
+        rc = rs_error_set(err, RS_EINVAL, "input_ids", "input_ids is required (or text)");
+    if (rc == RS_OK && out->text_in_logprobs && !tok) rc = rs_generate_no_tokenizer("return_text_in_logprobs", err);
     if (rc != RS_OK) {
         rs_generate_req_free(out);
         return rc;
     }
     rs_gen_job *job = out->job;
+    if (tok && (out->text->n_stops > 0 || out->stream)) rs_gen_text_attach(out->text, job);
     job->stream = out->stream;
     /* As in SGLang, logprob_start_len only means something with return_logprob; without it the
      * engine must not spend a forward row per prompt token on scores nobody receives. */
@@ -270,12 +307,12 @@ int rs_generate_parse(const char *body, size_t len, rs_generate_req *out, rs_err
     return RS_OK;
 }
 
-int rs_generate_invalid(const rs_gen_invalid *why, rs_error *err) {
-    static const rs_invalid_names names = {
-        .prompts = "input_ids", .n = "sampling_params.n", .max_new_tokens = "sampling_params.max_new_tokens",
-        .max_new_tokens_short = "max_new_tokens", .min_new_tokens = "sampling_params.min_new_tokens",
-        .top_logprobs = "top_logprobs_num", .stop_token_ids = "sampling_params.stop_token_ids",
-        .logprob_start = "logprob_start_len"};
+int rs_generate_invalid(const rs_generate_req *r, const rs_gen_invalid *why, rs_error *err) {
+    rs_invalid_names names = {
+        .prompts = r->from_text ? "text" : "input_ids", .n = "sampling_params.n",
+        .max_new_tokens = "sampling_params.max_new_tokens", .max_new_tokens_short = "max_new_tokens",
+        .min_new_tokens = "sampling_params.min_new_tokens", .top_logprobs = "top_logprobs_num",
+        .stop_token_ids = "sampling_params.stop_token_ids", .logprob_start = "logprob_start_len"};
     return rs_invalid_error(why, &names, err);
 }
 
@@ -285,7 +322,9 @@ void rs_generate_req_free(rs_generate_req *r) {
         free(r->prompt_rids);
     }
     rs_gen_job_free(r->job);
+    rs_gen_text_free(r->text);
     free(r->sent);
+    free(r->text_sent);
     free(r->closed);
     memset(r, 0, sizeof *r);
 }
@@ -319,24 +358,27 @@ bool rs_generate_matches_rid(const rs_generate_req *r, const char *rid) {
 
 /* [logprob, token_id, null]: null logprob when it is not finite (the first prompt position has no
  * context; a token sampled with probability 0 would be -inf, which JSON cannot hold). */
-static json_t *triple(float lp, int32_t id) {
+static json_t *triple(const rs_generate_req *r, float lp, int32_t id) {
     json_t *t = json_array();
     json_array_append_new(t, rs_json_logprob(lp));
     json_array_append_new(t, json_integer(id));
-    json_array_append_new(t, json_null());
+    json_array_append_new(t, r->text_in_logprobs ? rs_json_token_text(r->tok, id) : json_null());
     return t;
 }
 
-/* [[logprob, id, null], ...] for one position's alternatives; ids of -1 are absent entries. */
-static json_t *top_json(const int32_t *ids, const float *lps, int k) {
+/* [[logprob, id, text|null], ...] for one position's alternatives; ids of -1 are absent entries. */
+static json_t *top_json(const rs_generate_req *r, const int32_t *ids, const float *lps, int k) {
     json_t *a = json_array();
-    for (int j = 0; j < k && ids[j] >= 0; j++) json_array_append_new(a, triple(lps[j], ids[j]));
+    for (int j = 0; j < k && ids[j] >= 0; j++) json_array_append_new(a, triple(r, lps[j], ids[j]));
     return a;
 }
 
-static json_t *finish_json(const rs_finish *f) {
+static json_t *finish_json(const rs_generate_req *r, const rs_finish *f) {
+    const char *stop = rs_gen_text_stop_string(r->text, f);
     switch (f->type) {
-    case RS_FINISH_STOP: return json_pack("{s:s,s:i}", "type", "stop", "matched", (int)f->matched);
+    case RS_FINISH_STOP:
+        if (stop) return json_pack("{s:s,s:s}", "type", "stop", "matched", stop);
+        return json_pack("{s:s,s:i}", "type", "stop", "matched", (int)f->matched);
     case RS_FINISH_LENGTH: return json_pack("{s:s,s:i}", "type", "length", "length", f->length);
     case RS_FINISH_ABORT: return json_pack("{s:s,s:s}", "type", "abort", "message", f->message);
     case RS_FINISH_NONE: break;
@@ -360,9 +402,11 @@ static json_t *spans_json(const rs_gen_output *o) {
     return a;
 }
 
-/* The object of output (p, s) with its output tokens [from, n_output); the prompt's scores only
- * when with_input. A finished answer: from = 0, with_input, and e2e_latency. */
-static json_t *output_json(const rs_generate_req *r, int p, int s, int from, bool with_input, bool with_latency) {
+/* The object of output (p, s) with its output tokens [from, n_output) and text[0, tlen) (no "text"
+ * when text is NULL); the prompt's scores only when with_input. A finished answer: from = 0,
+ * with_input, and e2e_latency. */
+static json_t *output_json(const rs_generate_req *r, int p, int s, int from, bool with_input, bool with_latency,
+                           const char *text, size_t tlen) {
     const rs_gen_job *job = r->job;
     const rs_gen_output *o = &job->outputs[p * job->sp.n + s];
     char id[RS_RID_MAX + 32];
@@ -373,7 +417,7 @@ static json_t *output_json(const rs_generate_req *r, int p, int s, int from, boo
 
     json_t *meta = json_object();
     json_object_set_new(meta, "id", json_string(id));
-    json_object_set_new(meta, "finish_reason", finish_json(&o->finish));
+    json_object_set_new(meta, "finish_reason", finish_json(r, &o->finish));
     json_object_set_new(meta, "prompt_tokens", json_integer(o->prompt_tokens));
     json_object_set_new(meta, "completion_tokens", json_integer(o->n_output));
     json_object_set_new(meta, "cached_tokens", json_integer(o->cached_tokens));
@@ -386,19 +430,21 @@ static json_t *output_json(const rs_generate_req *r, int p, int s, int from, boo
     if (job->return_logprob) {
         json_t *out_lp = json_array(), *in_lp = json_array();
         for (int i = from; i < o->n_output; i++)
-            json_array_append_new(out_lp, triple(o->output_logprobs[i], o->output_ids[i]));
+            json_array_append_new(out_lp, triple(r, o->output_logprobs[i], o->output_ids[i]));
         int start = job->logprob_start_len;
         for (int i = 0; with_input && start >= 0 && i < o->n_input_logprobs && start + i < job->prompt_lens[p]; i++)
-            json_array_append_new(in_lp, triple(o->input_logprobs[i], job->prompts[p][start + i]));
+            json_array_append_new(in_lp, triple(r, o->input_logprobs[i], job->prompts[p][start + i]));
         json_object_set_new(meta, "output_token_logprobs", out_lp);
         json_object_set_new(meta, "input_token_logprobs", in_lp);
         int k = job->top_logprobs_num;
         json_t *out_top = json_array(), *in_top = json_array();
         for (int i = from; k > 0 && i < o->n_output; i++)
-            json_array_append_new(out_top, top_json(o->output_top_ids + (size_t)i * k, o->output_top_lps + (size_t)i * k, k));
+            json_array_append_new(out_top, top_json(r, o->output_top_ids + (size_t)i * k,
+                                                    o->output_top_lps + (size_t)i * k, k));
         for (int i = 0; with_input && k > 0 && i < o->n_input_logprobs; i++) {
             const int32_t *alt = o->input_top_ids + (size_t)i * k;
-            json_array_append_new(in_top, alt[0] < 0 ? json_null() : top_json(alt, o->input_top_lps + (size_t)i * k, k));
+            json_array_append_new(in_top,
+                                  alt[0] < 0 ? json_null() : top_json(r, alt, o->input_top_lps + (size_t)i * k, k));
         }
         json_object_set_new(meta, "output_top_logprobs", out_top);
         json_object_set_new(meta, "input_top_logprobs", in_top);
@@ -406,6 +452,7 @@ static json_t *output_json(const rs_generate_req *r, int p, int s, int from, boo
     if (with_latency) json_object_set_new(meta, "e2e_latency", json_real(o->e2e_latency));
 
     json_t *root = json_object();
+    if (text) json_object_set_new(root, "text", json_stringn(text, tlen));
     json_object_set_new(root, "output_ids", ids);
     json_object_set_new(root, "meta_info", meta);
     return root;
@@ -420,7 +467,10 @@ char *rs_generate_response(const rs_generate_req *r, size_t *len) {
     for (int p = 0; rc == RS_OK && p < job->n_prompts; p++) {
         for (int s = 0; rc == RS_OK && s < job->sp.n; s++) {
             if (p + s > 0) rc = rs_buf_append(&b, ",", 1);
-            json_t *o = output_json(r, p, s, 0, true, true);
+            const char *text = NULL;
+            size_t tlen = 0;
+            if (r->tok) text = rs_gen_text_get(r->text, job, p * job->sp.n + s, &tlen);
+            json_t *o = output_json(r, p, s, 0, true, true, text, tlen);
             if (rc == RS_OK) rc = rs_json_append(&b, o);
             json_decref(o);
         }
@@ -440,8 +490,9 @@ int rs_generate_stream_events(rs_generate_req *r, bool final, rs_buf *out) {
     int n_out = job->n_prompts * job->sp.n;
     if (!r->sent) {
         r->sent = calloc((size_t)n_out, sizeof *r->sent);
+        r->text_sent = calloc((size_t)n_out, sizeof *r->text_sent);
         r->closed = calloc((size_t)n_out, sizeof *r->closed);
-        if (!r->sent || !r->closed) return RS_ENOMEM;
+        if (!r->sent || !r->text_sent || !r->closed) return RS_ENOMEM;
     }
     bool list = job->batched || job->sp.n > 1;
     for (int i = 0; i < n_out; i++) {
@@ -451,11 +502,19 @@ int rs_generate_stream_events(rs_generate_req *r, bool final, rs_buf *out) {
         if (!finished && o->n_output - r->sent[i] < RS_MAX(r->stream_interval, 1)) continue;
         bool first = r->sent[i] == 0;
         int from = r->incremental ? r->sent[i] : 0;
-        json_t *ev = output_json(r, i / job->sp.n, i % job->sp.n, from, !r->incremental || first, finished);
+        const char *text = NULL;
+        size_t stable = 0, tfrom = 0;
+        if (r->tok) {
+            stable = rs_gen_text_stable(r->text, job, i, &text);
+            if (r->incremental) tfrom = RS_MIN(r->text_sent[i], stable);
+        }
+        json_t *ev = output_json(r, i / job->sp.n, i % job->sp.n, from, !r->incremental || first, finished,
+                                 text ? text + tfrom : NULL, stable - tfrom);
         if (ev && list) json_object_set_new(ev, "index", json_integer(i));
         int rc = rs_json_sse_event(out, ev);
         if (rc != RS_OK) return rc;
         r->sent[i] = o->n_output;
+        r->text_sent[i] = RS_MAX(r->text_sent[i], stable);
         r->closed[i] = finished;
     }
     return final ? rs_sse_done(out) : RS_OK;

@@ -18,6 +18,16 @@
  * named by rid[p] when "rid" was a list, else "<rid>_<p>" for a batch (SGLang's own naming of a
  * batch with one string rid) or "<rid>" for one prompt; with n > 1, sample s appends "_<s>".
  *
+ * Text (when the model has a tokenizer.json): `text` prompts are encoded with add_special_tokens,
+ * as SGLang does; every output has "text", its decoded output_ids (skip_special_tokens, stop
+ * strings and no_stop_trim as gen_text.h says); finish_reason is {"type":"stop","matched":"<the
+ * stop string>"} when a stop string ended it; with return_text_in_logprobs the third element of
+ * each logprob triple and top entry is the token's text (decode([id]), special tokens kept).
+ * Streamed events carry the text that is final so far: cumulative events the text from the
+ * start, incremental ones the new part; a UTF-8 character is never cut, and the text that could
+ * still turn into a stop string is held back until it is decided, so the incremental texts of an
+ * output concatenate to its final text.
+ *
  * Answers follow SGLang's shape (API.md); meta_info adds "weight_version_spans": [[version,
  * start, end], ...], the weight versions that produced output tokens [start, end) (more than one
  * when the request crossed a weight update; weight_version is the latest).
@@ -42,6 +52,8 @@
 
 #include "../core/rs.h"
 #include "../scheduler/engine.h"
+#include "../tokenizer/tokenizer.h"
+#include "gen_text.h"
 #include "sse.h"
 
 #define RS_RID_MAX 127 /* bytes; rs_gen_job.rid holds one more for the NUL */
@@ -55,14 +67,25 @@ typedef struct rs_generate_req {
     bool incremental;           /* streaming: events carry only new tokens (set by the server) */
     int stream_interval;        /* streaming: tokens between an output's events (sampling_params.stream_interval) */
     int *sent;                  /* streaming: [outputs] tokens already sent, allocated on first use */
+    size_t *text_sent;          /* streaming: [outputs] bytes of text already sent (incremental events) */
     bool *closed;               /* streaming: [outputs] finish already sent */
+    /* text (gen_text.h): tok is NULL when the model has no tokenizer.json; then no "text" is
+     * answered and every text field is a 400 saying so */
+    const rs_tok *tok;          /* borrowed */
+    rs_gen_text *text;          /* owned: stop strings, trimming, each output's text; the job's on_token */
+    bool from_text;             /* the prompts came as "text" (errors then name text[p]) */
+    bool text_in_logprobs;      /* return_text_in_logprobs */
 } rs_generate_req;
 
-/* Parses a request body (need not be NUL-terminated). On success fills *out (the caller frees it
- * with rs_generate_req_free) and returns RS_OK; rid and job->rid are left empty for the caller to
- * name. On failure returns RS_EINVAL (or RS_EUNSUPPORTED for a valid value this server does not
+/* Parses a request body (need not be NUL-terminated). tok (NULL: the model has no tokenizer.json)
+ * encodes `text` prompts and makes the outputs' text; with it, stop strings or a stream set the
+ * job's on_token hook (gen_text.h). On success fills *out (the caller frees it with rs_generate_req_free) and
+ * returns RS_OK; rid and job->rid are left empty for the caller to name. On failure returns RS_EINVAL (or RS_EUNSUPPORTED for a valid value this server does not
  * implement) with err filled, and *out zeroed. */
-int rs_generate_parse(const char *body, size_t len, rs_generate_req *out, rs_error *err);
+int rs_generate_parse(const char *body, size_t len, const rs_tok *tok, rs_generate_req *out, rs_error *err);
+
+/* The 400 of a text field (`param`) when the model has no tokenizer.json. */
+int rs_generate_no_tokenizer(const char *param, rs_error *err);
 
 /* The body's descriptor table (json_util.h), for the field reference. */
 struct rs_jobject;
@@ -70,7 +93,7 @@ extern const struct rs_jobject rs_generate_fields;
 
 /* rs_gen_job_validate's refusal in /generate's words ("input_ids[1]", "sampling_params.n"):
  * fills err and returns RS_EINVAL. */
-int rs_generate_invalid(const rs_gen_invalid *why, rs_error *err);
+int rs_generate_invalid(const rs_generate_req *r, const rs_gen_invalid *why, rs_error *err);
 
 /* Frees the job (if any), the rids and the streaming state; leaves *r zeroed. */
 void rs_generate_req_free(rs_generate_req *r);

@@ -3,12 +3,73 @@
  */
 #include "json_util.h"
 
+#include "../tokenizer/unicode.h"
+
 #include <float.h>
 #include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+/* The path ("text[1]", "sampling_params.stop[0]") of the value that holds byte `at` of a JSON text
+ * that is well formed up to there (a string's own bytes belong to it; a key's to the key), for
+ * naming the field whose bytes are not UTF-8. Nesting deeper than 16 is named by its first 16. */
+static void json_path_at(const char *s, size_t at, char *out, size_t n) {
+    struct { bool obj; long idx; char key[48]; } st[16];
+    int depth = 0, tracked = 0; /* depth: nesting; tracked: frames kept (<= 16) */
+    bool in_str = false, esc = false, is_key = false, want_key = false;
+    size_t klen = 0;
+    for (size_t i = 0; i < at; i++) {
+        char c = s[i];
+        if (in_str) {
+            if (esc) esc = false;
+            else if (c == '\\') esc = true;
+            else if (c == '"') in_str = false;
+            else if (is_key && klen + 1 < sizeof st[0].key) st[tracked - 1].key[klen++] = c;
+            if (is_key && tracked > 0) st[tracked - 1].key[klen] = '\0';
+            continue;
+        }
+        bool top_obj = depth > 0 && depth <= 16 && st[depth - 1].obj;
+        switch (c) {
+        case '{': case '[':
+            if (depth < 16) {
+                st[depth].obj = c == '{';
+                st[depth].idx = 0;
+                st[depth].key[0] = '\0';
+                tracked = depth + 1;
+            }
+            depth++;
+            want_key = c == '{';
+            break;
+        case '}': case ']':
+            depth--;
+            tracked = RS_MIN(depth, 16);
+            want_key = false;
+            break;
+        case ',':
+            if (depth > 0 && depth <= 16 && !st[depth - 1].obj) st[depth - 1].idx++;
+            want_key = top_obj;
+            break;
+        case ':': want_key = false; break;
+        case '"':
+            in_str = true;
+            is_key = top_obj && want_key && depth == tracked;
+            if (is_key) klen = 0, st[depth - 1].key[0] = '\0';
+            break;
+        default: break;
+        }
+    }
+    size_t w = 0;
+    out[0] = '\0';
+    for (int f = 0; f < tracked && w < n; f++) {
+        int k = st[f].obj ? snprintf(out + w, n - w, "%s%s", w ? "." : "", st[f].key)
+                          : snprintf(out + w, n - w, "[%ld]", st[f].idx);
+        if (k < 0) break;
+        w += (size_t)k;
+    }
+    if (w >= n) out[n - 1] = '\0';
+}
 
 int rs_json_load_object(const char *body, size_t len, bool allow_empty, json_t **out, rs_error *err) {
     *out = NULL;
@@ -21,6 +82,16 @@ int rs_json_load_object(const char *body, size_t len, bool allow_empty, json_t *
     }
     json_error_t jerr;
     json_t *root = json_loadb(body, len, JSON_REJECT_DUPLICATES, &jerr);
+    if (!root && json_error_code(&jerr) == json_error_invalid_utf8) {
+        size_t bad = rs_utf8_valid_prefix(body, len);
+        if (bad < len) {
+            char path[160];
+            json_path_at(body, bad, path, sizeof path);
+            return rs_error_set(err, RS_EINVAL, path[0] ? path : NULL,
+                                "%s is not valid UTF-8 (byte 0x%02x at offset %zu of the body)",
+                                path[0] ? path : "the body", (unsigned char)body[bad], bad);
+        }
+    }
     if (!root)
         return rs_error_set(err, RS_EINVAL, NULL, "invalid JSON: %s (line %d, column %d)", jerr.text, jerr.line,
                             jerr.column);
@@ -142,6 +213,68 @@ int rs_json_get_prompts(const json_t *v, const char *param, rs_gen_job *job, rs_
         if (job->prompt_lens[p] == 0) return rs_error_set(err, RS_EINVAL, path, "%s must not be empty", path);
     }
     return RS_OK;
+}
+
+/* One text prompt: encoded into job->prompts[p]. */
+static int encode_prompt(const json_t *v, const char *path, const rs_tok *tok, bool add_special, rs_gen_job *job,
+                         int p, rs_error *err) {
+    if (!json_is_string(v)) return rs_json_bad_type(err, path, "a string", v);
+    size_t len = json_string_length(v);
+    if (len == 0) return rs_error_set(err, RS_EINVAL, path, "%s must not be empty", path);
+    int32_t *ids;
+    size_t n;
+    rs_error e = {0};
+    if (rs_tok_encode(tok, json_string_value(v), len, add_special, &ids, &n, &e) != RS_OK)
+        return rs_error_set(err, RS_EINVAL, path, "%s: %s", path, e.message);
+    if (n > INT_MAX) {
+        free(ids);
+        return rs_error_set(err, RS_EINVAL, path, "%s has too many tokens", path);
+    }
+    job->prompts[p] = ids;
+    job->prompt_lens[p] = (int)n;
+    return RS_OK;
+}
+
+int rs_json_get_text_prompts(const json_t *v, const char *param, const rs_tok *tok, bool add_special,
+                             rs_gen_job *job, rs_error *err) {
+    if (!json_is_string(v) && !json_is_array(v)) return rs_json_bad_type(err, param, "a string or a list of strings", v);
+    size_t n = json_is_array(v) ? json_array_size(v) : 1;
+    if (n == 0) return rs_error_set(err, RS_EINVAL, param, "%s must not be empty", param);
+    if (n > INT_MAX) return rs_error_set(err, RS_EINVAL, param, "%s has too many prompts", param);
+    job->batched = json_is_array(v);
+    job->prompts = rs_xcalloc(n, sizeof(int32_t *));
+    job->prompt_lens = rs_xcalloc(n, sizeof(int));
+    job->n_prompts = (int)n; /* entries stay NULL until read, which rs_gen_job_free accepts */
+    if (!job->batched) return encode_prompt(v, param, tok, add_special, job, 0, err);
+    for (size_t p = 0; p < n; p++) {
+        char path[96];
+        snprintf(path, sizeof path, "%s[%zu]", param, p);
+        int rc = encode_prompt(json_array_get(v, p), path, tok, add_special, job, (int)p, err);
+        if (rc != RS_OK) return rc;
+    }
+    return RS_OK;
+}
+
+int rs_json_read_stops(const json_t *v, const char *param, rs_gen_text *t, rs_error *err) {
+    if (json_is_string(v)) return rs_gen_text_add_stop(t, json_string_value(v), json_string_length(v), param, err);
+    if (!json_is_array(v)) return rs_json_bad_type(err, param, "a string or a list of strings", v);
+    for (size_t i = 0; i < json_array_size(v); i++) {
+        char path[96];
+        snprintf(path, sizeof path, "%s[%zu]", param, i);
+        const json_t *e = json_array_get(v, i);
+        if (!json_is_string(e)) return rs_json_bad_type(err, path, "a string", e);
+        int rc = rs_gen_text_add_stop(t, json_string_value(e), json_string_length(e), path, err);
+        if (rc != RS_OK) return rc;
+    }
+    return RS_OK;
+}
+
+json_t *rs_json_token_text(const rs_tok *tok, int32_t id) {
+    size_t n;
+    char *t = rs_tok_token_text(tok, id, &n);
+    json_t *v = json_stringn(t, n);
+    free(t);
+    return v ? v : json_null();
 }
 
 int rs_json_check_name(const json_t *v, const char *param, size_t max_len, rs_error *err) {
@@ -514,7 +647,7 @@ static void print_status(FILE *out, const rs_jfield *f) {
         break;
     case RS_JU_ELSEWHERE: fputs("not a field here", out); break;
     }
-    if (f->flags & RS_JF_TOKENIZER) fputs(" (text: comes with the tokenizer)", out);
+    if (f->flags & RS_JF_TOKENIZER) fputs(" (text: needs the model's tokenizer.json)", out);
 }
 
 static void print_one(FILE *out, const rs_jobject *t) {

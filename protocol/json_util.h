@@ -25,8 +25,8 @@
  *                    else is RS_EUNSUPPORTED naming the field and saying it is not implemented.
  * Any other name is RS_EINVAL "unknown field" (a typo must never be silently ignored); a row
  * with RS_JU_ELSEWHERE names a field of another API so that the error can say where it belongs.
- * Text fields (RS_JF_TOKENIZER) are rows like the others: implementing them is a change of the
- * row's use and destination.
+ * Text fields (RS_JF_TOKENIZER) are rows like the others; their readers answer a 400 saying why
+ * when the model has no tokenizer.json.
  */
 #ifndef RS_PROTOCOL_JSON_UTIL_H
 #define RS_PROTOCOL_JSON_UTIL_H
@@ -39,6 +39,8 @@
 
 #include "../core/rs.h"
 #include "../scheduler/engine.h"
+#include "../tokenizer/tokenizer.h"
+#include "gen_text.h"
 #include "sse.h"
 
 #define RS_JSON_DUMP_FLAGS (JSON_COMPACT | JSON_REAL_PRECISION(9))
@@ -77,7 +79,7 @@ enum {
     RS_JF_NOT_ZERO = 1u << 3,   /* INT: 0 is refused ("-1 (off) or >= 1") */
     RS_JF_ZERO_OFF = 1u << 4,   /* INT: 0 is stored as -1 (vLLM's top_k) */
     RS_JF_READ_NULL = 1u << 5,  /* CUSTOM: read() also sees an explicit null (a JSON null value) */
-    RS_JF_TOKENIZER = 1u << 6,  /* a text field: implemented with the tokenizer (docs say so) */
+    RS_JF_TOKENIZER = 1u << 6,  /* a text field: needs the model's tokenizer.json (docs say so) */
 };
 
 typedef struct rs_jfield rs_jfield;
@@ -154,6 +156,15 @@ int rs_json_get_ids(const json_t *arr, const char *param, const char *path, int3
  * non-empty list of token ids, or a non-empty list of non-empty such lists (a batch). `param`
  * names the list ("input_ids", "prompt"); prompt p is "<param>[p]". */
 int rs_json_get_prompts(const json_t *v, const char *param, rs_gen_job *job, rs_error *err);
+/* Text prompt(s) into job, encoded with tok (not NULL): a non-empty string, or a non-empty list of
+ * them (a batch, like a list of lists of ids). An empty prompt is RS_EINVAL naming it
+ * ("text[1] must not be empty"). */
+int rs_json_get_text_prompts(const json_t *v, const char *param, const rs_tok *tok, bool add_special,
+                             rs_gen_job *job, rs_error *err);
+/* Stop strings (a string or a list of strings; "" entries ignored) into t. */
+int rs_json_read_stops(const json_t *v, const char *param, rs_gen_text *t, rs_error *err);
+/* The text of token id (rs_tok_token_text) as a JSON string. */
+json_t *rs_json_token_text(const rs_tok *tok, int32_t id);
 /* A non-empty printable string of at most max_len bytes, without control characters. */
 int rs_json_check_name(const json_t *v, const char *param, size_t max_len, rs_error *err);
 

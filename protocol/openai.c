@@ -27,26 +27,47 @@
 
 /* ---------------------------------------------------------------- request */
 
-enum { B_REQ, B_JOB, B_SP }; /* destinations: rs_openai_req, its rs_gen_job, the job's sampling params */
+enum { B_REQ, B_JOB, B_SP, B_TEXT }; /* destinations: rs_openai_req, its rs_gen_job, the job's sampling params,
+                                       * its rs_gen_text */
 
 #define DST(T, b, field) .base = b, .offset = offsetof(T, field), .size = sizeof(((T *)0)->field)
 #define REQ(field) DST(rs_openai_req, B_REQ, field)
 #define JOB(field) DST(rs_gen_job, B_JOB, field)
 #define SP(field) DST(rs_sampling_params, B_SP, field)
+#define TXT(field) DST(rs_gen_text, B_TEXT, field)
 
 static rs_openai_req *req_of(const rs_jctx *c) { return c->dst[B_REQ]; }
 
 static int no_tokenizer(rs_error *err) {
     return rs_error_set(err, RS_EINVAL, "prompt",
-                        "rolloutd takes token ids (no tokenizer configured): prompt must be a list of token ids "
-                        "or a list of lists");
+                        "rolloutd takes token ids (no tokenizer configured): the model directory has no "
+                        "tokenizer.json, so prompt must be a list of token ids or a list of lists");
 }
 
+/* Text prompts (a string, or a list of strings) or token ids (a list, or a list of lists). */
 static int read_prompt(const rs_jctx *c, const json_t *v, rs_error *err) {
-    if (json_is_string(v)) return no_tokenizer(err);
-    for (size_t p = 0; json_is_array(v) && p < json_array_size(v); p++)
-        if (json_is_string(json_array_get(v, p))) return no_tokenizer(err);
-    return rs_json_get_prompts(v, c->param, req_of(c)->job, err);
+    rs_openai_req *r = req_of(c);
+    bool text = json_is_string(v) || (json_is_array(v) && json_is_string(json_array_get(v, 0)));
+    if (!text) {
+        for (size_t p = 0; json_is_array(v) && p < json_array_size(v); p++)
+            if (json_is_string(json_array_get(v, p))) {
+                char path[64];
+                snprintf(path, sizeof path, "%s[%zu]", c->param, p);
+                return r->tok ? rs_json_bad_type(err, path, "a list of token ids (prompt[0] is one)",
+                                                 json_array_get(v, p))
+                              : no_tokenizer(err);
+            }
+        return rs_json_get_prompts(v, c->param, r->job, err);
+    }
+    if (!r->tok) return no_tokenizer(err);
+    return rs_json_get_text_prompts(v, c->param, r->tok, r->add_special_tokens, r->job, err);
+}
+
+static int read_stop(const rs_jctx *c, const json_t *v, rs_error *err) {
+    rs_openai_req *r = req_of(c);
+    int rc = rs_json_read_stops(v, c->param, r->text, err);
+    if (rc == RS_OK && r->text->n_stops > 0 && !r->tok) return rs_generate_no_tokenizer(c->param, err);
+    return rc;
 }
 
 static int read_model(const rs_jctx *c, const json_t *v, rs_error *err) {
@@ -123,9 +144,11 @@ static int read_stream_options(const rs_jctx *c, const json_t *v, rs_error *err)
 
 /* CompletionRequest: every field of vLLM's (and OpenAI's), in the order they are read. */
 static const rs_jfield completion_fields[] = {
+    {.name = "add_special_tokens", .type = RS_JT_BOOL, .flags = RS_JF_TOKENIZER, REQ(add_special_tokens),
+     .def = "true", .doc = "string prompts are encoded with the tokenizer's special tokens (its post-processor)"},
     {.name = "prompt", .type = RS_JT_CUSTOM, .flags = RS_JF_REQUIRED, .read = read_prompt,
-     .shape = "list of token ids, or a list of such lists (a batch)",
-     .doc = "the prompt(s); string prompts come with the tokenizer"},
+     .shape = "string, list of strings, list of token ids, or a list of such lists (a batch)",
+     .doc = "the prompt(s); strings need the model's tokenizer.json"},
     {.name = "model", .type = RS_JT_CUSTOM, .read = read_model, .shape = "string (<= 255 bytes)",
      .doc = "must be the served model name when given (404 otherwise)"},
     {.name = "request_id", .type = RS_JT_CUSTOM, .read = read_request_id, .shape = "string (<= 122 bytes)",
@@ -161,9 +184,9 @@ static const rs_jfield completion_fields[] = {
      .doc = "stop tokens and EOS do not end a choice before this many tokens"},
     {.name = "logprobs", .type = RS_JT_INT, REQ(logprobs), .min = 0, .max = INT_MAX, .def = "null",
      .doc = "k: the sampled token's logprob plus the k most likely alternatives per position"},
-    {.name = "echo", .type = RS_JT_BOOL, REQ(echo), .flags = RS_JF_TOKENIZER, .def = "false",
-     .doc = "with logprobs, the prompt's tokens are scored and listed first (the prompt text comes with the "
-            "tokenizer)"},
+    {.name = "echo", .type = RS_JT_BOOL, REQ(echo), .def = "false",
+     .doc = "text starts with the prompt's text (its tokens decoded); with logprobs the prompt's tokens are "
+            "scored and listed first"},
     {.name = "stream", .type = RS_JT_BOOL, REQ(stream), .def = "false", .doc = "answer with Server-Sent Events"},
     {.name = "stream_options", .type = RS_JT_CUSTOM, .read = read_stream_options, .shape = "object",
      .sub = &stream_options_object, .doc = "needs stream: true; see below"},
@@ -171,19 +194,21 @@ static const rs_jfield completion_fields[] = {
      .doc = "adds prompt_token_ids (token_ids are always there)"},
     {.name = "logprobs_mode", .type = RS_JT_ENUM, JOB(logprobs_mode), .choices = "default|raw|processed",
      .def = "\"default\"", .doc = "rolloutd's: which distribution logprobs come from (see the README)"},
-    {.name = "return_tokens_as_token_ids", .type = RS_JT_BOOL, .use = RS_JU_NO_EFFECT, .flags = RS_JF_TOKENIZER,
-     .doc = "tokens are always \"token_id:N\" without the tokenizer"},
-    {.name = "skip_special_tokens", .type = RS_JT_BOOL, .use = RS_JU_NO_EFFECT, .flags = RS_JF_TOKENIZER,
-     .def = "true", .doc = "shapes the decoded text only; no text without the tokenizer"},
-    {.name = "spaces_between_special_tokens", .type = RS_JT_BOOL, .use = RS_JU_NO_EFFECT, .flags = RS_JF_TOKENIZER,
-     .def = "true", .doc = "shapes the decoded text only; no text without the tokenizer"},
-    {.name = "include_stop_str_in_output", .type = RS_JT_BOOL, .use = RS_JU_NO_EFFECT, .flags = RS_JF_TOKENIZER,
-     .def = "false", .doc = "stop strings come with the tokenizer; token_ids always keep the stop token"},
-    {.name = "add_special_tokens", .type = RS_JT_BOOL, .use = RS_JU_NO_EFFECT, .flags = RS_JF_TOKENIZER,
-     .def = "true", .doc = "applies to string prompts, which come with the tokenizer"},
+    {.name = "return_tokens_as_token_ids", .type = RS_JT_BOOL, REQ(tokens_as_ids), .def = "false",
+     .doc = "logprobs tokens (and top_logprobs keys) are \"token_id:N\" instead of the token's text (always so "
+            "without a tokenizer)"},
+    {.name = "skip_special_tokens", .type = RS_JT_BOOL, .flags = RS_JF_TOKENIZER, TXT(skip_special_tokens),
+     .def = "true", .doc = "special tokens are left out of the text (and of stop-string matching)"},
+    {.name = "spaces_between_special_tokens", .type = RS_JT_BOOL, .use = RS_JU_NO_EFFECT, .def = "true",
+     .doc = "no effect with a tokenizer.json (fast) tokenizer, as in transformers"},
+    {.name = "include_stop_str_in_output", .type = RS_JT_BOOL, .flags = RS_JF_TOKENIZER, TXT(no_stop_trim),
+     .def = "false", .doc = "the text keeps the matched stop string (or the stop token's text); token_ids always "
+                            "keep the stop token"},
     {.name = "user", .type = RS_JT_TEXT, .use = RS_JU_NO_EFFECT, .doc = "OpenAI's end-user id; not used"},
-    {.name = "stop", .type = RS_JT_STRINGS, .use = RS_JU_NEUTRAL, .flags = RS_JF_TOKENIZER, .neutral = "\"\"|[]",
-     .doc = "stop strings need the tokenizer; use stop_token_ids"},
+    {.name = "stop", .type = RS_JT_CUSTOM, .flags = RS_JF_TOKENIZER, .read = read_stop,
+     .shape = "string, or a list of strings (<= 64, each <= 1024 bytes)", .def = "[]",
+     .doc = "a choice ends once its text contains one (stop_reason names it); the text is cut before it, "
+            "token_ids keep the token that completed it"},
     {.name = "suffix", .type = RS_JT_TEXT, .use = RS_JU_NEUTRAL, .flags = RS_JF_TOKENIZER, .neutral = "\"\"",
      .doc = "suffixes"},
     {.name = "logit_bias", .type = RS_JT_MAP, .use = RS_JU_NEUTRAL, .neutral = "{}", .doc = "logit biases"},
@@ -214,10 +239,10 @@ static const rs_jfield completion_fields[] = {
      * rows above) */
     {.name = "rid", .type = RS_JT_CUSTOM, .read = read_rid, .shape = "string (<= 122 bytes)",
      .doc = "SGLang's name for request_id"},
-    {.name = "no_stop_trim", .type = RS_JT_BOOL, .use = RS_JU_NO_EFFECT, .flags = RS_JF_TOKENIZER, .def = "false",
-     .doc = "shapes the decoded text only; token_ids always keep the stop token"},
-    {.name = "stop_regex", .type = RS_JT_STRINGS, .use = RS_JU_NEUTRAL, .flags = RS_JF_TOKENIZER,
-     .neutral = "\"\"|[]", .doc = "stop regexes need the tokenizer; use stop_token_ids"},
+    {.name = "no_stop_trim", .type = RS_JT_BOOL, .flags = RS_JF_TOKENIZER, TXT(no_stop_trim), .def = "false",
+     .doc = "SGLang's name for include_stop_str_in_output (one of the two may be given)"},
+    {.name = "stop_regex", .type = RS_JT_STRINGS, .use = RS_JU_NEUTRAL, .neutral = "\"\"|[]",
+     .doc = "stop regexes; use stop"},
     {.name = "custom_params", .type = RS_JT_MAP, .use = RS_JU_NO_EFFECT,
      .doc = "arguments of a custom logit processor; ignored without one, as in SGLang"},
     {.name = "custom_logit_processor", .type = RS_JT_ANY, .use = RS_JU_NEUTRAL, .doc = "custom logit processors"},
@@ -256,7 +281,8 @@ static const rs_jfield completion_fields[] = {
 const rs_jobject rs_openai_completion_fields = {
     .title = "POST /v1/completions", .fields = completion_fields, .n = RS_ARRAY_LEN(completion_fields)};
 
-int rs_openai_parse_completions(const char *body, size_t len, rs_openai_req *out, rs_error *err) {
+int rs_openai_parse_completions(const char *body, size_t len, const rs_tok *tok, rs_openai_req *out,
+                                rs_error *err) {
     memset(out, 0, sizeof *out);
     json_t *root;
     int rc = rs_json_load_object(body, len, false, &root, err);
@@ -264,7 +290,10 @@ int rs_openai_parse_completions(const char *body, size_t len, rs_openai_req *out
     out->job = rs_gen_job_new();
     out->job->sp.max_new_tokens = RS_OPENAI_DEFAULT_MAX_TOKENS;
     out->logprobs = -1;
-    void *const dst[] = {[B_REQ] = out, [B_JOB] = out->job, [B_SP] = &out->job->sp};
+    out->add_special_tokens = true;
+    out->tok = tok;
+    out->text = rs_gen_text_new(tok);
+    void *const dst[] = {[B_REQ] = out, [B_JOB] = out->job, [B_SP] = &out->job->sp, [B_TEXT] = out->text};
     rc = rs_json_read(root, &rs_openai_completion_fields, dst, "", err);
     json_decref(root);
     if (rc != RS_OK) {
@@ -277,11 +306,14 @@ int rs_openai_parse_completions(const char *body, size_t len, rs_openai_req *out
     job->top_logprobs_num = out->logprobs > 0 ? out->logprobs : 0;
     job->logprob_start_len = out->echo && job->return_logprob ? 0 : -1;
     job->stream = out->stream;
+    if (tok && (out->text->n_stops > 0 || out->stream)) rs_gen_text_attach(out->text, job);
     return RS_OK;
 }
 
 void rs_openai_req_free(rs_openai_req *r) {
     rs_gen_job_free(r->job);
+    rs_gen_text_free(r->text);
+    free(r->text_sent);
     free(r->sent);
     free(r->closed);
     free(r->started);
@@ -319,9 +351,13 @@ static const char *finish_name(rs_finish_type t) {
     return NULL;
 }
 
-/* The stop token when one of the request's stop_token_ids ended the output; null for EOS. */
-static json_t *stop_reason(const rs_gen_job *job, const rs_gen_output *o) {
+/* The stop string or the stop token when one of the request's stop strings or stop_token_ids ended
+ * the output; null for EOS. */
+static json_t *stop_reason(const rs_openai_req *r, const rs_gen_output *o) {
+    const rs_gen_job *job = r->job;
     if (o->finish.type != RS_FINISH_STOP) return json_null();
+    const char *stop = rs_gen_text_stop_string(r->text, &o->finish);
+    if (stop) return json_string(stop);
     for (int i = 0; i < job->sp.n_stop_token_ids; i++)
         if (job->sp.stop_token_ids[i] == o->finish.matched) return json_integer(o->finish.matched);
     return json_null();
@@ -329,29 +365,43 @@ static json_t *stop_reason(const rs_gen_job *job, const rs_gen_output *o) {
 
 typedef struct lp_lists {
     json_t *tokens, *token_logprobs, *top_logprobs, *text_offset;
-    long long offset;           /* running offset into the concatenated token strings */
+    long long offset;           /* running offset (characters) into the concatenated token strings */
+    const rs_tok *tok;          /* token text from it; NULL: "token_id:N" */
 } lp_lists;
 
+/* A token as vLLM lists it: its text (decode([id])), or "token_id:N" (return_tokens_as_token_ids, or
+ * no tokenizer). New malloc'd string. */
+static char *token_str(const rs_tok *tok, int32_t id, size_t *len) {
+    if (tok) return rs_tok_token_text(tok, id, len);
+    char *b = rs_xmalloc(32);
+    *len = (size_t)snprintf(b, 32, "token_id:%d", (int)id);
+    return b;
+}
+
 /* One position: token `id` with logprob `lp` and alternatives [k] (ids -1 = absent); `first_prompt`
- * is the context-less first prompt token (null logprob and alternatives). */
+ * is the context-less first prompt token (null logprob and alternatives). Two alternatives with the
+ * same text (lone bytes read U+FFFD) share one key: the more likely one's. */
 static void lp_add(lp_lists *l, int32_t id, float lp, const int32_t *alt_ids, const float *alt_lps, int k,
                    bool first_prompt) {
-    char tok[32];
-    int tl = snprintf(tok, sizeof tok, "token_id:%d", (int)id);
-    json_array_append_new(l->tokens, json_string(tok));
+    size_t tl;
+    char *tok = token_str(l->tok, id, &tl);
+    json_array_append_new(l->tokens, json_stringn(tok, tl));
     json_array_append_new(l->token_logprobs, first_prompt ? json_null() : rs_json_logprob(lp));
     json_array_append_new(l->text_offset, json_integer(l->offset));
-    l->offset += tl;
+    l->offset += (long long)rs_utf8_chars(tok, tl);
     if (first_prompt) {
         json_array_append_new(l->top_logprobs, json_null());
+        free(tok);
         return;
     }
     json_t *top = json_object();
-    json_object_set_new(top, tok, rs_json_logprob(lp)); /* the chosen token is always listed */
+    json_object_setn_new(top, tok, tl, rs_json_logprob(lp)); /* the chosen token is always listed */
+    free(tok);
     for (int j = 0; j < k && alt_ids[j] >= 0; j++) {
-        char alt[32];
-        snprintf(alt, sizeof alt, "token_id:%d", (int)alt_ids[j]);
-        if (!json_object_get(top, alt)) json_object_set_new(top, alt, rs_json_logprob(alt_lps[j]));
+        size_t al;
+        char *alt = token_str(l->tok, alt_ids[j], &al);
+        if (!json_object_getn(top, alt, al)) json_object_setn_new(top, alt, al, rs_json_logprob(alt_lps[j]));
+        free(alt);
     }
     json_array_append_new(l->top_logprobs, top);
 }
@@ -362,7 +412,8 @@ static json_t *logprobs_json(const rs_openai_req *r, int i, int from, bool with_
     const rs_gen_job *job = r->job;
     const rs_gen_output *o = &job->outputs[i];
     int p = i / job->sp.n, k = job->top_logprobs_num;
-    lp_lists l = {json_array(), json_array(), json_array(), json_array(), *offset};
+    lp_lists l = {json_array(), json_array(), json_array(), json_array(), *offset,
+                  r->tokens_as_ids ? NULL : r->tok};
     if (with_prompt && job->logprob_start_len == 0) {
         for (int t = 0; t < o->n_input_logprobs && t < job->prompt_lens[p]; t++)
             lp_add(&l, job->prompts[p][t], o->input_logprobs[t], k ? o->input_top_ids + (size_t)t * k : NULL,
@@ -386,19 +437,36 @@ static json_t *ids_json(const int32_t *ids, int from, int to) {
     return a;
 }
 
-/* Choice i with output tokens [from, n_output); first: the choice's first (or only) chunk. */
-static json_t *choice_json(const rs_openai_req *r, int i, int from, bool first, bool finished, long long *offset) {
+/* The choice's text: with echo in its first chunk, the prompt's text first. */
+static json_t *text_json(const rs_openai_req *r, int p, bool first, const char *text, size_t len) {
+    if (!r->tok) return json_string("");
+    if (!(first && r->echo)) return json_stringn(text, len);
+    size_t pl;
+    char *prompt = rs_tok_decode(r->tok, r->job->prompts[p], (size_t)r->job->prompt_lens[p], false, &pl);
+    rs_buf b = {0};
+    int rc = rs_buf_append(&b, prompt, pl);
+    if (rc == RS_OK) rc = rs_buf_append(&b, text, len);
+    free(prompt);
+    json_t *v = rc == RS_OK ? json_stringn(b.data ? b.data : "", b.len) : NULL;
+    rs_buf_free(&b);
+    return v ? v : json_string("");
+}
+
+/* Choice i with output tokens [from, n_output) and text[0, tlen); first: the choice's first (or
+ * only) chunk. */
+static json_t *choice_json(const rs_openai_req *r, int i, int from, bool first, bool finished, long long *offset,
+                           const char *text, size_t tlen) {
     const rs_gen_job *job = r->job;
     const rs_gen_output *o = &job->outputs[i];
     int p = i / job->sp.n;
     json_t *c = json_object();
     json_object_set_new(c, "index", json_integer(i));
-    json_object_set_new(c, "text", json_string(""));
+    json_object_set_new(c, "text", text_json(r, p, first, text, tlen));
     json_object_set_new(c, "logprobs",
                         job->return_logprob ? logprobs_json(r, i, from, first && r->echo, offset) : json_null());
     const char *fr = finished ? finish_name(o->finish.type) : NULL;
     json_object_set_new(c, "finish_reason", fr ? json_string(fr) : json_null());
-    json_object_set_new(c, "stop_reason", finished ? stop_reason(job, o) : json_null());
+    json_object_set_new(c, "stop_reason", finished ? stop_reason(r, o) : json_null());
     json_object_set_new(c, "token_ids", ids_json(o->output_ids, from, o->n_output));
     if (first && r->return_token_ids)
         json_object_set_new(c, "prompt_token_ids", ids_json(job->prompts[p], 0, job->prompt_lens[p]));
@@ -428,7 +496,10 @@ char *rs_openai_completions_response(const rs_openai_req *r, size_t *len) {
     json_t *choices = json_array();
     for (int i = 0; i < job->n_prompts * job->sp.n; i++) {
         long long offset = 0;
-        json_array_append_new(choices, choice_json(r, i, 0, true, true, &offset));
+        const char *text = "";
+        size_t tlen = 0;
+        if (r->tok) text = rs_gen_text_get(r->text, job, i, &tlen);
+        json_array_append_new(choices, choice_json(r, i, 0, true, true, &offset, text, tlen));
     }
     json_t *root = envelope(r, choices);
     json_object_set_new(root, "usage", usage_json(job));
@@ -443,17 +514,26 @@ int rs_openai_stream_events(rs_openai_req *r, bool final, rs_buf *out) {
         r->closed = calloc((size_t)n_out, sizeof *r->closed);
         r->started = calloc((size_t)n_out, sizeof *r->started);
         r->text_offset = calloc((size_t)n_out, sizeof *r->text_offset);
-        if (!r->sent || !r->closed || !r->started || !r->text_offset) return RS_ENOMEM;
+        r->text_sent = calloc((size_t)n_out, sizeof *r->text_sent);
+        if (!r->sent || !r->closed || !r->started || !r->text_offset || !r->text_sent) return RS_ENOMEM;
     }
     for (int i = 0; i < n_out; i++) {
         const rs_gen_output *o = &job->outputs[i];
         bool finished = o->finish.type != RS_FINISH_NONE;
         if (r->closed[i] || (o->n_output == r->sent[i] && !finished)) continue;
+        const char *text = "";
+        size_t stable = 0, from = 0;
+        if (r->tok) {
+            stable = rs_gen_text_stable(r->text, job, i, &text);
+            from = RS_MIN(r->text_sent[i], stable);
+        }
         json_t *choices = json_array();
-        json_array_append_new(choices, choice_json(r, i, r->sent[i], !r->started[i], finished, &r->text_offset[i]));
+        json_array_append_new(choices, choice_json(r, i, r->sent[i], !r->started[i], finished, &r->text_offset[i],
+                                                   text + from, stable - from));
         int rc = rs_json_sse_event(out, envelope(r, choices));
         if (rc != RS_OK) return rc;
         r->sent[i] = o->n_output;
+        r->text_sent[i] = RS_MAX(r->text_sent[i], stable);
         r->started[i] = true;
         r->closed[i] = finished;
     }

@@ -2,10 +2,12 @@
  * openai.h — OpenAI / vLLM POST /v1/completions over token ids: JSON body -> rs_gen_job, finished
  * job -> a text_completion object, and the chunks of a streamed one; GET /v1/models.
  *
- * Request. `prompt` is token ids: one list, or a list of lists (a batch); a string prompt is a 400
- * (string prompts come with the tokenizer). The body is read by its descriptor table (openai.c;
- * docs/api-fields.md lists it): every field vLLM's CompletionRequest, SGLang's and OpenAI define
- * is accepted, implemented ones work (model, max_tokens (default 16; null = up to the context limit),
+ * Request. `prompt` is token ids (one list, or a list of lists: a batch) or, when the model has a
+ * tokenizer.json (tok), text: a string, or a list of strings (a batch), encoded with
+ * add_special_tokens (default true); without one a string prompt is a 400 saying so. The body is
+ * read by its descriptor table (openai.c; docs/api-fields.md lists it): every field vLLM's
+ * CompletionRequest, SGLang's and OpenAI define is accepted, implemented ones work (model,
+ * max_tokens (default 16; null = up to the context limit),
  * temperature, top_p, top_k (0 or -1 = off), min_p, the frequency / presence / repetition
  * penalties, n, seed, stop_token_ids, ignore_eos, min_tokens, logprobs (k: the sampled token's
  * logprob plus the k most likely alternatives per position, vLLM's shape), echo (with logprobs,
@@ -22,12 +24,17 @@
  * "text":"","logprobs":null|{"tokens":["token_id:N"],"token_logprobs","top_logprobs":[{"token_id:N":
  * lp}],"text_offset"},"finish_reason":"stop"|"length"|"abort","stop_reason":id|null,"token_ids",
  * "prompt_token_ids"?}],"usage":{"prompt_tokens","completion_tokens","total_tokens"}}. Choice
- * index = prompt * n + sample. stop_reason is the stop token when one of stop_token_ids ended the
- * choice, null for EOS. text_offset[i] is the offset of tokens[i] in the concatenated token
- * strings (vLLM's arithmetic; the text itself is empty).
+ * index = prompt * n + sample. stop_reason is the stop string or the stop token when one of `stop`
+ * or stop_token_ids ended the choice, null for EOS. With a tokenizer, text is the decoded output
+ * (gen_text.h: skip_special_tokens, stop strings cut, include_stop_str_in_output = SGLang's
+ * no_stop_trim), after the prompt's text with echo, and logprobs.tokens (and the top_logprobs keys)
+ * are each token's text (decode([id])) unless return_tokens_as_token_ids; without one text is ""
+ * and tokens are "token_id:N". text_offset[i] is the offset, in characters, of tokens[i] in the
+ * concatenated token strings (vLLM's arithmetic).
  *
  * Streaming: each event is a text_completion chunk with one choice carrying only what is new for
- * it (token_ids and logprobs deltas; prompt_token_ids and echoed prompt scores in its first
+ * it (the text delta, never a cut UTF-8 character nor text that may still become a stop string, so
+ * the deltas concatenate to the final text; token_ids and logprobs deltas; prompt_token_ids and echoed prompt scores in its first
  * chunk; finish_reason in its last), then, with stream_options.include_usage, a chunk with no
  * choices and the usage, then [DONE].
  */
@@ -40,6 +47,8 @@
 #include "../core/rs.h"
 #include "../scheduler/engine.h"
 #include "generate.h"
+#include "../tokenizer/tokenizer.h"
+#include "gen_text.h"
 #include "sse.h"
 
 #define RS_OPENAI_MODEL_MAX 255
@@ -53,16 +62,22 @@ typedef struct rs_openai_req {
     int logprobs;               /* -1: none; else alternatives per position */
     bool echo, stream, include_usage, return_token_ids;
     bool seed_given;            /* false: the server draws job->sp.seed */
+    bool add_special_tokens;    /* string prompts: encode with the post-processor's special tokens */
+    bool tokens_as_ids;         /* return_tokens_as_token_ids */
+    const rs_tok *tok;          /* borrowed; NULL when the model has no tokenizer.json */
+    rs_gen_text *text;          /* owned: stop strings and each choice's text; the job's on_token */
     bool max_tokens_to_context; /* max_tokens was null: the server fills it from the context limit */
     /* streaming state, [outputs] each, allocated on first use */
     int *sent;
     bool *closed, *started;
     long long *text_offset;
+    size_t *text_sent;          /* bytes of each choice's text already streamed */
 } rs_openai_req;
 
 /* Parses a body. RS_OK with *out filled (free with rs_openai_req_free); else RS_EINVAL or
  * RS_EUNSUPPORTED with err naming the field, and *out zeroed. */
-int rs_openai_parse_completions(const char *body, size_t len, rs_openai_req *out, rs_error *err);
+int rs_openai_parse_completions(const char *body, size_t len, const rs_tok *tok, rs_openai_req *out,
+                                rs_error *err);
 void rs_openai_req_free(rs_openai_req *r);
 
 /* 404 (RS_ENOTFOUND, param "model") unless the request named no model or `served`. */

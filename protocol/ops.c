@@ -139,7 +139,7 @@ char *rs_weight_version_body(const char *version, size_t *len) {
 static json_t *model_info_json(const rs_model_info *mi) {
     json_t *o = json_object();
     json_object_set_new(o, "model_path", rs_json_string_lossy(mi->model_path));
-    json_object_set_new(o, "tokenizer_path", json_null());
+    json_object_set_new(o, "tokenizer_path", mi->tokenizer_path ? rs_json_string_lossy(mi->tokenizer_path) : json_null());
     json_object_set_new(o, "architecture", json_string(mi->architecture));
     json_object_set_new(o, "is_generation", json_true());
     json_object_set_new(o, "weight_version", rs_json_string_lossy(mi->weight_version));
@@ -149,6 +149,11 @@ static json_t *model_info_json(const rs_model_info *mi) {
     json_object_set_new(o, "fp8_checkpoint", json_boolean(mi->fp8_checkpoint));
     json_object_set_new(o, "vocab_size", json_integer(mi->vocab_size));
     json_object_set_new(o, "max_context_len", json_integer(mi->max_context_len));
+    json_object_set_new(o, "bos_token_id", mi->bos_token_id >= 0 ? json_integer(mi->bos_token_id) : json_null());
+    json_object_set_new(o, "eos_token_id", mi->n_eos > 0 ? json_integer(mi->eos_token_ids[0]) : json_null());
+    json_t *eos = json_array();
+    for (int i = 0; i < mi->n_eos; i++) json_array_append_new(eos, json_integer(mi->eos_token_ids[i]));
+    json_object_set_new(o, "eos_token_ids", eos);
     return o;
 }
 

@@ -65,9 +65,14 @@ typedef struct rs_model_info {
     bool fp8_checkpoint;        /* the checkpoint itself was FP8 */
     int vocab_size;
     int max_context_len;        /* effective tokens per sequence */
+    const char *tokenizer_path; /* the tokenizer.json served, NULL when the model has none */
+    int bos_token_id;           /* the model's (config.json), -1 when absent */
+    const int *eos_token_ids;   /* [n_eos] the ids that end an output (config / generation_config) */
+    int n_eos;
 } rs_model_info;
-/* {"model_path","tokenizer_path":null,"architecture","is_generation":true,"weight_version",
- *  "quantization","kv_cache_dtype","served_model_name","fp8_checkpoint","vocab_size","max_context_len"} */
+/* {"model_path","tokenizer_path":path|null,"architecture","is_generation":true,"weight_version",
+ *  "quantization","kv_cache_dtype","served_model_name","fp8_checkpoint","vocab_size","max_context_len",
+ *  "bos_token_id":id|null,"eos_token_id":first|null,"eos_token_ids":[..]} */
 char *rs_model_info_body(const rs_model_info *mi, size_t *len);
 
 typedef struct rs_server_info {

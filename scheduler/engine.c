@@ -14,7 +14,8 @@
  *   5. samples (after the sequence's penalties over its own output, scheduler/penalties.h), scores
  *      prompt tokens, fans a prompt out to its n samples (one shared prefill, the pages forked, the
  *      partial last page copied on first write), registers full blocks in the prefix cache, and
- *      finishes sequences (stop token, EOS, max_new_tokens, context limit).
+ *      finishes sequences (stop token, EOS, a text stop reported by the job's on_token hook,
+ *      max_new_tokens, context limit).
  *
  * Reproducibility: a token's random draw is keyed by (sampling_seed, sample index, position) and
  * every op computes each row independently of the others in the batch, so a request produces the

@@ -53,7 +53,9 @@ typedef enum rs_finish_type {
 
 typedef struct rs_finish {
     rs_finish_type type;
-    int32_t matched;
+    int32_t matched;            /* STOP by a token: that token; -1 when a text stop ended it */
+    int matched_text;           /* STOP by a text stop (rs_gen_job.on_token): 1 + the index the hook
+                                 * returned; 0 otherwise (zeroed outputs read as "no text stop") */
     int length;
     char message[128];
 } rs_finish;
@@ -104,6 +106,10 @@ typedef struct rs_gen_output {
 
 typedef struct rs_gen_job rs_gen_job;
 typedef void (*rs_job_done_fn)(rs_gen_job *job, void *user);
+/* A text stop check (stop strings), implemented above the scheduler, which knows no tokenizer:
+ * see rs_gen_job.on_token. Returns the index (>= 0) of the stop condition that `token` completed
+ * in output `output` (outputs[] index), or -1. */
+typedef int (*rs_job_token_fn)(rs_gen_job *job, int output, int32_t token, void *user);
 
 struct rs_gen_job {
     char rid[128];              /* the request's rid, or generated */
@@ -132,6 +138,16 @@ struct rs_gen_job {
      * any output gained tokens, before on_done; it may read the outputs, which the engine does not
      * touch while it runs. It must not block. */
     rs_job_done_fn on_progress;
+    /* text stops (optional): called on the engine thread with each token an output gains, in
+     * order, right after it is sampled and before on_progress sees it, except a token that ends
+     * the output as a stop token or EOS (never passed: the caller finds it in output_ids). A
+     * return k >= 0 finishes that output "stop" with finish.matched = -1 and matched_text = k + 1
+     * (before max_new_tokens or the context limit is checked, as for stop tokens); tokens stay in
+     * output_ids, the one that completed the match included. It is never called again for an
+     * output it stopped, nor for tokens recomputed after a retraction (outputs only grow). It
+     * may read the job's outputs and must not block: its cost is part of every step. */
+    rs_job_token_fn on_token;
+    void *on_token_user;
     double t_first_token;       /* filled by the engine: first token of any output (0 = none yet) */
     /* filled by the engine: RS_EINTERNAL when producing the outputs hit a bug (a logits row holding
      * a NaN or +inf, a logprob that came out NaN). Every output then finishes "abort" and none may be

@@ -37,6 +37,7 @@ typedef struct rs_seq {
     bool admitted_once;
     rs_kv_seq kv;
     rs_penalty_counts pen;      /* its output tokens, counted when the job asks for penalties */
+    int stop_text;              /* 1 + the text stop job->on_token reported for its last token, 0 = none */
     struct rs_seq *next;        /* waiting queue */
 } rs_seq;
 

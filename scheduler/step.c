@@ -2,7 +2,7 @@
  * step.c — one engine step: decode rows first, then prefill chunks, within max_step_tokens; one
  * forward pass; then for every row whose logits matter the logits-processing step (penalties, the
  * min_new_tokens mask), sampling and logprobs, prompt scoring, the fan-out of a group's n samples,
- * progress callbacks and the finishing checks.
+ * the job's on_token hook (text stops), progress callbacks and the finishing checks.
  */
 #include "engine_internal.h"
 
@@ -107,6 +107,11 @@ static bool record_sample(rs_engine *e, rs_seq *s, int32_t tok, float lp) {
     rs_eng_out_push(s->out, s->job->top_logprobs_num, tok, lp, e->top_ids, e->top_lps);
     rs_eng_seq_push_token(s, tok);
     if (rs_penalties_active(&s->job->sp)) rs_penalty_counts_add(&s->pen, tok);
+    rs_gen_job *job = s->job;
+    if (job->on_token && !rs_eng_is_stop_token(e, &job->sp, tok)) { /* a stop token ends it anyway */
+        int k = job->on_token(job, (int)(s->out - job->outputs), tok, job->on_token_user);
+        if (k >= 0) s->stop_text = k + 1;
+    }
     e->stats.generation_tokens++;
     double now = rs_now_s();
     if (s->job->t_first_token == 0) {
@@ -224,10 +229,14 @@ static void check_finished(rs_engine *e, rs_seq *s) {
     const rs_sampling_params *sp = &s->job->sp;
     rs_gen_output *o = s->out;
     int32_t last = o->output_ids[o->n_output - 1];
-    if (rs_eng_is_stop_token(e, sp, last)) /* none before min_new_tokens: process_logits masked them */
+    if (rs_eng_is_stop_token(e, sp, last)) { /* none before min_new_tokens: process_logits masked them */
         rs_eng_finish_running(e, s, RS_FINISH_STOP, last, NULL);
-    else if (o->n_output >= sp->max_new_tokens || s->n_tokens >= e->opts.limits.max_context)
+    } else if (s->stop_text > 0) { /* a text stop (job->on_token) */
+        o->finish.matched_text = s->stop_text;
+        rs_eng_finish_running(e, s, RS_FINISH_STOP, -1, NULL);
+    } else if (o->n_output >= sp->max_new_tokens || s->n_tokens >= e->opts.limits.max_context) {
         rs_eng_finish_running(e, s, RS_FINISH_LENGTH, -1, NULL);
+    }
 }
 
 /* Appends s's next rows (up to `limit`) to the batch. */

@@ -59,6 +59,7 @@
 #include "../core/rs.h"
 #include "../model/model.h"
 #include "../scheduler/engine.h"
+#include "../tokenizer/tokenizer.h"
 
 #define RS_HTTP_SCAN_MS 100                          /* disconnect and probe-timeout scan period */
 
@@ -84,6 +85,7 @@ typedef struct rs_http_info {
     const char *model_path;     /* the directory loaded */
     const char *served_model_name;
     const char *backend;        /* backend name, "cpu" */
+    const rs_tok *tok;          /* the model's tokenizer.json; NULL: token ids only */
 } rs_http_info;
 
 typedef struct rs_http rs_http;

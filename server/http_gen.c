@@ -184,7 +184,7 @@ static uint64_t splitmix64(uint64_t x) {
 
 static int parse_generate(rs_http_req *r, rs_engine *e, rs_error *err) {
     rs_http *h = r->h;
-    int rc = rs_generate_parse(r->body, r->n, &r->gen, err);
+    int rc = rs_generate_parse(r->body, r->n, h->info.tok, &r->gen, err);
     if (rc != RS_OK) return rc;
     if (!r->gen.rid[0])
         snprintf(r->gen.rid, sizeof r->gen.rid, "req-%llu", (unsigned long long)atomic_fetch_add(&h->next_rid, 1));
@@ -197,14 +197,14 @@ static int parse_generate(rs_http_req *r, rs_engine *e, rs_error *err) {
     name_job(h, r->job, r->gen.rid);
     rs_gen_invalid why;
     if (rs_gen_job_validate(r->job, rs_engine_model_config(e), rs_engine_get_limits(e), &why) != RS_OK)
-        return rs_generate_invalid(&why, err);
+        return rs_generate_invalid(&r->gen, &why, err);
     return RS_OK;
 }
 
 static int parse_completions(rs_http_req *r, rs_engine *e, rs_error *err) {
     rs_http *h = r->h;
     rs_openai_req *q = &r->oai;
-    int rc = rs_openai_parse_completions(r->body, r->n, q, err);
+    int rc = rs_openai_parse_completions(r->body, r->n, h->info.tok, q, err);
     if (rc != RS_OK) return rc;
     if ((rc = rs_openai_check_model(q, h->served_model_name, err)) != RS_OK) return rc;
     snprintf(q->model, sizeof q->model, "%s", h->served_model_name);

@@ -41,6 +41,8 @@ typedef enum rs_route {
     RS_ROUTE_PAUSE,
     RS_ROUTE_CONTINUE,
     RS_ROUTE_FLUSH,
+    RS_ROUTE_TOKENIZE,
+    RS_ROUTE_DETOKENIZE,
     RS_ROUTE_WEIGHTS,           /* every weight-update route: weights_routes.c */
     RS_ROUTE_COUNT
 } rs_route;
@@ -249,6 +251,7 @@ enum MHD_Result rs_http_load(rs_http_req *r);
 enum MHD_Result rs_http_weight_version(rs_http_req *r);
 enum MHD_Result rs_http_models(rs_http_req *r);
 enum MHD_Result rs_http_abort(rs_http_req *r);
+enum MHD_Result rs_http_tokenize(rs_http_req *r);     /* /tokenize and /detokenize */
 enum MHD_Result rs_http_control(rs_http_req *r);
 enum MHD_Result rs_http_control_answer(rs_http_req *r);
 void rs_http_control_cleanup(rs_http_req *r);

@@ -1,7 +1,7 @@
 /*
  * http_ops.c — the operations routes: /health, /get_model_info, /get_server_info, /server_info,
- * /model_info, /get_load, /get_weight_version, /v1/models, /metrics and /abort_request answer at
- * once on the MHD thread;
+ * /model_info, /get_load, /get_weight_version, /v1/models, /metrics, /abort_request, /tokenize and
+ * /detokenize answer at once on the MHD thread;
  * /pause_generation, /continue_generation and /flush_cache wait for an engine step boundary, so
  * they run on this module's control thread while their connection is suspended.
  *
@@ -19,6 +19,7 @@
 #include "../protocol/errors.h"
 #include "../protocol/metrics.h"
 #include "../protocol/ops.h"
+#include "../protocol/tokenize.h"
 #include "http_internal.h"
 #include "weights_routes.h"
 
@@ -46,6 +47,10 @@ static void model_info(rs_http *h, rs_engine *e, rs_model_info *mi, setting_name
         .fp8_checkpoint = mc->fp8_checkpoint,
         .vocab_size = mc->vocab_size,
         .max_context_len = rs_engine_get_limits(e)->max_context,
+        .tokenizer_path = h->info.tok ? rs_tok_path(h->info.tok) : NULL,
+        .bos_token_id = mc->bos_token_id,
+        .eos_token_ids = mc->eos_token_ids,
+        .n_eos = mc->n_eos,
     };
 }
 
@@ -110,6 +115,7 @@ static enum MHD_Result server_info(rs_http_req *r, rs_engine *e) {
     size_t len = 0;
     return send_json(r, rs_server_info_body(&si, &len), &len);
 }
+
 
 /* ---------------------------------------------------------------- the control thread */
 
@@ -306,4 +312,21 @@ enum MHD_Result rs_http_control_answer(rs_http_req *r) {
                                                       : "Cache flushed.";
     size_t len = 0;
     return send_json(r, rs_status_body(msg, &len), &len);
+}
+
+/* /tokenize and /detokenize: the model's tokenizer on this MHD thread (it is thread-safe). */
+enum MHD_Result rs_http_tokenize(rs_http_req *r) {
+    ENGINE_OR_ANSWER(r, e);
+    rs_http *h = r->h;
+    rs_error err = {0};
+    rs_tokenize_req q;
+    const bool enc = r->route == RS_ROUTE_TOKENIZE;
+    int rc = enc ? rs_tokenize_parse(r->body, r->n, h->info.tok, &q, &err)
+                 : rs_detokenize_parse(r->body, r->n, h->info.tok, rs_engine_model_config(e)->vocab_size, &q, &err);
+    if (rc != RS_OK) return rs_http_send_error(r, &err);
+    size_t len = 0;
+    char *body = enc ? rs_tokenize_body(&q, h->info.tok, rs_engine_get_limits(e)->max_context, &len)
+                     : rs_detokenize_body(&q, h->info.tok, &len);
+    rs_tokenize_req_free(&q);
+    return send_json(r, body, &len);
 }

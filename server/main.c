@@ -60,6 +60,7 @@ typedef struct rs_daemon {
     rs_http *http;
     rs_backend *backend;
     rs_model *model;
+    rs_tok *tok;                /* the model directory's tokenizer.json; NULL: token ids only */
     rs_engine *engine;
     rs_sync *sync;              /* weight updates; started after the engine, stopped before it */
     bool engine_stopped;
@@ -172,6 +173,25 @@ static int default_model_dir(char *out, size_t n, rs_error *err) {
 
 /* ---------------------------------------------------------------- start-up */
 
+/* The model directory's tokenizer.json, when it has one: text prompts, output text, stop strings.
+ * A directory without one serves token ids only; a corrupt or unsupported one fails the start
+ * (its error names the file and the key). */
+static int load_tokenizer(rs_daemon *d, rs_error *err) {
+    int rc = rs_tok_load(d->model_dir, &d->tok, err);
+    if (rc == RS_ENOTFOUND) {
+        RS_INFO("no tokenizer.json in %s: serving token ids only (text fields answer 400)", d->model_dir);
+        memset(err, 0, sizeof *err);
+        return RS_OK;
+    }
+    if (rc != RS_OK) return rc;
+    int vocab = rs_tok_vocab_size(d->tok);
+    if (vocab > d->model->cfg.vocab_size)
+        RS_WARN("the tokenizer has %d ids, the model %d: prompts with ids beyond the model's are refused", vocab,
+                d->model->cfg.vocab_size);
+    RS_INFO("tokenizer: %s (%d ids)", rs_tok_path(d->tok), vocab);
+    return RS_OK;
+}
+
 static int load(rs_daemon *d, rs_error *err) {
     const rs_config *c = &d->cfg;
     if (c->device == RS_CFG_DEVICE_CUDA) {
@@ -214,6 +234,7 @@ static int load(rs_daemon *d, rs_error *err) {
         return rs_error_set(err, RS_EUNSUPPORTED, "quantize-lm-head", "quantize-lm-head needs --device cpu");
     if ((rc = rs_model_load(dir, d->backend, &qp, &d->model, err)) != RS_OK) return rc;
     const rs_model_config *mc = &d->model->cfg;
+    if ((rc = load_tokenizer(d, err)) != RS_OK) return rc;
 
     rs_engine_opts eo;
     rs_setup_engine_opts(c, mc->max_position, &eo);
@@ -371,7 +392,8 @@ int main(int argc, char **argv) {
     const char *served = d->cfg.served_model_name[0] ? d->cfg.served_model_name : d->cfg.model[0] ? d->cfg.model : "default";
     snprintf(d->served_model_name, sizeof d->served_model_name, "%.*s", (int)sizeof d->served_model_name - 1, served);
     rs_http_info info = {.cfg = &d->cfg, .model = d->model, .model_path = d->model_dir,
-                         .served_model_name = d->served_model_name, .backend = rs_backend_name(d->backend)};
+                         .served_model_name = d->served_model_name, .backend = rs_backend_name(d->backend),
+                         .tok = d->tok};
     rs_http_set_engine(d->http, d->engine, &info);
     rs_weights_routes_attach(d->sync);
     RS_INFO("ready: model %s (served as %s)", d->model_dir, d->served_model_name);
@@ -379,6 +401,7 @@ int main(int argc, char **argv) {
 out:
     uv_run(&d->loop, UV_RUN_DEFAULT);
     rs_engine_free(d->engine);
+    rs_tok_free(d->tok);
     if (d->model) rs_model_free(d->model);
     if (d->backend) rs_backend_free(d->backend);
     if (uv_loop_close(&d->loop) != 0) RS_WARN("libuv loop closed with handles still open");

@@ -33,6 +33,8 @@ static const rs_route_def routes[] = {
      rs_http_control_cleanup},
     {"/flush_cache", RS_ROUTE_FLUSH, "GET, POST", false, 0, rs_http_control, rs_http_control_answer,
      rs_http_control_cleanup}, /* SGLang takes both */
+    {"/tokenize", RS_ROUTE_TOKENIZE, "POST", false, 0, rs_http_tokenize, NULL, NULL},
+    {"/detokenize", RS_ROUTE_DETOKENIZE, "POST", false, 0, rs_http_tokenize, NULL, NULL},
     {"/update_weights_from_shm", RS_ROUTE_WEIGHTS, "POST", false, RS_SYNC_SHM, rs_weights_routes_handle,
      rs_weights_routes_answer, rs_weights_routes_cleanup},
     {"/update_weights_from_disk", RS_ROUTE_WEIGHTS, "POST", false, RS_SYNC_DISK, rs_weights_routes_handle,

@@ -46,7 +46,8 @@ ROUTES = {
     "/v1/models": ["GET"], "/get_model_info": ["GET"], "/model_info": ["GET"], "/get_server_info": ["GET"],
     "/server_info": ["GET"], "/get_load": ["GET"],
     "/get_weight_version": ["GET"], "/metrics": ["GET"], "/abort_request": ["POST"], "/pause_generation": ["POST"],
-    "/continue_generation": ["POST"], "/flush_cache": ["GET", "POST"],
+    "/continue_generation": ["POST"], "/flush_cache": ["GET", "POST"], "/tokenize": ["POST"],
+    "/detokenize": ["POST"],
 }
 METHODS = ["GET", "POST", "PUT", "DELETE", "PATCH"]
 
@@ -57,6 +58,7 @@ WRONG = {  # kind -> values of the wrong JSON type
     "str": [1, True, ["s"], {"s": 1}],
     "ids": ["1 2 3", 7, True, {"0": 1}, [1.5], ["a"], [True], [None], [[1], 2]],
     "obj": ["x", 1, [1], True],
+    "prompt": [7, True, {"0": 1}, [1.5], [True], [None], [[1], 2], ["a", 1], [[1], "a"]],  # strings are text
 }
 
 GEN_TOP = {"rid": "str", "input_ids": "ids", "sampling_params": "obj", "return_logprob": "bool",
@@ -65,7 +67,7 @@ GEN_SAMPLING = {"max_new_tokens": "int", "min_new_tokens": "int", "temperature":
                 "top_k": "int", "min_p": "float", "n": "int", "sampling_seed": "int", "stop_token_ids": "ids",
                 "ignore_eos": "bool", "stream_interval": "int", "skip_special_tokens": "bool",
                 "no_stop_trim": "bool", "repetition_penalty": "float"}
-CMPL_TOP = {"model": "str", "prompt": "ids", "max_tokens": "int", "temperature": "float", "top_p": "float",
+CMPL_TOP = {"model": "str", "prompt": "prompt", "max_tokens": "int", "temperature": "float", "top_p": "float",
             "top_k": "int", "min_p": "float", "n": "int", "seed": "int", "stop_token_ids": "ids",
             "ignore_eos": "bool", "min_tokens": "int", "logprobs": "int", "echo": "bool", "stream": "bool",
             "return_token_ids": "bool", "return_tokens_as_token_ids": "bool", "request_id": "str",
@@ -83,7 +85,7 @@ def _wrong_types():
             if field == "rid" and isinstance(w, list):
                 continue  # a list of rids is a valid shape; its entries are checked (below, rid[0])
             body = dict(GEN, **{field: w})
-            param = None if kind == "ids" else field
+            param = None if kind in ("ids", "prompt") else field
             out.append(Case(f"types-generate-{field}-{i}", "POST", "/generate", enc(body), {}, 400,
                             "invalid_request", param))
     out.append(Case("types-generate-rid-list-entry", "POST", "/generate", enc(dict(GEN, rid=[5])), {}, 400,
@@ -101,7 +103,7 @@ def _wrong_types():
                 body = dict(CMPL, **{field: w})
             etype = "invalid_request"
             out.append(Case(f"types-completions-{field}-{i}", "POST", "/v1/completions", enc(body), {}, 400, etype,
-                            None if kind == "ids" else field))
+                            None if kind in ("ids", "prompt") else field))
     for i, w in enumerate(WRONG["str"] + [""]):
         out.append(Case(f"types-abort-rid-{i}", "POST", "/abort_request", enc({"rid": w}), {}, 400,
                         "invalid_request", "rid"))
@@ -252,9 +254,7 @@ def _unknown():
 
 def _unimplemented():
     sp = GEN["sampling_params"]
-    rows = [("generate-text", "/generate", {"text": "hi"}, "text"),
-            ("generate-text-list", "/generate", {"text": ["a", "b"]}, "text"),
-            ("generate-image", "/generate", dict(GEN, image_data="http://x/a.png"), "image_data"),
+    rows = [("generate-image", "/generate", dict(GEN, image_data="http://x/a.png"), "image_data"),
             ("generate-lora", "/generate", dict(GEN, lora_path="a"), "lora_path"),
             ("generate-session", "/generate", dict(GEN, session_params={"id": "s"}), "session_params"),
             ("generate-logit-processor", "/generate", dict(GEN, custom_logit_processor="x"), "custom_logit_processor"),
@@ -263,9 +263,8 @@ def _unimplemented():
             ("generate-dp-rank", "/generate", dict(GEN, data_parallel_rank=2), "data_parallel_rank"),
             ("generate-background", "/generate", dict(GEN, background=True), "background"),
             ("generate-token-ids-logprob", "/generate", dict(GEN, token_ids_logprob=[1]), "token_ids_logprob"),
-            ("generate-text-in-logprobs", "/generate", dict(GEN, return_text_in_logprobs=True),
-             "return_text_in_logprobs"),
-            ("generate-stop", "/generate", dict(GEN, sampling_params=dict(sp, stop="x")), "sampling_params.stop"),
+            ("generate-stop-regex", "/generate", dict(GEN, sampling_params=dict(sp, stop_regex="x")),
+             "sampling_params.stop_regex"),
             ("generate-regex", "/generate", dict(GEN, sampling_params=dict(sp, regex="a+")), "sampling_params.regex"),
             ("generate-logit-bias", "/generate", dict(GEN, sampling_params=dict(sp, logit_bias={"1": 2})),
              "sampling_params.logit_bias"),

@@ -41,7 +41,8 @@ def generate(d, body, status=200):
 
 
 def check_output(o, prompt_len, logprobs=False):
-    assert set(o) == {"output_ids", "meta_info"}
+    assert set(o) == {"text", "output_ids", "meta_info"}  # the default model has a tokenizer.json: text too
+    assert isinstance(o["text"], str)
     m = o["meta_info"]
     assert set(m) == META_KEYS | (LOGPROB_KEYS if logprobs else set())
     ids = o["output_ids"]

@@ -11,7 +11,7 @@ import openai
 import pytest
 import requests
 
-from conftest import Daemon
+from conftest import FIXTURES, Daemon
 
 PROMPT = [11, 22, 33, 44, 55]
 
@@ -47,7 +47,10 @@ def test_plain_completion(client):
     assert isinstance(r.created, int) and r.created > 1_600_000_000
     assert len(r.choices) == 1
     c = r.choices[0]
-    assert c.index == 0 and c.text == "" and c.finish_reason == "length" and c.logprobs is None
+    assert c.index == 0 and c.finish_reason == "length" and c.logprobs is None
+    # the default model has a tokenizer.json: the text is the output decoded (tests/e2e/test_text_api.py
+    # checks it against Hugging Face tokenizers)
+    assert isinstance(c.text, str) and c.text
     assert len(c.token_ids) == 8 and all(0 <= t < 8192 for t in c.token_ids)
     assert c.prompt_token_ids == [1, 2, 3]
     assert r.usage.prompt_tokens == 3 and r.usage.completion_tokens == 8 and r.usage.total_tokens == 11
@@ -120,7 +123,8 @@ def test_stop_token_ids(client):
 
 
 def test_echo_scores_the_prompt(client, daemon):
-    r = complete(client, prompt=PROMPT, max_tokens=0, echo=True, logprobs=1)
+    r = complete(client, prompt=PROMPT, max_tokens=0, echo=True, logprobs=1,
+                 extra_body={"return_tokens_as_token_ids": True})
     lp = r.choices[0].logprobs
     assert r.choices[0].token_ids == []
     assert lp.tokens == [f"token_id:{t}" for t in PROMPT]
@@ -175,8 +179,7 @@ def test_max_tokens_null_fills_the_context(rolloutd):
 
 
 @pytest.mark.parametrize("kw,param,etype", [
-    (dict(prompt="hello"), "prompt", "invalid_request"),
-    (dict(prompt=["hello", "world"]), "prompt", "invalid_request"),
+    (dict(prompt="hello " * 3000, max_tokens=1), "prompt", "invalid_request"),  # its tokens are over the context
     (dict(prompt=[]), "prompt", "invalid_request"),
     (dict(prompt=[1, 9000]), "prompt", "invalid_request"),  # outside the vocabulary
     (dict(prompt=[1], max_tokens=-1), "max_tokens", "invalid_request"),
@@ -191,7 +194,10 @@ def test_max_tokens_null_fills_the_context(rolloutd):
     (dict(prompt=[1], extra_body={"repetition_penalty": 0}), "repetition_penalty", "invalid_request"),
     (dict(prompt=[1], extra_body={"use_beam_search": True}), "use_beam_search", "unsupported"),
     (dict(prompt=[1], logit_bias={"5": 1}), "logit_bias", "unsupported"),
-    (dict(prompt=[1], stop=["\n"]), "stop", "unsupported"),
+    (dict(prompt=""), "prompt", "invalid_request"),
+    (dict(prompt=["a", ""]), "prompt[1]", "invalid_request"),
+    (dict(prompt=["a", [1]]), "prompt[1]", "invalid_request"),
+    (dict(prompt="a", stop=["x"] * 65), "stop[64]", "invalid_request"),
     (dict(prompt=[1], best_of=3), "best_of", "unsupported"),
     (dict(prompt=[1], extra_body={"bogus": 1}), "bogus", "invalid_request"),
     (dict(prompt=[1], extra_body={"stop_token_ids": [9000]}), "stop_token_ids", "invalid_request"),
@@ -206,10 +212,33 @@ def test_errors_are_bad_request(client, kw, param, etype):
     assert ei.value.status_code == 400
 
 
-def test_string_prompt_message(client):
+def test_string_prompt_without_a_tokenizer(rolloutd):
+    """A model directory without tokenizer.json serves token ids; text is a 400 saying why."""
+    d = rolloutd(FIXTURES / "models" / "qwen3", "--kv-cache-mb", "64", "--served-model-name", "default")
+    c = openai.OpenAI(base_url=d.url + "/v1", api_key="x", max_retries=0, timeout=120)
     with pytest.raises(openai.BadRequestError) as ei:
-        complete(client, prompt="hello")
+        complete(c, prompt="hello")
     assert "rolloutd takes token ids (no tokenizer configured)" in str(ei.value)
+    assert "tokenizer.json" in str(ei.value)
+    with pytest.raises(openai.BadRequestError) as ei:
+        complete(c, prompt=[1, 2], stop=["x"])
+    assert "no tokenizer.json" in str(ei.value)
+    assert complete(c, prompt=[1, 2], max_tokens=2).choices[0].text == ""
+    info = d.get("/get_model_info").json()
+    assert info["tokenizer_path"] is None
+    for path, body, param in [("/generate", {"text": "hi"}, "text"),
+                              ("/generate", {"input_ids": [1], "return_text_in_logprobs": True},
+                               "return_text_in_logprobs"),
+                              ("/generate", {"input_ids": [1], "sampling_params": {"stop": "x"}},
+                               "sampling_params.stop"),
+                              ("/tokenize", {"prompt": "hi"}, "prompt"),
+                              ("/detokenize", {"tokens": [1]}, "tokens")]:
+        r = d.post(path, body)
+        assert r.status_code == 400, (path, r.text)
+        err = r.json()["error"]
+        assert err["param"] == param and "no tokenizer.json" in err["message"], err
+    r = d.post("/generate", {"input_ids": [1, 2], "sampling_params": {"max_new_tokens": 2}})
+    assert r.status_code == 200 and "text" not in r.json()
 
 
 def test_unknown_model_is_not_found(client):

@@ -70,11 +70,42 @@ static void fake_outputs(rs_gen_job *job) {
     strcpy(job->weight_version, "7");
 }
 
+/* The embedded default model's tokenizer, loaded once: text prompts and stop strings are parsed
+ * and encoded for real, and the fake outputs are fed through the job's text hook. */
+static const rs_tok *fuzz_tokenizer(void) {
+    static rs_tok *tok;
+    if (!tok) {
+        size_t n;
+        const char *json = rs_tok_default_json(&n);
+        rs_error e = {0};
+        if (rs_tok_load_json(json, n, "default", &tok, &e) != RS_OK) abort();
+    }
+    return tok;
+}
+
+/* What the engine does with each sampled token: the hook sees it unless the output stopped. */
+static void feed_hook(rs_gen_job *job) {
+    for (int i = 0; job->on_token && i < job->n_prompts * job->sp.n; i++) {
+        rs_gen_output *o = &job->outputs[i];
+        int n = o->n_output;
+        for (int t = 0; t < n; t++) {
+            o->n_output = t + 1;
+            int k = job->on_token(job, i, o->output_ids[t], job->on_token_user);
+            if (k >= 0) {
+                o->finish.type = RS_FINISH_STOP;
+                o->finish.matched = -1;
+                o->finish.matched_text = k + 1;
+                break;
+            }
+        }
+    }
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     rs_generate_req req;
     rs_error err = {0};
-    int rc = rs_generate_parse((const char *)data, size, &req, &err);
+    int rc = rs_generate_parse((const char *)data, size, fuzz_tokenizer(), &req, &err);
     if (rc != RS_OK) {
         check(rc == RS_EINVAL || rc == RS_EUNSUPPORTED || rc == RS_ENOMEM);
         check(req.job == NULL && req.prompt_rids == NULL);
@@ -100,6 +131,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
 
     if ((size_t)job->n_prompts * (size_t)job->sp.n <= 4096) { /* the server caps this before serializing */
         fake_outputs(job);
+        feed_hook(job);
         /* streamed: every output's closing event, then [DONE], each event valid JSON */
         rs_buf ev = {0};
         check(rs_generate_stream_events(&req, true, &ev) == RS_OK);

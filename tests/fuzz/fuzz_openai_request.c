@@ -66,12 +66,17 @@ static void fake_outputs(rs_gen_job *job, int step, bool final) {
     for (size_t i = 0; i < n; i++) {
         rs_gen_output *o = &job->outputs[i];
         int want = (int)(i % 3) < step ? (int)(i % 3) + 1 : step;
-        while (o->n_output < want && o->n_output < 3) {
+        while (o->n_output < want && o->n_output < 3 && o->finish.type == RS_FINISH_NONE) {
             o->output_ids[o->n_output] = (int32_t)(o->n_output * 5 + 1);
             o->output_logprobs[o->n_output] = o->n_output == 2 ? -INFINITY : -0.5f;
             o->n_output++;
+            int stop = job->on_token ? job->on_token(job, (int)i, o->output_ids[o->n_output - 1], job->on_token_user)
+                                     : -1;
+            if (stop >= 0) /* a stop string: the engine finishes it on this token */
+                o->finish = (rs_finish){.type = RS_FINISH_STOP, .matched = -1, .matched_text = stop + 1,
+                                        .length = o->n_output};
         }
-        if (final) {
+        if (final && o->finish.type == RS_FINISH_NONE) {
             o->finish.type = (rs_finish_type)(1 + i % 3);
             o->finish.matched = 1;
             o->finish.length = o->n_output;
@@ -98,11 +103,24 @@ static void check_stream(const rs_buf *b) {
     check(done);
 }
 
+/* The embedded default model's tokenizer, loaded once: text prompts and stop strings are parsed
+ * and encoded for real, and the fake outputs are fed through the job's text hook. */
+static const rs_tok *fuzz_tokenizer(void) {
+    static rs_tok *tok;
+    if (!tok) {
+        size_t n;
+        const char *json = rs_tok_default_json(&n);
+        rs_error e = {0};
+        if (rs_tok_load_json(json, n, "default", &tok, &e) != RS_OK) abort();
+    }
+    return tok;
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     rs_openai_req req;
     rs_error err = {0};
-    int rc = rs_openai_parse_completions((const char *)data, size, &req, &err);
+    int rc = rs_openai_parse_completions((const char *)data, size, fuzz_tokenizer(), &req, &err);
     if (rc != RS_OK) {
         check(rc == RS_EINVAL || rc == RS_EUNSUPPORTED || rc == RS_ENOMEM);
         check(req.job == NULL);

@@ -274,6 +274,77 @@ RS_TEST(engine_stop_tokens_end_sequences) {
     env_close(&v);
 }
 
+/* A text-stop hook that stops output i at the first token equal to `at[i]` (returning stop index
+ * 2 + i), and records what it was shown. */
+typedef struct hook_log {
+    int32_t at[4];
+    int32_t seen[4][32];
+    int n_seen[4];
+} hook_log;
+
+static int stop_at_hook(rs_gen_job *job, int output, int32_t token, void *user) {
+    hook_log *h = user;
+    ASSERT_TRUE(output >= 0 && output < 4);
+    ASSERT_EQ(job->outputs[output].output_ids[job->outputs[output].n_output - 1], token); /* already pushed */
+    h->seen[output][h->n_seen[output]++] = token;
+    return token == h->at[output] ? 2 + output : -1;
+}
+
+/* The on_token hook (text stops) sees every token of every output in order, except a stop token;
+ * the output whose token it stops on finishes "stop" with matched_text = index + 1, keeping that
+ * token; the others run on unaffected (same tokens as without the hook). */
+RS_TEST(engine_token_hook_stops_outputs) {
+    env v = env_open(8 << 20, 8, 512);
+    int len = 6;
+    rs_gen_job *g = job_new(1, &len, 5);
+    g->sp.max_new_tokens = 12;
+    g->sp.n = 2;
+    g->sp.temperature = 1.0f;
+    g->sp.seed = 7;
+    run(&v, g);
+    const rs_gen_output *o0 = &g->outputs[0], *o1 = &g->outputs[1];
+    ASSERT_EQ(o0->n_output, 12);
+    int k = 5, first = 0;
+    while (o0->output_ids[first] != o0->output_ids[k]) first++;
+    int32_t stop_id = o1->output_ids[8]; /* a stop token for output 1: never shown to the hook */
+    int stop_first = 0;
+    while (o1->output_ids[stop_first] != stop_id) stop_first++;
+
+    rs_gen_job *s = job_new(1, &len, 5);
+    s->sp.max_new_tokens = 12;
+    s->sp.n = 2;
+    s->sp.temperature = 1.0f;
+    s->sp.seed = 7;
+    s->sp.stop_token_ids = malloc(sizeof(int32_t));
+    s->sp.stop_token_ids[0] = stop_id;
+    s->sp.n_stop_token_ids = 1;
+    hook_log h = {.at = {o0->output_ids[k], -1}};
+    s->on_token = stop_at_hook;
+    s->on_token_user = &h;
+    run(&v, s);
+    const rs_gen_output *s0 = &s->outputs[0], *s1 = &s->outputs[1];
+    /* output 0: stopped by the hook on the token that completed the match, which stays */
+    bool stop_id_in_0 = false;
+    for (int i = 0; i <= first; i++) stop_id_in_0 |= o0->output_ids[i] == stop_id;
+    ASSERT_TRUE(!stop_id_in_0); /* the seed is chosen so; else output 0 would end on the stop token */
+    ASSERT_EQ(s0->finish.type, RS_FINISH_STOP);
+    ASSERT_EQ(s0->finish.matched, -1);
+    ASSERT_EQ(s0->finish.matched_text, 3);
+    ASSERT_EQ(s0->n_output, first + 1);
+    ASSERT_EQ(h.n_seen[0], first + 1);
+    for (int i = 0; i <= first; i++) ASSERT_EQ(h.seen[0][i], o0->output_ids[i]);
+    /* output 1: ended by its stop token, which the hook never saw */
+    ASSERT_EQ(s1->finish.type, RS_FINISH_STOP);
+    ASSERT_EQ(s1->finish.matched, stop_id);
+    ASSERT_EQ(s1->finish.matched_text, 0);
+    ASSERT_EQ(s1->n_output, stop_first + 1);
+    ASSERT_EQ(h.n_seen[1], stop_first);
+    for (int i = 0; i < stop_first; i++) ASSERT_EQ(h.seen[1][i], o1->output_ids[i]);
+    rs_gen_job_free(g);
+    rs_gen_job_free(s);
+    env_close(&v);
+}
+
 /* log_softmax(logits / temp)[ctx[n - 1]] given ctx[0 .. n - 1), by prompt scoring (a prefill pass,
  * not the decode path that sampled). */
 static double score_last(env *v, const int32_t *ctx, int n, float temp) {

@@ -15,7 +15,7 @@
 
 static int parse(const char *body, rs_generate_req *r, rs_error *err) {
     memset(err, 0, sizeof *err);
-    return rs_generate_parse(body, strlen(body), r, err);
+    return rs_generate_parse(body, strlen(body), NULL, r, err);
 }
 
 static rs_generate_req parse_ok(const char *body) {
@@ -151,7 +151,7 @@ static const bad_case bad_cases[] = {
     {"{\"input_ids\": [1], \"foo\": 1}", RS_EINVAL, "foo", "unknown field 'foo'"},
     {"{\"input_ids\": [1], \"sampling_params\": {\"seed\": 1}}", RS_EINVAL, "sampling_params.seed",
      "unknown field 'sampling_params.seed'"},
-    {"{\"text\": \"hi\"}", RS_EUNSUPPORTED, "text", "use input_ids"},
+    {"{\"text\": \"hi\"}", RS_EINVAL, "text", "no tokenizer.json"},
     {"{\"input_ids\": [1], \"sampling_params\": {\"sampling_seed\": 1, \"seed\": 1}}", RS_EINVAL,
      "sampling_params.seed", "sampling_seed"},
     {"{\"input_ids\": [1], \"Input_ids\": [1]}", RS_EINVAL, "Input_ids", "unknown field 'Input_ids'"},
@@ -239,14 +239,21 @@ RS_TEST(protocol_parse_rejects_invalid_utf8) {
     static const char body[] = "{\"input_ids\": [1], \"rid\": \"a\xff\xfe\"}";
     rs_generate_req r;
     rs_error err;
-    ASSERT_EQ(rs_generate_parse(body, sizeof body - 1, &r, &err), RS_EINVAL);
-    ASSERT_TRUE(strstr(err.message, "invalid JSON") != NULL);
+    ASSERT_EQ(rs_generate_parse(body, sizeof body - 1, NULL, &r, &err), RS_EINVAL);
+    ASSERT_STREQ(err.param, "rid"); /* the field whose bytes are not UTF-8 is named */
+    ASSERT_TRUE(strstr(err.message, "rid is not valid UTF-8 (byte 0xff at offset 28") != NULL);
+    static const char text[] = "{\"text\": [\"ok\", \"[\\\"x\\\"]\", \"b\xe4\xb8\"], \"input_ids\": [1]}";
+    ASSERT_EQ(rs_generate_parse(text, sizeof text - 1, NULL, &r, &err), RS_EINVAL);
+    ASSERT_STREQ(err.param, "text[2]");
+    static const char stop[] = "{\"input_ids\": [1], \"sampling_params\": {\"n\": 1, \"stop\": [\"\\u00e9\", \"\xc3\"]}}";
+    ASSERT_EQ(rs_generate_parse(stop, sizeof stop - 1, NULL, &r, &err), RS_EINVAL);
+    ASSERT_STREQ(err.param, "sampling_params.stop[1]");
     /* a key that is not UTF-8 either */
     static const char body2[] = "{\"input_ids\": [1], \"\xc3\x28\": 1}";
-    ASSERT_EQ(rs_generate_parse(body2, sizeof body2 - 1, &r, &err), RS_EINVAL);
+    ASSERT_EQ(rs_generate_parse(body2, sizeof body2 - 1, NULL, &r, &err), RS_EINVAL);
     /* bytes after the object */
     static const char body3[] = "{\"input_ids\": [1]}\0garbage";
-    ASSERT_EQ(rs_generate_parse(body3, sizeof body3 - 1, &r, &err), RS_EINVAL);
+    ASSERT_EQ(rs_generate_parse(body3, sizeof body3 - 1, NULL, &r, &err), RS_EINVAL);
     /* the error body stays valid JSON even when the message quotes odd bytes */
     rs_error e2;
     rs_error_set(&e2, RS_EINVAL, "k\xff", "unknown field 'k\xff'");
@@ -266,7 +273,7 @@ RS_TEST(protocol_parse_not_nul_terminated) {
     memcpy(buf, s, strlen(s));
     rs_generate_req r;
     rs_error err;
-    ASSERT_EQ(rs_generate_parse(buf, strlen(s), &r, &err), RS_OK);
+    ASSERT_EQ(rs_generate_parse(buf, strlen(s), NULL, &r, &err), RS_OK);
     ASSERT_EQ(r.job->prompts[0][0], 3);
     rs_generate_req_free(&r);
 }

@@ -64,16 +64,16 @@ RS_TEST(protocol_fields_documented_defaults_are_the_defaults) {
     rs_generate_req g;
     rs_error err;
     const char *body = "{\"input_ids\": [1]}";
-    ASSERT_EQ(rs_generate_parse(body, strlen(body), &g, &err), RS_OK);
-    void *const gdst[] = {&g, g.job, &g.job->sp};
-    ASSERT_TRUE(check_defaults(&rs_generate_fields, gdst) == 17);
+    ASSERT_EQ(rs_generate_parse(body, strlen(body), NULL, &g, &err), RS_OK);
+    void *const gdst[] = {&g, g.job, &g.job->sp, g.text};
+    ASSERT_TRUE(check_defaults(&rs_generate_fields, gdst) == 20);
     rs_generate_req_free(&g);
 
     rs_openai_req o;
     body = "{\"prompt\": [1]}";
-    ASSERT_EQ(rs_openai_parse_completions(body, strlen(body), &o, &err), RS_OK);
-    void *const odst[] = {&o, o.job, &o.job->sp};
-    ASSERT_TRUE(check_defaults(&rs_openai_completion_fields, odst) == 14);
+    ASSERT_EQ(rs_openai_parse_completions(body, strlen(body), NULL, &o, &err), RS_OK);
+    void *const odst[] = {&o, o.job, &o.job->sp, o.text};
+    ASSERT_TRUE(check_defaults(&rs_openai_completion_fields, odst) == 19);
     ASSERT_EQ(o.job->sp.max_new_tokens, 16); /* documented "16" on a custom row */
     rs_openai_req_free(&o);
 }
@@ -184,6 +184,6 @@ static void check_table(const rs_jobject *t) {
 RS_TEST(protocol_fields_tables_are_well_formed) {
     size_t n;
     const rs_jobject *const *tables = rs_protocol_tables(&n);
-    ASSERT_EQ(n, 12);
+    ASSERT_EQ(n, 14);
     for (size_t i = 0; i < n; i++) check_table(tables[i]);
 }

@@ -12,7 +12,7 @@
 
 static int parse(const char *body, rs_openai_req *r, rs_error *err) {
     memset(err, 0, sizeof *err);
-    return rs_openai_parse_completions(body, strlen(body), r, err);
+    return rs_openai_parse_completions(body, strlen(body), NULL, r, err);
 }
 
 static rs_openai_req parse_ok(const char *body) {
@@ -119,7 +119,7 @@ static const bad_case bad[] = {
      "repetition_penalty must be > 0, got 0"},
     {"{\"prompt\": [1], \"use_beam_search\": true}", RS_EUNSUPPORTED, "use_beam_search", "not implemented"},
     {"{\"prompt\": [1], \"priority\": 2}", RS_EUNSUPPORTED, "priority", "accepted: null, 0; got 2"},
-    {"{\"prompt\": [1], \"stop\": [\"\\n\"]}", RS_EUNSUPPORTED, "stop", "stop_token_ids"},
+    {"{\"prompt\": [1], \"stop\": [\"\\n\"]}", RS_EINVAL, "stop", "stop_token_ids"},
     {"{\"prompt\": [1], \"stop\": 5}", RS_EINVAL, "stop", "a string or a list of strings"},
     {"{\"prompt\": [1], \"logit_bias\": {\"5\": 1}}", RS_EUNSUPPORTED, "logit_bias", "not supported"},
     {"{\"prompt\": [1], \"best_of\": 2}", RS_EUNSUPPORTED, "best_of", "equal n"},
@@ -184,17 +184,17 @@ RS_TEST(protocol_openai_model_check_and_error_names) {
     ASSERT_STREQ(err.param, "prompt");
     ASSERT_STREQ(err.message, "prompt[1] = 9000 is outside the vocabulary [0, 8192)");
     /* the same refusals in /generate's words */
-    rs_generate_invalid(&w, &err);
+    rs_generate_invalid(&(rs_generate_req){0}, &w, &err);
     ASSERT_STREQ(err.param, "input_ids");
     ASSERT_STREQ(err.message, "input_ids[1] = 9000 is outside the vocabulary [0, 8192)");
     w = (rs_gen_invalid){.field = RS_GEN_FIELD_MIN_NEW_TOKENS, .problem = RS_GEN_RANGE, .index = -1, .value = 5,
                          .max = 4};
-    rs_generate_invalid(&w, &err);
+    rs_generate_invalid(&(rs_generate_req){0}, &w, &err);
     ASSERT_STREQ(err.param, "sampling_params.min_new_tokens");
     ASSERT_STREQ(err.message, "sampling_params.min_new_tokens must be in [0, max_new_tokens=4], got 5");
     w = (rs_gen_invalid){.field = RS_GEN_FIELD_PROMPTS, .problem = RS_GEN_BATCH, .index = -1, .value = 17,
                          .max = 1024, .other = 64};
-    rs_generate_invalid(&w, &err);
+    rs_generate_invalid(&(rs_generate_req){0}, &w, &err);
     ASSERT_STREQ(err.param, "input_ids");
     ASSERT_STREQ(err.message, "17 prompts x n=64 sequences exceeds the per-request limit of 1024");
 }

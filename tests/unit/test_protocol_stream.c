@@ -39,7 +39,7 @@ static int split_events(const rs_buf *b, json_t **ev, int max, int *n_done) {
 static rs_generate_req parse_ok(const char *body) {
     rs_generate_req r;
     rs_error err = {0};
-    if (rs_generate_parse(body, strlen(body), &r, &err) != RS_OK) RS_TEST_FAIL("parse: %s", err.message);
+    if (rs_generate_parse(body, strlen(body), NULL, &r, &err) != RS_OK) RS_TEST_FAIL("parse: %s", err.message);
     return r;
 }
 

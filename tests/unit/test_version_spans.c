@@ -78,7 +78,7 @@ static rs_txn *staged(rs_model *m, const char *dir, const char *version) {
 static rs_generate_req parse(const char *body) {
     rs_generate_req r;
     rs_error err = {0};
-    if (rs_generate_parse(body, strlen(body), &r, &err) != RS_OK) RS_TEST_FAIL("parse: %s", err.message);
+    if (rs_generate_parse(body, strlen(body), NULL, &r, &err) != RS_OK) RS_TEST_FAIL("parse: %s", err.message);
     return r;
 }
 

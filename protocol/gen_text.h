@@ -1,0 +1,100 @@
+/*
+ * gen_text.h — the text of a generation job's outputs, built while the tokens arrive: per output an
+ * incremental detokenizer (tokenizer.h's stream), the text so far, and the stop strings matched on
+ * it. It is the job's on_token hook (engine.h), so the engine stops an output as soon as a stop
+ * string appears, and the scheduler never sees the tokenizer.
+ *
+ * Stop strings, as SGLang does them (python/sglang/srt/managers/schedule_batch.py check_finished
+ * and detokenizer_manager.py trim_matched_stop, sgl-project/sglang mid 2026):
+ *   - they are searched in the decoded output (skip_special_tokens as asked) as it grows, after
+ *     every token, so a match that spans tokens is found on the token that completes it; the
+ *     earliest match wins, then the longest stop string; min_new_tokens does not hold them back;
+ *   - the output finishes "stop" with that string as `matched`; output_ids and the logprobs keep
+ *     every token, the one that completed the match included;
+ *   - the text ends where the match starts; with no_stop_trim it ends where the match ends (text
+ *     the completing token carried past the stop string is dropped either way);
+ *   - an output ended by a stop token or EOS (matched = the id) has the text of the tokens before
+ *     it; with no_stop_trim the stop token's text too (empty for a special token with
+ *     skip_special_tokens).
+ * Two differences: SGLang checks max_new_tokens before the stop conditions, so a stop string
+ * completed by the last allowed token reports "length" there; here (as for stop tokens, and as
+ * vLLM) it reports "stop". And a character split across tokens is text only once complete (a byte
+ * that is not UTF-8 reads U+FFFD once the next token shows it), so a stop string that holds U+FFFD
+ * can match a token later than SGLang's re-decode of the tail, which reads U+FFFD at once.
+ *
+ * Cost per token: the stream's delta (O(1) amortized, tokenizer.h) plus a search of the new bytes
+ * and the (longest stop - 1) bytes before them, i.e. O(delta + total stop length). While an output
+ * runs, what may be shown of it (rs_gen_text_stable) excludes a trailing part that could still
+ * become a stop string, so streamed text never has to be taken back.
+ *
+ * Threads: the hook and the stable-text reads run on the engine thread (on_token, on_progress);
+ * rs_gen_text_get settles a finished output on whichever thread writes the answer, after the
+ * engine is done with the output. Nothing is locked: the engine's callbacks never overlap.
+ */
+#ifndef RS_PROTOCOL_GEN_TEXT_H
+#define RS_PROTOCOL_GEN_TEXT_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+#include "../core/rs.h"
+#include "../scheduler/engine.h"
+#include "../tokenizer/tokenizer.h"
+#include "sse.h"
+
+#define RS_GEN_TEXT_MAX_STOPS 64       /* stop strings per request */
+#define RS_GEN_TEXT_MAX_STOP_LEN 1024  /* bytes per stop string */
+
+typedef struct rs_gen_text_out {
+    rs_tok_stream *stream;      /* NULL until the output's first token */
+    rs_buf text;                /* every delta of the stream so far */
+    size_t scanned;             /* text[0, scanned) was searched for stop strings */
+    int stop;                   /* the stop string matched (index), -1 */
+    size_t stop_pos;            /* where it starts in text */
+    bool settled;               /* finished: the stop token handled, the stream flushed */
+} rs_gen_text_out;
+
+typedef struct rs_gen_text {
+    const rs_tok *tok;          /* borrowed: the server's tokenizer, which outlives every request */
+    char **stops;               /* [n_stops] owned, NUL-terminated, non-empty */
+    size_t *stop_lens;
+    int n_stops;
+    bool no_stop_trim;
+    bool skip_special_tokens;   /* default true, as SGLang and vLLM */
+    bool hooked;                /* the job's on_token feeds it; else outputs are decoded when they finish */
+    int n_out;
+    rs_gen_text_out *outs;      /* [n_out], allocated at the job's first token (after validation) */
+} rs_gen_text;
+
+/* A new, empty text state (skip_special_tokens on). */
+rs_gen_text *rs_gen_text_new(const rs_tok *tok);
+void rs_gen_text_free(rs_gen_text *t);
+
+/* Adds a stop string; the empty string is ignored (SGLang's and the neutral value). RS_EINVAL with
+ * err naming `param` when there are too many or one is too long. */
+int rs_gen_text_add_stop(rs_gen_text *t, const char *s, size_t len, const char *param, rs_error *err);
+
+/* Makes t the job's on_token hook: needed for stop strings and streamed text. Without it (a plain
+ * answer without stop strings) each output is decoded once it has finished, on the thread that
+ * writes the answer, and the engine thread does no text work for it. */
+void rs_gen_text_attach(rs_gen_text *t, rs_gen_job *job);
+
+/* The hook itself (engine.h's rs_job_token_fn; user = the rs_gen_text). */
+int rs_gen_text_on_token(rs_gen_job *job, int output, int32_t token, void *user);
+
+/* Output i's text as the answer gives it (trimmed as above); settles the output first when it
+ * has finished. Borrowed until t changes; "" for an output without tokens. */
+const char *rs_gen_text_get(rs_gen_text *t, const rs_gen_job *job, int i, size_t *len);
+
+/* How many bytes of output i's text are final: all of rs_gen_text_get's once it has finished or
+ * matched a stop string, else all but a trailing part that may still become a stop string. *text
+ * gets the text (borrowed). */
+size_t rs_gen_text_stable(rs_gen_text *t, const rs_gen_job *job, int i, const char **text);
+
+/* The stop string of a finish with matched_text = k + 1 (borrowed), or NULL. */
+const char *rs_gen_text_stop_string(const rs_gen_text *t, const rs_finish *f);
+
+/* Number of code points in s[0, n) (UTF-8; vLLM's text offsets count characters). */
+size_t rs_utf8_chars(const char *s, size_t n);
+
+#endif /* RS_PROTOCOL_GEN_TEXT_H */
