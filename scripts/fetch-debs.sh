@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Downloads the Debian packages of rolloutd's C dependencies (libmicrohttpd, jansson, libuv, runtime
-# and -dev) into .debs/ (git-ignored), for a machine that cannot install them itself: the device
-# machine of scripts/gpu-check.sh has no network. Name `.debs` in the device tool's `carry`; the
-# check unpacks them into .debs/root and points the compiler and loader there.
+# and -dev) into .debs/ (git-ignored), for a GPU machine that cannot install them itself (no
+# network). Copy .debs/ to that machine with the checkout; scripts/gpu-check.sh unpacks them into
+# .debs/root and points the compiler and loader there.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 mkdir -p .debs

@@ -41,9 +41,9 @@
 # GPU_CHECK_DRY_RUN=1 prints each step's command and records it without running anything (a
 # check of the script itself on a machine without a GPU).
 #
-# The device machine lacks libmicrohttpd, jansson and libuv, and has no network. Before the call,
-# run scripts/fetch-debs.sh here and name `.debs` in the device tool's `carry`; this script unpacks
-# them into .debs/root. One call:  OUT=$OUT bash scripts/gpu-check.sh   (timeout_s ~560)
+# A GPU machine without libmicrohttpd, jansson and libuv and without network: run
+# scripts/fetch-debs.sh where there is network and copy .debs/ along with the checkout; this script
+# unpacks them into .debs/root. One run:  OUT=/some/dir bash scripts/gpu-check.sh   (about 8 min)
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 OUT=${OUT:-build-cuda}
