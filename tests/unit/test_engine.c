@@ -7,10 +7,13 @@
  */
 #include <math.h>
 #include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
 
 #include "../../core/latch.h"
 #include "../../model/presets.h"
 #include "../../scheduler/engine.h"
+#include "../../scheduler/engine_internal.h" /* ctl_head: a test holds a step until a control is queued */
 #include "test.h"
 #include "test_util.h"
 
@@ -724,6 +727,8 @@ typedef struct waiter {
     rs_latch done;              /* finished jobs */
     int progress_calls;         /* under done.mu */
     int tokens_seen;
+    rs_engine *hold_until_ctl;  /* if set, the first progress call waits until a control is queued, */
+    atomic_bool ctl_applied;    /* unless the control has been applied already */
 } waiter;
 
 static void on_done_cb(rs_gen_job *job, void *user) {
@@ -732,8 +737,22 @@ static void on_done_cb(rs_gen_job *job, void *user) {
     rs_latch_arrive(&w->done);
 }
 
+/* Keeps the engine inside its step until another thread has queued a control request (or had it
+ * applied before the first token), so that the control lands while the request is still running
+ * however the threads are scheduled. */
+static void hold_until_control_queued(rs_engine *e, atomic_bool *applied) {
+    while (!atomic_load(applied)) {
+        pthread_mutex_lock(&e->mu);
+        bool queued = e->ctl_head != NULL;
+        pthread_mutex_unlock(&e->mu);
+        if (queued) return;
+        sched_yield();
+    }
+}
+
 static void on_progress_cb(rs_gen_job *job, void *user) {
     waiter *w = user;
+    if (w->hold_until_ctl && w->progress_calls == 0) hold_until_control_queued(w->hold_until_ctl, &w->ctl_applied);
     pthread_mutex_lock(&w->done.mu);
     w->progress_calls++;
     ASSERT_TRUE(job->outputs[0].n_output > w->tokens_seen); /* every call brings new tokens */
@@ -754,7 +773,7 @@ RS_TEST(engine_thread_pause_continue_flush_progress) {
     ref->sp.seed = 3;
     run(&v, ref);
 
-    waiter w = {.done = RS_LATCH_INIT};
+    waiter w = {.done = RS_LATCH_INIT, .hold_until_ctl = v.e};
     ASSERT_EQ(rs_engine_start(v.e), RS_OK);
     rs_gen_job *j = job_new(1, &len, 77);
     j->sp.max_new_tokens = 60;
@@ -765,6 +784,7 @@ RS_TEST(engine_thread_pause_continue_flush_progress) {
     rs_error err = {0};
     ASSERT_EQ(rs_engine_submit(v.e, j, &err), RS_OK);
     rs_engine_pause(v.e, RS_PAUSE_RETRACT);
+    atomic_store(&w.ctl_applied, true);
     rs_engine_stats st;
     rs_engine_get_stats(v.e, &st);
     ASSERT_TRUE(st.paused);
