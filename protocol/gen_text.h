@@ -22,6 +22,10 @@
  * that is not UTF-8 reads U+FFFD once the next token shows it), so a stop string that holds U+FFFD
  * can match a token later than SGLang's re-decode of the tail, which reads U+FFFD at once.
  *
+ * Stop regexes (SGLang's stop_regex) are checked on the same text after the stop strings, in the
+ * request's order, each from the earliest position where a match may still start
+ * (rs_tok_stop_re_find); a match stops the output and cuts the text like a stop string.
+ *
  * Cost per token: the stream's delta (O(1) amortized, tokenizer.h) plus a search of the new bytes
  * and the (longest stop - 1) bytes before them, i.e. O(delta + total stop length). While an output
  * runs, what may be shown of it (rs_gen_text_stable) excludes a trailing part that could still
@@ -43,14 +47,17 @@
 #include "sse.h"
 
 #define RS_GEN_TEXT_MAX_STOPS 64       /* stop strings per request */
-#define RS_GEN_TEXT_MAX_STOP_LEN 1024  /* bytes per stop string */
+#define RS_GEN_TEXT_MAX_STOP_LEN 1024  /* bytes per stop string or stop regex */
+#define RS_GEN_TEXT_MAX_REGEXES 16     /* stop regexes per request */
+#define RS_GEN_TEXT_REGEX_STOP(r) (RS_GEN_TEXT_MAX_STOPS + (r)) /* the hook's index of stop regex r */
 
 typedef struct rs_gen_text_out {
     rs_tok_stream *stream;      /* NULL until the output's first token */
     rs_buf text;                /* every delta of the stream so far */
     size_t scanned;             /* text[0, scanned) was searched for stop strings */
-    int stop;                   /* the stop string matched (index), -1 */
-    size_t stop_pos;            /* where it starts in text */
+    size_t *re_from;            /* [n_regexes] no match of regex r starts before re_from[r]; SIZE_MAX: given up */
+    int stop;                   /* the stop matched: a stop string's index, RS_GEN_TEXT_REGEX_STOP(r), or -1 */
+    size_t stop_pos, stop_end;  /* where the match starts and ends in text */
     bool settled;               /* finished: the stop token handled, the stream flushed */
 } rs_gen_text_out;
 
@@ -59,6 +66,8 @@ typedef struct rs_gen_text {
     char **stops;               /* [n_stops] owned, NUL-terminated, non-empty */
     size_t *stop_lens;
     int n_stops;
+    rs_tok_stop_re **regexes;   /* [n_regexes] owned */
+    int n_regexes;
     bool no_stop_trim;
     bool skip_special_tokens;   /* default true, as SGLang and vLLM */
     bool hooked;                /* the job's on_token feeds it; else outputs are decoded when they finish */
@@ -73,6 +82,18 @@ void rs_gen_text_free(rs_gen_text *t);
 /* Adds a stop string; the empty string is ignored (SGLang's and the neutral value). RS_EINVAL with
  * err naming `param` when there are too many or one is too long. */
 int rs_gen_text_add_stop(rs_gen_text *t, const char *s, size_t len, const char *param, rs_error *err);
+
+/* Adds a stop regex (sampling_params.stop_regex, SGLang's): the output stops once the regex finds
+ * a match in its text, checked after every token as stop strings are (and after them: a stop
+ * string completed by the same token wins); the text is cut where the match starts (with
+ * no_stop_trim, where it ends) and `matched` is the pattern. The empty pattern is ignored.
+ * RS_EINVAL naming `param` for a pattern that does not compile, is too long, or one too many. A
+ * search that exceeds its step limit (rs_tok_stop_re_find) is logged, and that regex stops
+ * nothing more in that output. */
+int rs_gen_text_add_stop_regex(rs_gen_text *t, const char *s, size_t len, const char *param, rs_error *err);
+
+/* True when t has stop strings or stop regexes. */
+bool rs_gen_text_has_stops(const rs_gen_text *t);
 
 /* Makes t the job's on_token hook: needed for stop strings and streamed text. Without it (a plain
  * answer without stop strings) each output is decoded once it has finished, on the thread that
@@ -91,7 +112,8 @@ const char *rs_gen_text_get(rs_gen_text *t, const rs_gen_job *job, int i, size_t
  * gets the text (borrowed). */
 size_t rs_gen_text_stable(rs_gen_text *t, const rs_gen_job *job, int i, const char **text);
 
-/* The stop string of a finish with matched_text = k + 1 (borrowed), or NULL. */
+/* The stop string (or stop regex pattern) of a finish with matched_text = k + 1 (borrowed), or
+ * NULL. */
 const char *rs_gen_text_stop_string(const rs_gen_text *t, const rs_finish *f);
 
 /* Number of code points in s[0, n) (UTF-8; vLLM's text offsets count characters). */

@@ -61,12 +61,15 @@ static int read_input_ids(const rs_jctx *c, const json_t *v, rs_error *err) {
     return rs_json_get_prompts(v, c->param, job_of(c), err);
 }
 
-static int read_stop(const rs_jctx *c, const json_t *v, rs_error *err) {
+static int read_stops(const rs_jctx *c, const json_t *v, bool regex, rs_error *err) {
     rs_generate_req *r = req_of(c);
-    int rc = rs_json_read_stops(v, c->param, r->text, err);
-    if (rc == RS_OK && r->text->n_stops > 0 && !r->tok) return rs_generate_no_tokenizer(c->param, err);
+    int rc = rs_json_read_stops(v, c->param, r->text, regex, err);
+    if (rc == RS_OK && rs_gen_text_has_stops(r->text) && !r->tok) return rs_generate_no_tokenizer(c->param, err);
     return rc;
 }
+
+static int read_stop(const rs_jctx *c, const json_t *v, rs_error *err) { return read_stops(c, v, false, err); }
+static int read_stop_regex(const rs_jctx *c, const json_t *v, rs_error *err) { return read_stops(c, v, true, err); }
 
 static int read_rid(const rs_jctx *c, const json_t *v, rs_error *err) {
     rs_generate_req *r = c->dst[B_REQ];
@@ -139,8 +142,10 @@ static const rs_jfield sampling_fields[] = {
      .shape = "string, or a list of strings (<= 64, each <= 1024 bytes)", .def = "[]",
      .doc = "the output ends once its text contains one (matched on the decoded text, across tokens); the "
             "text is cut before it, output_ids keep the token that completed it"},
-    {.name = "stop_regex", .type = RS_JT_STRINGS, .use = RS_JU_NEUTRAL, .neutral = "\"\"|[]",
-     .doc = "stop regexes; use stop"},
+    {.name = "stop_regex", .type = RS_JT_CUSTOM, .flags = RS_JF_TOKENIZER, .read = read_stop_regex,
+     .shape = "string, or a list of strings (<= 16, each <= 1024 bytes)", .def = "[]",
+     .doc = "the output ends once a regex (PCRE2, UTF-8) finds a match in its text; cut like stop, matched "
+            "names the pattern"},
     {.name = "skip_special_tokens", .type = RS_JT_BOOL, .flags = RS_JF_TOKENIZER, TXT(skip_special_tokens),
      .def = "true", .doc = "special tokens are left out of the text (and of stop-string matching)"},
     {.name = "spaces_between_special_tokens", .type = RS_JT_BOOL, .use = RS_JU_NO_EFFECT, .def = "true",
@@ -296,7 +301,7 @@ int rs_generate_parse(const char *body, size_t len, const rs_tok *tok, rs_genera
         return rc;
     }
     rs_gen_job *job = out->job;
-    if (tok && (out->text->n_stops > 0 || out->stream)) rs_gen_text_attach(out->text, job);
+    if (tok && (rs_gen_text_has_stops(out->text) || out->stream)) rs_gen_text_attach(out->text, job);
     job->stream = out->stream;
     /* As in SGLang, logprob_start_len only means something with return_logprob; without it the
      * engine must not spend a forward row per prompt token on scores nobody receives. */

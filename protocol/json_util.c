@@ -255,15 +255,17 @@ int rs_json_get_text_prompts(const json_t *v, const char *param, const rs_tok *t
     return RS_OK;
 }
 
-int rs_json_read_stops(const json_t *v, const char *param, rs_gen_text *t, rs_error *err) {
-    if (json_is_string(v)) return rs_gen_text_add_stop(t, json_string_value(v), json_string_length(v), param, err);
+int rs_json_read_stops(const json_t *v, const char *param, rs_gen_text *t, bool regex, rs_error *err) {
+    int (*add)(rs_gen_text *, const char *, size_t, const char *, rs_error *) =
+        regex ? rs_gen_text_add_stop_regex : rs_gen_text_add_stop;
+    if (json_is_string(v)) return add(t, json_string_value(v), json_string_length(v), param, err);
     if (!json_is_array(v)) return rs_json_bad_type(err, param, "a string or a list of strings", v);
     for (size_t i = 0; i < json_array_size(v); i++) {
         char path[96];
         snprintf(path, sizeof path, "%s[%zu]", param, i);
         const json_t *e = json_array_get(v, i);
         if (!json_is_string(e)) return rs_json_bad_type(err, path, "a string", e);
-        int rc = rs_gen_text_add_stop(t, json_string_value(e), json_string_length(e), path, err);
+        int rc = add(t, json_string_value(e), json_string_length(e), path, err);
         if (rc != RS_OK) return rc;
     }
     return RS_OK;

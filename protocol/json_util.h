@@ -161,8 +161,9 @@ int rs_json_get_prompts(const json_t *v, const char *param, rs_gen_job *job, rs_
  * ("text[1] must not be empty"). */
 int rs_json_get_text_prompts(const json_t *v, const char *param, const rs_tok *tok, bool add_special,
                              rs_gen_job *job, rs_error *err);
-/* Stop strings (a string or a list of strings; "" entries ignored) into t. */
-int rs_json_read_stops(const json_t *v, const char *param, rs_gen_text *t, rs_error *err);
+/* Stop strings, or with `regex` stop regexes (a string or a list of strings; "" entries ignored),
+ * into t. */
+int rs_json_read_stops(const json_t *v, const char *param, rs_gen_text *t, bool regex, rs_error *err);
 /* The text of token id (rs_tok_token_text) as a JSON string. */
 json_t *rs_json_token_text(const rs_tok *tok, int32_t id);
 /* A non-empty printable string of at most max_len bytes, without control characters. */

@@ -63,12 +63,15 @@ static int read_prompt(const rs_jctx *c, const json_t *v, rs_error *err) {
     return rs_json_get_text_prompts(v, c->param, r->tok, r->add_special_tokens, r->job, err);
 }
 
-static int read_stop(const rs_jctx *c, const json_t *v, rs_error *err) {
+static int read_stops(const rs_jctx *c, const json_t *v, bool regex, rs_error *err) {
     rs_openai_req *r = req_of(c);
-    int rc = rs_json_read_stops(v, c->param, r->text, err);
-    if (rc == RS_OK && r->text->n_stops > 0 && !r->tok) return rs_generate_no_tokenizer(c->param, err);
+    int rc = rs_json_read_stops(v, c->param, r->text, regex, err);
+    if (rc == RS_OK && rs_gen_text_has_stops(r->text) && !r->tok) return rs_generate_no_tokenizer(c->param, err);
     return rc;
 }
+
+static int read_stop(const rs_jctx *c, const json_t *v, rs_error *err) { return read_stops(c, v, false, err); }
+static int read_stop_regex(const rs_jctx *c, const json_t *v, rs_error *err) { return read_stops(c, v, true, err); }
 
 static int read_model(const rs_jctx *c, const json_t *v, rs_error *err) {
     if (!json_is_string(v)) return rs_json_bad_type(err, c->param, "a string", v);
@@ -241,8 +244,10 @@ static const rs_jfield completion_fields[] = {
      .doc = "SGLang's name for request_id"},
     {.name = "no_stop_trim", .type = RS_JT_BOOL, .flags = RS_JF_TOKENIZER, TXT(no_stop_trim), .def = "false",
      .doc = "SGLang's name for include_stop_str_in_output (one of the two may be given)"},
-    {.name = "stop_regex", .type = RS_JT_STRINGS, .use = RS_JU_NEUTRAL, .neutral = "\"\"|[]",
-     .doc = "stop regexes; use stop"},
+    {.name = "stop_regex", .type = RS_JT_CUSTOM, .flags = RS_JF_TOKENIZER, .read = read_stop_regex,
+     .shape = "string, or a list of strings (<= 16, each <= 1024 bytes)", .def = "[]",
+     .doc = "the output ends once a regex (PCRE2, UTF-8) finds a match in its text; cut like stop, matched "
+            "names the pattern"},
     {.name = "custom_params", .type = RS_JT_MAP, .use = RS_JU_NO_EFFECT,
      .doc = "arguments of a custom logit processor; ignored without one, as in SGLang"},
     {.name = "custom_logit_processor", .type = RS_JT_ANY, .use = RS_JU_NEUTRAL, .doc = "custom logit processors"},
@@ -306,7 +311,7 @@ int rs_openai_parse_completions(const char *body, size_t len, const rs_tok *tok,
     job->top_logprobs_num = out->logprobs > 0 ? out->logprobs : 0;
     job->logprob_start_len = out->echo && job->return_logprob ? 0 : -1;
     job->stream = out->stream;
-    if (tok && (out->text->n_stops > 0 || out->stream)) rs_gen_text_attach(out->text, job);
+    if (tok && (rs_gen_text_has_stops(out->text) || out->stream)) rs_gen_text_attach(out->text, job);
     return RS_OK;
 }
 

@@ -116,6 +116,30 @@ int rs_tok_stop_find(const char *const *stops, const size_t *stop_lens, int n_st
 size_t rs_tok_stop_holdback(const char *const *stops, const size_t *stop_lens, int n_stops, const char *text,
                             size_t len);
 
+/* ---- stop regular expressions on growing text ----
+ * SGLang's `stop_regex`: an output stops once re.search(pattern, its text) finds a match. A
+ * pattern is PCRE2 (UTF-8, Unicode properties for \d \w \s, as Python's `re` takes str patterns;
+ * the two read the common syntax alike). Searching is incremental: every start position before
+ * *from has failed for good, so each call costs the new bytes plus the tail that is still a
+ * partial match. An rs_tok_stop_re holds its match data: one per request, used by one thread at a
+ * time. */
+typedef struct rs_tok_stop_re rs_tok_stop_re;
+
+#define RS_TOK_STOP_RE_MATCH_LIMIT 100000u /* backtracking steps per search (about a millisecond) */
+
+/* Compiles pat[0,len). RS_EINVAL naming `param`, with PCRE2's message and offset, when it does not
+ * compile. */
+int rs_tok_stop_re_compile(const char *pat, size_t len, const char *param, rs_tok_stop_re **out, rs_error *err);
+void rs_tok_stop_re_free(rs_tok_stop_re *re);
+const char *rs_tok_stop_re_pattern(const rs_tok_stop_re *re); /* NUL-terminated, as given */
+
+/* Searches text[0,len) (valid UTF-8) for the leftmost match that starts at or after *from, taking
+ * text as complete (so $ and lookaheads see its end). Returns 1 with [*ms, *me) the match; 0 when
+ * there is none, with *from moved to the earliest start from which a match may still appear as
+ * the text grows (len when none can); RS_ETOOBIG when the search exceeded
+ * RS_TOK_STOP_RE_MATCH_LIMIT (*from unchanged), RS_EINTERNAL when text is not UTF-8. */
+int rs_tok_stop_re_find(rs_tok_stop_re *re, const char *text, size_t len, size_t *from, size_t *ms, size_t *me);
+
 /* ---- the default model's tokenizer ----
  * The tokenizer.json of the embedded default model (byte-level BPE, vocabulary 8192 with
  * <|endoftext|> = 2 as eos and <|begin_of_text|> = 1 as bos), built into the binary; the bytes

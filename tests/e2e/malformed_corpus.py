@@ -159,6 +159,9 @@ def _numbers():
         ("batch-over-max", {"input_ids": [[1]] * 1025, "sampling_params": dict(sp, n=1)}, "input_ids"),
         ("max-new-tokens-over-cap", {"sampling_params": dict(sp, max_new_tokens=40000)}, "sampling_params.max_new_tokens"),
         # min_new_tokens with every token a stop id: nothing could be sampled while they are masked
+        ("stop-regex-bad", {"sampling_params": dict(sp, stop_regex=["ok", "a(b"])}, "sampling_params.stop_regex[1]"),
+        ("stop-regex-17", {"sampling_params": dict(sp, stop_regex=["q"] * 17)}, "sampling_params.stop_regex[16]"),
+        ("stop-regex-long", {"sampling_params": dict(sp, stop_regex="x" * 1025)}, "sampling_params.stop_regex"),
         ("min-new-tokens-all-stop", {"sampling_params": dict(sp, min_new_tokens=1, stop_token_ids=list(range(8192)))},
          "sampling_params.stop_token_ids"),
     ]
@@ -263,8 +266,6 @@ def _unimplemented():
             ("generate-dp-rank", "/generate", dict(GEN, data_parallel_rank=2), "data_parallel_rank"),
             ("generate-background", "/generate", dict(GEN, background=True), "background"),
             ("generate-token-ids-logprob", "/generate", dict(GEN, token_ids_logprob=[1]), "token_ids_logprob"),
-            ("generate-stop-regex", "/generate", dict(GEN, sampling_params=dict(sp, stop_regex="x")),
-             "sampling_params.stop_regex"),
             ("generate-regex", "/generate", dict(GEN, sampling_params=dict(sp, regex="a+")), "sampling_params.regex"),
             ("generate-logit-bias", "/generate", dict(GEN, sampling_params=dict(sp, logit_bias={"1": 2})),
              "sampling_params.logit_bias"),

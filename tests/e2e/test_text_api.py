@@ -7,12 +7,15 @@ tokenizer.json (the embedded default model's) and against the official `openai` 
   exactly where decoding the output after every token (the naive reference) first contains one;
   the text is cut before the match (or after it with no_stop_trim); ids and logprobs keep every
   token; stop tokens are cut from the text unless no_stop_trim;
+- stop regexes (SGLang's stop_regex) end the output on the first token after which Python's `re.search`
+  finds a match in the re-decoded output, cut like stop strings, with the pattern as `matched`;
 - SSE text deltas concatenate to the final text, for /v1/completions and for /generate (cumulative
   events and --incremental-streaming-output);
 - logprob token texts, /tokenize, /detokenize and the model info.
 """
 import json
 import pathlib
+import re
 
 import openai
 import pytest
@@ -130,6 +133,63 @@ def test_stop_strings_span_tokens_and_trim(daemon, tok):
     # a single string (not a list) works the same
     o = generate(daemon, text=PROMPTS[0], sampling_params=sp(max_new_tokens=48, stop=stop))
     assert o["output_ids"] == ids[:k]
+
+
+def naive_regex(tok, ids, pattern):
+    """(k, match): the first k at which re.search(pattern, decode(ids[:k])) finds a match, or None."""
+    for k in range(1, len(ids) + 1):
+        m = re.search(pattern, tok.decode(ids[:k], skip_special_tokens=True))
+        if m:
+            return k, m
+    return None
+
+
+def test_stop_regex_matches_python_re(daemon, tok):
+    full = generate(daemon, text=PROMPTS[0], sampling_params=sp(max_new_tokens=48))
+    ids = full["output_ids"]
+    text = tok.decode(ids, skip_special_tokens=True)
+    lit = spanning_stop(tok, ids)
+    # patterns whose first match the output's own text decides: a spanning literal with a wildcard
+    # in it, unbounded and bounded repeats, a lookbehind, an alternation, one that never matches
+    patterns = [re.escape(lit[:1]) + "." + re.escape(lit[2:]), r"\S{4,}\s", r"(?<=\s)\w{2}", r"[aeiou]{2}|[0-9]",
+                "\u2713never"]
+    matched = 0
+    for pat in patterns:
+        ref = naive_regex(tok, ids, pat)
+        for trim in (False, True):
+            o = generate(daemon, text=PROMPTS[0], return_logprob=True,
+                         sampling_params=sp(max_new_tokens=48, stop_regex=[pat], no_stop_trim=trim))
+            if ref is None:
+                assert o["output_ids"] == ids and o["meta_info"]["finish_reason"]["type"] == "length"
+                assert o["text"] == text
+                continue
+            k, m = ref
+            assert o["output_ids"] == ids[:k], pat  # the token that completed the match is kept
+            assert o["meta_info"]["finish_reason"] == {"type": "stop", "matched": pat}
+            assert len(o["meta_info"]["output_token_logprobs"]) == k
+            assert o["text"] == (m.string[:m.end()] if trim else m.string[:m.start()]), pat
+        matched += ref is not None
+    assert matched >= 3, "the patterns must exercise matches"
+    # a stop string and a regex: whichever completes first ends the output
+    ref = naive_regex(tok, ids, patterns[1])
+    o = generate(daemon, text=PROMPTS[0], sampling_params=sp(max_new_tokens=48, stop=lit, stop_regex=patterns[1]))
+    k_str = naive_stop(tok, ids, [lit])[0]
+    assert len(o["output_ids"]) == min(k_str, ref[0])
+    # streaming never shows text a later match cuts away
+    body = {"text": PROMPTS[0], "sampling_params": sp(max_new_tokens=48, stop_regex=patterns[1]), "stream": True}
+    with requests.post(daemon.url + "/generate", json=body, stream=True, timeout=120) as r:
+        texts = [e["text"] for e in sse_events(r)]
+    assert all(b.startswith(a) for a, b in zip(texts, texts[1:]))
+    assert texts[-1] == ref[1].string[:ref[1].start()]
+    # the OpenAI route takes SGLang's stop_regex too; stop_reason names the pattern
+    client = openai.OpenAI(base_url=daemon.url + "/v1", api_key="none")
+    c = client.completions.create(model="default", prompt=PROMPTS[0], max_tokens=48, temperature=1.0, seed=11,
+                                  extra_body={"ignore_eos": True, "stop_regex": patterns[1]})
+    assert c.choices[0].finish_reason == "stop" and c.choices[0].model_extra["stop_reason"] == patterns[1]
+    # a pattern that does not compile is a 400 naming it
+    r = daemon.post("/generate", {"text": "x", "sampling_params": {"stop_regex": ["ok", "a(b"]}})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "sampling_params.stop_regex[1]", r.text
+    assert "not a valid regular expression" in r.json()["error"]["message"]
 
 
 def test_stop_token_is_cut_from_the_text_unless_no_stop_trim(daemon, tok):

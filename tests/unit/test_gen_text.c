@@ -13,6 +13,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#define PCRE2_CODE_UNIT_WIDTH 8
+#include <pcre2.h>
+
 #include "../../protocol/gen_text.h"
 #include "test.h"
 
@@ -105,8 +108,8 @@ static void run_case(const rs_tok *tok, const int32_t *ids, int n, char **stops,
     o->finish.matched_text = got_k > 0 ? got_index + 1 : 0;
     size_t len;
     const char *final = rs_gen_text_get(t, job, 0, &len);
-    char *ref = rs_tok_decode(tok, ids, (size_t)(got_k > 0 ? got_k : n), skip, NULL);
-    size_t ref_len = strlen(ref);
+    size_t ref_len;
+    char *ref = rs_tok_decode(tok, ids, (size_t)(got_k > 0 ? got_k : n), skip, &ref_len);
     if (got_k > 0) ref_len = no_stop_trim ? want_pos + strlen(stops[want_index]) : want_pos;
     ASSERT_EQ(len, ref_len);
     ASSERT_TRUE(memcmp(final, ref, len) == 0);
@@ -161,6 +164,176 @@ RS_TEST(gen_text_stops_match_a_naive_redecode) {
     }
     ASSERT_TRUE(cases_with_match > 150 && spanning > 150); /* the cases do exercise matches */
     free(enc);
+    rs_tok_free(tok);
+}
+
+/* Stop regexes: the naive reference compiles each pattern on its own and, after every token,
+ * searches the whole re-decoded output from its start (no partial matching, nothing carried
+ * over): the first token on which any regex matches, the first regex in the request's order that
+ * does, and its leftmost match. The incremental matcher must agree on all three, show only
+ * prefixes of the final text while it runs, and cut the text where the match starts (or, with
+ * no_stop_trim, ends). The patterns cover what makes incremental search subtle: matches that
+ * span tokens, unbounded repeats, lazy repeats, alternation, lookahead and lookbehind, $ at the
+ * end of the text, Unicode properties, and a pattern that can match the empty string. */
+static int naive_regex(const rs_tok *tok, const int32_t *ids, int n, bool skip, const char *const *pats, int n_pats,
+                       int *which, size_t *ms, size_t *me) {
+    pcre2_code *code[8];
+    pcre2_match_data *md = pcre2_match_data_create(8, NULL);
+    for (int i = 0; i < n_pats; i++) {
+        int ec;
+        PCRE2_SIZE eo;
+        code[i] = pcre2_compile((PCRE2_SPTR)pats[i], PCRE2_ZERO_TERMINATED, PCRE2_UTF | PCRE2_UCP, &ec, &eo, NULL);
+        RS_ASSERT(code[i]);
+    }
+    int found = -1;
+    for (int k = 1; k <= n && found < 0; k++) {
+        size_t tl;
+        char *text = rs_tok_decode(tok, ids, (size_t)k, skip, &tl); /* random ids may decode to a NUL byte */
+        for (int i = 0; i < n_pats; i++) {
+            if (pcre2_match(code[i], (PCRE2_SPTR)text, tl, 0, 0, md, NULL) < 0) continue;
+            PCRE2_SIZE *ov = pcre2_get_ovector_pointer(md);
+            *which = i, *ms = ov[0], *me = ov[1], found = k;
+            break;
+        }
+        free(text);
+    }
+    for (int i = 0; i < n_pats; i++) pcre2_code_free(code[i]);
+    pcre2_match_data_free(md);
+    return found;
+}
+
+RS_TEST(gen_text_stop_regex_matches_a_full_search) {
+    rs_tok *tok = default_tok();
+    const char *corpus = "The answer is <answer>42</answer>. 3.14 and 2.5. 你好，世界! ÜNÏCÖDÉ 🙂👍🏽 done\n\tok ok";
+    static const char *const pool[] = {
+        "\\d+\\.\\d", "<answer>.*?</answer>", "(?<=is )\\w+", "[A-Z]{3,}", "ok$",  "wor(?=ld)",
+        "\\p{Han}{2}",  "x{3}|qq",              "é|🙂",          "a(?!n)",    "z*",   "\\s\\S+\\s\\d",
+    };
+    const int n_pool = (int)(sizeof pool / sizeof pool[0]);
+    int32_t *enc;
+    size_t n_enc;
+    rs_error err = {0};
+    ASSERT_EQ(rs_tok_encode(tok, corpus, strlen(corpus), false, &enc, &n_enc, &err), RS_OK);
+    uint32_t seed = 777;
+    int matched = 0, late = 0;
+    for (int c = 0; c < 600; c++) {
+        int32_t ids[48];
+        int n = 8 + (int)(rnd(&seed) % 40);
+        int off = (int)(rnd(&seed) % n_enc);
+        for (int i = 0; i < n; i++)
+            ids[i] = c % 4 == 0 ? (int32_t)(rnd(&seed) % 8192) : enc[(size_t)(off + i) % n_enc];
+        const char *pats[3];
+        int n_pats = 1 + (int)(rnd(&seed) % 3);
+        for (int i = 0; i < n_pats; i++) {
+            pats[i] = pool[rnd(&seed) % (uint32_t)n_pool];
+            if (strcmp(pats[i], "z*") == 0 && c % 7 != 0) pats[i] = pool[0]; /* it matches at once: now and then */
+        }
+        const bool skip = c % 2 == 0, trim = c % 3 != 0;
+        int want_which = -1;
+        size_t want_ms = 0, want_me = 0;
+        int want_k = naive_regex(tok, ids, n, skip, pats, n_pats, &want_which, &want_ms, &want_me);
+
+        rs_gen_text *t = rs_gen_text_new(tok);
+        t->skip_special_tokens = skip;
+        t->no_stop_trim = !trim;
+        for (int i = 0; i < n_pats; i++)
+            ASSERT_EQ(rs_gen_text_add_stop_regex(t, pats[i], strlen(pats[i]), "stop_regex", &err), RS_OK);
+        rs_gen_job *job = fake_job(ids, n);
+        rs_gen_text_attach(t, job);
+        rs_gen_output *o = &job->outputs[0];
+        char shown[4096] = "";
+        size_t n_shown = 0;
+        int got_k = -1, got = -1;
+        for (int k = 1; k <= n; k++) {
+            o->n_output = k;
+            int r = job->on_token(job, 0, ids[k - 1], job->on_token_user);
+            const char *text;
+            size_t stable = rs_gen_text_stable(t, job, 0, &text);
+            ASSERT_TRUE(stable >= n_shown && stable < sizeof shown);
+            ASSERT_TRUE(memcmp(text, shown, n_shown) == 0);
+            memcpy(shown, text, stable);
+            n_shown = stable;
+            if (r >= 0) {
+                got_k = k, got = r;
+                break;
+            }
+        }
+        ASSERT_EQ(got_k, want_k);
+        if (want_k > 0) {
+            ASSERT_EQ(got, RS_GEN_TEXT_REGEX_STOP(want_which));
+            matched++;
+            late += want_k > 3;
+        }
+        o->finish.type = got_k > 0 ? RS_FINISH_STOP : RS_FINISH_LENGTH;
+        o->finish.matched = -1;
+        o->finish.matched_text = got_k > 0 ? got + 1 : 0;
+        size_t len;
+        const char *final = rs_gen_text_get(t, job, 0, &len);
+        size_t full;
+        char *ref = rs_tok_decode(tok, ids, (size_t)(got_k > 0 ? got_k : n), skip, &full);
+        size_t ref_len = got_k > 0 ? (trim ? want_ms : want_me) : full;
+        ASSERT_EQ(len, ref_len);
+        ASSERT_TRUE(memcmp(final, ref, len) == 0);
+        ASSERT_TRUE(n_shown <= len && memcmp(final, shown, n_shown) == 0);
+        if (got_k > 0) ASSERT_STREQ(rs_gen_text_stop_string(t, &o->finish), pats[want_which]);
+        free(ref);
+        rs_gen_job_free(job);
+        rs_gen_text_free(t);
+    }
+    ASSERT_TRUE(matched > 250 && late > 150); /* the cases do exercise matches, and late ones */
+    free(enc);
+    rs_tok_free(tok);
+}
+
+/* A stop string and a stop regex completed by the same token: the string wins (SGLang checks
+ * strings first). A pattern that does not compile is a 400 naming it; the limits hold; a search
+ * that exceeds its step limit gives that regex up instead of stalling the engine. */
+RS_TEST(gen_text_stop_regex_order_errors_and_limits) {
+    rs_tok *tok = default_tok();
+    const char *s = "say 12 then stop";
+    int32_t *ids;
+    size_t n;
+    rs_error err = {0};
+    ASSERT_EQ(rs_tok_encode(tok, s, strlen(s), false, &ids, &n, &err), RS_OK);
+    rs_gen_text *t = rs_gen_text_new(tok);
+    ASSERT_EQ(rs_gen_text_add_stop_regex(t, "st.p", 4, "stop_regex", &err), RS_OK);
+    ASSERT_EQ(rs_gen_text_add_stop(t, "stop", 4, "stop", &err), RS_OK);
+    ASSERT_EQ(rs_gen_text_add_stop_regex(t, "", 0, "stop_regex[1]", &err), RS_OK); /* ignored */
+    ASSERT_EQ(t->n_regexes, 1);
+    rs_gen_job *job = fake_job(ids, (int)n);
+    rs_gen_text_attach(t, job);
+    int r = -1;
+    for (size_t k = 0; k < n && r < 0; k++) {
+        job->outputs[0].n_output = (int)k + 1;
+        r = job->on_token(job, 0, ids[k], t);
+    }
+    ASSERT_EQ(r, 0); /* the stop string, not RS_GEN_TEXT_REGEX_STOP(0) */
+    rs_gen_job_free(job);
+
+    ASSERT_EQ(rs_gen_text_add_stop_regex(t, "a(b", 3, "stop_regex[2]", &err), RS_EINVAL);
+    ASSERT_STREQ(err.param, "stop_regex[2]");
+    ASSERT_TRUE(strstr(err.message, "not a valid regular expression") != NULL);
+    for (int i = 1; i < RS_GEN_TEXT_MAX_REGEXES; i++) ASSERT_EQ(rs_gen_text_add_stop_regex(t, "q", 1, "x", &err), RS_OK);
+    ASSERT_EQ(rs_gen_text_add_stop_regex(t, "q", 1, "stop_regex[16]", &err), RS_EINVAL);
+    rs_gen_text_free(t);
+
+    /* catastrophic backtracking: (a+)+b over a run of a's never matches, and each search is cut
+     * at the step limit; the output then runs on (no stop) instead of stalling every step */
+    rs_tok_stop_re *re;
+    ASSERT_EQ(rs_tok_stop_re_compile("(a+)+b", 6, "stop_regex", &re, &err), RS_OK);
+    char as[64];
+    memset(as, 'a', sizeof as);
+    size_t from = 0, ms, me;
+    ASSERT_EQ(rs_tok_stop_re_find(re, as, sizeof as, &from, &ms, &me), RS_ETOOBIG);
+    ASSERT_EQ(from, 0);
+    from = 0;
+    ASSERT_EQ(rs_tok_stop_re_find(re, "aab", 3, &from, &ms, &me), 1);
+    ASSERT_TRUE(ms == 0 && me == 3);
+    from = 0;
+    ASSERT_EQ(rs_tok_stop_re_find(re, "xxaa", 4, &from, &ms, &me), 0); /* partial from 2 on */
+    ASSERT_EQ(from, 2);
+    rs_tok_stop_re_free(re);
+    free(ids);
     rs_tok_free(tok);
 }
 
