@@ -101,9 +101,14 @@ static int find_regex(rs_gen_text *t, const rs_gen_job *job, int output, rs_gen_
             return RS_GEN_TEXT_REGEX_STOP(r);
         }
         if (rc < 0) {
-            RS_WARN("rid %s | output %d: stop_regex[%d] exceeded %u search steps at %zu bytes of text; it no longer "
-                    "stops this output",
-                    job->rid, output, r, RS_TOK_STOP_RE_MATCH_LIMIT, o->text.len);
+            if (rc == RS_ETOOBIG)
+                RS_WARN("rid %s | output %d: stop_regex[%d] exceeded %u search steps at %zu bytes of text; it no "
+                        "longer stops this output",
+                        job->rid, output, r, RS_TOK_STOP_RE_MATCH_LIMIT, o->text.len);
+            else
+                RS_ERROR("rid %s | output %d: stop_regex[%d] could not search the output text (%s); it no longer "
+                         "stops this output",
+                         job->rid, output, r, rs_err_name(rc));
             o->re_from[r] = SIZE_MAX;
         }
     }
