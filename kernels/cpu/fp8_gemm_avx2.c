@@ -39,7 +39,10 @@
  *     the end of a block each row's accumulators are summed across lanes, exactly, in double.
  *     The tile's activation digits (one- and two-digit forms) are decoded once per super-block
  *     (up to 32 K blocks) into L1, and each output's weight row is read front to back. At batch
- *     1 this is ~11 instructions per 32 weight codes beyond the decode's 16.
+ *     1 this is ~11 instructions per 32 weight codes beyond the decode's 16. With 1 or 2 rows
+ *     (r1_out_few) a one-digit block leaves only its int32 lane-pair sums in the decode loop; their
+ *     widening to double runs after the output's last block (1.2-1.3x at batch 1: in the loop, its
+ *     latency held up the next block's decode).
  *   - many rows (r2: tiles of 16 rows, padded from 10): lanes = rows. The tile's activations,
  *     one digit X = V >> 5 and a rare remainder V & 31, are transposed so that two ymm hold one
  *     code pair of 16 rows; each output's weight digits are decoded once per block and
@@ -309,23 +312,19 @@ RS_TARGET_AVX2 INLINE void r1_block_staged(const dlut *l, const r1_x *px, int nr
     }
 }
 
-/* One output o for nr rows (NR of them when NR > 0, else nr staged) over the super-block's blocks
+/* One output o for nr rows (3..R1_ROWS, weight digits staged) over the super-block's blocks
  * [b0, b0 + nb); the fmaf accumulators live in out between super-blocks. */
-RS_TARGET_AVX2 INLINE void r1_out(const ajob *jb, const dlut *l, const r1_x *px, const int NR, int nr, int r0,
-                                  int64_t o, int64_t b0, int nb) {
+RS_TARGET_AVX2 __attribute__((noinline)) static void r1_out_n(const ajob *jb, const dlut *l, const r1_x *px, int nr,
+                                                              int r0, int64_t o, int64_t b0, int nb) {
     const int64_t k = jb->k, kb = jb->kb, n = jb->n;
     const uint8_t *w = jb->wq + o * k;
     _Alignas(32) __m256d lanes[R1_ROWS][XD_ROW_BLOCKS];
     _Alignas(16) float bs[R1_ROWS][XD_ROW_BLOCKS];
     __m256i nan = _mm256_setzero_si256();
-    if (NR) nr = NR;
     for (int bi = 0; bi < nb; bi++) {
         const int64_t j0 = (b0 + bi) * BLK;
         __m256d v[R1_ROWS];
-        if (NR)
-            r1_block_reg(l, px, NR, w + j0, RS_MIN((int64_t)BLK, k - j0), bi, v, &nan);
-        else
-            r1_block_staged(l, px, nr, w + j0, RS_MIN((int64_t)BLK, k - j0), bi, v, &nan);
+        r1_block_staged(l, px, nr, w + j0, RS_MIN((int64_t)BLK, k - j0), bi, v, &nan);
         for (int r = 0; r < nr; r++) lanes[r][bi] = v[r];
     }
     for (int r = 0; r < nr; r++) {
@@ -348,20 +347,80 @@ RS_TARGET_AVX2 INLINE void r1_out(const ajob *jb, const dlut *l, const r1_x *px,
     }
 }
 
+/* NR = 1 or 2 rows (decode): the sums of r1_out_n in two passes. The first decodes and multiplies;
+ * a whole one-digit block (128 codes, px->one_ok: the common case) keeps its accumulators as one
+ * vector of lane-pair sums in int32 (hadd: each below 2^31), any other block goes through
+ * r1_block_reg. The second widens the kept pairs to double and rounds every block sum. Widening
+ * inside the first pass puts its latency chain (hadd, cvt, add, mul) in front of the next block's
+ * decode. */
+RS_TARGET_AVX2 INLINE void r1_out_few(const ajob *jb, const dlut *l, const r1_x *px, const int NR, int r0, int64_t o,
+                                      int64_t b0, int nb) {
+    const int64_t k = jb->k, kb = jb->kb, n = jb->n, rs = (int64_t)px->sb * 4 * 32;
+    const uint8_t *w = jb->wq + o * k + b0 * BLK;
+    _Alignas(32) __m256i pairs[2][XD_ROW_BLOCKS];
+    _Alignas(32) __m256d lanes[2][XD_ROW_BLOCKS];
+    _Alignas(16) float bs[2][XD_ROW_BLOCKS];
+    __m256i nan = _mm256_setzero_si256();
+    for (int bi = 0; bi < nb; bi++) {
+        const uint8_t *wb = w + (int64_t)bi * BLK;
+        const int64_t kw = RS_MIN((int64_t)BLK, k - (b0 + bi) * BLK);
+        if (kw < BLK || !px->one_ok[bi]) {
+            __m256d v[2];
+            r1_block_reg(l, px, NR, wb, kw, bi, v, &nan);
+#pragma GCC unroll 2
+            for (int r = 0; r < NR; r++) lanes[r][bi] = v[r];
+            continue;
+        }
+        const int16_t *x = px->one + (int64_t)bi * 4 * 32;
+        __m256i al[2], ah[2];
+#pragma GCC unroll 2
+        for (int r = 0; r < NR; r++) al[r] = ah[r] = _mm256_setzero_si256();
+#pragma GCC unroll 4
+        for (int c = 0; c < 4; c++) {
+            __m256i d[4];
+            decode32(_mm256_loadu_si256((const __m256i *)(wb + 32 * c)), l, d, &nan);
+#pragma GCC unroll 2
+            for (int r = 0; r < NR; r++) dot_one(d, x + r * rs + c * 32, &al[r], &ah[r]);
+        }
+#pragma GCC unroll 2
+        for (int r = 0; r < NR; r++) pairs[r][bi] = _mm256_hadd_epi32(al[r], ah[r]);
+    }
+    const __m256d unit = _mm256_setr_pd(0x1p-15, 0x1p-15, 0x1p-8, 0x1p-8); /* 8, 1024 times 2^-18 */
+    for (int r = 0; r < NR; r++) {
+        for (int bi = 0; bi < nb; bi++) {
+            if (RS_MIN((int64_t)BLK, k - (b0 + bi) * BLK) < BLK || !px->one_ok[bi]) continue;
+            const __m256i p = pairs[r][bi];
+            const __m256d q = _mm256_add_pd(_mm256_cvtepi32_pd(_mm256_castsi256_si128(p)),
+                                            _mm256_cvtepi32_pd(_mm256_extracti128_si256(p, 1)));
+            lanes[r][bi] = _mm256_mul_pd(q, unit);
+        }
+        for (int bi = nb; bi % 4; bi++) lanes[r][bi] = _mm256_setzero_pd();
+        for (int bi = 0; bi < nb; bi += 4) _mm_store_ps(&bs[r][bi], sum4(&lanes[r][bi]));
+    }
+    if (__builtin_expect(nan_seen(nan), 0)) /* NaN weight codes: rare; find their blocks */
+        for (int bi = 0; bi < nb; bi++)
+            if (has_nan_code(w + (int64_t)bi * BLK, RS_MIN((int64_t)BLK, k - (b0 + bi) * BLK)))
+                for (int r = 0; r < NR; r++) bs[r][bi] = NAN;
+    const float *wsb = jb->ws + (o / BLK) * kb + b0;
+    for (int r = 0; r < NR; r++) {
+        float *dst = jb->out + (int64_t)(r0 + r) * n + o;
+        float acc = b0 == 0 ? 0.0f : *dst;
+        for (int bi = 0; bi < nb; bi++)
+            acc = fmaf(px->nan[r][bi] ? NAN : bs[r][bi], px->s[r][bi] * wsb[bi], acc);
+        *dst = canonical_nan(acc); /* NaN stays NaN through later super-blocks */
+    }
+}
+
 RS_TARGET_AVX2 __attribute__((noinline)) static void r1_out_1(const ajob *jb, const dlut *l, const r1_x *px, int r0,
                                                               int64_t o, int64_t b0, int nb) {
-    r1_out(jb, l, px, 1, 1, r0, o, b0, nb);
+    r1_out_few(jb, l, px, 1, r0, o, b0, nb);
 }
 
 RS_TARGET_AVX2 __attribute__((noinline)) static void r1_out_2(const ajob *jb, const dlut *l, const r1_x *px, int r0,
                                                               int64_t o, int64_t b0, int nb) {
-    r1_out(jb, l, px, 2, 2, r0, o, b0, nb);
+    r1_out_few(jb, l, px, 2, r0, o, b0, nb);
 }
 
-RS_TARGET_AVX2 __attribute__((noinline)) static void r1_out_n(const ajob *jb, const dlut *l, const r1_x *px, int nr,
-                                                              int r0, int64_t o, int64_t b0, int nb) {
-    r1_out(jb, l, px, 0, nr, r0, o, b0, nb);
-}
 
 /* Rows [r0, r0 + nr) (nr <= R1_ROWS) x outputs [o0, o1). */
 RS_TARGET_AVX2 static void r1_item(const ajob *jb, const dlut *l, int r0, int nr, int64_t o0, int64_t o1) {

@@ -551,6 +551,35 @@ RS_TEST(fp8_gemm_all_256_codes) {
     rs_pool_free(p2);
 }
 
+/* Decode-shaped products (1..3 rows, as batch-1 and batch-2 decode run them): activations whose
+ * 128-blocks mostly have every code >= 2^-3 in E4M3 units (the one-digit form the few-row kernels
+ * take a faster path for), some blocks with a small code in one row (the two-digit form), random
+ * weights of every code including NaN ones, whole and ragged last blocks. */
+RS_TEST(fp8_gemm_decode_rows_one_digit_blocks) {
+    rs_pool *p1 = rs_pool_init(1), *p2 = rs_pool_init(2);
+    uint64_t s = 2024;
+    static const int shapes[][2] = {{200, 1024}, {130, 1000}, {64, 3072}, {70, 200}};
+    for (int rows = 1; rows <= 3; rows++)
+        for (size_t i = 0; i < RS_ARRAY_LEN(shapes); i++) {
+            const int n = shapes[i][0], k = shapes[i][1];
+            gemm_case c = gemm_case_alloc(rows, n, k);
+            gemm_case_random(&c, &s);
+            for (int64_t j = 0; j < (int64_t)rows * k; j++) { /* e >= 4, or zero */
+                uint8_t v;
+                do v = (uint8_t)rng_next(&s); while (e4m3_is_nan_code(v) || (((v >> 3) & 15) < 4 && (v & 0x7f)));
+                c.xq[j] = v;
+            }
+            for (int64_t b = 0; b < rs_fp8_blocks(k); b += 3) /* every third block of a random row: a small code */
+                c.xq[(int64_t)(rng_next(&s) % (uint64_t)rows) * k + b * 128 + (int64_t)(rng_next(&s) % 100) % (k - b * 128)] =
+                    (uint8_t)(rng_next(&s) & 0x9f);
+            for (int j = 0; j < 3; j++) c.wq[rng_next(&s) % ((uint64_t)n * (uint64_t)k)] = (rng_next(&s) & 1) ? 0x7f : 0xff;
+            expect_fast_equals_ref(&c, p1, p2);
+            gemm_case_free(&c);
+        }
+    rs_pool_free(p1);
+    rs_pool_free(p2);
+}
+
 RS_TEST(fp8_gemm_nan_codes_bit_identical) {
     rs_pool *p1 = rs_pool_init(1), *p2 = rs_pool_init(2);
     uint64_t s = 99;
