@@ -81,7 +81,7 @@ typedef struct dlut {
     __m256i pow_l; /* L digit's power of two: e = 0, 1 -> 1, e = 2..7 -> 2^(e-1); 0 for e >= 8 */
     __m256i pow_h; /* H digit's: e = 8..15 -> 2^(e-8); 0 for e < 8 */
     __m256i imp;   /* the implicit mantissa bit: 8 for e > 0 */
-    __m256i low4, low3, low7, even, odd;
+    __m256i low4, low3, even;
 } dlut;
 
 static const _Alignas(16) uint8_t pow_l_tab[16] = {1, 1, 2, 4, 8, 16, 32, 64, 0, 0, 0, 0, 0, 0, 0, 0};
@@ -94,28 +94,28 @@ RS_TARGET_AVX2 INLINE void dlut_load(dlut *l) {
     l->imp = _mm256_broadcastsi128_si256(_mm_load_si128((const __m128i *)imp_tab));
     l->low4 = _mm256_set1_epi8(0x0f);
     l->low3 = _mm256_set1_epi8(7);
-    l->low7 = _mm256_set1_epi8(0x7f);
     l->even = _mm256_set1_epi16(0x00ff);
-    l->odd = _mm256_set1_epi16((short)0xff00);
 }
 
 /* 32 codes -> d[0..3] = L_even, L_odd, H_even, H_odd digit words (word j: code 2j or 2j + 1).
- * *nan keeps the running byte-wise max of code & 0x7f: 0x7f there means a NaN code was seen. */
+ * *nan keeps the running byte-wise max of 2 * code mod 256 (the code without its sign, shifted):
+ * 0xfe there means a NaN code (S.1111.111) was seen. Neither needs a constant of its own: the
+ * decode keeps 16 registers busy. */
 RS_TARGET_AVX2 INLINE void decode32(__m256i c, const dlut *l, __m256i d[4], __m256i *nan) {
     const __m256i e = _mm256_and_si256(_mm256_srli_epi16(c, 3), l->low4);
     __m256i m = _mm256_or_si256(_mm256_and_si256(c, l->low3), _mm256_shuffle_epi8(l->imp, e));
     m = _mm256_sign_epi8(m, c); /* -M for sign-bit codes; code 0x00 gives 0, as M = 0 there */
-    const __m256i me = _mm256_and_si256(m, l->even), mo = _mm256_and_si256(m, l->odd);
+    const __m256i me = _mm256_and_si256(m, l->even), mo = _mm256_xor_si256(m, me);
     const __m256i pl = _mm256_shuffle_epi8(l->pow_l, e), ph = _mm256_shuffle_epi8(l->pow_h, e);
     d[0] = _mm256_maddubs_epi16(pl, me);
     d[1] = _mm256_maddubs_epi16(pl, mo);
     d[2] = _mm256_maddubs_epi16(ph, me);
     d[3] = _mm256_maddubs_epi16(ph, mo);
-    *nan = _mm256_max_epu8(*nan, _mm256_and_si256(c, l->low7));
+    *nan = _mm256_max_epu8(*nan, _mm256_add_epi8(c, c));
 }
 
 RS_TARGET_AVX2 INLINE bool nan_seen(__m256i nan) {
-    return _mm256_movemask_epi8(_mm256_cmpeq_epi8(nan, _mm256_set1_epi8(0x7f))) != 0;
+    return _mm256_movemask_epi8(_mm256_cmpeq_epi8(nan, _mm256_set1_epi8((char)0xfe))) != 0;
 }
 
 /* The 32 codes at p, of which only the first n (1..32) are in the array: zeros past them. */
