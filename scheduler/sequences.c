@@ -177,6 +177,9 @@ void rs_eng_finish_seq(rs_engine *e, rs_seq *s, rs_finish_type type, int32_t mat
             break;
         }
     }
+    /* before the requester wakes: a client that reads /metrics on receiving its response sees the
+     * request counted, with its tokens and latencies */
+    rs_eng_publish_stats(e);
     if (job->on_done) job->on_done(job, job->on_done_user);
 }
 

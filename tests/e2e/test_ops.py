@@ -129,9 +129,16 @@ def test_metrics_parse_and_counters_move(daemon):
         assert m(s0, alias) == m(s0, native), alias
     n_req, n_tok = 3, 7
     for i in range(n_req):
+        before = metrics(daemon)
         r = daemon.post("/generate", {"input_ids": [100 + i, 2, 3, 4],
                                       "sampling_params": {"max_new_tokens": n_tok, "ignore_eos": True}})
         assert r.status_code == 200
+        # read at once, no refresh: the response's request is already counted, with its tokens
+        after = metrics(daemon)
+        for name, delta in [("rolloutd_requests_finished_total", 1), ("rolloutd_generation_tokens_total", n_tok),
+                            ("rolloutd_prompt_tokens_total", 4), ("rolloutd_e2e_request_latency_seconds_count", 1),
+                            ("rolloutd_time_to_first_token_seconds_count", 1)]:
+            assert m(after, name) - m(before, name) == delta, (name, m(before, name), m(after, name))
     s1 = metrics(daemon, refresh=True)
     assert m(s1, "rolloutd_generation_tokens_total") - m(s0, "rolloutd_generation_tokens_total") >= n_req * n_tok
     assert m(s1, "rolloutd_prompt_tokens_total") > m(s0, "rolloutd_prompt_tokens_total")

@@ -723,6 +723,45 @@ RS_TEST(engine_top_logprobs_and_modes) {
 
 /* ---- the engine thread: control requests and progress callbacks ---- */
 
+/* What a job's on_done saw of the engine's published counters. */
+typedef struct stats_seen {
+    rs_engine *e;
+    rs_engine_stats st;
+    int calls;
+} stats_seen;
+
+static void on_done_read_stats(rs_gen_job *job, void *user) {
+    (void)job;
+    stats_seen *s = user;
+    rs_engine_get_stats(s->e, &s->st);
+    s->calls++;
+}
+
+/* The counters a requester reads when its response arrives (/metrics right after /generate)
+ * already count its request: they are published before on_done wakes it, not at the end of the
+ * step that finished it. */
+RS_TEST(engine_stats_published_before_on_done) {
+    env v = env_open(8 << 20, 8, 512);
+    uint64_t tokens = 0;
+    for (int i = 0; i < 3; i++) {
+        int lens[2] = {5 + i, 9};
+        rs_gen_job *j = job_new(2, lens, 40u + (unsigned)i);
+        j->sp.max_new_tokens = 4 + i;
+        stats_seen seen = {.e = v.e};
+        j->on_done = on_done_read_stats;
+        j->on_done_user = &seen;
+        run(&v, j);
+        tokens += 2u * (uint64_t)(4 + i);
+        ASSERT_EQ(seen.calls, 1);
+        ASSERT_EQ(seen.st.requests_finished, (uint64_t)(i + 1));
+        ASSERT_EQ(seen.st.generation_tokens, tokens);
+        ASSERT_EQ(seen.st.e2e.n, (uint64_t)(i + 1));
+        ASSERT_EQ(seen.st.n_running, 0);
+        rs_gen_job_free(j);
+    }
+    env_close(&v);
+}
+
 typedef struct waiter {
     rs_latch done;              /* finished jobs */
     int progress_calls;         /* under done.mu */
