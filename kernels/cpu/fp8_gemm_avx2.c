@@ -312,21 +312,15 @@ RS_TARGET_AVX2 INLINE void r1_block_staged(const dlut *l, const r1_x *px, int nr
     }
 }
 
-/* One output o for nr rows (3..R1_ROWS, weight digits staged) over the super-block's blocks
- * [b0, b0 + nb); the fmaf accumulators live in out between super-blocks. */
-RS_TARGET_AVX2 __attribute__((noinline)) static void r1_out_n(const ajob *jb, const dlut *l, const r1_x *px, int nr,
-                                                              int r0, int64_t o, int64_t b0, int nb) {
-    const int64_t k = jb->k, kb = jb->kb, n = jb->n;
+/* The end of one output o for nr rows over the super-block's blocks [b0, b0 + nb), from each
+ * block's exact lanes (lanes[r][bi]; room for nb rounded up to 4): the fp32 block sums, NaN for
+ * blocks with a NaN weight code (nan: decode32's watch over the output's codes), then the
+ * reference's fmaf chain; the fmaf accumulators live in out between super-blocks. */
+RS_TARGET_AVX2 INLINE void r1_finish(const ajob *jb, const r1_x *px, int nr, int r0, int64_t o, int64_t b0, int nb,
+                                     __m256d (*lanes)[XD_ROW_BLOCKS], __m256i nan) {
+    const int64_t k = jb->k, n = jb->n;
     const uint8_t *w = jb->wq + o * k;
-    _Alignas(32) __m256d lanes[R1_ROWS][XD_ROW_BLOCKS];
     _Alignas(16) float bs[R1_ROWS][XD_ROW_BLOCKS];
-    __m256i nan = _mm256_setzero_si256();
-    for (int bi = 0; bi < nb; bi++) {
-        const int64_t j0 = (b0 + bi) * BLK;
-        __m256d v[R1_ROWS];
-        r1_block_staged(l, px, nr, w + j0, RS_MIN((int64_t)BLK, k - j0), bi, v, &nan);
-        for (int r = 0; r < nr; r++) lanes[r][bi] = v[r];
-    }
     for (int r = 0; r < nr; r++) {
         for (int bi = nb; bi % 4; bi++) lanes[r][bi] = _mm256_setzero_pd();
         for (int bi = 0; bi < nb; bi += 4) _mm_store_ps(&bs[r][bi], sum4(&lanes[r][bi]));
@@ -337,7 +331,7 @@ RS_TARGET_AVX2 __attribute__((noinline)) static void r1_out_n(const ajob *jb, co
             if (has_nan_code(w + j0, RS_MIN((int64_t)BLK, k - j0)))
                 for (int r = 0; r < nr; r++) bs[r][bi] = NAN;
         }
-    const float *wsb = jb->ws + (o / BLK) * kb + b0;
+    const float *wsb = jb->ws + (o / BLK) * jb->kb + b0;
     for (int r = 0; r < nr; r++) {
         float *dst = jb->out + (int64_t)(r0 + r) * n + o;
         float acc = b0 == 0 ? 0.0f : *dst;
@@ -345,6 +339,23 @@ RS_TARGET_AVX2 __attribute__((noinline)) static void r1_out_n(const ajob *jb, co
             acc = fmaf(px->nan[r][bi] ? NAN : bs[r][bi], px->s[r][bi] * wsb[bi], acc);
         *dst = canonical_nan(acc); /* NaN stays NaN through later super-blocks */
     }
+}
+
+/* One output o for nr rows (3..R1_ROWS, weight digits staged) over the super-block's blocks
+ * [b0, b0 + nb). */
+RS_TARGET_AVX2 __attribute__((noinline)) static void r1_out_n(const ajob *jb, const dlut *l, const r1_x *px, int nr,
+                                                              int r0, int64_t o, int64_t b0, int nb) {
+    const int64_t k = jb->k;
+    const uint8_t *w = jb->wq + o * k;
+    _Alignas(32) __m256d lanes[R1_ROWS][XD_ROW_BLOCKS];
+    __m256i nan = _mm256_setzero_si256();
+    for (int bi = 0; bi < nb; bi++) {
+        const int64_t j0 = (b0 + bi) * BLK;
+        __m256d v[R1_ROWS];
+        r1_block_staged(l, px, nr, w + j0, RS_MIN((int64_t)BLK, k - j0), bi, v, &nan);
+        for (int r = 0; r < nr; r++) lanes[r][bi] = v[r];
+    }
+    r1_finish(jb, px, nr, r0, o, b0, nb, lanes, nan);
 }
 
 /* NR = 1 or 2 rows (decode): the sums of r1_out_n in two passes. The first decodes and multiplies;
@@ -355,11 +366,11 @@ RS_TARGET_AVX2 __attribute__((noinline)) static void r1_out_n(const ajob *jb, co
  * decode. */
 RS_TARGET_AVX2 INLINE void r1_out_few(const ajob *jb, const dlut *l, const r1_x *px, const int NR, int r0, int64_t o,
                                       int64_t b0, int nb) {
-    const int64_t k = jb->k, kb = jb->kb, n = jb->n, rs = (int64_t)px->sb * 4 * 32;
+    const int64_t k = jb->k, rs = (int64_t)px->sb * 4 * 32;
     const uint8_t *w = jb->wq + o * k + b0 * BLK;
     _Alignas(32) __m256i pairs[2][XD_ROW_BLOCKS];
     _Alignas(32) __m256d lanes[2][XD_ROW_BLOCKS];
-    _Alignas(16) float bs[2][XD_ROW_BLOCKS];
+    uint32_t kept = 0; /* bit bi: block bi's sums are in pairs, not yet in lanes */
     __m256i nan = _mm256_setzero_si256();
     for (int bi = 0; bi < nb; bi++) {
         const uint8_t *wb = w + (int64_t)bi * BLK;
@@ -384,31 +395,20 @@ RS_TARGET_AVX2 INLINE void r1_out_few(const ajob *jb, const dlut *l, const r1_x 
         }
 #pragma GCC unroll 2
         for (int r = 0; r < NR; r++) pairs[r][bi] = _mm256_hadd_epi32(al[r], ah[r]);
+        kept |= 1u << bi;
     }
     const __m256d unit = _mm256_setr_pd(0x1p-15, 0x1p-15, 0x1p-8, 0x1p-8); /* 8, 1024 times 2^-18 */
-    for (int r = 0; r < NR; r++) {
-        for (int bi = 0; bi < nb; bi++) {
-            if (RS_MIN((int64_t)BLK, k - (b0 + bi) * BLK) < BLK || !px->one_ok[bi]) continue;
+    for (uint32_t m = kept; m; m &= m - 1) {
+        const int bi = __builtin_ctz(m);
+#pragma GCC unroll 2
+        for (int r = 0; r < NR; r++) {
             const __m256i p = pairs[r][bi];
             const __m256d q = _mm256_add_pd(_mm256_cvtepi32_pd(_mm256_castsi256_si128(p)),
                                             _mm256_cvtepi32_pd(_mm256_extracti128_si256(p, 1)));
             lanes[r][bi] = _mm256_mul_pd(q, unit);
         }
-        for (int bi = nb; bi % 4; bi++) lanes[r][bi] = _mm256_setzero_pd();
-        for (int bi = 0; bi < nb; bi += 4) _mm_store_ps(&bs[r][bi], sum4(&lanes[r][bi]));
     }
-    if (__builtin_expect(nan_seen(nan), 0)) /* NaN weight codes: rare; find their blocks */
-        for (int bi = 0; bi < nb; bi++)
-            if (has_nan_code(w + (int64_t)bi * BLK, RS_MIN((int64_t)BLK, k - (b0 + bi) * BLK)))
-                for (int r = 0; r < NR; r++) bs[r][bi] = NAN;
-    const float *wsb = jb->ws + (o / BLK) * kb + b0;
-    for (int r = 0; r < NR; r++) {
-        float *dst = jb->out + (int64_t)(r0 + r) * n + o;
-        float acc = b0 == 0 ? 0.0f : *dst;
-        for (int bi = 0; bi < nb; bi++)
-            acc = fmaf(px->nan[r][bi] ? NAN : bs[r][bi], px->s[r][bi] * wsb[bi], acc);
-        *dst = canonical_nan(acc); /* NaN stays NaN through later super-blocks */
-    }
+    r1_finish(jb, px, NR, r0, o, b0, nb, lanes, nan);
 }
 
 RS_TARGET_AVX2 __attribute__((noinline)) static void r1_out_1(const ajob *jb, const dlut *l, const r1_x *px, int r0,
@@ -420,7 +420,6 @@ RS_TARGET_AVX2 __attribute__((noinline)) static void r1_out_2(const ajob *jb, co
                                                               int64_t o, int64_t b0, int nb) {
     r1_out_few(jb, l, px, 2, r0, o, b0, nb);
 }
-
 
 /* Rows [r0, r0 + nr) (nr <= R1_ROWS) x outputs [o0, o1). */
 RS_TARGET_AVX2 static void r1_item(const ajob *jb, const dlut *l, int r0, int nr, int64_t o0, int64_t o1) {
