@@ -20,8 +20,9 @@
  *          to fp32 rounding of the reassociated products.
  *
  * Work items are (row, KV head): the n_heads / n_kv_heads query heads of a group are done together
- * so each K and V row is read (and an E4M3 row decoded) once for all of them; E4M3 goes a page at
- * a time through the kernels of cpu_attention_simd.c. The next page's slices are prefetched.
+ * so each K and V row is read (widened, or decoded) once for all of them, a page at a time through
+ * the page kernels of cpu_attention_simd.c, for every page format. The next page's slices are
+ * prefetched.
  * Items are dealt round-robin to threads, which balances a prefill chunk whose later rows see
  * more context. Softmax is the two-pass form in fp32: scores, max, exp(s - max) and their sum in
  * one vector pass (cpu_exp.c: rs_expf, 16 fixed lanes, so the probabilities do not depend on the
@@ -35,26 +36,6 @@
 #include "../fp8.h"
 #include "cpu_attention_simd.h"
 #include "cpu_internal.h"
-
-/* ---- vector helpers, plain C (the other ISAs are in cpu_simd_*.c) ---- */
-
-static float dot_scalar(const float *a, const void *b, rs_dtype bdt, int n) {
-    float s = 0.0f;
-    for (int i = 0; i < n; i++) s += a[i] * rs_cpu_elem(b, bdt, i);
-    return s;
-}
-
-static void axpy_scalar(float *y, float s, const void *x, rs_dtype xdt, int n) {
-    for (int i = 0; i < n; i++) y[i] += s * rs_cpu_elem(x, xdt, i);
-}
-
-const rs_cpu_vec rs_cpu_vec_scalar = {.dot = dot_scalar, .axpy = axpy_scalar};
-
-const rs_cpu_vec *rs_cpu_vec_for(rs_cpu_simd s) {
-    return s == RS_CPU_SIMD_AVX512 ? &rs_cpu_vec_avx512
-           : s == RS_CPU_SIMD_AVX2 ? &rs_cpu_vec_avx2
-                                   : &rs_cpu_vec_scalar;
-}
 
 /* ---- page addressing ---- */
 
@@ -171,8 +152,7 @@ typedef struct attn_job {
     const rs_kv_layer *kv;
     const rs_batch *batch;
     const int32_t *row_seq; /* [n_tok] sequence of each row */
-    const rs_cpu_vec *vec;
-    const rs_cpu_vec_e4m3 *vec8;
+    const rs_cpu_kv_vec *vec;
     const rs_cpu_exp_vec *ex;
     int n_heads, group; /* group = query heads per KV head */
     float scale;
@@ -191,71 +171,33 @@ static void softmax_rows(const rs_cpu_exp_vec *ex, float *scores, int g, size_t 
     }
 }
 
-/* One row and one KV head over F32/BF16 pages: its `group` query heads over positions 0..pos[r].
- * scores: [group][n_ctx] scratch. */
+/* One row and one KV head: its `group` query heads over positions 0..pos[r], a page at a time
+ * through the page kernels (cpu_attention_simd.c). E4M3 scales are folded as the file comment
+ * says: raw q . codes per page, then times softmax_scale * k_scale (or * ks_j); PER_TOKEN weighs
+ * the probabilities by vs_j before P V; PER_HEAD multiplies the output by v_scale. F32 and BF16
+ * scores are the dot products times softmax_scale. scores: [group][n_ctx] scratch. */
 static void attend_item(const attn_job *j, int r, int kvh, float *scores) {
     const rs_kv_layer *kv = j->kv;
     const rs_batch *bt = j->batch;
-    const rs_cpu_vec *vec = j->vec;
+    const rs_cpu_kv_vec *vec = j->vec;
     const int hd = kv->head_dim, g = j->group, n_ctx = bt->pos[r] + 1;
-    const size_t es = rs_dtype_size(kv->dtype), head_off = (size_t)kvh * (size_t)hd * es;
+    const bool fp8 = kv->dtype == RS_DTYPE_E4M3, per_token = fp8 && kv->scale_mode == RS_KV_SCALE_PER_TOKEN;
+    const size_t es = rs_dtype_size(kv->dtype), ld = (size_t)n_ctx;
+    const size_t head_off = (size_t)kvh * (size_t)hd * es, slice = (size_t)hd * es; /* bytes */
+    const size_t stride = (size_t)kv->n_kv_heads * (size_t)hd; /* elements from one row to the next */
     const int32_t *table = bt->block_tables + (size_t)j->row_seq[r] * (size_t)bt->max_blocks;
     const size_t first_head = (size_t)r * (size_t)j->n_heads + (size_t)kvh * (size_t)g;
     const float *q = j->q + first_head * (size_t)hd; /* [g][hd] */
     float *out = j->out + first_head * (size_t)hd;   /* [g][hd] */
+    const float head_mul = per_token ? 0.0f : fp8 ? j->scale * kv->k_scale[kvh] : j->scale;
 
-    const size_t slice = (size_t)hd * es;
     for (int p0 = 0; p0 < n_ctx; p0 += RS_KV_BLOCK) {
         int32_t page = table[p0 / RS_KV_BLOCK];
         RS_ASSERT(page >= 0 && page < kv->n_blocks);
         if (p0 + RS_KV_BLOCK < n_ctx) prefetch_page(kv, table[p0 / RS_KV_BLOCK + 1], 0, head_off, slice, es);
         int n = RS_MIN(RS_KV_BLOCK, n_ctx - p0);
-        for (int o = 0; o < n; o++) {
-            const char *k = kv_row(kv, (int64_t)page * RS_KV_BLOCK + o, 0, es) + head_off;
-            for (int h = 0; h < g; h++)
-                scores[(size_t)h * (size_t)n_ctx + (size_t)(p0 + o)] =
-                    vec->dot(q + (size_t)h * (size_t)hd, k, kv->dtype, hd) * j->scale;
-        }
-    }
-    softmax_rows(j->ex, scores, g, (size_t)n_ctx, n_ctx);
-    memset(out, 0, (size_t)g * (size_t)hd * sizeof(float));
-    for (int p0 = 0; p0 < n_ctx; p0 += RS_KV_BLOCK) {
-        int32_t page = table[p0 / RS_KV_BLOCK];
-        if (p0 + RS_KV_BLOCK < n_ctx) prefetch_page(kv, table[p0 / RS_KV_BLOCK + 1], 1, head_off, slice, es);
-        int n = RS_MIN(RS_KV_BLOCK, n_ctx - p0);
-        for (int o = 0; o < n; o++) {
-            const char *v = kv_row(kv, (int64_t)page * RS_KV_BLOCK + o, 1, es) + head_off;
-            for (int h = 0; h < g; h++)
-                vec->axpy(out + (size_t)h * (size_t)hd, scores[(size_t)h * (size_t)n_ctx + (size_t)(p0 + o)],
-                          v, kv->dtype, hd);
-        }
-    }
-}
-
-/* The same over E4M3 pages, scales folded as the file comment says: raw q . codes per page, then
- * times softmax_scale * k_scale (or * ks_j); PER_TOKEN weighs the probabilities by vs_j before P V;
- * PER_HEAD multiplies the output by v_scale. */
-static void attend_item_e4m3(const attn_job *j, int r, int kvh, float *scores) {
-    const rs_kv_layer *kv = j->kv;
-    const rs_batch *bt = j->batch;
-    const rs_cpu_vec_e4m3 *vec8 = j->vec8;
-    const int hd = kv->head_dim, g = j->group, n_ctx = bt->pos[r] + 1;
-    const bool per_token = kv->scale_mode == RS_KV_SCALE_PER_TOKEN;
-    const size_t head_off = (size_t)kvh * (size_t)hd, ld = (size_t)n_ctx;
-    const size_t stride = (size_t)kv->n_kv_heads * (size_t)hd; /* bytes from one row to the next */
-    const int32_t *table = bt->block_tables + (size_t)j->row_seq[r] * (size_t)bt->max_blocks;
-    const size_t first_head = (size_t)r * (size_t)j->n_heads + (size_t)kvh * (size_t)g;
-    const float *q = j->q + first_head * (size_t)hd; /* [g][hd] */
-    float *out = j->out + first_head * (size_t)hd;   /* [g][hd] */
-    const float head_mul = per_token ? 0.0f : j->scale * kv->k_scale[kvh];
-
-    for (int p0 = 0; p0 < n_ctx; p0 += RS_KV_BLOCK) {
-        int32_t page = table[p0 / RS_KV_BLOCK];
-        RS_ASSERT(page >= 0 && page < kv->n_blocks);
-        if (p0 + RS_KV_BLOCK < n_ctx) prefetch_page(kv, table[p0 / RS_KV_BLOCK + 1], 0, head_off, (size_t)hd, 1);
-        int n = RS_MIN(RS_KV_BLOCK, n_ctx - p0);
         int64_t slot0 = (int64_t)page * RS_KV_BLOCK;
-        vec8->scores(scores + p0, ld, q, g, (const uint8_t *)kv_row(kv, slot0, 0, 1) + head_off, stride, n, hd);
+        vec->scores(scores + p0, ld, q, g, kv_row(kv, slot0, 0, es) + head_off, kv->dtype, stride, n, hd);
         float mul[RS_KV_BLOCK];
         for (int o = 0; o < n; o++) mul[o] = per_token ? j->scale * kv_token_scales(kv, slot0 + o, 0)[kvh] : head_mul;
         for (int h = 0; h < g; h++)
@@ -265,7 +207,7 @@ static void attend_item_e4m3(const attn_job *j, int r, int kvh, float *scores) {
     memset(out, 0, (size_t)g * (size_t)hd * sizeof(float));
     for (int p0 = 0; p0 < n_ctx; p0 += RS_KV_BLOCK) {
         int32_t page = table[p0 / RS_KV_BLOCK];
-        if (p0 + RS_KV_BLOCK < n_ctx) prefetch_page(kv, table[p0 / RS_KV_BLOCK + 1], 1, head_off, (size_t)hd, 1);
+        if (p0 + RS_KV_BLOCK < n_ctx) prefetch_page(kv, table[p0 / RS_KV_BLOCK + 1], 1, head_off, slice, es);
         int n = RS_MIN(RS_KV_BLOCK, n_ctx - p0);
         int64_t slot0 = (int64_t)page * RS_KV_BLOCK;
         if (per_token) {
@@ -274,9 +216,9 @@ static void attend_item_e4m3(const attn_job *j, int r, int kvh, float *scores) {
                 for (int h = 0; h < g; h++) scores[(size_t)h * ld + (size_t)(p0 + o)] *= vs;
             }
         }
-        vec8->accum(out, scores + p0, ld, g, (const uint8_t *)kv_row(kv, slot0, 1, 1) + head_off, stride, n, hd);
+        vec->accum(out, scores + p0, ld, g, kv_row(kv, slot0, 1, es) + head_off, kv->dtype, stride, n, hd);
     }
-    if (!per_token) {
+    if (fp8 && !per_token) {
         float vs = kv->v_scale[kvh];
         for (size_t i = 0; i < (size_t)g * (size_t)hd; i++) out[i] *= vs;
     }
@@ -287,13 +229,8 @@ static void attn_range(void *arg, int64_t w0, int64_t w1, int tid) {
     const attn_job *j = arg;
     float *scores = j->c->thread_buf[tid].p;
     int n_kv = j->kv->n_kv_heads;
-    bool fp8 = j->kv->dtype == RS_DTYPE_E4M3;
-    for (int64_t w = w0; w < w1; w++) {
-        for (int64_t i = w; i < j->n_items; i += j->n_workers) {
-            if (fp8) attend_item_e4m3(j, (int)(i / n_kv), (int)(i % n_kv), scores);
-            else attend_item(j, (int)(i / n_kv), (int)(i % n_kv), scores);
-        }
-    }
+    for (int64_t w = w0; w < w1; w++)
+        for (int64_t i = w; i < j->n_items; i += j->n_workers) attend_item(j, (int)(i / n_kv), (int)(i % n_kv), scores);
 }
 
 void rs_cpu_op_attention(rs_backend *b, float *out, const float *q, const rs_kv_layer *kv, int n_heads,
@@ -322,8 +259,7 @@ void rs_cpu_op_attention(rs_backend *b, float *out, const float *q, const rs_kv_
         .kv = kv,
         .batch = batch,
         .row_seq = row_seq,
-        .vec = rs_cpu_vec_for(c->simd),
-        .vec8 = rs_cpu_vec_e4m3_for(c->simd),
+        .vec = rs_cpu_kv_vec_for(c->simd),
         .ex = rs_cpu_exp_for(c->simd),
         .n_heads = n_heads,
         .group = group,

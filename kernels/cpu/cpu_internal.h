@@ -119,16 +119,6 @@ void rs_cpu_fp8_quantize_act(rs_cpu_simd simd, const float *x /* [rows][k] f32 *
 void rs_cpu_fp8_encode_n(rs_cpu_simd simd, uint8_t *dst /* [n] e4m3 */, const float *src /* [n] f32 */,
                          size_t n);
 
-/* ---- vector helpers for attention (f32 a; b/x of dtype F32 or BF16), one set per ISA ---- */
-typedef struct rs_cpu_vec {
-    /* sum over i of a[i] * b[i] */
-    float (*dot)(const float *a /* [n] */, const void *b /* [n] bdt */, rs_dtype bdt, int n);
-    /* y[i] += s * x[i] */
-    void (*axpy)(float *y /* [n] */, float s, const void *x /* [n] xdt */, rs_dtype xdt, int n);
-} rs_cpu_vec;
-extern const rs_cpu_vec rs_cpu_vec_scalar, rs_cpu_vec_avx2, rs_cpu_vec_avx512;
-const rs_cpu_vec *rs_cpu_vec_for(rs_cpu_simd s);
-
 /* ---- exp and the softmax / silu loops on it (cpu_exp.c): the same bits at every level ---- */
 const rs_cpu_exp_vec *rs_cpu_exp_for(rs_cpu_simd s);
 

@@ -1,5 +1,6 @@
 /*
- * cpu_simd_avx2.c — AVX2 + FMA + F16C kernels: the matmul tile and the attention vector helpers.
+ * cpu_simd_avx2.c — AVX2 + FMA + F16C kernels: the matmul tile (attention's page kernels are in
+ * cpu_attention_simd.c).
  *
  * The same shapes as cpu_simd_avx512.c on 8 lanes and 16 registers: a tile is 4 weight rows x
  * NT <= 3 token rows (12 accumulators, the 3 x vectors, 1 weight vector at a time). Every output
@@ -93,56 +94,11 @@ rs_cpu_tile_fn rs_cpu_tile_avx2(rs_dtype dt) {
     return dt == RS_DTYPE_BF16 ? tile_bf16 : dt == RS_DTYPE_F16 ? tile_f16 : tile_f32;
 }
 
-/* ---- attention helpers: b / x are F32 or BF16 ---- */
-
-T256 static float dot256(const float *a, const void *b, rs_dtype bdt, int n) {
-    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
-    int i = 0;
-    if (bdt == RS_DTYPE_BF16) {
-        for (; i + 16 <= n; i += 16) {
-            acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), load8(b, i, RS_DTYPE_BF16), acc0);
-            acc1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), load8(b, i + 8, RS_DTYPE_BF16), acc1);
-        }
-        for (; i + 8 <= n; i += 8)
-            acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), load8(b, i, RS_DTYPE_BF16), acc0);
-    } else {
-        for (; i + 16 <= n; i += 16) {
-            acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), load8(b, i, RS_DTYPE_F32), acc0);
-            acc1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), load8(b, i + 8, RS_DTYPE_F32), acc1);
-        }
-        for (; i + 8 <= n; i += 8)
-            acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), load8(b, i, RS_DTYPE_F32), acc0);
-    }
-    __m256 v = _mm256_add_ps(acc0, acc1);
-    __m128 q = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    q = _mm_add_ps(q, _mm_movehl_ps(q, q));
-    q = _mm_add_ss(q, _mm_movehdup_ps(q));
-    float s = _mm_cvtss_f32(q);
-    for (; i < n; i++) s += a[i] * rs_cpu_elem(b, bdt, i);
-    return s;
-}
-
-T256 static void axpy256(float *y, float s, const void *x, rs_dtype xdt, int n) {
-    __m256 sv = _mm256_set1_ps(s);
-    int i = 0;
-    if (xdt == RS_DTYPE_BF16) {
-        for (; i + 8 <= n; i += 8)
-            _mm256_storeu_ps(y + i, _mm256_fmadd_ps(sv, load8(x, i, RS_DTYPE_BF16), _mm256_loadu_ps(y + i)));
-    } else {
-        for (; i + 8 <= n; i += 8)
-            _mm256_storeu_ps(y + i, _mm256_fmadd_ps(sv, load8(x, i, RS_DTYPE_F32), _mm256_loadu_ps(y + i)));
-    }
-    for (; i < n; i++) y[i] += s * rs_cpu_elem(x, xdt, i);
-}
-
-const rs_cpu_vec rs_cpu_vec_avx2 = {.dot = dot256, .axpy = axpy256};
-
 #else /* not x86: never selected, init reports scalar */
 
 rs_cpu_tile_fn rs_cpu_tile_avx2(rs_dtype dt) {
     (void)dt;
     return NULL;
 }
-const rs_cpu_vec rs_cpu_vec_avx2 = {0};
 
 #endif

@@ -1,5 +1,6 @@
 /*
- * cpu_simd_avx512.c — AVX-512F kernels: the matmul tile and the attention vector helpers.
+ * cpu_simd_avx512.c — AVX-512F kernels: the matmul tile (attention's page kernels are in
+ * cpu_attention_simd.c).
  *
  * Compiled for any x86-64 target: every function carries target("avx512f,...") and is only called
  * when init found AVX-512F. A matmul tile keeps 4 weight rows x NT token rows of 16-lane fp32
@@ -100,52 +101,11 @@ rs_cpu_tile_fn rs_cpu_tile_avx512(rs_dtype dt) {
     return dt == RS_DTYPE_BF16 ? tile_bf16 : dt == RS_DTYPE_F16 ? tile_f16 : tile_f32;
 }
 
-/* ---- attention helpers: b / x are F32 or BF16 ---- */
-
-T512 static float dot512(const float *a, const void *b, rs_dtype bdt, int n) {
-    __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
-    int i = 0;
-    if (bdt == RS_DTYPE_BF16) {
-        for (; i + 32 <= n; i += 32) {
-            acc0 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), load16(b, i, RS_DTYPE_BF16), acc0);
-            acc1 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i + 16), load16(b, i + 16, RS_DTYPE_BF16), acc1);
-        }
-        for (; i + 16 <= n; i += 16)
-            acc0 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), load16(b, i, RS_DTYPE_BF16), acc0);
-    } else {
-        for (; i + 32 <= n; i += 32) {
-            acc0 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), load16(b, i, RS_DTYPE_F32), acc0);
-            acc1 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i + 16), load16(b, i + 16, RS_DTYPE_F32), acc1);
-        }
-        for (; i + 16 <= n; i += 16)
-            acc0 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), load16(b, i, RS_DTYPE_F32), acc0);
-    }
-    float s = _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1));
-    for (; i < n; i++) s += a[i] * rs_cpu_elem(b, bdt, i);
-    return s;
-}
-
-T512 static void axpy512(float *y, float s, const void *x, rs_dtype xdt, int n) {
-    __m512 sv = _mm512_set1_ps(s);
-    int i = 0;
-    if (xdt == RS_DTYPE_BF16) {
-        for (; i + 16 <= n; i += 16)
-            _mm512_storeu_ps(y + i, _mm512_fmadd_ps(sv, load16(x, i, RS_DTYPE_BF16), _mm512_loadu_ps(y + i)));
-    } else {
-        for (; i + 16 <= n; i += 16)
-            _mm512_storeu_ps(y + i, _mm512_fmadd_ps(sv, load16(x, i, RS_DTYPE_F32), _mm512_loadu_ps(y + i)));
-    }
-    for (; i < n; i++) y[i] += s * rs_cpu_elem(x, xdt, i);
-}
-
-const rs_cpu_vec rs_cpu_vec_avx512 = {.dot = dot512, .axpy = axpy512};
-
 #else /* not x86: never selected, init reports scalar */
 
 rs_cpu_tile_fn rs_cpu_tile_avx512(rs_dtype dt) {
     (void)dt;
     return NULL;
 }
-const rs_cpu_vec rs_cpu_vec_avx512 = {0};
 
 #endif

@@ -231,7 +231,7 @@ RS_TEST(kv_fp8_decode_matches_table_all_codes) {
     float got[256 + 7];
     for (int i = 0; i < 256 + 7; i++) codes[i] = (uint8_t)(i * 37 + 11);
     for (int simd = 0; simd <= max_simd(); simd++) {
-        const rs_cpu_vec_e4m3 *v = rs_cpu_vec_e4m3_for((rs_cpu_simd)simd);
+        const rs_cpu_kv_vec *v = rs_cpu_kv_vec_for((rs_cpu_simd)simd);
         for (int n = 0; n <= 256 + 7; n += (n < 40 ? 1 : 37)) {
             memset(got, 0, sizeof got);
             v->decode(got, codes, n);
@@ -243,53 +243,77 @@ RS_TEST(kv_fp8_decode_matches_table_all_codes) {
     }
 }
 
-/* scores and accum on one page against double loops over the table: every head count 1..11 (the
- * kernels go 8 heads at a time), head dims that leave every tail, 1..16 rows, a row stride wider
- * than the head (rows of other heads in between). */
-RS_TEST(kv_fp8_page_kernels_match_reference) {
-    enum { MAXG = 11, MAXD = 72, STRIDE = 3 * MAXD, LD = 40 };
+/* scores and accum on one page against double loops over the table, for each page format (the
+ * same values as E4M3 codes, BF16 and F32: E4M3 values are exact in both): every head count 1..11
+ * (the kernels take 2, 4 or 8 heads at a time), head dims that leave every tail, 1..16 rows, a
+ * row stride wider than the head (rows of other heads in between). A row's score is also the same
+ * bits when it is scored alone, in a one-row page: no slot or page length changes it. */
+RS_TEST(kv_page_kernels_match_reference) {
+    enum { MAXG = 11, MAXD = 72, STRIDE = 3 * MAXD, LD = 40, NPAGE = RS_KV_BLOCK * STRIDE };
     uint64_t rng = 3;
-    uint8_t page[RS_KV_BLOCK * STRIDE];
-    float q[MAXG * MAXD], p[MAXG * LD], sc[MAXG * LD], out[MAXG * MAXD], out0[MAXG * MAXD];
-    for (size_t i = 0; i < sizeof page; i++) {
+    static uint8_t page[NPAGE];
+    static uint16_t page_bf16[NPAGE];
+    static float page_f32[NPAGE];
+    float q[MAXG * MAXD], p[MAXG * LD], sc[MAXG * LD], one[MAXG], out[MAXG * MAXD], out0[MAXG * MAXD];
+    for (size_t i = 0; i < NPAGE; i++) {
         uint8_t c = (uint8_t)rng_next(&rng);
         page[i] = (c & 0x7f) == 0x7f ? 0x7e : c; /* finite codes: NaN has its own check below */
+        page_f32[i] = rs_fp8_e4m3_f32[page[i]];
+        page_bf16[i] = rs_f32_to_bf16(page_f32[i]);
+        ASSERT_TRUE(rs_bf16_to_f32(page_bf16[i]) == page_f32[i]);
     }
     for (int i = 0; i < MAXG * MAXD; i++) q[i] = rng_uniform(&rng), out0[i] = rng_uniform(&rng);
     for (int i = 0; i < MAXG * LD; i++) p[i] = 0.5f * (rng_uniform(&rng) + 1.0f);
     static const int dims[] = {1, 7, 8, 15, 16, 17, 24, 33, 64, 72};
+    static const rs_dtype dts[] = {RS_DTYPE_E4M3, RS_DTYPE_BF16, RS_DTYPE_F32};
     for (int simd = 0; simd <= max_simd(); simd++) {
-        const rs_cpu_vec_e4m3 *v = rs_cpu_vec_e4m3_for((rs_cpu_simd)simd);
-        for (size_t di = 0; di < RS_ARRAY_LEN(dims); di++) {
-            int hd = dims[di];
-            for (int g = 1; g <= MAXG; g++) {
-                for (int n = 1; n <= RS_KV_BLOCK; n += (n < 3 ? 1 : 6)) {
-                    v->scores(sc, LD, q, g, page + 5, STRIDE, n, hd);
-                    memcpy(out, out0, sizeof out);
-                    v->accum(out, p, LD, g, page + 5, STRIDE, n, hd);
-                    for (int h = 0; h < g; h++) {
-                        for (int t = 0; t < n; t++) {
-                            double ref = 0, mag = 0;
-                            for (int i = 0; i < hd; i++) {
-                                double x = (double)q[h * hd + i] * rs_fp8_e4m3_f32[page[5 + t * STRIDE + i]];
-                                ref += x, mag += fabs(x);
-                            }
-                            if (!(fabs(sc[h * LD + t] - ref) <= 1e-6 * mag))
-                                RS_TEST_FAIL("scores simd %d hd %d g %d n %d [%d][%d]: %.9g want %.9g", simd, hd, g, n,
-                                             h, t, (double)sc[h * LD + t], ref);
-                        }
-                        for (int i = 0; i < hd; i++) {
-                            double ref = out0[h * hd + i], mag = fabs(ref);
+        const rs_cpu_kv_vec *v = rs_cpu_kv_vec_for((rs_cpu_simd)simd);
+        for (size_t ti = 0; ti < RS_ARRAY_LEN(dts); ti++) {
+            const rs_dtype dt = dts[ti];
+            const size_t es = rs_dtype_size(dt);
+            const char *base = dt == RS_DTYPE_E4M3 ? (const char *)page
+                               : dt == RS_DTYPE_BF16 ? (const char *)page_bf16
+                                                     : (const char *)page_f32;
+            const char *pg = base + 5 * es; /* rows start 5 elements in */
+            for (size_t di = 0; di < RS_ARRAY_LEN(dims); di++) {
+                int hd = dims[di];
+                for (int g = 1; g <= MAXG; g++) {
+                    for (int n = 1; n <= RS_KV_BLOCK; n += (n < 3 ? 1 : 6)) {
+                        v->scores(sc, LD, q, g, pg, dt, STRIDE, n, hd);
+                        memcpy(out, out0, sizeof out);
+                        v->accum(out, p, LD, g, pg, dt, STRIDE, n, hd);
+                        for (int h = 0; h < g; h++) {
                             for (int t = 0; t < n; t++) {
-                                double x = (double)p[h * LD + t] * rs_fp8_e4m3_f32[page[5 + t * STRIDE + i]];
-                                ref += x, mag += fabs(x);
+                                double ref = 0, mag = 0;
+                                for (int i = 0; i < hd; i++) {
+                                    double x = (double)q[h * hd + i] * rs_fp8_e4m3_f32[page[5 + t * STRIDE + i]];
+                                    ref += x, mag += fabs(x);
+                                }
+                                if (!(fabs(sc[h * LD + t] - ref) <= 1e-6 * mag))
+                                    RS_TEST_FAIL("scores simd %d %s hd %d g %d n %d [%d][%d]: %.9g want %.9g", simd,
+                                                 rs_dtype_name(dt), hd, g, n, h, t, (double)sc[h * LD + t], ref);
                             }
-                            if (!(fabs(out[h * hd + i] - ref) <= 1e-6 * mag))
-                                RS_TEST_FAIL("accum simd %d hd %d g %d n %d [%d][%d]: %.9g want %.9g", simd, hd, g, n,
-                                             h, i, (double)out[h * hd + i], ref);
+                            for (int i = 0; i < hd; i++) {
+                                double ref = out0[h * hd + i], mag = fabs(ref);
+                                for (int t = 0; t < n; t++) {
+                                    double x = (double)p[h * LD + t] * rs_fp8_e4m3_f32[page[5 + t * STRIDE + i]];
+                                    ref += x, mag += fabs(x);
+                                }
+                                if (!(fabs(out[h * hd + i] - ref) <= 1e-6 * mag))
+                                    RS_TEST_FAIL("accum simd %d %s hd %d g %d n %d [%d][%d]: %.9g want %.9g", simd,
+                                                 rs_dtype_name(dt), hd, g, n, h, i, (double)out[h * hd + i], ref);
+                            }
+                            for (int i = hd; i < MAXD && h == g - 1; i++) /* nothing past the last head */
+                                ASSERT_TRUE(out[h * hd + i] == out0[h * hd + i]);
                         }
-                        for (int i = hd; i < MAXD && h == g - 1; i++) /* nothing past the last head */
-                            ASSERT_TRUE(out[h * hd + i] == out0[h * hd + i]);
+                        for (int t = 0; t < n; t++) { /* row t alone: the same bits */
+                            v->scores(one, 1, q, g, pg + (size_t)t * STRIDE * es, dt, STRIDE, 1, hd);
+                            for (int h = 0; h < g; h++)
+                                if (!same_float(one[h], sc[h * LD + t]))
+                                    RS_TEST_FAIL("scores simd %d %s hd %d g %d: row %d of %d alone %.9g, in the "
+                                                 "page %.9g", simd, rs_dtype_name(dt), hd, g, t, n, (double)one[h],
+                                                 (double)sc[h * LD + t]);
+                        }
                     }
                 }
             }
@@ -298,9 +322,9 @@ RS_TEST(kv_fp8_page_kernels_match_reference) {
         uint8_t nan_page[2 * 32] = {0};
         nan_page[32 + 20] = 0xff;
         float s2[2], o2[32] = {0}, w[2] = {1.0f, 1.0f};
-        v->scores(s2, 1, q, 1, nan_page, 32, 2, 32);
+        v->scores(s2, 1, q, 1, nan_page, RS_DTYPE_E4M3, 32, 2, 32);
         ASSERT_TRUE(!isnan(s2[0]) && isnan(s2[1]));
-        v->accum(o2, w, 1, 1, nan_page, 32, 2, 32);
+        v->accum(o2, w, 1, 1, nan_page, RS_DTYPE_E4M3, 32, 2, 32);
         ASSERT_TRUE(isnan(o2[20]) && !isnan(o2[19]));
     }
 }
