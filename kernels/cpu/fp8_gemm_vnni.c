@@ -820,15 +820,21 @@ RS_TARGET_VNNI INLINE void r2_finish(const r2_state *st, int t, const __m512i al
  * + hoff) int32. */
 RS_TARGET_VNNI INLINE void r2_remainders(const r2_state *st, int t, const int32_t *wl, int64_t wps, int64_t wqs,
                                          int64_t hoff, __m512i rl[R2_NO], __m512i rh[R2_NO]) {
+    /* local accumulators, stored once: rl and rh may live in memory (indexed by a tile number) */
+    __m512i l[R2_NO], h[R2_NO];
+#pragma GCC unroll 4
+    for (int q = 0; q < R2_NO; q++) l[q] = rl[q], h[q] = rh[q];
     for (uint64_t m = st->rpairs[t]; m; m &= m - 1) {
         const int p = __builtin_ctzll(m);
         const __m512i r = _mm512_load_si512(st->xt[t][1][p]);
 #pragma GCC unroll 4
         for (int q = 0; q < R2_NO; q++) {
-            rl[q] = dp_one(rl[q], r, wl + p * wps + q * wqs);
-            rh[q] = dp_one(rh[q], r, wl + p * wps + q * wqs + hoff);
+            l[q] = dp_one(l[q], r, wl + p * wps + q * wqs);
+            h[q] = dp_one(h[q], r, wl + p * wps + q * wqs + hoff);
         }
     }
+#pragma GCC unroll 4
+    for (int q = 0; q < R2_NO; q++) rl[q] = l[q], rh[q] = h[q];
 }
 
 /* R2_NO outputs o.. (the last ones repeated past o1, not stored) over block b. */
@@ -952,13 +958,18 @@ RS_TARGET_VNNI static void r2_group_pairs(r2_state *st, int nt, const __mmask16 
         uint64_t lp = 0;
 #pragma GCC unroll 4
         for (int v = 0; v < 4; v++) lp |= (uint64_t)_mm512_test_epi32_mask(lmv[v], qm) << (16 * v);
-        for (uint64_t m = lp; m; m &= m - 1) {
-            const int p = __builtin_ctzll(m);
-            for (int t = 0; t < nt; t++) {
+        for (int t = 0; t < nt; t++) { /* tile by tile, so that the sums stay in registers */
+            __m512i a[R2_NO];
+#pragma GCC unroll 16
+            for (int q = 0; q < R2_NO; q++) a[q] = _mm512_setzero_si512();
+            for (uint64_t m = lp; m; m &= m - 1) {
+                const int p = __builtin_ctzll(m);
                 const __m512i xv = _mm512_load_si512(st->xt[t][0][p]);
 #pragma GCC unroll 16
-                for (int q = 0; q < R2_NO; q++) al[t][q] = dp_one(al[t][q], xv, &st->wdp[p][0][q0 + q]);
+                for (int q = 0; q < R2_NO; q++) a[q] = dp_one(a[q], xv, &st->wdp[p][0][q0 + q]);
             }
+#pragma GCC unroll 16
+            for (int q = 0; q < R2_NO; q++) al[t][q] = a[q];
         }
         for (int t = 0; t < nt; t++) /* wdp [pair][L/H][output] */
             r2_remainders(st, t, &st->wdp[0][0][q0], 2 * 32, 1, 32, rl[t], rh[t]);
