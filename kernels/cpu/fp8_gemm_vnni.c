@@ -55,7 +55,7 @@
  *     units; with packed weights, the pairs where one of 4 outputs has one), the remainder
  *     products only over the pairs where a row has a remainder.
  *     Outputs leave through 16 x 16 transposes.
- * Work items are (chunk of 64 outputs, row tile), the tile varying fastest so that a chunk's
+ * Work items are (chunk of 128 outputs, row tile), the tile varying fastest so that a chunk's
  * weights stay in L2 across the tiles; threads take contiguous runs of items. Nothing is
  * allocated: the scratch (under 64 KB) is on the stack.
  */
@@ -78,7 +78,7 @@
 #define INLINE static inline __attribute__((always_inline))
 
 #define BLK     RS_FP8_BLOCK
-#define CHUNK   64 /* output features per work item */
+#define CHUNK   128 /* output features per work item */
 #define R1_ROWS 4  /* rows of a lanes = k tile */
 #define R2_ROWS 16 /* rows of a lanes = rows tile: one zmm of int32 */
 #define R2_MIN  12 /* a remainder of at least this many rows still takes a lanes = rows tile */
