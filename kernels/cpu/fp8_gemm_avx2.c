@@ -44,7 +44,7 @@
  *     widening to double runs after the output's last block (1.2-1.3x at batch 1: in the loop, its
  *     latency held up the next block's decode).
  *   - many rows (r2: tiles of 16 rows, padded from 10): lanes = rows. The tile's activations,
- *     one digit X = V >> 5 and a rare remainder V & 31, are transposed so that two ymm hold one
+ *     one digit X = V >> 4 (or >> 5) and a rare remainder, are transposed so that two ymm hold one
  *     code pair of 16 rows; each output's weight digits are decoded once per block and
  *     broadcast. X times the weight's H digits goes through every pair, the L digits (rare:
  *     |w| < 2 in E4M3 units) and the remainders only where they are nonzero (see r2_state).
@@ -72,6 +72,7 @@
 #define R2_ROWS  16 /* rows of a lanes = rows tile: two ymm of int32 */
 #define R2_MIN   10 /* a remainder of at least this many rows still takes a lanes = rows tile */
 #define R2_NO    4  /* outputs accumulated together in a lanes = rows tile */
+#define R2_XABS_MAX4 1118481 /* (2^31 - 1) / 1920: the largest row sum of |X| that takes s = 4 */
 
 /* ---- decode ---- */
 
@@ -447,21 +448,26 @@ RS_TARGET_AVX2 static void r1_item(const ajob *jb, const dlut *l, int r0, int nr
  * p = 16 c + 8 v + i is dword i of word vector v (0 even, 1 odd) of chunk c) of 16 rows is two ymm,
  * the weight digits are decoded once per block and output, and broadcast.
  *
- * The activations take one digit plus a rare remainder: V = 32 X + r with X = V >> 5 (floor;
- * from the digits, (L >> 5) + 4 H, |X| <= 7168) and r = V & 31 = L & 31, which is nonzero only for
- * codes below 2^-4 or so in E4M3 units (|x| < amax / 900: rare once a row's 1x128 group is scaled
- * to 448). The block sum is 2^-18 (32 A_L + 4096 A_H + R_L + 128 R_H), A_L = sum X Lw,
- * A_H = sum X Hw, R_L = sum r Lw, R_H = sum r Hw, each over the block in an int32 lane per row:
- * |A_H| <= 128 * 7680 * 1920 < 2^31 even with NaN codes' digits. A_H takes every pair (one
- * vpmaddwd per half, output and pair); A_L only the pairs where the weight has an L digit (|w| < 2
- * in E4M3 units: ~1.6% of Gaussian weights), R_* only those where one of the tile's rows has a
- * remainder: skipping a zero product leaves the integer sums as they were. */
+ * The activations take one digit plus a rare remainder: V = 2^s X + r with X = V >> s (floor) and
+ * r = V & (2^s - 1), nonzero only for small codes (rare once a row's 1x128 group is scaled to
+ * 448). The block sum is 2^-18 (2^s A_L + 2^(s+7) A_H + R_L + 128 R_H), A_L = sum X Lw,
+ * A_H = sum X Hw, R_L = sum r Lw, R_H = sum r Hw, each over the block in an int32 lane per row.
+ * A_H takes every pair (one vpmaddwd per half, output and pair); A_L only the pairs where the
+ * weight has an L digit (|w| < 2 in E4M3 units: ~1.6% of Gaussian weights), R_* only those where
+ * one of the tile's rows has a remainder: skipping a zero product leaves the integer sums as they
+ * were. The shift is chosen per tile and block, as in fp8_gemm_vnni.c (r2_state):
+ *   s = 4: X = (L >> 4) + 8 H (|X| <= 14336), r = L & 15 (codes below 2^-5 in E4M3 units), when
+ *          each row has sum |X| <= (2^31 - 1) / 1920, which bounds every partial sum (no weight
+ *          digit exceeds 1920, NaN codes included);
+ *   s = 5: X = (L >> 5) + 4 H (|X| <= 7168), r = L & 31: |A_H| <= 128 * 7680 * 1920 < 2^31 for
+ *          any codes. */
 typedef struct r2_state {
     _Alignas(32) int32_t xt[2][64][R2_ROWS];       /* [X/r][pair][row]: the block's activations */
     _Alignas(32) int32_t rowv[R2_ROWS][2][64];     /* [row][X/r][pair]: before transposing */
     _Alignas(32) int32_t wd[R2_NO][2][64];         /* [output][L/H][pair] */
     _Alignas(32) float acc[CHUNK][R2_ROWS];        /* [output - o0][row]: the fmaf accumulators */
     _Alignas(32) float s[R2_ROWS];                 /* x scales of the block */
+    double xd;                                     /* 2^s: the activation digit's weight */
 } r2_state;
 
 /* In-place transpose of an 8 x 8 matrix of 32-bit elements (v[i] = row i). */
@@ -496,8 +502,9 @@ RS_TARGET_AVX2 INLINE uint64_t nonzero_pairs8(__m256i v) {
 RS_TARGET_AVX2 static uint32_t r2_prep(r2_state *st, const ajob *jb, const dlut *l, int r0, int nr, int64_t b,
                                        uint64_t *rpairs) {
     const int64_t j0 = b * BLK, kw = RS_MIN((int64_t)BLK, jb->k - j0);
-    const __m256i low5 = _mm256_set1_epi16(31);
+    const __m256i low4 = _mm256_set1_epi16(15), ones = _mm256_set1_epi16(1);
     uint32_t xnan = 0;
+    int32_t xabs_max = 0; /* the largest row sum of |X| with s = 4 */
     __m256i rany[8];
     for (int i = 0; i < 8; i++) rany[i] = _mm256_setzero_si256();
     for (int r = 0; r < R2_ROWS; r++) {
@@ -507,21 +514,40 @@ RS_TARGET_AVX2 static uint32_t r2_prep(r2_state *st, const ajob *jb, const dlut 
             continue;
         }
         const uint8_t *x = jb->xq + (int64_t)(r0 + r) * jb->k + j0;
-        __m256i nan = _mm256_setzero_si256();
+        __m256i nan = _mm256_setzero_si256(), xabs = _mm256_setzero_si256();
         for (int c = 0; c < 4; c++) {
             __m256i d[4] = {_mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256(),
                             _mm256_setzero_si256()};
             if (32 * c < kw) decode_chunk(l, x, kw, c, d, &nan);
-            for (int v = 0; v < 2; v++) { /* v: even, odd codes; X = (L >> 5) + 4 H, r = L & 31 */
-                const __m256i X = _mm256_add_epi16(_mm256_srai_epi16(d[v], 5), _mm256_slli_epi16(d[2 + v], 2));
-                const __m256i R = _mm256_and_si256(d[v], low5);
+            for (int v = 0; v < 2; v++) { /* v: even, odd codes; X = (L >> 4) + 8 H, r = L & 15 */
+                const __m256i X = _mm256_add_epi16(_mm256_srai_epi16(d[v], 4), _mm256_slli_epi16(d[2 + v], 3));
+                const __m256i R = _mm256_and_si256(d[v], low4);
                 _mm256_store_si256((__m256i *)&st->rowv[r][0][16 * c + 8 * v], X);
                 _mm256_store_si256((__m256i *)&st->rowv[r][1][16 * c + 8 * v], R);
                 rany[2 * c + v] = _mm256_or_si256(rany[2 * c + v], R);
+                xabs = _mm256_add_epi32(xabs, _mm256_madd_epi16(_mm256_abs_epi16(X), ones));
             }
         }
+        __m128i h = _mm_add_epi32(_mm256_castsi256_si128(xabs), _mm256_extracti128_si256(xabs, 1));
+        h = _mm_add_epi32(h, _mm_shuffle_epi32(h, 0x4e));
+        h = _mm_add_epi32(h, _mm_shuffle_epi32(h, 0xb1));
+        xabs_max = RS_MAX(xabs_max, _mm_cvtsi128_si32(h));
         if (nan_seen(nan)) xnan |= 1u << r;
         st->s[r] = jb->xs[(int64_t)(r0 + r) * jb->kb + b];
+    }
+    st->xd = 16.0;
+    if (__builtin_expect(xabs_max > R2_XABS_MAX4, 0)) { /* s = 5: X >> 1, r | (X & 1) << 4 */
+        for (int i = 0; i < 8; i++) rany[i] = _mm256_setzero_si256();
+        for (int r = 0; r < nr; r++)
+            for (int i = 0; i < 8; i++) {
+                const __m256i X = _mm256_load_si256((const __m256i *)&st->rowv[r][0][8 * i]);
+                const __m256i R = _mm256_or_si256(_mm256_load_si256((const __m256i *)&st->rowv[r][1][8 * i]),
+                                                  _mm256_slli_epi16(_mm256_and_si256(X, ones), 4));
+                _mm256_store_si256((__m256i *)&st->rowv[r][0][8 * i], _mm256_srai_epi16(X, 1));
+                _mm256_store_si256((__m256i *)&st->rowv[r][1][8 * i], R);
+                rany[i] = _mm256_or_si256(rany[i], R);
+            }
+        st->xd = 32.0;
     }
     uint64_t rp = 0;
     for (int i = 0; i < 8; i++) rp |= nonzero_pairs8(rany[i]) << (8 * i);
@@ -549,9 +575,9 @@ RS_TARGET_AVX2 INLINE void r2_finish(const r2_state *st, float *acc, const __m25
         __m128 f[2];
         for (int half = 0; half < 2; half++) {
 #define R2_Q(v) _mm256_cvtepi32_pd(half ? _mm256_extracti128_si256(v[h], 1) : _mm256_castsi256_si128(v[h]))
-            /* 2^-18 (32 A_L + 4096 A_H + R_L + 128 R_H), exact in double (< 2^43 * 2^-18) */
-            __m256d t = _mm256_fmadd_pd(R2_Q(ah), _mm256_set1_pd(4096.0), R2_Q(rl));
-            t = _mm256_fmadd_pd(R2_Q(al), _mm256_set1_pd(32.0), t);
+            /* 2^-18 (2^s A_L + 2^(s+7) A_H + R_L + 128 R_H), exact in double (< 2^43 * 2^-18) */
+            __m256d t = _mm256_fmadd_pd(R2_Q(ah), _mm256_set1_pd(128.0 * st->xd), R2_Q(rl));
+            t = _mm256_fmadd_pd(R2_Q(al), _mm256_set1_pd(st->xd), t);
             t = _mm256_fmadd_pd(R2_Q(rh), _mm256_set1_pd(128.0), t);
 #undef R2_Q
             f[half] = _mm256_cvtpd_ps(_mm256_mul_pd(t, _mm256_set1_pd(0x1p-18)));

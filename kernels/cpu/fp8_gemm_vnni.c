@@ -48,7 +48,7 @@
  *     The tile's activation digits are transposed so that one zmm holds one k-pair of 16 rows; the
  *     weight digits are decoded once per block into L1 (4 outputs at a time from row-major
  *     weights, a whole 32-output group from packed ones, which then serves both tiles of the item)
- *     and broadcast, no horizontal sums. The activations take one digit X = V >> 5 and a rare
+ *     and broadcast, no horizontal sums. The activations take one digit X = V >> 4 (or >> 5) and a rare
  *     remainder (r2_state), so each k-pair takes 1 vpdpwssd per output and tile for the weight's
  *     H digits (one asm loop per block); the L-digit products run only over the pairs where the
  *     weight has an L digit, which a block scaled to amax 448 gives to few codes (|w| < 2 in E4M3
@@ -87,6 +87,7 @@
 #define R1_PREFETCH 2 /* lanes = k: prefetch the weight rows this many output groups ahead */
 #define R2_NO   4  /* outputs decoded and accumulated together in a lanes = rows tile */
 #define R2_TILES 2 /* lanes = rows tiles sharing a decode of RS_LAYOUT_FP8_PAIRS32 weights */
+#define R2_XABS_MAX4 1118481 /* (2^31 - 1) / 1920: the largest row sum of |X| that takes s = 4 (r2_state) */
 
 /* gf2p8affineqb matrix: output bit i = parity(code & byte[7 - i]); swaps bits 6 and 7. */
 #define SWAP67 0x0102040810208040ull
@@ -719,19 +720,28 @@ RS_TARGET_VNNI static void r3_item(const vjob *jb, const vlut *l, int r0, int nr
  * p % 16 of word vector p / 16 in the order (L_a, L_b) of codes 0-63, then of codes 64-127 — the
  * same for x (per row) and w.
  *
- * The activations take one digit plus a rare remainder: V = 32 X + r, X = V >> 5 = (L >> 5) + 4 H
- * (floor; |X| <= 7168) and r = V & 31 = L & 31, nonzero only for codes below ~2^-4 in E4M3 units
- * (|x| < amax / 900). The block sum is 2^-18 (32 A_L + 4096 A_H + R_L + 128 R_H) with A_L = sum
- * X Lw, A_H = sum X Hw, R_L = sum r Lw, R_H = sum r Hw, each an int32 lane per row over the block:
- * |A_H| <= 128 * 7680 * 1920 < 2^31 even with NaN codes' digits. So A_H takes one vpdpwssd per
- * output and pair; A_L runs only over the pairs where the weight has an L digit, R_* only over
- * those where a row has a remainder (skipping a zero product changes no integer sum). */
+ * The activations take one digit plus a rare remainder: V = 2^s X + r with X = V >> s (floor) and
+ * r = V & (2^s - 1), nonzero only for small codes. The block sum is 2^-18 (2^s A_L + 2^(s+7) A_H +
+ * R_L + 128 R_H) with A_L = sum X Lw, A_H = sum X Hw, R_L = sum r Lw, R_H = sum r Hw, each an
+ * int32 lane per row over the block. A_H takes one vpdpwssd per output and pair; A_L runs only
+ * over the pairs where the weight has an L digit, R_* only over those where a row has a remainder
+ * (skipping a zero product changes no integer sum). The shift is chosen per tile and block:
+ *   s = 4: X = (L >> 4) + 8 H (|X| <= 14336, an int16), r = L & 15, nonzero only for codes below
+ *          2^-5 in E4M3 units (|x| < amax / 1800). No weight digit exceeds 1920 in magnitude (NaN
+ *          codes included), so every partial sum of a row is within 1920 sum |X|: s = 4 is taken
+ *          when each row of the tile has sum |X| <= 1118481 = (2^31 - 1) / 1920, which typical
+ *          activations meet with room to spare (a row of all-448 codes does not);
+ *   s = 5: X = V >> 5 = (L >> 5) + 4 H (|X| <= 7168), r = L & 31 (codes below ~2^-4): |A_H| <=
+ *          128 * 7680 * 1920 < 2^31 whatever the codes, so it is always safe.
+ * A smaller shift means fewer remainders: on the down projection of a Qwen3-0.6B-shaped model in
+ * a 512-token prefill, about a third fewer pairs with one. */
 typedef struct r2_state {
     _Alignas(64) int32_t xt[R2_TILES][2][64][R2_ROWS]; /* [tile][X/r][pair][row] */
     _Alignas(64) int32_t rowv[2][4][R2_ROWS][16]; /* [X/r][word vector][row][dword]: before transposing */
     _Alignas(64) int32_t wd[R2_NO][2][64];     /* [output][L/H][pair] */
     _Alignas(64) float acc[CHUNK][R2_TILES * R2_ROWS]; /* [output - o0][row of the item] */
     _Alignas(64) float s[R2_TILES][R2_ROWS];   /* x scales of the block */
+    double xd[R2_TILES];                       /* per tile, 2^s: the activation digit's weight */
     _Alignas(64) int32_t wdp[64][2][32];       /* RS_LAYOUT_FP8_PAIRS32: [pair][L/H][output] of a group */
     _Alignas(64) uint32_t lmask[64];           /* ... per pair, the outputs with an L digit there */
     uint64_t rpairs[R2_TILES];                 /* per tile, the pairs where a row has a remainder */
@@ -741,28 +751,47 @@ typedef struct r2_state {
 RS_TARGET_VNNI static void r2_prep(r2_state *st, int t, __mmask16 *xnan, const vjob *jb, const vlut *l, int r0,
                                    int nr, int64_t b) {
     const int64_t j0 = b * BLK;
-    const __m512i low5 = _mm512_set1_epi16(31);
+    const __m512i low4 = _mm512_set1_epi16(15), ones = _mm512_set1_epi16(1);
     __m512i rany = _mm512_setzero_si512();
     *xnan = 0;
+    int32_t xabs_max = 0; /* the largest row sum of |X| with s = 4 */
     for (int r = 0; r < R2_ROWS; r++) {
         const uint8_t *x = jb->xq + (int64_t)(r0 + RS_MIN(r, nr - 1)) * jb->k + j0;
         __mmask64 nan = 0;
+        __m512i xabs = _mm512_setzero_si512();
 #pragma GCC unroll 16
         for (int h = 0; h < 2; h++) {
             __m512i d[4];
             const __mmask64 m = r < nr ? tail_mask(jb->k - j0 - 64 * h) : 0; /* padding rows: zeros */
             decode64(_mm512_maskz_loadu_epi8(m, x + 64 * h), l, d, &nan);
 #pragma GCC unroll 2
-            for (int v = 0; v < 2; v++) { /* v: the unpacklo, unpackhi words; X = (L >> 5) + 4 H, r = L & 31 */
-                const __m512i rv = _mm512_and_si512(d[v], low5);
-                _mm512_store_si512(st->rowv[0][2 * h + v][r],
-                                   _mm512_add_epi16(_mm512_srai_epi16(d[v], 5), _mm512_slli_epi16(d[2 + v], 2)));
+            for (int v = 0; v < 2; v++) { /* v: the unpacklo, unpackhi words; X = (L >> 4) + 8 H, r = L & 15 */
+                const __m512i xv = _mm512_add_epi16(_mm512_srai_epi16(d[v], 4), _mm512_slli_epi16(d[2 + v], 3));
+                const __m512i rv = _mm512_and_si512(d[v], low4);
+                _mm512_store_si512(st->rowv[0][2 * h + v][r], xv);
                 _mm512_store_si512(st->rowv[1][2 * h + v][r], rv);
                 rany = _mm512_or_si512(rany, rv);
+                xabs = _mm512_add_epi32(xabs, _mm512_madd_epi16(_mm512_abs_epi16(xv), ones));
             }
         }
+        xabs_max = RS_MAX(xabs_max, _mm512_reduce_add_epi32(xabs));
         if (nan) *xnan |= (__mmask16)(1u << r);
         st->s[t][r] = r < nr ? jb->xs[(int64_t)(r0 + r) * jb->kb + b] : 0.0f;
+    }
+    st->xd[t] = 16.0;
+    if (__builtin_expect(xabs_max > R2_XABS_MAX4, 0)) { /* s = 5 (see r2_state): X >> 1, r | (X & 1) << 4 */
+        rany = _mm512_setzero_si512();
+        for (int r = 0; r < R2_ROWS; r++)
+#pragma GCC unroll 4
+            for (int g = 0; g < 4; g++) {
+                const __m512i xv = _mm512_load_si512(st->rowv[0][g][r]);
+                const __m512i rv = _mm512_or_si512(_mm512_load_si512(st->rowv[1][g][r]),
+                                                   _mm512_slli_epi16(_mm512_and_si512(xv, ones), 4));
+                _mm512_store_si512(st->rowv[0][g][r], _mm512_srai_epi16(xv, 1));
+                _mm512_store_si512(st->rowv[1][g][r], rv);
+                rany = _mm512_or_si512(rany, rv);
+            }
+        st->xd[t] = 32.0;
     }
     const bool rem = _mm512_test_epi32_mask(rany, rany) != 0;
     uint64_t rp = 0;
@@ -781,15 +810,15 @@ RS_TARGET_VNNI static void r2_prep(r2_state *st, int t, __mmask16 *xnan, const v
     st->rpairs[t] = rp;
 }
 
-/* 2^-18 (32 al + 4096 ah + rl + 128 rh) for the 16 lanes, exact in double (< 2^43 * 2^-18), rounded
- * once to fp32. */
-RS_TARGET_VNNI INLINE __m512 block_sums16(__m512i al, __m512i ah, __m512i rl, __m512i rh) {
+/* 2^-18 (xd al + 128 xd ah + rl + 128 rh) for the 16 lanes (xd = 2^s), exact in double (< 2^43 *
+ * 2^-18), rounded once to fp32. */
+RS_TARGET_VNNI INLINE __m512 block_sums16(__m512i al, __m512i ah, __m512i rl, __m512i rh, double xd) {
     __m256 f[2];
 #pragma GCC unroll 2
     for (int h = 0; h < 2; h++) {
 #define R2_Q(v) _mm512_cvtepi32_pd(h ? _mm512_extracti64x4_epi64(v, 1) : _mm512_castsi512_si256(v))
-        __m512d t = _mm512_fmadd_pd(R2_Q(ah), _mm512_set1_pd(4096.0), R2_Q(rl));
-        t = _mm512_fmadd_pd(R2_Q(al), _mm512_set1_pd(32.0), t);
+        __m512d t = _mm512_fmadd_pd(R2_Q(ah), _mm512_set1_pd(128.0 * xd), R2_Q(rl));
+        t = _mm512_fmadd_pd(R2_Q(al), _mm512_set1_pd(xd), t);
         t = _mm512_fmadd_pd(R2_Q(rh), _mm512_set1_pd(128.0), t);
 #undef R2_Q
         f[h] = _mm512_cvtpd_ps(_mm512_mul_pd(t, _mm512_set1_pd(0x1p-18)));
@@ -807,7 +836,7 @@ RS_TARGET_VNNI INLINE void r2_finish(const r2_state *st, int t, const __m512i al
 #pragma GCC unroll 16
     for (int q = 0; q < R2_NO; q++) {
         if (q >= cnt) break;
-        __m512 bs = block_sums16(al[q], ah[q], rl[q], rh[q]);
+        __m512 bs = block_sums16(al[q], ah[q], rl[q], rh[q], st->xd[t]);
         bs = _mm512_mask_mov_ps(bs, wnan[q] ? (__mmask16)0xffff : xnan, _mm512_set1_ps(NAN));
         float *a = acc[q] + R2_ROWS * t;
         const __m512 prev = b == 0 ? _mm512_setzero_ps() : _mm512_load_ps(a);

@@ -259,6 +259,31 @@ RS_TEST(cpu_fp8_gemm_every_isa_adversarial_codes) {
     gcase_free(&d);
 }
 
+/* The many-row kernels choose their activation digit per 16-row tile and block (a shift of 4
+ * where every row's sum of |X| allows it, else 5): random rows with small codes sprinkled in
+ * (remainders with either shift) in tiles next to tiles where, in every other block, one row is
+ * all +-448 codes (shift 5 there, for that tile only); on both weight layouts. */
+RS_TEST(cpu_fp8_gemm_every_isa_digit_shift_per_tile) {
+    static const int shapes[][3] = {{32, 96, 384}, {48, 64, 300}, {29, 70, 257}, {16, 40, 512}};
+    uint64_t s = 77;
+    for (size_t si = 0; si < RS_ARRAY_LEN(shapes); si++) {
+        gcase c = gcase_new(shapes[si][0], shapes[si][1], shapes[si][2]);
+        gcase_random(&c, &s);
+        for (int64_t i = 0; i < (int64_t)c.rows * c.k; i++) {
+            const uint64_t v = rng_next(&s);
+            if (v % 16 == 0) c.xq[i] = (uint8_t)((v >> 8) & 0x8f); /* e <= 1: a remainder with either shift */
+        }
+        const int64_t kb = rs_fp8_blocks(c.k);
+        for (int64_t b = 0; b < kb; b += 2) {
+            const int tile = (int)(b / 2) % ((c.rows + 15) / 16), r = RS_MIN(c.rows - 1, 16 * tile + (int)(rng_next(&s) % 16));
+            for (int64_t j = b * 128; j < RS_MIN((int64_t)c.k, b * 128 + 128); j++)
+                c.xq[(int64_t)r * c.k + j] = (rng_next(&s) & 1) ? 0xfe : 0x7e;
+        }
+        expect_all_isas_equal_ref(&c);
+        gcase_free(&c);
+    }
+}
+
 /* Every code on the x side and on the w side against 1.0 (0x38), with 256 rows (lanes = rows tiles)
  * and with 1 row (lanes = k): each decoder against the decode table, NaN codes included. */
 RS_TEST(cpu_fp8_gemm_every_isa_all_256_codes) {
