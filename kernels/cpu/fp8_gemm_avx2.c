@@ -48,7 +48,7 @@
  *     code pair of 16 rows; each output's weight digits are decoded once per block and
  *     broadcast. X times the weight's H digits goes through every pair, the L digits (rare:
  *     |w| < 2 in E4M3 units) and the remainders only where they are nonzero (see r2_state).
- * Work items are (chunk of 64 outputs, row tile), the tile varying fastest; threads take
+ * Work items are (chunk of 128 outputs, row tile), the tile varying fastest; threads take
  * contiguous runs of items. Nothing is allocated: the scratch (under 64 KB) is on the stack.
  */
 #include "fp8_gemm_avx2.h"
@@ -66,7 +66,7 @@
 #define INLINE         static inline __attribute__((always_inline))
 
 #define BLK      RS_FP8_BLOCK
-#define CHUNK    64 /* output features per work item */
+#define CHUNK    128 /* output features per work item */
 #define R1_ROWS  8  /* rows of a lanes = k tile */
 #define XD_ROW_BLOCKS 32 /* row-blocks of activation digits a lanes = k tile holds (24 KB) */
 #define R2_ROWS  16 /* rows of a lanes = rows tile: two ymm of int32 */
