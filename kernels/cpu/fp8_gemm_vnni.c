@@ -450,20 +450,23 @@ RS_TARGET_VNNI static void r1_item(const vjob *jb, const vlut *l, int r0, int nr
 /* The tile's activation word pairs for one super-block, in k order (pair p = codes 2p, 2p + 1). */
 typedef struct r3_x {
     _Alignas(64) int32_t w[R1_ROWS][SB][2][64]; /* [row][block][L/H][pair] */
+    _Alignas(64) int32_t x1[R1_ROWS][SB][64];   /* [row][block][pair]: X = V >> 5 word pairs */
     float s[R1_ROWS][SB];
     uint8_t nan[R1_ROWS][SB];
+    uint8_t one[R1_ROWS][SB]; /* every V of the row's block a multiple of 32: X alone is V / 32 */
 } r3_x;
 
 RS_TARGET_VNNI static void r3_prep(r3_x *px, const vjob *jb, const vlut *l, int r0, int nr, int64_t b0, int nb) {
     /* decode64's words: vector 0 lane 4L + i holds pair 8L + i, vector 1 lane 4L + i pair 8L + 4 + i */
     const __m512i ia = _mm512_setr_epi32(0, 1, 2, 3, 16, 17, 18, 19, 4, 5, 6, 7, 20, 21, 22, 23);
     const __m512i ib = _mm512_setr_epi32(8, 9, 10, 11, 24, 25, 26, 27, 12, 13, 14, 15, 28, 29, 30, 31);
+    const __m512i low5 = _mm512_set1_epi16(31);
     for (int r = 0; r < nr; r++) {
         for (int bi = 0; bi < nb; bi++) {
-            __m512i d[2][4];
+            __m512i d[2][4], rem = _mm512_setzero_si512();
             px->nan[r][bi] = decode_x_block(jb, l, r0 + r, (b0 + bi) * BLK, d);
 #pragma GCC unroll 16
-            for (int h = 0; h < 2; h++)
+            for (int h = 0; h < 2; h++) {
 #pragma GCC unroll 16
                 for (int dg = 0; dg < 2; dg++) {
                     _mm512_store_si512(&px->w[r][bi][dg][32 * h],
@@ -471,6 +474,14 @@ RS_TARGET_VNNI static void r3_prep(r3_x *px, const vjob *jb, const vlut *l, int 
                     _mm512_store_si512(&px->w[r][bi][dg][32 * h + 16],
                                        _mm512_permutex2var_epi32(d[h][2 * dg], ib, d[h][2 * dg + 1]));
                 }
+                /* X = (L >> 5) + 4 H per code (r2_state's one digit); V % 32 = L & 31 */
+                const __m512i xa = _mm512_add_epi16(_mm512_srai_epi16(d[h][0], 5), _mm512_slli_epi16(d[h][2], 2));
+                const __m512i xb = _mm512_add_epi16(_mm512_srai_epi16(d[h][1], 5), _mm512_slli_epi16(d[h][3], 2));
+                _mm512_store_si512(&px->x1[r][bi][32 * h], _mm512_permutex2var_epi32(xa, ia, xb));
+                _mm512_store_si512(&px->x1[r][bi][32 * h + 16], _mm512_permutex2var_epi32(xa, ib, xb));
+                rem = _mm512_or_si512(rem, _mm512_and_si512(_mm512_or_si512(d[h][0], d[h][1]), low5));
+            }
+            px->one[r][bi] = _mm512_test_epi16_mask(rem, rem) == 0;
             px->s[r][bi] = jb->xs[(int64_t)(r0 + r) * jb->kb + b0 + bi];
         }
     }
@@ -570,6 +581,28 @@ RS_TARGET_VNNI static uint64_t r3_block_1(const uint8_t *wp, const int32_t *xp, 
                        "zmm27", "zmm28", "zmm29", "k1", "k2", "k3", "k4", "cc", "memory");
     return nan;
 }
+/* one row whose block is one digit X (r3_x.x1): A_L = sum X Lw in zmm0-1, A_H = sum X Hw in
+ * zmm2-3 (outputs 0-15, 16-31); half the products of r3_block_1. */
+RS_TARGET_VNNI static uint64_t r3_block_1x(const uint8_t *wp, const int32_t *xp, long np, int32_t acc[4][16]) {
+    uint64_t nan;
+    __asm__ volatile(R3_LOAD_TABLES
+                     ASM_ZERO("0") ASM_ZERO("1") ASM_ZERO("2") ASM_ZERO("3")
+                     "1:\n\t"
+                     R3_DECODE("8", "9", "10", "11", "12", "13")
+                     "vpbroadcastd (%[xp]), %%zmm14\n\t"
+                     "vpdpwssd %%zmm14, %%zmm12, %%zmm0\n\t"  /* A_L: d0 . X, d1 . X */
+                     "vpdpwssd %%zmm14, %%zmm10, %%zmm1\n\t"
+                     "vpdpwssd %%zmm14, %%zmm13, %%zmm2\n\t"  /* A_H: d2 . X, d3 . X */
+                     "vpdpwssd %%zmm14, %%zmm8, %%zmm3\n\t"
+                     R3_NEXT
+                     ASM_STORE("0", "0") ASM_STORE("1", "64") ASM_STORE("2", "128") ASM_STORE("3", "192")
+                     "kmovq %%k4, %[nan]"
+                     R3_OPERANDS
+                     : "zmm0", "zmm1", "zmm2", "zmm3", "zmm8", "zmm9", "zmm10", "zmm11", "zmm12", "zmm13", "zmm14",
+                       "zmm22", "zmm23", "zmm24", "zmm25", "zmm26", "zmm27", "zmm28", "zmm29", "k1", "k2", "k3", "k4",
+                       "cc", "memory");
+    return nan;
+}
 /* two rows: accumulators zmm0-11, decode temps zmm12-17, broadcasts zmm18-21 */
 RS_TARGET_VNNI static uint64_t r3_block_2(const uint8_t *wp, const int32_t *xp, long np, int32_t acc[12][16]) {
     uint64_t nan;
@@ -644,6 +677,26 @@ RS_TARGET_VNNI INLINE void r3_group(const vjob *jb, const r3_x *px, const int NR
     for (int bi = 0; bi < nb; bi++) {
         const int64_t b = b0 + bi, np = RS_MIN((int64_t)BLK, k - b * BLK) / 2;
         const uint8_t *wp = wg + b * (BLK / 2) * 64;
+        if (NR == 1 && px->one[ro][bi]) { /* one digit: 2^-18 (32 A_L + 4096 A_H), |A_H| < 64 * 2 * 7168 * 1920 < 2^31 */
+            const uint64_t wnan = r3_block_1x(wp, px->x1[ro][bi], (long)np, sums);
+            const uint32_t nan = px->nan[ro][bi] ? 0xffffffffu : __builtin_expect(wnan != 0, 0) ? pairs32_nan_outputs(wnan) : 0;
+            const __m512 sx = _mm512_set1_ps(px->s[ro][bi] * wsb[b]);
+#pragma GCC unroll 2
+            for (int v = 0; v < 2; v++) {
+                __m256 f[2];
+#pragma GCC unroll 2
+                for (int hf = 0; hf < 2; hf++) {
+                    const __m512d al = _mm512_cvtepi32_pd(_mm256_load_si256((const __m256i *)(sums[v] + 8 * hf)));
+                    const __m512d ah = _mm512_cvtepi32_pd(_mm256_load_si256((const __m256i *)(sums[2 + v] + 8 * hf)));
+                    const __m512d t = _mm512_fmadd_pd(ah, _mm512_set1_pd(4096.0), _mm512_mul_pd(al, _mm512_set1_pd(32.0)));
+                    f[hf] = _mm512_cvtpd_ps(_mm512_mul_pd(t, _mm512_set1_pd(0x1p-18)));
+                }
+                __m512 bs = _mm512_insertf32x8(_mm512_castps256_ps512(f[0]), f[1], 1);
+                bs = _mm512_mask_mov_ps(bs, (__mmask16)(nan >> (16 * v)), _mm512_set1_ps(NAN));
+                a[0][v] = _mm512_fmadd_ps(bs, sx, a[0][v]);
+            }
+            continue;
+        }
         const uint64_t wnan = NR == 1 ? r3_block_1(wp, px->w[ro][bi][0], (long)np, sums)
                                       : r3_block_2(wp, px->w[ro][bi][0], (long)np, sums);
         const uint32_t wout = __builtin_expect(wnan != 0, 0) ? pairs32_nan_outputs(wnan) : 0;

@@ -259,6 +259,31 @@ RS_TEST(cpu_fp8_gemm_every_isa_adversarial_codes) {
     gcase_free(&d);
 }
 
+/* Decode-shaped products (1..3 rows) whose activation blocks mostly have every code a multiple
+ * of 2^-4 in E4M3 units (exponent field >= 6, or zero: the one-digit form the batch-1 kernels
+ * take a shorter loop for), every third block with one small code in a random row, a few NaN
+ * weight codes; both weight layouts. */
+RS_TEST(cpu_fp8_gemm_every_isa_decode_one_digit_blocks) {
+    static const int shapes[][3] = {{1, 96, 1024}, {1, 64, 3072}, {1, 160, 300}, {2, 96, 512}, {3, 64, 256}};
+    uint64_t s = 31;
+    for (size_t si = 0; si < RS_ARRAY_LEN(shapes); si++) {
+        gcase c = gcase_new(shapes[si][0], shapes[si][1], shapes[si][2]);
+        gcase_random(&c, &s);
+        for (int64_t i = 0; i < (int64_t)c.rows * c.k; i++) {
+            uint8_t v;
+            do v = rand_code(&s); while (((v >> 3) & 15) < 6 && (v & 0x7f));
+            c.xq[i] = v;
+        }
+        for (int64_t b = 0; b < rs_fp8_blocks(c.k); b += 3) {
+            const int64_t j = b * 128 + (int64_t)(rng_next(&s) % 128);
+            if (j < c.k) c.xq[(int64_t)(rng_next(&s) % (uint64_t)c.rows) * c.k + j] = (uint8_t)(rng_next(&s) & 0xaf);
+        }
+        for (int j = 0; j < 2; j++) c.wq[rng_next(&s) % ((uint64_t)c.n * (uint64_t)c.k)] = (rng_next(&s) & 1) ? 0x7f : 0xff;
+        expect_all_isas_equal_ref(&c);
+        gcase_free(&c);
+    }
+}
+
 /* The many-row kernels choose their activation digit per 16-row tile and block (a shift of 4
  * where every row's sum of |X| allows it, else 5): random rows with small codes sprinkled in
  * (remainders with either shift) in tiles next to tiles where, in every other block, one row is
