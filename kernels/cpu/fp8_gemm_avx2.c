@@ -456,7 +456,7 @@ RS_TARGET_AVX2 static void r1_item(const ajob *jb, const dlut *l, int r0, int nr
  * weight has an L digit (|w| < 2 in E4M3 units: ~1.6% of Gaussian weights), R_* only those where
  * one of the tile's rows has a remainder: skipping a zero product leaves the integer sums as they
  * were. The shift is chosen per tile and block, as in fp8_gemm_vnni.c (r2_state):
- *   s = 4: X = (L >> 4) + 8 H (|X| <= 14336), r = L & 15 (codes below 2^-5 in E4M3 units), when
+ *   s = 4: X = (L >> 4) + 8 H (|X| <= 14336), r = L & 15 (codes below 2^-2 only), when
  *          each row has sum |X| <= (2^31 - 1) / 1920, which bounds every partial sum (no weight
  *          digit exceeds 1920, NaN codes included);
  *   s = 5: X = (L >> 5) + 4 H (|X| <= 7168), r = L & 31: |A_H| <= 128 * 7680 * 1920 < 2^31 for

@@ -677,9 +677,12 @@ RS_TARGET_VNNI INLINE void r3_group(const vjob *jb, const r3_x *px, const int NR
     for (int bi = 0; bi < nb; bi++) {
         const int64_t b = b0 + bi, np = RS_MIN((int64_t)BLK, k - b * BLK) / 2;
         const uint8_t *wp = wg + b * (BLK / 2) * 64;
-        if (NR == 1 && px->one[ro][bi]) { /* one digit: 2^-18 (32 A_L + 4096 A_H), |A_H| < 64 * 2 * 7168 * 1920 < 2^31 */
+        if (NR == 1 && px->one[ro][bi]) {
+            /* one digit: 2^-18 (32 A_L + 4096 A_H), |A_H| < 64 * 2 * 7168 * 1920 < 2^31 */
             const uint64_t wnan = r3_block_1x(wp, px->x1[ro][bi], (long)np, sums);
-            const uint32_t nan = px->nan[ro][bi] ? 0xffffffffu : __builtin_expect(wnan != 0, 0) ? pairs32_nan_outputs(wnan) : 0;
+            const uint32_t nan = px->nan[ro][bi]                 ? 0xffffffffu
+                                 : __builtin_expect(wnan != 0, 0) ? pairs32_nan_outputs(wnan)
+                                                                  : 0;
             const __m512 sx = _mm512_set1_ps(px->s[ro][bi] * wsb[b]);
 #pragma GCC unroll 2
             for (int v = 0; v < 2; v++) {
@@ -688,7 +691,8 @@ RS_TARGET_VNNI INLINE void r3_group(const vjob *jb, const r3_x *px, const int NR
                 for (int hf = 0; hf < 2; hf++) {
                     const __m512d al = _mm512_cvtepi32_pd(_mm256_load_si256((const __m256i *)(sums[v] + 8 * hf)));
                     const __m512d ah = _mm512_cvtepi32_pd(_mm256_load_si256((const __m256i *)(sums[2 + v] + 8 * hf)));
-                    const __m512d t = _mm512_fmadd_pd(ah, _mm512_set1_pd(4096.0), _mm512_mul_pd(al, _mm512_set1_pd(32.0)));
+                    const __m512d t =
+                        _mm512_fmadd_pd(ah, _mm512_set1_pd(4096.0), _mm512_mul_pd(al, _mm512_set1_pd(32.0)));
                     f[hf] = _mm512_cvtpd_ps(_mm512_mul_pd(t, _mm512_set1_pd(0x1p-18)));
                 }
                 __m512 bs = _mm512_insertf32x8(_mm512_castps256_ps512(f[0]), f[1], 1);
@@ -779,15 +783,16 @@ RS_TARGET_VNNI static void r3_item(const vjob *jb, const vlut *l, int r0, int nr
  * int32 lane per row over the block. A_H takes one vpdpwssd per output and pair; A_L runs only
  * over the pairs where the weight has an L digit, R_* only over those where a row has a remainder
  * (skipping a zero product changes no integer sum). The shift is chosen per tile and block:
- *   s = 4: X = (L >> 4) + 8 H (|X| <= 14336, an int16), r = L & 15, nonzero only for codes below
- *          2^-5 in E4M3 units (|x| < amax / 1800). No weight digit exceeds 1920 in magnitude (NaN
- *          codes included), so every partial sum of a row is within 1920 sum |X|: s = 4 is taken
+ *   s = 4: X = (L >> 4) + 8 H (|X| <= 14336, an int16), r = L & 15, nonzero only for codes that
+ *          are not multiples of 2^-5, all below 2^-2 (|x| < amax / 1792). No weight digit exceeds
+ *          1920 in magnitude (NaN codes included), so every partial sum of a row is within 1920
+ *          sum |X|: s = 4 is taken
  *          when each row of the tile has sum |X| <= 1118481 = (2^31 - 1) / 1920, which typical
  *          activations meet with room to spare (a row of all-448 codes does not);
- *   s = 5: X = V >> 5 = (L >> 5) + 4 H (|X| <= 7168), r = L & 31 (codes below ~2^-4): |A_H| <=
+ *   s = 5: X = V >> 5 = (L >> 5) + 4 H (|X| <= 7168), r = L & 31 (codes below 2^-1): |A_H| <=
  *          128 * 7680 * 1920 < 2^31 whatever the codes, so it is always safe.
- * A smaller shift means fewer remainders: on the down projection of a Qwen3-0.6B-shaped model in
- * a 512-token prefill, about a third fewer pairs with one. */
+ * A smaller shift means fewer remainders: on the o and down projections of a Qwen3-0.6B-shaped
+ * model in a 512-token prefill, about a third fewer pairs with one. */
 typedef struct r2_state {
     _Alignas(64) int32_t xt[R2_TILES][2][64][R2_ROWS]; /* [tile][X/r][pair][row] */
     _Alignas(64) int32_t rowv[2][4][R2_ROWS][16]; /* [X/r][word vector][row][dword]: before transposing */

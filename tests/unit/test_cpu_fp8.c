@@ -278,7 +278,8 @@ RS_TEST(cpu_fp8_gemm_every_isa_decode_one_digit_blocks) {
             const int64_t j = b * 128 + (int64_t)(rng_next(&s) % 128);
             if (j < c.k) c.xq[(int64_t)(rng_next(&s) % (uint64_t)c.rows) * c.k + j] = (uint8_t)(rng_next(&s) & 0xaf);
         }
-        for (int j = 0; j < 2; j++) c.wq[rng_next(&s) % ((uint64_t)c.n * (uint64_t)c.k)] = (rng_next(&s) & 1) ? 0x7f : 0xff;
+        for (int j = 0; j < 2; j++) /* NaN weight codes */
+            c.wq[rng_next(&s) % ((uint64_t)c.n * (uint64_t)c.k)] = (rng_next(&s) & 1) ? 0x7f : 0xff;
         expect_all_isas_equal_ref(&c);
         gcase_free(&c);
     }
@@ -300,7 +301,8 @@ RS_TEST(cpu_fp8_gemm_every_isa_digit_shift_per_tile) {
         }
         const int64_t kb = rs_fp8_blocks(c.k);
         for (int64_t b = 0; b < kb; b += 2) {
-            const int tile = (int)(b / 2) % ((c.rows + 15) / 16), r = RS_MIN(c.rows - 1, 16 * tile + (int)(rng_next(&s) % 16));
+            const int tile = (int)(b / 2) % ((c.rows + 15) / 16);
+            const int r = RS_MIN(c.rows - 1, 16 * tile + (int)(rng_next(&s) % 16));
             for (int64_t j = b * 128; j < RS_MIN((int64_t)c.k, b * 128 + 128); j++)
                 c.xq[(int64_t)r * c.k + j] = (rng_next(&s) & 1) ? 0xfe : 0x7e;
         }
