@@ -64,17 +64,25 @@ def start(d, bodies):
     return threads, out
 
 
-def frozen_in_flight(d, n):
+def frozen_in_flight(d, n, attempts=5):
     """Starts n long requests (2 run, the rest wait: --max-running 2), lets them produce tokens, and
-    freezes them in place."""
-    before = m(metrics(d), "rolloutd_generation_tokens_total")
-    threads, out = start(d, [dict(LONG, input_ids=[7 + i, 8, 9, 10], rid=f"long-{i}",
-                                  sampling_params=dict(LONG["sampling_params"], sampling_seed=i))
-                             for i in range(n)])
-    generating(d, before)
-    assert d.post("/pause_generation", {"mode": "in_place"}).status_code == 200
-    wait_for(lambda: load(d)["num_reqs"] == n, what="every request admitted")
-    return threads, out
+    freezes them in place. The fixture model makes 400 tokens in a fraction of a second, so a
+    request can finish between seeing tokens and the pause: then the attempt is let run out and
+    made again."""
+    for _ in range(attempts):
+        before = m(metrics(d), "rolloutd_generation_tokens_total")
+        threads, out = start(d, [dict(LONG, input_ids=[7 + i, 8, 9, 10], rid=f"long-{i}",
+                                      sampling_params=dict(LONG["sampling_params"], sampling_seed=i))
+                                 for i in range(n)])
+        generating(d, before)
+        assert d.post("/pause_generation", {"mode": "in_place"}).status_code == 200
+        try:
+            wait_for(lambda: load(d)["num_reqs"] == n, timeout=3.0, what="every request admitted")
+            return threads, out
+        except AssertionError:  # one finished before the pause
+            finish(d, threads, out)
+            wait_for(lambda: load(d)["num_reqs"] == 0, what="idle again")
+    raise AssertionError(f"requests finished before the pause in {attempts} attempts")
 
 
 def finish(d, threads, out):
