@@ -531,7 +531,8 @@ RS_TARGET_AVX2 static uint32_t r2_prep(r2_state *st, const ajob *jb, const dlut 
         __m128i h = _mm_add_epi32(_mm256_castsi256_si128(xabs), _mm256_extracti128_si256(xabs, 1));
         h = _mm_add_epi32(h, _mm_shuffle_epi32(h, 0x4e));
         h = _mm_add_epi32(h, _mm_shuffle_epi32(h, 0xb1));
-        xabs_max = RS_MAX(xabs_max, _mm_cvtsi128_si32(h));
+        const int32_t row_abs = _mm_cvtsi128_si32(h);
+        xabs_max = RS_MAX(xabs_max, row_abs);
         if (nan_seen(nan)) xnan |= 1u << r;
         st->s[r] = jb->xs[(int64_t)(r0 + r) * jb->kb + b];
     }

@@ -832,7 +832,8 @@ RS_TARGET_VNNI static void r2_prep(r2_state *st, int t, __mmask16 *xnan, const v
                 xabs = _mm512_add_epi32(xabs, _mm512_madd_epi16(_mm512_abs_epi16(xv), ones));
             }
         }
-        xabs_max = RS_MAX(xabs_max, _mm512_reduce_add_epi32(xabs));
+        const int32_t row_abs = _mm512_reduce_add_epi32(xabs);
+        xabs_max = RS_MAX(xabs_max, row_abs);
         if (nan) *xnan |= (__mmask16)(1u << r);
         st->s[t][r] = r < nr ? jb->xs[(int64_t)(r0 + r) * jb->kb + b] : 0.0f;
     }

@@ -302,7 +302,8 @@ RS_TEST(cpu_fp8_gemm_every_isa_digit_shift_per_tile) {
         const int64_t kb = rs_fp8_blocks(c.k);
         for (int64_t b = 0; b < kb; b += 2) {
             const int tile = (int)(b / 2) % ((c.rows + 15) / 16);
-            const int r = RS_MIN(c.rows - 1, 16 * tile + (int)(rng_next(&s) % 16));
+            const int pick = 16 * tile + (int)(rng_next(&s) % 16); /* RS_MIN evaluates twice */
+            const int r = RS_MIN(c.rows - 1, pick);
             for (int64_t j = b * 128; j < RS_MIN((int64_t)c.k, b * 128 + 128); j++)
                 c.xq[(int64_t)r * c.k + j] = (rng_next(&s) & 1) ? 0xfe : 0x7e;
         }
