@@ -16,7 +16,7 @@
  *
  * scores: four K rows at a time, each read once for up to 4 (AVX2: 2) heads, whose 16 partial
  * sums stay in registers over the head dimension; the four sums of a head are reduced together
- * by one tree (hsum4), which gives every row the same summation order whatever its slot, so a
+ * by one tree (cpu_hsum.h), which gives every row the same summation order whatever its slot, so a
  * score depends only on q and the K row. accum: per 16 (AVX2: 8) output lanes, the heads' outputs
  * (up to 8) stay in registers over the page's rows, so out is loaded and stored once per page,
  * not once per row. The kernel bodies are written once per head count and dtype through
@@ -26,6 +26,7 @@
  * when the backend found the feature, like cpu_simd_*.c.
  */
 #include "cpu_attention_simd.h"
+#include "cpu_hsum.h"
 
 #include "../../core/rs.h"
 #include "../fp8.h"
@@ -158,12 +159,6 @@ T256 INLINE __m256 load8(const void *row, int i, const rs_dtype dt) {
     return _mm256_loadu_ps((const float *)row + i);
 }
 
-/* Sums of four 8-lane vectors, as the 4 lanes of one 128-bit vector (the same tree for each). */
-T256 INLINE __m128 hsum4_256(__m256 a0, __m256 a1, __m256 a2, __m256 a3) {
-    __m256 h = _mm256_hadd_ps(_mm256_hadd_ps(a0, a1), _mm256_hadd_ps(a2, a3));
-    return _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
-}
-
 T256 static void decode256(float *dst, const uint8_t *src, int n) {
     int i = 0;
     for (; i + 8 <= n; i += 8) _mm256_storeu_ps(dst + i, decode8(src + i));
@@ -197,7 +192,7 @@ T256 INLINE void scores256_body(float *sc, size_t ld, const float *q, const void
 #pragma GCC unroll 4
         for (int h = 0; h < G; h++) {
             float s[KROWS];
-            _mm_storeu_ps(s, hsum4_256(acc[h][0], acc[h][1], acc[h][2], acc[h][3]));
+            _mm_storeu_ps(s, rs_hsum4_256(acc[h][0], acc[h][1], acc[h][2], acc[h][3]));
             for (int u = 0; u < nu; u++) sc[(size_t)h * ld + (size_t)(t0 + u)] = s[u];
         }
     }
@@ -269,15 +264,6 @@ T512 INLINE __m512 load16(const void *row, int i, const rs_dtype dt) {
     return _mm512_loadu_ps((const float *)row + i);
 }
 
-/* hsum4_256 of the four vectors' halves added: the same tree for each. */
-T512 INLINE __m128 hsum4_512(__m512 a0, __m512 a1, __m512 a2, __m512 a3) {
-#define HALF(a)                                                                                              \
-    _mm256_add_ps(_mm512_castps512_ps256(a), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a), 1)))
-    __m256 h = _mm256_hadd_ps(_mm256_hadd_ps(HALF(a0), HALF(a1)), _mm256_hadd_ps(HALF(a2), HALF(a3)));
-#undef HALF
-    return _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
-}
-
 T512 static void decode512(float *dst, const uint8_t *src, int n) {
     int i = 0;
     for (; i + 16 <= n; i += 16) _mm512_storeu_ps(dst + i, decode16(src + i));
@@ -311,7 +297,7 @@ T512 INLINE void scores512_body(float *sc, size_t ld, const float *q, const void
 #pragma GCC unroll 4
         for (int h = 0; h < G; h++) {
             float s[KROWS];
-            _mm_storeu_ps(s, hsum4_512(acc[h][0], acc[h][1], acc[h][2], acc[h][3]));
+            _mm_storeu_ps(s, rs_hsum4_512(acc[h][0], acc[h][1], acc[h][2], acc[h][3]));
             for (int u = 0; u < nu; u++) sc[(size_t)h * ld + (size_t)(t0 + u)] = s[u];
         }
     }

@@ -8,6 +8,7 @@
  * so a row's result does not depend on the batch it is in. Every function carries
  * target("avx2,fma,f16c") and is only called when init found those features.
  */
+#include "cpu_hsum.h"
 #include "cpu_internal.h"
 
 #if defined(__x86_64__) || defined(__i386__)
@@ -25,12 +26,6 @@ T256 INLINE __m256 load8(const void *p, int64_t i, const rs_dtype dt) {
     if (dt == RS_DTYPE_F16)
         return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)p + i)));
     return _mm256_loadu_ps((const float *)p + i);
-}
-
-/* Sums of four 8-lane vectors, as the 4 lanes of one 128-bit vector. */
-T256 INLINE __m128 hsum4(__m256 a0, __m256 a1, __m256 a2, __m256 a3) {
-    __m256 h = _mm256_hadd_ps(_mm256_hadd_ps(a0, a1), _mm256_hadd_ps(a2, a3));
-    return _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
 }
 
 T256 INLINE void tile_body(const rs_cpu_tile *tl, const int NT, const rs_dtype dt) {
@@ -68,7 +63,7 @@ T256 INLINE void tile_body(const rs_cpu_tile *tl, const int NT, const rs_dtype d
 #pragma GCC unroll 4
     for (int t = 0; t < NT; t++) {
         float s[4];
-        _mm_storeu_ps(s, hsum4(acc[0][t], acc[1][t], acc[2][t], acc[3][t]));
+        _mm_storeu_ps(s, rs_hsum4_256(acc[0][t], acc[1][t], acc[2][t], acc[3][t]));
         const float *xt = x + t * ldx;
         for (int j = 0; j < tl->nw; j++) {
             for (int64_t i = k8; i < k; i++) s[j] += xt[i] * rs_cpu_elem(wr[j], dt, i);

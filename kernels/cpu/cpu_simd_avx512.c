@@ -10,6 +10,7 @@
  * through an always-inline body with constant arguments, so the compiler unrolls and keeps the
  * accumulator arrays in registers.
  */
+#include "cpu_hsum.h"
 #include "cpu_internal.h"
 
 #if defined(__x86_64__) || defined(__i386__)
@@ -27,15 +28,6 @@ T512 INLINE __m512 load16(const void *p, int64_t i, const rs_dtype dt) {
     if (dt == RS_DTYPE_F16)
         return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)((const uint16_t *)p + i)));
     return _mm512_loadu_ps((const float *)p + i);
-}
-
-/* Sums of four 16-lane vectors, as the 4 lanes of one 128-bit vector. */
-T512 INLINE __m128 hsum4(__m512 a0, __m512 a1, __m512 a2, __m512 a3) {
-#define HALF(a)                                                                                              \
-    _mm256_add_ps(_mm512_castps512_ps256(a), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a), 1)))
-    __m256 h = _mm256_hadd_ps(_mm256_hadd_ps(HALF(a0), HALF(a1)), _mm256_hadd_ps(HALF(a2), HALF(a3)));
-#undef HALF
-    return _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
 }
 
 T512 INLINE void tile_body(const rs_cpu_tile *tl, const int NT, const rs_dtype dt) {
@@ -72,7 +64,7 @@ T512 INLINE void tile_body(const rs_cpu_tile *tl, const int NT, const rs_dtype d
 #pragma GCC unroll 8
     for (int t = 0; t < NT; t++) {
         float s[4];
-        _mm_storeu_ps(s, hsum4(acc[0][t], acc[1][t], acc[2][t], acc[3][t]));
+        _mm_storeu_ps(s, rs_hsum4_512(acc[0][t], acc[1][t], acc[2][t], acc[3][t]));
         const float *xt = x + t * ldx;
         for (int j = 0; j < tl->nw; j++) {
             for (int64_t i = k16; i < k; i++) s[j] += xt[i] * rs_cpu_elem(wr[j], dt, i);
