@@ -45,11 +45,13 @@
  *     latency held up the next block's decode).
  *   - many rows (r2: tiles of 16 rows, padded from 10): lanes = rows. The tile's activations,
  *     one digit X = V >> 4 (or >> 5) and a rare remainder, are transposed so that two ymm hold one
- *     code pair of 16 rows; each output's weight digits are decoded once per block and
- *     broadcast. X times the weight's H digits goes through every pair, the L digits (rare:
- *     |w| < 2 in E4M3 units) and the remainders only where they are nonzero (see r2_state).
- * Work items are (chunk of 128 outputs, row tile), the tile varying fastest; threads take
- * contiguous runs of items. Nothing is allocated: the scratch (under 64 KB) is on the stack.
+ *     code pair of 16 rows; each output's weight digits are decoded once per block for up to
+ *     4 such tiles (64 rows) and broadcast. X times the weight's H digits goes through every
+ *     pair, the L digits (rare: |w| < 2 in E4M3 units) and the remainders only where they are
+ *     nonzero (see r2_tile).
+ * Work items are (chunk of 128 outputs, group of up to 4 row tiles or one lanes = k tile), the
+ * tiles varying fastest; threads take contiguous runs of items. Nothing is allocated: the scratch
+ * (under 80 KB) is on the stack.
  */
 #include "fp8_gemm_avx2.h"
 
@@ -72,6 +74,7 @@
 #define R2_ROWS  16 /* rows of a lanes = rows tile: two ymm of int32 */
 #define R2_MIN   10 /* a remainder of at least this many rows still takes a lanes = rows tile */
 #define R2_NO    4  /* outputs accumulated together in a lanes = rows tile */
+#define R2_TILES 4  /* lanes = rows tiles of one work item, sharing each weight block's decode */
 #define R2_XABS_MAX4 1118481 /* (2^31 - 1) / 1920: the largest row sum of |X| that takes s = 4 */
 
 /* ---- decode ---- */
@@ -146,10 +149,9 @@ typedef struct ajob {
     const float *ws;   /* [ceil(n/128)][kb] f32 */
     int rows, n, k;
     int64_t kb, n_chunks;
-    int n_r2;     /* lanes = rows tiles: rows [R2_ROWS t, ...) */
-    int r2_last;  /* rows of the last of them (<= R2_ROWS) */
+    int n_r2g;    /* groups of up to R2_TILES lanes = rows tiles: rows [0, r1_start) */
     int r1_start; /* lanes = k tiles of R1_ROWS rows from here */
-    int n_tiles;
+    int n_units;  /* n_r2g plus the lanes = k tiles */
 } ajob;
 
 /* A block's exact sum as the lane sum of 4 doubles (each lane exact, and so is their sum: every
@@ -455,19 +457,29 @@ RS_TARGET_AVX2 static void r1_item(const ajob *jb, const dlut *l, int r0, int nr
  * A_H takes every pair (one vpmaddwd per half, output and pair); A_L only the pairs where the
  * weight has an L digit (|w| < 2 in E4M3 units: ~1.6% of Gaussian weights), R_* only those where
  * one of the tile's rows has a remainder: skipping a zero product leaves the integer sums as they
- * were. The shift is chosen per tile and block, as in fp8_gemm_vnni.c (r2_state):
+ * were. The shift is chosen per tile and block, as in fp8_gemm_vnni.c (r2_state there):
  *   s = 4: X = (L >> 4) + 8 H (|X| <= 14336), r = L & 15 (codes below 2^-2 only), when
  *          each row has sum |X| <= (2^31 - 1) / 1920, which bounds every partial sum (no weight
  *          digit exceeds 1920, NaN codes included);
  *   s = 5: X = (L >> 5) + 4 H (|X| <= 7168), r = L & 31: |A_H| <= 128 * 7680 * 1920 < 2^31 for
  *          any codes. */
+typedef struct r2_tile {
+    _Alignas(32) int32_t xt[2][64][R2_ROWS]; /* [X/r][pair][row]: the block's activations */
+    _Alignas(32) float acc[CHUNK][R2_ROWS];  /* [output - o0][row]: the fmaf accumulators */
+    _Alignas(32) float s[R2_ROWS];           /* x scales of the block */
+    double xd;                               /* 2^s: the activation digit's weight */
+    uint64_t rpairs;                         /* the pairs where one of the rows has a remainder */
+    uint32_t xnan;                           /* bit r: row r's block has a NaN code */
+    int r0, nr;                              /* rows [r0, r0 + nr) */
+} r2_tile;
+
+/* One work item's scratch: up to R2_TILES tiles side by side (each block of weight digits is
+ * decoded once for all of them), the decoded digits of R2_NO outputs, and r2_prep's rows. */
 typedef struct r2_state {
-    _Alignas(32) int32_t xt[2][64][R2_ROWS];       /* [X/r][pair][row]: the block's activations */
-    _Alignas(32) int32_t rowv[R2_ROWS][2][64];     /* [row][X/r][pair]: before transposing */
-    _Alignas(32) int32_t wd[R2_NO][2][64];         /* [output][L/H][pair] */
-    _Alignas(32) float acc[CHUNK][R2_ROWS];        /* [output - o0][row]: the fmaf accumulators */
-    _Alignas(32) float s[R2_ROWS];                 /* x scales of the block */
-    double xd;                                     /* 2^s: the activation digit's weight */
+    r2_tile t[R2_TILES];
+    _Alignas(32) int32_t rowv[R2_ROWS][2][64]; /* [row][X/r][pair]: before transposing */
+    _Alignas(32) int32_t wd[R2_NO][2][64];     /* [output][L/H][pair] */
+    int nt;                                    /* tiles in use */
 } r2_state;
 
 /* In-place transpose of an 8 x 8 matrix of 32-bit elements (v[i] = row i). */
@@ -497,23 +509,27 @@ RS_TARGET_AVX2 INLINE uint64_t nonzero_pairs8(__m256i v) {
     return ~(uint64_t)_mm256_movemask_ps(_mm256_castsi256_ps(_mm256_cmpeq_epi32(v, _mm256_setzero_si256()))) & 0xffu;
 }
 
-/* Rows [r0, r0 + nr) of block b into st->xt (rows past nr are zeros); *rpairs: the pairs where a
- * row has a remainder. Bit r of the result: row r's block has a NaN code. */
-RS_TARGET_AVX2 static uint32_t r2_prep(r2_state *st, const ajob *jb, const dlut *l, int r0, int nr, int64_t b,
-                                       uint64_t *rpairs) {
+/* Tile t's rows of block b into t->xt (rows past t->nr are zeros), with its shift, remainder
+ * pairs and NaN rows; rowv is the scratch. */
+RS_TARGET_AVX2 static void r2_prep(r2_tile *t, int32_t (*rowv)[2][64], const ajob *jb, const dlut *l, int64_t b) {
     const int64_t j0 = b * BLK, kw = RS_MIN((int64_t)BLK, jb->k - j0);
     const __m256i low4 = _mm256_set1_epi16(15), ones = _mm256_set1_epi16(1);
+    const int nr = t->nr;
     uint32_t xnan = 0;
     int32_t xabs_max = 0; /* the largest row sum of |X| with s = 4 */
     __m256i rany[8];
     for (int i = 0; i < 8; i++) rany[i] = _mm256_setzero_si256();
     for (int r = 0; r < R2_ROWS; r++) {
         if (r >= nr) {
-            memset(st->rowv[r], 0, sizeof st->rowv[r]);
-            st->s[r] = 0.0f;
+            memset(rowv[r], 0, sizeof rowv[r]);
+            t->s[r] = 0.0f;
             continue;
         }
-        const uint8_t *x = jb->xq + (int64_t)(r0 + r) * jb->k + j0;
+        const uint8_t *x = jb->xq + (int64_t)(t->r0 + r) * jb->k + j0;
+        if (j0 + BLK < jb->k) { /* the row's next block: this item's next r2_prep */
+            _mm_prefetch((const char *)(x + BLK), _MM_HINT_T0);
+            _mm_prefetch((const char *)(x + BLK + 64), _MM_HINT_T0);
+        }
         __m256i nan = _mm256_setzero_si256(), xabs = _mm256_setzero_si256();
         for (int c = 0; c < 4; c++) {
             __m256i d[4] = {_mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256(),
@@ -522,8 +538,8 @@ RS_TARGET_AVX2 static uint32_t r2_prep(r2_state *st, const ajob *jb, const dlut 
             for (int v = 0; v < 2; v++) { /* v: even, odd codes; X = (L >> 4) + 8 H, r = L & 15 */
                 const __m256i X = _mm256_add_epi16(_mm256_srai_epi16(d[v], 4), _mm256_slli_epi16(d[2 + v], 3));
                 const __m256i R = _mm256_and_si256(d[v], low4);
-                _mm256_store_si256((__m256i *)&st->rowv[r][0][16 * c + 8 * v], X);
-                _mm256_store_si256((__m256i *)&st->rowv[r][1][16 * c + 8 * v], R);
+                _mm256_store_si256((__m256i *)&rowv[r][0][16 * c + 8 * v], X);
+                _mm256_store_si256((__m256i *)&rowv[r][1][16 * c + 8 * v], R);
                 rany[2 * c + v] = _mm256_or_si256(rany[2 * c + v], R);
                 xabs = _mm256_add_epi32(xabs, _mm256_madd_epi16(_mm256_abs_epi16(X), ones));
             }
@@ -534,71 +550,141 @@ RS_TARGET_AVX2 static uint32_t r2_prep(r2_state *st, const ajob *jb, const dlut 
         const int32_t row_abs = _mm_cvtsi128_si32(h);
         xabs_max = RS_MAX(xabs_max, row_abs);
         if (nan_seen(nan)) xnan |= 1u << r;
-        st->s[r] = jb->xs[(int64_t)(r0 + r) * jb->kb + b];
+        t->s[r] = jb->xs[(int64_t)(t->r0 + r) * jb->kb + b];
     }
-    st->xd = 16.0;
+    t->xd = 16.0;
     if (__builtin_expect(xabs_max > R2_XABS_MAX4, 0)) { /* s = 5: X >> 1, r | (X & 1) << 4 */
         for (int i = 0; i < 8; i++) rany[i] = _mm256_setzero_si256();
         for (int r = 0; r < nr; r++)
             for (int i = 0; i < 8; i++) {
-                const __m256i X = _mm256_load_si256((const __m256i *)&st->rowv[r][0][8 * i]);
-                const __m256i R = _mm256_or_si256(_mm256_load_si256((const __m256i *)&st->rowv[r][1][8 * i]),
+                const __m256i X = _mm256_load_si256((const __m256i *)&rowv[r][0][8 * i]);
+                const __m256i R = _mm256_or_si256(_mm256_load_si256((const __m256i *)&rowv[r][1][8 * i]),
                                                   _mm256_slli_epi16(_mm256_and_si256(X, ones), 4));
-                _mm256_store_si256((__m256i *)&st->rowv[r][0][8 * i], _mm256_srai_epi16(X, 1));
-                _mm256_store_si256((__m256i *)&st->rowv[r][1][8 * i], R);
+                _mm256_store_si256((__m256i *)&rowv[r][0][8 * i], _mm256_srai_epi16(X, 1));
+                _mm256_store_si256((__m256i *)&rowv[r][1][8 * i], R);
                 rany[i] = _mm256_or_si256(rany[i], R);
             }
-        st->xd = 32.0;
+        t->xd = 32.0;
     }
     uint64_t rp = 0;
     for (int i = 0; i < 8; i++) rp |= nonzero_pairs8(rany[i]) << (8 * i);
-    *rpairs = rp;
+    t->rpairs = rp;
+    t->xnan = xnan;
     for (int dg = 0; dg < 2; dg++) {
         if (dg == 1 && rp == 0) break; /* no remainders: xt[1] is never read */
         for (int g = 0; g < 8; g++)
             for (int h = 0; h < 2; h++) {
                 __m256i v[8];
 #pragma GCC unroll 8
-                for (int r = 0; r < 8; r++) v[r] = _mm256_load_si256((const __m256i *)&st->rowv[8 * h + r][dg][8 * g]);
+                for (int r = 0; r < 8; r++) v[r] = _mm256_load_si256((const __m256i *)&rowv[8 * h + r][dg][8 * g]);
                 transpose8(v);
 #pragma GCC unroll 8
-                for (int i = 0; i < 8; i++) _mm256_store_si256((__m256i *)&st->xt[dg][8 * g + i][8 * h], v[i]);
+                for (int i = 0; i < 8; i++) _mm256_store_si256((__m256i *)&t->xt[dg][8 * g + i][8 * h], v[i]);
             }
     }
-    return xnan;
 }
 
-/* acc[16 rows] = fmaf(block sums, s * wsb, previous) for one output, from its exact lane sums. */
-RS_TARGET_AVX2 INLINE void r2_finish(const r2_state *st, float *acc, const __m256i al[2], const __m256i ah[2],
-                                     const __m256i rl[2], const __m256i rh[2], uint32_t nanrows, float wsb,
-                                     int64_t b) {
-    for (int h = 0; h < 2; h++) {
-        __m128 f[2];
-        for (int half = 0; half < 2; half++) {
-#define R2_Q(v) _mm256_cvtepi32_pd(half ? _mm256_extracti128_si256(v[h], 1) : _mm256_castsi256_si128(v[h]))
-            /* 2^-18 (2^s A_L + 2^(s+7) A_H + R_L + 128 R_H), exact in double (< 2^43 * 2^-18) */
-            __m256d t = _mm256_fmadd_pd(R2_Q(ah), _mm256_set1_pd(128.0 * st->xd), R2_Q(rl));
-            t = _mm256_fmadd_pd(R2_Q(al), _mm256_set1_pd(st->xd), t);
-            t = _mm256_fmadd_pd(R2_Q(rh), _mm256_set1_pd(128.0), t);
-#undef R2_Q
-            f[half] = _mm256_cvtpd_ps(_mm256_mul_pd(t, _mm256_set1_pd(0x1p-18)));
-        }
-        __m256 bs = _mm256_insertf128_ps(_mm256_castps128_ps256(f[0]), f[1], 1);
-        const uint32_t nr8 = (nanrows >> (8 * h)) & 0xffu;
-        if (__builtin_expect(nr8 != 0, 0)) {
+/* The fp32 block sums of 8 rows: 2^-18 (2^s A_L + 2^(s+7) A_H + R), R = R_L + 128 R_H, from their
+ * int32 lane sums ah, al, rr (|R| < 2^30: r < 32, so |R_H| < 128 * 31 * 1920 and
+ * |R_L| < 128 * 31 * 960). Each term is a power of two times an int32 and every partial sum a
+ * multiple of 2^-18 below 2^25, so the double sums are exact and rounded once. al and rr are
+ * left out where they are zero (has_l, has_r: constants where this is inlined). */
+RS_TARGET_AVX2 INLINE __m256 r2_sums8(__m256i ah, __m256i al, __m256i rr, __m256d kh, __m256d kl, const bool has_l,
+                                     const bool has_r) {
+    const __m256d kr = _mm256_set1_pd(0x1p-18);
+    __m256d lo = _mm256_mul_pd(_mm256_cvtepi32_pd(_mm256_castsi256_si128(ah)), kh);
+    __m256d hi = _mm256_mul_pd(_mm256_cvtepi32_pd(_mm256_extracti128_si256(ah, 1)), kh);
+    if (has_r) {
+        lo = _mm256_fmadd_pd(_mm256_cvtepi32_pd(_mm256_castsi256_si128(rr)), kr, lo);
+        hi = _mm256_fmadd_pd(_mm256_cvtepi32_pd(_mm256_extracti128_si256(rr, 1)), kr, hi);
+    }
+    if (has_l) {
+        lo = _mm256_fmadd_pd(_mm256_cvtepi32_pd(_mm256_castsi256_si128(al)), kl, lo);
+        hi = _mm256_fmadd_pd(_mm256_cvtepi32_pd(_mm256_extracti128_si256(al, 1)), kl, hi);
+    }
+    return _mm256_insertf128_ps(_mm256_castps128_ps256(_mm256_cvtpd_ps(lo)), _mm256_cvtpd_ps(hi), 1);
+}
+
+/* The accumulators of outputs o - o0 .. + nq - 1 of tile t: acc = fmaf(block sum, s * wsb,
+ * previous) for each row, the block sum NaN in rows whose block (x or w) has a NaN code. */
+RS_TARGET_AVX2 INLINE void r2_finish(r2_tile *t, int64_t oi, int nq, __m256i ah[R2_NO][2], __m256i al[R2_NO][2],
+                                     __m256i rr[R2_NO][2], const bool wnan[R2_NO], float wsb, int64_t b,
+                                     const bool has_l, const bool has_r) {
+    const __m256d kh = _mm256_set1_pd(128.0 * t->xd * 0x1p-18), kl = _mm256_set1_pd(t->xd * 0x1p-18);
+    const __m256 sx0 = _mm256_mul_ps(_mm256_load_ps(t->s), _mm256_set1_ps(wsb));
+    const __m256 sx1 = _mm256_mul_ps(_mm256_load_ps(t->s + 8), _mm256_set1_ps(wsb));
+    for (int q = 0; q < nq; q++) {
+        float *acc = t->acc[oi + q];
+        __m256 bs0 = r2_sums8(ah[q][0], al[q][0], rr[q][0], kh, kl, has_l, has_r);
+        __m256 bs1 = r2_sums8(ah[q][1], al[q][1], rr[q][1], kh, kl, has_l, has_r);
+        const uint32_t nanrows = wnan[q] ? 0xffffu : t->xnan;
+        if (__builtin_expect(nanrows != 0, 0)) {
             const __m256i bits = _mm256_setr_epi32(1, 2, 4, 8, 16, 32, 64, 128);
-            const __m256 m = _mm256_castsi256_ps(_mm256_cmpeq_epi32(_mm256_and_si256(_mm256_set1_epi32((int)nr8), bits), bits));
-            bs = _mm256_blendv_ps(bs, _mm256_set1_ps(NAN), m);
+            const __m256i m0 = _mm256_and_si256(_mm256_set1_epi32((int)(nanrows & 0xffu)), bits);
+            const __m256i m1 = _mm256_and_si256(_mm256_set1_epi32((int)(nanrows >> 8)), bits);
+            bs0 = _mm256_blendv_ps(bs0, _mm256_set1_ps(NAN), _mm256_castsi256_ps(_mm256_cmpeq_epi32(m0, bits)));
+            bs1 = _mm256_blendv_ps(bs1, _mm256_set1_ps(NAN), _mm256_castsi256_ps(_mm256_cmpeq_epi32(m1, bits)));
         }
-        const __m256 sx = _mm256_mul_ps(_mm256_load_ps(st->s + 8 * h), _mm256_set1_ps(wsb));
-        const __m256 prev = b == 0 ? _mm256_setzero_ps() : _mm256_load_ps(acc + 8 * h);
-        _mm256_store_ps(acc + 8 * h, _mm256_fmadd_ps(bs, sx, prev));
+        const __m256 p0 = b == 0 ? _mm256_setzero_ps() : _mm256_load_ps(acc);
+        const __m256 p1 = b == 0 ? _mm256_setzero_ps() : _mm256_load_ps(acc + 8);
+        _mm256_store_ps(acc, _mm256_fmadd_ps(bs0, sx0, p0));
+        _mm256_store_ps(acc + 8, _mm256_fmadd_ps(bs1, sx1, p1));
     }
 }
 
-/* Block b of outputs o .. o + R2_NO - 1 (those below o1) into their accumulators. */
-RS_TARGET_AVX2 static void r2_group(r2_state *st, uint32_t xnan, uint64_t rpairs, const ajob *jb, const dlut *l,
-                                    int64_t o0, int64_t o, int64_t o1, int64_t b) {
+/* A_H of R2_NO outputs over one tile's np pairs: X . Hw, every pair, the weight digit broadcast. */
+RS_TARGET_AVX2 INLINE void r2_dot_h(const r2_tile *t, const int32_t (*wd)[2][64], int np, __m256i ah[R2_NO][2]) {
+    __m256i a00 = _mm256_setzero_si256(), a01 = a00, a10 = a00, a11 = a00, a20 = a00, a21 = a00, a30 = a00, a31 = a00;
+    for (int p = 0; p < np; p++) {
+        const __m256i x0 = _mm256_load_si256((const __m256i *)&t->xt[0][p][0]);
+        const __m256i x1 = _mm256_load_si256((const __m256i *)&t->xt[0][p][8]);
+        const __m256i w0 = _mm256_set1_epi32(wd[0][1][p]), w1 = _mm256_set1_epi32(wd[1][1][p]);
+        const __m256i w2 = _mm256_set1_epi32(wd[2][1][p]), w3 = _mm256_set1_epi32(wd[3][1][p]);
+        a00 = _mm256_add_epi32(a00, _mm256_madd_epi16(x0, w0));
+        a01 = _mm256_add_epi32(a01, _mm256_madd_epi16(x1, w0));
+        a10 = _mm256_add_epi32(a10, _mm256_madd_epi16(x0, w1));
+        a11 = _mm256_add_epi32(a11, _mm256_madd_epi16(x1, w1));
+        a20 = _mm256_add_epi32(a20, _mm256_madd_epi16(x0, w2));
+        a21 = _mm256_add_epi32(a21, _mm256_madd_epi16(x1, w2));
+        a30 = _mm256_add_epi32(a30, _mm256_madd_epi16(x0, w3));
+        a31 = _mm256_add_epi32(a31, _mm256_madd_epi16(x1, w3));
+    }
+    ah[0][0] = a00, ah[0][1] = a01, ah[1][0] = a10, ah[1][1] = a11;
+    ah[2][0] = a20, ah[2][1] = a21, ah[3][0] = a30, ah[3][1] = a31;
+}
+
+/* The sparse sums of R2_NO outputs over the pairs of mask, from one tile's digits xt ([pair][row])
+ * (two passes over few pairs each, rather than one per output: a loop's exit is a mispredicted
+ * branch). rem = false: A_L = X . Lw (mask: the pairs where one of the outputs has an L digit; the
+ * others have Lw = 0 there). rem = true: R = R_L + 128 R_H = r . Lw + 128 (r . Hw) (mask: the pairs
+ * where a row has a remainder; every partial sum is below 2^30, see r2_finish). Zero for an
+ * empty mask. */
+RS_TARGET_AVX2 INLINE void r2_dot_sparse(const int32_t (*xt)[R2_ROWS], const int32_t (*wd)[2][64], uint64_t mask,
+                                         const bool rem, __m256i acc[R2_NO][2]) {
+    for (int q = 0; q < R2_NO; q++) acc[q][0] = acc[q][1] = _mm256_setzero_si256();
+    for (uint64_t m = mask; m; m &= m - 1) {
+        const int p = __builtin_ctzll(m);
+        const __m256i x0 = _mm256_load_si256((const __m256i *)&xt[p][0]);
+        const __m256i x1 = _mm256_load_si256((const __m256i *)&xt[p][8]);
+#pragma GCC unroll 4
+        for (int q = 0; q < R2_NO; q++) {
+            const __m256i bl = _mm256_set1_epi32(wd[q][0][p]);
+            __m256i s0 = _mm256_madd_epi16(x0, bl), s1 = _mm256_madd_epi16(x1, bl);
+            if (rem) {
+                const __m256i bh = _mm256_set1_epi32(wd[q][1][p]);
+                s0 = _mm256_add_epi32(s0, _mm256_slli_epi32(_mm256_madd_epi16(x0, bh), 7));
+                s1 = _mm256_add_epi32(s1, _mm256_slli_epi32(_mm256_madd_epi16(x1, bh), 7));
+            }
+            acc[q][0] = _mm256_add_epi32(acc[q][0], s0);
+            acc[q][1] = _mm256_add_epi32(acc[q][1], s1);
+        }
+    }
+}
+
+/* Block b of outputs o .. o + R2_NO - 1 (those below o1), decoded once, into the accumulators of
+ * every tile of the item. */
+RS_TARGET_AVX2 static void r2_group(r2_state *st, const ajob *jb, const dlut *l, int64_t o0, int64_t o, int64_t o1,
+                                    int64_t b) {
     const int64_t k = jb->k, j0 = b * BLK, kw = RS_MIN((int64_t)BLK, k - j0);
     const int nq = (int)RS_MIN((int64_t)R2_NO, o1 - o), np = (int)((kw + 31) / 32) * 16;
     uint64_t lpairs[R2_NO];
@@ -610,83 +696,95 @@ RS_TARGET_AVX2 static void r2_group(r2_state *st, uint32_t xnan, uint64_t rpairs
             continue;
         }
         const uint8_t *w = jb->wq + (o + q) * k + j0;
+        int32_t *wl = st->wd[q][0], *wh = st->wd[q][1];
         __m256i nan = _mm256_setzero_si256();
-        if (kw == BLK && j0 + BLK < k) { /* the next block: needed by this item's next pass */
-            _mm_prefetch((const char *)(w + BLK), _MM_HINT_T0);
-            _mm_prefetch((const char *)(w + BLK + 64), _MM_HINT_T0);
+        uint64_t lp = 0;
+        if (kw == BLK) {
+            if (j0 + BLK < k) { /* the next block: needed by this item's next pass */
+                _mm_prefetch((const char *)(w + BLK), _MM_HINT_T0);
+                _mm_prefetch((const char *)(w + BLK + 64), _MM_HINT_T0);
+            }
+#pragma GCC unroll 4
+            for (int c = 0; c < 4; c++) {
+                __m256i d[4];
+                decode32(_mm256_loadu_si256((const __m256i *)(w + 32 * c)), l, d, &nan);
+                _mm256_store_si256((__m256i *)(wl + 16 * c), d[0]);
+                _mm256_store_si256((__m256i *)(wl + 16 * c + 8), d[1]);
+                _mm256_store_si256((__m256i *)(wh + 16 * c), d[2]);
+                _mm256_store_si256((__m256i *)(wh + 16 * c + 8), d[3]);
+                lp |= (nonzero_pairs8(d[0]) | nonzero_pairs8(d[1]) << 8) << (16 * c);
+            }
+        } else {
+            for (int c = 0; c * 32 < kw; c++) {
+                __m256i d[4];
+                decode_chunk(l, w, kw, c, d, &nan);
+                _mm256_store_si256((__m256i *)(wl + 16 * c), d[0]);
+                _mm256_store_si256((__m256i *)(wl + 16 * c + 8), d[1]);
+                _mm256_store_si256((__m256i *)(wh + 16 * c), d[2]);
+                _mm256_store_si256((__m256i *)(wh + 16 * c + 8), d[3]);
+                lp |= (nonzero_pairs8(d[0]) | nonzero_pairs8(d[1]) << 8) << (16 * c);
+            }
         }
-        for (int c = 0; c * 32 < kw; c++) {
-            __m256i d[4];
-            decode_chunk(l, w, kw, c, d, &nan);
-            for (int v = 0; v < 4; v++) _mm256_store_si256((__m256i *)&st->wd[q][v / 2][16 * c + 8 * (v % 2)], d[v]);
-            lpairs[q] |= (nonzero_pairs8(d[0]) | nonzero_pairs8(d[1]) << 8) << (16 * c);
-        }
+        lpairs[q] = lp;
         wnan[q] = nan_seen(nan);
     }
-    __m256i ah[R2_NO][2];
-    for (int q = 0; q < R2_NO; q++) ah[q][0] = ah[q][1] = _mm256_setzero_si256();
-    for (int p = 0; p < np; p++) { /* X . Hw: every pair */
-        const __m256i x0 = _mm256_load_si256((const __m256i *)&st->xt[0][p][0]);
-        const __m256i x1 = _mm256_load_si256((const __m256i *)&st->xt[0][p][8]);
-#pragma GCC unroll 4
-        for (int q = 0; q < R2_NO; q++) {
-            const __m256i bw = _mm256_set1_epi32(st->wd[q][1][p]);
-            ah[q][0] = _mm256_add_epi32(ah[q][0], _mm256_madd_epi16(x0, bw));
-            ah[q][1] = _mm256_add_epi32(ah[q][1], _mm256_madd_epi16(x1, bw));
-        }
-    }
     const float wsb = jb->ws[(o / BLK) * jb->kb + b];
-    for (int q = 0; q < nq; q++) {
-        __m256i al[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()}, rl[2] = {al[0], al[0]}, rh[2] = {al[0], al[0]};
-        for (uint64_t m = lpairs[q]; m; m &= m - 1) { /* X . Lw: where the weight has L digits */
-            const int p = __builtin_ctzll(m);
-            const __m256i bw = _mm256_set1_epi32(st->wd[q][0][p]);
-            al[0] = _mm256_add_epi32(al[0], _mm256_madd_epi16(_mm256_load_si256((const __m256i *)&st->xt[0][p][0]), bw));
-            al[1] = _mm256_add_epi32(al[1], _mm256_madd_epi16(_mm256_load_si256((const __m256i *)&st->xt[0][p][8]), bw));
+    const uint64_t lp_any = lpairs[0] | lpairs[1] | lpairs[2] | lpairs[3];
+    for (int ti = 0; ti < st->nt; ti++) {
+        r2_tile *t = &st->t[ti];
+        __m256i ah[R2_NO][2], al[R2_NO][2], rr[R2_NO][2];
+        r2_dot_h(t, (const int32_t(*)[2][64])st->wd, np, ah);
+        r2_dot_sparse(t->xt[0], (const int32_t(*)[2][64])st->wd, lp_any, false, al);
+        r2_dot_sparse(t->xt[1], (const int32_t(*)[2][64])st->wd, t->rpairs, true, rr);
+        const int64_t oi = o - o0;
+        switch ((lp_any != 0) + 2 * (t->rpairs != 0)) { /* one copy per case, the checks made once */
+        case 0: r2_finish(t, oi, nq, ah, al, rr, wnan, wsb, b, false, false); break;
+        case 1: r2_finish(t, oi, nq, ah, al, rr, wnan, wsb, b, true, false); break;
+        case 2: r2_finish(t, oi, nq, ah, al, rr, wnan, wsb, b, false, true); break;
+        default: r2_finish(t, oi, nq, ah, al, rr, wnan, wsb, b, true, true); break;
         }
-        for (uint64_t m = rpairs; m; m &= m - 1) { /* r . w: where a row has a remainder */
-            const int p = __builtin_ctzll(m);
-            const __m256i bl = _mm256_set1_epi32(st->wd[q][0][p]), bh = _mm256_set1_epi32(st->wd[q][1][p]);
-            const __m256i r0 = _mm256_load_si256((const __m256i *)&st->xt[1][p][0]);
-            const __m256i r1 = _mm256_load_si256((const __m256i *)&st->xt[1][p][8]);
-            rl[0] = _mm256_add_epi32(rl[0], _mm256_madd_epi16(r0, bl));
-            rl[1] = _mm256_add_epi32(rl[1], _mm256_madd_epi16(r1, bl));
-            rh[0] = _mm256_add_epi32(rh[0], _mm256_madd_epi16(r0, bh));
-            rh[1] = _mm256_add_epi32(rh[1], _mm256_madd_epi16(r1, bh));
-        }
-        r2_finish(st, st->acc[o + q - o0], al, ah[q], rl, rh, wnan[q] ? 0xffffu : xnan, wsb, b);
     }
 }
 
-/* Rows [r0, r0 + nr) (nr <= R2_ROWS) x outputs [o0, o1). */
+/* Tiles of R2_ROWS rows from row r0, nr rows in all (nr <= R2_TILES * R2_ROWS; only the last
+ * tile may be short), x outputs [o0, o1). */
 RS_TARGET_AVX2 static void r2_item(const ajob *jb, const dlut *l, int r0, int nr, int64_t o0, int64_t o1) {
     r2_state st;
-    for (int64_t b = 0; b < jb->kb; b++) {
-        uint64_t rpairs;
-        const uint32_t xnan = r2_prep(&st, jb, l, r0, nr, b, &rpairs);
-        for (int64_t o = o0; o < o1; o += R2_NO) r2_group(&st, xnan, rpairs, jb, l, o0, o, o1, b);
+    st.nt = (nr + R2_ROWS - 1) / R2_ROWS;
+    for (int ti = 0; ti < st.nt; ti++) {
+        st.t[ti].r0 = r0 + ti * R2_ROWS;
+        st.t[ti].nr = RS_MIN(R2_ROWS, nr - ti * R2_ROWS);
     }
-    for (int r = 0; r < nr; r++)
-        for (int64_t o = o0; o < o1; o++) jb->out[(int64_t)(r0 + r) * jb->n + o] = canonical_nan(st.acc[o - o0][r]);
+    for (int64_t b = 0; b < jb->kb; b++) {
+        for (int ti = 0; ti < st.nt; ti++) r2_prep(&st.t[ti], st.rowv, jb, l, b);
+        for (int64_t o = o0; o < o1; o += R2_NO) r2_group(&st, jb, l, o0, o, o1, b);
+    }
+    for (int ti = 0; ti < st.nt; ti++) {
+        const r2_tile *t = &st.t[ti];
+        for (int r = 0; r < t->nr; r++)
+            for (int64_t o = o0; o < o1; o++) jb->out[(int64_t)(t->r0 + r) * jb->n + o] = canonical_nan(t->acc[o - o0][r]);
+    }
 }
 
 /* ---------------------------------------------------------------------------------------------
  * Driver
  * ------------------------------------------------------------------------------------------- */
 
-/* Items [it0, it1); item = chunk * n_tiles + tile. */
+/* Items [it0, it1); item = chunk * n_units + unit, a unit being a group of up to R2_TILES lanes =
+ * rows tiles (units [0, n_r2g)) or one lanes = k tile. */
 RS_TARGET_AVX2 static void avx2_items(void *ctx, int64_t it0, int64_t it1, int tid) {
     (void)tid;
     const ajob *jb = ctx;
     dlut l;
     dlut_load(&l);
     for (int64_t it = it0; it < it1; it++) {
-        const int64_t o0 = (it / jb->n_tiles) * CHUNK, o1 = RS_MIN(o0 + CHUNK, (int64_t)jb->n);
-        const int t = (int)(it % jb->n_tiles);
-        if (t < jb->n_r2) {
-            r2_item(jb, &l, t * R2_ROWS, t == jb->n_r2 - 1 ? jb->r2_last : R2_ROWS, o0, o1);
+        const int64_t o0 = (it / jb->n_units) * CHUNK, o1 = RS_MIN(o0 + CHUNK, (int64_t)jb->n);
+        const int u = (int)(it % jb->n_units);
+        if (u < jb->n_r2g) {
+            const int r0 = u * R2_TILES * R2_ROWS;
+            r2_item(jb, &l, r0, RS_MIN(R2_TILES * R2_ROWS, jb->r1_start - r0), o0, o1);
         } else {
-            const int r0 = jb->r1_start + (t - jb->n_r2) * R1_ROWS;
+            const int r0 = jb->r1_start + (u - jb->n_r2g) * R1_ROWS;
             r1_item(jb, &l, r0, RS_MIN(R1_ROWS, jb->rows - r0), o0, o1);
         }
     }
@@ -706,13 +804,13 @@ void rs_fp8_gemm_avx2(rs_pool *pool, float *out, const uint8_t *xq, const float 
     };
     /* whole lanes = rows tiles, and a padded one for a remainder of at least R2_MIN rows */
     const int rem = rows % R2_ROWS, last = rem >= R2_MIN ? rem : 0;
-    jb.n_r2 = rows / R2_ROWS + (last > 0);
-    jb.r2_last = last > 0 ? last : R2_ROWS;
+    const int n_r2 = rows / R2_ROWS + (last > 0);
     jb.r1_start = rows / R2_ROWS * R2_ROWS + last;
-    jb.n_tiles = jb.n_r2 + (rows - jb.r1_start + R1_ROWS - 1) / R1_ROWS;
-    const int64_t items = jb.n_chunks * jb.n_tiles;
+    jb.n_r2g = (n_r2 + R2_TILES - 1) / R2_TILES;
+    jb.n_units = jb.n_r2g + (rows - jb.r1_start + R1_ROWS - 1) / R1_ROWS;
+    const int64_t items = jb.n_chunks * jb.n_units;
     if (pool)
-        rs_pool_run(pool, items, jb.n_tiles, avx2_items, &jb);
+        rs_pool_run(pool, items, jb.n_units, avx2_items, &jb);
     else
         avx2_items(&jb, 0, items, 0);
 }
