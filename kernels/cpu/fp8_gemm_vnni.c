@@ -43,11 +43,12 @@
  *     output) are summed across lanes by a transpose tree (a quarter of the time at batch 1).
  *     Weight rows are read 1 KB at a time (a super-block of 8 K blocks), four side by side, two
  *     groups prefetched ahead. Also the path of the row-major tail rows of a packed weight.
- *   - many rows (tiles of 12..16 rows; with packed weights, items of two tiles, a remainder of
- *     12..27 rows one tile and lanes = outputs tiles for the rest): lanes = rows.
+ *   - many rows (tiles of 12..16 rows; with packed weights, items of up to four tiles, whose
+ *     last may be a padded one of 12..15 rows, fewer rows going to lanes = outputs tiles): lanes =
+ *     rows.
  *     The tile's activation digits are transposed so that one zmm holds one k-pair of 16 rows; the
  *     weight digits are decoded once per block into L1 (4 outputs at a time from row-major
- *     weights, a whole 32-output group from packed ones, which then serves both tiles of the item)
+ *     weights, a whole 32-output group from packed ones, which then serves every tile of the item)
  *     and broadcast, no horizontal sums. The activations take one digit X = V >> 4 (or >> 5) and a rare
  *     remainder (r2_state), so each k-pair takes 1 vpdpwssd per output and tile for the weight's
  *     H digits (one asm loop per block); the L-digit products run only over the pairs where the
@@ -82,11 +83,10 @@
 #define R1_ROWS 4  /* rows of a lanes = k tile */
 #define R2_ROWS 16 /* rows of a lanes = rows tile: one zmm of int32 */
 #define R2_MIN  12 /* a remainder of at least this many rows still takes a lanes = rows tile */
-#define R2P_DOUBLE_MIN 28 /* ... and with packed weights, of this many a padded item of two */
 #define SB      8  /* K blocks per lanes = k super-block */
 #define R1_PREFETCH 2 /* lanes = k: prefetch the weight rows this many output groups ahead */
 #define R2_NO   4  /* outputs decoded and accumulated together in a lanes = rows tile */
-#define R2_TILES 2 /* lanes = rows tiles sharing a decode of RS_LAYOUT_FP8_PAIRS32 weights */
+#define R2_TILES 4 /* lanes = rows tiles sharing a decode of RS_LAYOUT_FP8_PAIRS32 weights */
 #define R2_XABS_MAX4 1118481 /* (2^31 - 1) / 1920: the largest row sum of |X| that takes s = 4 (r2_state) */
 
 /* gf2p8affineqb matrix: output bit i = parity(code & byte[7 - i]); swaps bits 6 and 7. */
@@ -218,6 +218,49 @@ RS_TARGET_VNNI static void dp_h4_pairs2(int32_t acc[8][16], const int32_t *x, co
                      : "zmm0", "zmm1", "zmm2", "zmm3", "zmm4", "zmm5", "zmm6", "zmm7", "zmm16", "zmm17", "zmm20",
                        "cc");
 #undef DP2_Q
+}
+
+/* dp_h4_pairs2 for four row tiles (x: xt[0][0], tile t's at 8192 t bytes on): acc[4 t + q] =
+ * tile t's products of output q. Fixed registers: 16 sums, 4 tiles' activations, one weight. */
+RS_TARGET_VNNI static void dp_h4_pairs4(int32_t acc[16][16], const int32_t *x, const int32_t *wall, const int32_t *w,
+                                        int np) {
+    const int32_t *px = x, *pw = w;
+    long n = np;
+#define DP4_Q(OFF, A, B, C, D)                                                                            \
+    "vpbroadcastd " OFF "(%[pw]), %%zmm20\n\t"                                                          \
+    "vpdpwssd %%zmm20, %%zmm16, %%zmm" A "\n\t"                                                          \
+    "vpdpwssd %%zmm20, %%zmm17, %%zmm" B "\n\t"                                                          \
+    "vpdpwssd %%zmm20, %%zmm18, %%zmm" C "\n\t"                                                          \
+    "vpdpwssd %%zmm20, %%zmm19, %%zmm" D "\n\t"
+    __asm__ volatile(ASM_ZERO("0") ASM_ZERO("1") ASM_ZERO("2") ASM_ZERO("3") ASM_ZERO("4") ASM_ZERO("5")
+                     ASM_ZERO("6") ASM_ZERO("7") ASM_ZERO("8") ASM_ZERO("9") ASM_ZERO("10") ASM_ZERO("11")
+                     ASM_ZERO("12") ASM_ZERO("13") ASM_ZERO("14") ASM_ZERO("15")
+                     "test %[n], %[n]\n\t"
+                     "jle 2f\n\t"
+                     "1:\n\t"
+                     "vmovdqa64 (%[px]), %%zmm16\n\t"
+                     "vmovdqa64 8192(%[px]), %%zmm17\n\t"
+                     "vmovdqa64 16384(%[px]), %%zmm18\n\t"
+                     "vmovdqa64 24576(%[px]), %%zmm19\n\t"
+                     DP4_Q("0", "0", "4", "8", "12")
+                     DP4_Q("4", "1", "5", "9", "13")
+                     DP4_Q("8", "2", "6", "10", "14")
+                     DP4_Q("12", "3", "7", "11", "15")
+                     "add $64, %[px]\n\t"
+                     "add $256, %[pw]\n\t"
+                     "dec %[n]\n\t"
+                     "jnz 1b\n\t"
+                     "2:\n\t"
+                     ASM_STORE_0_7
+                     ASM_STORE("8", "512") ASM_STORE("9", "576") ASM_STORE("10", "640") ASM_STORE("11", "704")
+                     ASM_STORE("12", "768") ASM_STORE("13", "832") ASM_STORE("14", "896") ASM_STORE("15", "960")
+                     : [px] "+r"(px), [pw] "+r"(pw), [n] "+r"(n), "=m"(*(int32_t(*)[16][16])acc)
+                     : [acc] "r"(acc), "m"(*(const int32_t(*)[4 * 2 * 64 * R2_ROWS])x),
+                       "m"(*(const int32_t(*)[64 * 2 * 32])wall)
+                     : "zmm0", "zmm1", "zmm2", "zmm3", "zmm4", "zmm5", "zmm6", "zmm7", "zmm8", "zmm9", "zmm10",
+                       "zmm11", "zmm12", "zmm13", "zmm14", "zmm15", "zmm16", "zmm17", "zmm18", "zmm19", "zmm20",
+                       "cc");
+#undef DP4_Q
 }
 
 /* acc += x . broadcast(*w) (one vpdpwssd). */
@@ -771,8 +814,8 @@ RS_TARGET_VNNI static void r3_item(const vjob *jb, const vlut *l, int r0, int nr
  * Many rows: lanes = rows
  * ------------------------------------------------------------------------------------------- */
 
-/* The state of an item's one or two row tiles (two only with RS_LAYOUT_FP8_PAIRS32 weights, whose
- * decoded digits then serve 32 rows): the block's transposed activations, the running fmaf
+/* The state of an item's one to four row tiles (more than one only with RS_LAYOUT_FP8_PAIRS32
+ * weights, whose decoded digits then serve up to 64 rows): the block's transposed activations, the running fmaf
  * accumulators of the chunk, and one group's decoded weight digits. Pair p of a block is dword
  * p % 16 of word vector p / 16 in the order (L_a, L_b) of codes 0-63, then of codes 64-127 — the
  * same for x (per row) and w.
@@ -869,37 +912,58 @@ RS_TARGET_VNNI static void r2_prep(r2_state *st, int t, __mmask16 *xnan, const v
     st->rpairs[t] = rp;
 }
 
-/* 2^-18 (xd al + 128 xd ah + rl + 128 rh) for the 16 lanes (xd = 2^s), exact in double (< 2^43 *
- * 2^-18), rounded once to fp32. */
-RS_TARGET_VNNI INLINE __m512 block_sums16(__m512i al, __m512i ah, __m512i rl, __m512i rh, double xd) {
+/* 2^-18 (xd al + 128 xd ah + R) for the 16 lanes (xd = 2^s), R = rl + 128 rh in int32 (|R| <
+ * 2^30: r < 32, so |rh| < 128 * 31 * 1920 and |rl| < 128 * 31 * 960). Each term is a power of two
+ * times an int32 and every partial sum a multiple of 2^-18 below 2^25, so the double sums are
+ * exact, rounded once to fp32. al and R are left out where they are zero (has_l, has_r:
+ * constants where this is inlined). */
+RS_TARGET_VNNI INLINE __m512 block_sums16(__m512i al, __m512i ah, __m512i rl, __m512i rh, double xd, const bool has_l,
+                                         const bool has_r) {
+    const __m512d kh = _mm512_set1_pd(128.0 * xd * 0x1p-18), kl = _mm512_set1_pd(xd * 0x1p-18);
+    const __m512d kr = _mm512_set1_pd(0x1p-18);
+    const __m512i rr = has_r ? _mm512_add_epi32(rl, _mm512_slli_epi32(rh, 7)) : _mm512_setzero_si512();
     __m256 f[2];
 #pragma GCC unroll 2
     for (int h = 0; h < 2; h++) {
 #define R2_Q(v) _mm512_cvtepi32_pd(h ? _mm512_extracti64x4_epi64(v, 1) : _mm512_castsi512_si256(v))
-        __m512d t = _mm512_fmadd_pd(R2_Q(ah), _mm512_set1_pd(128.0 * xd), R2_Q(rl));
-        t = _mm512_fmadd_pd(R2_Q(al), _mm512_set1_pd(xd), t);
-        t = _mm512_fmadd_pd(R2_Q(rh), _mm512_set1_pd(128.0), t);
+        __m512d t = _mm512_mul_pd(R2_Q(ah), kh);
+        if (has_r) t = _mm512_fmadd_pd(R2_Q(rr), kr, t);
+        if (has_l) t = _mm512_fmadd_pd(R2_Q(al), kl, t);
 #undef R2_Q
-        f[h] = _mm512_cvtpd_ps(_mm512_mul_pd(t, _mm512_set1_pd(0x1p-18)));
+        f[h] = _mm512_cvtpd_ps(t);
     }
     return _mm512_insertf32x8(_mm512_castps256_ps512(f[0]), f[1], 1);
 }
 
 /* Tile t's block sums of R2_NO outputs (the first cnt stored) into their fmaf accumulators
  * acc[q][16 t ..]: with wnan[q] the output's block is NaN, with bit r of xnan row r's. */
-RS_TARGET_VNNI INLINE void r2_finish(const r2_state *st, int t, const __m512i al[R2_NO], const __m512i ah[R2_NO],
-                                     const __m512i rl[R2_NO], const __m512i rh[R2_NO], __mmask16 xnan,
-                                     const bool wnan[R2_NO], float wsb, int64_t b,
-                                     float (*acc)[R2_TILES * R2_ROWS], int cnt) {
-    const __m512 sx = _mm512_load_ps(st->s[t]);
+RS_TARGET_VNNI INLINE void r2_finish_v(const r2_state *st, int t, const __m512i al[R2_NO], const __m512i ah[R2_NO],
+                                       const __m512i rl[R2_NO], const __m512i rh[R2_NO], __mmask16 xnan,
+                                       const bool wnan[R2_NO], float wsb, int64_t b,
+                                       float (*acc)[R2_TILES * R2_ROWS], int cnt, const bool has_l, const bool has_r) {
+    const __m512 sx = _mm512_mul_ps(_mm512_load_ps(st->s[t]), _mm512_set1_ps(wsb));
 #pragma GCC unroll 16
     for (int q = 0; q < R2_NO; q++) {
         if (q >= cnt) break;
-        __m512 bs = block_sums16(al[q], ah[q], rl[q], rh[q], st->xd[t]);
+        __m512 bs = block_sums16(al[q], ah[q], rl[q], rh[q], st->xd[t], has_l, has_r);
         bs = _mm512_mask_mov_ps(bs, wnan[q] ? (__mmask16)0xffff : xnan, _mm512_set1_ps(NAN));
         float *a = acc[q] + R2_ROWS * t;
         const __m512 prev = b == 0 ? _mm512_setzero_ps() : _mm512_load_ps(a);
-        _mm512_store_ps(a, _mm512_fmadd_ps(bs, _mm512_mul_ps(sx, _mm512_set1_ps(wsb)), prev));
+        _mm512_store_ps(a, _mm512_fmadd_ps(bs, sx, prev));
+    }
+}
+
+/* r2_finish_v with has_l (some output has an L digit in the block: al may be nonzero) and has_r
+ * (tile t has remainders: rl, rh may be), one inlined copy per case. */
+RS_TARGET_VNNI INLINE void r2_finish(const r2_state *st, int t, const __m512i al[R2_NO], const __m512i ah[R2_NO],
+                                     const __m512i rl[R2_NO], const __m512i rh[R2_NO], __mmask16 xnan,
+                                     const bool wnan[R2_NO], float wsb, int64_t b,
+                                     float (*acc)[R2_TILES * R2_ROWS], int cnt, bool has_l) {
+    switch (has_l + 2 * (st->rpairs[t] != 0)) {
+    case 0: r2_finish_v(st, t, al, ah, rl, rh, xnan, wnan, wsb, b, acc, cnt, false, false); break;
+    case 1: r2_finish_v(st, t, al, ah, rl, rh, xnan, wnan, wsb, b, acc, cnt, true, false); break;
+    case 2: r2_finish_v(st, t, al, ah, rl, rh, xnan, wnan, wsb, b, acc, cnt, false, true); break;
+    default: r2_finish_v(st, t, al, ah, rl, rh, xnan, wnan, wsb, b, acc, cnt, true, true); break;
     }
 }
 
@@ -980,7 +1044,7 @@ RS_TARGET_VNNI static void r2_group(r2_state *st, int t, __mmask16 xnan, const v
 #pragma GCC unroll 16
     for (int q = 0; q < R2_NO; q++) nan[q] = wnan[q] != 0;
     r2_finish(st, t, al, ah, rl, rh, xnan, nan, jb->ws[(o / BLK) * jb->kb + b], b, &st->acc[o - o0],
-              (int)RS_MIN((int64_t)R2_NO, o1 - o));
+              (int)RS_MIN((int64_t)R2_NO, o1 - o), (lpairs[0] | lpairs[1] | lpairs[2] | lpairs[3]) != 0);
 }
 
 /* r2 numbers a block's pairs in decode64's order (r2_state): pair p = 32h + 8L + i (i < 8) of the
@@ -1032,15 +1096,26 @@ RS_TARGET_VNNI static void r2_group_pairs(r2_state *st, int nt, const __mmask16 
         for (int t = 0; t < R2_TILES; t++)
 #pragma GCC unroll 16
             for (int q = 0; q < R2_NO; q++) al[t][q] = ah[t][q] = rl[t][q] = rh[t][q] = _mm512_setzero_si512();
-        if (nt == 2) {
-            _Alignas(64) int32_t h8[8][16];
-            dp_h4_pairs2(h8, &st->xt[0][0][0][0], &st->wdp[0][0][0], &st->wdp[0][1][q0], npr);
+        if (nt == 4) {
+            _Alignas(64) int32_t h16[16][16];
+            dp_h4_pairs4(h16, &st->xt[0][0][0][0], &st->wdp[0][0][0], &st->wdp[0][1][q0], npr);
 #pragma GCC unroll 16
-            for (int t = 0; t < 2; t++)
+            for (int t = 0; t < 4; t++)
 #pragma GCC unroll 16
-                for (int q = 0; q < R2_NO; q++) ah[t][q] = _mm512_load_si512(h8[4 * t + q]);
-        } else
-            dp_h4_pairs(ah[0], &st->xt[0][0][0][0], &st->wdp[0][0][0], &st->wdp[0][1][q0], npr);
+                for (int q = 0; q < R2_NO; q++) ah[t][q] = _mm512_load_si512(h16[4 * t + q]);
+        } else {
+            int t = 0;
+            if (nt >= 2) {
+                _Alignas(64) int32_t h8[8][16];
+                dp_h4_pairs2(h8, &st->xt[0][0][0][0], &st->wdp[0][0][0], &st->wdp[0][1][q0], npr);
+#pragma GCC unroll 16
+                for (int i = 0; i < 2; i++)
+#pragma GCC unroll 16
+                    for (int q = 0; q < R2_NO; q++) ah[i][q] = _mm512_load_si512(h8[4 * i + q]);
+                t = 2;
+            }
+            if (t < nt) dp_h4_pairs(ah[t], &st->xt[t][0][0][0], &st->wdp[0][0][0], &st->wdp[0][1][q0], npr);
+        }
         /* the pairs where one of the quad's outputs has an L digit (a zero digit adds nothing) */
         const __m512i qm = _mm512_set1_epi32((int)(0xFu << q0));
         uint64_t lp = 0;
@@ -1066,7 +1141,7 @@ RS_TARGET_VNNI static void r2_group_pairs(r2_state *st, int nt, const __mmask16 
         for (int q = 0; q < R2_NO; q++) nan[q] = (wout >> (q0 + q)) & 1;
         for (int t = 0; t < nt; t++)
             r2_finish(st, t, al[t], ah[t], rl[t], rh[t], xnan[t], nan, wsb, b,
-                      &st->acc[g * RS_FP8_PAIRS32_ROWS + q0 - o0], R2_NO);
+                      &st->acc[g * RS_FP8_PAIRS32_ROWS + q0 - o0], R2_NO, lp != 0);
     }
 }
 
@@ -1116,10 +1191,9 @@ RS_TARGET_VNNI static void vnni_items(void *ctx, int64_t it0, int64_t it1, int t
         const int t = (int)(it % jb->n_tiles);
         if (t < jb->n_r2) {
             const int r0 = t * jb->r2_rows, nr = t == jb->n_r2 - 1 ? jb->r2_last : jb->r2_rows;
-            /* a chunk whose outputs are not all packed takes its double tile as two single ones */
+            /* a chunk whose outputs are not all packed takes its tiles one at a time */
             if (nr > R2_ROWS && o1 > jb->n_packed) {
-                r2_item(jb, &l, r0, R2_ROWS, o0, o1);
-                r2_item(jb, &l, r0 + R2_ROWS, nr - R2_ROWS, o0, o1);
+                for (int r = 0; r < nr; r += R2_ROWS) r2_item(jb, &l, r0 + r, RS_MIN(R2_ROWS, nr - r), o0, o1);
             } else {
                 r2_item(jb, &l, r0, nr, o0, o1);
             }
@@ -1149,13 +1223,14 @@ void rs_fp8_gemm_vnni(rs_pool *pool, float *out, const uint8_t *xq, const float 
         .kb = rs_fp8_blocks(k), .n_chunks = ((int64_t)n + CHUNK - 1) / CHUNK,
         .n_packed = packed ? (int64_t)n / RS_FP8_PAIRS32_ROWS * RS_FP8_PAIRS32_ROWS : 0,
     };
-    /* packed weights: lanes = rows items of two tiles (32 rows), which share each weight decode */
+    /* packed weights: lanes = rows items of up to four tiles (64 rows), which share each weight
+     * decode */
     jb.r2_rows = packed ? R2_TILES * R2_ROWS : R2_ROWS;
-    /* The rows past whole items: a padded item of their own from R2_MIN on; with packed weights,
-     * below R2P_DOUBLE_MIN only one 16-row tile of them, the rest in lanes = outputs tiles (cheaper
-     * than padding a second tile). */
-    const int rem = rows % jb.r2_rows;
-    const int last = rem < R2_MIN ? 0 : packed && rem < R2P_DOUBLE_MIN ? RS_MIN(rem, R2_ROWS) : rem;
+    /* The rows past whole items: an item of their own with their whole tiles, and a last padded
+     * tile for a part of at least R2_MIN rows; fewer go to lanes = outputs tiles (cheaper than
+     * padding a tile). */
+    const int rem = rows % jb.r2_rows, part = rem % R2_ROWS;
+    const int last = rem - part + (part >= R2_MIN ? part : 0);
     jb.n_r2 = rows / jb.r2_rows + (last > 0);
     jb.r2_last = last > 0 ? last : jb.r2_rows;
     jb.r1_start = rows / jb.r2_rows * jb.r2_rows + last;

@@ -381,12 +381,13 @@ static void mixed_activations(gcase *c, uint64_t *s) {
 }
 
 /* Every row count from 1 to 40 and a few past it: every tile kind of every kernel (lanes = k
- * tiles of 1, 2 and 3..8 rows, lanes = rows tiles of 16 and padded ones of 10..15, the VNNI
- * kernel's 4- and 16-row tiles) and their mixes, on ragged n and k, each ISA in turn, inline and
- * on 2 threads, row-major and (VNNI) packed weights. The reference is per row, so the first R
- * rows of one reference cover every R. */
+ * tiles of 1, 2 and 3..8 rows, lanes = rows tiles of 16 and padded ones of 10..15, items of 1 to
+ * 4 such tiles sharing each weight decode, the VNNI kernel's 4- and 16-row tiles) and their mixes,
+ * on ragged n and k, each ISA in turn, inline and on 2 threads, row-major and (VNNI) packed
+ * weights (n = 160: every chunk packed, so its many-row items take up to 4 tiles). The reference
+ * is per row, so the first R rows of one reference cover every R. */
 RS_TEST(cpu_fp8_gemm_every_isa_all_row_counts) {
-    static const int shapes[][2] = {{70, 300}, {33, 1030}};
+    static const int shapes[][2] = {{70, 300}, {33, 1030}, {160, 300}};
     uint64_t s = 515;
     rs_pool *pool = rs_pool_init(2);
     for (size_t si = 0; si < RS_ARRAY_LEN(shapes); si++) {
