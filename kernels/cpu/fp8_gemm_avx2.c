@@ -49,9 +49,10 @@
  *     4 such tiles (64 rows) and broadcast. X times the weight's H digits goes through every
  *     pair, the L digits (rare: |w| < 2 in E4M3 units) and the remainders only where they are
  *     nonzero (see r2_tile).
- * Work items are (chunk of 128 outputs, group of up to 4 row tiles or one lanes = k tile), the
- * tiles varying fastest; threads take contiguous runs of items. Nothing is allocated: the scratch
- * (under 80 KB) is on the stack.
+ * Work items are (chunk of 128 outputs, or of 256 where there are many rows and items enough for
+ * every thread; group of up to 4 row tiles, or one lanes = k tile), the tiles varying fastest;
+ * threads take contiguous runs of items. Nothing is allocated: the scratch (under 112 KB) is on
+ * the stack.
  */
 #include "fp8_gemm_avx2.h"
 
@@ -68,7 +69,8 @@
 #define INLINE         static inline __attribute__((always_inline))
 
 #define BLK      RS_FP8_BLOCK
-#define CHUNK    128 /* output features per work item */
+#define CHUNK    128 /* output features per work item ... */
+#define CHUNK_MAX 256 /* ... or this many, where every thread still gets 4 items (rs_fp8_gemm_avx2) */
 #define R1_ROWS  8  /* rows of a lanes = k tile */
 #define XD_ROW_BLOCKS 32 /* row-blocks of activation digits a lanes = k tile holds (24 KB) */
 #define R2_ROWS  16 /* rows of a lanes = rows tile: two ymm of int32 */
@@ -148,7 +150,7 @@ typedef struct ajob {
     const uint8_t *wq; /* [n][k] e4m3 */
     const float *ws;   /* [ceil(n/128)][kb] f32 */
     int rows, n, k;
-    int64_t kb, n_chunks;
+    int64_t kb, chunk, n_chunks; /* outputs per item (CHUNK or CHUNK_MAX), items per row tile */
     int n_r2g;    /* groups of up to R2_TILES lanes = rows tiles: rows [0, r1_start) */
     int r1_start; /* lanes = k tiles of R1_ROWS rows from here */
     int n_units;  /* n_r2g plus the lanes = k tiles */
@@ -465,7 +467,7 @@ RS_TARGET_AVX2 static void r1_item(const ajob *jb, const dlut *l, int r0, int nr
  *          any codes. */
 typedef struct r2_tile {
     _Alignas(32) int32_t xt[2][64][R2_ROWS]; /* [X/r][pair][row]: the block's activations */
-    _Alignas(32) float acc[CHUNK][R2_ROWS];  /* [output - o0][row]: the fmaf accumulators */
+    _Alignas(32) float acc[CHUNK_MAX][R2_ROWS]; /* [output - o0][row]: the fmaf accumulators */
     _Alignas(32) float s[R2_ROWS];           /* x scales of the block */
     double xd;                               /* 2^s: the activation digit's weight */
     uint64_t rpairs;                         /* the pairs where one of the rows has a remainder */
@@ -778,7 +780,7 @@ RS_TARGET_AVX2 static void avx2_items(void *ctx, int64_t it0, int64_t it1, int t
     dlut l;
     dlut_load(&l);
     for (int64_t it = it0; it < it1; it++) {
-        const int64_t o0 = (it / jb->n_units) * CHUNK, o1 = RS_MIN(o0 + CHUNK, (int64_t)jb->n);
+        const int64_t o0 = (it / jb->n_units) * jb->chunk, o1 = RS_MIN(o0 + jb->chunk, (int64_t)jb->n);
         const int u = (int)(it % jb->n_units);
         if (u < jb->n_r2g) {
             const int r0 = u * R2_TILES * R2_ROWS;
@@ -800,7 +802,7 @@ void rs_fp8_gemm_avx2(rs_pool *pool, float *out, const uint8_t *xq, const float 
     RS_ASSERT(rows > 0 && n > 0 && k > 0);
     ajob jb = {
         .out = out, .xq = xq, .xs = xs, .wq = wq, .ws = ws, .rows = rows, .n = n, .k = k,
-        .kb = rs_fp8_blocks(k), .n_chunks = ((int64_t)n + CHUNK - 1) / CHUNK,
+        .kb = rs_fp8_blocks(k),
     };
     /* whole lanes = rows tiles, and a padded one for a remainder of at least R2_MIN rows */
     const int rem = rows % R2_ROWS, last = rem >= R2_MIN ? rem : 0;
@@ -808,6 +810,11 @@ void rs_fp8_gemm_avx2(rs_pool *pool, float *out, const uint8_t *xq, const float 
     jb.r1_start = rows / R2_ROWS * R2_ROWS + last;
     jb.n_r2g = (n_r2 + R2_TILES - 1) / R2_TILES;
     jb.n_units = jb.n_r2g + (rows - jb.r1_start + R1_ROWS - 1) / R1_ROWS;
+    /* Wider items where there are enough: each row tile's activation digits (decoded and
+     * transposed once per item and block) then serve twice the outputs. */
+    const int64_t wide = ((int64_t)n + CHUNK_MAX - 1) / CHUNK_MAX * jb.n_units;
+    jb.chunk = jb.n_r2g > 0 && wide >= 4 * (pool ? rs_pool_threads(pool) : 1) ? CHUNK_MAX : CHUNK;
+    jb.n_chunks = ((int64_t)n + jb.chunk - 1) / jb.chunk;
     const int64_t items = jb.n_chunks * jb.n_units;
     if (pool)
         rs_pool_run(pool, items, jb.n_units, avx2_items, &jb);

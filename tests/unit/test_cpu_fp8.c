@@ -197,6 +197,8 @@ RS_TEST(cpu_fp8_gemm_every_isa_bit_identical_tile_edges) {
         {1, 32, 2},    {1, 96, 1024},  {2, 33, 126},  {3, 288, 1280}, {4, 63, 130},   {5, 160, 2},
         {9, 100, 258}, {13, 32, 384},  {17, 96, 1026}, {31, 65, 512}, {45, 64, 256}, {48, 96, 384},
         {77, 130, 128},
+        /* many rows and n > 1024: the AVX2 kernel's items of 256 outputs (with a ragged last one) */
+        {45, 1100, 257}, {100, 1030, 384}, {130, 520, 130},
     };
     uint64_t s = 11;
     for (size_t i = 0; i < RS_ARRAY_LEN(shapes); i++) {
