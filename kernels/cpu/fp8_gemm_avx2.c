@@ -483,6 +483,7 @@ typedef struct r2_state {
     _Alignas(32) int32_t wd[R2_NO][2][64];     /* [output][L/H][pair] */
     int nt;                                    /* tiles in use */
 } r2_state;
+_Static_assert(sizeof(r2_state) < 112 * 1024, "the stack scratch the header promises");
 
 /* In-place transpose of an 8 x 8 matrix of 32-bit elements (v[i] = row i). */
 RS_TARGET_AVX2 INLINE void transpose8(__m256i v[8]) {
