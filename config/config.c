@@ -40,9 +40,11 @@ static const rs_config_entry entries[] = {
      "backend that runs the model: cpu, or cuda (a build with `make CUDA=1`)", 0},
     {"cuda-device", RS_CONFIG_TYPE_INT, F(cuda_device), 0, 63, "0", NULL, "CUDA device ordinal used with --device cuda",
      0},
-    {"numerics", RS_CONFIG_TYPE_ENUM, F(numerics), 0, 0, "fast", "exact|fast",
-     "arithmetic of the model's kernels: fast (tensor cores, fp32 accumulation; the GPU default) or exact "
-     "(bit-identical to the CPU reference); the CPU backend has only exact kernels and runs them either way", 0},
+    {"numerics", RS_CONFIG_TYPE_ENUM, F(numerics), 0, 0, "auto", "exact|fast|auto",
+     "arithmetic of the model's kernels: exact (the reference: bit-identical across backends where roundings "
+     "allow), fast (BF16 activations into BF16 matmuls with fp32 sums: tensor cores on the GPU, vdpbf16ps on "
+     "CPUs with AVX512_BF16, where every other op stays exact; a CPU without it runs exact), or auto (fast "
+     "with --device cuda, exact on the CPU)", 0},
     {"cuda-graphs", RS_CONFIG_TYPE_BOOL, F(cuda_graphs), 0, 1, "true", NULL,
      "with --device cuda: record each decode batch size's step once as a CUDA graph and replay it (false = "
      "launch every kernel of every step)", 0},

@@ -23,7 +23,7 @@
  * RS_CFG_QUANT_FP8, RS_CFG_QUANT_BF16); tests/unit/test_config.c checks the two agree. */
 typedef enum rs_cfg_quantization { RS_CFG_QUANT_FP8 = 0, RS_CFG_QUANT_BF16 } rs_cfg_quantization;
 typedef enum rs_cfg_device { RS_CFG_DEVICE_CPU = 0, RS_CFG_DEVICE_CUDA } rs_cfg_device;
-typedef enum rs_cfg_numerics { RS_CFG_NUMERICS_EXACT = 0, RS_CFG_NUMERICS_FAST } rs_cfg_numerics;
+typedef enum rs_cfg_numerics { RS_CFG_NUMERICS_EXACT = 0, RS_CFG_NUMERICS_FAST, RS_CFG_NUMERICS_AUTO } rs_cfg_numerics;
 typedef enum rs_cfg_cpu_kernels {
     RS_CFG_CPU_KERNELS_AUTO = 0, RS_CFG_CPU_KERNELS_AVX512, RS_CFG_CPU_KERNELS_AVX2, RS_CFG_CPU_KERNELS_SCALAR
 } rs_cfg_cpu_kernels;

@@ -35,7 +35,11 @@ llama.cpp is ever committed). Steps, each skipped when its output is already the
     build-llamacpp/results-ISA-DATE.json.
 
 Pairs compared: rolloutd FP8 vs llama.cpp Q8_0 with BF16 embedding/output (same bytes per token) and
-vs default Q8_0 (fewer bytes); rolloutd BF16 vs llama.cpp BF16.
+vs default Q8_0 (fewer bytes); rolloutd BF16 vs llama.cpp BF16. rolloutd runs its default (exact)
+numerics; with --isa native on a CPU with AVX512_BF16 two more systems run --numerics fast, whose BF16
+matmuls round their activations to BF16 and sum on vdpbf16ps as llama.cpp's BF16 path does there
+("rolloutd bf16 fast" against llama.cpp BF16 is the same arithmetic; "rolloutd fp8 fast" changes only
+the BF16 lm_head). --systems picks a subset by name.
 
 Needs cmake, a C/C++ compiler, and numpy, pyyaml, requests, tqdm in the python that runs it (the
 sdist's gguf-py imports them); torch + transformers in /opt/torchvenv, $TORCH_PYTHON or that python
@@ -278,22 +282,25 @@ def llama_bench(bins, model, threads, p, n):
     return json.loads(r.stdout)[0]["avg_ts"]
 
 
-def rollout_bench(build, model, threads, quant, kernels, args):
+def rollout_bench(build, model, threads, what, kernels, args):
+    quant, numerics = what
     r = run([build / "rollout-bench", "--model", model, "--threads", threads, "--quantization", quant,
-             "--kv-cache-dtype", "bf16", "--cpu-kernels", kernels, "--no-bandwidth", *args],
+             "--numerics", numerics, "--kv-cache-dtype", "bf16", "--cpu-kernels", kernels, "--no-bandwidth", *args],
             capture_output=True, text=True)
+    if f"numerics {numerics}," not in r.stdout:
+        sys.exit(f"rollout-bench did not run {numerics} numerics:\n{r.stdout}")
     return r.stdout
 
 
-def rolloutd_decode(build, model, threads, quant, kernels):
-    out = rollout_bench(build, model, threads, quant, kernels, ["--batches", "1", "--gen", "128", "--prompt", "1"])
+def rolloutd_decode(build, model, threads, what, kernels):
+    out = rollout_bench(build, model, threads, what, kernels, ["--batches", "1", "--gen", "128", "--prompt", "1"])
     # rows: numerics batch decode ms/step tokens/s ...
     row = next(l.split()[1:] for l in out.splitlines() if l.split()[:3] in (["exact", "1", "127"], ["fast", "1", "127"]))
     return float(row[3])
 
 
-def rolloutd_prefill(build, model, threads, quant, kernels):
-    out = rollout_bench(build, model, threads, quant, kernels, ["--batches", "0", "--prefill", "512"])
+def rolloutd_prefill(build, model, threads, what, kernels):
+    out = rollout_bench(build, model, threads, what, kernels, ["--batches", "0", "--prefill", "512"])
     line = next(l for l in out.splitlines() if "prefill 512 tokens" in l)
     return float(line.split(":")[1].split()[0])
 
@@ -372,10 +379,11 @@ def rl_llama(bins, model, threads, prompts, samples, new, work):
         srv.stop()
 
 
-def rl_rolloutd(build, model, threads, quant, kernels, prompts, samples, new, work):
+def rl_rolloutd(build, model, threads, what, kernels, prompts, samples, new, work):
+    quant, numerics = what
     port = free_port()
     srv = Server([build / "rolloutd", "--model", model, "--threads", threads, "--quantization", quant,
-                  "--kv-cache-dtype", "bf16", "--cpu-kernels", kernels, "--max-running", len(prompts) * samples,
+                  "--numerics", numerics, "--kv-cache-dtype", "bf16", "--cpu-kernels", kernels, "--max-running", len(prompts) * samples,
                   "--kv-cache-mb", 4096, "--host", "127.0.0.1", "--port", port, "--log-level", "warn"],
                  f"http://127.0.0.1:{port}", work / "rolloutd.log")
     try:
@@ -411,6 +419,8 @@ def main():
     ap.add_argument("--model-source", choices=["transformers", "preset"], default="transformers")
     ap.add_argument("--rl-prompt", type=int, default=128, help="prompt tokens of the RL workload")
     ap.add_argument("--build", default=str(ROOT / "build"), help="rolloutd's build directory")
+    ap.add_argument("--systems", default="", help="comma list of the systems to run (default: every one; names as "
+                    "printed, e.g. 'rolloutd bf16 fast,llama.cpp bf16')")
     ap.add_argument("--work", default=str(ROOT / "build-llamacpp"))
     a = ap.parse_args()
     if a.rounds < 3:
@@ -449,15 +459,25 @@ def main():
         f"rolloutd {rev}, llama.cpp from llama-cpp-python {a.llama_cpp_python}; model {model.name}")
 
     systems = {  # name: (kind, what)
-        "rolloutd fp8": ("rolloutd", "fp8"),
+        "rolloutd fp8": ("rolloutd", ("fp8", "exact")),
         "llama.cpp q8_0, bf16 emb/output": ("llama", q8b),
         "llama.cpp q8_0": ("llama", q8),
-        "rolloutd bf16": ("rolloutd", "bf16"),
+        "rolloutd bf16": ("rolloutd", ("bf16", "exact")),
         "llama.cpp bf16": ("llama", bf16),
     }
-    rl_systems = {"rolloutd fp8": systems["rolloutd fp8"], "llama.cpp q8_0, bf16 emb/output": systems[
-        "llama.cpp q8_0, bf16 emb/output"], "rolloutd bf16": systems["rolloutd bf16"],
-        "llama.cpp bf16": systems["llama.cpp bf16"]}
+    # rolloutd's fast numerics (BF16 matmuls on BF16-rounded activations, vdpbf16ps) exist on CPUs with
+    # AVX512_BF16 in the avx512 class: llama.cpp's own BF16 arithmetic there. FP8 models keep their
+    # exact FP8 GEMMs and run only the BF16 lm_head that way.
+    if kernels == "auto" and "avx512_bf16" in flags:
+        systems["rolloutd fp8 fast"] = ("rolloutd", ("fp8", "fast"))
+        systems["rolloutd bf16 fast"] = ("rolloutd", ("bf16", "fast"))
+    if a.systems:
+        want = [x.strip() for x in a.systems.split(",")]
+        unknown = [x for x in want if x not in systems]
+        if unknown:
+            sys.exit(f"--systems: unknown {unknown}; known here: {list(systems)}")
+        systems = {k: v for k, v in systems.items() if k in want}
+    rl_systems = {k: v for k, v in systems.items() if k != "llama.cpp q8_0"}
     prompts = rl_prompts(16, a.rl_prompt)
     res = {m: {s: [] for s in systems} for m in ("decode", "prefill", "rl")}
     cpu_rl = {s: [] for s in systems}
@@ -488,7 +508,8 @@ def main():
     titles = {"decode": "decode, batch 1 (tok/s)", "prefill": "prefill, 512-token prompt (tok/s)",
               "rl": f"RL workload: 16 prompts x n=4 x 128 new tokens, {a.rl_prompt}-token prompts (output tok/s)"}
     pairs = [("rolloutd fp8", "llama.cpp q8_0, bf16 emb/output"), ("rolloutd fp8", "llama.cpp q8_0"),
-             ("rolloutd bf16", "llama.cpp bf16")]
+             ("rolloutd bf16", "llama.cpp bf16"), ("rolloutd fp8 fast", "llama.cpp q8_0, bf16 emb/output"),
+             ("rolloutd bf16 fast", "llama.cpp bf16")]
     for m, title in titles.items():
         if m not in only:
             continue
@@ -499,7 +520,7 @@ def main():
                 extra = f"   server CPU {statistics.median(cpu_rl[s]):.1f} s" if m == "rl" else ""
                 log(f"  {s:34s} {lo:8.1f} {mid:8.1f} {hi:8.1f}{extra}")
         for x, y in pairs:
-            if res[m][x] and res[m][y]:
+            if res[m].get(x) and res[m].get(y):
                 log(f"  ratio {x} / {y}: {statistics.median(res[m][x]) / statistics.median(res[m][y]):.2f}x")
     out = work / f"results-{a.isa}-{datetime.datetime.now().strftime('%Y%m%d-%H%M')}.json"
     out.write_text(json.dumps({"date": date, "cpu": model_name, "simd": simd, "isa": a.isa, "kernels": kernels,

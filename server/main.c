@@ -211,11 +211,18 @@ static int load(rs_daemon *d, rs_error *err) {
         d->backend = rs_backend_cpu_init_kernels(c->threads, kernels, err);
         if (!d->backend) return err->code;
     }
-    const rs_numerics want = c->numerics == RS_CFG_NUMERICS_FAST ? RS_NUMERICS_FAST : RS_NUMERICS_EXACT;
+    /* auto: the device's tensor cores where there is a device, the CPU's reference arithmetic on the CPU */
+    const bool fast = c->numerics == RS_CFG_NUMERICS_FAST || (c->numerics == RS_CFG_NUMERICS_AUTO &&
+                                                              c->device == RS_CFG_DEVICE_CUDA);
+    const rs_numerics want = fast ? RS_NUMERICS_FAST : RS_NUMERICS_EXACT;
     const rs_numerics got = rs_backend_set_numerics(d->backend, want);
     if (got != want)
-        RS_INFO("numerics: %s asked; the %s backend has only %s kernels", rs_numerics_name(want),
-                rs_backend_name(d->backend), rs_numerics_name(got));
+        RS_INFO("numerics: %s asked; the %s backend has no fast kernels here (the CPU's need AVX512_BF16 at the "
+                "avx512 kernel level), so it runs %s", rs_numerics_name(want), rs_backend_name(d->backend),
+                rs_numerics_name(got));
+    else if (got == RS_NUMERICS_FAST && c->device == RS_CFG_DEVICE_CPU)
+        RS_INFO("numerics: fast: BF16 matmuls round their activations to BF16 and sum on vdpbf16ps; the FP8 "
+                "GEMMs and every other op are exact");
     /* /get_server_info reports the arithmetic in effect */
     d->cfg.numerics = got == RS_NUMERICS_FAST ? RS_CFG_NUMERICS_FAST : RS_CFG_NUMERICS_EXACT;
 

@@ -6,7 +6,8 @@
  *   bench-matmul 3072 1024 fp8,bf16 1 1,16,32                 FP8 against BF16, one thread
  *   RS_CPU_SIMD=avx2 bench-matmul ...                          cap the SIMD level
  *
- * dtypes is a comma list of bf16, f16, f32, fp8 (E4M3 codes with 128x128 block scales: the W8A8
+ * dtypes is a comma list of bf16, bf16fast (BF16 under --numerics fast: activations rounded to
+ * BF16, vdpbf16ps; skipped where the CPU lacks AVX512_BF16), f16, f32, fp8 (E4M3 codes with 128x128 block scales: the W8A8
  * path, whose time includes quantizing the activations; in the layout the backend serves them in,
  * RS_LAYOUT_FP8_PAIRS32 on AVX-512 VNNI) and fp8rows (the same kept row-major). With two or more,
  * each line ends with the time of the first relative to the second.
@@ -48,6 +49,7 @@ typedef enum bench_kind {
     KIND_MATMUL = 0, /* rs_op_matmul */
     KIND_GEMM,       /* rs_fp8_gemm on quantized activations: exact block sums */
     KIND_GEMM_F32,   /* the same with fp32-accumulated block sums (gemm_f32 below) */
+    KIND_MATMUL_FAST, /* rs_op_matmul with the backend's fast numerics (BF16: vdpbf16ps) */
 } bench_kind;
 
 static const struct {
@@ -58,7 +60,7 @@ static const struct {
 } dtype_names[] = {{"bf16", RS_DTYPE_BF16, false, KIND_MATMUL}, {"f16", RS_DTYPE_F16, false, KIND_MATMUL},
                    {"f32", RS_DTYPE_F32, false, KIND_MATMUL},   {"fp8", RS_DTYPE_E4M3, false, KIND_MATMUL},
                    {"fp8rows", RS_DTYPE_E4M3, true, KIND_MATMUL}, {"fp8gemm", RS_DTYPE_E4M3, false, KIND_GEMM},
-                   {"fp8f32", RS_DTYPE_E4M3, true, KIND_GEMM_F32}};
+                   {"fp8f32", RS_DTYPE_E4M3, true, KIND_GEMM_F32}, {"bf16fast", RS_DTYPE_BF16, false, KIND_MATMUL_FAST}};
 
 /* ---- the fp32-accumulating W8A8 GEMM (fp8f32) ---- */
 
@@ -226,7 +228,8 @@ typedef struct bench_call {
 static void call_once(const bench_call *c, const rs_tensor *w, int rows) {
     const int n = (int)w->shape[0], k = (int)w->shape[1];
     switch (c->kind) {
-    case KIND_MATMUL: rs_op_matmul(c->b, c->out, c->x, w, NULL, rows); break;
+    case KIND_MATMUL:
+    case KIND_MATMUL_FAST: rs_op_matmul(c->b, c->out, c->x, w, NULL, rows); break;
     case KIND_GEMM:
         RS_ASSERT(rs_fp8_gemm_layout_with_isa(c->isa, c->pool, c->out, c->xq, c->xs, w->data, w->layout,
                                               w->scale_inv, rows, n, k) == RS_OK);
@@ -289,7 +292,8 @@ int main(int argc, char **argv) {
         p += len + (p[len] == ',');
     }
     if (!ok || ndt == 0) {
-        fprintf(stderr, "usage: bench-matmul [N K [bf16|f16|f32|fp8|fp8rows|fp8gemm|fp8f32[,...] [threads [rows,...]]]]\n"
+        fprintf(stderr, "usage: bench-matmul [N K [bf16|bf16fast|f16|f32|fp8|fp8rows|fp8gemm|fp8f32[,...] [threads "
+                        "[rows,...]]]]\n"
                         "       (fp8f32 needs K a multiple of 16)\n");
         return 2;
     }
@@ -332,6 +336,14 @@ int main(int argc, char **argv) {
         for (int d = 0; d < ndt; d++) {
             bench_call c = {.kind = kind[d], .b = b, .pool = pool, .isa = isa, .wide = wide, .out = out, .xf = xf,
                             .x = x, .xq = xq, .xs = xs};
+            const rs_numerics num = rs_backend_set_numerics(b, kind[d] == KIND_MATMUL_FAST ? RS_NUMERICS_FAST
+                                                                                            : RS_NUMERICS_EXACT);
+            if (kind[d] == KIND_MATMUL_FAST && num != RS_NUMERICS_FAST) {
+                printf("  %-7s rows %3d: skipped: this CPU (or RS_CPU_SIMD) has no fast BF16 kernel (AVX512_BF16)\n",
+                       label[d], rows);
+                per[d] = NAN;
+                continue;
+            }
             per[d] = time_call(&c, w[d], copies[d], rows);
             double rate = rows / per[d], wbytes = (double)n * (double)k * (double)rs_dtype_size(dt[d]);
             if (rows == 1) rate1[d] = rate;

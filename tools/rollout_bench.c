@@ -3,7 +3,7 @@
  *
  *   build/rollout-bench [--preset default|qwen3-0.6b|qwen3-8b|all] [--model DIR] [--threads N]
  *                       [--batches 1,16] [--prompt 32] [--gen 32] [--quantization bf16|fp8|both]
- *                       [--device cpu|cuda] [--numerics exact|fast] [--graphs on|off]
+ *                       [--device cpu|cuda] [--numerics exact|fast|auto] [--graphs on|off]
  *                       [--cpu-kernels auto|avx512|avx2|scalar]
  *                       [--kv-cache-dtype f32|bf16|fp8] [--prefill 512[,128]] [--repeat 3]
  *                       [--no-bandwidth] [--quantize-lm-head]
@@ -27,8 +27,9 @@
  * only). --repeat R runs every measurement R times and prints min / median / max (and the
  * process's user CPU seconds). --no-bandwidth skips the memory measurements (a few seconds).
  * --quantize-lm-head loads the FP8 model with its output projection in FP8 too (model/quant.h).
- * --numerics (default fast, the daemon's) picks the kernels (kernels/backend.h rs_numerics); every
- * row says which ones ran (the CPU backend has only the exact ones). --graphs off (CUDA) launches
+ * --numerics exact|fast (default: the daemon's auto, fast with --device cuda and exact on the CPU)
+ * picks the kernels (kernels/backend.h rs_numerics); every row says which ones ran (the CPU's fast
+ * numerics exist for BF16 matmuls on AVX512_BF16 CPUs; elsewhere it runs exact). --graphs off (CUDA) launches
  * every kernel of every decode step instead of replaying recorded step graphs.
  */
 #include <stdio.h>
@@ -61,7 +62,8 @@ typedef struct bench_opts {
     int prefill[4];             /* prompt lengths timed for prefill */
     int n_prefill;
     int repeat;                 /* runs of every measurement */
-    rs_numerics numerics;       /* asked for; the row says what the backend runs */
+    rs_numerics numerics;       /* asked for (numerics_auto: by the device); the row says what runs */
+    bool numerics_auto;
     bool graphs;                /* CUDA step graphs (--graphs on|off) */
 } bench_opts;
 
@@ -86,7 +88,9 @@ static rs_backend *make_backend(const bench_opts *o) {
         fprintf(stderr, "cannot create the %s backend\n", o->device);
         exit(1);
     }
-    rs_backend_set_numerics(b, o->numerics);
+    rs_backend_set_numerics(b, o->numerics_auto ? (strcmp(o->device, "cuda") == 0 ? RS_NUMERICS_FAST
+                                                                                   : RS_NUMERICS_EXACT)
+                                                : o->numerics);
 #ifdef RS_CUDA
     if (rs_backend_cuda_device(b) >= 0) rs_backend_cuda_set_graphs(b, o->graphs);
 #endif
@@ -380,7 +384,7 @@ static const char *ensure_preset(const char *name, char *dir, size_t cap) {
 static void usage(void) {
     fprintf(stderr, "usage: rollout-bench [--preset NAME|all] [--model DIR] [--threads N]\n"
                     "                     [--batches 1,16] [--prompt 32] [--gen 32] [--quantization bf16|fp8|both]\n"
-                    "                     [--device cpu|cuda] [--numerics exact|fast] [--graphs on|off]\n"
+                    "                     [--device cpu|cuda] [--numerics exact|fast|auto] [--graphs on|off]\n"
 
                     "                     [--cpu-kernels auto|avx512|avx2|scalar]\n"
                     "                     [--kv-cache-dtype f32|bf16|fp8] [--prefill 512[,N]] [--repeat R]\n"
@@ -392,7 +396,7 @@ int main(int argc, char **argv) {
     bench_opts o = {.preset = "all", .threads = 0, .batches = {1, 16}, .n_batches = 2, .prompt_len = 32,
                     .gen = 32, .quantization = "bf16", .device = "cpu",
                     .cpu_kernels = "auto", .kv_dtype = "f32", .repeat = 1,
-                    .numerics = RS_NUMERICS_FAST, .graphs = true};
+                    .numerics = RS_NUMERICS_EXACT, .numerics_auto = true, .graphs = true};
     bool bandwidth = true, head = false;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -423,7 +427,8 @@ int main(int argc, char **argv) {
                 if (*q != ',') break;
             }
         } else if (!strcmp(a, "--numerics")) {
-            if (rs_numerics_parse(v, &o.numerics) != RS_OK) usage();
+            o.numerics_auto = !strcmp(v, "auto");
+            if (!o.numerics_auto && rs_numerics_parse(v, &o.numerics) != RS_OK) usage();
         } else if (!strcmp(a, "--graphs")) {
             if (strcmp(v, "on") && strcmp(v, "off")) usage();
             o.graphs = !strcmp(v, "on");

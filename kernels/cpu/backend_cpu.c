@@ -75,6 +75,17 @@ static rs_cpu_simd detect_simd(void) {
 #endif
 }
 
+/* AVX512_BF16 (vdpbf16ps, vcvtneps2bf16): cpuid leaf 7, sub-leaf 1, EAX bit 5. Only consulted at
+ * the AVX-512 level, whose detection already checked that the OS saves the zmm state. */
+static bool has_avx512_bf16(void) {
+#if defined(__x86_64__) || defined(__i386__)
+    unsigned a, b, c, d;
+    return __get_cpuid_count(7, 1, &a, &b, &c, &d) && (a & (1u << 5));
+#else
+    return false;
+#endif
+}
+
 /* RS_CPU_SIMD caps the level (to compare paths, or to benchmark AVX2 on an AVX-512 machine). */
 static rs_cpu_simd env_simd_cap(void) {
     const char *e = getenv("RS_CPU_SIMD");
@@ -206,6 +217,19 @@ static void cpu_fp8_pack(rs_backend *b, rs_layout layout, uint8_t *dst, const ui
     rs_fp8_pairs32_pack(dst, src, n, k);
 }
 
+/* ---- numerics ---- */
+
+/* Fast numerics exist for BF16 matmuls on AVX512_BF16 CPUs (rs_cpu_fast_bf16); elsewhere the CPU
+ * backend has only its exact kernels and reports exact. */
+static rs_numerics cpu_numerics(const rs_backend *b) {
+    return rs_cpu_fast_bf16(rs_cpu_ctx_of((rs_backend *)b)) ? RS_NUMERICS_FAST : RS_NUMERICS_EXACT;
+}
+
+static rs_numerics cpu_set_numerics(rs_backend *b, rs_numerics want) {
+    rs_cpu_ctx_of(b)->fast = want == RS_NUMERICS_FAST;
+    return cpu_numerics(b);
+}
+
 /* ---- lifetime ---- */
 
 static void cpu_destroy(rs_backend *b) {
@@ -218,6 +242,7 @@ static void cpu_destroy(rs_backend *b) {
     for (size_t i = 0; i < RS_ARRAY_LEN(c->moe); i++) free(c->moe[i].p);
     free(c->fp8_act.p);
     free(c->fp8_rows.p);
+    free(c->bf16_act.p);
     free(c);
     free(b);
 }
@@ -242,6 +267,8 @@ static const rs_backend_ops cpu_ops = {
     .add = rs_cpu_op_add,
     .gather_rows = rs_cpu_op_gather_rows,
     .moe = rs_cpu_op_moe,
+    .set_numerics = cpu_set_numerics,
+    .numerics = cpu_numerics,
     .destroy = cpu_destroy,
 };
 
@@ -251,6 +278,7 @@ rs_backend *rs_backend_cpu_init(int n_threads) {
     c->n_threads = rs_pool_threads(c->pool);
     c->thread_buf = rs_xcalloc((size_t)c->n_threads, sizeof *c->thread_buf);
     c->simd_max = detect_simd();
+    c->bf16_dot = c->simd_max == RS_CPU_SIMD_AVX512 && has_avx512_bf16();
     rs_cpu_simd cap = env_simd_cap();
     c->simd = cap < c->simd_max ? cap : c->simd_max;
 
@@ -300,7 +328,8 @@ const char *rs_backend_cpu_describe(rs_backend *b, char *buf, size_t n) {
                       : vnni ? "avx512f avx512bw avx512vl avx512dq avx512vbmi avx512vnni gfni avx2 fma f16c"
                              : "avx512f avx2 fma f16c";
     const int nt = c->simd == RS_CPU_SIMD_AVX512 ? RS_CPU_NT_AVX512 : c->simd == RS_CPU_SIMD_AVX2 ? RS_CPU_NT_AVX2 : 4;
-    snprintf(buf, n, "cpu: %s; fp8 kernel %s; bf16 tile %dx%d; %d threads", isa,
+    snprintf(buf, n, "cpu: %s%s; fp8 kernel %s; bf16 tile %dx%d; %d threads", isa,
+             c->bf16_dot && c->simd == RS_CPU_SIMD_AVX512 ? " avx512bf16" : "",
              rs_fp8_gemm_isa_name(rs_cpu_fp8_isa(c->simd)), RS_CPU_NW, nt, c->n_threads);
     return buf;
 }

@@ -44,6 +44,9 @@ typedef struct rs_cpu_ctx {
     rs_cpu_buf moe[8];       /* cpu_moe.c's scratch, indexed by its moe_buf enum */
     rs_cpu_buf fp8_act;      /* FP8 matmul: the quantized activations, scales then codes */
     rs_cpu_buf fp8_rows;     /* FP8 matmul below AVX-512 VNNI: a packed weight unpacked to row-major */
+    rs_cpu_buf bf16_act;     /* fast numerics: a BF16 matmul's activation rows rounded to BF16 */
+    bool bf16_dot;           /* this CPU has AVX512_BF16 (vdpbf16ps) */
+    bool fast;               /* --numerics fast asked (rs_cpu_fast_bf16 says where it applies) */
 } rs_cpu_ctx;
 
 static inline rs_cpu_ctx *rs_cpu_ctx_of(rs_backend *b) { return (rs_cpu_ctx *)b->ctx; }
@@ -64,6 +67,13 @@ static inline float rs_cpu_elem(const void *p /* [> i] dt */, rs_dtype dt, int64
     }
 }
 
+/* Whether BF16 x BF16 matmuls run the fast numerics: --numerics fast asked, the AVX-512 level in
+ * use and AVX512_BF16 on the CPU. They then round the activation rows to BF16 (rs_f32_to_bf16) and
+ * sum BF16 products in fp32 with vdpbf16ps (the arithmetic of llama.cpp's BF16 path and of a GPU's
+ * BF16 tensor-core GEMM); every other op, and every matmul elsewhere, stays exact. */
+static inline bool rs_cpu_fast_bf16(const rs_cpu_ctx *c) {
+    return c->fast && c->bf16_dot && c->simd == RS_CPU_SIMD_AVX512;
+}
 /* Test hook: caps the SIMD level at `level` (and at what the CPU supports); returns the level now
  * in use. */
 rs_cpu_simd rs_cpu_set_simd(rs_backend *b, rs_cpu_simd level);
@@ -91,6 +101,7 @@ void rs_cpu_matmul_ref(float *out /* [rows][N] */, const float *x /* [rows][K] *
 typedef struct rs_cpu_tile {
     float *out;           /* [nt][ldo] */
     const float *x;       /* [nt][ldx] fp32 */
+    const uint16_t *xb;   /* [nt][ldx] BF16: the fast numerics' tile reads these instead of x */
     const void *w;        /* [nw][ldw] of the kernel's dtype */
     const float *bias;    /* [nw] fp32, or NULL */
     const void *prefetch; /* [RS_CPU_NW][ldw] of the kernel's dtype, or NULL */
@@ -104,6 +115,11 @@ typedef void (*rs_cpu_tile_fn)(const rs_cpu_tile *t);
 #define RS_CPU_NT_AVX2   3 /* 12 ymm accumulators + 3 x + 1 weight (16 registers) */
 rs_cpu_tile_fn rs_cpu_tile_avx512(rs_dtype dt);
 rs_cpu_tile_fn rs_cpu_tile_avx2(rs_dtype dt);
+/* The fast numerics' tile: BF16 weights times BF16 token rows (xb) on vdpbf16ps, fp32 sums
+ * (AVX512_BF16 CPUs only), and the rounding of fp32 activations to BF16 that feeds it,
+ * bit-identical to rs_f32_to_bf16 element by element. */
+rs_cpu_tile_fn rs_cpu_tile_avx512_bf16_dot(void);
+void rs_cpu_round_bf16_avx512(uint16_t *dst /* [n] */, const float *src /* [n] */, size_t n);
 
 /* The FP8 GEMM's instruction set at SIMD level s (cpu_matmul.c; every one gives the same bits):
  * AVX-512 VNNI where the CPU has that set at the AVX-512 level, else the AVX2 kernel, scalar C at

@@ -18,6 +18,10 @@
  * level, then the bias is added in fp32. Every step is deterministic, so the result equals
  * rs_fp8_quantize_act + rs_fp8_gemm_ref + bias bit for bit, whatever the SIMD level and thread
  * count, and a warm call allocates nothing.
+ *
+ * With --numerics fast on a CPU with AVX512_BF16 (rs_cpu_fast_bf16), BF16 weights take the
+ * activation rows rounded to BF16 and the vdpbf16ps tile instead; the blocking and threading are
+ * the same, and so is batch invariance (a row's sums never depend on the other rows of its tile).
  */
 #include <stdlib.h>
 #include <string.h>
@@ -88,6 +92,7 @@ static rs_cpu_tile_fn tile_for(rs_cpu_simd simd, rs_dtype dt, int *nt_max) {
 typedef struct mm_job {
     float *out;        /* [rows][n] */
     const float *x;    /* [rows][k] */
+    const uint16_t *xb; /* [rows][k] BF16 (fast numerics' tile), or NULL */
     const char *w;     /* [n][k] of dtype, es bytes each */
     const float *bias; /* [n] or NULL */
     int64_t n, k;
@@ -115,6 +120,7 @@ static void mm_range(void *arg, int64_t n0, int64_t n1, int tid) {
                         .out = j->out + (size_t)t0 * (size_t)j->n + (size_t)q,
                         .ldo = j->n,
                         .x = j->x + (size_t)t0 * (size_t)j->k,
+                        .xb = j->xb ? j->xb + (size_t)t0 * (size_t)j->k : NULL,
                         .ldx = j->k,
                         .w = j->w + (size_t)q * (size_t)j->k * j->es,
                         .ldw = j->k,
@@ -222,8 +228,18 @@ void rs_cpu_matmul(rs_cpu_ctx *c, float *out, const float *x, const rs_tensor *w
         .rows = rows,
         .bias = rs_cpu_param_f32(&c->param_buf[0], bias, n),
     };
-    j.tile = tile_for(c->simd, w->dtype, &j.nt);
-    int64_t tb = (int64_t)TOKEN_BLOCK_BYTES / (k * 4 > 0 ? k * 4 : 1);
+    int64_t xes = 4; /* bytes of an activation as the tiles read it */
+    if (w->dtype == RS_DTYPE_BF16 && rs_cpu_fast_bf16(c)) {
+        uint16_t *xb = rs_cpu_scratch(&c->bf16_act, (size_t)rows * (size_t)k * sizeof(uint16_t));
+        rs_cpu_round_bf16_avx512(xb, x, (size_t)rows * (size_t)k);
+        j.xb = xb;
+        j.tile = rs_cpu_tile_avx512_bf16_dot();
+        j.nt = RS_CPU_NT_AVX512;
+        xes = 2;
+    } else {
+        j.tile = tile_for(c->simd, w->dtype, &j.nt);
+    }
+    int64_t tb = (int64_t)TOKEN_BLOCK_BYTES / (k * xes > 0 ? k * xes : 1);
     j.token_block = (int)RS_MAX((int64_t)j.nt, tb - tb % j.nt);
     int64_t wb = (int64_t)WEIGHT_BLOCK_BYTES / (k * (int64_t)j.es > 0 ? k * (int64_t)j.es : 1);
     j.weight_block = RS_MAX((int64_t)RS_CPU_NW, wb - wb % RS_CPU_NW);

@@ -2,13 +2,17 @@
 numerics' daemon (tensor-core GEMMs, split and tensor-core attention, step graphs, device sampling on
 the CUDA backend) scores and samples like the exact one within BF16-activation error.
 
-Runs with whatever backend ROLLOUTD_ARGS selects. On the CPU backend (no fast kernels) both daemons
-report "exact" and must agree bit for bit. With --device cuda (a GPU, or the CPU emulation of CUDA
-that CI runs) the fast daemon reports "fast", its prompt logprobs stay within 0.05 of the exact
-daemon's on average (BF16 activations: ~0.012 on these fixtures, tests/unit/test_cuda_fast.c) and
-of transformers' reference, and a seeded sampled request gives the same tokens and logprobs every
-time it is sent.
+Runs with whatever backend ROLLOUTD_ARGS selects. With --device cuda (a GPU, or the CPU emulation
+of CUDA that CI runs) the fast daemon reports "fast", its prompt logprobs stay within 0.05 of the
+exact daemon's on average (BF16 activations: ~0.012 on these fixtures, tests/unit/test_cuda_fast.c)
+and of transformers' reference, and a seeded sampled request gives the same tokens and logprobs
+every time it is sent. On the CPU backend the fast numerics exist where the CPU has AVX512_BF16
+and the avx512 kernel class runs (BF16 matmuls on BF16-rounded activations, vdpbf16ps): there the
+fast daemon reports "fast" and is held to the same bounds, and to 0.03 against the exact daemon
+(only the matmuls' activations change); elsewhere it reports "exact" and both daemons must
+agree bit for bit.
 """
+import os
 import json
 
 import numpy as np
@@ -18,6 +22,16 @@ from conftest import FIXTURES
 
 MODEL = FIXTURES / "models" / "qwen3"
 ARGS = ["--quantization", "bf16", "--kv-cache-dtype", "f32"]
+
+
+def cpu_has_fast_kernels(exact_info):
+    """Whether this CPU backend runs fast numerics: AVX512_BF16 in /proc/cpuinfo, the avx512 class."""
+    try:
+        flags = next((ln.split(":", 1)[1].split() for ln in open("/proc/cpuinfo") if ln.startswith("flags")), [])
+    except OSError:
+        return False
+    return ("avx512_bf16" in flags and exact_info.get("cpu_kernels") in ("auto", "avx512")
+            and os.environ.get("RS_CPU_SIMD", "avx512") == "avx512")
 
 
 def info(d):
@@ -51,19 +65,22 @@ def test_fast_numerics_end_to_end(rolloutd):
     ie, i_f = info(exact), info(fast)
     assert ie["numerics"] == "exact"
     device = ie["backend"]
-    assert i_f["numerics"] == ("fast" if device == "cuda" else "exact")
+    has_fast = device == "cuda" or cpu_has_fast_kernels(ie)
+    assert i_f["numerics"] == ("fast" if has_fast else "exact")
+    bound = 0.05 if device == "cuda" else 0.03  # CPU: 0.011 and 0.017 on these prompts (AMD Zen 4)
     for p in prompts:
         se, sf = scores(exact, p["input_ids"]), scores(fast, p["input_ids"])
         ref = np.array(p["prompt_logprobs"][1:], dtype=np.float64)
-        if device != "cuda":
+        if not has_fast:
             assert np.array_equal(se, sf)
             continue
+        assert not np.array_equal(se, sf)  # the fast kernels ran
         d_exact, d_ref = float(np.mean(np.abs(sf - se))), float(np.mean(np.abs(sf - ref)))
-        assert d_exact <= 0.05 and d_ref <= 0.05, (
+        assert d_exact <= bound and d_ref <= 0.05, (
             f"prompt of {len(p['input_ids'])}: mean |fast - exact| {d_exact:.4f}, |fast - transformers| {d_ref:.4f}")
     ids = prompts[0]["input_ids"]
     first = sampled(fast, ids)
     assert len(first[0]) == 12 and len(first[2]) == 12
     assert sampled(fast, ids) == first  # the seeded draw: the same tokens, logprobs and top logprobs
-    if device != "cuda":
+    if not has_fast:
         assert sampled(exact, ids) == first

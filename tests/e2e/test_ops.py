@@ -337,7 +337,7 @@ def test_server_info_lists_every_setting(daemon):
         assert n.replace("-", "_") in info, n
     assert info["kv_cache_mb"] == 64 and info["log_level"] == "debug"
     assert info["backend"] == "cpu" and info["version"]
-    assert info["numerics"] == "exact"  # asked fast (the default); the CPU backend has only exact kernels
+    assert info["numerics"] == "exact"  # the default, auto: exact on the CPU backend
     assert info["max_total_num_tokens"] == 16 * metrics(daemon)[("rolloutd_kv_cache_pages_total", ())]
     assert info["memory_usage"]["weight_bytes"] > 1e6 and info["memory_usage"]["kv_cache_bytes"] == 64 << 20
     assert info["page_size"] == 16 and info["max_context_len"] == 4096

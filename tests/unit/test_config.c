@@ -38,7 +38,7 @@ RS_TEST(config_defaults) {
     ASSERT_EQ(c.kv_scale_mode, RS_CFG_KV_SCALES_CALIBRATE);
     ASSERT_EQ(c.device, RS_CFG_DEVICE_CPU);
     ASSERT_STREQ(c.api_key, "");
-    ASSERT_EQ(c.numerics, RS_CFG_NUMERICS_FAST);
+    ASSERT_EQ(c.numerics, RS_CFG_NUMERICS_AUTO);
     ASSERT_EQ(rs_config_log_level(&c), RS_LOG_LEVEL_INFO);
 }
 
@@ -78,6 +78,7 @@ RS_TEST(config_enums_match_their_choices) {
         {"device", "cpu", RS_CFG_DEVICE_CPU},               {"device", "cuda", RS_CFG_DEVICE_CUDA},
         {"cpu-kernels", "auto", RS_CFG_CPU_KERNELS_AUTO},   {"cpu-kernels", "avx512", RS_CFG_CPU_KERNELS_AVX512},
         {"numerics", "exact", RS_CFG_NUMERICS_EXACT},       {"numerics", "fast", RS_CFG_NUMERICS_FAST},
+        {"numerics", "auto", RS_CFG_NUMERICS_AUTO},
         {"cpu-kernels", "avx2", RS_CFG_CPU_KERNELS_AVX2},   {"cpu-kernels", "scalar", RS_CFG_CPU_KERNELS_SCALAR},
         {"log-level", "debug", RS_CFG_LOG_DEBUG},           {"log-level", "info", RS_CFG_LOG_INFO},
         {"log-level", "warn", RS_CFG_LOG_WARN},             {"log-level", "error", RS_CFG_LOG_ERROR},

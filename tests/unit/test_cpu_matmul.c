@@ -12,6 +12,12 @@
  * Batch invariance: a row's outputs are the same bits whatever batch it is computed in (1 to 512
  * rows, first, middle or last), for BF16 and E4M3 weights at every level, since seeded rollouts
  * must not depend on what else runs.
+ *
+ * The fast numerics (--numerics fast, BF16 weights on AVX512_BF16 CPUs): every output equals, bit
+ * for bit, the order vdpbf16ps defines (Intel SDM: per lane, the odd product of a pair added to the
+ * accumulator, then the even one, each sum rounded to nearest even) over the activations rounded
+ * to BF16, written out in scalar C (dot_bf16_ref); batch invariance as above; and below the AVX-512
+ * level, or on a CPU without AVX512_BF16, asking for fast changes nothing (reported exact).
  */
 #include <math.h>
 #include <stdint.h>
@@ -48,6 +54,8 @@ static rs_backend *backend_at(int threads, rs_cpu_simd level) {
     }
     return b;
 }
+
+static rs_backend *fast_backend(int threads);
 
 /* A [n][k] weight of dt (values in [-1, 1)) and the same values as fp32. */
 typedef struct wt {
@@ -155,15 +163,31 @@ RS_TEST(cpu_matmul_every_level_exact_order_all_rows) {
 
 /* For each level: the probe row x[0..k) alone, then inside batches of 1..512 rows at the first,
  * middle and last position (the other rows random): its outputs must be the same bits. */
+static void check_batch_invariance_on(rs_backend *b, const char *what, const rs_tensor *w, int64_t k,
+                                      uint64_t *s);
+
 static void check_batch_invariance(const rs_tensor *w, int64_t k, uint64_t *s) {
+    for (size_t li = 0; li < RS_ARRAY_LEN(levels); li++) {
+        rs_backend *b = backend_at(2, levels[li]);
+        if (!b) continue;
+        check_batch_invariance_on(b, rs_cpu_simd_name(levels[li]), w, k, s);
+        rs_backend_free(b);
+    }
+    rs_backend *b = w->dtype == RS_DTYPE_BF16 ? fast_backend(2) : NULL;
+    if (b) {
+        check_batch_invariance_on(b, "avx512 fast", w, k, s);
+        rs_backend_free(b);
+    }
+}
+
+static void check_batch_invariance_on(rs_backend *b, const char *what, const rs_tensor *w, int64_t k,
+                                      uint64_t *s) {
     static const int batches[] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 12, 13, 16, 17, 31, 32, 33, 64, 100, 512};
     const int64_t n = w->shape[0], max_rows = 512;
     float *x = malloc((size_t)(max_rows * k) * sizeof(float)), *probe = malloc((size_t)k * sizeof(float));
     float *alone = malloc((size_t)n * sizeof(float)), *got = malloc((size_t)(max_rows * n) * sizeof(float));
     for (int64_t i = 0; i < k; i++) probe[i] = 2.0f * rng_uniform(s);
-    for (size_t li = 0; li < RS_ARRAY_LEN(levels); li++) {
-        rs_backend *b = backend_at(2, levels[li]);
-        if (!b) continue;
+    {
         rs_op_matmul(b, alone, probe, w, NULL, 1);
         for (size_t bi = 0; bi < RS_ARRAY_LEN(batches); bi++) {
             const int B = batches[bi], at[3] = {0, B / 2, B - 1};
@@ -174,11 +198,9 @@ static void check_batch_invariance(const rs_tensor *w, int64_t k, uint64_t *s) {
                 for (int64_t o = 0; o < n; o++)
                     if (rs_test_f32_bits(got[at[ai] * n + o]) != rs_test_f32_bits(alone[o]))
                         RS_TEST_FAIL("%s %s: batch %d row %d: out[%lld] %a, alone %a", rs_dtype_name(w->dtype),
-                                     rs_cpu_simd_name(levels[li]), B, at[ai], (long long)o, got[at[ai] * n + o],
-                                     alone[o]);
+                                     what, B, at[ai], (long long)o, got[at[ai] * n + o], alone[o]);
             }
         }
-        rs_backend_free(b);
     }
     free(x), free(probe), free(alone), free(got);
 }
@@ -214,6 +236,133 @@ RS_TEST(cpu_matmul_batch_invariant_fp8) {
     rs_backend_free(b);
     free(w.data), free(w.scale_inv);
     free_weight(&f);
+}
+
+/* ---- fast numerics: BF16 x BF16 on vdpbf16ps ---- */
+
+/* The AVX-512 backend with fast numerics in effect, or NULL (the reason printed once) where this
+ * CPU has no AVX512_BF16. */
+static rs_backend *fast_backend(int threads) {
+    rs_backend *b = backend_at(threads, RS_CPU_SIMD_AVX512);
+    if (!b) return NULL;
+    if (rs_backend_set_numerics(b, RS_NUMERICS_FAST) != RS_NUMERICS_FAST) {
+        ASSERT_EQ(rs_backend_numerics(b), RS_NUMERICS_EXACT);
+        rs_test_note_skip("avx512bf16 (fast numerics)");
+        rs_backend_free(b);
+        return NULL;
+    }
+    return b;
+}
+
+/* The fast tile's sum for one output: x rounded to BF16 (rs_f32_to_bf16); 16 lanes, lane l takes
+ * elements 32s + 2l (even) and 32s + 2l + 1 (odd) of each 32-element step s, elements past k zero;
+ * lane = (lane + w_odd x_odd) + w_even x_even in fp32 (the products of two BF16 values are exact);
+ * then the tiles' tree (the two 8-lane halves, then pairs), then + bias. */
+static float dot_bf16_ref(const float *x /* [k] */, const float *w /* [k] BF16 values */, int64_t k,
+                          const float *bias) {
+    float lane[16] = {0};
+    for (int64_t i = 0; i < k; i += 32)
+        for (int l = 0; l < 16; l++) {
+            const int64_t e = i + 2 * l, o = e + 1;
+            const float po = o < k ? w[o] * rs_bf16_to_f32(rs_f32_to_bf16(x[o])) : 0.0f;
+            const float pe = e < k ? w[e] * rs_bf16_to_f32(rs_f32_to_bf16(x[e])) : 0.0f;
+            lane[l] = (lane[l] + po) + pe;
+        }
+    for (int l = 0; l < 8; l++) lane[l] = lane[l] + lane[l + 8];
+    const float s = ((lane[0] + lane[1]) + (lane[2] + lane[3])) + ((lane[4] + lane[5]) + (lane[6] + lane[7]));
+    return bias ? s + *bias : s;
+}
+
+static void check_fast_order(int64_t n, int64_t k, int rows, bool with_bias, uint64_t *s) {
+    wt w = make_weight(RS_DTYPE_BF16, n, k, s);
+    float *x = malloc((size_t)(rows * k) * sizeof(float) + 1), *bias = malloc((size_t)n * sizeof(float));
+    float *got = malloc((size_t)(rows * n) * sizeof(float));
+    for (int64_t i = 0; i < rows * k; i++) x[i] = 4.0f * rng_uniform(s);
+    for (int64_t i = 0; i < n; i++) bias[i] = rng_uniform(s);
+    rs_tensor bt = {.dtype = RS_DTYPE_F32, .ndim = 1, .shape = {n}, .data = bias};
+    for (int threads = 1; threads <= 2; threads++) {
+        rs_backend *b = fast_backend(threads);
+        if (!b) break;
+        memset(got, 0xff, (size_t)(rows * n) * sizeof(float));
+        rs_op_matmul(b, got, x, &w.t, with_bias ? &bt : NULL, rows);
+        for (int r = 0; r < rows; r++)
+            for (int64_t o = 0; o < n; o++) {
+                const float want = dot_bf16_ref(x + r * k, w.f + o * k, k, with_bias ? &bias[o] : NULL);
+                if (rs_test_f32_bits(got[r * n + o]) != rs_test_f32_bits(want))
+                    RS_TEST_FAIL("fast bf16 threads %d n %lld k %lld rows %d bias %d: out[%d][%lld] %a, order %a",
+                                 threads, (long long)n, (long long)k, rows, with_bias, r, (long long)o,
+                                 got[r * n + o], want);
+            }
+        rs_backend_free(b);
+    }
+    free(x), free(bias), free(got);
+    free_weight(&w);
+}
+
+RS_TEST(cpu_matmul_fast_bf16_order) {
+    static const int64_t shapes[][2] = {{5, 7}, {13, 33}, {67, 100}, {9, 257}, {130, 16}, {6, 1000}, {11, 64}};
+    uint64_t s = 5;
+    for (size_t si = 0; si < RS_ARRAY_LEN(shapes); si++)
+        for (int rows = 1; rows <= 13; rows++) check_fast_order(shapes[si][0], shapes[si][1], rows, rows % 2 == 1, &s);
+    for (int rows = 14; rows <= 40; rows++) check_fast_order(37, 130, rows, rows % 2 == 0, &s);
+    check_fast_order(21, 4100, 70, true, &s); /* blocked: a token block of 63 rows */
+    check_fast_order(70, 520, 97, false, &s);
+}
+
+/* The activations' rounding: rs_f32_to_bf16's bits for ties (both ways), NaNs, infinities,
+ * denormals, the largest finite values and random floats, in runs of every length mod 16. */
+RS_TEST(cpu_round_bf16_matches_scalar) {
+    rs_backend *b = fast_backend(1);
+    if (!b) return;
+    rs_backend_free(b);
+    static const uint32_t special[] = {0x00000000, 0x80000000, 0x3f808000, 0x3f818000, 0x3f80ffff, 0x3f817fff,
+                                       0x7f800000, 0xff800000, 0x7fc00000, 0xffc00001, 0x7f800001, 0x7fffffff,
+                                       0x00000001, 0x807fffff, 0x00008000, 0x7f7fffff, 0xff7f8000, 0x7f7f7fff};
+    enum { N = 1000 };
+    float src[N];
+    uint16_t got[N];
+    uint64_t s = 7;
+    for (int i = 0; i < N; i++) {
+        uint32_t u = i < (int)RS_ARRAY_LEN(special) ? special[i] : (uint32_t)rng_next(&s);
+        memcpy(&src[i], &u, 4);
+    }
+    for (int n = 0; n <= N; n += n < 40 ? 1 : 97) {
+        memset(got, 0xab, sizeof got);
+        rs_cpu_round_bf16_avx512(got, src, (size_t)n);
+        for (int i = 0; i < n; i++) ASSERT_EQ(got[i], rs_f32_to_bf16(src[i]));
+    }
+}
+
+/* The fast numerics change BF16 matmuls only there: below the AVX-512 level the exact order holds
+ * with fast asked, and E4M3 weights stay bit-identical to the reference. */
+RS_TEST(cpu_matmul_fast_numerics_scope) {
+    uint64_t s = 6;
+    rs_backend *b = fast_backend(1);
+    if (!b) return;
+    ASSERT_EQ(rs_cpu_set_simd(b, RS_CPU_SIMD_AVX2), RS_CPU_SIMD_AVX2);
+    ASSERT_EQ(rs_backend_numerics(b), RS_NUMERICS_EXACT); /* reported as what runs */
+    const int64_t n = 19, k = 300;
+    const int rows = 5;
+    wt w = make_weight(RS_DTYPE_BF16, n, k, &s);
+    float *x = malloc((size_t)(rows * k) * sizeof(float)), *got = malloc((size_t)(rows * n) * sizeof(float));
+    float *want = malloc((size_t)(rows * n) * sizeof(float));
+    for (int64_t i = 0; i < rows * k; i++) x[i] = rng_uniform(&s);
+    rs_op_matmul(b, got, x, &w.t, NULL, rows);
+    for (int r = 0; r < rows; r++)
+        for (int64_t o = 0; o < n; o++)
+            ASSERT_EQ(rs_test_f32_bits(got[r * n + o]), rs_test_f32_bits(tile_sum_ref(x + r * k, w.f + o * k, k, 8, NULL)));
+    ASSERT_EQ(rs_cpu_set_simd(b, RS_CPU_SIMD_AVX512), RS_CPU_SIMD_AVX512);
+    ASSERT_EQ(rs_backend_numerics(b), RS_NUMERICS_FAST);
+    /* E4M3 weights: the exact W8A8 GEMM whatever the numerics */
+    rs_tensor q = {.dtype = RS_DTYPE_E4M3, .ndim = 2, .shape = {n, k}, .data = malloc((size_t)(n * k))};
+    q.scale_inv = malloc((size_t)(rs_fp8_blocks(n) * rs_fp8_blocks(k)) * sizeof(float));
+    ASSERT_EQ(rs_fp8_quantize_weight(&w.t, q.data, q.scale_inv), RS_OK);
+    rs_op_matmul(b, got, x, &q, NULL, rows);
+    rs_cpu_matmul_ref(want, x, &q, NULL, rows);
+    ASSERT_EQ(memcmp(got, want, (size_t)(rows * n) * sizeof(float)), 0);
+    rs_backend_free(b);
+    free(q.data), free(q.scale_inv), free(x), free(got), free(want);
+    free_weight(&w);
 }
 
 /* ---- the kernel class setting (--cpu-kernels) ---- */

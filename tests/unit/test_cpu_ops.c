@@ -98,10 +98,21 @@ static rs_backend *backend_at(int threads, int simd) {
 
 /* ---- memory ---- */
 
-RS_TEST(cpu_backend_numerics_is_exact) {
+/* Exact until asked; fast only at the avx512 level of a CPU with AVX512_BF16 (the BF16 matmuls'
+ * vdpbf16ps tile, test_cpu_matmul.c), reported as exact wherever it cannot run. */
+RS_TEST(cpu_backend_numerics_default_exact) {
     rs_backend *b = rs_backend_cpu_init(1);
     ASSERT_EQ(rs_backend_numerics(b), RS_NUMERICS_EXACT);
-    ASSERT_EQ(rs_backend_set_numerics(b, RS_NUMERICS_FAST), RS_NUMERICS_EXACT); /* no fast kernels */
+    const bool bf16_dot = rs_cpu_ctx_of(b)->bf16_dot;
+    const rs_cpu_simd top = rs_cpu_set_simd(b, RS_CPU_SIMD_AVX512);
+    ASSERT_EQ(rs_backend_set_numerics(b, RS_NUMERICS_FAST),
+              bf16_dot && top == RS_CPU_SIMD_AVX512 ? RS_NUMERICS_FAST : RS_NUMERICS_EXACT);
+    if (top >= RS_CPU_SIMD_AVX2) {
+        rs_cpu_set_simd(b, RS_CPU_SIMD_AVX2); /* --cpu-kernels avx2: no fast kernels */
+        ASSERT_EQ(rs_backend_numerics(b), RS_NUMERICS_EXACT);
+    }
+    ASSERT_EQ(rs_backend_set_numerics(b, RS_NUMERICS_EXACT), RS_NUMERICS_EXACT);
+    rs_cpu_set_simd(b, top);
     ASSERT_EQ(rs_backend_numerics(b), RS_NUMERICS_EXACT);
     rs_numerics n = RS_NUMERICS_EXACT;
     ASSERT_EQ(rs_numerics_parse("fast", &n), RS_OK);
