@@ -419,8 +419,8 @@ def main():
     ap.add_argument("--model-source", choices=["transformers", "preset"], default="transformers")
     ap.add_argument("--rl-prompt", type=int, default=128, help="prompt tokens of the RL workload")
     ap.add_argument("--build", default=str(ROOT / "build"), help="rolloutd's build directory")
-    ap.add_argument("--systems", default="", help="comma list of the systems to run (default: every one; names as "
-                    "printed, e.g. 'rolloutd bf16 fast,llama.cpp bf16')")
+    ap.add_argument("--systems", default="", help="';'-separated names of the systems to run, as printed (default: "
+                    "every one), e.g. 'rolloutd bf16 fast;llama.cpp bf16'")
     ap.add_argument("--work", default=str(ROOT / "build-llamacpp"))
     a = ap.parse_args()
     if a.rounds < 3:
@@ -472,7 +472,7 @@ def main():
         systems["rolloutd fp8 fast"] = ("rolloutd", ("fp8", "fast"))
         systems["rolloutd bf16 fast"] = ("rolloutd", ("bf16", "fast"))
     if a.systems:
-        want = [x.strip() for x in a.systems.split(",")]
+        want = [x.strip() for x in a.systems.split(";")]
         unknown = [x for x in want if x not in systems]
         if unknown:
             sys.exit(f"--systems: unknown {unknown}; known here: {list(systems)}")
