@@ -36,20 +36,27 @@ T512 INLINE __m512 load16(const void *p, int64_t i, const rs_dtype dt) {
     return _mm512_loadu_ps((const float *)p + i);
 }
 
+/* A tile's weight rows (missing ones repeat the last; their sums are dropped), the rows to prefetch
+ * (NULL without), es bytes an element, and its accumulators zeroed. */
+T512 INLINE void tile_start(const rs_cpu_tile *tl, size_t es, const int NT, const char *wr[RS_CPU_NW],
+                            const char *pf[RS_CPU_NW], __m512 acc[RS_CPU_NW][RS_CPU_NT_AVX512]) {
+    for (int j = 0; j < RS_CPU_NW; j++) {
+        wr[j] = (const char *)tl->w + (size_t)((j < tl->nw ? j : tl->nw - 1) * tl->ldw) * es;
+        pf[j] = tl->prefetch ? (const char *)tl->prefetch + (size_t)(j * tl->ldw) * es : NULL;
+    }
+#pragma GCC unroll 8
+    for (int t = 0; t < NT; t++)
+#pragma GCC unroll 4
+        for (int j = 0; j < RS_CPU_NW; j++) acc[j][t] = _mm512_setzero_ps();
+}
+
 T512 INLINE void tile_body(const rs_cpu_tile *tl, const int NT, const rs_dtype dt) {
     const size_t es = dt == RS_DTYPE_F32 ? 4 : 2;
     const int64_t k = tl->k, ldx = tl->ldx;
     const float *x = tl->x;
     const char *wr[RS_CPU_NW], *pf[RS_CPU_NW];
-    for (int j = 0; j < RS_CPU_NW; j++) { /* missing rows repeat the last one; their sums are dropped */
-        wr[j] = (const char *)tl->w + (size_t)((j < tl->nw ? j : tl->nw - 1) * tl->ldw) * es;
-        pf[j] = tl->prefetch ? (const char *)tl->prefetch + (size_t)(j * tl->ldw) * es : NULL;
-    }
     __m512 acc[RS_CPU_NW][RS_CPU_NT_AVX512];
-#pragma GCC unroll 8
-    for (int t = 0; t < NT; t++)
-#pragma GCC unroll 4
-        for (int j = 0; j < RS_CPU_NW; j++) acc[j][t] = _mm512_setzero_ps();
+    tile_start(tl, es, NT, wr, pf, acc);
 
     const int64_t k16 = k & ~(int64_t)15;
     for (int64_t i = 0; i < k16; i += 16) {
@@ -129,17 +136,11 @@ TBF16 INLINE void tile_dot_step(const uint16_t *const wr[RS_CPU_NW], const uint1
 TBF16 INLINE void tile_dot_body(const rs_cpu_tile *tl, const int NT) {
     const int64_t k = tl->k, ldx = tl->ldx;
     const uint16_t *x = tl->xb;
-    const uint16_t *wr[RS_CPU_NW];
-    const char *pf[RS_CPU_NW];
-    for (int j = 0; j < RS_CPU_NW; j++) { /* missing rows repeat the last one; their sums are dropped */
-        wr[j] = (const uint16_t *)tl->w + (j < tl->nw ? j : tl->nw - 1) * tl->ldw;
-        pf[j] = tl->prefetch ? (const char *)((const uint16_t *)tl->prefetch + j * tl->ldw) : NULL;
-    }
+    const char *wc[RS_CPU_NW], *pf[RS_CPU_NW];
     __m512 acc[RS_CPU_NW][RS_CPU_NT_AVX512];
-#pragma GCC unroll 8
-    for (int t = 0; t < NT; t++)
-#pragma GCC unroll 4
-        for (int j = 0; j < RS_CPU_NW; j++) acc[j][t] = _mm512_setzero_ps();
+    tile_start(tl, 2, NT, wc, pf, acc);
+    const uint16_t *wr[RS_CPU_NW];
+    for (int j = 0; j < RS_CPU_NW; j++) wr[j] = (const uint16_t *)(const void *)wc[j];
 
     const int64_t k32 = k & ~(int64_t)31;
     for (int64_t i = 0; i < k32; i += 32) { /* 64 bytes of every row a step */
