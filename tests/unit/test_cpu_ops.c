@@ -532,6 +532,90 @@ RS_TEST(cpu_attention_paged_mixed_batch) {
     }
 }
 
+/* Batch invariance of attention: a prefill step computes runs of consecutive rows of a sequence
+ * together (cpu_attention.c), and every row must still get the bits it gets as a decode row alone
+ * (the engine's chunking invariance rests on it). Two sequences share the step: A prefills rows
+ * at positions 3..L-1 after 0..2 were stored, B decodes one row; then each of A's rows is
+ * recomputed alone, as a one-row step at its position, and compared bit for bit. Every SIMD level,
+ * 1 and 2 threads, every page format, and groups of 1, 2, 3, 8 and 16 query heads per KV head
+ * (runs of 16, 8, 5, 2 and 1 rows). */
+static void check_attention_runs(const rs_kv_layer *proto, int n_heads, int hd, int threads, int simd, uint64_t *rng) {
+    enum { L = 45, H0 = 3, PAGES = 8 };
+    const int n_kv = proto->n_kv_heads;
+    const size_t kvrow = (size_t)n_kv * hd, qrow = (size_t)n_heads * hd;
+    rs_backend *b = backend_at(threads, simd);
+    rs_kv_layer kv = *proto;
+    kv.n_blocks = PAGES;
+    kv.head_dim = hd;
+    kv.pages = rs_backend_alloc(b, (size_t)PAGES * 2 * RS_KV_BLOCK * kvrow * rs_dtype_size(kv.dtype));
+    float ks[16], vs[16];
+    for (int h = 0; h < n_kv; h++) ks[h] = 0.01f + 0.003f * (float)h, vs[h] = 0.005f + 0.002f * (float)h;
+    if (kv.scale_mode == RS_KV_SCALE_PER_HEAD) kv.k_scale = ks, kv.v_scale = vs;
+    if (kv.scale_mode == RS_KV_SCALE_PER_TOKEN)
+        kv.token_scales = rs_backend_alloc(b, (size_t)PAGES * 2 * RS_KV_BLOCK * (size_t)n_kv * sizeof(float));
+    /* A owns pages 5, 2, 7 (out of order), B pages 0, 1 */
+    int32_t tables[2 * 4] = {5, 2, 7, 3, /* B: */ 0, 1, 4, 6};
+    float *k = rand_floats((size_t)(L + 20) * kvrow, rng, 1.5f), *v = rand_floats((size_t)(L + 20) * kvrow, rng, 1.0f);
+    float *q = rand_floats((size_t)(L + 1) * qrow, rng, 1.0f);
+    int32_t pos[64], slot[64], tok[64] = {0}, ctx[2], starts[3];
+    /* store A's positions 0..L-1 and B's 0..19 */
+    for (int s = 0; s < 2; s++) {
+        int n = s == 0 ? L : 20;
+        for (int p = 0; p < n; p++) pos[p] = p, slot[p] = tables[s * 4 + p / RS_KV_BLOCK] * RS_KV_BLOCK + p % RS_KV_BLOCK;
+        int32_t st[2] = {0, n}, c1 = n;
+        rs_batch bt = {.n_tok = n, .n_seq = 1, .tokens = tok, .pos = pos, .slot = slot, .seq_start = st,
+                       .seq_ctx = &c1, .block_tables = tables + s * 4, .max_blocks = 4};
+        rs_op_kv_store(b, &kv, k + (size_t)(s == 0 ? 0 : L) * kvrow, v + (size_t)(s == 0 ? 0 : L) * kvrow, &bt);
+    }
+    /* one step: A's rows H0..L-1, then B's row at 19 */
+    int n = 0;
+    starts[0] = 0;
+    for (int p = H0; p < L; p++) pos[n++] = p;
+    starts[1] = n;
+    pos[n++] = 19;
+    starts[2] = n;
+    ctx[0] = L, ctx[1] = 20;
+    rs_batch bt = {.n_tok = n, .n_seq = 2, .tokens = tok, .pos = pos, .slot = slot, .seq_start = starts,
+                   .seq_ctx = ctx, .block_tables = tables, .max_blocks = 4};
+    float *out = malloc((size_t)n * qrow * sizeof(float)), *one = malloc(qrow * sizeof(float));
+    rs_op_attention(b, out, q, &kv, n_heads, 0.125f, &bt);
+    for (int r = 0; r < n; r++) {
+        int s = r < starts[1] ? 0 : 1;
+        int32_t p1 = pos[r], st[2] = {0, 1}, c1 = p1 + 1;
+        rs_batch b1 = {.n_tok = 1, .n_seq = 1, .tokens = tok, .pos = &p1, .slot = slot, .seq_start = st,
+                       .seq_ctx = &c1, .block_tables = tables + s * 4, .max_blocks = 4};
+        rs_op_attention(b, one, q + (size_t)r * qrow, &kv, n_heads, 0.125f, &b1);
+        for (size_t i = 0; i < qrow; i++) {
+            uint32_t x, y;
+            memcpy(&x, &out[(size_t)r * qrow + i], 4), memcpy(&y, &one[i], 4);
+            if (x != y)
+                RS_TEST_FAIL("attention runs kv %s mode %d heads %d/%d hd %d threads %d simd %d: row at position %d, "
+                             "element %zu: %.9g in the step, %.9g alone",
+                             rs_dtype_name(kv.dtype), (int)kv.scale_mode, n_heads, n_kv, hd, threads, simd, p1, i,
+                             out[(size_t)r * qrow + i], one[i]);
+        }
+    }
+    free(k), free(v), free(q), free(out), free(one);
+    if (kv.token_scales) rs_backend_free_mem(b, kv.token_scales);
+    rs_backend_free_mem(b, kv.pages);
+    rs_backend_free(b);
+}
+
+RS_TEST(cpu_attention_runs_batch_invariant) {
+    uint64_t rng = 11;
+    const rs_kv_layer protos[] = {{.dtype = RS_DTYPE_F32, .n_kv_heads = 2},
+                                  {.dtype = RS_DTYPE_BF16, .n_kv_heads = 2},
+                                  {.dtype = RS_DTYPE_E4M3, .n_kv_heads = 2, .scale_mode = RS_KV_SCALE_PER_HEAD},
+                                  {.dtype = RS_DTYPE_E4M3, .n_kv_heads = 2, .scale_mode = RS_KV_SCALE_PER_TOKEN}};
+    static const int groups[] = {1, 2, 3, 8, 16};
+    for (int simd = 0; simd <= max_simd(); simd++)
+        for (int threads = 1; threads <= 2; threads++)
+            for (size_t pi = 0; pi < sizeof protos / sizeof protos[0]; pi++)
+                for (size_t gi = 0; gi < sizeof groups / sizeof groups[0]; gi++)
+                    check_attention_runs(&protos[pi], 2 * groups[gi], gi % 2 ? 128 : 40 + (int)gi, threads, simd,
+                                         &rng);
+}
+
 /* ---- MoE ---- */
 
 typedef struct moe_case {
