@@ -43,7 +43,8 @@ static const rs_config_entry entries[] = {
     {"numerics", RS_CONFIG_TYPE_ENUM, F(numerics), 0, 0, "auto", "exact|fast|auto",
      "arithmetic of the model's kernels: exact (the reference: bit-identical across backends where roundings "
      "allow), fast (on the GPU: tensor cores with fp32 accumulation, BF16 activations into BF16 GEMMs; on a CPU "
-     "with AVX512_BF16: BF16 matmuls on BF16-rounded activations with vdpbf16ps, every other op exact; other "
+     "with AVX512_BF16: BF16 matmuls on BF16-rounded activations with vdpbf16ps, and attention over a bf16 KV "
+     "cache on BF16 q and probabilities, every other op exact; other "
      "CPUs run exact), or auto (fast with --device cuda, exact on the CPU)", 0},
     {"cuda-graphs", RS_CONFIG_TYPE_BOOL, F(cuda_graphs), 0, 1, "true", NULL,
      "with --device cuda: record each decode batch size's step once as a CUDA graph and replay it (false = "

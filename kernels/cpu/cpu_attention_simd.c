@@ -22,10 +22,18 @@
  * not once per row. The kernel bodies are written once per head count and dtype through
  * always-inline bodies with constant arguments, as cpu_simd_avx512.c does for its tiles.
  *
+ * The fast numerics' kernels over BF16 pages (AVX512_BF16) take q and p already in BF16 and use
+ * vdpbf16ps: scores like the fp32 kernel, 32 elements an instruction; P V pairs two V rows by
+ * interleaving their 16-bit elements, multiplies them with a (p[t], p[t + 1]) pair broadcast as one
+ * 32-bit lane, and restores the element order once per page.
+ *
  * Compiled for any x86-64 target: each function carries its target attribute and is only called
  * when the backend found the feature, like cpu_simd_*.c.
  */
 #include "cpu_attention_simd.h"
+
+#include <string.h>
+
 #include "cpu_hsum.h"
 
 #include "../../core/rs.h"
@@ -270,6 +278,17 @@ T512 static void decode512(float *dst, const uint8_t *src, int n) {
     for (; i < n; i++) dst[i] = rs_fp8_e4m3_f32[src[i]];
 }
 
+/* The G heads' scores of up to KROWS K rows (nu of them stored) from their 16-lane partial sums,
+ * each row reduced by the same tree (rs_hsum4_512). */
+T512 INLINE void store_scores512(float *sc, size_t ld, __m512 acc[SG512][KROWS], int nu, const int G) {
+#pragma GCC unroll 4
+    for (int h = 0; h < G; h++) {
+        float s[KROWS];
+        _mm_storeu_ps(s, rs_hsum4_512(acc[h][0], acc[h][1], acc[h][2], acc[h][3]));
+        for (int u = 0; u < nu; u++) sc[(size_t)h * ld + (size_t)u] = s[u];
+    }
+}
+
 T512 INLINE void scores512_body(float *sc, size_t ld, const float *q, const void *k, size_t stride, int n, int hd,
                                 const int G, const rs_dtype dt) {
     const int h16 = hd & ~15;
@@ -293,13 +312,7 @@ T512 INLINE void scores512_body(float *sc, size_t ld, const float *q, const void
                 for (int u = 0; u < KROWS; u++) acc[h][u] = _mm512_fmadd_ps(qv, d[u], acc[h][u]);
             }
         }
-        const int nu = RS_MIN(KROWS, n - t0);
-#pragma GCC unroll 4
-        for (int h = 0; h < G; h++) {
-            float s[KROWS];
-            _mm_storeu_ps(s, rs_hsum4_512(acc[h][0], acc[h][1], acc[h][2], acc[h][3]));
-            for (int u = 0; u < nu; u++) sc[(size_t)h * ld + (size_t)(t0 + u)] = s[u];
-        }
+        store_scores512(sc + t0, ld, acc, RS_MIN(KROWS, n - t0), G);
     }
 }
 
@@ -351,9 +364,130 @@ T512 static void accum512(float *out, const float *p, size_t ld, int g, const vo
 
 const rs_cpu_kv_vec rs_cpu_kv_vec_avx512 = {.decode = decode512, .scores = scores512, .accum = accum512};
 
+/* ---- fast numerics over BF16 pages: BF16 q and p on vdpbf16ps ---- */
+
+#define TBF16 __attribute__((target("avx512f,avx512bw,avx512bf16,avx2,fma,f16c")))
+
+/* The n <= 32 BF16 values at p, zeros after. */
+TBF16 INLINE __m512i load32_bf16(const uint16_t *p, int n) {
+    return n >= 32 ? _mm512_loadu_si512(p) : _mm512_maskz_loadu_epi16((__mmask32)((1u << n) - 1u), p);
+}
+
+TBF16 INLINE void scores_dot_body(float *sc, size_t ld, const uint16_t *q, const uint16_t *k, size_t stride, int n,
+                                  int hd, const int G) {
+    for (int t0 = 0; t0 < n; t0 += KROWS) {
+        const uint16_t *kt[KROWS]; /* missing rows repeat the last one; their sums are dropped */
+#pragma GCC unroll 4
+        for (int u = 0; u < KROWS; u++) kt[u] = k + (size_t)RS_MIN(t0 + u, n - 1) * stride;
+        __m512 acc[SG512][KROWS];
+#pragma GCC unroll 4
+        for (int h = 0; h < G; h++)
+#pragma GCC unroll 4
+            for (int u = 0; u < KROWS; u++) acc[h][u] = _mm512_setzero_ps();
+        for (int i = 0; i < hd; i += 32) {
+            const int m = RS_MIN(32, hd - i);
+            __m512i d[KROWS];
+#pragma GCC unroll 4
+            for (int u = 0; u < KROWS; u++) d[u] = load32_bf16(kt[u] + i, m);
+#pragma GCC unroll 4
+            for (int h = 0; h < G; h++) {
+                const __m512bh qv = (__m512bh)load32_bf16(q + (size_t)h * (size_t)hd + (size_t)i, m);
+#pragma GCC unroll 4
+                for (int u = 0; u < KROWS; u++) acc[h][u] = _mm512_dpbf16_ps(acc[h][u], qv, (__m512bh)d[u]);
+            }
+        }
+        store_scores512(sc + t0, ld, acc, RS_MIN(KROWS, n - t0), G);
+    }
+}
+
+TBF16 void rs_cpu_scores_bf16_dot(float *sc, size_t ld, const uint16_t *q, int g, const uint16_t *k, size_t stride,
+                                  int n, int hd) {
+#define BODY(G) scores_dot_body(sc + (size_t)h0 * ld, ld, q + (size_t)h0 * (size_t)hd, k, stride, n, hd, G)
+    FOR_HEAD_CHUNKS(g, SG512, BODY)
+#undef BODY
+}
+
+/* acc_lo/hi[h] += the products of V rows t and t + 1 (v1; zeros past the rows) with the pair pp[h]
+ * of BF16 probabilities (p[t], p[t + 1]) in one 32-bit lane. Within each 128-bit lane the low
+ * unpack of the two rows holds elements 8L..8L+3, the high one 8L+4..8L+7. */
+TBF16 INLINE void accum_dot_pair(__m512 lo[MAX_G], __m512 hi[MAX_G], const __m512i v0, const __m512i v1,
+                                 const __m512bh pp[MAX_G], const int G) {
+    const __m512bh a = (__m512bh)_mm512_unpacklo_epi16(v0, v1), b = (__m512bh)_mm512_unpackhi_epi16(v0, v1);
+#pragma GCC unroll 8
+    for (int h = 0; h < G; h++) {
+        lo[h] = _mm512_dpbf16_ps(lo[h], a, pp[h]);
+        hi[h] = _mm512_dpbf16_ps(hi[h], b, pp[h]);
+    }
+}
+
+/* Output lanes [i, i + 32) of G heads, rows taken two at a time (a lone last row pairs with zeros),
+ * put back in element order and added to out at the end. */
+TBF16 INLINE void accum_dot_body(float *out, const uint16_t *p, size_t ld, const uint16_t *v, size_t stride, int n,
+                                 int hd, int i, const int G) {
+    __m512 lo[MAX_G], hi[MAX_G];
+    __m512bh pp[MAX_G];
+#pragma GCC unroll 8
+    for (int h = 0; h < G; h++) lo[h] = hi[h] = _mm512_setzero_ps();
+    int t = 0;
+    for (; t + 2 <= n; t += 2) {
+#pragma GCC unroll 8
+        for (int h = 0; h < G; h++) {
+            uint32_t pair;
+            memcpy(&pair, p + (size_t)h * ld + (size_t)t, sizeof pair);
+            pp[h] = (__m512bh)_mm512_set1_epi32((int)pair);
+        }
+        accum_dot_pair(lo, hi, _mm512_loadu_si512(v + (size_t)t * stride + (size_t)i),
+                       _mm512_loadu_si512(v + (size_t)(t + 1) * stride + (size_t)i), pp, G);
+    }
+    if (t < n) {
+#pragma GCC unroll 8
+        for (int h = 0; h < G; h++) pp[h] = (__m512bh)_mm512_set1_epi32((int)p[(size_t)h * ld + (size_t)t]);
+        accum_dot_pair(lo, hi, _mm512_loadu_si512(v + (size_t)t * stride + (size_t)i), _mm512_setzero_si512(), pp, G);
+    }
+    const __m512i i0 = _mm512_setr_epi32(0, 1, 2, 3, 16, 17, 18, 19, 4, 5, 6, 7, 20, 21, 22, 23);
+    const __m512i i1 = _mm512_setr_epi32(8, 9, 10, 11, 24, 25, 26, 27, 12, 13, 14, 15, 28, 29, 30, 31);
+#pragma GCC unroll 8
+    for (int h = 0; h < G; h++) {
+        float *o = out + (size_t)h * (size_t)hd + (size_t)i;
+        _mm512_storeu_ps(o, _mm512_add_ps(_mm512_loadu_ps(o), _mm512_permutex2var_ps(lo[h], i0, hi[h])));
+        _mm512_storeu_ps(o + 16, _mm512_add_ps(_mm512_loadu_ps(o + 16), _mm512_permutex2var_ps(lo[h], i1, hi[h])));
+    }
+}
+
+TBF16 void rs_cpu_accum_bf16_dot(float *out, const uint16_t *p, size_t ld, int g, const uint16_t *v, size_t stride,
+                                 int n, int hd) {
+    const int h32 = hd & ~31;
+    for (int i = 0; i < h32; i += 32) {
+#define BODY(G) accum_dot_body(out + (size_t)h0 * (size_t)hd, p + (size_t)h0 * ld, ld, v, stride, n, hd, i, G)
+        FOR_HEAD_CHUNKS(g, MAX_G, BODY)
+#undef BODY
+    }
+    /* lanes past the last 32: the same page's sum of BF16 products in fp32, added to out */
+    for (int h = 0; h < g; h++) {
+        for (int i = h32; i < hd; i++) {
+            float s = 0.0f;
+            for (int t = 0; t < n; t++)
+                s += rs_bf16_to_f32(p[(size_t)h * ld + (size_t)t]) * rs_bf16_to_f32(v[(size_t)t * stride + (size_t)i]);
+            out[(size_t)h * (size_t)hd + (size_t)i] += s;
+        }
+    }
+}
+
 #else /* not x86: never selected, init reports scalar */
 
 const rs_cpu_kv_vec rs_cpu_kv_vec_avx2 = {0};
 const rs_cpu_kv_vec rs_cpu_kv_vec_avx512 = {0};
+
+void rs_cpu_scores_bf16_dot(float *sc, size_t ld, const uint16_t *q, int g, const uint16_t *k, size_t stride, int n,
+                            int hd) {
+    (void)sc, (void)ld, (void)q, (void)g, (void)k, (void)stride, (void)n, (void)hd;
+    RS_ASSERT(!"fast attention on a non-x86 CPU");
+}
+
+void rs_cpu_accum_bf16_dot(float *out, const uint16_t *p, size_t ld, int g, const uint16_t *v, size_t stride, int n,
+                           int hd) {
+    (void)out, (void)p, (void)ld, (void)g, (void)v, (void)stride, (void)n, (void)hd;
+    RS_ASSERT(!"fast attention on a non-x86 CPU");
+}
 
 #endif

@@ -34,6 +34,17 @@ typedef struct rs_cpu_kv_vec {
                   int n, int hd);
 } rs_cpu_kv_vec;
 
+/* The fast numerics over BF16 pages (rs_cpu_fast_bf16: AVX-512 with AVX512_BF16), with q and p
+ * already rounded to BF16: scores as above, each a vdpbf16ps sum over 32-element chunks (the tail
+ * zero-masked) reduced like the fp32 kernel's; accum adds to out[h][i] the page's sum of
+ * p[h][t] * v[t][i], taken two rows at a time (a lone last row pairs with a zero), lanes past the
+ * last 32 summed in fp32 in row order. Each depends only on its own q or p row and the page, so
+ * batch invariance holds as for the kernels above. */
+void rs_cpu_scores_bf16_dot(float *sc /* [g][ld] */, size_t ld, const uint16_t *q /* [g][hd] bf16 */, int g,
+                            const uint16_t *k /* [n] rows, stride elements apart */, size_t stride, int n, int hd);
+void rs_cpu_accum_bf16_dot(float *out /* [g][hd] */, const uint16_t *p /* [g][ld] bf16 */, size_t ld, int g,
+                           const uint16_t *v /* [n] rows, stride elements apart */, size_t stride, int n, int hd);
+
 extern const rs_cpu_kv_vec rs_cpu_kv_vec_scalar, rs_cpu_kv_vec_avx2, rs_cpu_kv_vec_avx512;
 const rs_cpu_kv_vec *rs_cpu_kv_vec_for(rs_cpu_simd s);
 

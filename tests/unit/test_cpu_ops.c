@@ -409,7 +409,9 @@ enum { N_SEQ = 3, MAX_BLOCKS = 4, N_PAGES = 16 };
 static const int seq_hist[N_SEQ] = {20, 37, 0}; /* positions stored before this step */
 static const int seq_rows[N_SEQ] = {33, 1, 5};  /* rows in this step */
 
-static void check_attention(rs_dtype kv_dt, int n_heads, int n_kv, int hd, int threads, int simd,
+/* fast: the backend at --numerics fast (BF16 pages only): the reference takes q rounded to BF16,
+ * and each output may be off by 2^-8 of sum_j p_j |v_j| (the kernel's probabilities are BF16). */
+static void check_attention(rs_dtype kv_dt, int n_heads, int n_kv, int hd, int threads, int simd, bool fast,
                             uint64_t *rng) {
     int32_t pages[N_PAGES];
     for (int i = 0; i < N_PAGES; i++) pages[i] = i;
@@ -430,6 +432,7 @@ static void check_attention(rs_dtype kv_dt, int n_heads, int n_kv, int hd, int t
         vall[s] = rand_floats((size_t)ctx[s] * kvrow, rng, 1.0f);
     }
     rs_backend *b = backend_at(threads, simd);
+    if (fast) ASSERT_EQ(rs_backend_set_numerics(b, RS_NUMERICS_FAST), RS_NUMERICS_FAST);
     rs_kv_layer kv = {.dtype = kv_dt, .n_blocks = N_PAGES, .n_kv_heads = n_kv, .head_dim = hd};
     kv.pages = rs_backend_alloc(b, (size_t)N_PAGES * 2 * RS_KV_BLOCK * kvrow * rs_dtype_size(kv_dt));
 
@@ -495,21 +498,24 @@ static void check_attention(rs_dtype kv_dt, int n_heads, int n_kv, int hd, int t
                 for (int j = 0; j < n_ctx; j++) {
                     double d = 0;
                     for (int i = 0; i < hd; i++)
-                        d += (double)qh[i] * round_kv(kall[s][j * kvrow + kvh * hd + i], kv_dt);
+                        d += (double)(fast ? round_kv(qh[i], RS_DTYPE_BF16) : qh[i]) *
+                             round_kv(kall[s][j * kvrow + kvh * hd + i], kv_dt);
                     sc[j] = d * scale;
                     max = sc[j] > max ? sc[j] : max;
                 }
                 for (int j = 0; j < n_ctx; j++) sum += (sc[j] = exp(sc[j] - max));
                 for (int i = 0; i < hd; i++) {
-                    double o = 0;
-                    for (int j = 0; j < n_ctx; j++)
-                        o += sc[j] / sum * round_kv(vall[s][j * kvrow + kvh * hd + i], kv_dt);
+                    double o = 0, a = 0;
+                    for (int j = 0; j < n_ctx; j++) {
+                        double t = sc[j] / sum * round_kv(vall[s][j * kvrow + kvh * hd + i], kv_dt);
+                        o += t, a += fabs(t);
+                    }
                     float got = out[((size_t)r * n_heads + h) * hd + i];
-                    if (!(fabs(got - o) <= 2e-6))
-                        RS_TEST_FAIL("attention kv %s heads %d/%d hd %d threads %d simd %d: seq %d row %d "
+                    if (!(fabs(got - o) <= (fast ? a / 256 + 2e-6 : 2e-6)))
+                        RS_TEST_FAIL("attention kv %s heads %d/%d hd %d threads %d simd %d%s: seq %d row %d "
                                      "head %d [%d]: %.9g want %.9g",
-                                     rs_dtype_name(kv_dt), n_heads, n_kv, hd, threads, simd, s, r, h, i, got,
-                                     o);
+                                     rs_dtype_name(kv_dt), n_heads, n_kv, hd, threads, simd, fast ? " fast" : "", s,
+                                     r, h, i, got, o);
                 }
             }
         }
@@ -524,11 +530,37 @@ RS_TEST(cpu_attention_paged_mixed_batch) {
     uint64_t rng = 7;
     for (int simd = 0; simd <= max_simd(); simd++) {
         for (int threads = 1; threads <= 2; threads++) {
-            check_attention(RS_DTYPE_F32, 6, 2, 24, threads, simd, &rng);
-            check_attention(RS_DTYPE_F32, 4, 4, 64, threads, simd, &rng);
-            check_attention(RS_DTYPE_BF16, 8, 2, 128, threads, simd, &rng);
-            check_attention(RS_DTYPE_BF16, 2, 1, 7, threads, simd, &rng);
+            check_attention(RS_DTYPE_F32, 6, 2, 24, threads, simd, false, &rng);
+            check_attention(RS_DTYPE_F32, 4, 4, 64, threads, simd, false, &rng);
+            check_attention(RS_DTYPE_BF16, 8, 2, 128, threads, simd, false, &rng);
+            check_attention(RS_DTYPE_BF16, 2, 1, 7, threads, simd, false, &rng);
         }
+    }
+}
+
+static bool fast_attention_runs(void) {
+    rs_backend *b = rs_backend_cpu_init(1);
+    bool ok = rs_cpu_set_simd(b, RS_CPU_SIMD_AVX512) == RS_CPU_SIMD_AVX512 &&
+              rs_backend_set_numerics(b, RS_NUMERICS_FAST) == RS_NUMERICS_FAST;
+    rs_backend_free(b);
+    if (!ok) printf("  skip: --numerics fast attention (BF16 pages on vdpbf16ps) needs AVX-512 with AVX512_BF16\n");
+    return ok;
+}
+
+/* --numerics fast over BF16 pages (q and p in BF16 on vdpbf16ps) against the double reference of
+ * the same inputs; F32 pages stay on the exact kernels. Head dims with and without a 32-lane tail,
+ * groups of 1 to 4. */
+RS_TEST(cpu_attention_fast_bf16_pages) {
+    if (!fast_attention_runs()) return;
+    uint64_t rng = 9;
+    const int avx512 = (int)RS_CPU_SIMD_AVX512;
+    for (int threads = 1; threads <= 2; threads++) {
+        check_attention(RS_DTYPE_BF16, 8, 2, 128, threads, avx512, true, &rng);
+        check_attention(RS_DTYPE_BF16, 4, 4, 64, threads, avx512, true, &rng);
+        check_attention(RS_DTYPE_BF16, 6, 2, 40, threads, avx512, true, &rng);
+        check_attention(RS_DTYPE_BF16, 4, 1, 7, threads, avx512, true, &rng);
+        check_attention(RS_DTYPE_BF16, 8, 8, 96, threads, avx512, true, &rng);
+        check_attention(RS_DTYPE_F32, 8, 2, 128, threads, avx512, true, &rng);
     }
 }
 
@@ -539,11 +571,13 @@ RS_TEST(cpu_attention_paged_mixed_batch) {
  * recomputed alone, as a one-row step at its position, and compared bit for bit. Every SIMD level,
  * 1 and 2 threads, every page format, and groups of 1, 2, 3, 8 and 16 query heads per KV head
  * (runs of 16, 8, 5, 2 and 1 rows). */
-static void check_attention_runs(const rs_kv_layer *proto, int n_heads, int hd, int threads, int simd, uint64_t *rng) {
+static void check_attention_runs(const rs_kv_layer *proto, int n_heads, int hd, int threads, int simd, bool fast,
+                                 uint64_t *rng) {
     enum { L = 45, H0 = 3, PAGES = 8 };
     const int n_kv = proto->n_kv_heads;
     const size_t kvrow = (size_t)n_kv * hd, qrow = (size_t)n_heads * hd;
     rs_backend *b = backend_at(threads, simd);
+    if (fast) ASSERT_EQ(rs_backend_set_numerics(b, RS_NUMERICS_FAST), RS_NUMERICS_FAST);
     rs_kv_layer kv = *proto;
     kv.n_blocks = PAGES;
     kv.head_dim = hd;
@@ -589,9 +623,10 @@ static void check_attention_runs(const rs_kv_layer *proto, int n_heads, int hd, 
             uint32_t x, y;
             memcpy(&x, &out[(size_t)r * qrow + i], 4), memcpy(&y, &one[i], 4);
             if (x != y)
-                RS_TEST_FAIL("attention runs kv %s mode %d heads %d/%d hd %d threads %d simd %d: row at position %d, "
-                             "element %zu: %.9g in the step, %.9g alone",
-                             rs_dtype_name(kv.dtype), (int)kv.scale_mode, n_heads, n_kv, hd, threads, simd, p1, i,
+                RS_TEST_FAIL("attention runs kv %s mode %d heads %d/%d hd %d threads %d simd %d%s: row at position "
+                             "%d, element %zu: %.9g in the step, %.9g alone",
+                             rs_dtype_name(kv.dtype), (int)kv.scale_mode, n_heads, n_kv, hd, threads, simd,
+                             fast ? " fast" : "", p1, i,
                              out[(size_t)r * qrow + i], one[i]);
         }
     }
@@ -608,12 +643,13 @@ RS_TEST(cpu_attention_runs_batch_invariant) {
                                   {.dtype = RS_DTYPE_E4M3, .n_kv_heads = 2, .scale_mode = RS_KV_SCALE_PER_HEAD},
                                   {.dtype = RS_DTYPE_E4M3, .n_kv_heads = 2, .scale_mode = RS_KV_SCALE_PER_TOKEN}};
     static const int groups[] = {1, 2, 3, 8, 16};
-    for (int simd = 0; simd <= max_simd(); simd++)
+    const bool fast = fast_attention_runs();
+    for (int simd = 0; simd <= max_simd() + (fast ? 1 : 0); simd++) /* past the top: avx512 at --numerics fast */
         for (int threads = 1; threads <= 2; threads++)
             for (size_t pi = 0; pi < sizeof protos / sizeof protos[0]; pi++)
                 for (size_t gi = 0; gi < sizeof groups / sizeof groups[0]; gi++)
-                    check_attention_runs(&protos[pi], 2 * groups[gi], gi % 2 ? 128 : 40 + (int)gi, threads, simd,
-                                         &rng);
+                    check_attention_runs(&protos[pi], 2 * groups[gi], gi % 2 ? 128 : 40 + (int)gi, threads,
+                                         RS_MIN(simd, max_simd()), simd > max_simd(), &rng);
 }
 
 /* ---- MoE ---- */
