@@ -543,7 +543,7 @@ static bool fast_attention_runs(void) {
     bool ok = rs_cpu_set_simd(b, RS_CPU_SIMD_AVX512) == RS_CPU_SIMD_AVX512 &&
               rs_backend_set_numerics(b, RS_NUMERICS_FAST) == RS_NUMERICS_FAST;
     rs_backend_free(b);
-    if (!ok) printf("  skip: --numerics fast attention (BF16 pages on vdpbf16ps) needs AVX-512 with AVX512_BF16\n");
+    if (!ok) rs_test_note_skip("avx512bf16 (fast numerics' attention)");
     return ok;
 }
 
@@ -551,7 +551,7 @@ static bool fast_attention_runs(void) {
  * the same inputs; F32 pages stay on the exact kernels. Head dims with and without a 32-lane tail,
  * groups of 1 to 4. */
 RS_TEST(cpu_attention_fast_bf16_pages) {
-    if (!fast_attention_runs()) return;
+    if (!fast_attention_runs()) RS_TEST_SKIP("--numerics fast attention needs AVX-512 with AVX512_BF16");
     uint64_t rng = 9;
     const int avx512 = (int)RS_CPU_SIMD_AVX512;
     for (int threads = 1; threads <= 2; threads++) {
