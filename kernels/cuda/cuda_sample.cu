@@ -78,7 +78,14 @@ __device__ __forceinline__ double rng_uniform(uint64_t seed, uint64_t sample_ind
 
 /* ---- block helpers (every thread of the block calls them) ---- */
 
+/* The ordered sums (the 16 lanes of dist_init, the exact draw's running sum) are sequential chains
+ * of double additions. Read straight from global memory each addition would wait for its load; the
+ * block stages SMP_TILE entries of e in shared memory at a time instead, so the chains run at the
+ * latency of a double add. A multiple of 16, so lane i % 16 of the tile is lane i % 16 of the row. */
+#define SMP_TILE 4096
+
 struct smp_shared {
+    float tile[SMP_TILE];
     float fred[SMP_THREADS / 32];
     int ired[SMP_THREADS / 32];
     double lanes[16];
@@ -142,13 +149,22 @@ __device__ bool dist_init(smp_shared *sh, const float *x, int V, double inv_t, f
     const float mx = block_max(sh, m);
     if (!isfinite(mx)) return false;
     const float inv_tf = (float)inv_t;
-    for (int i = threadIdx.x; i < V; i += SMP_THREADS) w[i] = exp_cpu(__fmul_rn(__fsub_rn(x[i], mx), inv_tf));
-    __syncthreads();
-    if (threadIdx.x < 16) {
-        double acc = 0.0;
-        for (int i = threadIdx.x; i < V; i += 16) acc = __dadd_rn(acc, (double)w[i]);
-        sh->lanes[threadIdx.x] = acc;
+    double acc = 0.0; /* lane threadIdx.x (< 16): its entries in order of i */
+    for (int base = 0; base < V; base += SMP_TILE) {
+        const int nt = min(SMP_TILE, V - base);
+        for (int i = threadIdx.x; i < nt; i += SMP_THREADS) {
+            const float e = exp_cpu(__fmul_rn(__fsub_rn(x[base + i], mx), inv_tf));
+            w[base + i] = e;
+            sh->tile[i] = e;
+        }
+        __syncthreads();
+        if (threadIdx.x < 16) {
+#pragma unroll 16
+            for (int i = threadIdx.x; i < nt; i += 16) acc = __dadd_rn(acc, (double)sh->tile[i]);
+        }
+        __syncthreads();
     }
+    if (threadIdx.x < 16) sh->lanes[threadIdx.x] = acc;
     __syncthreads();
     if (threadIdx.x == 0) {
         for (int wd = 8; wd >= 1; wd /= 2)
@@ -200,26 +216,39 @@ __device__ void sort_prefix(smp_shared *sh, const float *x, int V, int n, int *s
 /* The draw without truncation: the last id with mass (e > 0) at which the running sum of e in id
  * order passes target. exact: the CPU's sequential double sum; else per-thread chunk sums first. */
 __device__ int draw_all(smp_shared *sh, const float *w, int V, double target, bool exact) {
-    if (exact) {
-        if (threadIdx.x == 0) {
-            double acc = 0.0;
-            int tok = -1;
-            for (int i = 0; i < V; i++) {
-                if (w[i] == 0.0f) continue;
-                tok = i;
-                acc = __dadd_rn(acc, (double)w[i]);
-                if (target < acc) break;
+    if (exact) { /* thread 0 runs the sum over tiles of e staged by the block, until it passes target */
+        double acc = 0.0;
+        int tok = -1;
+        for (int base = 0; base < V; base += SMP_TILE) {
+            const int nt = min(SMP_TILE, V - base);
+            for (int i = threadIdx.x; i < nt; i += SMP_THREADS) sh->tile[i] = w[base + i];
+            __syncthreads();
+            if (threadIdx.x == 0) {
+                bool passed = false;
+                for (int i = 0; i < nt && !passed; i++) {
+                    const float e = sh->tile[i];
+                    if (e == 0.0f) continue;
+                    tok = base + i;
+                    acc = __dadd_rn(acc, (double)e);
+                    passed = target < acc;
+                }
+                sh->bcast_i = passed;
             }
-            sh->bcast_i = tok;
+            __syncthreads();
+            const bool passed = sh->bcast_i;
+            __syncthreads();
+            if (passed) break;
         }
+        if (threadIdx.x == 0) sh->bcast_i = tok;
         __syncthreads();
-        const int tok = sh->bcast_i;
+        tok = sh->bcast_i;
         __syncthreads();
         return tok;
     }
     const int per = (V + SMP_THREADS - 1) / SMP_THREADS, i0 = threadIdx.x * per, i1 = min(V, i0 + per);
     double acc = 0.0;
     int last = -1; /* the chunk's last id with mass */
+#pragma unroll 8
     for (int i = i0; i < i1; i++) {
         acc = __dadd_rn(acc, (double)w[i]);
         if (w[i] != 0.0f) last = i;

@@ -209,7 +209,7 @@ RS_TEST(cuda_engine_device_sampling_matches_host) {
 RS_TEST(cuda_sample_matches_cpu_sampler) {
     rs_backend *g = rs_test_cuda_or_skip();
     uint64_t s = 151;
-    static const int vocabs[] = {512, 3001};
+    static const int vocabs[] = {512, 3001, 9001}; /* 9001: three tiles of the ordered sums */
     for (size_t vi = 0; vi < RS_ARRAY_LEN(vocabs); vi++) {
         const int V = vocabs[vi], rows = 9;
         float *l = malloc((size_t)rows * V * sizeof(float));
