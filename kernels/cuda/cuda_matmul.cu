@@ -37,6 +37,7 @@
 #define BLK RS_FP8_BLOCK      /* K block of the FP8 recipe, and the weight-scale row height */
 #define GEMV_MAX_ROWS 8       /* up to this many rows: the GEMV kernels (template on the row count) */
 #define GEMV_WARPS 8          /* output features (warps) per GEMV block */
+#define GEMV_UNROLL 4         /* weight loads a lane issues before it uses the first (the dense GEMV) */
 #define TILE_M 32             /* tiled kernels: rows per block */
 #define TILE_N 64             /* tiled kernels: outputs per block */
 #define TILE_K 32             /* tiled kernels: K elements per shared-memory stage */
@@ -306,7 +307,9 @@ __device__ __forceinline__ void unpack16(float *f, uint4 u) {
 
 /* One warp per output feature o and group of up to R rows (blockIdx.y). vec (k * size % 16 == 0, w
  * and x 16-byte aligned): lane l reads the 16-byte pieces l, l + 32, ... of the weight row (VE
- * elements each) and the matching float4s of every x row; otherwise elements l, l + 32, .... Per-lane
+ * elements each; GEMV_UNROLL pieces loaded ahead, so a warp keeps that many 512-byte reads in
+ * flight: a decode step is bound by how much of the weights is in flight) and the matching float4s
+ * of every x row; otherwise elements l, l + 32, .... Per-lane
  * fp32 sums, a warp tree, + bias. Every output element is the same sequence of operations whatever
  * the number of rows in the call and the row's place among them: the result of a token does not
  * depend on its batch (the CPU backend has the same property, and the tests that teacher-force a
@@ -330,20 +333,30 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32)
     for (int r = 0; r < R; r++) s[r] = 0.0f;
     if (vec) {
         const uint4 *wrow = (const uint4 *)((const char *)w + (int64_t)o * k * ES);
-        for (int64_t j = (int64_t)lane * VE; j < k; j += 32 * VE) {
-            float wf[VE];
-            unpack16<DT>(wf, __ldg(wrow + j / VE));
+        constexpr int64_t STEP = 32 * VE;
+        for (int64_t j0 = (int64_t)lane * VE; j0 < k; j0 += GEMV_UNROLL * STEP) {
+            uint4 wv[GEMV_UNROLL]; /* the loads first: GEMV_UNROLL of them in flight per lane */
 #pragma unroll
-            for (int r = 0; r < R; r++) {
-                if (r >= nr) break;
-                const float4 *xr = (const float4 *)(x + (int64_t)r * k + j);
+            for (int u = 0; u < GEMV_UNROLL; u++)
+                if (j0 + u * STEP < k) wv[u] = __ldg(wrow + (j0 + u * STEP) / VE);
 #pragma unroll
-                for (int q = 0; q < VE / 4; q++) {
-                    const float4 xv = __ldg(xr + q);
-                    s[r] = __fmaf_rn(xv.x, wf[4 * q], s[r]);
-                    s[r] = __fmaf_rn(xv.y, wf[4 * q + 1], s[r]);
-                    s[r] = __fmaf_rn(xv.z, wf[4 * q + 2], s[r]);
-                    s[r] = __fmaf_rn(xv.w, wf[4 * q + 3], s[r]);
+            for (int u = 0; u < GEMV_UNROLL; u++) {
+                const int64_t j = j0 + u * STEP;
+                if (j >= k) break;
+                float wf[VE];
+                unpack16<DT>(wf, wv[u]);
+#pragma unroll
+                for (int r = 0; r < R; r++) {
+                    if (r >= nr) break;
+                    const float4 *xr = (const float4 *)(x + (int64_t)r * k + j);
+#pragma unroll
+                    for (int q = 0; q < VE / 4; q++) {
+                        const float4 xv = __ldg(xr + q);
+                        s[r] = __fmaf_rn(xv.x, wf[4 * q], s[r]);
+                        s[r] = __fmaf_rn(xv.y, wf[4 * q + 1], s[r]);
+                        s[r] = __fmaf_rn(xv.z, wf[4 * q + 2], s[r]);
+                        s[r] = __fmaf_rn(xv.w, wf[4 * q + 3], s[r]);
+                    }
                 }
             }
         }

@@ -79,6 +79,7 @@ static bool fast_fp8(rs_cuda_ctx *c, float *out, const float *x, const rs_tensor
 
 #define FGEMV_WARPS 8 /* output features (warps) per block */
 #define FGEMV_ROWS 8  /* rows per launch group (grid y) */
+#define FGEMV_UNROLL 4 /* 512-code chunks whose loads a warp issues before it uses the first */
 
 /* One warp per output feature o and group of up to FGEMV_ROWS rows: the weight row streams once per
  * group in 512-code chunks, lane l taking the 16 codes [16 (l & 7), +16) of K block 4 c + (l >> 3)
@@ -99,31 +100,39 @@ __global__ void __launch_bounds__(FGEMV_WARPS * 32)
     float acc[FGEMV_ROWS];
 #pragma unroll
     for (int r = 0; r < FGEMV_ROWS; r++) acc[r] = 0.0f;
-    for (int b0 = 0; b0 < L; b0 += 4) {
-        const int b = b0 + g;
-        const int64_t j0 = (int64_t)b * RS_FP8_BLOCK + p * 16;
-        if (b >= L || j0 >= k) continue;
-        uint32_t w4[4];
-        rs_cuda_load_codes16(w4, wrow + j0, k - j0, vec);
-        float wf[16];
+    for (int c0 = 0; c0 < L; c0 += 4 * FGEMV_UNROLL) {
+        uint32_t w4[FGEMV_UNROLL][4]; /* the loads first: FGEMV_UNROLL 512-byte chunks in flight per warp */
 #pragma unroll
-        for (int i = 0; i < 4; i++) rs_cuda_e4m3x4_f32(w4[i], wf + 4 * i);
-        const float wsc = wsrow[b];
+        for (int u = 0; u < FGEMV_UNROLL; u++) {
+            const int b = c0 + 4 * u + g;
+            const int64_t j0 = (int64_t)b * RS_FP8_BLOCK + p * 16;
+            if (b < L && j0 < k) rs_cuda_load_codes16(w4[u], wrow + j0, k - j0, vec);
+        }
 #pragma unroll
-        for (int r = 0; r < FGEMV_ROWS; r++) {
-            if (r >= nr) break;
-            const int64_t row = r0 + r;
-            uint32_t x4[4];
-            rs_cuda_load_codes16(x4, xq + row * k + j0, k - j0, vec);
-            float s = 0.0f;
+        for (int u = 0; u < FGEMV_UNROLL; u++) {
+            const int b = c0 + 4 * u + g;
+            const int64_t j0 = (int64_t)b * RS_FP8_BLOCK + p * 16;
+            if (b >= L || j0 >= k) continue;
+            float wf[16];
 #pragma unroll
-            for (int i = 0; i < 4; i++) {
-                float xf[4];
-                rs_cuda_e4m3x4_f32(x4[i], xf);
+            for (int i = 0; i < 4; i++) rs_cuda_e4m3x4_f32(w4[u][i], wf + 4 * i);
+            const float wsc = wsrow[b];
 #pragma unroll
-                for (int e = 0; e < 4; e++) s = fmaf(xf[e], wf[4 * i + e], s);
+            for (int r = 0; r < FGEMV_ROWS; r++) {
+                if (r >= nr) break;
+                const int64_t row = r0 + r;
+                uint32_t x4[4];
+                rs_cuda_load_codes16(x4, xq + row * k + j0, k - j0, vec);
+                float s = 0.0f;
+#pragma unroll
+                for (int i = 0; i < 4; i++) {
+                    float xf[4];
+                    rs_cuda_e4m3x4_f32(x4[i], xf);
+#pragma unroll
+                    for (int e = 0; e < 4; e++) s = fmaf(xf[e], wf[4 * i + e], s);
+                }
+                acc[r] = fmaf(s, xs[row * L + b] * wsc, acc[r]);
             }
-            acc[r] = fmaf(s, xs[row * L + b] * wsc, acc[r]);
         }
     }
 #pragma unroll
