@@ -33,7 +33,8 @@
 #              KV: requantization and KV recalibration included                              <= 150 s
 #   nccl       tests/e2e/test_nccl_gpu.py: NCCL weight updates from rolloutd_client (unique id)
 #              and from an SGLang-style torch.distributed trainer over its TCPStore           <= 120 s
-#   e2e        the weight-sync and generation-API e2e files against a GPU daemon             <= 180 s
+#   e2e        the weight-sync and generation-API e2e files against a GPU daemon in exact
+#              numerics (they hold it to transformers within 1e-3)                           <= 180 s
 #   cpu        the CPU benchmarks on this host's cores                                       <= 120 s
 #   unit       the whole unit suite on the CUDA build                                        <= 240 s
 #
@@ -41,9 +42,10 @@
 # GPU_CHECK_DRY_RUN=1 prints each step's command and records it without running anything (a
 # check of the script itself on a machine without a GPU).
 #
-# A GPU machine without libmicrohttpd, jansson and libuv and without network: run
-# scripts/fetch-debs.sh where there is network and copy .debs/ along with the checkout; this script
-# unpacks them into .debs/root. One run:  OUT=/some/dir bash scripts/gpu-check.sh   (about 8 min)
+# A GPU machine without the C libraries (libmicrohttpd, jansson, libuv, ISA-L, PCRE2, utf8proc) and
+# without network: run scripts/fetch-debs.sh (and scripts/fetch-wheels.sh for the Python packages)
+# where there is network and copy .debs/ and .whl/ along with the checkout; this script unpacks the
+# .debs into .debs/root and installs the wheels into /tmp/rolloutd-site. One run:  OUT=/some/dir bash scripts/gpu-check.sh   (about 8 min)
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 OUT=${OUT:-build-cuda}
@@ -112,9 +114,15 @@ setup_deps() {
     export PKG_CONFIG_PATH="$root/usr/lib/x86_64-linux-gnu/pkgconfig"
     # the .pc files name /usr as prefix; point them at the unpacked tree
     for pc in "$PKG_CONFIG_PATH"/*.pc; do sed -i "s|^prefix=/usr|prefix=$root/usr|" "$pc"; done
-    # the Makefile's dependency stamp would run install-deps.sh (apt, no network there) if
-    # pkg-config were missing; the libraries are in place, so mark them found
-    command -v pkg-config >/dev/null 2>&1 || { mkdir -p build-cuda && touch build-cuda/.deps-ok; }
+    # the Makefile's dependency stamp would run install-deps.sh (apt, no network there) when
+    # pkg-config does not find them; the libraries are in place, so mark them found
+    mkdir -p build-cuda && touch build-cuda/.deps-ok
+  fi
+  # Python packages the e2e tests need and the machine lacks (crc32c for checksummed pushes), as
+  # wheels in .whl/ (scripts/fetch-wheels.sh), installed into a throwaway target
+  if ls .whl/*.whl >/dev/null 2>&1; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/rolloutd-site \
+      .whl/*.whl && export PYTHONPATH=/tmp/rolloutd-site${PYTHONPATH:+:$PYTHONPATH}
   fi
   # NCCL: the toolkit's, the system's, or the nvidia-nccl pip wheel's (the device image has the wheel)
   NCCL_ARGS=()
@@ -188,7 +196,7 @@ main() {
     skip nccl "needs python3 with pytest, requests, numpy and torch with CUDA"
   fi
   if ((py_e2e)); then
-    step e2e 180 env "$daemon" ROLLOUTD_ARGS="--device cuda" \
+    step e2e 180 env "$daemon" ROLLOUTD_ARGS="--device cuda --numerics exact" \
       python3 -m pytest -q -rs tests/e2e/test_weight_sync.py tests/e2e/test_generate_api.py
   else
     skip e2e "needs python3 with pytest, requests and numpy"
