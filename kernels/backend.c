@@ -7,9 +7,73 @@
  */
 #include "backend_impl.h"
 
+#include <stdlib.h>
 #include <string.h>
 
 #include "../core/rs.h"
+
+/* ---- op profiling (backend.h rs_backend_profile) ---- */
+
+enum {
+    PROF_EMBED, PROF_RMSNORM, PROF_MATMUL_BF16, PROF_MATMUL_E4M3, PROF_MATMUL_OTHER, PROF_ROPE, PROF_KV_STORE,
+    PROF_ATTENTION, PROF_SWIGLU, PROF_ADD, PROF_GATHER, PROF_MOE, PROF_SAMPLE, PROF_UPLOAD, PROF_DOWNLOAD,
+    PROF_COPY, PROF_COUNT
+};
+
+static const char *const prof_names[PROF_COUNT] = {
+    "embed", "rmsnorm", "matmul bf16", "matmul e4m3", "matmul other", "rope", "kv_store", "attention",
+    "swiglu", "add", "gather_rows", "moe", "sample", "upload", "download", "copy"};
+
+struct rs_op_profile {
+    double secs[PROF_COUNT];
+    unsigned long long calls[PROF_COUNT];
+};
+
+static double prof_begin(rs_backend *b) {
+    if (b->ops->sync) b->ops->sync(b);
+    return rs_now_s();
+}
+
+static void prof_end(rs_backend *b, int op, double t0) {
+    if (b->ops->sync) b->ops->sync(b);
+    b->prof->secs[op] += rs_now_s() - t0;
+    b->prof->calls[op]++;
+}
+
+/* CALL, timed under op OP when b's profile is on */
+#define PROFILED(b, op, call)                                                                                          \
+    do {                                                                                                               \
+        if ((b)->prof) {                                                                                               \
+            const double t0_ = prof_begin(b);                                                                          \
+            call;                                                                                                      \
+            prof_end((b), (op), t0_);                                                                                  \
+        } else {                                                                                                       \
+            call;                                                                                                      \
+        }                                                                                                              \
+    } while (0)
+
+void rs_backend_profile(rs_backend *b, bool on) {
+    if (on && !b->prof) b->prof = rs_xmalloc(sizeof *b->prof);
+    if (on) memset(b->prof, 0, sizeof *b->prof);
+    if (!on) {
+        free(b->prof);
+        b->prof = NULL;
+    }
+}
+
+void rs_backend_profile_print(const rs_backend *b, FILE *f, int steps) {
+    if (!b->prof) return;
+    double total = 0;
+    for (int i = 0; i < PROF_COUNT; i++) total += b->prof->secs[i];
+    if (steps < 1) steps = 1;
+    fprintf(f, "    %-14s %10s %12s %12s %7s\n", "op", "calls", "ms", "ms/step", "share");
+    for (int i = 0; i < PROF_COUNT; i++) {
+        if (!b->prof->calls[i]) continue;
+        fprintf(f, "    %-14s %10llu %12.2f %12.3f %6.1f%%\n", prof_names[i], b->prof->calls[i], 1e3 * b->prof->secs[i],
+                1e3 * b->prof->secs[i] / steps, total > 0 ? 100.0 * b->prof->secs[i] / total : 0.0);
+    }
+    fprintf(f, "    %-14s %10s %12.2f %12.3f\n", "all ops", "", 1e3 * total, 1e3 * total / steps);
+}
 
 const char *rs_backend_name(const rs_backend *b) { return b->ops->name; }
 bool rs_backend_host_memory(const rs_backend *b) { return b->ops->host_memory; }
@@ -33,7 +97,9 @@ rs_numerics rs_backend_set_numerics(rs_backend *b, rs_numerics want) {
 }
 
 void rs_backend_free(rs_backend *b) {
-    if (b) b->ops->destroy(b);
+    if (!b) return;
+    free(b->prof);
+    b->ops->destroy(b);
 }
 
 const char *rs_backend_missing_op(const rs_backend *b) {
@@ -81,7 +147,7 @@ void rs_backend_sample(rs_backend *b, const float *logits, int vocab, const rs_s
                        rs_sample_res *res) {
     RS_ASSERT(b->ops->sample && logits && vocab > 0 && n >= 0 && (n == 0 || (req && res)));
     for (int i = 0; i < n; i++) RS_ASSERT(req[i].row >= 0 && req[i].n_top >= 0 && req[i].n_top <= RS_SAMPLE_MAX_TOP);
-    b->ops->sample(b, logits, vocab, req, n, res);
+    PROFILED(b, PROF_SAMPLE, b->ops->sample(b, logits, vocab, req, n, res));
 }
 
 void *rs_backend_alloc(rs_backend *b, size_t bytes) { return b->ops->alloc(b, bytes); }
@@ -92,17 +158,17 @@ void rs_backend_free_mem(rs_backend *b, void *p) {
 
 void rs_backend_upload(rs_backend *b, void *dst, const void *src_host, size_t bytes) {
     RS_ASSERT(dst && (src_host || bytes == 0));
-    b->ops->upload(b, dst, src_host, bytes);
+    PROFILED(b, PROF_UPLOAD, b->ops->upload(b, dst, src_host, bytes));
 }
 
 void rs_backend_download(rs_backend *b, void *dst_host, const void *src, size_t bytes) {
     RS_ASSERT(dst_host && (src || bytes == 0));
-    b->ops->download(b, dst_host, src, bytes);
+    PROFILED(b, PROF_DOWNLOAD, b->ops->download(b, dst_host, src, bytes));
 }
 
 void rs_backend_copy(rs_backend *b, void *dst, const void *src, size_t bytes) {
     RS_ASSERT(dst && (src || bytes == 0));
-    b->ops->copy(b, dst, src, bytes);
+    PROFILED(b, PROF_COPY, b->ops->copy(b, dst, src, bytes));
 }
 
 rs_layout rs_backend_fp8_layout(rs_backend *b, int64_t n, int64_t k) {
@@ -121,24 +187,26 @@ void rs_backend_fp8_pack(rs_backend *b, rs_layout layout, void *dst, const uint8
 
 void rs_op_embed(rs_backend *b, float *out, const rs_tensor *table, const int32_t *ids, int n) {
     RS_ASSERT(out && ids && table->ndim == 2 && n >= 0);
-    b->ops->embed(b, out, table, ids, n);
+    PROFILED(b, PROF_EMBED, b->ops->embed(b, out, table, ids, n));
 }
 
 void rs_op_rmsnorm(rs_backend *b, float *out, const float *x, const rs_tensor *w, int rows, int dim, float eps) {
     RS_ASSERT(out && x && w->ndim == 1 && w->shape[0] == dim && rows >= 0);
-    b->ops->rmsnorm(b, out, x, w, rows, dim, eps);
+    PROFILED(b, PROF_RMSNORM, b->ops->rmsnorm(b, out, x, w, rows, dim, eps));
 }
 
 void rs_op_matmul(rs_backend *b, float *out, const float *x, const rs_tensor *w, const rs_tensor *bias, int rows) {
     RS_ASSERT(out && x && w->ndim == 2 && rows >= 0);
     RS_ASSERT(!bias || !rs_tensor_present(bias) || (bias->ndim == 1 && bias->shape[0] == w->shape[0]));
-    b->ops->matmul(b, out, x, w, bias, rows);
+    const int op = w->dtype == RS_DTYPE_BF16 ? PROF_MATMUL_BF16 : w->dtype == RS_DTYPE_E4M3 ? PROF_MATMUL_E4M3
+                                                                                             : PROF_MATMUL_OTHER;
+    PROFILED(b, op, b->ops->matmul(b, out, x, w, bias, rows));
 }
 
 void rs_op_rope(rs_backend *b, float *x, int rows, int n_heads, int head_dim, const int32_t *pos,
                 const float *inv_freq) {
     RS_ASSERT(x && pos && inv_freq && head_dim % 2 == 0);
-    b->ops->rope(b, x, rows, n_heads, head_dim, pos, inv_freq);
+    PROFILED(b, PROF_ROPE, b->ops->rope(b, x, rows, n_heads, head_dim, pos, inv_freq));
 }
 
 static void check_batch(const rs_batch *batch) {
@@ -149,32 +217,32 @@ static void check_batch(const rs_batch *batch) {
 void rs_op_kv_store(rs_backend *b, rs_kv_layer *kv, const float *k, const float *v, const rs_batch *batch) {
     RS_ASSERT(kv && kv->pages && k && v);
     check_batch(batch);
-    b->ops->kv_store(b, kv, k, v, batch);
+    PROFILED(b, PROF_KV_STORE, b->ops->kv_store(b, kv, k, v, batch));
 }
 
 void rs_op_attention(rs_backend *b, float *out, const float *q, const rs_kv_layer *kv, int n_heads,
                      float scale, const rs_batch *batch) {
     RS_ASSERT(out && q && kv && n_heads % kv->n_kv_heads == 0);
     check_batch(batch);
-    b->ops->attention(b, out, q, kv, n_heads, scale, batch);
+    PROFILED(b, PROF_ATTENTION, b->ops->attention(b, out, q, kv, n_heads, scale, batch));
 }
 
 void rs_op_swiglu(rs_backend *b, float *out, const float *gate, const float *up, size_t n) {
     RS_ASSERT(out && gate && up);
-    b->ops->swiglu(b, out, gate, up, n);
+    PROFILED(b, PROF_SWIGLU, b->ops->swiglu(b, out, gate, up, n));
 }
 
 void rs_op_add(rs_backend *b, float *x, const float *y, size_t n) {
     RS_ASSERT(x && y);
-    b->ops->add(b, x, y, n);
+    PROFILED(b, PROF_ADD, b->ops->add(b, x, y, n));
 }
 
 void rs_op_gather_rows(rs_backend *b, float *out, const float *x, const int32_t *idx, int n, int dim) {
     RS_ASSERT(out && x && (idx || n == 0) && out != x);
-    b->ops->gather_rows(b, out, x, idx, n, dim);
+    PROFILED(b, PROF_GATHER, b->ops->gather_rows(b, out, x, idx, n, dim));
 }
 
 void rs_op_moe(rs_backend *b, float *out, const float *x, int rows, int hidden, const rs_moe_weights *w) {
     RS_ASSERT(out && x && w && w->router && w->top_k > 0 && w->top_k <= w->n_experts);
-    b->ops->moe(b, out, x, rows, hidden, w);
+    PROFILED(b, PROF_MOE, b->ops->moe(b, out, x, rows, hidden, w));
 }

@@ -20,6 +20,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #include "tensor.h"
 
@@ -155,9 +156,10 @@ const char *rs_backend_cpu_describe(rs_backend *b, char *buf, size_t n);
 rs_backend *rs_backend_cuda_init(int device);
 /* The CUDA device ordinal of a CUDA backend, -1 for any other backend. */
 int rs_backend_cuda_device(const rs_backend *b);
-/* Fast numerics: matmuls of up to `rows` rows take the GEMV kernels, more take cuBLASLt (default
- * 8; benchmarks move it to measure the crossover). Returns the previous value. */
-int rs_backend_cuda_set_gemv_rows(rs_backend *b, int rows);
+/* Fast numerics: matmuls with weights of weight_dtype (E4M3 or BF16) and up to `rows` rows take the
+ * GEMV kernels, more take cuBLASLt (defaults: kernels/cuda/cuda_internal.h RS_CUDA_GEMV_ROWS_*;
+ * benchmarks and tests move it). Returns the previous value. */
+int rs_backend_cuda_set_gemv_rows(rs_backend *b, rs_dtype weight_dtype, int rows);
 /* Sampling on the device on (the default) or off: off, every request comes back undone and the
  * caller samples on the host (the engine does, row by row). */
 void rs_backend_cuda_set_device_sampling(rs_backend *b, bool on);
@@ -213,6 +215,15 @@ bool rs_backend_graph_end(rs_backend *b);
 void rs_backend_graph_forget(rs_backend *b, const void *owner);
 /* Whether b records step graphs at all. */
 bool rs_backend_has_graphs(const rs_backend *b);
+
+/* Op profiling (rollout-bench --profile-ops): while on, every op, sample, upload, download and
+ * copy through the wrappers here is timed from the end of the work queued before it to the end of
+ * its own (an asynchronous backend is synchronized around each one, so it loses its overlap, and a
+ * replayed step graph calls no ops: turn graphs off). The profile says where a step's time goes,
+ * not how fast the step runs unprofiled. rs_backend_profile(b, true) also clears the counts. */
+void rs_backend_profile(rs_backend *b, bool on);
+/* Prints the counts: per op, calls, milliseconds in all and per step (of `steps`), share. */
+void rs_backend_profile_print(const rs_backend *b, FILE *f, int steps);
 
 /* Checked dispatch: every caller goes through these. */
 void *rs_backend_alloc(rs_backend *b, size_t bytes);

@@ -83,12 +83,18 @@ typedef struct rs_backend_ops {
     bool (*graph_end)(rs_backend *b);
     void (*graph_forget)(rs_backend *b, const void *owner);
 
+    /* Optional (NULL: every op has finished when it returns): waits for the work queued so far. */
+    void (*sync)(rs_backend *b);
+
     void (*destroy)(rs_backend *b);
 } rs_backend_ops;
 
+typedef struct rs_op_profile rs_op_profile; /* backend.c */
+
 struct rs_backend {
     const rs_backend_ops *ops;
-    void *ctx; /* the backend's private state */
+    void *ctx;           /* the backend's private state */
+    rs_op_profile *prof; /* rs_backend_profile's counts; NULL when off */
 };
 
 #endif /* RS_BACKEND_IMPL_H */

@@ -11,7 +11,7 @@
  *       the matmul op in fast numerics with the GEMV kernels forced on and off (rs_backend_cuda_set_
  *       gemv_rows), FP8 and BF16 weights, fp32 activations as the forward pass hands them over
  *       (FP8: quantized per call): us per call, weight GB/s, and per dtype the largest row count at
- *       which the GEMV is faster (the crossover that RS_CUDA_GEMV_ROWS_DEFAULT should match).
+ *       which the GEMV is faster (the crossover that RS_CUDA_GEMV_ROWS_FP8 / _BF16 should match).
  *
  * Times are the best of 5 windows of at least 0.05 s, each ending with a synchronizing download;
  * weights are cycled over enough copies to exceed the 50 MB L2 of an H100/H200. One line per
@@ -195,10 +195,12 @@ static void bench_gemv(rs_backend *b, const list *shapes, const list *rows, doub
             int crossover = 0;
             for (int ri = 0; ri < rows->n; ri++) {
                 const int r = rows->v[ri][0];
-                rs_backend_cuda_set_gemv_rows(b, 1 << 20);
+                const rs_dtype wdt = fp8 ? RS_DTYPE_E4M3 : RS_DTYPE_BF16;
+                const int keep = rs_backend_cuda_set_gemv_rows(b, wdt, 1 << 20);
                 const double tg = time_op(b, out, x, w, copies, r);
-                rs_backend_cuda_set_gemv_rows(b, 0);
+                rs_backend_cuda_set_gemv_rows(b, wdt, 0);
                 const double tm = time_op(b, out, x, w, copies, r);
+                rs_backend_cuda_set_gemv_rows(b, wdt, keep);
                 if (tg < tm) crossover = r;
                 printf("  fast %-4s n %5d k %5d rows %3d: gemv %7.1f us (%6.0f GB/s, %3.0f%% of copy) | gemm %7.1f us | "
                        "%s\n",
@@ -215,7 +217,6 @@ static void bench_gemv(rs_backend *b, const list *shapes, const list *rows, doub
             rs_backend_free_mem(b, x), rs_backend_free_mem(b, out);
         }
     }
-    rs_backend_cuda_set_gemv_rows(b, 8);
 }
 
 static void usage(void) {

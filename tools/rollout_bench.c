@@ -6,7 +6,7 @@
  *                       [--device cpu|cuda] [--numerics exact|fast|auto] [--graphs on|off]
  *                       [--cpu-kernels auto|avx512|avx2|scalar]
  *                       [--kv-cache-dtype f32|bf16|fp8] [--prefill 512[,128]] [--repeat 3]
- *                       [--no-bandwidth] [--quantize-lm-head]
+ *                       [--no-bandwidth] [--quantize-lm-head] [--profile-ops]
  *
  * For each batch size B it runs B greedy sequences twice through the real engine: once with
  * max_new_tokens = 1 (prefill + first token) and once with max_new_tokens = gen. Decode tokens/s
@@ -30,7 +30,9 @@
  * --numerics exact|fast (default: the daemon's auto, fast with --device cuda and exact on the CPU)
  * picks the kernels (kernels/backend.h rs_numerics); every row says which ones ran (the CPU's fast
  * numerics exist for BF16 matmuls on AVX512_BF16 CPUs; elsewhere it runs exact). --graphs off (CUDA) launches
- * every kernel of every decode step instead of replaying recorded step graphs.
+ * every kernel of every decode step instead of replaying recorded step graphs. --profile-ops (graphs
+ * off) runs each batch once more and prints where its decode steps' time goes, op by op, each op
+ * synchronized (kernels/backend.h rs_backend_profile), and the engine's host time besides.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -65,6 +67,7 @@ typedef struct bench_opts {
     rs_numerics numerics;       /* asked for (numerics_auto: by the device); the row says what runs */
     bool numerics_auto;
     bool graphs;                /* CUDA step graphs (--graphs on|off) */
+    bool profile_ops;           /* --profile-ops: per-op time of the decode steps (graphs off) */
 } bench_opts;
 
 static rs_backend *make_backend(const bench_opts *o) {
@@ -199,7 +202,8 @@ static double stream_read_gbs(int threads) {
     return best;
 }
 
-static double run_batch(rs_engine *e, const rs_model_config *cfg, int batch, int prompt_len, int gen) {
+/* A greedy job of `batch` pseudo-random prompts of prompt_len tokens, gen new tokens each. */
+static rs_gen_job *bench_job(const rs_model_config *cfg, int batch, int prompt_len, int gen) {
     rs_gen_job *job = rs_gen_job_new();
     snprintf(job->rid, sizeof job->rid, "bench-b%d-g%d", batch, gen);
     job->n_prompts = batch;
@@ -218,6 +222,11 @@ static double run_batch(rs_engine *e, const rs_model_config *cfg, int batch, int
     job->sp.max_new_tokens = gen;
     job->sp.temperature = 0.0f;
     job->sp.ignore_eos = true;
+    return job;
+}
+
+static double run_batch(rs_engine *e, const rs_model_config *cfg, int batch, int prompt_len, int gen) {
+    rs_gen_job *job = bench_job(cfg, batch, prompt_len, gen);
     rs_error err = {0};
     double t0 = rs_now_s();
     if (rs_engine_submit(e, job, &err) != RS_OK) {
@@ -229,6 +238,34 @@ static double run_batch(rs_engine *e, const rs_model_config *cfg, int batch, int
     for (int i = 0; i < batch; i++) RS_ASSERT(job->outputs[i].n_output == gen);
     rs_gen_job_free(job);
     return dt;
+}
+
+/* --profile-ops: one more job of `batch` prompts with the backend's op profile on (kernels/backend.h
+ * rs_backend_profile): its prefill step, then its decode steps together. Prints where a step's time
+ * goes: per op, and the engine's own host work (the wall time the ops leave). */
+static void profile_decode(rs_engine *e, rs_backend *b, const rs_model_config *cfg, int batch, int prompt_len,
+                           int gen) {
+    rs_gen_job *job = bench_job(cfg, batch, prompt_len, gen);
+    rs_error err = {0};
+    if (rs_engine_submit(e, job, &err) != RS_OK) {
+        fprintf(stderr, "submit failed: %s\n", err.message);
+        exit(1);
+    }
+    rs_backend_profile(b, true);
+    double t0 = rs_now_s();
+    rs_engine_step_once(e); /* the prefill: one step (max_step_tokens covers every prompt) */
+    printf("  op profile, batch %d: the prefill step (%d rows), %.3f ms (each op synchronized)\n", batch,
+           batch * prompt_len, 1e3 * (rs_now_s() - t0));
+    rs_backend_profile_print(b, stdout, 1);
+    rs_backend_profile(b, true);
+    int steps = 0;
+    t0 = rs_now_s();
+    while (rs_engine_step_once(e)) steps++;
+    const double ms = 1e3 * (rs_now_s() - t0) / RS_MAX(steps, 1);
+    printf("  op profile, batch %d: %d decode steps, %.3f ms/step (each op synchronized)\n", batch, steps, ms);
+    rs_backend_profile_print(b, stdout, steps);
+    rs_backend_profile(b, false);
+    rs_gen_job_free(job);
 }
 
 /* Sorts v[0..n) and returns its median. */
@@ -339,6 +376,8 @@ static void bench_model(const char *label, const char *dir, const bench_opts *o,
                    tv[o->repeat - 1], o->repeat, user_cpu_s() - cpu0);
         printf("\n");
     }
+    for (int i = 0; i < o->n_batches && o->profile_ops; i++)
+        profile_decode(e, b, &m->cfg, o->batches[i], o->prompt_len, o->gen);
     for (int i = 0; i < o->n_prefill; i++) {
         const int N = o->prefill[i];
         double tv[16], cpu0 = user_cpu_s();
@@ -388,7 +427,8 @@ static void usage(void) {
 
                     "                     [--cpu-kernels auto|avx512|avx2|scalar]\n"
                     "                     [--kv-cache-dtype f32|bf16|fp8] [--prefill 512[,N]] [--repeat R]\n"
-                    "                     [--no-bandwidth] [--quantize-lm-head]   (--batches 0: prefill only)\n");
+                    "                     [--no-bandwidth] [--quantize-lm-head] [--profile-ops]\n"
+                    "                     (--batches 0: prefill only)\n");
     exit(2);
 }
 
@@ -406,6 +446,10 @@ int main(int argc, char **argv) {
         }
         if (!strcmp(a, "--quantize-lm-head")) {
             head = true;
+            continue;
+        }
+        if (!strcmp(a, "--profile-ops")) {
+            o.profile_ops = true;
             continue;
         }
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -441,6 +485,7 @@ int main(int argc, char **argv) {
         } else usage();
         i++;
     }
+    if (o.profile_ops) o.graphs = false; /* a replayed graph calls no ops */
     if (o.gen < 2 || o.prompt_len < 1 || o.n_batches + o.n_prefill < 1 || o.repeat < 1 || o.repeat > 16) usage();
     for (int i = 0; i < o.n_batches; i++)
         if (o.batches[i] < 1) usage();

@@ -46,6 +46,8 @@ static void cuda_download(rs_backend *b, void *dst, const void *src, size_t byte
     CUDA_CHECK(cudaStreamSynchronize(c->stream));
 }
 
+static void cuda_sync(rs_backend *b) { CUDA_CHECK(cudaStreamSynchronize(ctx_of(b)->stream)); }
+
 static void cuda_copy(rs_backend *b, void *dst, const void *src, size_t bytes) {
     CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, ctx_of(b)->stream));
 }
@@ -184,6 +186,7 @@ static rs_backend_ops make_ops(void) {
     ops.graph_begin = rs_cuda_graph_begin;
     ops.graph_end = rs_cuda_graph_end;
     ops.graph_forget = rs_cuda_graph_forget;
+    ops.sync = cuda_sync;
     ops.destroy = cuda_destroy;
     return ops;
 }
@@ -194,11 +197,13 @@ extern "C" int rs_backend_cuda_device(const rs_backend *b) {
     return b->ops == &cuda_ops ? ((const rs_cuda_ctx *)b->ctx)->device : -1;
 }
 
-extern "C" int rs_backend_cuda_set_gemv_rows(rs_backend *b, int rows) {
+extern "C" int rs_backend_cuda_set_gemv_rows(rs_backend *b, rs_dtype weight_dtype, int rows) {
     RS_ASSERT(b->ops == &cuda_ops && rows >= 0);
+    RS_ASSERT(weight_dtype == RS_DTYPE_E4M3 || weight_dtype == RS_DTYPE_BF16);
     rs_cuda_ctx *c = ctx_of(b);
-    const int old = c->gemv_rows;
-    c->gemv_rows = rows;
+    int *slot = weight_dtype == RS_DTYPE_E4M3 ? &c->gemv_rows_fp8 : &c->gemv_rows_bf16;
+    const int old = *slot;
+    *slot = rows;
     return old;
 }
 
@@ -220,7 +225,8 @@ extern "C" rs_backend *rs_backend_cuda_init(int device) {
     c->device = device;
     c->sm_count = prop.multiProcessorCount;
     c->numerics = RS_NUMERICS_EXACT;
-    c->gemv_rows = RS_CUDA_GEMV_ROWS_DEFAULT;
+    c->gemv_rows_fp8 = RS_CUDA_GEMV_ROWS_FP8;
+    c->gemv_rows_bf16 = RS_CUDA_GEMV_ROWS_BF16;
     CUDA_CHECK(cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking));
     rs_cuda_blas_init(c);
 

@@ -122,7 +122,8 @@ struct rs_cuda_ctx {
     int device;
     int sm_count;
     rs_numerics numerics;   /* kernels/backend.h: EXACT (the constructor's) or FAST */
-    int gemv_rows;          /* fast numerics: matmuls of up to this many rows take the GEMV kernels */
+    int gemv_rows_fp8;      /* fast numerics: matmuls of up to this many rows take the GEMV kernels, */
+    int gemv_rows_bf16;     /* per weight dtype (RS_CUDA_GEMV_ROWS_*) */
     int att_splits;         /* fast numerics: context splits of decode attention (0: by size; tests set it) */
     bool no_device_sampling; /* rs_backend_cuda_set_device_sampling(false): every request left undone */
     uint64_t sampled;       /* requests the device has sampled */
@@ -144,11 +145,12 @@ struct rs_cuda_ctx {
  * Ops call it instead of what a capture forbids (synchronizing, allocating). */
 void rs_cuda_recording_broken(rs_cuda_ctx *c, const char *why);
 
-/* The fast-numerics GEMV/GEMM crossover: up to this many rows, weight-streaming GEMV kernels; above,
- * cuBLASLt. The GEMV reads every weight once per call whatever the row count, so it wins while the
- * step is bound by weight bandwidth; scripts/gpu-check.sh measures the real crossover (bench-matmul
- * --device cuda). */
-#define RS_CUDA_GEMV_ROWS_DEFAULT 8
+/* The fast-numerics GEMV/GEMM crossover per weight dtype: up to this many rows, weight-streaming GEMV
+ * kernels; above, cuBLASLt. Measured on an H200 (bench-gpu gemv, docs/benchmarks.md): the FP8 GEMV
+ * beat cuBLASLt's block-scaled GEMM at 1-2 rows and lost from 4; the dense GEMV (fp32 activations)
+ * lost to cuBLASLt's BF16 GEMM at every row count, 1 included. */
+#define RS_CUDA_GEMV_ROWS_FP8 2
+#define RS_CUDA_GEMV_ROWS_BF16 0
 
 /* The backend's context with its device current on the calling thread, for a matmul: it keeps the
  * cached activation forms (a matmul of their x reads them). The CUDA runtime's current device is per

@@ -12,10 +12,11 @@
  *                 ceil(k/128) is not one (never for real checkpoints' K).
  *   BF16 weights  the activation's BF16 form into cuBLASLt's BF16 GEMM, fp32 output.
  *   F16 / F32     no fast path: the exact kernels.
- * Up to c->gemv_rows rows (decode) weight-streaming GEMV kernels run instead (the step is bound by
- * weight bandwidth there, where a GEMM tile would waste most of its work): for E4M3 weights the
- * fast FP8 GEMV below (the same activation codes, fp32 block sums, dequantized in registers); for
- * BF16 weights cuda_matmul.cu's dense GEMV (fp32 activations, fp32 sums: already the fast one).
+ * Up to c->gemv_rows_fp8 / _bf16 rows (RS_CUDA_GEMV_ROWS_*: 2 and 0, measured) weight-streaming
+ * GEMV kernels run instead, where a GEMM tile would waste most of its work: for E4M3 weights the fast
+ * FP8 GEMV below (the same activation codes, fp32 block sums, dequantized in registers); for BF16
+ * weights cuda_matmul.cu's dense GEMV (fp32 activations, fp32 sums), which cuBLASLt's BF16 GEMM
+ * beat at every row count on an H200.
  * Where cuBLASLt refuses a problem (cuda_blas.cu logs it once), rs_cuda_matmul_fast returns false
  * and the caller runs the exact kernels, whose results the fast ones approximate.
  */
@@ -169,10 +170,11 @@ static bool fast_bf16(rs_cuda_ctx *c, float *out, const float *x, const rs_tenso
 bool rs_cuda_matmul_fast(rs_cuda_ctx *c, float *out, const float *x, const rs_tensor *w, int rows) {
     const int n = (int)w->shape[0], k = (int)w->shape[1];
     if (k <= 0) return false;
-    const bool gemv = rows <= c->gemv_rows;
     switch (w->dtype) {
-    case RS_DTYPE_E4M3: return gemv ? fast_fp8_gemv(c, out, x, w, rows, n, k) : fast_fp8(c, out, x, w, rows, n, k);
-    case RS_DTYPE_BF16: return !gemv && fast_bf16(c, out, x, w, rows, n, k); /* the dense GEMV is the exact one */
+    case RS_DTYPE_E4M3:
+        return rows <= c->gemv_rows_fp8 ? fast_fp8_gemv(c, out, x, w, rows, n, k) : fast_fp8(c, out, x, w, rows, n, k);
+    case RS_DTYPE_BF16: /* the dense GEMV is the exact kernel: false runs it */
+        return rows > c->gemv_rows_bf16 && fast_bf16(c, out, x, w, rows, n, k);
     default: return false;
     }
 }

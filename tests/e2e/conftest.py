@@ -73,7 +73,8 @@ class Daemon:
         raise RuntimeError(f"rolloutd did not become healthy:\n{self.read_log()}")
 
     def read_log(self):
-        self.log.flush()
+        if not self.log.closed:
+            self.log.flush()
         return pathlib.Path(self.log_path).read_text(errors="replace")
 
     def post(self, path, body=None, **kw):

@@ -8,6 +8,7 @@
  * relative to the sum of |terms| of each output, the scale of fp32 rounding error in a dot product.
  */
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -135,6 +136,64 @@ RS_TEST(cpu_alloc_is_zeroed_aligned_and_copies) {
     rs_backend_download(b, dst, p, sizeof dst);
     ASSERT_TRUE(memcmp(src, dst, sizeof src) == 0);
     rs_backend_free_mem(b, p);
+    rs_backend_free(b);
+}
+
+/* The op profile (kernels/backend.h rs_backend_profile): it counts each op under its own name, the
+ * matmul per weight dtype, only while on; turning it on again clears it; the ops' results do not
+ * change. */
+RS_TEST(backend_op_profile_counts_calls) {
+    rs_backend *b = rs_backend_cpu_init(1);
+    uint64_t rng = 5;
+    float *x = rand_floats(4 * 16, &rng, 1.0f), *y = rand_floats(4 * 16, &rng, 1.0f);
+    uint16_t wb[8 * 16];
+    for (int i = 0; i < 8 * 16; i++) wb[i] = rs_f32_to_bf16(rng_uniform(&rng));
+    rs_tensor w = {.dtype = RS_DTYPE_BF16, .ndim = 2, .shape = {8, 16}, .data = rs_backend_alloc(b, sizeof wb)};
+    rs_backend_upload(b, w.data, wb, sizeof wb);
+    float *dx = rs_backend_alloc(b, 4 * 16 * sizeof(float)), *dy = rs_backend_alloc(b, 4 * 16 * sizeof(float));
+    float *out = rs_backend_alloc(b, 4 * 8 * sizeof(float));
+    float plain[4 * 8], profiled[4 * 8];
+    rs_backend_upload(b, dx, x, 4 * 16 * sizeof(float));
+    rs_op_matmul(b, out, dx, &w, NULL, 4);
+    rs_backend_download(b, plain, out, sizeof plain);
+    for (int on = 0; on < 2; on++) {
+        rs_backend_profile(b, true); /* the second time: the counts of the first are gone */
+        rs_backend_upload(b, dy, y, 4 * 16 * sizeof(float));
+        for (int i = 0; i < 3; i++) rs_op_add(b, dy, dx, 4 * 16);
+        for (int i = 0; i < 2; i++) rs_op_matmul(b, out, dx, &w, NULL, 4);
+        rs_backend_download(b, profiled, out, sizeof profiled);
+        ASSERT_TRUE(memcmp(plain, profiled, sizeof plain) == 0);
+        char *text = NULL;
+        size_t len = 0;
+        FILE *f = open_memstream(&text, &len);
+        rs_backend_profile_print(b, f, 2);
+        fclose(f);
+        unsigned long long n_add = 0, n_mm = 0, n_up = 0, n_down = 0;
+        const char *p;
+        ASSERT_TRUE((p = strstr(text, "\n    add ")) && sscanf(p, " add %llu", &n_add) == 1);
+        ASSERT_TRUE((p = strstr(text, "\n    matmul bf16 ")) && sscanf(p, " matmul bf16 %llu", &n_mm) == 1);
+        ASSERT_TRUE((p = strstr(text, "\n    upload ")) && sscanf(p, " upload %llu", &n_up) == 1);
+        ASSERT_TRUE((p = strstr(text, "\n    download ")) && sscanf(p, " download %llu", &n_down) == 1);
+        ASSERT_EQ(n_add, 3);
+        ASSERT_EQ(n_mm, 2);
+        ASSERT_EQ(n_up, 1);
+        ASSERT_EQ(n_down, 1);
+        ASSERT_TRUE(strstr(text, "rmsnorm") == NULL && strstr(text, "all ops") != NULL);
+        free(text);
+    }
+    rs_backend_profile(b, false);
+    {
+        char *text = NULL;
+        size_t len = 0;
+        FILE *f = open_memstream(&text, &len);
+        rs_op_add(b, dy, dx, 4 * 16);
+        rs_backend_profile_print(b, f, 1); /* off: prints nothing */
+        fclose(f);
+        ASSERT_EQ(len, 0);
+        free(text);
+    }
+    rs_backend_free_mem(b, dx), rs_backend_free_mem(b, dy), rs_backend_free_mem(b, out), rs_backend_free_mem(b, w.data);
+    free(x), free(y);
     rs_backend_free(b);
 }
 
