@@ -160,6 +160,14 @@ int rs_backend_cuda_device(const rs_backend *b);
  * GEMV kernels, more take cuBLASLt (defaults: kernels/cuda/cuda_internal.h RS_CUDA_GEMV_ROWS_*;
  * benchmarks and tests move it). Returns the previous value. */
 int rs_backend_cuda_set_gemv_rows(rs_backend *b, rs_dtype weight_dtype, int rows);
+/* Step graphs are recorded with global-mode stream capture: while one thread records, no thread of
+ * the process may allocate or free device or pinned memory, synchronize, or put work on the recorded
+ * stream (CUDA refuses the call, or records it into the graph). The backend holds this lock while it
+ * records and around its own allocations, frees and transfers (rs_backend_upload from the weight
+ * staging thread, for one); CUDA code outside the backend that allocates (NCCL staging) holds it
+ * around those calls. Recursive. */
+void rs_backend_cuda_capture_lock(void);
+void rs_backend_cuda_capture_unlock(void);
 /* Sampling on the device on (the default) or off: off, every request comes back undone and the
  * caller samples on the host (the engine does, row by row). */
 void rs_backend_cuda_set_device_sampling(rs_backend *b, bool on);

@@ -32,6 +32,7 @@
 
 extern "C" {
 #include "../core/rs.h"
+#include "../kernels/backend.h"
 #include "nccl.h"
 }
 
@@ -244,8 +245,9 @@ fail:
     return rc;
 }
 
-/* Frees and reallocates slot `sl` with room for `bytes`; nothing may be in flight on the stream. */
-static int grow_slot(staging_slot *sl, uint64_t bytes, rs_error *err) {
+/* Frees and reallocates slot `sl` with room for `bytes`; nothing may be in flight on the stream.
+ * Under the backend's capture lock: the engine may be recording a step graph meanwhile. */
+static int grow_slot_locked(staging_slot *sl, uint64_t bytes, rs_error *err) {
     int rc = RS_OK;
     uint64_t cap = (bytes + SLOT_ALIGN - 1) / SLOT_ALIGN * SLOT_ALIGN;
     if (sl->dev) CUDA_TRY(cudaFree(sl->dev));
@@ -258,6 +260,13 @@ static int grow_slot(staging_slot *sl, uint64_t bytes, rs_error *err) {
     sl->cap = cap;
     return RS_OK;
 fail:
+    return rc;
+}
+
+static int grow_slot(staging_slot *sl, uint64_t bytes, rs_error *err) {
+    rs_backend_cuda_capture_lock();
+    const int rc = grow_slot_locked(sl, bytes, err);
+    rs_backend_cuda_capture_unlock();
     return rc;
 }
 
@@ -348,12 +357,14 @@ extern "C" void rs_nccl_comm_free(rs_nccl_comm *c, bool abort, double timeout_s)
         free(c);
         return;
     }
+    rs_backend_cuda_capture_lock();
     for (int i = 0; i < 2; i++) {
         staging_slot *sl = &c->slot[i];
         if (sl->dev) CUDA_LOG(cudaFree(sl->dev));
         if (sl->host) CUDA_LOG(cudaFreeHost(sl->host));
         if (sl->done) CUDA_LOG(cudaEventDestroy(sl->done));
     }
+    rs_backend_cuda_capture_unlock();
     if (c->stream) CUDA_LOG(cudaStreamDestroy(c->stream));
     free(c);
 }

@@ -16,40 +16,54 @@
 
 static rs_cuda_ctx *ctx_of(rs_backend *b) { return rs_cuda_ctx_of(b); }
 
+/* These may be called from any thread (weight staging runs beside the engine): each holds the
+ * capture lock (backend.h), so none lands in the middle of a step graph's recording. */
+
 static void *cuda_alloc(rs_backend *b, size_t bytes) {
     rs_cuda_ctx *c = ctx_of(b);
     void *p = NULL;
+    rs_backend_cuda_capture_lock();
     cudaError_t e = cudaMalloc(&p, bytes ? bytes : 1);
     if (e != cudaSuccess) {
+        rs_backend_cuda_capture_unlock();
         rs_log(RS_LOG_LEVEL_ERROR, "cudaMalloc(%zu) failed: %s", bytes, cudaGetErrorString(e));
         return NULL;
     }
     CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, c->stream));
+    rs_backend_cuda_capture_unlock();
     return p;
 }
 
 static void cuda_free(rs_backend *b, void *p) {
+    rs_backend_cuda_capture_lock();
     CUDA_CHECK(cudaStreamSynchronize(ctx_of(b)->stream));
     CUDA_CHECK(cudaFree(p));
+    rs_backend_cuda_capture_unlock();
 }
 
 static void cuda_upload(rs_backend *b, void *dst, const void *src, size_t bytes) {
     rs_cuda_ctx *c = ctx_of(b);
+    rs_backend_cuda_capture_lock();
     CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, c->stream));
     /* The source is host memory the caller may reuse at once: wait until it has been read. */
     CUDA_CHECK(cudaStreamSynchronize(c->stream));
+    rs_backend_cuda_capture_unlock();
 }
 
 static void cuda_download(rs_backend *b, void *dst, const void *src, size_t bytes) {
     rs_cuda_ctx *c = ctx_of(b);
+    rs_backend_cuda_capture_lock();
     CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, c->stream));
     CUDA_CHECK(cudaStreamSynchronize(c->stream));
+    rs_backend_cuda_capture_unlock();
 }
 
 static void cuda_sync(rs_backend *b) { CUDA_CHECK(cudaStreamSynchronize(ctx_of(b)->stream)); }
 
 static void cuda_copy(rs_backend *b, void *dst, const void *src, size_t bytes) {
+    rs_backend_cuda_capture_lock();
     CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, ctx_of(b)->stream));
+    rs_backend_cuda_capture_unlock();
 }
 
 /* ---- scratch and mirrors (cuda_internal.h) ---- */

@@ -22,10 +22,17 @@
  * send again. A replay first waits for the stream: the pinned buffers are read by the previous
  * launch's copies.
  */
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "cuda_internal.h"
+
+/* backend.h rs_backend_cuda_capture_lock: one per process, as global-mode capture is */
+static pthread_mutex_t capture_mu = PTHREAD_RECURSIVE_MUTEX_INITIALIZER_NP;
+
+extern "C" void rs_backend_cuda_capture_lock(void) { RS_ASSERT(pthread_mutex_lock(&capture_mu) == 0); }
+extern "C" void rs_backend_cuda_capture_unlock(void) { RS_ASSERT(pthread_mutex_unlock(&capture_mu) == 0); }
 
 #define GRAPHS_MAX 64 /* recordings per context; beyond, the oldest goes */
 
@@ -146,6 +153,7 @@ rs_graph_state rs_cuda_graph_begin(rs_backend *b, const void *owner, int slot, u
     r->mem_gen = c->mem_gen; /* the buffers the recording will point at */
     g->cur = r;
     c->rec_broken = NULL;
+    rs_backend_cuda_capture_lock(); /* until graph_end: other threads' allocations and transfers wait */
     CUDA_CHECK(cudaStreamBeginCapture(c->stream, cudaStreamCaptureModeGlobal));
     c->recording = true;
     return RS_GRAPH_RECORDING;
@@ -160,6 +168,7 @@ bool rs_cuda_graph_end(rs_backend *b) {
     g->cur = NULL;
     cudaGraph_t graph = NULL;
     const cudaError_t e = cudaStreamEndCapture(c->stream, &graph);
+    rs_backend_cuda_capture_unlock();
     mirrors_unknown(c);
     if (e != cudaSuccess || c->rec_broken || c->mem_gen != r->mem_gen) {
         RS_INFO("cuda: step graph (slot %d) not recorded: %s; this step shape runs op by op", r->slot,

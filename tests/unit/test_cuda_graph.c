@@ -9,6 +9,7 @@
  */
 #ifdef RS_CUDA
 #include <cuda_runtime.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -166,6 +167,65 @@ static void graph_case(rs_numerics numerics) {
 
 RS_TEST(cuda_graph_decode_matches_op_by_op_exact) { graph_case(RS_NUMERICS_EXACT); }
 RS_TEST(cuda_graph_decode_matches_op_by_op_fast) { graph_case(RS_NUMERICS_FAST); }
+
+/* Weight staging runs on a thread of its own beside the engine: its allocations, uploads, copies,
+ * downloads and frees must not land inside a step graph's recording (global-mode capture refuses
+ * them, or records them into the graph). A thread doing them without pause while decode steps record
+ * and replay: every recording is kept (none refused), the graphed logits match op by op bit for bit,
+ * and every round trip of the staging thread reads back what it wrote. */
+typedef struct stager {
+    rs_backend *b;
+    _Atomic int stop;
+    _Atomic int rounds, bad;
+} stager;
+
+static void *stager_main(void *arg) {
+    stager *st = arg;
+    uint8_t buf[4096], back[64];
+    while (!st->stop) {
+        memset(buf, (int)(st->rounds & 0x7f) + 1, sizeof buf);
+        void *p = rs_backend_alloc(st->b, sizeof buf), *q = rs_backend_alloc(st->b, sizeof buf);
+        if (!p || !q) {
+            st->bad = 1;
+            return NULL;
+        }
+        rs_backend_upload(st->b, p, buf, sizeof buf);
+        rs_backend_copy(st->b, q, p, sizeof buf);
+        rs_backend_download(st->b, back, q, sizeof back);
+        if (memcmp(back, buf, sizeof back) != 0) st->bad = 1;
+        rs_backend_free_mem(st->b, p), rs_backend_free_mem(st->b, q);
+        st->rounds++;
+    }
+    return NULL;
+}
+
+RS_TEST(cuda_graph_recording_beside_weight_staging) {
+    rs_backend *g = rs_test_cuda_or_skip(), *e = rs_test_cuda_or_skip();
+    rs_backend_set_numerics(g, RS_NUMERICS_FAST), rs_backend_set_numerics(e, RS_NUMERICS_FAST);
+    rs_backend_cuda_set_graphs(e, false);
+    dec dg, de;
+    dec_open(&dg, g, "qwen3", "bf16");
+    dec_open(&de, e, "qwen3", "bf16");
+    stager st = {.b = g};
+    pthread_t th;
+    ASSERT_EQ(pthread_create(&th, NULL, stager_main, &st), 0);
+    int len[MAXS] = {3, 2, 4};
+    both_step(&dg, &de, 3, len, "prefill beside staging");
+    for (int s = 0; s < 12; s++) {
+        for (int i = 0; i < 3; i++) len[i]++;
+        both_step(&dg, &de, 3, len, "decode beside staging");
+    }
+    st.stop = 1;
+    ASSERT_EQ(pthread_join(th, NULL), 0);
+    uint64_t rec, rep, refused;
+    rs_backend_cuda_graph_stats(g, &rec, &rep, &refused);
+    if (rec != 1 || rep < 10 || refused != 0)
+        RS_TEST_FAIL("%llu recorded, %llu replayed, %llu refused", (unsigned long long)rec, (unsigned long long)rep,
+                     (unsigned long long)refused);
+    ASSERT_TRUE(st.rounds > 0 && !st.bad);
+    dec_close(&dg), dec_close(&de);
+    rs_backend_free(g), rs_backend_free(e);
+}
 
 /* MoE decode steps: exact numerics route on the host, so the recording is refused once and the
  * size runs op by op from then on; fast numerics keep decode-sized MoE blocks on the device, so they
