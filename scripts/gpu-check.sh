@@ -28,7 +28,7 @@
 #              T = 1; BF16 weights, BF16 KV                                                  <= 120 s
 #   rl_fp8     the same with FP8 weights, BF16 KV then FP8 KV                                <= 150 s
 #   gemv       the GEMV/cuBLASLt crossover per weight dtype at decode shapes (the defaults: 2
-#              rows for FP8, none for BF16, RS_CUDA_GEMV_ROWS_*)                              <= 60 s
+#              rows for FP8, 8 for BF16, RS_CUDA_GEMV_ROWS_*)                                 <= 60 s
 #   push       a BF16 push of the 8B-shaped model into a GPU daemon serving FP8 weights and FP8
 #              KV: requantization and KV recalibration included                              <= 150 s
 #   nccl       tests/e2e/test_nccl_gpu.py: NCCL weight updates from rolloutd_client (unique id)

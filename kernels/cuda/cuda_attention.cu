@@ -32,7 +32,7 @@
  *   gc = min(group, 16, 2048 / head_dim) (>= 8), any value of which is correct; the grid is
  *   (n_tok, n_kv_heads, ceil(group / gc)). In exact numerics one block walks a row's whole
  *   context. In fast numerics a decode row's context splits over blocks (flash-decoding's split-K:
- *   decode_splits picks enough blocks for four per SM), each writing its softmax-normalized
+ *   decode_splits picks enough blocks for two waves of the GPU), each writing its softmax-normalized
  *   partial output and log-sum-exp, and attention_combine_kernel merges them; a decode step of few
  *   rows at long context then uses every SM. Prefill chunks go to the tensor-core kernel.
  *   The host checks what the CPU asserts as it reads (positions, the pages a row can reach,
@@ -219,8 +219,7 @@ attention_kernel(float *out /* [n_tok][n_heads][hd] */, const float *q /* [n_tok
         }
         __syncthreads(); /* also orders the q_s / m_s / l_s initialization before their first use */
 
-        /* B: scores, a warp per position (unrolled: the K loads of 4 positions in flight at once) */
-#pragma unroll 4
+        /* B: scores, a warp per position */
         for (int j = warp; j < n; j += ATT_WARPS) {
             const size_t at = krow_s[j] * row_elems + (size_t)kvh * (size_t)hd;
             float kr[ATT_KREG];
@@ -272,8 +271,6 @@ attention_kernel(float *out /* [n_tok][n_heads][hd] */, const float *q /* [n_tok
             const int i = tid + ATT_THREADS * a;
             if (i < n_out) acc[a] *= corr_s[i / hd];
         }
-        /* unrolled: the V loads of 8 positions in flight at once; the sums keep their order */
-#pragma unroll 8
         for (int j = 0; j < n; j++) {
             const size_t at = (krow_s[j] + RS_KV_BLOCK) * row_elems + (size_t)kvh * (size_t)hd; /* V row */
 #pragma unroll
@@ -368,14 +365,11 @@ static void launch_rows(rs_cuda_ctx *c, const att_launch *L, const int32_t *rows
     CUDA_CHECK_LAUNCH();
 }
 
-/* Context splits of a decode launch: enough blocks for four per SM, at most 32 splits. A block walks
- * its positions one tile after another, each tile a chain of dependent loads, so a decode step is
- * bound by that latency more than by bandwidth: more blocks in flight hide it (on an H200, 32 rows
- * of 1k context at two blocks per SM spent 1 ms per layer, 137 GB/s of KV). A function of the row
- * count alone, so that a recorded step replays right at any context length. */
+/* Context splits of a decode launch: enough blocks for two waves of the GPU, at most 32. A function
+ * of the row count alone, so that a recorded step replays right at any context length. */
 static int decode_splits(const rs_cuda_ctx *c, int n_rows, int n_kv, int n_chunks) {
     if (c->att_splits > 0) return c->att_splits;
-    const long base = (long)n_rows * n_kv * n_chunks, want = 4L * RS_MAX(c->sm_count, 1);
+    const long base = (long)n_rows * n_kv * n_chunks, want = 2L * RS_MAX(c->sm_count, 1);
     return (int)RS_MAX(1L, RS_MIN(32L, (want + base - 1) / base));
 }
 

@@ -146,11 +146,14 @@ struct rs_cuda_ctx {
 void rs_cuda_recording_broken(rs_cuda_ctx *c, const char *why);
 
 /* The fast-numerics GEMV/GEMM crossover per weight dtype: up to this many rows, weight-streaming GEMV
- * kernels; above, cuBLASLt. Measured on an H200 (bench-gpu gemv, docs/benchmarks.md): the FP8 GEMV
- * beat cuBLASLt's block-scaled GEMM at 1-2 rows and lost from 4; the dense GEMV (fp32 activations)
- * lost to cuBLASLt's BF16 GEMM at every row count, 1 included. */
+ * kernels; above, cuBLASLt. Measured on an H200 (docs/benchmarks.md): the FP8 GEMV beat cuBLASLt's
+ * block-scaled GEMM at 1-2 rows and lost from 4 (bench-gpu gemv, Qwen3-8B layer shapes). The dense
+ * GEMV lost to cuBLASLt's BF16 GEMM at those shapes at every row count, but with BF16 matmuls on
+ * cuBLASLt from 1 row the 8B-shaped model's batch-1 decode took 12.1 ms a step against 10.4 (FP8
+ * weights, whose only BF16 matmul is the 151936-row lm_head: 11.4 against 9.8), so BF16 keeps the
+ * GEMV up to 8 rows. */
 #define RS_CUDA_GEMV_ROWS_FP8 2
-#define RS_CUDA_GEMV_ROWS_BF16 0
+#define RS_CUDA_GEMV_ROWS_BF16 8
 
 /* The backend's context with its device current on the calling thread, for a matmul: it keeps the
  * cached activation forms (a matmul of their x reads them). The CUDA runtime's current device is per

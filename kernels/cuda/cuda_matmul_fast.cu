@@ -12,11 +12,10 @@
  *                 ceil(k/128) is not one (never for real checkpoints' K).
  *   BF16 weights  the activation's BF16 form into cuBLASLt's BF16 GEMM, fp32 output.
  *   F16 / F32     no fast path: the exact kernels.
- * Up to c->gemv_rows_fp8 / _bf16 rows (RS_CUDA_GEMV_ROWS_*: 2 and 0, measured) weight-streaming
+ * Up to c->gemv_rows_fp8 / _bf16 rows (RS_CUDA_GEMV_ROWS_*: 2 and 8, measured) weight-streaming
  * GEMV kernels run instead, where a GEMM tile would waste most of its work: for E4M3 weights the fast
  * FP8 GEMV below (the same activation codes, fp32 block sums, dequantized in registers); for BF16
- * weights cuda_matmul.cu's dense GEMV (fp32 activations, fp32 sums), which cuBLASLt's BF16 GEMM
- * beat at every row count on an H200.
+ * weights cuda_matmul.cu's dense GEMV (fp32 activations, fp32 sums).
  * Where cuBLASLt refuses a problem (cuda_blas.cu logs it once), rs_cuda_matmul_fast returns false
  * and the caller runs the exact kernels, whose results the fast ones approximate.
  */
