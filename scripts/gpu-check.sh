@@ -121,19 +121,25 @@ setup_deps() {
   # Python packages the e2e tests need and the machine lacks (crc32c for checksummed pushes), as
   # wheels in .whl/ (scripts/fetch-wheels.sh), installed into a throwaway target
   if ls .whl/*.whl >/dev/null 2>&1; then
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/rolloutd-site \
-      .whl/*.whl && export PYTHONPATH=/tmp/rolloutd-site${PYTHONPATH:+:$PYTHONPATH}
-  fi
-  # NCCL: the toolkit's, the system's, or the nvidia-nccl pip wheel's (the device image has the wheel)
-  NCCL_ARGS=()
-  if [ ! -e /usr/local/cuda/include/nccl.h ] && [ ! -e /usr/include/nccl.h ]; then
-    local home
-    home=$(python3 -c 'import nvidia.nccl; print(list(nvidia.nccl.__path__)[0])' 2>/dev/null || true)
-    if [ -n "$home" ] && [ -e "$home/include/nccl.h" ]; then
-      NCCL_ARGS=(NCCL_HOME="$home")
-      [ -e "$home/lib/libnccl.so" ] || NCCL_ARGS+=(NCCL_LIB=-l:libnccl.so.2)
-      export LD_LIBRARY_PATH="$home/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+    if python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/rolloutd-site \
+      .whl/*.whl 2>/dev/null; then
+      export PYTHONPATH=/tmp/rolloutd-site${PYTHONPATH:+:$PYTHONPATH}
+    else
+      echo "   .whl: the wheels do not install on this Python ($(python3 -V 2>&1)); see scripts/fetch-wheels.sh"
     fi
+  fi
+  # NCCL: the nvidia-nccl pip wheel's when torch is there to use it too (the NCCL e2e test needs one
+  # release on both sides: on an H200 image the system had 2.28.3 and torch's wheel 2.28.9), else
+  # the toolkit's or the system's, else the wheel's
+  NCCL_ARGS=()
+  local home
+  home=$(python3 -c 'import nvidia.nccl; print(list(nvidia.nccl.__path__)[0])' 2>/dev/null || true)
+  local system=0
+  [ -e /usr/local/cuda/include/nccl.h ] || [ -e /usr/include/nccl.h ] && system=1
+  if [ -n "$home" ] && [ -e "$home/include/nccl.h" ] && { python3 -c 'import torch' 2>/dev/null || ((!system)); }; then
+    NCCL_ARGS=(NCCL_HOME="$home")
+    [ -e "$home/lib/libnccl.so" ] || NCCL_ARGS+=(NCCL_LIB=-l:libnccl.so.2)
+    export LD_LIBRARY_PATH="$home/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
   fi
 }
 
