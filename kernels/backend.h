@@ -168,6 +168,11 @@ int rs_backend_cuda_set_gemv_rows(rs_backend *b, rs_dtype weight_dtype, int rows
  * around those calls. Recursive. */
 void rs_backend_cuda_capture_lock(void);
 void rs_backend_cuda_capture_unlock(void);
+/* Attention kernels stage each tile's K and V rows in shared memory with one burst of 16-byte loads
+ * (on), or read them row by row as they use them (off, the default: the variant measured on an
+ * H200). The same arithmetic in the same order either way, so the same bits. The environment
+ * variable RS_CUDA_ATTENTION_STAGING=1 turns it on for a process (benchmarks A/B it). */
+void rs_backend_cuda_set_attention_staging(rs_backend *b, bool on);
 /* Sampling on the device on (the default) or off: off, every request comes back undone and the
  * caller samples on the host (the engine does, row by row). */
 void rs_backend_cuda_set_device_sampling(rs_backend *b, bool on);

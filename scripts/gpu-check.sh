@@ -26,6 +26,9 @@
 #   rl_bf16    the RL shape on the 8B-shaped model: 32 prompts x n = 8 = 256 sequences, prompt
 #              1024, 256 new tokens (cut from 2048 to fit the run: decode steps scale linearly),
 #              T = 1; BF16 weights, BF16 KV                                                  <= 120 s
+#   rl_stage   rl_bf16 again with attention's K/V tiles staged in shared memory
+#              (RS_CUDA_ATTENTION_STAGING=1, off by default until measured), then the op profile
+#              of 32 decode rows at a 1k context with it off and on                           <= 150 s
 #   rl_fp8     the same with FP8 weights, BF16 KV then FP8 KV                                <= 150 s
 #   gemv       the GEMV/cuBLASLt crossover per weight dtype at decode shapes (the defaults: 2
 #              rows for FP8, 8 for BF16, RS_CUDA_GEMV_ROWS_*)                                 <= 60 s
@@ -188,6 +191,10 @@ main() {
   fi
   local rl=("$B/rl-bench" --device cuda --preset qwen3-8b --runs engine --prompts 32 --n 8 --prompt-len 1024 --gen 256)
   step rl_bf16 120 "${rl[@]}" --quantization bf16 --kv-dtype bf16
+  step rl_stage 150 sh -c "RS_CUDA_ATTENTION_STAGING=1 ${rl[*]} --quantization bf16 --kv-dtype bf16 &&
+    for s in 0 1; do echo \"RS_CUDA_ATTENTION_STAGING=\$s\"; RS_CUDA_ATTENTION_STAGING=\$s $B/rollout-bench --device cuda \
+      --preset qwen3-8b --quantization bf16 --batches 32 --prompt 1024 --gen 8 --kv-cache-dtype bf16 --no-bandwidth \
+      --profile-ops | grep -E 'ms/step|fast +32|attention|all ops'; done"
   step rl_fp8 150 "${rl[@]}" --quantization fp8 --kv-dtype bf16,fp8
   step gemv 60 $B/bench-gpu gemv --shapes 6144:4096,4096:12288 --rows 1,2,4,8,12,16,32
   if have_py requests && have_py numpy && { [ -e "$m8/model.safetensors" ] || [ "$DRY" = 1 ]; }; then

@@ -238,6 +238,8 @@ extern "C" rs_backend *rs_backend_cuda_init(int device) {
     rs_cuda_ctx *c = (rs_cuda_ctx *)rs_xcalloc(1, sizeof *c);
     c->device = device;
     c->sm_count = prop.multiProcessorCount;
+    const char *stage = getenv("RS_CUDA_ATTENTION_STAGING"); /* backend.h rs_backend_cuda_set_attention_staging */
+    c->att_staging = stage && strcmp(stage, "1") == 0;
     c->numerics = RS_NUMERICS_EXACT;
     c->gemv_rows_fp8 = RS_CUDA_GEMV_ROWS_FP8;
     c->gemv_rows_bf16 = RS_CUDA_GEMV_ROWS_BF16;

@@ -61,6 +61,8 @@ extern "C" {
 #define ATT_MAX_HEADS 16                              /* query heads per block (gc) */
 #define ATT_ACC 16                                    /* output accumulators per thread */
 #define ATT_MAX_OUT (ATT_THREADS * ATT_ACC)           /* gc * head_dim <= this */
+#define ATT_STAGE_BYTES 16384                         /* a tile's K (then V) rows of one KV head */
+#define ATT_STAGE_VECS (ATT_STAGE_BYTES / 16 / ATT_THREADS) /* 16-byte loads per thread per tile */
 
 /* backend.h's contract for a layer (rs_kv_layer_check), and a cache the kernels can index. */
 static void kv_layer_check(const rs_kv_layer *kv) {
@@ -154,13 +156,36 @@ __device__ __forceinline__ float page_elem(const void *pages, size_t i) {
     return __half2float(__half(h));
 }
 
+/* Staging (rs_cuda_ctx.att_staging): the tile's rows [0, n) of this KV head, K (off 0) or V (off
+ * RS_KV_BLOCK), copied into st[n][hd] with 16-byte loads spread over the block's threads, all of a
+ * thread's loads issued before its first store: one memory latency per tile instead of a chain of
+ * dependent loads per position. Needs hd * es % 16 == 0 and ATT_TILE rows within ATT_STAGE_BYTES. */
+__device__ __forceinline__ void stage_rows(uint4 *st, const void *pages, const size_t *krow, size_t off, int n,
+                                           size_t row_elems, int kvh, int hd, int es) {
+    const int vpr = hd * es / 16; /* 16-byte vectors per row */
+    uint4 r[ATT_STAGE_VECS];
+#pragma unroll
+    for (int u = 0; u < ATT_STAGE_VECS; u++) {
+        const int v = (int)threadIdx.x + u * ATT_THREADS, j = v / vpr;
+        if (j < n) {
+            const size_t at = (krow[j] + off) * row_elems + (size_t)kvh * (size_t)hd; /* element index */
+            r[u] = __ldg((const uint4 *)((const unsigned char *)pages + at * (size_t)es) + v % vpr);
+        }
+    }
+#pragma unroll
+    for (int u = 0; u < ATT_STAGE_VECS; u++) {
+        const int v = (int)threadIdx.x + u * ATT_THREADS;
+        if (v / vpr < n) st[v] = r[u];
+    }
+}
+
 /* Block (i, kvh, z): row r = rows ? rows[i] : i, KV head kvh, query-head chunk z % n_chunks and
  * context split z / n_chunks; see the file comment for the phases. DT is the pages' dtype. With one
  * split and no partial buffers the block writes its heads' outputs (exact numerics: the whole
  * context in one pass); otherwise split sp covers positions [sp * per, (sp + 1) * per) of the
  * row's context (per = ceil(n_ctx / n_split) rounded up to whole tiles; later splits may be empty)
  * and writes its normalized partial output and log-sum-exp for the combine pass. */
-template <int DT>
+template <int DT, bool STAGE>
 static __global__ void __launch_bounds__(ATT_THREADS)
 attention_kernel(float *out /* [n_tok][n_heads][hd] */, const float *q /* [n_tok][n_heads][hd] */,
                  const void *pages /* [n_blocks][2][16][n_kv][hd] of DT */, rs_kv_scale_mode mode,
@@ -171,6 +196,7 @@ attention_kernel(float *out /* [n_tok][n_heads][hd] */, const float *q /* [n_tok
                  const int32_t *rows /* [grid x] or NULL */, int n_chunks, int n_split,
                  float *part_o /* [grid x][n_heads][n_split][hd] or NULL */,
                  float *part_lse /* [grid x][n_heads][n_split] */) {
+    __shared__ uint4 stage_s[STAGE ? ATT_STAGE_BYTES / 16 : 1]; /* the tile's K rows, then its V rows */
     __shared__ float q_s[ATT_MAX_OUT];                /* [ng][hd] this block's query heads */
     __shared__ float p_s[ATT_MAX_HEADS][ATT_TILE];    /* scores, then p_j * vs_j, of one tile */
     __shared__ size_t krow_s[ATT_TILE];               /* page row of K at each tile position */
@@ -199,6 +225,9 @@ attention_kernel(float *out /* [n_tok][n_heads][hd] */, const float *q /* [n_tok
     const int32_t *table = tables + (size_t)rs_cuda_row_seq(seq_start, n_seq, r) * (size_t)max_blocks;
     const bool per_token = DT == RS_DTYPE_E4M3 && mode == RS_KV_SCALE_PER_TOKEN;
     const float head_mul = DT == RS_DTYPE_E4M3 && !per_token ? scale * k_scale[kvh] : scale;
+    const int es = DT == RS_DTYPE_F32 ? 4 : DT == RS_DTYPE_BF16 ? 2 : 1;
+    const bool staged = STAGE && (hd * es) % 16 == 0 && ATT_TILE * hd * es <= ATT_STAGE_BYTES;
+    const void *kv_src = staged ? (const void *)stage_s : pages; /* element (j, d): j * hd + d, else at + d */
 
     /* heads head0 .. head0 + ng - 1 are contiguous in q and out */
     for (int i = tid; i < n_out; i += ATT_THREADS) q_s[i] = q[head0 * (size_t)hd + (size_t)i];
@@ -218,15 +247,19 @@ attention_kernel(float *out /* [n_tok][n_heads][hd] */, const float *q /* [n_tok
             vmul_s[tid] = per_token ? token_scales[(krow + RS_KV_BLOCK) * (size_t)n_kv + (size_t)kvh] : 1.0f;
         }
         __syncthreads(); /* also orders the q_s / m_s / l_s initialization before their first use */
+        if (STAGE && staged) {
+            stage_rows(stage_s, pages, krow_s, 0, n, row_elems, kvh, hd, es);
+            __syncthreads();
+        }
 
         /* B: scores, a warp per position */
         for (int j = warp; j < n; j += ATT_WARPS) {
-            const size_t at = krow_s[j] * row_elems + (size_t)kvh * (size_t)hd;
+            const size_t at = staged ? (size_t)j * (size_t)hd : krow_s[j] * row_elems + (size_t)kvh * (size_t)hd;
             float kr[ATT_KREG];
 #pragma unroll
             for (int k = 0; k < ATT_KREG; k++) {
                 const int d = lane + 32 * k;
-                kr[k] = d < hd ? page_elem<DT>(pages, at + (size_t)d) : 0.0f;
+                kr[k] = d < hd ? page_elem<DT>(kv_src, at + (size_t)d) : 0.0f;
             }
             for (int h = 0; h < ng; h++) {
                 float part = 0.0f;
@@ -240,6 +273,8 @@ attention_kernel(float *out /* [n_tok][n_heads][hd] */, const float *q /* [n_tok
             }
         }
         __syncthreads();
+        /* staged: the V rows replace the K rows (B is done with them); D reads them after C's barrier */
+        if (STAGE && staged) stage_rows(stage_s, pages, krow_s, RS_KV_BLOCK, n, row_elems, kvh, hd, es);
 
         /* C: online softmax, a warp per head */
         for (int h = warp; h < ng; h += ATT_WARPS) {
@@ -272,11 +307,12 @@ attention_kernel(float *out /* [n_tok][n_heads][hd] */, const float *q /* [n_tok
             if (i < n_out) acc[a] *= corr_s[i / hd];
         }
         for (int j = 0; j < n; j++) {
-            const size_t at = (krow_s[j] + RS_KV_BLOCK) * row_elems + (size_t)kvh * (size_t)hd; /* V row */
+            const size_t at = staged ? (size_t)j * (size_t)hd /* V row */
+                                     : (krow_s[j] + RS_KV_BLOCK) * row_elems + (size_t)kvh * (size_t)hd;
 #pragma unroll
             for (int a = 0; a < ATT_ACC; a++) {
                 const int i = tid + ATT_THREADS * a;
-                if (i < n_out) acc[a] += p_s[i / hd][j] * page_elem<DT>(pages, at + (size_t)(i % hd));
+                if (i < n_out) acc[a] += p_s[i / hd][j] * page_elem<DT>(kv_src, at + (size_t)(i % hd));
             }
         }
         __syncthreads(); /* the tile's shared arrays are rewritten by the next A */
@@ -348,15 +384,21 @@ static void launch_rows(rs_cuda_ctx *c, const att_launch *L, const int32_t *rows
     }
     RS_ASSERT((size_t)L->n_chunks * (size_t)n_split <= 65535u);
     const dim3 grid((unsigned)n_rows, (unsigned)n_kv, (unsigned)(L->n_chunks * n_split));
-#define ATT_LAUNCH(DT)                                                                                              \
-    attention_kernel<DT><<<grid, ATT_THREADS, 0, c->stream>>>(                                                      \
+#define ATT_LAUNCH_ST(DT, ST)                                                                                       \
+    attention_kernel<DT, ST><<<grid, ATT_THREADS, 0, c->stream>>>(                                                  \
         L->out, L->q, kv->pages, kv->scale_mode, kv->k_scale, kv->v_scale, kv->token_scales, L->dpos, L->dstart,    \
         L->n_seq, L->dtab, L->max_blocks, L->n_heads, n_kv, hd, L->group, L->gc, L->scale, rows, L->n_chunks,       \
         n_split, part_o, part_lse)
+#define ATT_LAUNCH(DT)                                                                                              \
+    do {                                                                                                            \
+        if (c->att_staging) ATT_LAUNCH_ST(DT, true);                                                                \
+        else ATT_LAUNCH_ST(DT, false);                                                                              \
+    } while (0)
     if (kv->dtype == RS_DTYPE_F32) ATT_LAUNCH(RS_DTYPE_F32);
     else if (kv->dtype == RS_DTYPE_BF16) ATT_LAUNCH(RS_DTYPE_BF16);
     else ATT_LAUNCH(RS_DTYPE_E4M3);
 #undef ATT_LAUNCH
+#undef ATT_LAUNCH_ST
     CUDA_CHECK_LAUNCH();
     if (n_split == 1) return;
     const float *vs = kv->dtype == RS_DTYPE_E4M3 && kv->scale_mode == RS_KV_SCALE_PER_HEAD ? kv->v_scale : NULL;
@@ -461,6 +503,9 @@ void rs_cuda_op_attention(rs_backend *b, float *out, const float *q, const rs_kv
 }
 
 /* ---- C-callable hook for tests/unit/test_cuda_attention_fast.c ---- */
+
+/* Staged K/V tiles (the file comment) on or off from now on. */
+extern "C" void rs_backend_cuda_set_attention_staging(rs_backend *b, bool on) { rs_cuda_ctx_of(b)->att_staging = on; }
 
 /* Fast numerics' decode attention in n context splits from now on (0: chosen by size). */
 extern "C" void rs_cuda_test_attention_splits(rs_backend *b, int n) {

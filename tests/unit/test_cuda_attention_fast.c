@@ -13,6 +13,9 @@
  * BF16-exact values (exact in either operand type), so what it changes is P rounded to F16
  * (relative 2^-11; BF16 pages: BF16, 2^-8) and fp32 order: within 1e-3 (4e-3) x max |V| of the KV
  * head (outputs are convex combinations of V rows). Group sizes 2, 4, 1 and 12.
+ * Every exact and split launch runs again with K/V tiles staged in shared memory
+ * (rs_backend_cuda_set_attention_staging): the same bits, where the tile fits the stage (every
+ * shape here but F32 at head size 128, which checks the fallback) and where it does not.
  */
 #ifdef RS_CUDA
 #include <math.h>
@@ -44,6 +47,10 @@ static const kv_kind kinds[] = {{RS_DTYPE_F32, RS_KV_SCALE_NONE, "f32"},
 
 static float bf16_rand(uint64_t *s) { return rs_bf16_to_f32(rs_f32_to_bf16(rs_test_uniform(s))); }
 
+/* The same launch with K/V staging on: bit for bit the output `want` of the launch without it. */
+static void check_staged(rs_backend *g, rs_numerics numerics, const float *q, rs_kv_layer *kv, int n_heads,
+                         const rs_batch *batch, const float *want, const char *what);
+
 /* out = attention of `batch` on g in `numerics` (q [n_tok][n_heads][hd] host); malloc'd host copy. */
 static float *run(rs_backend *g, rs_numerics numerics, const float *q, rs_kv_layer *kv, int n_heads, const rs_batch *batch) {
     const size_t n = (size_t)batch->n_tok * n_heads * kv->head_dim;
@@ -53,6 +60,19 @@ static float *run(rs_backend *g, rs_numerics numerics, const float *q, rs_kv_lay
     float *out = rs_test_to_host(g, dout, n * 4);
     rs_backend_free_mem(g, dq), rs_backend_free_mem(g, dout);
     return out;
+}
+
+static void check_staged(rs_backend *g, rs_numerics numerics, const float *q, rs_kv_layer *kv, int n_heads,
+                         const rs_batch *batch, const float *want, const char *what) {
+    rs_backend_cuda_set_attention_staging(g, true);
+    float *got = run(g, numerics, q, kv, n_heads, batch);
+    rs_backend_cuda_set_attention_staging(g, false);
+    const size_t n = (size_t)batch->n_tok * n_heads * kv->head_dim;
+    for (size_t i = 0; i < n; i++)
+        if (rs_test_f32_bits(got[i]) != rs_test_f32_bits(want[i]))
+            RS_TEST_FAIL("%s, hd %d, %s: staged K/V gives %a at %zu, row by row %a", rs_dtype_name(kv->dtype),
+                         kv->head_dim, what, got[i], i, want[i]);
+    free(got);
 }
 
 static void one_case(rs_backend *g, const kv_kind *kind, int n_heads, int n_kv, int hd, uint64_t *s) {
@@ -114,12 +134,14 @@ static void one_case(rs_backend *g, const kv_kind *kind, int n_heads, int n_kv, 
         float *qv = malloc(nq * 4);
         for (size_t i = 0; i < nq; i++) qv[i] = bf16_rand(s) * 2;
         float *want = run(g, RS_NUMERICS_EXACT, qv, &kv, n_heads, &bt);
+        check_staged(g, RS_NUMERICS_EXACT, qv, &kv, n_heads, &bt, want, "exact");
         float vmax[16] = {0}; /* max |V| per KV head (as stored: the outputs' bound) */
         for (size_t i = 0; i < (size_t)total * row; i++) vmax[(i % row) / hd] = fmaxf(vmax[(i % row) / hd], fabsf(v[i]));
         static const int splits[] = {0, 1, 3, 7};
         for (size_t si = 0; si < RS_ARRAY_LEN(splits); si++) {
             rs_cuda_test_attention_splits(g, splits[si]);
             float *got = run(g, RS_NUMERICS_FAST, qv, &kv, n_heads, &bt);
+            check_staged(g, RS_NUMERICS_FAST, qv, &kv, n_heads, &bt, got, "fast");
             const bool tc_ok = hd == 32 || hd == 64 || hd == 128;
             for (int q = 0; q < NSEQ; q++)
                 for (int r = start[q]; r < start[q + 1]; r++) {
