@@ -231,9 +231,10 @@ bool rs_backend_has_graphs(const rs_backend *b);
 
 /* Op profiling (rollout-bench --profile-ops): while on, every op, sample, upload, download and
  * copy through the wrappers here is timed from the end of the work queued before it to the end of
- * its own (an asynchronous backend is synchronized around each one, so it loses its overlap, and a
- * replayed step graph calls no ops: turn graphs off). The profile says where a step's time goes,
- * not how fast the step runs unprofiled. rs_backend_profile(b, true) also clears the counts. */
+ * its own. An asynchronous backend is synchronized around each one, so it loses its overlap; step
+ * graphs must be off (a replay calls no ops, and a recording may not synchronize). The profile says
+ * where a step's time goes, not how fast the step runs unprofiled. For one calling thread at a time
+ * (the counts are not atomic). rs_backend_profile(b, true) also clears the counts. */
 void rs_backend_profile(rs_backend *b, bool on);
 /* Prints the counts: per op, calls, milliseconds in all and per step (of `steps`), share. */
 void rs_backend_profile_print(const rs_backend *b, FILE *f, int steps);

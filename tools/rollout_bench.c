@@ -31,8 +31,9 @@
  * picks the kernels (kernels/backend.h rs_numerics); every row says which ones ran (the CPU's fast
  * numerics exist for BF16 matmuls on AVX512_BF16 CPUs; elsewhere it runs exact). --graphs off (CUDA) launches
  * every kernel of every decode step instead of replaying recorded step graphs. --profile-ops (graphs
- * off) runs each batch once more and prints where its decode steps' time goes, op by op, each op
- * synchronized (kernels/backend.h rs_backend_profile), and the engine's host time besides.
+ * off) runs each batch once more and prints where its prefill and decode steps' time goes, op by
+ * op, each op synchronized (kernels/backend.h rs_backend_profile), beside the steps' wall time: the
+ * difference is the engine's own host work.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -242,7 +243,7 @@ static double run_batch(rs_engine *e, const rs_model_config *cfg, int batch, int
 
 /* --profile-ops: one more job of `batch` prompts with the backend's op profile on (kernels/backend.h
  * rs_backend_profile): its prefill step, then its decode steps together. Prints where a step's time
- * goes: per op, and the engine's own host work (the wall time the ops leave). */
+ * goes, per op, beside the step's wall time (what the ops leave is the engine's host work). */
 static void profile_decode(rs_engine *e, rs_backend *b, const rs_model_config *cfg, int batch, int prompt_len,
                            int gen) {
     rs_gen_job *job = bench_job(cfg, batch, prompt_len, gen);

@@ -17,7 +17,9 @@
 static rs_cuda_ctx *ctx_of(rs_backend *b) { return rs_cuda_ctx_of(b); }
 
 /* These may be called from any thread (weight staging runs beside the engine): each holds the
- * capture lock (backend.h), so none lands in the middle of a step graph's recording. */
+ * capture lock (backend.h), so none lands in the middle of a step graph's recording. So does every
+ * other allocation and free here, since a second backend on the same GPU (the sync service's KV
+ * calibration) runs its own ops on another thread while the engine's backend may record. */
 
 static void *cuda_alloc(rs_backend *b, size_t bytes) {
     rs_cuda_ctx *c = ctx_of(b);
@@ -80,8 +82,10 @@ static void *buf_reserve(rs_cuda_ctx *c, rs_cuda_buf *buf, size_t bytes) {
     size_t cap = RS_MAX(bytes, buf->cap + buf->cap / 2);
     cap = (cap + ((size_t)1 << 16) - 1) & ~(((size_t)1 << 16) - 1); /* 64 KiB granules */
     void *p = NULL; /* the new one first: a moved buffer never reuses the old address */
+    rs_backend_cuda_capture_lock(); /* another thread's backend (KV calibration) may be recording */
     CUDA_CHECK(cudaMallocAsync(&p, cap, c->stream));
     if (buf->p) CUDA_CHECK(cudaFreeAsync(buf->p, c->stream));
+    rs_backend_cuda_capture_unlock();
     buf->p = p;
     buf->cap = cap;
     return buf->p;
@@ -113,12 +117,14 @@ const void *rs_cuda_mirror_of(rs_cuda_ctx *c, int slot, const void *host, size_t
     if (bytes == 0) return buf_reserve(c, &m->dev, 1);
     if (c->recording) return mirror_record(c, slot, host, bytes);
     if (c->graphs && m->pinned_cap < bytes) { /* room for a later recording's staging */
+        rs_backend_cuda_capture_lock();
         if (m->pinned) {
             CUDA_CHECK(cudaFreeHost(m->pinned));
             c->mem_gen++; /* recordings copy from the old staging buffer: they go */
         }
         m->pinned_cap = RS_MAX(bytes, m->pinned_cap + m->pinned_cap / 2);
         CUDA_CHECK(cudaMallocHost(&m->pinned, m->pinned_cap));
+        rs_backend_cuda_capture_unlock();
     }
     if (m->dev.p && bytes == m->bytes && memcmp(host, m->host, bytes) == 0) return m->dev.p;
     void *dev = buf_reserve(c, &m->dev, bytes);
@@ -150,6 +156,7 @@ extern "C" void rs_cuda_test_move_buffers(rs_backend *b) {
 
 static void cuda_destroy(rs_backend *b) {
     rs_cuda_ctx *c = ctx_of(b);
+    rs_backend_cuda_capture_lock();
     CUDA_CHECK(cudaStreamSynchronize(c->stream));
     for (int i = 0; i < RS_CUDA_S_COUNT; i++)
         if (c->scratch[i].p) CUDA_CHECK(cudaFreeAsync(c->scratch[i].p, c->stream));
@@ -163,6 +170,7 @@ static void cuda_destroy(rs_backend *b) {
     CUDA_CHECK(cudaStreamSynchronize(c->stream));
     rs_cuda_blas_free(c);
     CUDA_CHECK(cudaStreamDestroy(c->stream));
+    rs_backend_cuda_capture_unlock();
     free(c);
     free(b);
 }
@@ -243,8 +251,10 @@ extern "C" rs_backend *rs_backend_cuda_init(int device) {
     c->numerics = RS_NUMERICS_EXACT;
     c->gemv_rows_fp8 = RS_CUDA_GEMV_ROWS_FP8;
     c->gemv_rows_bf16 = RS_CUDA_GEMV_ROWS_BF16;
+    rs_backend_cuda_capture_lock(); /* a second backend (KV calibration) starts beside the engine's */
     CUDA_CHECK(cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking));
     rs_cuda_blas_init(c);
+    rs_backend_cuda_capture_unlock();
 
     rs_backend *b = (rs_backend *)rs_xcalloc(1, sizeof *b);
     b->ops = &cuda_ops;

@@ -116,7 +116,9 @@ static const void *const *moe_table(rs_cuda_ctx *c, const rs_moe_weights *w) {
         t = &c->moe_tables[c->n_moe_tables++];
         t->key = w->gate, t->E = E;
         t->host = (const void **)rs_xcalloc((size_t)6 * E, sizeof(void *));
+        rs_backend_cuda_capture_lock();
         CUDA_CHECK(cudaMalloc((void **)&t->dev, (size_t)6 * E * sizeof(void *)));
+        rs_backend_cuda_capture_unlock();
     }
     bool same = true;
     for (int e = 0; e < E; e++) {
@@ -137,7 +139,9 @@ static const void *const *moe_table(rs_cuda_ctx *c, const rs_moe_weights *w) {
 void rs_cuda_moe_tables_free(rs_cuda_ctx *c) {
     for (int i = 0; i < c->n_moe_tables; i++) {
         free(c->moe_tables[i].host);
+        rs_backend_cuda_capture_lock();
         CUDA_CHECK(cudaFree(c->moe_tables[i].dev));
+        rs_backend_cuda_capture_unlock();
     }
     free(c->moe_tables);
     c->moe_tables = NULL;
