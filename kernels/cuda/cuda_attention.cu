@@ -504,7 +504,8 @@ void rs_cuda_op_attention(rs_backend *b, float *out, const float *q, const rs_kv
 
 /* ---- C-callable hook for tests/unit/test_cuda_attention_fast.c ---- */
 
-/* Staged K/V tiles (the file comment) on or off from now on. */
+/* Staged K/V tiles (stage_rows) on or off for the launches from now on (a step graph recorded
+ * earlier replays the kernel it recorded). */
 extern "C" void rs_backend_cuda_set_attention_staging(rs_backend *b, bool on) { rs_cuda_ctx_of(b)->att_staging = on; }
 
 /* Fast numerics' decode attention in n context splits from now on (0: chosen by size). */
