@@ -34,6 +34,16 @@ def daemon(tmp_path_factory):
     assert rc == 0, f"rolloutd exited with {rc}:\n{d.read_log()[-4000:]}"
 
 
+@pytest.fixture(autouse=True)
+def settled(daemon):
+    """After each test, whatever it left: generation resumed, every request aborted, the engine idle,
+    so that one failing test does not leave the next a paused daemon."""
+    yield
+    daemon.post("/continue_generation", {})
+    daemon.post("/abort_request", {"abort_all": True})
+    wait_for(lambda: load(daemon)["num_reqs"] == 0, timeout=60.0, what="idle after the test")
+
+
 def test_info_aliases(daemon):
     a, b = daemon.get("/get_model_info"), daemon.get("/model_info")
     assert a.status_code == b.status_code == 200 and a.json() == b.json()
@@ -64,11 +74,20 @@ def start(d, bodies):
     return threads, out
 
 
+MAX_RUNNING = 2  # the daemon's --max-running
+
+
+def running(d):
+    body = load(d)
+    return body["num_reqs"] - body["num_waiting_reqs"]
+
+
 def frozen_in_flight(d, n, attempts=5):
     """Starts n long requests (2 run, the rest wait: --max-running 2), lets them produce tokens, and
     freezes them in place. The fixture model makes 400 tokens in a fraction of a second, so a
-    request can finish between seeing tokens and the pause: then the attempt is let run out and
-    made again."""
+    request can finish between seeing tokens and the pause; and a request that arrives after a step
+    began waits for the next boundary, so at the pause a running slot may still be free (seen under
+    ASan). Either way the attempt is let run out and made again."""
     for _ in range(attempts):
         before = m(metrics(d), "rolloutd_generation_tokens_total")
         threads, out = start(d, [dict(LONG, input_ids=[7 + i, 8, 9, 10], rid=f"long-{i}",
@@ -77,9 +96,10 @@ def frozen_in_flight(d, n, attempts=5):
         generating(d, before)
         assert d.post("/pause_generation", {"mode": "in_place"}).status_code == 200
         try:
-            wait_for(lambda: load(d)["num_reqs"] == n, timeout=3.0, what="every request admitted")
+            wait_for(lambda: load(d)["num_reqs"] == n and running(d) == min(n, MAX_RUNNING), timeout=3.0,
+                     what="every request admitted, the running slots taken")
             return threads, out
-        except AssertionError:  # one finished before the pause
+        except AssertionError:  # one finished, or one was not yet running, at the pause
             finish(d, threads, out)
             wait_for(lambda: load(d)["num_reqs"] == 0, what="idle again")
     raise AssertionError(f"requests finished before the pause in {attempts} attempts")
