@@ -48,7 +48,8 @@
 # A GPU machine without the C libraries (libmicrohttpd, jansson, libuv, ISA-L, PCRE2, utf8proc) and
 # without network: run scripts/fetch-debs.sh (and scripts/fetch-wheels.sh for the Python packages)
 # where there is network and copy .debs/ and .whl/ along with the checkout; this script unpacks the
-# .debs into .debs/root and installs the wheels into /tmp/rolloutd-site. One run:  OUT=/some/dir bash scripts/gpu-check.sh   (about 8 min)
+# .debs into .debs/root and installs the wheels into /tmp/rolloutd-site.
+# One run:  OUT=/some/dir bash scripts/gpu-check.sh   (about 8 min)
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 OUT=${OUT:-build-cuda}
