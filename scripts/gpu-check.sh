@@ -34,6 +34,9 @@
 #              rows for FP8, 8 for BF16, RS_CUDA_GEMV_ROWS_*)                                 <= 60 s
 #   push       a BF16 push of the 8B-shaped model into a GPU daemon serving FP8 weights and FP8
 #              KV: requantization and KV recalibration included                              <= 150 s
+#   fleet      one shm push to 3 CPU daemons against the same push to one (target <= 1.3x
+#              with a core or more per daemon), Qwen3-0.6B shapes, on this host's CPU cores: each
+#              daemon with every core for its conversion, then with 4                         <= 100 s
 #   nccl       tests/e2e/test_nccl_gpu.py: NCCL weight updates from rolloutd_client (unique id)
 #              and from an SGLang-style torch.distributed trainer over its TCPStore           <= 120 s
 #   e2e        the weight-sync and generation-API e2e files against a GPU daemon in exact
@@ -203,6 +206,16 @@ main() {
       --kv-cache-mb 4096 --daemon-args "--device cuda" --quantizations fp8
   else
     skip push "needs python3 with requests and numpy, and the 8B preset that decode8b writes"
+  fi
+  # the fleet-push ratio's target assumes a core or more per daemon: this host's CPU cores, CPU daemons
+  if have_py requests && have_py numpy; then
+    local m06=/tmp/rolloutd-q06 fl
+    fl="python3 scripts/bench_fleet_push.py --bin $B/rolloutd --model-dir $m06 --daemons 3 --repeat 5 --bucket-mb 64"
+    step fleet 100 sh -c "{ [ -e $m06/model.safetensors ] || $B/make-default-model --preset qwen3-0.6b --out $m06; } &&
+      $fl --daemon-args '--device cpu --kv-scale-mode dynamic' | tail -5 &&
+      $fl --daemon-args '--device cpu --kv-scale-mode dynamic --weight-sync-threads 4' | tail -5"
+  else
+    skip fleet "needs python3 with requests and numpy"
   fi
   if ((py_e2e && py_torch_cuda)); then
     step nccl 120 env "$daemon" python3 -m pytest -q -rs tests/e2e/test_nccl_gpu.py
