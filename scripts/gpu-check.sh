@@ -14,6 +14,9 @@
 #              (the emulation's rules against the real library), step graphs, capture rules   <= 120 s
 #   golden     test_golden.py against transformers, daemon --device cuda --numerics exact    <= 110 s
 #   numerics   test_numerics.py: fast against exact and transformers, seeded determinism     <= 40 s
+#   att        the attention op alone on decode rows (1, 32, 256 rows at contexts 1k and 4k, Qwen3-8B
+#              heads, BF16 and E4M3 pages): us per call and K/V GB/s, exact numerics, fast numerics
+#              with the K/V tile staging off and on (bench-gpu attention)                    <= 60 s
 #   decode06   batch-1 and batch-32 decode tokens/s and MBU (weight bytes per step / the
 #              device-to-device copy bandwidth measured in the same run), Qwen3-0.6B shapes,
 #              FP8 and BF16 weights, fast numerics                                            <= 60 s
@@ -181,6 +184,7 @@ main() {
     skip golden "needs python3 with pytest, requests and numpy"
     skip numerics "needs python3 with pytest, requests and numpy"
   fi
+  step att 60 $B/bench-gpu attention
   step decode06 60 $B/rollout-bench --device cuda --numerics fast --preset qwen3-0.6b --quantization both \
     --batches 1,32 --prompt 32 --gen 32
   step decode06x 60 $B/rollout-bench --device cuda --numerics exact --preset qwen3-0.6b --quantization both \

@@ -13,10 +13,19 @@
  *       (FP8: quantized per call): us per call, weight GB/s, and per dtype the largest row count at
  *       which the GEMV is faster (the crossover that RS_CUDA_GEMV_ROWS_FP8 / _BF16 should match).
  *
+ *   bench-gpu attention [--rows 1,32,256] [--ctx 1024,4096] [--heads NH:NKV] [--hd 128]
+ *       the attention op on decode rows (every row its own sequence at context ctx, pages in
+ *       order), BF16 and E4M3 (per-head scales) pages, Qwen3-8B's heads by default: us per call and
+ *       K/V bytes read per second, in exact numerics (one block walks a row's context) and in fast
+ *       numerics (split context), the latter with the K/V tile staging off and on
+ *       (rs_backend_cuda_set_attention_staging). The time includes the op's copies of the batch's
+ *       positions and block tables to the device, as in a step without graphs.
+ *
  * Times are the best of 5 windows of at least 0.05 s, each ending with a synchronizing download;
  * weights are cycled over enough copies to exceed the 50 MB L2 of an H100/H200. One line per
  * measurement, each naming the numerics.
  */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -219,19 +228,120 @@ static void bench_gemv(rs_backend *b, const list *shapes, const list *rows, doub
     }
 }
 
+/* ---- decode attention ---- */
+
+/* One attention op over the batch, timed as the best window (us are in the caller's print). */
+static double time_attention(rs_backend *b, float *out, const float *q, const rs_kv_layer *kv, int n_heads,
+                             const rs_batch *bt) {
+    const float scale = 1.0f / sqrtf((float)kv->head_dim);
+    rs_op_attention(b, out, q, kv, n_heads, scale, bt);
+    sync_backend(b, out);
+    double best = 1e30;
+    for (int win = 0; win < WINDOWS; win++) {
+        int iters = 0;
+        double t0 = rs_now_s(), dt;
+        do {
+            rs_op_attention(b, out, q, kv, n_heads, scale, bt);
+            iters++;
+            if (iters % 8 == 0) sync_backend(b, out);
+            dt = rs_now_s() - t0;
+        } while (dt < 0.05 || iters < 8);
+        sync_backend(b, out);
+        best = RS_MIN(best, (rs_now_s() - t0) / iters);
+    }
+    return best;
+}
+
+static void bench_attention(rs_backend *b, const list *rows, const list *ctx, int n_heads, int n_kv, int hd, double bw) {
+    uint64_t seed = 13;
+    int rmax = 0, cmax = 0;
+    for (int i = 0; i < rows->n; i++) rmax = RS_MAX(rmax, rows->v[i][0]);
+    for (int i = 0; i < ctx->n; i++) cmax = RS_MAX(cmax, ctx->v[i][0]);
+    const int bps = (cmax + RS_KV_BLOCK - 1) / RS_KV_BLOCK; /* pages per sequence */
+    printf("attention op, decode rows (one sequence each, pages in order), %d query heads / %d KV heads, head dim %d\n",
+           n_heads, n_kv, hd);
+    /* q, out; the batch's host arrays for the largest case (a case uses a prefix) */
+    const size_t nq = (size_t)rmax * n_heads * hd;
+    float *hq = rs_xmalloc(nq * sizeof(float));
+    for (size_t i = 0; i < nq; i++) hq[i] = (float)((i * 2654435761u) % 1000) / 500.0f - 1.0f;
+    float *q = rs_backend_alloc(b, nq * sizeof(float)), *out = rs_backend_alloc(b, nq * sizeof(float));
+    RS_ASSERT(q && out);
+    rs_backend_upload(b, q, hq, nq * sizeof(float));
+    free(hq);
+    int32_t *pos = rs_xmalloc((size_t)rmax * 4), *start = rs_xmalloc((size_t)(rmax + 1) * 4);
+    int32_t *seq_ctx = rs_xmalloc((size_t)rmax * 4), *tables = rs_xmalloc((size_t)rmax * bps * 4);
+    for (int r = 0; r < rmax; r++)
+        for (int p = 0; p < bps; p++) tables[(size_t)r * bps + p] = r * bps + p;
+    static const rs_dtype dts[] = {RS_DTYPE_BF16, RS_DTYPE_E4M3};
+    for (size_t di = 0; di < RS_ARRAY_LEN(dts); di++) {
+        const rs_dtype dt = dts[di];
+        rs_kv_layer kv = {.dtype = dt, .n_blocks = rmax * bps, .n_kv_heads = n_kv, .head_dim = hd,
+                          .scale_mode = dt == RS_DTYPE_E4M3 ? RS_KV_SCALE_PER_HEAD : RS_KV_SCALE_NONE};
+        const size_t es = rs_dtype_size(dt), row_bytes = (size_t)n_kv * hd * es; /* one position's K (or V) */
+        const size_t page_bytes = (size_t)kv.n_blocks * 2 * RS_KV_BLOCK * row_bytes;
+        /* the pages: one random chunk uploaded, copied on the device over the rest */
+        const size_t chunk = RS_MIN(page_bytes, (size_t)16 << 20);
+        kv.pages = dev_random(b, chunk, &seed, dt == RS_DTYPE_E4M3);
+        if (page_bytes > chunk) {
+            void *all = rs_backend_alloc(b, page_bytes);
+            if (!all) {
+                printf("  %s: %zu MB of pages do not fit; skipped\n", rs_dtype_name(dt), page_bytes >> 20);
+                rs_backend_free_mem(b, kv.pages);
+                continue;
+            }
+            for (size_t off = 0; off < page_bytes; off += chunk)
+                rs_backend_copy(b, (char *)all + off, kv.pages, RS_MIN(chunk, page_bytes - off));
+            rs_backend_free_mem(b, kv.pages);
+            kv.pages = all;
+        }
+        if (dt == RS_DTYPE_E4M3) kv.k_scale = dev_scales(b, (size_t)n_kv), kv.v_scale = dev_scales(b, (size_t)n_kv);
+        for (int ri = 0; ri < rows->n; ri++)
+            for (int ci = 0; ci < ctx->n; ci++) {
+                const int R = rows->v[ri][0], C = ctx->v[ci][0];
+                for (int r = 0; r < R; r++) pos[r] = C - 1, start[r] = r, seq_ctx[r] = C;
+                start[R] = R;
+                const rs_batch bt = {.n_tok = R, .n_seq = R, .pos = pos, .seq_start = start, .seq_ctx = seq_ctx,
+                                     .block_tables = tables, .max_blocks = bps};
+                const double bytes = 2.0 * (double)R * C * (double)row_bytes; /* K and V of every position */
+                double t[3];
+                rs_backend_set_numerics(b, RS_NUMERICS_EXACT);
+                t[0] = time_attention(b, out, q, &kv, n_heads, &bt);
+                rs_backend_set_numerics(b, RS_NUMERICS_FAST);
+                for (int st = 0; st < 2; st++) {
+                    rs_backend_cuda_set_attention_staging(b, st == 1);
+                    t[1 + st] = time_attention(b, out, q, &kv, n_heads, &bt);
+                }
+                rs_backend_cuda_set_attention_staging(b, false);
+                printf("  %-13s rows %4d ctx %6d (%7.1f MB K/V): exact %8.1f us | fast %8.1f us %6.0f GB/s (%3.0f%% of "
+                       "copy) | fast, staged %8.1f us %6.0f GB/s (%3.0f%%) | staged/unstaged speed %.2fx\n",
+                       rs_dtype_name(dt), R, C, bytes / 1e6, t[0] * 1e6, t[1] * 1e6, bytes / t[1] / 1e9,
+                       100.0 * bytes / t[1] / 1e9 / bw, t[2] * 1e6, bytes / t[2] / 1e9, 100.0 * bytes / t[2] / 1e9 / bw,
+                       t[1] / t[2]);
+            }
+        rs_backend_free_mem(b, kv.pages);
+        if (kv.k_scale) rs_backend_free_mem(b, kv.k_scale), rs_backend_free_mem(b, kv.v_scale);
+    }
+    free(pos), free(start), free(seq_ctx), free(tables);
+    rs_backend_free_mem(b, q), rs_backend_free_mem(b, out);
+}
+
 static void usage(void) {
     fprintf(stderr, "usage: bench-gpu copy | gemm [--shapes N:K,...] [--tokens T,...] | gemv [--shapes N:K,...] "
-                    "[--rows R,...]\n");
+                    "[--rows R,...] | attention [--rows R,...] [--ctx C,...] [--heads NH:NKV] [--hd D]\n");
     exit(2);
 }
 
 int main(int argc, char **argv) {
     if (argc < 2) usage();
     const char *what = argv[1];
-    list shapes, tokens, rows;
+    const bool att = !strcmp(what, "attention");
+    list shapes, tokens, rows, ctx, heads, hd;
     parse_list("6144:4096,4096:4096,12288:4096,4096:12288", &shapes, true); /* Qwen3-8B q|k|v, o, gate, down */
     parse_list("512,2048,4096", &tokens, false);
-    parse_list("1,2,4,8,12,16,24,32,64", &rows, false);
+    parse_list(att ? "1,32,256" : "1,2,4,8,12,16,24,32,64", &rows, false);
+    parse_list("1024,4096", &ctx, false);
+    parse_list("32:8", &heads, true); /* Qwen3-8B */
+    parse_list("128", &hd, false);
     for (int i = 2; i < argc; i += 2) {
         if (i + 1 >= argc) usage();
         if (!strcmp(argv[i], "--shapes")) {
@@ -240,6 +350,12 @@ int main(int argc, char **argv) {
             if (parse_list(argv[i + 1], &tokens, false)) usage();
         } else if (!strcmp(argv[i], "--rows")) {
             if (parse_list(argv[i + 1], &rows, false)) usage();
+        } else if (!strcmp(argv[i], "--ctx")) {
+            if (parse_list(argv[i + 1], &ctx, false)) usage();
+        } else if (!strcmp(argv[i], "--heads")) {
+            if (parse_list(argv[i + 1], &heads, true) || heads.n != 1 || heads.v[0][0] % heads.v[0][1]) usage();
+        } else if (!strcmp(argv[i], "--hd")) {
+            if (parse_list(argv[i + 1], &hd, false) || hd.n != 1) usage();
         } else usage();
     }
     rs_log_min_level = RS_LOG_LEVEL_WARN;
@@ -255,6 +371,10 @@ int main(int argc, char **argv) {
         const double bw = copy_gbs(b);
         printf("device-to-device copy: %.1f GB/s (read + write)\n", bw);
         bench_gemv(b, &shapes, &rows, bw);
+    } else if (att) {
+        const double bw = copy_gbs(b);
+        printf("device-to-device copy: %.1f GB/s (read + write)\n", bw);
+        bench_attention(b, &rows, &ctx, heads.v[0][0], heads.v[0][1], hd.v[0][0], bw);
     } else usage();
     rs_backend_free(b);
     return 0;
