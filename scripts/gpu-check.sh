@@ -16,7 +16,7 @@
 #   numerics   test_numerics.py: fast against exact and transformers, seeded determinism     <= 40 s
 #   att        the attention op alone on decode rows (1, 32, 256 rows at contexts 1k and 4k, Qwen3-8B
 #              heads, BF16 and E4M3 pages): us per call and K/V GB/s, exact numerics, fast numerics
-#              with the K/V tile staging off and on (bench-gpu attention)                    <= 60 s
+#              at the automatic, 8 and 32 context splits, K/V staging off and on              <= 60 s
 #   decode06   batch-1 and batch-32 decode tokens/s and MBU (weight bytes per step / the
 #              device-to-device copy bandwidth measured in the same run), Qwen3-0.6B shapes,
 #              FP8 and BF16 weights, fast numerics                                            <= 60 s

@@ -13,12 +13,13 @@
  *       (FP8: quantized per call): us per call, weight GB/s, and per dtype the largest row count at
  *       which the GEMV is faster (the crossover that RS_CUDA_GEMV_ROWS_FP8 / _BF16 should match).
  *
- *   bench-gpu attention [--rows 1,32,256] [--ctx 1024,4096] [--heads NH:NKV] [--hd 128]
+ *   bench-gpu attention [--rows 1,32,256] [--ctx 1024,4096] [--heads NH:NKV] [--hd 128] [--splits 1,8,32]
  *       the attention op on decode rows (every row its own sequence at context ctx, pages in
  *       order), BF16 and E4M3 (per-head scales) pages, Qwen3-8B's heads by default: us per call and
  *       K/V bytes read per second, in exact numerics (one block walks a row's context) and in fast
  *       numerics (split context), the latter with the K/V tile staging off and on
- *       (rs_backend_cuda_set_attention_staging). The time includes the op's copies of the batch's
+ *       (rs_backend_cuda_set_attention_staging), for each context split count of --splits (1: the
+ *       backend's own choice, two waves of blocks on the GPU; else that many splits). The time includes the op's copies of the batch's
  *       positions and block tables to the device, as in a step without graphs.
  *
  * Times are the best of 5 windows of at least 0.05 s, each ending with a synchronizing download;
@@ -36,6 +37,7 @@
 
 #ifdef RS_CUDA
 /* hooks in kernels/cuda/cuda_blas.cu */
+void rs_cuda_test_attention_splits(rs_backend *b, int n); /* kernels/cuda/cuda_attention.cu */
 int rs_cuda_test_blas_gemm(rs_backend *b, int kind, void *out, rs_dtype out_dt, const void *x, const float *xs,
                            const void *w, const float *ws, int t, int n, int k);
 
@@ -252,7 +254,8 @@ static double time_attention(rs_backend *b, float *out, const float *q, const rs
     return best;
 }
 
-static void bench_attention(rs_backend *b, const list *rows, const list *ctx, int n_heads, int n_kv, int hd, double bw) {
+static void bench_attention(rs_backend *b, const list *rows, const list *ctx, const list *splits, int n_heads, int n_kv,
+                            int hd, double bw) {
     uint64_t seed = 13;
     int rmax = 0, cmax = 0;
     for (int i = 0; i < rows->n; i++) rmax = RS_MAX(rmax, rows->v[i][0]);
@@ -303,20 +306,29 @@ static void bench_attention(rs_backend *b, const list *rows, const list *ctx, in
                 const rs_batch bt = {.n_tok = R, .n_seq = R, .pos = pos, .seq_start = start, .seq_ctx = seq_ctx,
                                      .block_tables = tables, .max_blocks = bps};
                 const double bytes = 2.0 * (double)R * C * (double)row_bytes; /* K and V of every position */
-                double t[3];
                 rs_backend_set_numerics(b, RS_NUMERICS_EXACT);
-                t[0] = time_attention(b, out, q, &kv, n_heads, &bt);
+                const double te = time_attention(b, out, q, &kv, n_heads, &bt);
+                printf("  %-13s rows %4d ctx %6d (%7.1f MB K/V): exact %8.1f us %6.0f GB/s\n", rs_dtype_name(dt), R, C,
+                       bytes / 1e6, te * 1e6, bytes / te / 1e9);
                 rs_backend_set_numerics(b, RS_NUMERICS_FAST);
-                for (int st = 0; st < 2; st++) {
-                    rs_backend_cuda_set_attention_staging(b, st == 1);
-                    t[1 + st] = time_attention(b, out, q, &kv, n_heads, &bt);
+                for (int si = 0; si < splits->n; si++) {
+                    const int sp = splits->v[si][0] == 1 ? 0 : splits->v[si][0]; /* "1" in the list: automatic */
+                    rs_cuda_test_attention_splits(b, sp);
+                    double t[2];
+                    for (int st = 0; st < 2; st++) {
+                        rs_backend_cuda_set_attention_staging(b, st == 1);
+                        t[st] = time_attention(b, out, q, &kv, n_heads, &bt);
+                    }
+                    rs_backend_cuda_set_attention_staging(b, false);
+                    char what[16];
+                    if (sp) snprintf(what, sizeof what, "%d", sp);
+                    else snprintf(what, sizeof what, "auto");
+                    printf("      fast, splits %-4s %8.1f us %6.0f GB/s (%3.0f%% of copy) | staged %8.1f us %6.0f GB/s "
+                           "(%3.0f%%) | staged/unstaged speed %.2fx\n",
+                           what, t[0] * 1e6, bytes / t[0] / 1e9, 100.0 * bytes / t[0] / 1e9 / bw, t[1] * 1e6,
+                           bytes / t[1] / 1e9, 100.0 * bytes / t[1] / 1e9 / bw, t[0] / t[1]);
                 }
-                rs_backend_cuda_set_attention_staging(b, false);
-                printf("  %-13s rows %4d ctx %6d (%7.1f MB K/V): exact %8.1f us | fast %8.1f us %6.0f GB/s (%3.0f%% of "
-                       "copy) | fast, staged %8.1f us %6.0f GB/s (%3.0f%%) | staged/unstaged speed %.2fx\n",
-                       rs_dtype_name(dt), R, C, bytes / 1e6, t[0] * 1e6, t[1] * 1e6, bytes / t[1] / 1e9,
-                       100.0 * bytes / t[1] / 1e9 / bw, t[2] * 1e6, bytes / t[2] / 1e9, 100.0 * bytes / t[2] / 1e9 / bw,
-                       t[1] / t[2]);
+                rs_cuda_test_attention_splits(b, 0);
             }
         rs_backend_free_mem(b, kv.pages);
         if (kv.k_scale) rs_backend_free_mem(b, kv.k_scale), rs_backend_free_mem(b, kv.v_scale);
@@ -327,7 +339,7 @@ static void bench_attention(rs_backend *b, const list *rows, const list *ctx, in
 
 static void usage(void) {
     fprintf(stderr, "usage: bench-gpu copy | gemm [--shapes N:K,...] [--tokens T,...] | gemv [--shapes N:K,...] "
-                    "[--rows R,...] | attention [--rows R,...] [--ctx C,...] [--heads NH:NKV] [--hd D]\n");
+                    "[--rows R,...] | attention [--rows R,...] [--ctx C,...] [--heads NH:NKV] [--hd D] [--splits S,...]\n");
     exit(2);
 }
 
@@ -335,13 +347,14 @@ int main(int argc, char **argv) {
     if (argc < 2) usage();
     const char *what = argv[1];
     const bool att = !strcmp(what, "attention");
-    list shapes, tokens, rows, ctx, heads, hd;
+    list shapes, tokens, rows, ctx, heads, hd, splits;
     parse_list("6144:4096,4096:4096,12288:4096,4096:12288", &shapes, true); /* Qwen3-8B q|k|v, o, gate, down */
     parse_list("512,2048,4096", &tokens, false);
     parse_list(att ? "1,32,256" : "1,2,4,8,12,16,24,32,64", &rows, false);
     parse_list("1024,4096", &ctx, false);
     parse_list("32:8", &heads, true); /* Qwen3-8B */
     parse_list("128", &hd, false);
+    parse_list("1,8,32", &splits, false); /* 1: the backend's own choice */
     for (int i = 2; i < argc; i += 2) {
         if (i + 1 >= argc) usage();
         if (!strcmp(argv[i], "--shapes")) {
@@ -354,6 +367,10 @@ int main(int argc, char **argv) {
             if (parse_list(argv[i + 1], &ctx, false)) usage();
         } else if (!strcmp(argv[i], "--heads")) {
             if (parse_list(argv[i + 1], &heads, true) || heads.n != 1 || heads.v[0][0] % heads.v[0][1]) usage();
+        } else if (!strcmp(argv[i], "--splits")) {
+            if (parse_list(argv[i + 1], &splits, false)) usage();
+            for (int j = 0; j < splits.n; j++)
+                if (splits.v[j][0] > 64) usage();
         } else if (!strcmp(argv[i], "--hd")) {
             if (parse_list(argv[i + 1], &hd, false) || hd.n != 1) usage();
         } else usage();
@@ -374,7 +391,7 @@ int main(int argc, char **argv) {
     } else if (att) {
         const double bw = copy_gbs(b);
         printf("device-to-device copy: %.1f GB/s (read + write)\n", bw);
-        bench_attention(b, &rows, &ctx, heads.v[0][0], heads.v[0][1], hd.v[0][0], bw);
+        bench_attention(b, &rows, &ctx, &splits, heads.v[0][0], heads.v[0][1], hd.v[0][0], bw);
     } else usage();
     rs_backend_free(b);
     return 0;
