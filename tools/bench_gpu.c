@@ -19,8 +19,10 @@
  *       K/V bytes read per second, in exact numerics (one block walks a row's context) and in fast
  *       numerics (split context), the latter with the K/V tile staging off and on
  *       (rs_backend_cuda_set_attention_staging), for each context split count of --splits (1: the
- *       backend's own choice, two waves of blocks on the GPU; else that many splits). The time includes the op's copies of the batch's
- *       positions and block tables to the device, as in a step without graphs.
+ *       backend's own choice, two waves of blocks on the GPU; else that many splits). The time
+ *       includes the op's copies of the batch's positions and block tables to the device, as in a
+ *       step without graphs. GB/s against the copy bandwidth (read + write) is the MBU measure of
+ *       the decode benchmarks.
  *
  * Times are the best of 5 windows of at least 0.05 s, each ending with a synchronizing download;
  * weights are cycled over enough copies to exceed the 50 MB L2 of an H100/H200. One line per
