@@ -65,7 +65,7 @@ DEPS_OK  := $(BUILD)/.deps-ok
 
 PROGRAMS := $(BUILD)/rolloutd $(BUILD)/rollout-bench $(BUILD)/make-default-model $(BUILD)/unit-tests \
             $(BUILD)/bench-matmul $(BUILD)/bench-quant $(BUILD)/fp8-mismatch $(BUILD)/rl-bench $(BUILD)/bench-inproc \
-            $(BUILD)/tcpstore-probe $(BUILD)/tokenize $(BUILD)/print-fields $(BUILD)/bench-gpu
+            $(BUILD)/tcpstore-probe $(BUILD)/tokenize $(BUILD)/print-fields $(BUILD)/bench-gpu $(BUILD)/bench-gemv
 
 .PHONY: all run test unit e2e fuzz clean deps cuda-emu golden-kernels docs rl-demo
 all: $(PROGRAMS)
@@ -109,6 +109,9 @@ $(BUILD)/make-default-model: $(BUILD)/tools/make_default_model.o $(BUILD)/librol
 	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
 
 $(BUILD)/bench-matmul: $(BUILD)/tools/bench_matmul.o $(BUILD)/librolloutd.a
+	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
+
+$(BUILD)/bench-gemv: $(BUILD)/tools/bench_gemv.o $(BUILD)/librolloutd.a
 	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
 
 $(BUILD)/fp8-mismatch: $(BUILD)/tools/fp8_mismatch.o $(BUILD)/librolloutd.a

@@ -96,6 +96,22 @@ static rs_cpu_simd env_simd_cap(void) {
     return RS_CPU_SIMD_AVX512;
 }
 
+/* RS_CPU_GEMV fixes the batch-1 tile form (cpu_internal.h rs_cpu_gemv); unset or "auto": timed. */
+static rs_cpu_gemv env_gemv(void) {
+    const char *e = getenv("RS_CPU_GEMV");
+    if (!e || !*e || strcmp(e, "auto") == 0) return RS_CPU_GEMV_AUTO;
+    if (strcmp(e, "tile") == 0) return RS_CPU_GEMV_TILE;
+    if (strcmp(e, "rows") == 0) return RS_CPU_GEMV_ROWS;
+    RS_WARN("cpu backend | ignoring RS_CPU_GEMV=%s (expected auto, tile or rows)", e);
+    return RS_CPU_GEMV_AUTO;
+}
+
+void rs_cpu_set_gemv(rs_backend *b, rs_cpu_gemv mode) {
+    rs_cpu_ctx *c = rs_cpu_ctx_of(b);
+    c->gemv_mode = mode;
+    memset(c->gemv, 0, sizeof c->gemv);
+}
+
 rs_cpu_simd rs_cpu_set_simd(rs_backend *b, rs_cpu_simd level) {
     rs_cpu_ctx *c = rs_cpu_ctx_of(b);
     c->simd = level < c->simd_max ? level : c->simd_max;
@@ -278,6 +294,7 @@ rs_backend *rs_backend_cpu_init(int n_threads) {
     c->n_threads = rs_pool_threads(c->pool);
     c->thread_buf = rs_xcalloc((size_t)c->n_threads, sizeof *c->thread_buf);
     c->simd_max = detect_simd();
+    c->gemv_mode = env_gemv();
     c->bf16_dot = c->simd_max == RS_CPU_SIMD_AVX512 && has_avx512_bf16();
     rs_cpu_simd cap = env_simd_cap();
     c->simd = cap < c->simd_max ? cap : c->simd_max;

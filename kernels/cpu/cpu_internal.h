@@ -33,6 +33,21 @@ typedef struct rs_cpu_buf {
     size_t cap;
 } rs_cpu_buf;
 
+/* A batch-1 matmul with BF16/F16/F32 weights on AVX-512 has two tile forms that give the same bits
+ * (cpu_simd_avx512.c): four weight rows read together, or one after another. Which reads memory
+ * faster changes with the machine's load, so cpu_matmul.c times both per weight shape and takes
+ * the faster, trying the other every RS_CPU_GEMV_PROBE calls. RS_CPU_GEMV=tile|rows (or
+ * rs_cpu_set_gemv) fixes one form, for tests and benchmarks. */
+typedef enum rs_cpu_gemv { RS_CPU_GEMV_AUTO = 0, RS_CPU_GEMV_TILE, RS_CPU_GEMV_ROWS } rs_cpu_gemv;
+#define RS_CPU_GEMV_SHAPES 16
+#define RS_CPU_GEMV_PROBE  16
+typedef struct rs_cpu_gemv_pick {
+    int64_t n, k;            /* the weight shape (n = 0: a free entry) */
+    int es;                  /* and its element size */
+    uint32_t calls;
+    double ns_per_byte[2];   /* recent time of each form (0: not timed yet), [0] tile, [1] rows */
+} rs_cpu_gemv_pick;
+
 typedef struct rs_cpu_ctx {
     rs_pool *pool;
     int n_threads;
@@ -45,6 +60,8 @@ typedef struct rs_cpu_ctx {
     rs_cpu_buf fp8_act;      /* FP8 matmul: the quantized activations, scales then codes */
     rs_cpu_buf fp8_rows;     /* FP8 matmul below AVX-512 VNNI: a packed weight unpacked to row-major */
     rs_cpu_buf bf16_act;     /* fast numerics: a BF16 matmul's activation rows rounded to BF16 */
+    rs_cpu_gemv_pick gemv[RS_CPU_GEMV_SHAPES]; /* batch-1 tile form per weight shape (cpu_matmul.c) */
+    rs_cpu_gemv gemv_mode;   /* RS_CPU_GEMV, or rs_cpu_set_gemv */
     bool bf16_dot;           /* this CPU has AVX512_BF16 (vdpbf16ps) */
     bool fast;               /* --numerics fast asked (rs_cpu_fast_bf16 says where it applies) */
 } rs_cpu_ctx;
@@ -79,6 +96,7 @@ static inline bool rs_cpu_fast_bf16(const rs_cpu_ctx *c) {
 /* Test hook: caps the SIMD level at `level` (and at what the CPU supports); returns the level now
  * in use. */
 rs_cpu_simd rs_cpu_set_simd(rs_backend *b, rs_cpu_simd level);
+void rs_cpu_set_gemv(rs_backend *b, rs_cpu_gemv mode);
 const char *rs_cpu_simd_name(rs_cpu_simd s);
 
 /* ---- matmul core (cpu_matmul.c) ---- */
@@ -121,6 +139,10 @@ rs_cpu_tile_fn rs_cpu_tile_avx2(rs_dtype dt);
  * (AVX512_BF16 CPUs only), and the rounding of fp32 activations to BF16 that feeds it,
  * bit-identical to rs_f32_to_bf16 element by element. */
 rs_cpu_tile_fn rs_cpu_tile_avx512_bf16_dot(void);
+/* The row-sequential forms of the AVX-512 tiles, for one token row (t->nt == 1) only. (An AVX2 form
+ * was 2.3x slower than its tile: one 8-lane FMA chain a row is bound by the FMA's latency.) */
+rs_cpu_tile_fn rs_cpu_gemv_avx512(rs_dtype dt);
+rs_cpu_tile_fn rs_cpu_gemv_avx512_bf16_dot(void);
 void rs_cpu_round_bf16_avx512(uint16_t *dst /* [n] */, const float *src /* [n] */, size_t n);
 
 /* The FP8 GEMM's instruction set at SIMD level s (cpu_matmul.c; every one gives the same bits):

@@ -9,6 +9,9 @@
  * block stays in L2 while the weight blocks pass: the weights are read from memory once per token
  * block instead of once per token tile.
  *
+ * One token row on AVX-512 with BF16/F16/F32 weights runs either the tile or its row-sequential form
+ * (the same bits), whichever has been faster lately for that weight shape (gemv_run).
+ *
  * The per-ISA tile kernels live in cpu_simd_avx2.c and cpu_simd_avx512.c; the scalar tile here is
  * also the reference (sequential fp32 sums), exposed as rs_cpu_matmul_ref for tests.
  *
@@ -208,6 +211,53 @@ static void matmul_fp8(rs_cpu_ctx *c, float *out, const float *x, const rs_tenso
     if (b) add_bias(out, b, rows, n);
 }
 
+/* ---- batch 1: the tile or its row-sequential form (cpu_internal.h rs_cpu_gemv) ---- */
+
+/* The timing entry of a weight shape (dot: the fast numerics' tile), made on first use; NULL when the
+ * table is full (that shape then always takes the tile). */
+static rs_cpu_gemv_pick *gemv_entry(rs_cpu_ctx *c, int64_t n, int64_t k, int es, bool dot) {
+    const int key = es | (dot ? 0x100 : 0);
+    for (int i = 0; i < RS_CPU_GEMV_SHAPES; i++) {
+        rs_cpu_gemv_pick *p = &c->gemv[i];
+        if (p->n == n && p->k == k && p->es == key) return p;
+        if (p->n == 0) {
+            *p = (rs_cpu_gemv_pick){.n = n, .k = k, .es = key};
+            return p;
+        }
+    }
+    return NULL;
+}
+
+/* One token row through j->tile or rows_tile (the same bits). In auto mode each form is timed on
+ * the shape's first calls, then the faster one runs and the other is timed again every
+ * RS_CPU_GEMV_PROBE-th call, so the choice follows the machine (its memory bandwidth moved by
+ * 30% within minutes on a shared VM, and the better form with it). */
+static void gemv_run(rs_cpu_ctx *c, mm_job *j, rs_cpu_tile_fn rows_tile, int64_t grain) {
+    rs_cpu_gemv_pick *p = NULL;
+    int use; /* 0 the tile, 1 the rows */
+    if (c->gemv_mode != RS_CPU_GEMV_AUTO) {
+        use = c->gemv_mode == RS_CPU_GEMV_ROWS;
+    } else if (!(p = gemv_entry(c, j->n, j->k, (int)j->es, j->xb != NULL))) {
+        use = 0;
+    } else {
+        const uint32_t call = p->calls++;
+        if (p->ns_per_byte[0] == 0) use = 0;
+        else if (p->ns_per_byte[1] == 0) use = 1;
+        else {
+            const int best = p->ns_per_byte[1] < p->ns_per_byte[0];
+            use = call % RS_CPU_GEMV_PROBE == RS_CPU_GEMV_PROBE - 1 ? !best : best;
+        }
+    }
+    if (use) j->tile = rows_tile;
+    const double t0 = p ? rs_now_s() : 0;
+    rs_pool_run(c->pool, j->n, grain, mm_range, j);
+    if (p) {
+        const double v = (rs_now_s() - t0) * 1e9 / (double)(j->n * j->k * (int64_t)j->es);
+        double *e = &p->ns_per_byte[use];
+        *e = *e == 0 ? v : 0.75 * *e + 0.25 * v;
+    }
+}
+
 void rs_cpu_matmul(rs_cpu_ctx *c, float *out, const float *x, const rs_tensor *w, const rs_tensor *bias,
                    int rows) {
     check_weight(w);
@@ -246,7 +296,14 @@ void rs_cpu_matmul(rs_cpu_ctx *c, float *out, const float *x, const rs_tensor *w
 
     int64_t macs = n * k * rows;
     int64_t grain = macs < MIN_PARALLEL_MACS ? n : RS_CPU_NW;
-    rs_pool_run(c->pool, n, grain, mm_range, &j);
+    rs_cpu_tile_fn rows_tile = NULL; /* the row-sequential form of j.tile, where there is one */
+    if (rows == 1 && c->simd == RS_CPU_SIMD_AVX512)
+        rows_tile = j.xb ? rs_cpu_gemv_avx512_bf16_dot() : rs_cpu_gemv_avx512(w->dtype);
+    if (!rows_tile) {
+        rs_pool_run(c->pool, n, grain, mm_range, &j);
+        return;
+    }
+    gemv_run(c, &j, rows_tile, grain);
 }
 
 void rs_cpu_matmul_ref(float *out, const float *x, const rs_tensor *w, const rs_tensor *bias, int rows) {

@@ -10,12 +10,22 @@
  * through an always-inline body with constant arguments, so the compiler unrolls and keeps the
  * accumulator arrays in registers.
  *
+ * One token row (batch-1 decode) also has a row-sequential form of each tile (rs_cpu_gemv_avx512,
+ * rs_cpu_gemv_avx512_bf16_dot): the same four weight rows, each read front to back before the next,
+ * so a thread reads one stream of memory instead of four interleaved ones. Each weight row's
+ * accumulator goes through exactly the operations of the interleaved tile, in the same order, so
+ * the outputs are the same bits. Which form is faster depends on the machine's memory at the time
+ * (cpu_matmul.c picks by timing both): on a 2-vCPU Zen 4 VM, alternated call by call, the row form
+ * read 47-58 GB/s against 36-45 when memory was contended and 5-10% less than the interleaved
+ * tile's 60-85 GB/s when it was not (one FMA chain a row is latency-bound there).
+ *
  * The fast numerics' BF16 tile (tile_bf16_dot, CPUs with AVX512_BF16) takes the token rows already
  * rounded to BF16 and multiplies 32 BF16 pairs per instruction with vdpbf16ps into the same 4 x NT
  * fp32 accumulators: each lane adds the two products of its pair (exact in fp32) with round-to-
  * nearest-even, denormals flushed, as the instruction defines; the K tail is a zero-masked load.
  * Twice the products of an FMA per instruction and no widening of the weights.
  */
+#include "../../core/rs.h"
 #include "cpu_hsum.h"
 #include "cpu_internal.h"
 
@@ -50,7 +60,9 @@ T512 INLINE void tile_start(const rs_cpu_tile *tl, size_t es, const int NT, cons
         for (int j = 0; j < RS_CPU_NW; j++) acc[j][t] = _mm512_setzero_ps();
 }
 
-T512 INLINE void tile_body(const rs_cpu_tile *tl, const int NT, const rs_dtype dt) {
+/* ROWS (NT = 1 only): the weight rows one after another, each with its prefetch of the next block's
+ * same row; else all four together. Every accumulator sees the same operations either way. */
+T512 INLINE void tile_body(const rs_cpu_tile *tl, const int NT, const rs_dtype dt, const bool ROWS) {
     const size_t es = dt == RS_DTYPE_F32 ? 4 : 2;
     const int64_t k = tl->k, ldx = tl->ldx;
     const float *x = tl->x;
@@ -59,6 +71,13 @@ T512 INLINE void tile_body(const rs_cpu_tile *tl, const int NT, const rs_dtype d
     tile_start(tl, es, NT, wr, pf, acc);
 
     const int64_t k16 = k & ~(int64_t)15;
+    if (ROWS) {
+        for (int j = 0; j < tl->nw; j++) /* the rows past nw are copies of the last: their sums are dropped */
+            for (int64_t i = 0; i < k16; i += 16) {
+                if (pf[j] && (i * (int64_t)es) % 64 == 0) _mm_prefetch(pf[j] + (size_t)i * es, _MM_HINT_T1);
+                acc[j][0] = _mm512_fmadd_ps(load16(wr[j], i, dt), _mm512_loadu_ps(x + i), acc[j][0]);
+            }
+    } else
     for (int64_t i = 0; i < k16; i += 16) {
         if (pf[0] && (i * (int64_t)es) % 64 == 0) {
 #pragma GCC unroll 4
@@ -89,13 +108,17 @@ T512 INLINE void tile_body(const rs_cpu_tile *tl, const int NT, const rs_dtype d
 #define DEFINE_TILE(name, DT)                                                                                \
     T512 static void name(const rs_cpu_tile *t) {                                                            \
         switch (t->nt) {                                                                                     \
-        case 1: tile_body(t, 1, DT); break;                                                                  \
-        case 2: tile_body(t, 2, DT); break;                                                                  \
-        case 3: tile_body(t, 3, DT); break;                                                                  \
-        case 4: tile_body(t, 4, DT); break;                                                                  \
-        case 5: tile_body(t, 5, DT); break;                                                                  \
-        default: tile_body(t, 6, DT); break;                                                                 \
+        case 1: tile_body(t, 1, DT, false); break;                                                           \
+        case 2: tile_body(t, 2, DT, false); break;                                                           \
+        case 3: tile_body(t, 3, DT, false); break;                                                           \
+        case 4: tile_body(t, 4, DT, false); break;                                                           \
+        case 5: tile_body(t, 5, DT, false); break;                                                           \
+        default: tile_body(t, 6, DT, false); break;                                                          \
         }                                                                                                    \
+    }                                                                                                        \
+    T512 static void name##_rows(const rs_cpu_tile *t) {                                                     \
+        RS_ASSERT(t->nt == 1);                                                                               \
+        tile_body(t, 1, DT, true);                                                                           \
     }
 DEFINE_TILE(tile_bf16, RS_DTYPE_BF16)
 DEFINE_TILE(tile_f16, RS_DTYPE_F16)
@@ -104,6 +127,10 @@ _Static_assert(RS_CPU_NT_AVX512 == 6, "DEFINE_TILE instantiates nt = 1..6");
 
 rs_cpu_tile_fn rs_cpu_tile_avx512(rs_dtype dt) {
     return dt == RS_DTYPE_BF16 ? tile_bf16 : dt == RS_DTYPE_F16 ? tile_f16 : tile_f32;
+}
+
+rs_cpu_tile_fn rs_cpu_gemv_avx512(rs_dtype dt) {
+    return dt == RS_DTYPE_BF16 ? tile_bf16_rows : dt == RS_DTYPE_F16 ? tile_f16_rows : tile_f32_rows;
 }
 
 /* ---- fast numerics: BF16 x BF16 on vdpbf16ps ---- */
@@ -133,7 +160,8 @@ TBF16 INLINE void tile_dot_step(const uint16_t *const wr[RS_CPU_NW], const uint1
     }
 }
 
-TBF16 INLINE void tile_dot_body(const rs_cpu_tile *tl, const int NT) {
+/* ROWS (NT = 1 only): the weight rows one after another, as in tile_body. */
+TBF16 INLINE void tile_dot_body(const rs_cpu_tile *tl, const int NT, const bool ROWS) {
     const int64_t k = tl->k, ldx = tl->ldx;
     const uint16_t *x = tl->xb;
     const char *wc[RS_CPU_NW], *pf[RS_CPU_NW];
@@ -143,7 +171,19 @@ TBF16 INLINE void tile_dot_body(const rs_cpu_tile *tl, const int NT) {
     for (int j = 0; j < RS_CPU_NW; j++) wr[j] = (const uint16_t *)(const void *)wc[j];
 
     const int64_t k32 = k & ~(int64_t)31;
-    for (int64_t i = 0; i < k32; i += 32) { /* 64 bytes of every row a step */
+    if (ROWS) {
+        for (int j = 0; j < tl->nw; j++) {
+            for (int64_t i = 0; i < k32; i += 32) {
+                if (pf[j]) _mm_prefetch(pf[j] + (size_t)i * 2, _MM_HINT_T0);
+                acc[j][0] = _mm512_dpbf16_ps(acc[j][0], (__m512bh)load32_bf16(wr[j] + i, 32),
+                                             (__m512bh)load32_bf16(x + i, 32));
+            }
+            if (k32 < k)
+                acc[j][0] = _mm512_dpbf16_ps(acc[j][0], (__m512bh)load32_bf16(wr[j] + k32, k - k32),
+                                             (__m512bh)load32_bf16(x + k32, k - k32));
+        }
+    } else {
+        for (int64_t i = 0; i < k32; i += 32) { /* 64 bytes of every row a step */
         /* the next weight block into L1, not L2 as the fp32 tile does: this loop has too little work
          * per byte to hide L2 latency (bench-matmul 3072 1024 bf16,bf16fast 1 1: 0.82 -> 1.0 of the
          * fp32 tile's time on Zen 4) */
@@ -151,9 +191,10 @@ TBF16 INLINE void tile_dot_body(const rs_cpu_tile *tl, const int NT) {
 #pragma GCC unroll 4
             for (int j = 0; j < RS_CPU_NW; j++) _mm_prefetch(pf[j] + (size_t)i * 2, _MM_HINT_T0);
         }
-        tile_dot_step(wr, x, ldx, i, 32, NT, acc);
+            tile_dot_step(wr, x, ldx, i, 32, NT, acc);
+        }
+        if (k32 < k) tile_dot_step(wr, x, ldx, k32, k - k32, NT, acc);
     }
-    if (k32 < k) tile_dot_step(wr, x, ldx, k32, k - k32, NT, acc);
 #pragma GCC unroll 8
     for (int t = 0; t < NT; t++) {
         float s[4];
@@ -164,16 +205,22 @@ TBF16 INLINE void tile_dot_body(const rs_cpu_tile *tl, const int NT) {
 
 TBF16 static void tile_bf16_dot(const rs_cpu_tile *t) {
     switch (t->nt) {
-    case 1: tile_dot_body(t, 1); break;
-    case 2: tile_dot_body(t, 2); break;
-    case 3: tile_dot_body(t, 3); break;
-    case 4: tile_dot_body(t, 4); break;
-    case 5: tile_dot_body(t, 5); break;
-    default: tile_dot_body(t, 6); break;
+    case 1: tile_dot_body(t, 1, false); break;
+    case 2: tile_dot_body(t, 2, false); break;
+    case 3: tile_dot_body(t, 3, false); break;
+    case 4: tile_dot_body(t, 4, false); break;
+    case 5: tile_dot_body(t, 5, false); break;
+    default: tile_dot_body(t, 6, false); break;
     }
 }
 
+TBF16 static void tile_bf16_dot_rows(const rs_cpu_tile *t) {
+    RS_ASSERT(t->nt == 1);
+    tile_dot_body(t, 1, true);
+}
+
 rs_cpu_tile_fn rs_cpu_tile_avx512_bf16_dot(void) { return tile_bf16_dot; }
+rs_cpu_tile_fn rs_cpu_gemv_avx512_bf16_dot(void) { return tile_bf16_dot_rows; }
 
 /* rs_f32_to_bf16 (round to nearest even, NaN kept quiet) over 16 lanes. */
 TBF16 INLINE __m256i round16_bf16(__m512 v) {
@@ -200,6 +247,13 @@ rs_cpu_tile_fn rs_cpu_tile_avx512(rs_dtype dt) {
 }
 
 rs_cpu_tile_fn rs_cpu_tile_avx512_bf16_dot(void) { return NULL; }
+
+rs_cpu_tile_fn rs_cpu_gemv_avx512(rs_dtype dt) {
+    (void)dt;
+    return NULL;
+}
+
+rs_cpu_tile_fn rs_cpu_gemv_avx512_bf16_dot(void) { return NULL; }
 
 void rs_cpu_round_bf16_avx512(uint16_t *dst, const float *src, size_t n) {
     for (size_t i = 0; i < n; i++) dst[i] = rs_f32_to_bf16(src[i]);

@@ -309,6 +309,55 @@ RS_TEST(cpu_matmul_fast_bf16_order) {
     check_fast_order(70, 520, 97, false, &s);
 }
 
+/* Batch 1 on AVX-512 has two tile forms (cpu_internal.h rs_cpu_gemv): the four weight rows read
+ * together, and one after another. They must give the same bits (the order tests above hold the
+ * first to its order), with every dtype, in exact and fast numerics, on ragged shapes (a last tile
+ * of 1-3 weight rows, K tails, weights long enough for the next block's prefetch), with 1 and 2
+ * threads; and the automatic choice, which alternates the forms by timing, must too. */
+static void check_gemv_forms(rs_backend *b, const char *what, const rs_tensor *w, uint64_t *s) {
+    const int64_t n = w->shape[0], k = w->shape[1];
+    float *x = malloc((size_t)k * sizeof(float)), *out[3];
+    for (int m = 0; m < 3; m++) out[m] = malloc((size_t)n * sizeof(float));
+    for (int64_t i = 0; i < k; i++) x[i] = 2.0f * rng_uniform(s);
+    static const rs_cpu_gemv modes[3] = {RS_CPU_GEMV_TILE, RS_CPU_GEMV_ROWS, RS_CPU_GEMV_AUTO};
+    for (int m = 0; m < 3; m++) {
+        rs_cpu_set_gemv(b, modes[m]);
+        for (int rep = 0; rep < (modes[m] == RS_CPU_GEMV_AUTO ? 3 * RS_CPU_GEMV_PROBE : 1); rep++) {
+            rs_op_matmul(b, out[m], x, w, NULL, 1);
+            for (int64_t o = 0; o < n && m > 0; o++)
+                if (rs_test_f32_bits(out[m][o]) != rs_test_f32_bits(out[0][o]))
+                    RS_TEST_FAIL("%s %s [%lld][%lld]: out[%lld] %a with %s, %a with the tile", rs_dtype_name(w->dtype),
+                                 what, (long long)n, (long long)k, (long long)o, out[m][o],
+                                 modes[m] == RS_CPU_GEMV_ROWS ? "the rows" : "the automatic choice", out[0][o]);
+        }
+    }
+    rs_cpu_set_gemv(b, RS_CPU_GEMV_AUTO);
+    for (int m = 0; m < 3; m++) free(out[m]);
+    free(x);
+}
+
+RS_TEST(cpu_matmul_batch1_forms_same_bits) {
+    static const rs_dtype dts[] = {RS_DTYPE_BF16, RS_DTYPE_F16, RS_DTYPE_F32};
+    /* n % 4 = 1, 2, 3, 0; k with and without a 16- or 32-lane tail; 700 x 300 spans several
+     * 128 KiB weight blocks, so the next block's prefetch runs */
+    static const int64_t shapes[][2] = {{5, 7}, {6, 33}, {7, 100}, {12, 257}, {130, 64}, {700, 300}, {9, 1000}};
+    uint64_t s = 11;
+    for (int threads = 1; threads <= 2; threads++) {
+        rs_backend *b = backend_at(threads, RS_CPU_SIMD_AVX512);
+        if (!b) return;
+        rs_backend *f = fast_backend(threads);
+        for (size_t si = 0; si < RS_ARRAY_LEN(shapes); si++)
+            for (size_t d = 0; d < RS_ARRAY_LEN(dts); d++) {
+                wt w = make_weight(dts[d], shapes[si][0], shapes[si][1], &s);
+                check_gemv_forms(b, "exact", &w.t, &s);
+                if (f && dts[d] == RS_DTYPE_BF16) check_gemv_forms(f, "fast", &w.t, &s);
+                free_weight(&w);
+            }
+        rs_backend_free(b);
+        rs_backend_free(f);
+    }
+}
+
 /* The activations' rounding: rs_f32_to_bf16's bits for ties (both ways), NaNs, infinities,
  * denormals, the largest finite values and random floats, in runs of every length mod 16. */
 RS_TEST(cpu_round_bf16_matches_scalar) {
