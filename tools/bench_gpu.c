@@ -166,23 +166,43 @@ static void bench_gemm(rs_backend *b, const list *shapes, const list *tokens) {
 
 /* ---- gemv crossover ---- */
 
-static double time_op(rs_backend *b, float *out, const float *x, const rs_tensor *w, int copies, int rows) {
-    for (int c = 0; c < copies; c++) rs_op_matmul(b, out, x, &w[c], NULL, rows);
-    sync_backend(b, out);
+/* The best time per call of fn(ctx, i) (i counting the calls) over WINDOWS windows of at least
+ * 0.05 s and `every` calls each, synchronizing on dev every `every` calls and at each window's end. */
+static double best_time(rs_backend *b, const void *dev, int every, void (*fn)(void *ctx, int i), void *ctx) {
     double best = 1e30;
     for (int win = 0; win < WINDOWS; win++) {
         int iters = 0;
         double t0 = rs_now_s(), dt;
         do {
-            rs_op_matmul(b, out, x, &w[iters % copies], NULL, rows);
+            fn(ctx, iters);
             iters++;
-            if (iters % copies == 0) sync_backend(b, out);
+            if (iters % every == 0) sync_backend(b, dev);
             dt = rs_now_s() - t0;
-        } while (dt < 0.05 || iters < copies);
-        sync_backend(b, out);
+        } while (dt < 0.05 || iters < every);
+        sync_backend(b, dev);
         best = RS_MIN(best, (rs_now_s() - t0) / iters);
     }
     return best;
+}
+
+typedef struct matmul_call {
+    rs_backend *b;
+    float *out;
+    const float *x;
+    const rs_tensor *w;
+    int copies, rows;
+} matmul_call;
+
+static void matmul_once(void *ctx, int i) {
+    const matmul_call *m = ctx;
+    rs_op_matmul(m->b, m->out, m->x, &m->w[i % m->copies], NULL, m->rows);
+}
+
+static double time_op(rs_backend *b, float *out, const float *x, const rs_tensor *w, int copies, int rows) {
+    matmul_call m = {b, out, x, w, copies, rows};
+    for (int c = 0; c < copies; c++) matmul_once(&m, c);
+    sync_backend(b, out);
+    return best_time(b, out, copies, matmul_once, &m);
 }
 
 static void bench_gemv(rs_backend *b, const list *shapes, const list *rows, double bw) {
@@ -234,26 +254,28 @@ static void bench_gemv(rs_backend *b, const list *shapes, const list *rows, doub
 
 /* ---- decode attention ---- */
 
-/* One attention op over the batch, timed as the best window (us are in the caller's print). */
+typedef struct attention_call {
+    rs_backend *b;
+    float *out;
+    const float *q;
+    const rs_kv_layer *kv;
+    int n_heads;
+    const rs_batch *bt;
+} attention_call;
+
+static void attention_once(void *ctx, int i) {
+    (void)i;
+    const attention_call *a = ctx;
+    rs_op_attention(a->b, a->out, a->q, a->kv, a->n_heads, 1.0f / sqrtf((float)a->kv->head_dim), a->bt);
+}
+
+/* One attention op over the batch: its best time per call. */
 static double time_attention(rs_backend *b, float *out, const float *q, const rs_kv_layer *kv, int n_heads,
                              const rs_batch *bt) {
-    const float scale = 1.0f / sqrtf((float)kv->head_dim);
-    rs_op_attention(b, out, q, kv, n_heads, scale, bt);
+    attention_call a = {b, out, q, kv, n_heads, bt};
+    attention_once(&a, 0);
     sync_backend(b, out);
-    double best = 1e30;
-    for (int win = 0; win < WINDOWS; win++) {
-        int iters = 0;
-        double t0 = rs_now_s(), dt;
-        do {
-            rs_op_attention(b, out, q, kv, n_heads, scale, bt);
-            iters++;
-            if (iters % 8 == 0) sync_backend(b, out);
-            dt = rs_now_s() - t0;
-        } while (dt < 0.05 || iters < 8);
-        sync_backend(b, out);
-        best = RS_MIN(best, (rs_now_s() - t0) / iters);
-    }
-    return best;
+    return best_time(b, out, 8, attention_once, &a);
 }
 
 static void bench_attention(rs_backend *b, const list *rows, const list *ctx, const list *splits, int n_heads, int n_kv,
