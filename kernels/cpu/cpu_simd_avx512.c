@@ -16,8 +16,8 @@
  * accumulator goes through exactly the operations of the interleaved tile, in the same order, so
  * the outputs are the same bits. Which form is faster depends on the machine's memory at the time
  * (cpu_matmul.c picks by timing both): on a 2-vCPU Zen 4 VM, alternated call by call, the row form
- * read 47-58 GB/s against 36-45 when memory was contended and 5-10% less than the interleaved
- * tile's 60-85 GB/s when it was not (one FMA chain a row is latency-bound there).
+ * read 1.04-1.40x the tile's GB/s when the tile read 36-52 GB/s, and 0.89-0.96x when it read
+ * 63-72 GB/s (one FMA chain a row is latency-bound there).
  *
  * The fast numerics' BF16 tile (tile_bf16_dot, CPUs with AVX512_BF16) takes the token rows already
  * rounded to BF16 and multiplies 32 BF16 pairs per instruction with vdpbf16ps into the same 4 x NT
