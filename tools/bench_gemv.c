@@ -66,10 +66,9 @@ int main(int argc, char **argv) {
     static const rs_cpu_gemv forms[3] = {RS_CPU_GEMV_TILE, RS_CPU_GEMV_ROWS, RS_CPU_GEMV_AUTO};
     static const char *const names[3] = {"tile", "rows", "auto"};
     double t[3] = {0};
-    rs_cpu_set_gemv(b, RS_CPU_GEMV_AUTO); /* a fresh timing table, kept across the steps below */
     for (int s = 0; s < steps; s++)
         for (int f = 0; f < 3; f++) {
-            c->gemv_mode = forms[f]; /* not rs_cpu_set_gemv: auto keeps what it has timed */
+            rs_cpu_set_gemv(b, forms[f]); /* auto keeps what it has timed between its steps */
             const double t0 = rs_now_s();
             for (int i = 0; i < nw; i++) rs_op_matmul(b, out, x, &w[i], NULL, 1);
             if (s > 0) t[f] += rs_now_s() - t0;

@@ -108,8 +108,7 @@ static rs_cpu_gemv env_gemv(void) {
 
 void rs_cpu_set_gemv(rs_backend *b, rs_cpu_gemv mode) {
     rs_cpu_ctx *c = rs_cpu_ctx_of(b);
-    c->gemv_mode = mode;
-    memset(c->gemv, 0, sizeof c->gemv);
+    c->gemv_mode = mode; /* what auto has timed so far stays: the same shapes, the same forms */
 }
 
 rs_cpu_simd rs_cpu_set_simd(rs_backend *b, rs_cpu_simd level) {

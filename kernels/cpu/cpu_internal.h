@@ -43,7 +43,8 @@ typedef enum rs_cpu_gemv { RS_CPU_GEMV_AUTO = 0, RS_CPU_GEMV_TILE, RS_CPU_GEMV_R
 #define RS_CPU_GEMV_PROBE  16
 typedef struct rs_cpu_gemv_pick {
     int64_t n, k;            /* the weight shape (n = 0: a free entry) */
-    int es;                  /* and its element size */
+    int es;                  /* its element size */
+    bool dot;                /* the fast numerics' vdpbf16ps tile */
     uint32_t calls;
     double ns_per_byte[2];   /* recent time of each form (0: not timed yet), [0] tile, [1] rows */
 } rs_cpu_gemv_pick;
@@ -139,8 +140,9 @@ rs_cpu_tile_fn rs_cpu_tile_avx2(rs_dtype dt);
  * (AVX512_BF16 CPUs only), and the rounding of fp32 activations to BF16 that feeds it,
  * bit-identical to rs_f32_to_bf16 element by element. */
 rs_cpu_tile_fn rs_cpu_tile_avx512_bf16_dot(void);
-/* The row-sequential forms of the AVX-512 tiles, for one token row (t->nt == 1) only. (An AVX2 form
- * was 2.3x slower than its tile: one 8-lane FMA chain a row is bound by the FMA's latency.) */
+/* The row-sequential forms of the AVX-512 tiles, for one token row (t->nt == 1) only. (An AVX2 form,
+ * tried in a throwaway build, took 2.0-2.35x its tile's time: one 8-lane FMA chain a row is bound
+ * by the FMA's latency.) */
 rs_cpu_tile_fn rs_cpu_gemv_avx512(rs_dtype dt);
 rs_cpu_tile_fn rs_cpu_gemv_avx512_bf16_dot(void);
 void rs_cpu_round_bf16_avx512(uint16_t *dst /* [n] */, const float *src /* [n] */, size_t n);

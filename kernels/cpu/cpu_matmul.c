@@ -216,12 +216,11 @@ static void matmul_fp8(rs_cpu_ctx *c, float *out, const float *x, const rs_tenso
 /* The timing entry of a weight shape (dot: the fast numerics' tile), made on first use; NULL when the
  * table is full (that shape then always takes the tile). */
 static rs_cpu_gemv_pick *gemv_entry(rs_cpu_ctx *c, int64_t n, int64_t k, int es, bool dot) {
-    const int key = es | (dot ? 0x100 : 0);
     for (int i = 0; i < RS_CPU_GEMV_SHAPES; i++) {
         rs_cpu_gemv_pick *p = &c->gemv[i];
-        if (p->n == n && p->k == k && p->es == key) return p;
+        if (p->n == n && p->k == k && p->es == es && p->dot == dot) return p;
         if (p->n == 0) {
-            *p = (rs_cpu_gemv_pick){.n = n, .k = k, .es = key};
+            *p = (rs_cpu_gemv_pick){.n = n, .k = k, .es = es, .dot = dot};
             return p;
         }
     }
