@@ -215,7 +215,7 @@ main() {
   if have_py requests && have_py numpy; then
     local m06=/tmp/rolloutd-q06 fl
     fl="python3 scripts/bench_fleet_push.py --bin $B/rolloutd --model-dir $m06 --daemons 3 --repeat 5 --bucket-mb 64"
-    step fleet 100 sh -c "{ [ -e $m06/model.safetensors ] || $B/make-default-model --preset qwen3-0.6b --out $m06; } &&
+    step fleet 100 bash -c "set -o pipefail; { [ -e $m06/model.safetensors ] || $B/make-default-model --preset qwen3-0.6b --out $m06; } &&
       $fl --daemon-args '--device cpu --kv-scale-mode dynamic' | tail -5 &&
       $fl --daemon-args '--device cpu --kv-scale-mode dynamic --weight-sync-threads 4' | tail -5"
   else
