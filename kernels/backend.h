@@ -168,11 +168,17 @@ int rs_backend_cuda_set_gemv_rows(rs_backend *b, rs_dtype weight_dtype, int rows
  * around those calls. Recursive. */
 void rs_backend_cuda_capture_lock(void);
 void rs_backend_cuda_capture_unlock(void);
-/* Attention kernels stage each tile's K and V rows in shared memory with one burst of 16-byte loads
- * (on), or read them row by row as they use them (off, the default: the variant measured on an
- * H200). The same arithmetic in the same order either way, so the same bits. The environment
- * variable RS_CUDA_ATTENTION_STAGING=1 turns it on for a process (benchmarks A/B it). */
-void rs_backend_cuda_set_attention_staging(rs_backend *b, bool on);
+/* The attention kernel (kernels/cuda/cuda_attention.cu):
+ *   TILES   a block walks its positions by tiles of 64, reading each K and V row as it uses it;
+ *   STAGED  the same, each tile's K and V rows first staged in shared memory with one burst of
+ *           16-byte loads: the same arithmetic in the same order, so the same bits as TILES;
+ *   WARPS   (the default) fast numerics' decode rows take a kernel whose warps stream their own
+ *           runs of positions, many K/V loads in flight, with no barrier per tile; another fp32 order
+ *           (the tests bound it). Exact numerics and head sizes it does not take run TILES.
+ * The environment variable RS_CUDA_ATTENTION=tiles|staged|warps sets it for a process (benchmarks
+ * compare them). */
+typedef enum { RS_CUDA_ATTENTION_TILES = 0, RS_CUDA_ATTENTION_STAGED, RS_CUDA_ATTENTION_WARPS } rs_cuda_attention_kernel;
+void rs_backend_cuda_set_attention_kernel(rs_backend *b, rs_cuda_attention_kernel k);
 /* Sampling on the device on (the default) or off: off, every request comes back undone and the
  * caller samples on the host (the engine does, row by row). */
 void rs_backend_cuda_set_device_sampling(rs_backend *b, bool on);

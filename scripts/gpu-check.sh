@@ -16,10 +16,12 @@
 #   numerics   test_numerics.py: fast against exact and transformers, seeded determinism     <= 40 s
 #   att        the attention op alone on decode rows (1, 32, 256 rows at contexts 1k and 4k, Qwen3-8B
 #              heads, BF16 and E4M3 pages): us per call and K/V GB/s, exact numerics, fast numerics
-#              at the automatic, 8 and 32 context splits, K/V staging off and on              <= 60 s
+#              at the automatic, 8 and 32 context splits with each kernel (tiles, staged, warps)  <= 60 s
 #   decode06   batch-1 and batch-32 decode tokens/s and MBU (weight bytes per step / the
 #              device-to-device copy bandwidth measured in the same run), Qwen3-0.6B shapes,
 #              FP8 and BF16 weights, fast numerics                                            <= 60 s
+#   kernels    GPU time per kernel of Qwen3-0.6B-shaped batch-1 FP8 decode steps (Nsight Compute,
+#              graphs off, per step: scripts/ncu_summary.py), against decode06's ms/step       <= 90 s
 #   decode06x  the same in exact numerics (the CUDA-core kernels), for fast against exact     <= 60 s
 #   decode8b   batch-1 decode, the 8B-shaped random model (preset qwen3-8b, written once: 16 GB),
 #              FP8 and BF16 weights                                                          <= 240 s
@@ -29,9 +31,8 @@
 #   rl_bf16    the RL shape on the 8B-shaped model: 32 prompts x n = 8 = 256 sequences, prompt
 #              1024, 256 new tokens (cut from 2048 to fit the run: decode steps scale linearly),
 #              T = 1; BF16 weights, BF16 KV                                                  <= 120 s
-#   rl_stage   rl_bf16 again with attention's K/V tiles staged in shared memory
-#              (RS_CUDA_ATTENTION_STAGING=1, off by default until measured), then the op profile
-#              of 32 decode rows at a 1k context with it off and on                           <= 150 s
+#   rl_att     the op profile of 32 decode rows at a 1k context with each attention kernel
+#              (RS_CUDA_ATTENTION=tiles|staged|warps)                                         <= 90 s
 #   rl_fp8     the same with FP8 weights, BF16 KV then FP8 KV                                <= 150 s
 #   gemv       the GEMV/cuBLASLt crossover per weight dtype at decode shapes (the defaults: 2
 #              rows for FP8, 8 for BF16, RS_CUDA_GEMV_ROWS_*)                                 <= 60 s
@@ -187,6 +188,16 @@ main() {
   step att 60 $B/bench-gpu attention
   step decode06 60 $B/rollout-bench --device cuda --numerics fast --preset qwen3-0.6b --quantization both \
     --batches 1,32 --prompt 32 --gen 32
+  local ncu
+  ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+  if [ -n "$ncu" ] || [ "$DRY" = 1 ]; then
+    step kernels 90 sh -c "'${ncu:-ncu}' --clock-control none --metrics gpu__time_duration.sum --csv --page raw \
+      --launch-skip 2500 --launch-count 1800 --log-file '$OUT/kernels.csv' $B/rollout-bench --device cuda \
+      --numerics fast --preset qwen3-0.6b --quantization fp8 --batches 1 --prompt 32 --gen 8 --graphs off \
+      --no-bandwidth >/dev/null && python3 scripts/ncu_summary.py '$OUT/kernels.csv' --per sample_kernel"
+  else
+    skip kernels "no ncu (Nsight Compute)"
+  fi
   step decode06x 60 $B/rollout-bench --device cuda --numerics exact --preset qwen3-0.6b --quantization both \
     --batches 1,32 --prompt 32 --gen 32
   step decode8b 240 $B/rollout-bench --device cuda --preset qwen3-8b --quantization both --batches 1 \
@@ -199,10 +210,9 @@ main() {
   fi
   local rl=("$B/rl-bench" --device cuda --preset qwen3-8b --runs engine --prompts 32 --n 8 --prompt-len 1024 --gen 256)
   step rl_bf16 120 "${rl[@]}" --quantization bf16 --kv-dtype bf16
-  step rl_stage 150 sh -c "RS_CUDA_ATTENTION_STAGING=1 ${rl[*]} --quantization bf16 --kv-dtype bf16 &&
-    for s in 0 1; do echo \"RS_CUDA_ATTENTION_STAGING=\$s\"; RS_CUDA_ATTENTION_STAGING=\$s $B/rollout-bench --device cuda \
-      --preset qwen3-8b --quantization bf16 --batches 32 --prompt 1024 --gen 8 --kv-cache-dtype bf16 --no-bandwidth \
-      --profile-ops | grep -E 'ms/step|fast +32|attention|all ops'; done"
+  step rl_att 90 sh -c "for k in tiles staged warps; do echo \"RS_CUDA_ATTENTION=\$k\"; RS_CUDA_ATTENTION=\$k \
+      $B/rollout-bench --device cuda --preset qwen3-8b --quantization bf16 --batches 32 --prompt 1024 --gen 8 \
+      --kv-cache-dtype bf16 --no-bandwidth --profile-ops | grep -E 'ms/step|fast +32|attention|all ops'; done"
   step rl_fp8 150 "${rl[@]}" --quantization fp8 --kv-dtype bf16,fp8
   step gemv 60 $B/bench-gpu gemv --shapes 6144:4096,4096:12288 --rows 1,2,4,8,12,16,32
   if have_py requests && have_py numpy && { [ -e "$m8/model.safetensors" ] || [ "$DRY" = 1 ]; }; then

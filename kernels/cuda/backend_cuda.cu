@@ -246,8 +246,12 @@ extern "C" rs_backend *rs_backend_cuda_init(int device) {
     rs_cuda_ctx *c = (rs_cuda_ctx *)rs_xcalloc(1, sizeof *c);
     c->device = device;
     c->sm_count = prop.multiProcessorCount;
-    const char *stage = getenv("RS_CUDA_ATTENTION_STAGING"); /* backend.h rs_backend_cuda_set_attention_staging */
-    c->att_staging = stage && strcmp(stage, "1") == 0;
+    const char *att = getenv("RS_CUDA_ATTENTION"); /* backend.h rs_backend_cuda_set_attention_kernel */
+    c->att_kernel = RS_CUDA_ATTENTION_WARPS;
+    if (att && strcmp(att, "tiles") == 0) c->att_kernel = RS_CUDA_ATTENTION_TILES;
+    else if (att && strcmp(att, "staged") == 0) c->att_kernel = RS_CUDA_ATTENTION_STAGED;
+    else if (att && *att && strcmp(att, "warps") != 0)
+        rs_log(RS_LOG_LEVEL_WARN, "RS_CUDA_ATTENTION=%s is none of tiles, staged, warps: warps", att);
     c->numerics = RS_NUMERICS_EXACT;
     c->gemv_rows_fp8 = RS_CUDA_GEMV_ROWS_FP8;
     c->gemv_rows_bf16 = RS_CUDA_GEMV_ROWS_BF16;

@@ -34,7 +34,10 @@
  *   context. In fast numerics a decode row's context splits over blocks (flash-decoding's split-K:
  *   decode_splits picks enough blocks for two waves of the GPU), each writing its softmax-normalized
  *   partial output and log-sum-exp, and attention_combine_kernel merges them; a decode step of few
- *   rows at long context then uses every SM. Prefill chunks go to the tensor-core kernel.
+ *   rows at long context then uses every SM. Fast numerics' decode rows take attention_warps_kernel
+ *   by default (below: independent warps with many K/V loads in flight, no barrier per tile), the
+ *   same contract in another fp32 order; RS_CUDA_ATTENTION=tiles|staged|warps chooses (backend.h).
+ *   Prefill chunks go to the tensor-core kernel.
  *   The host checks what the CPU asserts as it reads (positions, the pages a row can reach,
  *   every row in a sequence), since a kernel cannot; positions, sequence starts and block tables
  *   reach the GPU through the context's mirrors (a row finds its sequence in seq_start itself, so
@@ -156,7 +159,7 @@ __device__ __forceinline__ float page_elem(const void *pages, size_t i) {
     return __half2float(__half(h));
 }
 
-/* Staging (rs_cuda_ctx.att_staging): the tile's rows [0, n) of this KV head, K (off 0) or V (off
+/* Staging (rs_cuda_ctx.att_kernel RS_CUDA_ATTENTION_STAGED): the tile's rows [0, n) of this KV head, K (off 0) or V (off
  * RS_KV_BLOCK), copied into st[n][hd] with 16-byte loads spread over the block's threads, all of a
  * thread's loads issued before its first store: one memory latency per tile instead of a chain of
  * dependent loads per position. Needs hd * es % 16 == 0 and ATT_TILE rows within ATT_STAGE_BYTES. */
@@ -335,6 +338,257 @@ attention_kernel(float *out /* [n_tok][n_heads][hd] */, const float *q /* [n_tok
     }
 }
 
+/* ---- attention by warps (fast numerics' decode rows; rs_cuda_ctx.att_kernel RS_CUDA_ATTENTION_WARPS) ----
+ *
+ * Block (i, kvh, z) as for attention_kernel (row, KV head, query-head chunk z % n_chunks, context
+ * split z / n_chunks), but the warps work independently, with no barrier per tile: LP = hd / 8 lanes
+ * hold one position's K (and V) row, 8 consecutive dims per lane (one 16-byte load for BF16, 8 bytes
+ * for E4M3, 32 for F32), so a warp holds PPW = 32 / LP positions at once. Warp w takes runs of
+ * AW_U(DT, G) * PPW consecutive positions, every AW_WARPS-th run of the block's range, and issues the
+ * K and V loads of a whole run before it uses the first: AW_U loads of K and of V per lane in flight,
+ * 4 KB per warp for BF16 at head size 128, which keeps the memory system busy without a stage in
+ * shared memory. The ng <= G query heads of the chunk live in registers (q pre-multiplied by the score
+ * multiplier and log2 e), so each K element read serves every head of the group; a score is a sum of
+ * 8 products per lane and a butterfly over the LP lanes, which leaves it in all of them.
+ * Each position group (the LP lanes of one position slot) keeps its own online softmax in base 2
+ * (running max m, sum l, and its lanes' 8 dims of acc per head): no exchange per run. At the end the
+ * groups of a warp merge by shuffles and the warps through shared memory, each scaled by
+ * 2^(m - max m). The output, or with splits the normalized partial and its natural-log log-sum-exp
+ * for attention_combine_kernel, follows attention_kernel's contract; only the order of the fp32 sums
+ * and exp2f's rounding differ, so the tests bound it against the exact kernel. The page table of
+ * the block's range goes through shared memory AW_TABLE entries at a time.
+ * Takes head sizes hd = 8 * 2^j up to 256 (LP a power of two); others take attention_kernel. */
+#define AW_WARPS 4
+#define AW_THREADS (AW_WARPS * 32)
+#define AW_MAX_HEADS 8   /* query heads per block: q and acc are [G][8] registers per lane */
+#define AW_MAX_OUT 1024  /* ng * hd: the warps' merge buffer in shared memory is [AW_WARPS][AW_MAX_OUT] */
+#define AW_TABLE 256     /* page-table entries in shared memory at a time */
+#define AW_LOG2E 1.4426950408889634f
+#define AW_LN2 0.6931471805599453f
+
+static bool aw_takes(int hd) { return hd >= 8 && hd <= 256 && (hd & (hd - 1)) == 0; }
+
+/* runs of AW_U positions per position group: 32 registers of K and V loads per lane in flight */
+template <int DT, int G> struct aw_shape {
+    static constexpr int WORDS = DT == RS_DTYPE_F32 ? 8 : DT == RS_DTYPE_BF16 ? 4 : 2; /* 32-bit words per 8 dims */
+    static constexpr int U = DT == RS_DTYPE_F32 ? 2 : DT == RS_DTYPE_BF16 ? 4 : G <= 4 ? 8 : 4;
+};
+
+/* 8 consecutive elements of the pages from element index at (a multiple of 8) */
+template <int DT> __device__ __forceinline__ void aw_load(uint32_t *w, const void *pages, size_t at) {
+    if (DT == RS_DTYPE_F32) {
+        const uint4 *p = (const uint4 *)((const float *)pages + at);
+        const uint4 a = __ldg(p), b = __ldg(p + 1);
+        w[0] = a.x, w[1] = a.y, w[2] = a.z, w[3] = a.w, w[4] = b.x, w[5] = b.y, w[6] = b.z, w[7] = b.w;
+    } else if (DT == RS_DTYPE_BF16) {
+        const uint4 a = __ldg((const uint4 *)((const uint16_t *)pages + at));
+        w[0] = a.x, w[1] = a.y, w[2] = a.z, w[3] = a.w;
+    } else {
+        const uint2 a = __ldg((const uint2 *)((const uint8_t *)pages + at));
+        w[0] = a.x, w[1] = a.y;
+    }
+}
+
+/* the 8 elements as fp32, exactly (zero words give zeros) */
+template <int DT> __device__ __forceinline__ void aw_decode(const uint32_t *w, float f[8]) {
+    if (DT == RS_DTYPE_F32) {
+#pragma unroll
+        for (int e = 0; e < 8; e++) f[e] = __uint_as_float(w[e]);
+    } else if (DT == RS_DTYPE_BF16) {
+#pragma unroll
+        for (int e = 0; e < 4; e++) f[2 * e] = __uint_as_float(w[e] << 16), f[2 * e + 1] = __uint_as_float(w[e] & 0xffff0000u);
+    } else {
+#pragma unroll
+        for (int e = 0; e < 2; e++) {
+            const __half2_raw lo = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(w[e] & 0xffffu), __NV_E4M3);
+            const __half2_raw hi = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(w[e] >> 16), __NV_E4M3);
+            __half_raw h;
+            h.x = lo.x, f[4 * e] = __half2float(__half(h));
+            h.x = lo.y, f[4 * e + 1] = __half2float(__half(h));
+            h.x = hi.x, f[4 * e + 2] = __half2float(__half(h));
+            h.x = hi.y, f[4 * e + 3] = __half2float(__half(h));
+        }
+    }
+}
+
+template <int DT, int G>
+static __global__ void __launch_bounds__(AW_THREADS)
+attention_warps_kernel(float *out /* [n_tok][n_heads][hd] */, const float *q /* [n_tok][n_heads][hd] */,
+                       const void *pages /* [n_blocks][2][16][n_kv][hd] of DT */, rs_kv_scale_mode mode,
+                       const float *k_scale /* [n_kv] */, const float *v_scale /* [n_kv] */,
+                       const float *token_scales /* [n_blocks][2][16][n_kv] */, const int32_t *pos /* [n_tok] */,
+                       const int32_t *seq_start /* [n_seq + 1] */, int n_seq, const int32_t *tables /* [n_seq][max_blocks] */,
+                       int max_blocks, int n_heads, int n_kv, int hd, int group, int gc, float scale,
+                       const int32_t *rows /* [grid x] or NULL */, int n_chunks, int n_split,
+                       float *part_o /* [grid x][n_heads][n_split][hd] or NULL */,
+                       float *part_lse /* [grid x][n_heads][n_split] */) {
+    constexpr int WORDS = aw_shape<DT, G>::WORDS, U = aw_shape<DT, G>::U;
+    __shared__ int32_t tbl_s[AW_TABLE];
+    __shared__ float m_s[AW_WARPS][G], l_s[AW_WARPS][G];
+    __shared__ float acc_s[AW_WARPS][AW_MAX_OUT];
+
+    const int r = rows ? rows[blockIdx.x] : (int)blockIdx.x, kvh = blockIdx.y;
+    const int h0 = (int)(blockIdx.z % (unsigned)n_chunks) * gc, sp = (int)(blockIdx.z / (unsigned)n_chunks);
+    const int ng = min(gc, group - h0); /* <= G */
+    const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+    const int LP = hd / 8, PPW = 32 / LP, pgrp = lane / LP, lp = lane % LP;
+    const size_t head0 = (size_t)r * (size_t)n_heads + (size_t)kvh * (size_t)group + (size_t)h0;
+    const size_t row_elems = (size_t)n_kv * (size_t)hd;
+    const int n_ctx = pos[r] + 1;
+    /* this block's positions [t_begin, t_end): attention_kernel's partition */
+    const int per = n_split == 1 ? n_ctx : (n_ctx + n_split - 1) / n_split;
+    const int span = (per + ATT_TILE - 1) / ATT_TILE * ATT_TILE;
+    const int t_begin = n_split == 1 ? 0 : sp * span;
+    const int t_end = n_split == 1 ? n_ctx : min(n_ctx, t_begin + span);
+    const size_t part0 = ((size_t)blockIdx.x * (size_t)n_heads + (size_t)kvh * (size_t)group + (size_t)h0) * (size_t)n_split;
+    if (t_begin >= t_end) { /* an empty split: weight 0 in the combine */
+        for (int i = tid; i < ng * hd; i += AW_THREADS) part_o[(part0 + (size_t)(i / hd) * n_split + sp) * hd + i % hd] = 0.0f;
+        if (tid < ng) part_lse[part0 + (size_t)tid * n_split + sp] = -INFINITY;
+        return;
+    }
+    const int32_t *table = tables + (size_t)rs_cuda_row_seq(seq_start, n_seq, r) * (size_t)max_blocks;
+    const bool per_token = DT == RS_DTYPE_E4M3 && mode == RS_KV_SCALE_PER_TOKEN;
+    const float qmul = (DT == RS_DTYPE_E4M3 && !per_token ? scale * k_scale[kvh] : scale) * AW_LOG2E;
+
+    float qr[G][8], acc[G][8], m[G], l[G];
+#pragma unroll
+    for (int h = 0; h < G; h++) {
+        m[h] = -INFINITY, l[h] = 0.0f;
+#pragma unroll
+        for (int e = 0; e < 8; e++) {
+            qr[h][e] = h < ng ? q[(head0 + (size_t)h) * (size_t)hd + (size_t)(lp * 8 + e)] * qmul : 0.0f;
+            acc[h][e] = 0.0f;
+        }
+    }
+
+    const int run = U * PPW; /* positions of one run of a warp */
+    for (int s0 = t_begin; s0 < t_end; s0 += AW_TABLE * RS_KV_BLOCK) { /* t_begin is a multiple of a page */
+        const int s1 = min(t_end, s0 + AW_TABLE * RS_KV_BLOCK);
+        __syncthreads(); /* every warp is done with the previous table slice */
+        for (int i = tid; i < (s1 - s0 + RS_KV_BLOCK - 1) / RS_KV_BLOCK; i += AW_THREADS)
+            tbl_s[i] = table[s0 / RS_KV_BLOCK + i];
+        __syncthreads();
+        for (int base = s0 + warp * run; base < s1; base += AW_WARPS * run) {
+            /* the run's loads, all issued before the first use */
+            uint32_t kw[U][WORDS], vw[U][WORDS];
+            float ks[U], vs[U];
+#pragma unroll
+            for (int u = 0; u < U; u++) {
+                const int p = base + u * PPW + pgrp;
+                ks[u] = 1.0f, vs[u] = 1.0f;
+                if (p < s1) {
+                    const size_t krow = (size_t)tbl_s[(p - s0) / RS_KV_BLOCK] * 2 * RS_KV_BLOCK + (size_t)(p % RS_KV_BLOCK);
+                    const size_t at = krow * row_elems + (size_t)kvh * (size_t)hd + (size_t)(lp * 8);
+                    aw_load<DT>(kw[u], pages, at);
+                    aw_load<DT>(vw[u], pages, at + RS_KV_BLOCK * row_elems);
+                    if (per_token) {
+                        ks[u] = token_scales[krow * (size_t)n_kv + (size_t)kvh];
+                        vs[u] = token_scales[(krow + RS_KV_BLOCK) * (size_t)n_kv + (size_t)kvh];
+                    }
+                } else {
+#pragma unroll
+                    for (int e = 0; e < WORDS; e++) kw[u][e] = 0, vw[u][e] = 0;
+                }
+            }
+            /* scores (log2 units), -inf past the range */
+            float s[U][G];
+#pragma unroll
+            for (int u = 0; u < U; u++) {
+                float kf[8];
+                aw_decode<DT>(kw[u], kf);
+                const bool ok = base + u * PPW + pgrp < s1;
+#pragma unroll
+                for (int h = 0; h < G; h++) {
+                    if (h >= ng) break;
+                    float part = 0.0f;
+#pragma unroll
+                    for (int e = 0; e < 8; e++) part = fmaf(qr[h][e], kf[e], part);
+                    for (int o = LP / 2; o > 0; o /= 2) part += __shfl_xor_sync(0xffffffffu, part, o);
+                    s[u][h] = ok ? part * ks[u] : -INFINITY;
+                }
+            }
+            /* this position group's online softmax; s becomes p * vs */
+#pragma unroll
+            for (int h = 0; h < G; h++) {
+                if (h >= ng) break;
+                float mx = s[0][h];
+#pragma unroll
+                for (int u = 1; u < U; u++) mx = fmaxf(mx, s[u][h]);
+                const float mn = fmaxf(m[h], mx);
+                const bool any = mn != -INFINITY; /* else no position of this group so far */
+                const float corr = any ? exp2f(m[h] - mn) : 1.0f;
+                float ps = 0.0f;
+#pragma unroll
+                for (int u = 0; u < U; u++) {
+                    const float p = any ? exp2f(s[u][h] - mn) : 0.0f;
+                    ps += p;
+                    s[u][h] = p * vs[u];
+                }
+                l[h] = l[h] * corr + ps;
+                m[h] = mn;
+#pragma unroll
+                for (int e = 0; e < 8; e++) acc[h][e] *= corr;
+            }
+#pragma unroll
+            for (int u = 0; u < U; u++) {
+                float vf[8];
+                aw_decode<DT>(vw[u], vf);
+#pragma unroll
+                for (int h = 0; h < G; h++) {
+                    if (h >= ng) break;
+#pragma unroll
+                    for (int e = 0; e < 8; e++) acc[h][e] = fmaf(s[u][h], vf[e], acc[h][e]);
+                }
+            }
+        }
+    }
+
+    /* the warp's position groups merged (lanes lp of every group end with the sums) */
+#pragma unroll
+    for (int h = 0; h < G; h++) {
+        if (h >= ng) break;
+        float M = m[h];
+        for (int o = LP; o < 32; o *= 2) M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, o));
+        const float w = M == -INFINITY ? 0.0f : exp2f(m[h] - M);
+        float L = l[h] * w;
+        for (int o = LP; o < 32; o *= 2) L += __shfl_xor_sync(0xffffffffu, L, o);
+#pragma unroll
+        for (int e = 0; e < 8; e++) {
+            float a = acc[h][e] * w;
+            for (int o = LP; o < 32; o *= 2) a += __shfl_xor_sync(0xffffffffu, a, o);
+            acc[h][e] = a;
+        }
+        m[h] = M, l[h] = L;
+        if (lane == 0) m_s[warp][h] = M, l_s[warp][h] = L;
+        if (pgrp == 0) {
+#pragma unroll
+            for (int e = 0; e < 8; e++) acc_s[warp][h * hd + lp * 8 + e] = acc[h][e];
+        }
+    }
+    __syncthreads();
+    /* the warps merged: warp 0 saw the range's first position, so the max is finite */
+    for (int i = tid; i < ng * hd; i += AW_THREADS) {
+        const int h = i / hd;
+        float M = m_s[0][h];
+#pragma unroll
+        for (int w = 1; w < AW_WARPS; w++) M = fmaxf(M, m_s[w][h]);
+        float L = 0.0f, O = 0.0f;
+#pragma unroll
+        for (int w = 0; w < AW_WARPS; w++) {
+            const float f = exp2f(m_s[w][h] - M); /* 0 for a warp without positions */
+            L += l_s[w][h] * f;
+            O += acc_s[w][i] * f;
+        }
+        if (part_o) {
+            part_o[(part0 + (size_t)h * n_split + sp) * hd + i % hd] = O / L;
+            if (i % hd == 0) part_lse[part0 + (size_t)h * n_split + sp] = M * AW_LN2 + logf(L);
+        } else {
+            const float out_mul = DT == RS_DTYPE_E4M3 && !per_token ? v_scale[kvh] : 1.0f;
+            out[head0 * (size_t)hd + (size_t)i] = O / L * out_mul;
+        }
+    }
+}
+
 /* out[r][h] = sum_s w_s o_s / sum_s w_s with w_s = exp(lse_s - max lse): the splits of list row i
  * (blockIdx.x) and head h (blockIdx.y) merged, times the per-head V scale (E4M3 PER_HEAD). */
 static __global__ void __launch_bounds__(ATT_THREADS)
@@ -368,43 +622,16 @@ struct att_launch {
     const int32_t *dpos, *dstart;
     int n_seq;
     const int32_t *dtab;
-    int max_blocks, group, gc, n_chunks;
+    int max_blocks, group;
 };
 
-/* attention_kernel over n_rows rows (rows: device list, or NULL for rows 0..n_rows-1) in n_split
- * context splits; more than one split goes through the partial buffers and the combine pass. */
-static void launch_rows(rs_cuda_ctx *c, const att_launch *L, const int32_t *rows, int n_rows, int n_split) {
-    const rs_kv_layer *kv = L->kv;
-    const int n_kv = kv->n_kv_heads, hd = kv->head_dim;
-    float *part_o = NULL, *part_lse = NULL;
-    if (n_split > 1) {
-        const size_t np = (size_t)n_rows * (size_t)L->n_heads * (size_t)n_split;
-        part_o = (float *)rs_cuda_scratch(c, RS_CUDA_S_ATT_PART_O, np * (size_t)hd * sizeof(float));
-        part_lse = (float *)rs_cuda_scratch(c, RS_CUDA_S_ATT_PART_LSE, np * sizeof(float));
-    }
-    RS_ASSERT((size_t)L->n_chunks * (size_t)n_split <= 65535u);
-    const dim3 grid((unsigned)n_rows, (unsigned)n_kv, (unsigned)(L->n_chunks * n_split));
-#define ATT_LAUNCH_ST(DT, ST)                                                                                       \
-    attention_kernel<DT, ST><<<grid, ATT_THREADS, 0, c->stream>>>(                                                  \
-        L->out, L->q, kv->pages, kv->scale_mode, kv->k_scale, kv->v_scale, kv->token_scales, L->dpos, L->dstart,    \
-        L->n_seq, L->dtab, L->max_blocks, L->n_heads, n_kv, hd, L->group, L->gc, L->scale, rows, L->n_chunks,       \
-        n_split, part_o, part_lse)
-#define ATT_LAUNCH(DT)                                                                                              \
-    do {                                                                                                            \
-        if (c->att_staging) ATT_LAUNCH_ST(DT, true);                                                                \
-        else ATT_LAUNCH_ST(DT, false);                                                                              \
-    } while (0)
-    if (kv->dtype == RS_DTYPE_F32) ATT_LAUNCH(RS_DTYPE_F32);
-    else if (kv->dtype == RS_DTYPE_BF16) ATT_LAUNCH(RS_DTYPE_BF16);
-    else ATT_LAUNCH(RS_DTYPE_E4M3);
-#undef ATT_LAUNCH
-#undef ATT_LAUNCH_ST
-    CUDA_CHECK_LAUNCH();
-    if (n_split == 1) return;
-    const float *vs = kv->dtype == RS_DTYPE_E4M3 && kv->scale_mode == RS_KV_SCALE_PER_HEAD ? kv->v_scale : NULL;
-    attention_combine_kernel<<<dim3((unsigned)n_rows, (unsigned)L->n_heads), ATT_THREADS, 0, c->stream>>>(
-        L->out, part_o, part_lse, rows, L->n_heads, hd, n_split, L->group, vs);
-    CUDA_CHECK_LAUNCH();
+/* Query heads per block (gc) and chunks of the group, for the tile kernel or the warp kernel. */
+static void att_chunks(const att_launch *L, bool warps, int *gc, int *n_chunks) {
+    const int hd = L->kv->head_dim;
+    *gc = warps ? RS_MIN(RS_MIN(L->group, AW_MAX_HEADS), AW_MAX_OUT / hd)
+                : RS_MIN(RS_MIN(L->group, ATT_MAX_HEADS), ATT_MAX_OUT / hd); /* >= 4 and >= 8: hd <= 256 */
+    *n_chunks = (L->group + *gc - 1) / *gc;
+    RS_ASSERT(*n_chunks <= 65535);
 }
 
 /* Context splits of a decode launch: enough blocks for two waves of the GPU, at most 32. A function
@@ -415,15 +642,67 @@ static int decode_splits(const rs_cuda_ctx *c, int n_rows, int n_kv, int n_chunk
     return (int)RS_MAX(1L, RS_MIN(32L, (want + base - 1) / base));
 }
 
+/* Attention over n_rows rows (rows: device list, or NULL for rows 0..n_rows-1): the warp kernel
+ * when `warps` (fast numerics' decode rows) and the head size allows it, else the tile kernel
+ * (staged per c->att_kernel); in n_split context splits (0: decode_splits), more than one going
+ * through the partial buffers and the combine pass. */
+static void launch_rows(rs_cuda_ctx *c, const att_launch *L, const int32_t *rows, int n_rows, int n_split, bool warps) {
+    const rs_kv_layer *kv = L->kv;
+    const int n_kv = kv->n_kv_heads, hd = kv->head_dim;
+    warps = warps && aw_takes(hd);
+    int gc, n_chunks;
+    att_chunks(L, warps, &gc, &n_chunks);
+    if (n_split == 0) n_split = decode_splits(c, n_rows, n_kv, n_chunks);
+    float *part_o = NULL, *part_lse = NULL;
+    if (n_split > 1) {
+        const size_t np = (size_t)n_rows * (size_t)L->n_heads * (size_t)n_split;
+        part_o = (float *)rs_cuda_scratch(c, RS_CUDA_S_ATT_PART_O, np * (size_t)hd * sizeof(float));
+        part_lse = (float *)rs_cuda_scratch(c, RS_CUDA_S_ATT_PART_LSE, np * sizeof(float));
+    }
+    RS_ASSERT((size_t)n_chunks * (size_t)n_split <= 65535u);
+    const dim3 grid((unsigned)n_rows, (unsigned)n_kv, (unsigned)(n_chunks * n_split));
+#define ATT_ARGS                                                                                                    \
+    L->out, L->q, kv->pages, kv->scale_mode, kv->k_scale, kv->v_scale, kv->token_scales, L->dpos, L->dstart,         \
+        L->n_seq, L->dtab, L->max_blocks, L->n_heads, n_kv, hd, L->group, gc, L->scale, rows, n_chunks, n_split,     \
+        part_o, part_lse
+#define AW_LAUNCH_G(DT)                                                                                             \
+    do {                                                                                                            \
+        if (gc <= 1) attention_warps_kernel<DT, 1><<<grid, AW_THREADS, 0, c->stream>>>(ATT_ARGS);                   \
+        else if (gc <= 2) attention_warps_kernel<DT, 2><<<grid, AW_THREADS, 0, c->stream>>>(ATT_ARGS);              \
+        else if (gc <= 4) attention_warps_kernel<DT, 4><<<grid, AW_THREADS, 0, c->stream>>>(ATT_ARGS);              \
+        else attention_warps_kernel<DT, 8><<<grid, AW_THREADS, 0, c->stream>>>(ATT_ARGS);                           \
+    } while (0)
+#define ATT_LAUNCH(DT)                                                                                              \
+    do {                                                                                                            \
+        if (warps) AW_LAUNCH_G(DT);                                                                                 \
+        else if (c->att_kernel == RS_CUDA_ATTENTION_STAGED)                                                         \
+            attention_kernel<DT, true><<<grid, ATT_THREADS, 0, c->stream>>>(ATT_ARGS);                              \
+        else attention_kernel<DT, false><<<grid, ATT_THREADS, 0, c->stream>>>(ATT_ARGS);                            \
+    } while (0)
+    if (kv->dtype == RS_DTYPE_F32) ATT_LAUNCH(RS_DTYPE_F32);
+    else if (kv->dtype == RS_DTYPE_BF16) ATT_LAUNCH(RS_DTYPE_BF16);
+    else ATT_LAUNCH(RS_DTYPE_E4M3);
+#undef ATT_LAUNCH
+#undef AW_LAUNCH_G
+#undef ATT_ARGS
+    CUDA_CHECK_LAUNCH();
+    if (n_split == 1) return;
+    const float *vs = kv->dtype == RS_DTYPE_E4M3 && kv->scale_mode == RS_KV_SCALE_PER_HEAD ? kv->v_scale : NULL;
+    attention_combine_kernel<<<dim3((unsigned)n_rows, (unsigned)L->n_heads), ATT_THREADS, 0, c->stream>>>(
+        L->out, part_o, part_lse, rows, L->n_heads, hd, n_split, L->group, vs);
+    CUDA_CHECK_LAUNCH();
+}
+
 /* Fast numerics: decode rows (sequences with one row in the step) through the split-context
  * kernel, prefill chunks through the tensor-core kernel (cuda_attention_tc.cu) where the head size
  * allows it, else through the split kernel too. */
 static void attention_fast(rs_cuda_ctx *c, const att_launch *L, const rs_batch *batch) {
-    const int n_seq = batch->n_seq, n_tok = batch->n_tok, n_kv = L->kv->n_kv_heads;
+    const int n_seq = batch->n_seq, n_tok = batch->n_tok;
     bool all_single = true;
     for (int s = 0; s < n_seq && all_single; s++) all_single = batch->seq_start[s + 1] - batch->seq_start[s] <= 1;
+    const bool warps = c->att_kernel == RS_CUDA_ATTENTION_WARPS;
     if (all_single) { /* a decode step: every row, no list (what a step graph records) */
-        launch_rows(c, L, NULL, n_tok, decode_splits(c, n_tok, n_kv, L->n_chunks));
+        launch_rows(c, L, NULL, n_tok, 0, warps);
         return;
     }
     const bool tc = rs_cuda_attention_tc_takes(L->kv->head_dim);
@@ -443,7 +722,7 @@ static void attention_fast(rs_cuda_ctx *c, const att_launch *L, const rs_batch *
     }
     if (n_rows) {
         const int32_t *drows = (const int32_t *)rs_cuda_mirror_of(c, RS_CUDA_M_ATTN_ROWS, rows, (size_t)n_rows * sizeof(int32_t));
-        launch_rows(c, L, drows, n_rows, decode_splits(c, n_rows, n_kv, L->n_chunks));
+        launch_rows(c, L, drows, n_rows, 0, warps);
     }
     if (n_tiles) {
         const int32_t *dtiles =
@@ -486,9 +765,7 @@ void rs_cuda_op_attention(rs_backend *b, float *out, const float *q, const rs_kv
     for (int r = 0; r < n_tok; r++) RS_ASSERT(row_seq[r] >= 0);
 
     const int group = n_heads / n_kv;
-    const int gc = RS_MIN(RS_MIN(group, ATT_MAX_HEADS), ATT_MAX_OUT / hd); /* >= 8: hd <= 256 */
-    const int n_chunks = (group + gc - 1) / gc;
-    RS_ASSERT(n_kv <= 65535 && n_chunks <= 65535);
+    RS_ASSERT(n_kv <= 65535);
 
     const int32_t *dpos = (const int32_t *)rs_cuda_mirror_of(c, RS_CUDA_M_ATTN_POS, batch->pos, (size_t)n_tok * sizeof(int32_t));
     const int32_t *dstart = (const int32_t *)rs_cuda_mirror_of(c, RS_CUDA_M_ATTN_SEQ_START, batch->seq_start,
@@ -497,16 +774,19 @@ void rs_cuda_op_attention(rs_backend *b, float *out, const float *q, const rs_kv
                                                              (size_t)n_seq * (size_t)batch->max_blocks * sizeof(int32_t));
     free(row_seq);
 
-    const att_launch L = {out, q, kv, n_heads, scale, dpos, dstart, n_seq, dtab, batch->max_blocks, group, gc, n_chunks};
+    const att_launch L = {out, q, kv, n_heads, scale, dpos, dstart, n_seq, dtab, batch->max_blocks, group};
     if (c->numerics == RS_NUMERICS_FAST) attention_fast(c, &L, batch);
-    else launch_rows(c, &L, NULL, n_tok, 1);
+    else launch_rows(c, &L, NULL, n_tok, 1, false);
 }
 
 /* ---- C-callable hook for tests/unit/test_cuda_attention_fast.c ---- */
 
-/* Staged K/V tiles (stage_rows) on or off for the launches from now on (a step graph recorded
- * earlier replays the kernel it recorded). */
-extern "C" void rs_backend_cuda_set_attention_staging(rs_backend *b, bool on) { rs_cuda_ctx_of(b)->att_staging = on; }
+/* backend.h: the attention kernel of the launches from now on (a step graph recorded earlier
+ * replays the kernel it recorded). */
+extern "C" void rs_backend_cuda_set_attention_kernel(rs_backend *b, rs_cuda_attention_kernel k) {
+    RS_ASSERT(k == RS_CUDA_ATTENTION_TILES || k == RS_CUDA_ATTENTION_STAGED || k == RS_CUDA_ATTENTION_WARPS);
+    rs_cuda_ctx_of(b)->att_kernel = k;
+}
 
 /* Fast numerics' decode attention in n context splits from now on (0: chosen by size). */
 extern "C" void rs_cuda_test_attention_splits(rs_backend *b, int n) {

@@ -6,16 +6,21 @@
  *
  * A cache of shuffled pages holds four sequences: A (200 positions), B (100), C (1), D (5). A mixed
  * step runs A's decode row, B's prefill chunk of 70 rows (two tensor-core tiles), C's row and D's
- * 5-row chunk; a decode step runs the last row of each. Decode rows go through the split kernel,
- * forced to 1, 3 and 7 splits (ragged and empty splits) and by size; their outputs differ from the
- * exact kernel's by the fp32 order of the combine only (tolerance 2e-5). Prefill rows go through the
- * tensor-core kernel for head sizes 32, 64 and 128 (the split kernel for 48): Q, K and V hold
+ * 5-row chunk; a decode step runs the last row of each. Decode rows go through the split kernels,
+ * forced to 1, 3 and 7 splits (ragged and empty splits) and by size with the warp kernel (the
+ * default), and at 3 splits with the tile kernel too; their outputs differ from the exact kernel's by the fp32 order of the
+ * sums and the combine, and exp2f against expf (tolerance 2e-5). Prefill rows go through the
+ * tensor-core kernel for head sizes 32, 64, 128 and 256 (the split kernel for 48): Q, K and V hold
  * BF16-exact values (exact in either operand type), so what it changes is P rounded to F16
  * (relative 2^-11; BF16 pages: BF16, 2^-8) and fp32 order: within 1e-3 (4e-3) x max |V| of the KV
- * head (outputs are convex combinations of V rows). Group sizes 2, 4, 1 and 12.
- * The exact launch and the 3-split one run again with K/V tiles staged in shared memory
- * (rs_backend_cuda_set_attention_staging): the same bits, where the tile fits the stage (every
- * shape here but F32 at head size 128, which checks the fallback) and where it does not.
+ * head (outputs are convex combinations of V rows). Group sizes 2, 4, 1, 12, 16 and 6: the warp
+ * kernel's chunks of 8 query heads (two full ones at 16), of 4 at head size 256 (a partial one at
+ * 6), and 4, 8, 16 and 32 lanes per position (head sizes 32, 64, 128, 256); 48 takes the tile kernel.
+ * The exact launch and the tile kernel's 3-split one run again with K/V tiles staged in shared
+ * memory (RS_CUDA_ATTENTION_STAGED): the same bits, where the tile fits the stage (every shape here
+ * but F32 at head size 128 and 256, which checks the fallback) and where it does not.
+ * A second test decodes one 4500-position row (the warp kernel reads the page table in slices of
+ * 256 pages) in one split and by size.
  */
 #ifdef RS_CUDA
 #include <math.h>
@@ -64,9 +69,9 @@ static float *run(rs_backend *g, rs_numerics numerics, const float *q, rs_kv_lay
 
 static void check_staged(rs_backend *g, rs_numerics numerics, const float *q, rs_kv_layer *kv, int n_heads,
                          const rs_batch *batch, const float *want, const char *what) {
-    rs_backend_cuda_set_attention_staging(g, true);
+    rs_backend_cuda_set_attention_kernel(g, RS_CUDA_ATTENTION_STAGED);
     float *got = run(g, numerics, q, kv, n_heads, batch);
-    rs_backend_cuda_set_attention_staging(g, false);
+    rs_backend_cuda_set_attention_kernel(g, RS_CUDA_ATTENTION_WARPS);
     const size_t n = (size_t)batch->n_tok * n_heads * kv->head_dim;
     for (size_t i = 0; i < n; i++)
         if (rs_test_f32_bits(got[i]) != rs_test_f32_bits(want[i]))
@@ -138,11 +143,15 @@ static void one_case(rs_backend *g, const kv_kind *kind, int n_heads, int n_kv, 
         float vmax[16] = {0}; /* max |V| per KV head (as stored: the outputs' bound) */
         for (size_t i = 0; i < (size_t)total * row; i++) vmax[(i % row) / hd] = fmaxf(vmax[(i % row) / hd], fabsf(v[i]));
         static const int splits[] = {0, 1, 3, 7};
-        for (size_t si = 0; si < RS_ARRAY_LEN(splits); si++) {
-            rs_cuda_test_attention_splits(g, splits[si]);
+        for (size_t si = 0; si < RS_ARRAY_LEN(splits) * 2; si++) {
+            const bool warps = si % 2 == 0; /* the tile kernel at 3 splits (its other counts are the fallback's at 48) */
+            if (!warps && splits[si / 2] != 3) continue;
+            rs_cuda_test_attention_splits(g, splits[si / 2]);
+            rs_backend_cuda_set_attention_kernel(g, warps ? RS_CUDA_ATTENTION_WARPS : RS_CUDA_ATTENTION_TILES);
             float *got = run(g, RS_NUMERICS_FAST, qv, &kv, n_heads, &bt);
-            if (splits[si] == 3) check_staged(g, RS_NUMERICS_FAST, qv, &kv, n_heads, &bt, got, "fast, 3 splits");
-            const bool tc_ok = hd == 32 || hd == 64 || hd == 128;
+            rs_backend_cuda_set_attention_kernel(g, RS_CUDA_ATTENTION_WARPS);
+            if (!warps && splits[si / 2] == 3) check_staged(g, RS_NUMERICS_FAST, qv, &kv, n_heads, &bt, got, "fast, 3 splits");
+            const bool tc_ok = hd == 32 || hd == 64 || hd == 128 || hd == 256;
             for (int q = 0; q < NSEQ; q++)
                 for (int r = start[q]; r < start[q + 1]; r++) {
                     const bool prefill = start[q + 1] - start[q] > 1, tc = prefill && tc_ok;
@@ -154,8 +163,9 @@ static void one_case(rs_backend *g, const kv_kind *kind, int n_heads, int n_kv, 
                         if (!(fabs((double)got[i] - want[i]) <= tol * bound))
                             RS_TEST_FAIL("%s heads %d/%d hd %d %s step, %d splits: row %d (seq %d pos %d) head %zu dim %zu: "
                                          "fast %.7g exact %.7g (%s)",
-                                         kind->name, n_heads, n_kv, hd, step ? "decode" : "mixed", splits[si], r, q,
-                                         pos[r], e / hd, e % hd, got[i], want[i], tc ? "tensor cores" : "split");
+                                         kind->name, n_heads, n_kv, hd, step ? "decode" : "mixed", splits[si / 2], r, q,
+                                         pos[r], e / hd, e % hd, got[i], want[i],
+                                         tc ? "tensor cores" : warps ? "split, warps" : "split, tiles");
                     }
                 }
             free(got);
@@ -176,6 +186,58 @@ RS_TEST(cuda_attention_fast_matches_exact) {
     for (size_t ki = 0; ki < RS_ARRAY_LEN(kinds); ki++)
         for (size_t si = 0; si < RS_ARRAY_LEN(shapes); si++)
             one_case(g, &kinds[ki], shapes[si][0], shapes[si][1], shapes[si][2], &s);
+    rs_backend_free(g);
+}
+
+/* The same for the warp kernel's query-head chunks: two of 8 (group 16), and at head size 256 one of
+ * 4 and one of 2 (group 6). */
+RS_TEST(cuda_attention_fast_head_chunks) {
+    rs_backend *g = rs_test_cuda_or_skip();
+    uint64_t s = 137;
+    static const int shapes[][3] = {{16, 1, 64}, {6, 1, 256}};
+    for (size_t ki = 0; ki < RS_ARRAY_LEN(kinds); ki++)
+        for (size_t si = 0; si < RS_ARRAY_LEN(shapes); si++)
+            one_case(g, &kinds[ki], shapes[si][0], shapes[si][1], shapes[si][2], &s);
+    rs_backend_free(g);
+}
+
+/* One decode row over 4500 positions: the warp kernel's page-table slices (AW_TABLE pages). */
+RS_TEST(cuda_attention_warps_long_context) {
+    rs_backend *g = rs_test_cuda_or_skip();
+    enum { LEN = 4500, HD = 32, NH = 2, NBLOCKS = (LEN + RS_KV_BLOCK - 1) / RS_KV_BLOCK };
+    uint64_t s = 7;
+    rs_kv_layer kv = {.dtype = RS_DTYPE_BF16, .n_blocks = NBLOCKS, .n_kv_heads = 1, .head_dim = HD,
+                      .scale_mode = RS_KV_SCALE_NONE};
+    kv.pages = rs_backend_alloc(g, (size_t)NBLOCKS * 2 * RS_KV_BLOCK * HD * 2);
+    int32_t *table = malloc(NBLOCKS * 4), *slot = malloc(LEN * 4);
+    for (int i = 0; i < NBLOCKS; i++) table[i] = NBLOCKS - 1 - i; /* pages in reverse */
+    for (int p = 0; p < LEN; p++) slot[p] = table[p / RS_KV_BLOCK] * RS_KV_BLOCK + p % RS_KV_BLOCK;
+    float *k = malloc((size_t)LEN * HD * 4), *v = malloc((size_t)LEN * HD * 4), q[NH * HD];
+    for (size_t i = 0; i < (size_t)LEN * HD; i++) k[i] = bf16_rand(&s), v[i] = bf16_rand(&s);
+    for (int i = 0; i < NH * HD; i++) q[i] = bf16_rand(&s) * 3;
+    {
+        int32_t st[2] = {0, LEN};
+        rs_batch bt = {.n_tok = LEN, .n_seq = 1, .slot = slot, .seq_start = st};
+        float *dk = rs_test_to_backend(g, k, (size_t)LEN * HD * 4), *dv = rs_test_to_backend(g, v, (size_t)LEN * HD * 4);
+        rs_op_kv_store(g, &kv, dk, dv, &bt);
+        rs_backend_free_mem(g, dk), rs_backend_free_mem(g, dv);
+    }
+    int32_t pos = LEN - 1, start[2] = {0, 1}, ctx = LEN;
+    rs_batch bt = {.n_tok = 1, .n_seq = 1, .pos = &pos, .seq_start = start, .seq_ctx = &ctx, .block_tables = table,
+                   .max_blocks = NBLOCKS};
+    float *want = run(g, RS_NUMERICS_EXACT, q, &kv, NH, &bt);
+    static const int splits[] = {1, 0};
+    for (size_t si = 0; si < RS_ARRAY_LEN(splits); si++) {
+        rs_cuda_test_attention_splits(g, splits[si]);
+        float *got = run(g, RS_NUMERICS_FAST, q, &kv, NH, &bt);
+        for (int i = 0; i < NH * HD; i++)
+            if (!(fabs((double)got[i] - want[i]) <= 2e-5 * (1.0 + fabs(want[i]))))
+                RS_TEST_FAIL("%d splits: head %d dim %d: fast %.7g exact %.7g", splits[si], i / HD, i % HD, got[i], want[i]);
+        free(got);
+    }
+    rs_cuda_test_attention_splits(g, 0);
+    free(want), free(table), free(slot), free(k), free(v);
+    rs_backend_free_mem(g, kv.pages);
     rs_backend_free(g);
 }
 #endif
