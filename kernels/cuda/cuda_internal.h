@@ -128,6 +128,7 @@ struct rs_cuda_ctx {
     rs_cuda_attention_kernel att_kernel; /* backend.h; RS_CUDA_ATTENTION, default RS_CUDA_ATTENTION_WARPS */
     bool no_device_sampling; /* rs_backend_cuda_set_device_sampling(false): every request left undone */
     uint64_t sampled;       /* requests the device has sampled */
+    uint64_t gemv_tc_runs;  /* tensor-core GEMVs launched (cuda_matmul_fast.cu; tests: which kernel ran) */
     cudaStream_t stream;
     rs_cuda_blas *blas;     /* cuBLASLt handle, workspace and descriptor cache */
     rs_cuda_act act;
@@ -146,14 +147,12 @@ struct rs_cuda_ctx {
  * Ops call it instead of what a capture forbids (synchronizing, allocating). */
 void rs_cuda_recording_broken(rs_cuda_ctx *c, const char *why);
 
-/* The fast-numerics GEMV/GEMM crossover per weight dtype: up to this many rows, weight-streaming GEMV
- * kernels; above, cuBLASLt. Measured on an H200 (docs/benchmarks.md): the FP8 GEMV beat cuBLASLt's
- * block-scaled GEMM at 1-2 rows and lost from 4 (bench-gpu gemv, Qwen3-8B layer shapes). The dense
- * GEMV lost to cuBLASLt's BF16 GEMM at those shapes at every row count, but with BF16 matmuls on
- * cuBLASLt from 1 row the 8B-shaped model's batch-1 decode took 12.1 ms a step against 10.4 (FP8
- * weights, whose only BF16 matmul is the 151936-row lm_head: 11.4 against 9.8), so BF16 keeps the
- * GEMV up to 8 rows. */
-#define RS_CUDA_GEMV_ROWS_FP8 2
+/* The fast-numerics GEMV/GEMM crossover per weight dtype: up to this many rows, the tensor-core GEMVs
+ * of cuda_matmul_fast.cu, which serve up to 8 rows (one mma n-tile); above, cuBLASLt. Measured on an
+ * H200 (`build-cuda/bench-gpu gemv`, Qwen3-8B layer shapes, docs/benchmarks.md): at 1-8 rows the
+ * GEMVs took 9.3-23.6 us (FP8) and 14.5-40.2 us (BF16) where cuBLASLt took 18.7-42.1 and 16.7-42.3;
+ * at 16 rows cuBLASLt won but for FP8 at 4096 x 4096. */
+#define RS_CUDA_GEMV_ROWS_FP8 8
 #define RS_CUDA_GEMV_ROWS_BF16 8
 
 /* The backend's context with its device current on the calling thread, for a matmul: it keeps the

@@ -12,10 +12,16 @@
  *                 ceil(k/128) is not one (never for real checkpoints' K).
  *   BF16 weights  the activation's BF16 form into cuBLASLt's BF16 GEMM, fp32 output.
  *   F16 / F32     no fast path: the exact kernels.
- * Up to c->gemv_rows_fp8 / _bf16 rows (RS_CUDA_GEMV_ROWS_*: 2 and 8, measured) weight-streaming
- * GEMV kernels run instead, where a GEMM tile would waste most of its work: for E4M3 weights the fast
- * FP8 GEMV below (the same activation codes, fp32 block sums, dequantized in registers); for BF16
- * weights cuda_matmul.cu's dense GEMV (fp32 activations, fp32 sums).
+ * Up to c->gemv_rows_fp8 / _bf16 rows (RS_CUDA_GEMV_ROWS_*: 8, one mma n-tile) weight-streaming
+ * tensor-core GEMVs run instead, where a GEMM tile would waste most of its work: the weight tile of
+ * 16 output features is the mma's A and up to 8 activation rows its B, so the weights stream once
+ * with 16-byte loads and the tensor cores leave the kernel memory-bound. E4M3 weights take
+ * mma m16n8k32 e4m3 on the same activation codes, one 128-wide K block per accumulator promoted to
+ * fp32 with the block scales (cuBLASLt's recipe); BF16 weights take mma m16n8k16 bf16 on the
+ * activation's BF16 form with fp32 accumulation (what cuBLASLt's BF16 GEMM computes). Where 16-byte
+ * loads cannot run (FP8: k % 16 or misaligned codes; BF16: k % 8 or misaligned), FP8 takes the CUDA-core
+ * FP8 GEMV below (the same codes, fp32 block sums, dequantized in registers) and BF16 cuda_matmul.cu's
+ * exact dense GEMV.
  * Where cuBLASLt refuses a problem (cuda_blas.cu logs it once), rs_cuda_matmul_fast returns false
  * and the caller runs the exact kernels, whose results the fast ones approximate.
  */
@@ -146,17 +152,168 @@ __global__ void __launch_bounds__(FGEMV_WARPS * 32)
     }
 }
 
+/* ---- tensor-core GEMVs for few rows ---- */
+
+#define TCG_WARPS 8  /* warps per block: they split K, each taking every TCG_WARPS-th 128-byte chunk */
+#define TCG_ROWS 8   /* activation rows per launch group (grid y): one mma n-tile */
+#define TCG_UNROLL 2 /* chunks whose loads a warp issues before it uses the first */
+
+/* d += A B on the warp, fp32 accumulators. FP8: mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32
+ * (sm_89+); BF16: m16n8k16 .bf16. Fragments (PTX ISA, g = lane / 4, t = lane % 4):
+ *   FP8   a[0] = A[g][4t .. 4t+3], a[1] = A[g+8][4t ..], a[2] = A[g][16+4t ..], a[3] = A[g+8][16+4t ..]
+ *         (one code per byte, lowest k in the low byte); b[0] = B[4t .. 4t+3][g], b[1] = B[16+4t ..][g]
+ *   BF16  a[0] = A[g][2t, 2t+1], a[1] = A[g+8][2t ..], a[2] = A[g][2t+8 ..], a[3] = A[g+8][2t+8 ..];
+ *         b[0] = B[2t, 2t+1][g], b[1] = B[2t+8 ..][g]
+ *   both  d[0], d[1] = D[g][2t, 2t+1], d[2], d[3] = D[g+8][2t, 2t+1]. */
+template <bool FP8>
+__device__ __forceinline__ void tcg_mma(float d[4], const uint32_t a[4], const uint32_t b[2]) {
+#if defined(__CUDA_ARCH__)
+    if (FP8)
+        asm volatile("mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                     "{%0,%1,%2,%3};\n"
+                     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+    else
+        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                     "{%0,%1,%2,%3};\n"
+                     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+#elif defined(RS_CUDA_EMU)
+    if (FP8) emu_mma_16832_e4m3(d, a, b);
+    else emu_mma_16816(d, a, b, false);
+#endif
+}
+
+/* out[r][o] = sum_j x[r][j] w[o][j] for the 16 output features o0 + [0, 16) of block x and the rows
+ * r0 + [0, TCG_ROWS) of block y: the weight tile is A (16 x K, row-major), the rows are B's columns
+ * (K x 8), on tensor cores. Both operands are read as bytes (E4M3 codes, or BF16 pairs) in 128-byte
+ * chunks of their rows: a 128-code K block for FP8, 64 elements for BF16. The sum over k does not
+ * care which k sits where, so a chunk is permuted the same way for A and B: lane (g, t) loads 16
+ * contiguous bytes at 16 t of each 64-byte half h of the chunk from weight rows o0 + g and o0 + g + 8
+ * and from row r0 + g of x (the 4 lanes of a fragment row read 64 contiguous bytes); the first 8 of
+ * them are the k of its registers in one mma, the last 8 in a second (words .x/.y and .z/.w: a[0] =
+ * row g's, a[1] = row g+8's, a[2], a[3] and b[1] the next word). Each warp walks its chunks with
+ * TCG_UNROLL chunks of 16-byte loads in flight (4 KB of weights a warp, 32 KB a block).
+ *   FP8   each chunk's 4 mmas start from 0 and promote into fp32 accumulators: acc += d * (ws[o/128][b]
+ *         * xs[r][b]), the recipe's 128x128 weight and 1x128 activation scales (o0 is a multiple of 16,
+ *         so the warp's 16 features share ws's row).
+ *   BF16  the mmas accumulate into acc directly (fp32, as cuBLASLt's BF16 GEMM), no scales.
+ * The warps' accumulators are summed in warp order through shared memory. Bytes past a row's end
+ * (k not a multiple of a chunk), features past n and rows past `rows` are zeros: they add exact
+ * zeros, and only valid outputs are written. NaN codes decode to NaN (the hardware's conversion).
+ * Needs k * element size a multiple of 16 and 16-byte aligned x and w (the dispatch checks). */
+template <bool FP8>
+__global__ void __launch_bounds__(TCG_WARPS * 32)
+    gemv_tc_kernel(float *__restrict__ out /* [rows][n] */, const uint8_t *__restrict__ x /* [rows][row_bytes] */,
+                   const float *__restrict__ xs /* FP8: [rows][L] */,
+                   const uint8_t *__restrict__ w /* [n][row_bytes] */,
+                   const float *__restrict__ ws /* FP8: [ceil(n/128)][L] */, int rows, int n, int64_t row_bytes,
+                   int L) {
+    const int warp = threadIdx.x / 32, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    const int o0 = blockIdx.x * 16, r0 = blockIdx.y * TCG_ROWS;
+    const int nchunks = (int)((row_bytes + 127) / 128);
+    const bool wlo = o0 + g < n, whi = o0 + g + 8 < n, xok = r0 + g < rows;
+    const uint8_t *wrow_lo = w + (int64_t)(o0 + g) * row_bytes, *wrow_hi = wrow_lo + 8 * row_bytes;
+    const uint8_t *xrow = x + (int64_t)(r0 + g) * row_bytes;
+    const float *wsrow = FP8 ? ws + (int64_t)(o0 / RS_FP8_BLOCK) * L : NULL;
+    float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    for (int c0 = warp; c0 < nchunks; c0 += TCG_WARPS * TCG_UNROLL) {
+        uint4 wa[TCG_UNROLL][2], wb[TCG_UNROLL][2], xb[TCG_UNROLL][2]; /* the loads first */
+#pragma unroll
+        for (int u = 0; u < TCG_UNROLL; u++) {
+            const int c = c0 + u * TCG_WARPS;
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                const int64_t j = (int64_t)c * 128 + 64 * h + 16 * t;
+                const bool in = c < nchunks && j < row_bytes; /* row_bytes % 16 == 0: whole 16-byte pieces */
+                const uint4 z = {0u, 0u, 0u, 0u};
+                wa[u][h] = in && wlo ? __ldg((const uint4 *)(wrow_lo + j)) : z;
+                wb[u][h] = in && whi ? __ldg((const uint4 *)(wrow_hi + j)) : z;
+                xb[u][h] = in && xok ? __ldg((const uint4 *)(xrow + j)) : z;
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < TCG_UNROLL; u++) {
+            const int c = c0 + u * TCG_WARPS;
+            if (c >= nchunks) break; /* warp-uniform */
+            float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+            float *dst = FP8 ? d : acc;
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                const uint32_t a1[4] = {wa[u][h].x, wb[u][h].x, wa[u][h].y, wb[u][h].y};
+                const uint32_t a2[4] = {wa[u][h].z, wb[u][h].z, wa[u][h].w, wb[u][h].w};
+                const uint32_t b1[2] = {xb[u][h].x, xb[u][h].y}, b2[2] = {xb[u][h].z, xb[u][h].w};
+                tcg_mma<FP8>(dst, a1, b1);
+                tcg_mma<FP8>(dst, a2, b2);
+            }
+            if (FP8) {
+                const float sw = wsrow[c];
+#pragma unroll
+                for (int i = 0; i < 4; i++) {
+                    const int r = r0 + 2 * t + (i & 1);
+                    const float sx = r < rows ? xs[(int64_t)r * L + c] : 0.0f;
+                    acc[i] = fmaf(d[i], sw * sx, acc[i]);
+                }
+            }
+        }
+    }
+    __shared__ float part[TCG_WARPS][4][32];
+#pragma unroll
+    for (int i = 0; i < 4; i++) part[warp][i][lane] = acc[i];
+    __syncthreads();
+    if (threadIdx.x < 4 * 32) {
+        const int i = threadIdx.x / 32, l = threadIdx.x & 31;
+        float sum = part[0][i][l];
+#pragma unroll
+        for (int v = 1; v < TCG_WARPS; v++) sum += part[v][i][l];
+        const int r = r0 + 2 * (l & 3) + (i & 1), o = o0 + (l >> 2) + 8 * (i >> 1);
+        if (r < rows && o < n) out[(int64_t)r * n + o] = sum;
+    }
+}
+
+static void gemv_tc(rs_cuda_ctx *c, bool fp8, float *out, const void *x, const float *xs, const rs_tensor *w, int rows,
+                    int n, int k) {
+    const unsigned groups = rs_cuda_blocks((size_t)rows, TCG_ROWS);
+    RS_ASSERT(groups <= 65535u);
+    const dim3 grid(rs_cuda_blocks((size_t)n, 16), groups);
+    const int64_t row_bytes = (int64_t)k * (fp8 ? 1 : 2);
+    const int L = (int)rs_fp8_blocks(k);
+    const uint8_t *xb = (const uint8_t *)x, *wb = (const uint8_t *)w->data;
+    const unsigned threads = TCG_WARPS * 32;
+    if (fp8)
+        gemv_tc_kernel<true><<<grid, threads, 0, c->stream>>>(out, xb, xs, wb, w->scale_inv, rows, n, row_bytes, L);
+    else
+        gemv_tc_kernel<false><<<grid, threads, 0, c->stream>>>(out, xb, NULL, wb, NULL, rows, n, row_bytes, L);
+    CUDA_CHECK_LAUNCH();
+    c->gemv_tc_runs++;
+}
+
+static bool aligned16(const void *p) { return ((uintptr_t)p & 15) == 0; }
+
 static bool fast_fp8_gemv(rs_cuda_ctx *c, float *out, const float *x, const rs_tensor *w, int rows, int n, int k) {
     const int L = (int)rs_fp8_blocks(k);
     const float *xs;
     const uint8_t *xq = rs_cuda_act_fp8(c, x, rows, k, &xs);
-    const bool vec = k % 16 == 0 && ((uintptr_t)xq & 15) == 0 && ((uintptr_t)w->data & 15) == 0;
+    const bool vec = k % 16 == 0 && aligned16(xq) && aligned16(w->data);
+    if (vec) {
+        gemv_tc(c, true, out, xq, xs, w, rows, n, k);
+        return true;
+    }
     const unsigned groups = rs_cuda_blocks((size_t)rows, FGEMV_ROWS);
     RS_ASSERT(groups <= 65535u);
     const dim3 grid(rs_cuda_blocks((size_t)n, FGEMV_WARPS), groups);
     fp8_gemv_fast_kernel<<<grid, FGEMV_WARPS * 32, 0, c->stream>>>(out, xq, xs, (const uint8_t *)w->data, w->scale_inv,
                                                                   rows, n, k, L, vec);
     CUDA_CHECK_LAUNCH();
+    return true;
+}
+
+/* The tensor-core BF16 GEMV, or false (the exact dense GEMV runs) when its loads cannot be 16 bytes. */
+static bool fast_bf16_gemv(rs_cuda_ctx *c, float *out, const float *x, const rs_tensor *w, int rows, int n, int k) {
+    if (k % 8 || !aligned16(w->data)) return false;
+    const uint16_t *xb = rs_cuda_act_bf16(c, x, rows, k);
+    if (!aligned16(xb)) return false;
+    gemv_tc(c, false, out, xb, NULL, w, rows, n, k);
     return true;
 }
 
@@ -172,8 +329,12 @@ bool rs_cuda_matmul_fast(rs_cuda_ctx *c, float *out, const float *x, const rs_te
     switch (w->dtype) {
     case RS_DTYPE_E4M3:
         return rows <= c->gemv_rows_fp8 ? fast_fp8_gemv(c, out, x, w, rows, n, k) : fast_fp8(c, out, x, w, rows, n, k);
-    case RS_DTYPE_BF16: /* the dense GEMV is the exact kernel: false runs it */
-        return rows > c->gemv_rows_bf16 && fast_bf16(c, out, x, w, rows, n, k);
+    case RS_DTYPE_BF16:
+        return rows <= c->gemv_rows_bf16 ? fast_bf16_gemv(c, out, x, w, rows, n, k)
+                                         : fast_bf16(c, out, x, w, rows, n, k);
     default: return false;
     }
 }
+
+/* Tensor-core GEMVs launched so far (tests: the dispatch chose them, or fell back). */
+extern "C" unsigned long long rs_cuda_test_gemv_tc_runs(rs_backend *b) { return rs_cuda_ctx_of(b)->gemv_tc_runs; }

@@ -14,7 +14,10 @@
  *   - the matmul op in fast numerics against exact numerics: FP8 within the tensor cores'
  *     accumulation error (FP8_MMA_REL) of the same codes (bit-identical where cuBLASLt refuses and
  *     the exact kernels run), BF16 within
- *     the rounding of the activations to BF16; the GEMMs really ran through cuBLASLt.
+ *     the rounding of the activations to BF16; the GEMMs really ran through cuBLASLt, and up to 8
+ *     rows the tensor-core GEMVs ran exactly where their 16-byte loads fit.
+ *   - the tensor-core GEMVs against double references of what they multiply (FP8 codes and block
+ *     scales, BF16 activations), over row, feature and K tails, and their fallbacks.
  *   - the activation forms that fast-numerics rmsnorm and swiglu write in their own kernels are
  *     rs_fp8_quantize_act's codes and scales and rs_f32_to_bf16's values, and are dropped by the
  *     next op that could rewrite their activation.
@@ -43,6 +46,7 @@ void rs_cuda_test_blas_workspace_limit(rs_backend *b, size_t bytes);
 void rs_cuda_test_blas_counts(rs_backend *b, unsigned long long *calls, unsigned long long *refused);
 void rs_cuda_test_act_forms(rs_backend *b, const float *x, int rows, int k, uint16_t *bf16, uint8_t *q, float *s);
 int rs_cuda_test_act_cached(rs_backend *b, const float *x, size_t n);
+unsigned long long rs_cuda_test_gemv_tc_runs(rs_backend *b); /* cuda_matmul_fast.cu */
 enum { GEMM_BF16 = 0, GEMM_FP8 = 1 }; /* cuda_internal.h RS_CUDA_GEMM_* */
 
 /* Hopper's FP8 tensor cores add the products within an MMA aligned to the largest exponent among
@@ -420,12 +424,19 @@ RS_TEST(cuda_matmul_fast_matches_exact) {
                 unsigned long long calls0, calls1, refused0;
                 rs_cuda_test_blas_counts(g, &calls0, &refused0);
                 float *want = op_matmul(g, RS_NUMERICS_EXACT, &w, &bias, x, rows);
+                const unsigned long long tc0 = rs_cuda_test_gemv_tc_runs(g);
                 float *got = op_matmul(g, RS_NUMERICS_FAST, &w, &bias, x, rows);
+                const bool tc = rs_cuda_test_gemv_tc_runs(g) != tc0;
                 rs_cuda_test_blas_counts(g, &calls1, &refused0);
-                const bool gemv = rows <= 8, exact_kernels = refused && !gemv; /* the fast FP8 GEMV takes any shape */
+                /* up to 8 rows the GEMVs: on tensor cores where 16-byte loads fit (FP8 k % 16, BF16 k % 8);
+                 * else the CUDA-core FP8 GEMV (any shape) or the exact dense GEMV for BF16 */
+                const bool gemv = rows <= 8, exact_kernels = (refused && !gemv) || (gemv && !fp8 && k % 8);
                 if (!refused && !gemv && calls1 == calls0)
                     RS_TEST_FAIL("%s n %d k %d rows %d: fast numerics did not reach cuBLASLt", fp8 ? "e4m3" : "bf16", n,
                                  k, rows);
+                if (tc != (gemv && k % (fp8 ? 16 : 8) == 0))
+                    RS_TEST_FAIL("%s n %d k %d rows %d: the tensor-core GEMV %s", fp8 ? "e4m3" : "bf16", n, k, rows,
+                                 tc ? "ran" : "did not run");
                 /* the activation as the GEMM sees it: its E4M3 dequantization, or the BF16 rounding */
                 float *xa = malloc((size_t)rows * k * sizeof(float));
                 if (fp8) {
@@ -438,7 +449,7 @@ RS_TEST(cuda_matmul_fast_matches_exact) {
                 for (int r = 0; r < rows; r++)
                     for (int o = 0; o < n; o++) {
                         const size_t i = (size_t)r * n + o;
-                        if (exact_kernels || (gemv && !fp8)) {
+                        if (exact_kernels) {
                             if (rs_test_f32_bits(got[i]) != rs_test_f32_bits(want[i]))
                                 RS_TEST_FAIL("%s n %d k %d rows %d: out[%d][%d] %a differs from exact %a where the "
                                              "exact kernels run", fp8 ? "e4m3" : "bf16", n, k, rows, r, o, got[i], want[i]);
@@ -466,9 +477,10 @@ RS_TEST(cuda_matmul_fast_matches_exact) {
     rs_backend_free(g);
 }
 
-/* The fast FP8 GEMV alone (forced for every row count): ragged K (the scalar code loads), 16-byte
- * vector loads, one and two groups of 8 rows; within fp32-accumulation error of the exact kernels,
- * and a NaN activation makes its row NaN (as cuBLASLt's E4M3 decoding does). */
+/* The fast FP8 GEMVs alone (forced for every row count): ragged K (the CUDA-core GEMV's scalar code
+ * loads: within fp32-accumulation error of the exact kernels), k % 16 == 0 (the tensor-core GEMV:
+ * within FP8_MMA_REL), one and two groups of 8 rows; a NaN activation makes its row NaN (as
+ * cuBLASLt's E4M3 decoding does). */
 RS_TEST(cuda_fp8_gemv_fast_matches_exact) {
     rs_backend *g = rs_test_cuda_or_skip();
     const int old = rs_backend_cuda_set_gemv_rows(g, RS_DTYPE_E4M3, 1 << 20);
@@ -507,7 +519,7 @@ RS_TEST(cuda_fp8_gemv_fast_matches_exact) {
                     }
                     double mag = 0;
                     for (int j = 0; j < k; j++) mag += fabs((double)xa[(size_t)r * k + j] * wdq[(size_t)o * k + j]);
-                    if (!(fabs((double)got[i] - want[i]) <= 2e-5 * mag + 1e-30))
+                    if (!(fabs((double)got[i] - want[i]) <= (k % 16 ? 2e-5 : FP8_MMA_REL) * mag + 1e-30))
                         RS_TEST_FAIL("n %d k %d rows %d: out[%d][%d] gemv %.9g, exact %.9g", n, k, rows, r, o, got[i], want[i]);
                 }
             free(x), free(xa), free(xq), free(xsc), free(want), free(got);
@@ -516,6 +528,128 @@ RS_TEST(cuda_fp8_gemv_fast_matches_exact) {
         free(wf), free(q), free(sinv), free(wdq);
     }
     rs_backend_cuda_set_gemv_rows(g, RS_DTYPE_E4M3, old);
+    rs_backend_free(g);
+}
+
+/* The tensor-core GEMVs through the matmul op at their default row limits (8), against double
+ * references built here from the operands the kernels multiply: FP8 sum over K blocks of (sum of
+ * x code * w code) * xs * ws, with rs_fp8_quantize_act's codes and scales and codes drawn across
+ * E4M3's range with random block scales, within FP8_MMA_REL of sum |products|; BF16 sum of
+ * bf16(x) * w within 1e-5 of it (fp32 accumulation). Rows 1..8 (zero B columns), n with a 16-row
+ * tail and two weight scale rows, K of one and three blocks, a ragged last block and less than one
+ * 64-byte window. Then the fallbacks, which must not reach the tensor-core kernel: FP8 k % 16 and a
+ * misaligned weight (the CUDA-core GEMV, fp32 accumulation), BF16 k % 8 and a misaligned weight
+ * (the exact dense GEMV: bit-identical to exact numerics). */
+RS_TEST(cuda_gemv_tc_matches_reference) {
+    rs_backend *g = rs_test_cuda_or_skip();
+    uint64_t s = 131;
+    static const int ns[] = {16, 40, 256}, ks[] = {128, 384, 160, 48};
+    for (int wdt = 0; wdt < 2; wdt++) {
+        const bool fp8 = wdt == 0;
+        for (size_t ni = 0; ni < RS_ARRAY_LEN(ns); ni++)
+            for (size_t ki = 0; ki < RS_ARRAY_LEN(ks); ki++) {
+                const int n = ns[ni], k = ks[ki], L = (int)rs_fp8_blocks(k), nb = (int)rs_fp8_blocks(n);
+                uint8_t *q = malloc((size_t)n * k);
+                uint16_t *wb = malloc((size_t)n * k * 2);
+                float *ws = malloc((size_t)nb * L * sizeof(float));
+                for (size_t i = 0; i < (size_t)n * k; i++) {
+                    q[i] = rand_code(&s);
+                    wb[i] = rs_f32_to_bf16(rs_test_uniform(&s));
+                }
+                for (int i = 0; i < nb * L; i++) ws[i] = rand_scale(&s);
+                rs_tensor w = {.dtype = fp8 ? RS_DTYPE_E4M3 : RS_DTYPE_BF16, .ndim = 2, .shape = {n, k}};
+                w.data = fp8 ? rs_test_to_backend(g, q, (size_t)n * k) : rs_test_to_backend(g, wb, (size_t)n * k * 2);
+                if (fp8) w.scale_inv = rs_test_to_backend(g, ws, (size_t)nb * L * sizeof(float));
+                for (int rows = 1; rows <= 8; rows++) {
+                    float *x = malloc((size_t)rows * k * sizeof(float)), *xs = malloc((size_t)rows * L * sizeof(float));
+                    uint8_t *xq = malloc((size_t)rows * k);
+                    for (size_t i = 0; i < (size_t)rows * k; i++)
+                        x[i] = rs_test_uniform(&s) * (rs_test_rng(&s) % 8 ? 1.0f : 40.0f);
+                    rs_fp8_quantize_act(x, rows, k, xq, xs);
+                    const unsigned long long tc0 = rs_cuda_test_gemv_tc_runs(g);
+                    float *got = op_matmul(g, RS_NUMERICS_FAST, &w, NULL, x, rows);
+                    if (rs_cuda_test_gemv_tc_runs(g) == tc0)
+                        RS_TEST_FAIL("%s n %d k %d rows %d: the tensor-core GEMV did not run", fp8 ? "e4m3" : "bf16",
+                                     n, k, rows);
+                    for (int r = 0; r < rows; r++)
+                        for (int o = 0; o < n; o++) {
+                            double ref = 0, mag = 0;
+                            for (int b = 0; b < L; b++) {
+                                double part = 0, pmag = 0;
+                                for (int j = b * RS_FP8_BLOCK; j < k && j < (b + 1) * RS_FP8_BLOCK; j++) {
+                                    const size_t xi = (size_t)r * k + j, wi = (size_t)o * k + j;
+                                    const double p =
+                                        fp8 ? (double)rs_fp8_e4m3_to_f32(xq[xi]) * rs_fp8_e4m3_to_f32(q[wi])
+                                            : (double)rs_bf16_to_f32(rs_f32_to_bf16(x[xi])) * rs_bf16_to_f32(wb[wi]);
+                                    part += p, pmag += fabs(p);
+                                }
+                                const double sc =
+                                    fp8 ? (double)xs[(size_t)r * L + b] * ws[(size_t)(o / RS_FP8_BLOCK) * L + b] : 1.0;
+                                ref += part * sc, mag += pmag * sc;
+                            }
+                            const double got_v = got[(size_t)r * n + o], tol = (fp8 ? FP8_MMA_REL : 1e-5) * mag + 1e-30;
+                            if (!(fabs(got_v - ref) <= tol))
+                                RS_TEST_FAIL("%s n %d k %d rows %d: out[%d][%d] %.9g, reference %.9g (tol %.3g)",
+                                             fp8 ? "e4m3" : "bf16", n, k, rows, r, o, got_v, ref, tol);
+                        }
+                    free(x), free(xs), free(xq), free(got);
+                }
+                rs_backend_free_mem(g, w.data);
+                if (w.scale_inv) rs_backend_free_mem(g, w.scale_inv);
+                free(q), free(wb), free(ws);
+            }
+    }
+    /* the fallbacks: {k, misaligned weight} */
+    static const int fb[][2] = {{100, 0}, {136, 0}, {128, 1}};
+    const int n = 24, rows = 3;
+    for (int wdt = 0; wdt < 2; wdt++) {
+        const bool fp8 = wdt == 0;
+        for (size_t fi = 0; fi < RS_ARRAY_LEN(fb); fi++) {
+            const int k = fb[fi][0], off = fb[fi][1] ? (fp8 ? 1 : 2) : 0, L = (int)rs_fp8_blocks(k);
+            if (!fp8 && k % 8 == 0 && !off) continue; /* k = 136: k % 16 for FP8 only */
+            const size_t esz = fp8 ? 1 : 2, bytes = (size_t)n * k * esz + 16;
+            uint8_t *hw = malloc(bytes);
+            for (size_t i = 0; i < bytes / 2; i++)
+                ((uint16_t *)hw)[i] =
+                    fp8 ? (uint16_t)(rand_code(&s) | rand_code(&s) << 8) : rs_f32_to_bf16(rs_test_uniform(&s));
+            float *ws = malloc((size_t)L * sizeof(float));
+            for (int i = 0; i < L; i++) ws[i] = rand_scale(&s);
+            uint8_t *dw = rs_test_to_backend(g, hw, bytes);
+            rs_tensor w = {.dtype = fp8 ? RS_DTYPE_E4M3 : RS_DTYPE_BF16, .ndim = 2, .shape = {n, k}, .data = dw + off};
+            if (fp8) w.scale_inv = rs_test_to_backend(g, ws, (size_t)L * sizeof(float));
+            float *x = malloc((size_t)rows * k * sizeof(float)), *xa = malloc((size_t)rows * k * sizeof(float));
+            for (size_t i = 0; i < (size_t)rows * k; i++) x[i] = rs_test_uniform(&s);
+            uint8_t *xq = malloc((size_t)rows * k);
+            float *xs = malloc((size_t)rows * L * sizeof(float));
+            rs_fp8_quantize_act(x, rows, k, xq, xs);
+            rs_fp8_dequantize_act(xq, xs, rows, k, xa);
+            float *want = op_matmul(g, RS_NUMERICS_EXACT, &w, NULL, x, rows);
+            const unsigned long long tc0 = rs_cuda_test_gemv_tc_runs(g);
+            float *got = op_matmul(g, RS_NUMERICS_FAST, &w, NULL, x, rows);
+            if (rs_cuda_test_gemv_tc_runs(g) != tc0)
+                RS_TEST_FAIL("%s k %d offset %d: the tensor-core GEMV ran", fp8 ? "e4m3" : "bf16", k, off);
+            for (int r = 0; r < rows; r++)
+                for (int o = 0; o < n; o++) {
+                    const size_t i = (size_t)r * n + o;
+                    if (!fp8) {
+                        if (rs_test_f32_bits(got[i]) != rs_test_f32_bits(want[i]))
+                            RS_TEST_FAIL("bf16 k %d offset %d: out[%d][%d] %a, exact %a", k, off, r, o, got[i],
+                                         want[i]);
+                        continue;
+                    }
+                    double mag = 0;
+                    for (int j = 0; j < k; j++)
+                        mag += fabs((double)xa[(size_t)r * k + j] * rs_fp8_e4m3_to_f32(hw[off + (size_t)o * k + j]) *
+                                    ws[j / RS_FP8_BLOCK]);
+                    if (!(fabs((double)got[i] - want[i]) <= 2e-5 * mag + 1e-30))
+                        RS_TEST_FAIL("e4m3 k %d offset %d: out[%d][%d] %.9g, exact %.9g", k, off, r, o, got[i],
+                                     want[i]);
+                }
+            free(x), free(xa), free(xq), free(xs), free(want), free(got), free(hw), free(ws);
+            rs_backend_free_mem(g, dw);
+            if (w.scale_inv) rs_backend_free_mem(g, w.scale_inv);
+        }
+    }
     rs_backend_free(g);
 }
 

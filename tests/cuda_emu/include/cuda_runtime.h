@@ -191,6 +191,36 @@ static inline void emu_mma_16816(float d[4], const uint32_t a[4], const uint32_t
     }
 }
 
+/* mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 on the warp, d += A B, with the PTX ISA's
+ * fragment layout for 8-bit operands (g = lane / 4, t = lane % 4; byte i of a register is its bits
+ * [8i, 8i + 8)): a[0] holds A[g][4t + i], a[1] A[g+8][4t + i], a[2] A[g][16 + 4t + i], a[3]
+ * A[g+8][16 + 4t + i]; b[0] B[4t + i][g], b[1] B[16 + 4t + i][g]; d as in emu_mma_16816. Codes
+ * decode with the project's CPU codec (kernels/fp8.h; NaN codes give NaN); the products are exact in
+ * fp32 and the sum over k runs in order, in fp32 (the hardware's is coarser: test_cuda_blas.c
+ * FP8_MMA_REL). */
+extern "C" const float rs_fp8_e4m3_f32[256]; /* kernels/fp8.h */
+static inline void emu_mma_16832_e4m3(float d[4], const uint32_t a[4], const uint32_t b[2]) {
+    uint32_t mine[6] = {a[0], a[1], a[2], a[3], b[0], b[1]}, all[32][6];
+    emu_warp_gather(mine, sizeof mine, all);
+    float A[16][32], B[32][8];
+    for (int l = 0; l < 32; l++) {
+        const int g = l / 4, t = l % 4;
+        for (int i = 0; i < 4; i++) {
+            auto code = [&](int r) { return rs_fp8_e4m3_f32[(all[l][r] >> (8 * i)) & 0xffu]; };
+            A[g][4 * t + i] = code(0), A[g + 8][4 * t + i] = code(1);
+            A[g][16 + 4 * t + i] = code(2), A[g + 8][16 + 4 * t + i] = code(3);
+            B[4 * t + i][g] = code(4), B[16 + 4 * t + i][g] = code(5);
+        }
+    }
+    const int l = (int)(threadIdx.x % 32), g = l / 4, t = l % 4;
+    for (int i = 0; i < 4; i++) {
+        const int row = g + (i >= 2 ? 8 : 0), col = 2 * t + (i & 1);
+        float acc = d[i];
+        for (int k = 0; k < 32; k++) acc += A[row][k] * B[k][col];
+        d[i] = acc;
+    }
+}
+
 /* correctly rounded float / double ops (the host FPU is IEEE; compiled with -ffp-contract=off) */
 static inline float __fadd_rn(float a, float b) { return a + b; }
 static inline float __fsub_rn(float a, float b) { return a - b; }
