@@ -17,12 +17,6 @@
 #   att        the attention op alone on decode rows (1, 32, 256 rows at contexts 1k and 4k, Qwen3-8B
 #              heads, BF16 and E4M3 pages): us per call and K/V GB/s, exact numerics, fast numerics
 #              at the automatic, 8 and 32 context splits with each kernel (tiles, staged, warps)  <= 60 s
-#   decode06   batch-1 and batch-32 decode tokens/s and MBU (weight bytes per step / the
-#              device-to-device copy bandwidth measured in the same run), Qwen3-0.6B shapes,
-#              FP8 and BF16 weights, fast numerics                                            <= 60 s
-#   kernels    GPU time per kernel of Qwen3-0.6B-shaped batch-1 FP8 decode steps (Nsight Compute,
-#              graphs off, per step: scripts/ncu_summary.py), against decode06's ms/step       <= 90 s
-#   decode06x  the same in exact numerics (the CUDA-core kernels), for fast against exact     <= 60 s
 #   decode8b   batch-1 decode, the 8B-shaped random model (preset qwen3-8b, written once: 16 GB),
 #              FP8 and BF16 weights                                                          <= 240 s
 #   gemm       cuBLASLt block-scaled FP8 vs BF16 TFLOP/s at prefill shapes                   <= 60 s
@@ -34,8 +28,14 @@
 #   rl_att     the op profile of 32 decode rows at a 1k context with each attention kernel
 #              (RS_CUDA_ATTENTION=tiles|staged|warps)                                         <= 90 s
 #   rl_fp8     the same with FP8 weights, BF16 KV then FP8 KV                                <= 150 s
-#   gemv       the GEMV/cuBLASLt crossover per weight dtype at decode shapes (the defaults: 2
-#              rows for FP8, 8 for BF16, RS_CUDA_GEMV_ROWS_*)                                 <= 60 s
+#   decode06   batch-1 and batch-32 decode tokens/s and MBU (weight bytes per step / the
+#              device-to-device copy bandwidth measured in the same run), Qwen3-0.6B shapes,
+#              FP8 and BF16 weights, fast numerics                                            <= 60 s
+#   kernels    GPU time per kernel of Qwen3-0.6B-shaped batch-1 FP8 decode steps (Nsight Compute,
+#              graphs off, per step: scripts/ncu_summary.py), against decode06's ms/step       <= 90 s
+#   decode06x  the same in exact numerics (the CUDA-core kernels), for fast against exact     <= 60 s
+#   gemv       the GEMV/cuBLASLt crossover per weight dtype at decode shapes (the defaults: 8
+#              rows for FP8 and BF16, RS_CUDA_GEMV_ROWS_*)                                   <= 60 s
 #   push       a BF16 push of the 8B-shaped model into a GPU daemon serving FP8 weights and FP8
 #              KV: requantization and KV recalibration included                              <= 150 s
 #   fleet      one shm push to 3 CPU daemons against the same push to one (target <= 1.3x
@@ -186,20 +186,6 @@ main() {
     skip numerics "needs python3 with pytest, requests and numpy"
   fi
   step att 60 $B/bench-gpu attention
-  step decode06 60 $B/rollout-bench --device cuda --numerics fast --preset qwen3-0.6b --quantization both \
-    --batches 1,32 --prompt 32 --gen 32
-  local ncu
-  ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
-  if [ -n "$ncu" ] || [ "$DRY" = 1 ]; then
-    step kernels 90 sh -c "'${ncu:-ncu}' --clock-control none --metrics gpu__time_duration.sum --csv --page raw \
-      --launch-skip 2500 --launch-count 1800 --log-file '$OUT/kernels.csv' $B/rollout-bench --device cuda \
-      --numerics fast --preset qwen3-0.6b --quantization fp8 --batches 1 --prompt 32 --gen 8 --graphs off \
-      --no-bandwidth >/dev/null && python3 scripts/ncu_summary.py '$OUT/kernels.csv' --per sample_kernel"
-  else
-    skip kernels "no ncu (Nsight Compute)"
-  fi
-  step decode06x 60 $B/rollout-bench --device cuda --numerics exact --preset qwen3-0.6b --quantization both \
-    --batches 1,32 --prompt 32 --gen 32
   step decode8b 240 $B/rollout-bench --device cuda --preset qwen3-8b --quantization both --batches 1 \
     --prompt 32 --gen 32
   step gemm 60 $B/bench-gpu gemm
@@ -214,6 +200,20 @@ main() {
       $B/rollout-bench --device cuda --preset qwen3-8b --quantization bf16 --batches 32 --prompt 1024 --gen 8 \
       --kv-cache-dtype bf16 --no-bandwidth --profile-ops | grep -E 'ms/step|fast +32|attention|all ops'; done"
   step rl_fp8 150 "${rl[@]}" --quantization fp8 --kv-dtype bf16,fp8
+  step decode06 60 $B/rollout-bench --device cuda --numerics fast --preset qwen3-0.6b --quantization both \
+    --batches 1,32 --prompt 32 --gen 32
+  local ncu
+  ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+  if [ -n "$ncu" ] || [ "$DRY" = 1 ]; then
+    step kernels 90 sh -c "'${ncu:-ncu}' --clock-control none --metrics gpu__time_duration.sum --csv --page raw \
+      --launch-skip 2500 --launch-count 1800 --log-file '$OUT/kernels.csv' $B/rollout-bench --device cuda \
+      --numerics fast --preset qwen3-0.6b --quantization fp8 --batches 1 --prompt 32 --gen 8 --graphs off \
+      --no-bandwidth >/dev/null && python3 scripts/ncu_summary.py '$OUT/kernels.csv' --per sample_kernel"
+  else
+    skip kernels "no ncu (Nsight Compute)"
+  fi
+  step decode06x 60 $B/rollout-bench --device cuda --numerics exact --preset qwen3-0.6b --quantization both \
+    --batches 1,32 --prompt 32 --gen 32
   step gemv 60 $B/bench-gpu gemv --shapes 6144:4096,4096:12288 --rows 1,2,4,8,12,16,32
   if have_py requests && have_py numpy && { [ -e "$m8/model.safetensors" ] || [ "$DRY" = 1 ]; }; then
     step push 150 python3 scripts/bench_weight_sync.py --bin $B/rolloutd --model-dir "$m8" --repeat 2 \
