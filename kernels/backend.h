@@ -175,9 +175,16 @@ void rs_backend_cuda_capture_unlock(void);
  *   WARPS   (the default) fast numerics' decode rows take a kernel whose warps stream their own
  *           runs of positions, many K/V loads in flight, with no barrier per tile; another fp32 order
  *           (the tests bound it). Exact numerics and head sizes it does not take run TILES.
- * The environment variable RS_CUDA_ATTENTION=tiles|staged|warps sets it for a process (benchmarks
- * compare them). */
-typedef enum { RS_CUDA_ATTENTION_TILES = 0, RS_CUDA_ATTENTION_STAGED, RS_CUDA_ATTENTION_WARPS } rs_cuda_attention_kernel;
+ *   PIPELINED  WARPS with runs of half the length, each warp's next run of loads issued before the
+ *           current run's arithmetic (another fp32 order; the tests bound it the same way).
+ * The environment variable RS_CUDA_ATTENTION=tiles|staged|warps|pipelined sets it for a process
+ * (benchmarks compare them). */
+typedef enum {
+    RS_CUDA_ATTENTION_TILES = 0,
+    RS_CUDA_ATTENTION_STAGED,
+    RS_CUDA_ATTENTION_WARPS,
+    RS_CUDA_ATTENTION_PIPELINED
+} rs_cuda_attention_kernel;
 void rs_backend_cuda_set_attention_kernel(rs_backend *b, rs_cuda_attention_kernel k);
 /* Sampling on the device on (the default) or off: off, every request comes back undone and the
  * caller samples on the host (the engine does, row by row). */

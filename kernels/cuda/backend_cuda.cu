@@ -250,8 +250,9 @@ extern "C" rs_backend *rs_backend_cuda_init(int device) {
     c->att_kernel = RS_CUDA_ATTENTION_WARPS;
     if (att && strcmp(att, "tiles") == 0) c->att_kernel = RS_CUDA_ATTENTION_TILES;
     else if (att && strcmp(att, "staged") == 0) c->att_kernel = RS_CUDA_ATTENTION_STAGED;
+    else if (att && strcmp(att, "pipelined") == 0) c->att_kernel = RS_CUDA_ATTENTION_PIPELINED;
     else if (att && *att && strcmp(att, "warps") != 0)
-        rs_log(RS_LOG_LEVEL_WARN, "RS_CUDA_ATTENTION=%s is none of tiles, staged, warps: warps", att);
+        rs_log(RS_LOG_LEVEL_WARN, "RS_CUDA_ATTENTION=%s is none of tiles, staged, warps, pipelined: warps", att);
     c->numerics = RS_NUMERICS_EXACT;
     c->gemv_rows_fp8 = RS_CUDA_GEMV_ROWS_FP8;
     c->gemv_rows_bf16 = RS_CUDA_GEMV_ROWS_BF16;

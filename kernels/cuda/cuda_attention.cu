@@ -357,6 +357,8 @@ attention_kernel(float *out /* [n_tok][n_heads][hd] */, const float *q /* [n_tok
  * for attention_combine_kernel, follows attention_kernel's contract; only the order of the fp32 sums
  * and exp2f's rounding differ, so the tests bound it against the exact kernel. The page table of
  * the block's range goes through shared memory AW_TABLE entries at a time.
+ * PF (RS_CUDA_ATTENTION_PIPELINED): a warp issues its next run's loads before the current run's
+ * arithmetic, so its loads and its arithmetic overlap (twice the load registers).
  * Takes head sizes hd = 8 * 2^j up to 256 (LP a power of two); others take attention_kernel. */
 #define AW_WARPS 4
 #define AW_THREADS (AW_WARPS * 32)
@@ -368,10 +370,11 @@ attention_kernel(float *out /* [n_tok][n_heads][hd] */, const float *q /* [n_tok
 
 static bool aw_takes(int hd) { return hd >= 8 && hd <= 256 && (hd & (hd - 1)) == 0; }
 
-/* runs of AW_U positions per position group: 32 registers of K and V loads per lane in flight */
-template <int DT, int G> struct aw_shape {
+/* runs of U positions per position group: 32 registers of K and V loads per lane in flight, the
+ * pipelined form (PF) two runs of half that (the same registers, no spills at G = 8) */
+template <int DT, int G, bool PF> struct aw_shape {
     static constexpr int WORDS = DT == RS_DTYPE_F32 ? 8 : DT == RS_DTYPE_BF16 ? 4 : 2; /* 32-bit words per 8 dims */
-    static constexpr int U = DT == RS_DTYPE_F32 ? 2 : DT == RS_DTYPE_BF16 ? 4 : G <= 4 ? 8 : 4;
+    static constexpr int U = (DT == RS_DTYPE_F32 ? 2 : DT == RS_DTYPE_BF16 ? 4 : G <= 4 ? 8 : 4) >> (PF ? 1 : 0);
 };
 
 /* 8 consecutive elements of the pages from element index at (a multiple of 8) */
@@ -411,7 +414,106 @@ template <int DT> __device__ __forceinline__ void aw_decode(const uint32_t *w, f
     }
 }
 
-template <int DT, int G>
+/* Where a warp's runs read: the page-table slice [s0, s1) in shared memory and the layer's pages. */
+struct aw_run_at {
+    const void *pages;
+    const float *token_scales;
+    const int32_t *tbl_s;
+    int s0, s1;
+    size_t row_elems;
+    int n_kv, kvh, hd, PPW, pgrp, lp;
+    bool per_token;
+};
+
+/* One run's loads: lane (pgrp, lp)'s 8 dims of K and V at positions base + u * PPW + pgrp (zeros past
+ * s1), with their per-token scales (1 otherwise). */
+template <int DT, int G, bool PF> struct aw_regs {
+    uint32_t kw[aw_shape<DT, G, PF>::U][aw_shape<DT, G, PF>::WORDS], vw[aw_shape<DT, G, PF>::U][aw_shape<DT, G, PF>::WORDS];
+    float ks[aw_shape<DT, G, PF>::U], vs[aw_shape<DT, G, PF>::U];
+};
+
+template <int DT, int G, bool PF>
+__device__ __forceinline__ void aw_load_run(const aw_run_at &at, int base, aw_regs<DT, G, PF> &r) {
+    constexpr int WORDS = aw_shape<DT, G, PF>::WORDS, U = aw_shape<DT, G, PF>::U;
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+        const int p = base + u * at.PPW + at.pgrp;
+        r.ks[u] = 1.0f, r.vs[u] = 1.0f;
+        if (p < at.s1) {
+            const size_t krow = (size_t)at.tbl_s[(p - at.s0) / RS_KV_BLOCK] * 2 * RS_KV_BLOCK + (size_t)(p % RS_KV_BLOCK);
+            const size_t e0 = krow * at.row_elems + (size_t)at.kvh * (size_t)at.hd + (size_t)(at.lp * 8);
+            aw_load<DT>(r.kw[u], at.pages, e0);
+            aw_load<DT>(r.vw[u], at.pages, e0 + RS_KV_BLOCK * at.row_elems);
+            if (at.per_token) {
+                r.ks[u] = at.token_scales[krow * (size_t)at.n_kv + (size_t)at.kvh];
+                r.vs[u] = at.token_scales[(krow + RS_KV_BLOCK) * (size_t)at.n_kv + (size_t)at.kvh];
+            }
+        } else {
+#pragma unroll
+            for (int e = 0; e < WORDS; e++) r.kw[u][e] = 0, r.vw[u][e] = 0;
+        }
+    }
+}
+
+/* One run's arithmetic: scores (log2 units, -inf past s1), this position group's online softmax
+ * update of m, l and acc for the ng heads. */
+template <int DT, int G, bool PF>
+__device__ __forceinline__ void aw_compute_run(const aw_run_at &at, int base, const aw_regs<DT, G, PF> &r,
+                                               const float (&qr)[G][8], float (&m)[G], float (&l)[G],
+                                               float (&acc)[G][8], int ng, int LP) {
+    constexpr int U = aw_shape<DT, G, PF>::U;
+    float s[U][G];
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+        float kf[8];
+        aw_decode<DT>(r.kw[u], kf);
+        const bool ok = base + u * at.PPW + at.pgrp < at.s1;
+#pragma unroll
+        for (int h = 0; h < G; h++) {
+            if (h >= ng) break;
+            float part = 0.0f;
+#pragma unroll
+            for (int e = 0; e < 8; e++) part = fmaf(qr[h][e], kf[e], part);
+            for (int o = LP / 2; o > 0; o /= 2) part += __shfl_xor_sync(0xffffffffu, part, o);
+            s[u][h] = ok ? part * r.ks[u] : -INFINITY;
+        }
+    }
+    /* s becomes p * vs */
+#pragma unroll
+    for (int h = 0; h < G; h++) {
+        if (h >= ng) break;
+        float mx = s[0][h];
+#pragma unroll
+        for (int u = 1; u < U; u++) mx = fmaxf(mx, s[u][h]);
+        const float mn = fmaxf(m[h], mx);
+        const bool any = mn != -INFINITY; /* else no position of this group so far */
+        const float corr = any ? exp2f(m[h] - mn) : 1.0f;
+        float ps = 0.0f;
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            const float p = any ? exp2f(s[u][h] - mn) : 0.0f;
+            ps += p;
+            s[u][h] = p * r.vs[u];
+        }
+        l[h] = l[h] * corr + ps;
+        m[h] = mn;
+#pragma unroll
+        for (int e = 0; e < 8; e++) acc[h][e] *= corr;
+    }
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+        float vf[8];
+        aw_decode<DT>(r.vw[u], vf);
+#pragma unroll
+        for (int h = 0; h < G; h++) {
+            if (h >= ng) break;
+#pragma unroll
+            for (int e = 0; e < 8; e++) acc[h][e] = fmaf(s[u][h], vf[e], acc[h][e]);
+        }
+    }
+}
+
+template <int DT, int G, bool PF>
 static __global__ void __launch_bounds__(AW_THREADS)
 attention_warps_kernel(float *out /* [n_tok][n_heads][hd] */, const float *q /* [n_tok][n_heads][hd] */,
                        const void *pages /* [n_blocks][2][16][n_kv][hd] of DT */, rs_kv_scale_mode mode,
@@ -422,7 +524,7 @@ attention_warps_kernel(float *out /* [n_tok][n_heads][hd] */, const float *q /* 
                        const int32_t *rows /* [grid x] or NULL */, int n_chunks, int n_split,
                        float *part_o /* [grid x][n_heads][n_split][hd] or NULL */,
                        float *part_lse /* [grid x][n_heads][n_split] */) {
-    constexpr int WORDS = aw_shape<DT, G>::WORDS, U = aw_shape<DT, G>::U;
+    constexpr int U = aw_shape<DT, G, PF>::U;
     __shared__ int32_t tbl_s[AW_TABLE];
     __shared__ float m_s[AW_WARPS][G], l_s[AW_WARPS][G];
     __shared__ float acc_s[AW_WARPS][AW_MAX_OUT];
@@ -461,84 +563,26 @@ attention_warps_kernel(float *out /* [n_tok][n_heads][hd] */, const float *q /* 
         }
     }
 
-    const int run = U * PPW; /* positions of one run of a warp */
+    const int run = U * PPW, stride = AW_WARPS * run; /* positions of one run of a warp, and between its runs */
     for (int s0 = t_begin; s0 < t_end; s0 += AW_TABLE * RS_KV_BLOCK) { /* t_begin is a multiple of a page */
         const int s1 = min(t_end, s0 + AW_TABLE * RS_KV_BLOCK);
         __syncthreads(); /* every warp is done with the previous table slice */
         for (int i = tid; i < (s1 - s0 + RS_KV_BLOCK - 1) / RS_KV_BLOCK; i += AW_THREADS)
             tbl_s[i] = table[s0 / RS_KV_BLOCK + i];
         __syncthreads();
-        for (int base = s0 + warp * run; base < s1; base += AW_WARPS * run) {
-            /* the run's loads, all issued before the first use */
-            uint32_t kw[U][WORDS], vw[U][WORDS];
-            float ks[U], vs[U];
-#pragma unroll
-            for (int u = 0; u < U; u++) {
-                const int p = base + u * PPW + pgrp;
-                ks[u] = 1.0f, vs[u] = 1.0f;
-                if (p < s1) {
-                    const size_t krow = (size_t)tbl_s[(p - s0) / RS_KV_BLOCK] * 2 * RS_KV_BLOCK + (size_t)(p % RS_KV_BLOCK);
-                    const size_t at = krow * row_elems + (size_t)kvh * (size_t)hd + (size_t)(lp * 8);
-                    aw_load<DT>(kw[u], pages, at);
-                    aw_load<DT>(vw[u], pages, at + RS_KV_BLOCK * row_elems);
-                    if (per_token) {
-                        ks[u] = token_scales[krow * (size_t)n_kv + (size_t)kvh];
-                        vs[u] = token_scales[(krow + RS_KV_BLOCK) * (size_t)n_kv + (size_t)kvh];
-                    }
-                } else {
-#pragma unroll
-                    for (int e = 0; e < WORDS; e++) kw[u][e] = 0, vw[u][e] = 0;
-                }
-            }
-            /* scores (log2 units), -inf past the range */
-            float s[U][G];
-#pragma unroll
-            for (int u = 0; u < U; u++) {
-                float kf[8];
-                aw_decode<DT>(kw[u], kf);
-                const bool ok = base + u * PPW + pgrp < s1;
-#pragma unroll
-                for (int h = 0; h < G; h++) {
-                    if (h >= ng) break;
-                    float part = 0.0f;
-#pragma unroll
-                    for (int e = 0; e < 8; e++) part = fmaf(qr[h][e], kf[e], part);
-                    for (int o = LP / 2; o > 0; o /= 2) part += __shfl_xor_sync(0xffffffffu, part, o);
-                    s[u][h] = ok ? part * ks[u] : -INFINITY;
-                }
-            }
-            /* this position group's online softmax; s becomes p * vs */
-#pragma unroll
-            for (int h = 0; h < G; h++) {
-                if (h >= ng) break;
-                float mx = s[0][h];
-#pragma unroll
-                for (int u = 1; u < U; u++) mx = fmaxf(mx, s[u][h]);
-                const float mn = fmaxf(m[h], mx);
-                const bool any = mn != -INFINITY; /* else no position of this group so far */
-                const float corr = any ? exp2f(m[h] - mn) : 1.0f;
-                float ps = 0.0f;
-#pragma unroll
-                for (int u = 0; u < U; u++) {
-                    const float p = any ? exp2f(s[u][h] - mn) : 0.0f;
-                    ps += p;
-                    s[u][h] = p * vs[u];
-                }
-                l[h] = l[h] * corr + ps;
-                m[h] = mn;
-#pragma unroll
-                for (int e = 0; e < 8; e++) acc[h][e] *= corr;
-            }
-#pragma unroll
-            for (int u = 0; u < U; u++) {
-                float vf[8];
-                aw_decode<DT>(vw[u], vf);
-#pragma unroll
-                for (int h = 0; h < G; h++) {
-                    if (h >= ng) break;
-#pragma unroll
-                    for (int e = 0; e < 8; e++) acc[h][e] = fmaf(s[u][h], vf[e], acc[h][e]);
-                }
+        const aw_run_at at = {pages, token_scales, tbl_s, s0, s1, row_elems, n_kv, kvh, hd, PPW, pgrp, lp, per_token};
+        aw_regs<DT, G, PF> cur;
+        int base = s0 + warp * run;
+        if (PF && base < s1) aw_load_run<DT, G, PF>(at, base, cur);
+        for (; base < s1; base += stride) {
+            if (PF) { /* the next run's loads go out before this run's arithmetic */
+                aw_regs<DT, G, PF> next;
+                if (base + stride < s1) aw_load_run<DT, G, PF>(at, base + stride, next);
+                aw_compute_run<DT, G, PF>(at, base, cur, qr, m, l, acc, ng, LP);
+                cur = next;
+            } else {
+                aw_load_run<DT, G, PF>(at, base, cur);
+                aw_compute_run<DT, G, PF>(at, base, cur, qr, m, l, acc, ng, LP);
             }
         }
     }
@@ -665,12 +709,18 @@ static void launch_rows(rs_cuda_ctx *c, const att_launch *L, const int32_t *rows
     L->out, L->q, kv->pages, kv->scale_mode, kv->k_scale, kv->v_scale, kv->token_scales, L->dpos, L->dstart,         \
         L->n_seq, L->dtab, L->max_blocks, L->n_heads, n_kv, hd, L->group, gc, L->scale, rows, n_chunks, n_split,     \
         part_o, part_lse
+#define AW_LAUNCH_PF(DT, G)                                                                                         \
+    do {                                                                                                            \
+        if (c->att_kernel == RS_CUDA_ATTENTION_PIPELINED)                                                           \
+            attention_warps_kernel<DT, G, true><<<grid, AW_THREADS, 0, c->stream>>>(ATT_ARGS);                      \
+        else attention_warps_kernel<DT, G, false><<<grid, AW_THREADS, 0, c->stream>>>(ATT_ARGS);                    \
+    } while (0)
 #define AW_LAUNCH_G(DT)                                                                                             \
     do {                                                                                                            \
-        if (gc <= 1) attention_warps_kernel<DT, 1><<<grid, AW_THREADS, 0, c->stream>>>(ATT_ARGS);                   \
-        else if (gc <= 2) attention_warps_kernel<DT, 2><<<grid, AW_THREADS, 0, c->stream>>>(ATT_ARGS);              \
-        else if (gc <= 4) attention_warps_kernel<DT, 4><<<grid, AW_THREADS, 0, c->stream>>>(ATT_ARGS);              \
-        else attention_warps_kernel<DT, 8><<<grid, AW_THREADS, 0, c->stream>>>(ATT_ARGS);                           \
+        if (gc <= 1) AW_LAUNCH_PF(DT, 1);                                                                           \
+        else if (gc <= 2) AW_LAUNCH_PF(DT, 2);                                                                      \
+        else if (gc <= 4) AW_LAUNCH_PF(DT, 4);                                                                      \
+        else AW_LAUNCH_PF(DT, 8);                                                                                   \
     } while (0)
 #define ATT_LAUNCH(DT)                                                                                              \
     do {                                                                                                            \
@@ -684,6 +734,7 @@ static void launch_rows(rs_cuda_ctx *c, const att_launch *L, const int32_t *rows
     else ATT_LAUNCH(RS_DTYPE_E4M3);
 #undef ATT_LAUNCH
 #undef AW_LAUNCH_G
+#undef AW_LAUNCH_PF
 #undef ATT_ARGS
     CUDA_CHECK_LAUNCH();
     if (n_split == 1) return;
@@ -700,7 +751,7 @@ static void attention_fast(rs_cuda_ctx *c, const att_launch *L, const rs_batch *
     const int n_seq = batch->n_seq, n_tok = batch->n_tok;
     bool all_single = true;
     for (int s = 0; s < n_seq && all_single; s++) all_single = batch->seq_start[s + 1] - batch->seq_start[s] <= 1;
-    const bool warps = c->att_kernel == RS_CUDA_ATTENTION_WARPS;
+    const bool warps = c->att_kernel == RS_CUDA_ATTENTION_WARPS || c->att_kernel == RS_CUDA_ATTENTION_PIPELINED;
     if (all_single) { /* a decode step: every row, no list (what a step graph records) */
         launch_rows(c, L, NULL, n_tok, 0, warps);
         return;
@@ -784,7 +835,8 @@ void rs_cuda_op_attention(rs_backend *b, float *out, const float *q, const rs_kv
 /* backend.h: the attention kernel of the launches from now on (a step graph recorded earlier
  * replays the kernel it recorded). */
 extern "C" void rs_backend_cuda_set_attention_kernel(rs_backend *b, rs_cuda_attention_kernel k) {
-    RS_ASSERT(k == RS_CUDA_ATTENTION_TILES || k == RS_CUDA_ATTENTION_STAGED || k == RS_CUDA_ATTENTION_WARPS);
+    RS_ASSERT(k == RS_CUDA_ATTENTION_TILES || k == RS_CUDA_ATTENTION_STAGED || k == RS_CUDA_ATTENTION_WARPS ||
+              k == RS_CUDA_ATTENTION_PIPELINED);
     rs_cuda_ctx_of(b)->att_kernel = k;
 }
 

@@ -8,7 +8,8 @@
  * step runs A's decode row, B's prefill chunk of 70 rows (two tensor-core tiles), C's row and D's
  * 5-row chunk; a decode step runs the last row of each. Decode rows go through the split kernels,
  * forced to 1, 3 and 7 splits (ragged and empty splits) and by size with the warp kernel (the
- * default), and at 3 splits with the tile kernel too; their outputs differ from the exact kernel's by the fp32 order of the
+ * default), at 3 splits with the tile kernel too, and by size and at 3 with the pipelined warp
+ * kernel; their outputs differ from the exact kernel's by the fp32 order of the
  * sums and the combine, and exp2f against expf (tolerance 2e-5). Prefill rows go through the
  * tensor-core kernel for head sizes 32, 64, 128 and 256 (the split kernel for 48): Q, K and V hold
  * BF16-exact values (exact in either operand type), so what it changes is P rounded to F16
@@ -143,14 +144,20 @@ static void one_case(rs_backend *g, const kv_kind *kind, int n_heads, int n_kv, 
         float vmax[16] = {0}; /* max |V| per KV head (as stored: the outputs' bound) */
         for (size_t i = 0; i < (size_t)total * row; i++) vmax[(i % row) / hd] = fmaxf(vmax[(i % row) / hd], fabsf(v[i]));
         static const int splits[] = {0, 1, 3, 7};
-        for (size_t si = 0; si < RS_ARRAY_LEN(splits) * 2; si++) {
-            const bool warps = si % 2 == 0; /* the tile kernel at 3 splits (its other counts are the fallback's at 48) */
-            if (!warps && splits[si / 2] != 3) continue;
-            rs_cuda_test_attention_splits(g, splits[si / 2]);
-            rs_backend_cuda_set_attention_kernel(g, warps ? RS_CUDA_ATTENTION_WARPS : RS_CUDA_ATTENTION_TILES);
+        for (size_t si = 0; si < RS_ARRAY_LEN(splits) * 3; si++) {
+            /* the warp kernel at every count; the tile kernel at 3 splits (its other counts are the
+             * fallback's at 48); the pipelined warp kernel by size and at 3 */
+            const int kind_i = (int)(si % 3), n_split = splits[si / 3];
+            const bool warps = kind_i != 1;
+            if (kind_i == 1 && n_split != 3) continue;
+            if (kind_i == 2 && n_split != 0 && n_split != 3) continue;
+            static const rs_cuda_attention_kernel kern[3] = {RS_CUDA_ATTENTION_WARPS, RS_CUDA_ATTENTION_TILES,
+                                                             RS_CUDA_ATTENTION_PIPELINED};
+            rs_cuda_test_attention_splits(g, n_split);
+            rs_backend_cuda_set_attention_kernel(g, kern[kind_i]);
             float *got = run(g, RS_NUMERICS_FAST, qv, &kv, n_heads, &bt);
             rs_backend_cuda_set_attention_kernel(g, RS_CUDA_ATTENTION_WARPS);
-            if (!warps && splits[si / 2] == 3) check_staged(g, RS_NUMERICS_FAST, qv, &kv, n_heads, &bt, got, "fast, 3 splits");
+            if (!warps && n_split == 3) check_staged(g, RS_NUMERICS_FAST, qv, &kv, n_heads, &bt, got, "fast, 3 splits");
             const bool tc_ok = hd == 32 || hd == 64 || hd == 128 || hd == 256;
             for (int q = 0; q < NSEQ; q++)
                 for (int r = start[q]; r < start[q + 1]; r++) {
@@ -163,9 +170,11 @@ static void one_case(rs_backend *g, const kv_kind *kind, int n_heads, int n_kv, 
                         if (!(fabs((double)got[i] - want[i]) <= tol * bound))
                             RS_TEST_FAIL("%s heads %d/%d hd %d %s step, %d splits: row %d (seq %d pos %d) head %zu dim %zu: "
                                          "fast %.7g exact %.7g (%s)",
-                                         kind->name, n_heads, n_kv, hd, step ? "decode" : "mixed", splits[si / 2], r, q,
+                                         kind->name, n_heads, n_kv, hd, step ? "decode" : "mixed", n_split, r, q,
                                          pos[r], e / hd, e % hd, got[i], want[i],
-                                         tc ? "tensor cores" : warps ? "split, warps" : "split, tiles");
+                                         tc       ? "tensor cores"
+                                         : !warps ? "split, tiles"
+                                                  : kind_i == 2 ? "split, pipelined warps" : "split, warps");
                     }
                 }
             free(got);
@@ -227,14 +236,18 @@ RS_TEST(cuda_attention_warps_long_context) {
                    .max_blocks = NBLOCKS};
     float *want = run(g, RS_NUMERICS_EXACT, q, &kv, NH, &bt);
     static const int splits[] = {1, 0};
-    for (size_t si = 0; si < RS_ARRAY_LEN(splits); si++) {
-        rs_cuda_test_attention_splits(g, splits[si]);
+    for (size_t si = 0; si < RS_ARRAY_LEN(splits) * 2; si++) {
+        const bool pf = si % 2;
+        rs_cuda_test_attention_splits(g, splits[si / 2]);
+        rs_backend_cuda_set_attention_kernel(g, pf ? RS_CUDA_ATTENTION_PIPELINED : RS_CUDA_ATTENTION_WARPS);
         float *got = run(g, RS_NUMERICS_FAST, q, &kv, NH, &bt);
         for (int i = 0; i < NH * HD; i++)
             if (!(fabs((double)got[i] - want[i]) <= 2e-5 * (1.0 + fabs(want[i]))))
-                RS_TEST_FAIL("%d splits: head %d dim %d: fast %.7g exact %.7g", splits[si], i / HD, i % HD, got[i], want[i]);
+                RS_TEST_FAIL("%d splits%s: head %d dim %d: fast %.7g exact %.7g", splits[si / 2], pf ? ", pipelined" : "",
+                             i / HD, i % HD, got[i], want[i]);
         free(got);
     }
+    rs_backend_cuda_set_attention_kernel(g, RS_CUDA_ATTENTION_WARPS);
     rs_cuda_test_attention_splits(g, 0);
     free(want), free(table), free(slot), free(k), free(v);
     rs_backend_free_mem(g, kv.pages);
