@@ -172,11 +172,13 @@ void rs_backend_cuda_capture_unlock(void);
  *   TILES   a block walks its positions by tiles of 64, reading each K and V row as it uses it;
  *   STAGED  the same, each tile's K and V rows first staged in shared memory with one burst of
  *           16-byte loads: the same arithmetic in the same order, so the same bits as TILES;
- *   WARPS   (the default) fast numerics' decode rows take a kernel whose warps stream their own
- *           runs of positions, many K/V loads in flight, with no barrier per tile; another fp32 order
- *           (the tests bound it). Exact numerics and head sizes it does not take run TILES.
- *   PIPELINED  WARPS with runs of half the length, each warp's next run of loads issued before the
- *           current run's arithmetic (another fp32 order; the tests bound it the same way).
+ *   WARPS   fast numerics' decode rows take a kernel whose warps stream their own runs of
+ *           positions, many K/V loads in flight, with no barrier per tile; another fp32 order (the
+ *           tests bound it). Exact numerics and head sizes it does not take run TILES.
+ *   PIPELINED  (the default) WARPS with runs of half the length, each warp's next run of loads issued
+ *           before the current run's arithmetic (another fp32 order; the tests bound it the same
+ *           way). Measured on an H200: 3-6% faster than WARPS on every decode shape of
+ *           `bench-gpu attention`, 5.5-7x faster than TILES (docs/benchmarks.md).
  * The environment variable RS_CUDA_ATTENTION=tiles|staged|warps|pipelined sets it for a process
  * (benchmarks compare them). */
 typedef enum {

@@ -247,12 +247,12 @@ extern "C" rs_backend *rs_backend_cuda_init(int device) {
     c->device = device;
     c->sm_count = prop.multiProcessorCount;
     const char *att = getenv("RS_CUDA_ATTENTION"); /* backend.h rs_backend_cuda_set_attention_kernel */
-    c->att_kernel = RS_CUDA_ATTENTION_WARPS;
+    c->att_kernel = RS_CUDA_ATTENTION_PIPELINED;
     if (att && strcmp(att, "tiles") == 0) c->att_kernel = RS_CUDA_ATTENTION_TILES;
     else if (att && strcmp(att, "staged") == 0) c->att_kernel = RS_CUDA_ATTENTION_STAGED;
-    else if (att && strcmp(att, "pipelined") == 0) c->att_kernel = RS_CUDA_ATTENTION_PIPELINED;
-    else if (att && *att && strcmp(att, "warps") != 0)
-        rs_log(RS_LOG_LEVEL_WARN, "RS_CUDA_ATTENTION=%s is none of tiles, staged, warps, pipelined: warps", att);
+    else if (att && strcmp(att, "warps") == 0) c->att_kernel = RS_CUDA_ATTENTION_WARPS;
+    else if (att && *att && strcmp(att, "pipelined") != 0)
+        rs_log(RS_LOG_LEVEL_WARN, "RS_CUDA_ATTENTION=%s is none of tiles, staged, warps, pipelined: pipelined", att);
     c->numerics = RS_NUMERICS_EXACT;
     c->gemv_rows_fp8 = RS_CUDA_GEMV_ROWS_FP8;
     c->gemv_rows_bf16 = RS_CUDA_GEMV_ROWS_BF16;

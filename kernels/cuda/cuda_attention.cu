@@ -35,8 +35,9 @@
  *   decode_splits picks enough blocks for two waves of the GPU), each writing its softmax-normalized
  *   partial output and log-sum-exp, and attention_combine_kernel merges them; a decode step of few
  *   rows at long context then uses every SM. Fast numerics' decode rows take attention_warps_kernel
- *   by default (below: independent warps with many K/V loads in flight, no barrier per tile), the
- *   same contract in another fp32 order; RS_CUDA_ATTENTION=tiles|staged|warps chooses (backend.h).
+ *   (below: independent warps with many K/V loads in flight, no barrier per tile; its pipelined form
+ *   by default), the same contract in another fp32 order; RS_CUDA_ATTENTION=tiles|staged|warps|
+ *   pipelined chooses (backend.h).
  *   Prefill chunks go to the tensor-core kernel.
  *   The host checks what the CPU asserts as it reads (positions, the pages a row can reach,
  *   every row in a sequence), since a kernel cannot; positions, sequence starts and block tables

@@ -125,7 +125,7 @@ struct rs_cuda_ctx {
     int gemv_rows_fp8;      /* fast numerics: matmuls of up to this many rows take the GEMV kernels, */
     int gemv_rows_bf16;     /* per weight dtype (RS_CUDA_GEMV_ROWS_*) */
     int att_splits;         /* fast numerics: context splits of decode attention (0: by size; tests set it) */
-    rs_cuda_attention_kernel att_kernel; /* backend.h; RS_CUDA_ATTENTION, default RS_CUDA_ATTENTION_WARPS */
+    rs_cuda_attention_kernel att_kernel; /* backend.h; RS_CUDA_ATTENTION, default RS_CUDA_ATTENTION_PIPELINED */
     bool no_device_sampling; /* rs_backend_cuda_set_device_sampling(false): every request left undone */
     uint64_t sampled;       /* requests the device has sampled */
     uint64_t gemv_tc_runs;  /* tensor-core GEMVs launched (cuda_matmul_fast.cu; tests: which kernel ran) */

@@ -7,9 +7,9 @@
  * A cache of shuffled pages holds four sequences: A (200 positions), B (100), C (1), D (5). A mixed
  * step runs A's decode row, B's prefill chunk of 70 rows (two tensor-core tiles), C's row and D's
  * 5-row chunk; a decode step runs the last row of each. Decode rows go through the split kernels,
- * forced to 1, 3 and 7 splits (ragged and empty splits) and by size with the warp kernel (the
- * default), at 3 splits with the tile kernel too, and by size and at 3 with the pipelined warp
- * kernel; their outputs differ from the exact kernel's by the fp32 order of the
+ * forced to 1, 3 and 7 splits (ragged and empty splits) and by size with the warp kernel, at 3
+ * splits with the tile kernel too, and by size and at 3 with the pipelined warp kernel (the
+ * default); their outputs differ from the exact kernel's by the fp32 order of the
  * sums and the combine, and exp2f against expf (tolerance 2e-5). Prefill rows go through the
  * tensor-core kernel for head sizes 32, 64, 128 and 256 (the split kernel for 48): Q, K and V hold
  * BF16-exact values (exact in either operand type), so what it changes is P rounded to F16
@@ -72,7 +72,7 @@ static void check_staged(rs_backend *g, rs_numerics numerics, const float *q, rs
                          const rs_batch *batch, const float *want, const char *what) {
     rs_backend_cuda_set_attention_kernel(g, RS_CUDA_ATTENTION_STAGED);
     float *got = run(g, numerics, q, kv, n_heads, batch);
-    rs_backend_cuda_set_attention_kernel(g, RS_CUDA_ATTENTION_WARPS);
+    rs_backend_cuda_set_attention_kernel(g, RS_CUDA_ATTENTION_PIPELINED);
     const size_t n = (size_t)batch->n_tok * n_heads * kv->head_dim;
     for (size_t i = 0; i < n; i++)
         if (rs_test_f32_bits(got[i]) != rs_test_f32_bits(want[i]))
@@ -156,7 +156,7 @@ static void one_case(rs_backend *g, const kv_kind *kind, int n_heads, int n_kv, 
             rs_cuda_test_attention_splits(g, n_split);
             rs_backend_cuda_set_attention_kernel(g, kern[kind_i]);
             float *got = run(g, RS_NUMERICS_FAST, qv, &kv, n_heads, &bt);
-            rs_backend_cuda_set_attention_kernel(g, RS_CUDA_ATTENTION_WARPS);
+            rs_backend_cuda_set_attention_kernel(g, RS_CUDA_ATTENTION_PIPELINED);
             if (!warps && n_split == 3) check_staged(g, RS_NUMERICS_FAST, qv, &kv, n_heads, &bt, got, "fast, 3 splits");
             const bool tc_ok = hd == 32 || hd == 64 || hd == 128 || hd == 256;
             for (int q = 0; q < NSEQ; q++)
@@ -247,7 +247,7 @@ RS_TEST(cuda_attention_warps_long_context) {
                              i / HD, i % HD, got[i], want[i]);
         free(got);
     }
-    rs_backend_cuda_set_attention_kernel(g, RS_CUDA_ATTENTION_WARPS);
+    rs_backend_cuda_set_attention_kernel(g, RS_CUDA_ATTENTION_PIPELINED);
     rs_cuda_test_attention_splits(g, 0);
     free(want), free(table), free(slot), free(k), free(v);
     rs_backend_free_mem(g, kv.pages);
