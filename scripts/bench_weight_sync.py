@@ -244,7 +244,8 @@ def main():
                     srv.server_close()
 
         print()
-        print(f"Weight sync over shm, {args.preset} ({len(sd)} tensors, {total / 1e9:.3f} GB BF16), "
+        what = f"preset {args.preset}" if args.model_dir is None else f"model {args.model_dir}"
+        print(f"Weight sync over shm, {what} ({len(sd)} tensors, {total / 1e9:.3f} GB BF16), "
               f"bucket {args.bucket_mb} MiB, {os.cpu_count()} CPUs{', STUB server' if args.stub else ''}; "
               f"memcpy {mc:.2f} GB/s (pre-faulted), {mc_fresh:.2f} GB/s (fresh pages) at the start")
         print()
