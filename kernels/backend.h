@@ -178,7 +178,7 @@ void rs_backend_cuda_capture_unlock(void);
  *   PIPELINED  (the default) WARPS with runs of half the length, each warp's next run of loads issued
  *           before the current run's arithmetic (another fp32 order; the tests bound it the same
  *           way). Measured on an H200: 3-6% faster than WARPS on every decode shape of
- *           `bench-gpu attention`, 5.5-7x faster than TILES (docs/benchmarks.md).
+ *           `bench-gpu attention`, 5.8-7.6x faster than TILES at 32 and 256 rows (docs/benchmarks.md).
  * The environment variable RS_CUDA_ATTENTION=tiles|staged|warps|pipelined sets it for a process
  * (benchmarks compare them). */
 typedef enum {
