@@ -188,6 +188,12 @@ typedef enum {
     RS_CUDA_ATTENTION_PIPELINED
 } rs_cuda_attention_kernel;
 void rs_backend_cuda_set_attention_kernel(rs_backend *b, rs_cuda_attention_kernel k);
+/* Tensor-core GEMVs (fast numerics, up to RS_CUDA_GEMV_ROWS_* rows) launched as programmatic dependents
+ * of the kernel before them (sm_90 PDL): their blocks start while that kernel runs and load their
+ * first weights before waiting for it, which hides part of each launch and of the first memory
+ * latency. Off by default until measured; the environment variable RS_CUDA_PDL=1 turns it on for a
+ * process (scripts/gpu-check.sh's pdl step compares). */
+void rs_backend_cuda_set_pdl(rs_backend *b, bool on);
 /* Sampling on the device on (the default) or off: off, every request comes back undone and the
  * caller samples on the host (the engine does, row by row). */
 void rs_backend_cuda_set_device_sampling(rs_backend *b, bool on);

@@ -34,6 +34,8 @@
 #              FP8 and BF16 weights, fast numerics                                            <= 60 s
 #   kernels    GPU time per kernel of Qwen3-0.6B-shaped batch-1 FP8 decode steps (Nsight Compute,
 #              graphs off, per step: scripts/ncu_summary.py), against decode06's ms/step       <= 90 s
+#   pdl        decode06 and decode8b's batch-1 runs with the tensor-core GEMVs launched as
+#              programmatic dependents (RS_CUDA_PDL=1, off by default until measured)          <= 120 s
 #   decode06x  the same in exact numerics (the CUDA-core kernels), for fast against exact     <= 60 s
 #   gemv       the GEMV/cuBLASLt crossover per weight dtype at decode shapes (the defaults: 8
 #              rows for FP8 and BF16, RS_CUDA_GEMV_ROWS_*)                                   <= 60 s
@@ -213,6 +215,9 @@ main() {
   else
     skip kernels "no ncu (Nsight Compute)"
   fi
+  step pdl 120 sh -c "RS_CUDA_PDL=1 $B/rollout-bench --device cuda --numerics fast --preset qwen3-0.6b \
+      --quantization both --batches 1,32 --prompt 32 --gen 32 && RS_CUDA_PDL=1 $B/rollout-bench --device cuda \
+      --preset qwen3-8b --quantization both --batches 1 --prompt 32 --gen 32 --no-bandwidth"
   step decode06x 60 $B/rollout-bench --device cuda --numerics exact --preset qwen3-0.6b --quantization both \
     --batches 1,32 --prompt 32 --gen 32
   step gemv 60 $B/bench-gpu gemv --shapes 6144:4096,4096:12288 --rows 1,2,4,8,12,16,32

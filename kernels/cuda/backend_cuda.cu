@@ -219,6 +219,11 @@ extern "C" int rs_backend_cuda_device(const rs_backend *b) {
     return b->ops == &cuda_ops ? ((const rs_cuda_ctx *)b->ctx)->device : -1;
 }
 
+extern "C" void rs_backend_cuda_set_pdl(rs_backend *b, bool on) {
+    RS_ASSERT(b->ops == &cuda_ops);
+    ctx_of(b)->pdl = on;
+}
+
 extern "C" int rs_backend_cuda_set_gemv_rows(rs_backend *b, rs_dtype weight_dtype, int rows) {
     RS_ASSERT(b->ops == &cuda_ops && rows >= 0);
     RS_ASSERT(weight_dtype == RS_DTYPE_E4M3 || weight_dtype == RS_DTYPE_BF16);
@@ -246,6 +251,8 @@ extern "C" rs_backend *rs_backend_cuda_init(int device) {
     rs_cuda_ctx *c = (rs_cuda_ctx *)rs_xcalloc(1, sizeof *c);
     c->device = device;
     c->sm_count = prop.multiProcessorCount;
+    const char *pdl = getenv("RS_CUDA_PDL"); /* backend.h rs_backend_cuda_set_pdl */
+    c->pdl = pdl && strcmp(pdl, "1") == 0;
     const char *att = getenv("RS_CUDA_ATTENTION"); /* backend.h rs_backend_cuda_set_attention_kernel */
     c->att_kernel = RS_CUDA_ATTENTION_PIPELINED;
     if (att && strcmp(att, "tiles") == 0) c->att_kernel = RS_CUDA_ATTENTION_TILES;

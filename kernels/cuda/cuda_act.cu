@@ -11,6 +11,7 @@
 /* out[i] = bf16(x[i]) */
 __global__ void act_bf16_kernel(uint16_t *__restrict__ out /* [n] bf16 */, const float *__restrict__ x /* [n] f32 */,
                                 size_t n) {
+    rs_cuda_pdl_trigger(); /* the GEMV of this form may start loading its weights (cuda_internal.h) */
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
         out[i] = rs_cuda_bf16_bits(x[i]);
 }

@@ -129,6 +129,7 @@ struct rs_cuda_ctx {
     bool no_device_sampling; /* rs_backend_cuda_set_device_sampling(false): every request left undone */
     uint64_t sampled;       /* requests the device has sampled */
     uint64_t gemv_tc_runs;  /* tensor-core GEMVs launched (cuda_matmul_fast.cu; tests: which kernel ran) */
+    bool pdl;               /* tensor-core GEMVs launch as programmatic dependents (backend.h rs_backend_cuda_set_pdl) */
     cudaStream_t stream;
     rs_cuda_blas *blas;     /* cuBLASLt handle, workspace and descriptor cache */
     rs_cuda_act act;
@@ -180,6 +181,24 @@ void *rs_cuda_scratch(rs_cuda_ctx *c, int slot, size_t bytes);
 
 /* The device copy of host[0..bytes) in mirror `slot`, valid for ops queued after this call. */
 const void *rs_cuda_mirror_of(rs_cuda_ctx *c, int slot, const void *host, size_t bytes);
+
+/* Programmatic dependent launch (sm_90; nothing elsewhere and under the emulation, which runs launches
+ * one after another). A kernel launched with the programmatic-serialization attribute (the
+ * tensor-core GEMVs when c->pdl) may start while the kernel before it still runs, once every block
+ * of that one has called rs_cuda_pdl_trigger (or exited): it may read what the step does not write
+ * (weights) before rs_cuda_pdl_wait, which returns when the kernel before it has completed and its
+ * writes are visible, and must read or write nothing else before. The kernels that feed a GEMV's
+ * activation trigger at their start, which lets the GEMV's blocks load weights beside them. */
+__device__ __forceinline__ void rs_cuda_pdl_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void rs_cuda_pdl_trigger() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
 
 /* Blocks of `threads` covering n items. */
 static inline unsigned rs_cuda_blocks(size_t n, unsigned threads) {

@@ -70,6 +70,7 @@ __global__ void __launch_bounds__(256)
     fp8_quantize_act_kernel(const float *__restrict__ x /* [rows][k] f32 */, int64_t k, int64_t ng,
                             int64_t items /* rows * ng */, uint8_t *__restrict__ q /* [rows][k] e4m3 */,
                             float *__restrict__ scale /* [rows][ng] f32 */) {
+    rs_cuda_pdl_trigger(); /* the GEMV of these codes may start loading its weights (cuda_internal.h) */
     const int lane = threadIdx.x & 31;
     const int64_t item = (int64_t)blockIdx.x * 8 + threadIdx.x / 32;
     if (item >= items) return; /* whole warps only */

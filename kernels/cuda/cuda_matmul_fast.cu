@@ -217,8 +217,11 @@ __global__ void __launch_bounds__(TCG_WARPS * 32)
     const uint8_t *xrow = x + (int64_t)(r0 + g) * row_bytes;
     const float *wsrow = FP8 ? ws + (int64_t)(o0 / RS_FP8_BLOCK) * L : NULL;
     float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    rs_cuda_pdl_trigger(); /* the next GEMV may start loading its weights */
+    bool waited = false;
     for (int c0 = warp; c0 < nchunks; c0 += TCG_WARPS * TCG_UNROLL) {
         uint4 wa[TCG_UNROLL][2], wb[TCG_UNROLL][2], xb[TCG_UNROLL][2]; /* the loads first */
+        const uint4 z = {0u, 0u, 0u, 0u};
 #pragma unroll
         for (int u = 0; u < TCG_UNROLL; u++) {
             const int c = c0 + u * TCG_WARPS;
@@ -226,9 +229,21 @@ __global__ void __launch_bounds__(TCG_WARPS * 32)
             for (int h = 0; h < 2; h++) {
                 const int64_t j = (int64_t)c * 128 + 64 * h + 16 * t;
                 const bool in = c < nchunks && j < row_bytes; /* row_bytes % 16 == 0: whole 16-byte pieces */
-                const uint4 z = {0u, 0u, 0u, 0u};
                 wa[u][h] = in && wlo ? __ldg((const uint4 *)(wrow_lo + j)) : z;
                 wb[u][h] = in && whi ? __ldg((const uint4 *)(wrow_hi + j)) : z;
+            }
+        }
+        if (!waited) { /* launched early (PDL): the weights above may load before x is written */
+            rs_cuda_pdl_wait();
+            waited = true;
+        }
+#pragma unroll
+        for (int u = 0; u < TCG_UNROLL; u++) {
+            const int c = c0 + u * TCG_WARPS;
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                const int64_t j = (int64_t)c * 128 + 64 * h + 16 * t;
+                const bool in = c < nchunks && j < row_bytes;
                 xb[u][h] = in && xok ? __ldg((const uint4 *)(xrow + j)) : z;
             }
         }
@@ -257,6 +272,7 @@ __global__ void __launch_bounds__(TCG_WARPS * 32)
             }
         }
     }
+    if (!waited) rs_cuda_pdl_wait(); /* a warp without chunks: nothing before the kernel before it is done */
     __shared__ float part[TCG_WARPS][4][32];
 #pragma unroll
     for (int i = 0; i < 4; i++) part[warp][i][lane] = acc[i];
@@ -280,10 +296,24 @@ static void gemv_tc(rs_cuda_ctx *c, bool fp8, float *out, const void *x, const f
     const int L = (int)rs_fp8_blocks(k);
     const uint8_t *xb = (const uint8_t *)x, *wb = (const uint8_t *)w->data;
     const unsigned threads = TCG_WARPS * 32;
-    if (fp8)
+    if (c->pdl) { /* a programmatic dependent of the kernel before it (cuda_internal.h rs_cuda_pdl_wait) */
+        cudaLaunchAttribute attr[1];
+        attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+        attr[0].val.programmaticStreamSerializationAllowed = 1;
+        cudaLaunchConfig_t cfg = {};
+        cfg.gridDim = grid, cfg.blockDim = dim3(threads), cfg.dynamicSmemBytes = 0, cfg.stream = c->stream;
+        cfg.attrs = attr, cfg.numAttrs = 1;
+        if (fp8)
+            CUDA_CHECK(cudaLaunchKernelEx(&cfg, gemv_tc_kernel<true>, out, xb, xs, wb, (const float *)w->scale_inv,
+                                          rows, n, row_bytes, L));
+        else
+            CUDA_CHECK(cudaLaunchKernelEx(&cfg, gemv_tc_kernel<false>, out, xb, (const float *)NULL, wb,
+                                          (const float *)NULL, rows, n, row_bytes, L));
+    } else if (fp8) {
         gemv_tc_kernel<true><<<grid, threads, 0, c->stream>>>(out, xb, xs, wb, w->scale_inv, rows, n, row_bytes, L);
-    else
+    } else {
         gemv_tc_kernel<false><<<grid, threads, 0, c->stream>>>(out, xb, NULL, wb, NULL, rows, n, row_bytes, L);
+    }
     CUDA_CHECK_LAUNCH();
     c->gemv_tc_runs++;
 }

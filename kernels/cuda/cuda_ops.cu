@@ -58,6 +58,7 @@ __global__ void rmsnorm_kernel(float *out /* [rows][dim] */, const float *x /* [
                                float *qs /* [rows][ceil(dim/128)] */) {
     __shared__ float acc[NORM_LANES];
     __shared__ float inv;
+    rs_cuda_pdl_trigger(); /* a GEMV of the output may start loading its weights (cuda_internal.h) */
     const size_t r = blockIdx.x;
     const float *xr = x + r * (size_t)dim;
     float *o = out + r * (size_t)dim;
@@ -164,6 +165,7 @@ __global__ void swiglu_kernel(float *out, const float *gate, const float *up, si
  * warp per group. */
 __global__ void swiglu_forms_kernel(float *out, const float *gate, const float *up, size_t groups,
                                     uint16_t *bf /* [n] */, uint8_t *q /* [n] */, float *qs /* [groups] */) {
+    rs_cuda_pdl_trigger(); /* the down GEMV may start loading its weights (cuda_internal.h) */
     const int lane = threadIdx.x % 32, warps = blockDim.x / 32;
     for (size_t g = blockIdx.x * (size_t)warps + threadIdx.x / 32; g < groups; g += (size_t)gridDim.x * warps) {
         const size_t i0 = g * RS_FP8_BLOCK;

@@ -571,6 +571,15 @@ RS_TEST(cuda_gemv_tc_matches_reference) {
                     if (rs_cuda_test_gemv_tc_runs(g) == tc0)
                         RS_TEST_FAIL("%s n %d k %d rows %d: the tensor-core GEMV did not run", fp8 ? "e4m3" : "bf16",
                                      n, k, rows);
+                    /* launched as a programmatic dependent (PDL): the same kernel, so the same bits */
+                    rs_backend_cuda_set_pdl(g, true);
+                    float *got_pdl = op_matmul(g, RS_NUMERICS_FAST, &w, NULL, x, rows);
+                    rs_backend_cuda_set_pdl(g, false);
+                    for (size_t i = 0; i < (size_t)rows * n; i++)
+                        if (rs_test_f32_bits(got_pdl[i]) != rs_test_f32_bits(got[i]))
+                            RS_TEST_FAIL("%s n %d k %d rows %d: with PDL %a at %zu, without %a", fp8 ? "e4m3" : "bf16", n,
+                                         k, rows, got_pdl[i], i, got[i]);
+                    free(got_pdl);
                     for (int r = 0; r < rows; r++)
                         for (int o = 0; o < n; o++) {
                             double ref = 0, mag = 0;

@@ -4,7 +4,8 @@
  * (both numerics: padding rows change nothing, and decode sizes stay on per-row kernels), through
  * new batch sizes, a weight commit that moves a tensor (a stale recording would read the old one),
  * and scratch buffers that move, as growth moves them (a stale recording would read freed memory,
- * which the emulation refuses). And CUDA's capture rules as the backend relies on them: a copy
+ * which the emulation refuses); fast numerics also with the tensor-core GEMVs launched as
+ * programmatic dependents (PDL), whose capture a GPU checks. And CUDA's capture rules as the backend relies on them: a copy
  * from pageable memory or an allocation invalidates a capture, a pinned copy replays fresh data.
  */
 #ifdef RS_CUDA
@@ -104,9 +105,10 @@ static void move_weight(rs_backend *b, rs_tensor *t, float scale) {
     free(h);
 }
 
-static void graph_case(rs_numerics numerics) {
+static void graph_case(rs_numerics numerics, bool pdl) {
     rs_backend *g = rs_test_cuda_or_skip(), *e = rs_test_cuda_or_skip();
     rs_backend_cuda_set_graphs(e, false);
+    rs_backend_cuda_set_pdl(g, pdl), rs_backend_cuda_set_pdl(e, pdl);
     ASSERT_EQ(rs_backend_set_numerics(g, numerics), numerics);
     ASSERT_EQ(rs_backend_set_numerics(e, numerics), numerics);
     dec dg, de;
@@ -165,8 +167,10 @@ static void graph_case(rs_numerics numerics) {
     rs_backend_free(g), rs_backend_free(e);
 }
 
-RS_TEST(cuda_graph_decode_matches_op_by_op_exact) { graph_case(RS_NUMERICS_EXACT); }
-RS_TEST(cuda_graph_decode_matches_op_by_op_fast) { graph_case(RS_NUMERICS_FAST); }
+RS_TEST(cuda_graph_decode_matches_op_by_op_exact) { graph_case(RS_NUMERICS_EXACT, false); }
+RS_TEST(cuda_graph_decode_matches_op_by_op_fast) { graph_case(RS_NUMERICS_FAST, false); }
+/* the tensor-core GEMVs as programmatic dependents (PDL), recorded and replayed */
+RS_TEST(cuda_graph_decode_matches_op_by_op_fast_pdl) { graph_case(RS_NUMERICS_FAST, true); }
 
 /* Weight staging runs on a thread of its own beside the engine: its allocations, uploads, copies,
  * downloads and frees must not land inside a step graph's recording (global-mode capture refuses

@@ -298,5 +298,33 @@ template <class F> static inline EmuLaunch<F> emu_launch_(const char *name, dim3
     return EmuLaunch<F>{name, g, b, s, f};
 }
 #define emu_launch(g, b, smem, s, ...) emu_launch_(#__VA_ARGS__, g, b, smem, s, __VA_ARGS__)
+
+/* cudaLaunchKernelEx with its attributes: programmatic stream serialization (PDL) changes nothing
+ * here, where launches run one after another (griddepcontrol is compiled only for the device). */
+enum cudaLaunchAttributeID { cudaLaunchAttributeProgrammaticStreamSerialization = 4 };
+union cudaLaunchAttributeValue {
+    int programmaticStreamSerializationAllowed;
+};
+struct cudaLaunchAttribute {
+    cudaLaunchAttributeID id;
+    cudaLaunchAttributeValue val;
+};
+struct cudaLaunchConfig_t {
+    dim3 gridDim, blockDim;
+    size_t dynamicSmemBytes;
+    cudaStream_t stream;
+    cudaLaunchAttribute *attrs;
+    unsigned numAttrs;
+};
+template <class... P, class... A>
+static inline cudaError_t cudaLaunchKernelEx(const cudaLaunchConfig_t *cfg, void (*k)(P...), A &&...a) {
+    for (unsigned i = 0; i < cfg->numAttrs; i++)
+        if (cfg->attrs[i].id != cudaLaunchAttributeProgrammaticStreamSerialization) {
+            fprintf(stderr, "emu: cudaLaunchKernelEx attribute %d not emulated\n", (int)cfg->attrs[i].id);
+            abort();
+        }
+    emu_launch_("cudaLaunchKernelEx", cfg->gridDim, cfg->blockDim, cfg->dynamicSmemBytes, cfg->stream, k)(a...);
+    return cudaSuccess;
+}
 #endif /* __cplusplus */
 #endif
