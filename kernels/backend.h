@@ -179,13 +179,17 @@ void rs_backend_cuda_capture_unlock(void);
  *           before the current run's arithmetic (another fp32 order; the tests bound it the same
  *           way). Measured on an H200: 3-6% faster than WARPS on every decode shape of
  *           `bench-gpu attention`, 5.8-7.6x faster than TILES at 32 and 256 rows (docs/benchmarks.md).
- * The environment variable RS_CUDA_ATTENTION=tiles|staged|warps|pipelined sets it for a process
+ *   MMA     WARPS' contract with the products on tensor cores (Q and P rounded to BF16 or F16, as the
+ *           prefill kernel does); head sizes 32, 64 and 128, others run PIPELINED. Not measured on a
+ *           GPU yet, so not the default.
+ * The environment variable RS_CUDA_ATTENTION=tiles|staged|warps|pipelined|mma sets it for a process
  * (benchmarks compare them). */
 typedef enum {
     RS_CUDA_ATTENTION_TILES = 0,
     RS_CUDA_ATTENTION_STAGED,
     RS_CUDA_ATTENTION_WARPS,
-    RS_CUDA_ATTENTION_PIPELINED
+    RS_CUDA_ATTENTION_PIPELINED,
+    RS_CUDA_ATTENTION_MMA
 } rs_cuda_attention_kernel;
 void rs_backend_cuda_set_attention_kernel(rs_backend *b, rs_cuda_attention_kernel k);
 /* Tensor-core GEMVs (fast numerics, up to RS_CUDA_GEMV_ROWS_* rows) launched as programmatic dependents

@@ -17,7 +17,7 @@
 #   att        the attention op alone on decode rows (1, 32, 256 rows at contexts 1k and 4k, Qwen3-8B
 #              heads, BF16 and E4M3 pages): us per call and K/V GB/s, exact numerics, fast numerics
 #              at the automatic, 8 and 32 context splits with each kernel (tiles, staged, warps,
-#              pipelined)                                                                      <= 60 s
+#              pipelined, mma)                                                                 <= 90 s
 #   decode8b   batch-1 decode, the 8B-shaped random model (preset qwen3-8b, written once: 16 GB),
 #              FP8 and BF16 weights                                                          <= 240 s
 #   gemm       cuBLASLt block-scaled FP8 vs BF16 TFLOP/s at prefill shapes                   <= 60 s
@@ -27,8 +27,10 @@
 #              1024, 256 new tokens (cut from 2048 to fit the run: decode steps scale linearly),
 #              T = 1; BF16 weights, BF16 KV                                                  <= 120 s
 #   rl_att     the op profile of 32 decode rows at a 1k context with each attention kernel
-#              (RS_CUDA_ATTENTION=tiles|staged|warps|pipelined)                               <= 120 s
+#              (RS_CUDA_ATTENTION=tiles|staged|warps|pipelined|mma)                           <= 150 s
 #   rl_fp8     the same with FP8 weights, BF16 KV then FP8 KV                                <= 150 s
+#   rl_mma     rl_bf16 and rl_fp8 with decode attention on tensor cores (RS_CUDA_ATTENTION=mma,
+#              not the default until measured)                                               <= 150 s
 #   decode06   batch-1 and batch-32 decode tokens/s and MBU (weight bytes per step / the
 #              device-to-device copy bandwidth measured in the same run), Qwen3-0.6B shapes,
 #              FP8 and BF16 weights, fast numerics                                            <= 60 s
@@ -188,7 +190,7 @@ main() {
     skip golden "needs python3 with pytest, requests and numpy"
     skip numerics "needs python3 with pytest, requests and numpy"
   fi
-  step att 60 $B/bench-gpu attention
+  step att 90 $B/bench-gpu attention
   step decode8b 240 $B/rollout-bench --device cuda --preset qwen3-8b --quantization both --batches 1 \
     --prompt 32 --gen 32
   step gemm 60 $B/bench-gpu gemm
@@ -199,10 +201,12 @@ main() {
   fi
   local rl=("$B/rl-bench" --device cuda --preset qwen3-8b --runs engine --prompts 32 --n 8 --prompt-len 1024 --gen 256)
   step rl_bf16 120 "${rl[@]}" --quantization bf16 --kv-dtype bf16
-  step rl_att 120 sh -c "for k in tiles staged warps pipelined; do echo \"RS_CUDA_ATTENTION=\$k\"; RS_CUDA_ATTENTION=\$k \
+  step rl_att 150 sh -c "for k in tiles staged warps pipelined mma; do echo \"RS_CUDA_ATTENTION=\$k\"; RS_CUDA_ATTENTION=\$k \
       $B/rollout-bench --device cuda --preset qwen3-8b --quantization bf16 --batches 32 --prompt 1024 --gen 8 \
       --kv-cache-dtype bf16 --no-bandwidth --profile-ops | grep -E 'ms/step|fast +32|attention|all ops'; done"
   step rl_fp8 150 "${rl[@]}" --quantization fp8 --kv-dtype bf16,fp8
+  step rl_mma 150 sh -c "RS_CUDA_ATTENTION=mma ${rl[*]} --quantization bf16 --kv-dtype bf16 &&
+    RS_CUDA_ATTENTION=mma ${rl[*]} --quantization fp8 --kv-dtype bf16,fp8"
   step decode06 60 $B/rollout-bench --device cuda --numerics fast --preset qwen3-0.6b --quantization both \
     --batches 1,32 --prompt 32 --gen 32
   local ncu

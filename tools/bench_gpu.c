@@ -18,7 +18,7 @@
  *       order), BF16 and E4M3 (per-head scales) pages, Qwen3-8B's heads by default: us per call and
  *       K/V bytes read per second, in exact numerics (one block walks a row's context) and in fast
  *       numerics (split context) with each kernel of rs_backend_cuda_set_attention_kernel: tiles,
- *       staged tiles, warps (the default) and pipelined warps, for each context split count of --splits (1: the
+ *       staged tiles, warps, pipelined warps (the default) and mma (tensor cores), for each context split count of --splits (1: the
  *       backend's own choice, two waves of blocks on the GPU; else that many splits). The time
  *       includes the op's copies of the batch's positions and block tables to the device, as in a
  *       step without graphs. GB/s against the copy bandwidth (read + write) is the MBU measure of
@@ -338,22 +338,25 @@ static void bench_attention(rs_backend *b, const list *rows, const list *ctx, co
                 for (int si = 0; si < splits->n; si++) {
                     const int sp = splits->v[si][0] == 1 ? 0 : splits->v[si][0]; /* "1" in the list: automatic */
                     rs_cuda_test_attention_splits(b, sp);
-                    static const rs_cuda_attention_kernel kern[4] = {RS_CUDA_ATTENTION_TILES, RS_CUDA_ATTENTION_STAGED,
-                                                                     RS_CUDA_ATTENTION_WARPS, RS_CUDA_ATTENTION_PIPELINED};
-                    double t[4];
-                    for (int ki = 0; ki < 4; ki++) {
+                    static const rs_cuda_attention_kernel kern[5] = {RS_CUDA_ATTENTION_TILES, RS_CUDA_ATTENTION_STAGED,
+                                                                     RS_CUDA_ATTENTION_WARPS, RS_CUDA_ATTENTION_PIPELINED,
+                                                                     RS_CUDA_ATTENTION_MMA};
+                    double t[5];
+                    for (int ki = 0; ki < 5; ki++) {
                         rs_backend_cuda_set_attention_kernel(b, kern[ki]);
                         t[ki] = time_attention(b, out, q, &kv, n_heads, &bt);
                     }
-                    rs_backend_cuda_set_attention_kernel(b, RS_CUDA_ATTENTION_WARPS);
+                    rs_backend_cuda_set_attention_kernel(b, RS_CUDA_ATTENTION_PIPELINED);
                     char what[16];
                     if (sp) snprintf(what, sizeof what, "%d", sp);
                     else snprintf(what, sizeof what, "auto");
                     printf("      fast, splits %-4s tiles %8.1f us %6.0f GB/s | staged %8.1f us %6.0f GB/s | warps %8.1f us "
-                           "%6.0f GB/s (%3.0f%% of copy) | pipelined %8.1f us %6.0f GB/s (%3.0f%%) | warps/tiles %.2fx\n",
+                           "%6.0f GB/s (%3.0f%% of copy) | pipelined %8.1f us %6.0f GB/s (%3.0f%%) | mma %8.1f us %6.0f GB/s "
+                           "(%3.0f%%) | warps/tiles %.2fx\n",
                            what, t[0] * 1e6, bytes / t[0] / 1e9, t[1] * 1e6, bytes / t[1] / 1e9, t[2] * 1e6,
                            bytes / t[2] / 1e9, 100.0 * bytes / t[2] / 1e9 / bw, t[3] * 1e6, bytes / t[3] / 1e9,
-                           100.0 * bytes / t[3] / 1e9 / bw, t[0] / t[2]);
+                           100.0 * bytes / t[3] / 1e9 / bw, t[4] * 1e6, bytes / t[4] / 1e9,
+                           100.0 * bytes / t[4] / 1e9 / bw, t[0] / t[2]);
                 }
                 rs_cuda_test_attention_splits(b, 0);
             }

@@ -258,8 +258,9 @@ extern "C" rs_backend *rs_backend_cuda_init(int device) {
     if (att && strcmp(att, "tiles") == 0) c->att_kernel = RS_CUDA_ATTENTION_TILES;
     else if (att && strcmp(att, "staged") == 0) c->att_kernel = RS_CUDA_ATTENTION_STAGED;
     else if (att && strcmp(att, "warps") == 0) c->att_kernel = RS_CUDA_ATTENTION_WARPS;
+    else if (att && strcmp(att, "mma") == 0) c->att_kernel = RS_CUDA_ATTENTION_MMA;
     else if (att && *att && strcmp(att, "pipelined") != 0)
-        rs_log(RS_LOG_LEVEL_WARN, "RS_CUDA_ATTENTION=%s is none of tiles, staged, warps, pipelined: pipelined", att);
+        rs_log(RS_LOG_LEVEL_WARN, "RS_CUDA_ATTENTION=%s is none of tiles, staged, warps, pipelined, mma: pipelined", att);
     c->numerics = RS_NUMERICS_EXACT;
     c->gemv_rows_fp8 = RS_CUDA_GEMV_ROWS_FP8;
     c->gemv_rows_bf16 = RS_CUDA_GEMV_ROWS_BF16;

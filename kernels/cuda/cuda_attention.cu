@@ -36,8 +36,8 @@
  *   partial output and log-sum-exp, and attention_combine_kernel merges them; a decode step of few
  *   rows at long context then uses every SM. Fast numerics' decode rows take attention_warps_kernel
  *   (below: independent warps with many K/V loads in flight, no barrier per tile; its pipelined form
- *   by default), the same contract in another fp32 order; RS_CUDA_ATTENTION=tiles|staged|warps|
- *   pipelined chooses (backend.h).
+ *   by default), the same contract in another fp32 order, or attention_mma_kernel (the same on
+ *   tensor cores); RS_CUDA_ATTENTION=tiles|staged|warps|pipelined|mma chooses (backend.h).
  *   Prefill chunks go to the tensor-core kernel.
  *   The host checks what the CPU asserts as it reads (positions, the pages a row can reach,
  *   every row in a sequence), since a kernel cannot; positions, sequence starts and block tables
@@ -50,6 +50,7 @@
 #include <cuda_fp8.h>
 
 #include "cuda_internal.h"
+#include "cuda_mma.h"
 
 extern "C" {
 #include "../fp8.h"
@@ -634,6 +635,243 @@ attention_warps_kernel(float *out /* [n_tok][n_heads][hd] */, const float *q /* 
     }
 }
 
+/* ---- decode attention on tensor cores (RS_CUDA_ATTENTION_MMA) ----
+ *
+ * The block and range contract of attention_warps_kernel (row, KV head, chunk of up to 8 query heads,
+ * context split; the same partial outputs for the combine), with the products on tensor cores
+ * (cuda_mma.h, m16n8k16, fp32 accumulators). A warp takes runs of 16 positions, every AM_WARPS-th
+ * run of the block's range; lane (g, t) loads the K and V rows of positions base + g and base + 8 + g,
+ * dims 32 w + 8 t .. + 8 of each 32-dim window w (16-byte loads for BF16), as operand pairs (BF16
+ * pages as they are; E4M3 codes converted exactly to F16; F32 rounded to F16: cuda_attention_tc.cu's
+ * operand types). The sum over dims does not care which dim sits at which k, so each window is two
+ * mmas whose k pairs (2t, 2t+1) and (2t+8, 2t+9) are this lane's dims 8t + 4h + {0,1} and
+ * 8t + 4h + {2,3}, and Q's A fragments (the chunk's heads as rows g < ng; rows g + 8 zero) use the
+ * same order:
+ *   S = Q K^T   two 16 x 8 tiles (positions base + 0..7, base + 8..15), scaled to log2 units;
+ *   softmax     row g's running max over the quad (t = 0..3), exp2f, the lane's part of the row sum;
+ *   O += P V    P's A fragment straight from S's C fragments (times the per-token V scales); V's B
+ *               fragments are its loaded rows transposed in registers, 8 x 8 at a time (movmatrix),
+ *               so the 8 output dims of tile (w, j) are 32 w + 8 c/2 + 2 j + c%2 for column c, and
+ *               lane (g, t) accumulates head g's dims 32 w + 8 t .. + 8.
+ * The warps merge through shared memory as in attention_warps_kernel. Compared with the exact
+ * kernel under the tensor-core tolerance: Q and P round to the operand type (F32 K/V to F16).
+ * Head sizes 32, 64 and 128 (am_takes); others take attention_warps_kernel. */
+#define AM_WARPS 4
+#define AM_THREADS (AM_WARPS * 32)
+#define AM_RUN 16 /* positions of one run of a warp: the P V mma's k */
+
+static bool am_takes(int hd) { return hd == 32 || hd == 64 || hd == 128; }
+
+/* 8 consecutive elements of the pages from element index at, as 4 operand pairs */
+template <int DT> __device__ __forceinline__ void am_load(uint32_t w[4], const void *pages, size_t at) {
+    if (DT == RS_DTYPE_BF16) {
+        const uint4 a = __ldg((const uint4 *)((const uint16_t *)pages + at));
+        w[0] = a.x, w[1] = a.y, w[2] = a.z, w[3] = a.w;
+    } else if (DT == RS_DTYPE_E4M3) {
+        const uint2 a = __ldg((const uint2 *)((const uint8_t *)pages + at));
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            const uint32_t pair = ((j < 2 ? a.x : a.y) >> (16 * (j & 1))) & 0xffffu;
+            const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)pair, __NV_E4M3);
+            w[j] = (uint32_t)h.x | ((uint32_t)h.y << 16);
+        }
+    } else {
+        const float4 *p = (const float4 *)((const float *)pages + at);
+        const float4 a = __ldg(p), b = __ldg(p + 1);
+        w[0] = pack2<true>(a.x, a.y), w[1] = pack2<true>(a.z, a.w), w[2] = pack2<true>(b.x, b.y), w[3] = pack2<true>(b.z, b.w);
+    }
+}
+
+template <int DT, int W>
+static __global__ void __launch_bounds__(AM_THREADS)
+attention_mma_kernel(float *out /* [n_tok][n_heads][hd] */, const float *q /* [n_tok][n_heads][hd] */,
+                     const void *pages /* [n_blocks][2][16][n_kv][hd] of DT */, rs_kv_scale_mode mode,
+                     const float *k_scale /* [n_kv] */, const float *v_scale /* [n_kv] */,
+                     const float *token_scales /* [n_blocks][2][16][n_kv] */, const int32_t *pos /* [n_tok] */,
+                     const int32_t *seq_start /* [n_seq + 1] */, int n_seq, const int32_t *tables /* [n_seq][max_blocks] */,
+                     int max_blocks, int n_heads, int n_kv, int hd, int group, int gc, float scale,
+                     const int32_t *rows /* [grid x] or NULL */, int n_chunks, int n_split,
+                     float *part_o /* [grid x][n_heads][n_split][hd] or NULL */,
+                     float *part_lse /* [grid x][n_heads][n_split] */) {
+    constexpr bool F16 = DT != RS_DTYPE_BF16;
+    constexpr int HD = 32 * W;
+    __shared__ int32_t tbl_s[AW_TABLE];
+    __shared__ float m_s[AM_WARPS][8], l_s[AM_WARPS][8];
+    __shared__ float acc_s[AM_WARPS][8 * HD];
+
+    const int r = rows ? rows[blockIdx.x] : (int)blockIdx.x, kvh = blockIdx.y;
+    const int h0 = (int)(blockIdx.z % (unsigned)n_chunks) * gc, sp = (int)(blockIdx.z / (unsigned)n_chunks);
+    const int ng = min(gc, group - h0); /* <= 8 */
+    const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
+    const size_t head0 = (size_t)r * (size_t)n_heads + (size_t)kvh * (size_t)group + (size_t)h0;
+    const size_t row_elems = (size_t)n_kv * (size_t)HD;
+    const int n_ctx = pos[r] + 1;
+    const int per = n_split == 1 ? n_ctx : (n_ctx + n_split - 1) / n_split;
+    const int span = (per + ATT_TILE - 1) / ATT_TILE * ATT_TILE;
+    const int t_begin = n_split == 1 ? 0 : sp * span;
+    const int t_end = n_split == 1 ? n_ctx : min(n_ctx, t_begin + span);
+    const size_t part0 = ((size_t)blockIdx.x * (size_t)n_heads + (size_t)kvh * (size_t)group + (size_t)h0) * (size_t)n_split;
+    if (t_begin >= t_end) { /* an empty split: weight 0 in the combine */
+        for (int i = tid; i < ng * HD; i += AM_THREADS) part_o[(part0 + (size_t)(i / HD) * n_split + sp) * HD + i % HD] = 0.0f;
+        if (tid < ng) part_lse[part0 + (size_t)tid * n_split + sp] = -INFINITY;
+        return;
+    }
+    const int32_t *table = tables + (size_t)rs_cuda_row_seq(seq_start, n_seq, r) * (size_t)max_blocks;
+    const bool per_token = DT == RS_DTYPE_E4M3 && mode == RS_KV_SCALE_PER_TOKEN;
+    const float head_mul = (DT == RS_DTYPE_E4M3 && !per_token ? scale * k_scale[kvh] : scale) * AW_LOG2E;
+
+    /* Q's A fragments: row g = head h0 + g (zero past ng), window w, half h: k (2t, 2t+1) = dims
+     * 32 w + 8 t + 4 h + {0,1}, k (2t+8, 2t+9) = + {2,3}; rows g + 8 are zero */
+    uint32_t qa[W][2][2];
+#pragma unroll
+    for (int w = 0; w < W; w++)
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const float *qr = q + (head0 + (size_t)g) * HD + 32 * w + 8 * t + 4 * h;
+            qa[w][h][0] = g < ng ? pack2<F16>(qr[0], qr[1]) : 0u;
+            qa[w][h][1] = g < ng ? pack2<F16>(qr[2], qr[3]) : 0u;
+        }
+    float o[W][4][4]; /* tile (w, j): c0, c1 = head g, dims 32 w + 8 t + 2 j + {0,1}; c2, c3 rows g + 8 */
+#pragma unroll
+    for (int w = 0; w < W; w++)
+#pragma unroll
+        for (int j = 0; j < 4; j++)
+#pragma unroll
+            for (int i = 0; i < 4; i++) o[w][j][i] = 0.0f;
+    float m_run = -INFINITY, l_run = 0.0f; /* row g: the quad's running max (log2 units), this lane's sum */
+
+    for (int s0 = t_begin; s0 < t_end; s0 += AW_TABLE * RS_KV_BLOCK) {
+        const int s1 = min(t_end, s0 + AW_TABLE * RS_KV_BLOCK);
+        __syncthreads();
+        for (int i = tid; i < (s1 - s0 + RS_KV_BLOCK - 1) / RS_KV_BLOCK; i += AM_THREADS)
+            tbl_s[i] = table[s0 / RS_KV_BLOCK + i];
+        __syncthreads();
+        for (int base = s0 + warp * AM_RUN; base < s1; base += AM_WARPS * AM_RUN) {
+            uint32_t kw[2][W][4], vw[2][W][4]; /* positions base + 8 nt + g, operand pairs */
+#pragma unroll
+            for (int nt = 0; nt < 2; nt++) {
+                const int p = base + 8 * nt + g;
+                if (p < s1) {
+                    const size_t krow = (size_t)tbl_s[(p - s0) / RS_KV_BLOCK] * 2 * RS_KV_BLOCK + (size_t)(p % RS_KV_BLOCK);
+                    const size_t e0 = krow * row_elems + (size_t)kvh * HD + (size_t)(8 * t);
+#pragma unroll
+                    for (int w = 0; w < W; w++) {
+                        am_load<DT>(kw[nt][w], pages, e0 + 32 * (size_t)w);
+                        am_load<DT>(vw[nt][w], pages, e0 + RS_KV_BLOCK * row_elems + 32 * (size_t)w);
+                    }
+                } else {
+#pragma unroll
+                    for (int w = 0; w < W; w++)
+#pragma unroll
+                        for (int j = 0; j < 4; j++) kw[nt][w][j] = 0u, vw[nt][w][j] = 0u;
+                }
+            }
+            /* the score multipliers and V weights of this lane's S columns: positions base + 8 nt + 2 t + i */
+            float kmul[2][2], vmul[2][2];
+#pragma unroll
+            for (int nt = 0; nt < 2; nt++)
+#pragma unroll
+                for (int i = 0; i < 2; i++) {
+                    const int p = base + 8 * nt + 2 * t + i;
+                    kmul[nt][i] = head_mul, vmul[nt][i] = 1.0f;
+                    if (per_token && p < s1) {
+                        const size_t krow = (size_t)tbl_s[(p - s0) / RS_KV_BLOCK] * 2 * RS_KV_BLOCK + (size_t)(p % RS_KV_BLOCK);
+                        kmul[nt][i] = scale * AW_LOG2E * token_scales[krow * (size_t)n_kv + (size_t)kvh];
+                        vmul[nt][i] = token_scales[(krow + RS_KV_BLOCK) * (size_t)n_kv + (size_t)kvh];
+                    }
+                }
+            /* S = Q K^T */
+            float s[2][4];
+#pragma unroll
+            for (int nt = 0; nt < 2; nt++) {
+#pragma unroll
+                for (int i = 0; i < 4; i++) s[nt][i] = 0.0f;
+#pragma unroll
+                for (int w = 0; w < W; w++)
+#pragma unroll
+                    for (int h = 0; h < 2; h++) {
+                        const uint32_t a[4] = {qa[w][h][0], 0u, qa[w][h][1], 0u};
+                        const uint32_t b[2] = {kw[nt][w][2 * h], kw[nt][w][2 * h + 1]};
+                        mma16816<F16>(s[nt], a, b);
+                    }
+            }
+            /* row g's online softmax over the quad */
+            float sc[2][2], mx = -INFINITY;
+#pragma unroll
+            for (int nt = 0; nt < 2; nt++)
+#pragma unroll
+                for (int i = 0; i < 2; i++) {
+                    sc[nt][i] = base + 8 * nt + 2 * t + i < s1 ? s[nt][i] * kmul[nt][i] : -INFINITY;
+                    mx = fmaxf(mx, sc[nt][i]);
+                }
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+            const float mn = fmaxf(m_run, mx); /* finite: the run's first position is in range */
+            const float corr = exp2f(m_run - mn);
+            float p[2][2];
+#pragma unroll
+            for (int nt = 0; nt < 2; nt++)
+#pragma unroll
+                for (int i = 0; i < 2; i++) {
+                    p[nt][i] = exp2f(sc[nt][i] - mn);
+                    l_run = l_run * (nt == 0 && i == 0 ? corr : 1.0f) + p[nt][i];
+                }
+            m_run = mn;
+#pragma unroll
+            for (int w = 0; w < W; w++)
+#pragma unroll
+                for (int j = 0; j < 4; j++)
+#pragma unroll
+                    for (int i = 0; i < 4; i++) o[w][j][i] *= corr;
+            /* O += P V */
+            const uint32_t pa[4] = {pack2<F16>(p[0][0] * vmul[0][0], p[0][1] * vmul[0][1]), 0u,
+                                    pack2<F16>(p[1][0] * vmul[1][0], p[1][1] * vmul[1][1]), 0u};
+#pragma unroll
+            for (int w = 0; w < W; w++)
+#pragma unroll
+                for (int j = 0; j < 4; j++) {
+                    const uint32_t b[2] = {movmatrix_trans(vw[0][w][j]), movmatrix_trans(vw[1][w][j])};
+                    mma16816<F16>(o[w][j], pa, b);
+                }
+        }
+    }
+
+    /* the quad's row sums; the warp's partial results into shared memory */
+    l_run += __shfl_xor_sync(0xffffffffu, l_run, 1);
+    l_run += __shfl_xor_sync(0xffffffffu, l_run, 2);
+    if (g < ng) {
+        if (t == 0) m_s[warp][g] = m_run, l_s[warp][g] = l_run;
+#pragma unroll
+        for (int w = 0; w < W; w++)
+#pragma unroll
+            for (int j = 0; j < 4; j++)
+#pragma unroll
+                for (int i = 0; i < 2; i++) acc_s[warp][g * HD + 32 * w + 8 * t + 2 * j + i] = o[w][j][i];
+    }
+    __syncthreads();
+    /* the warps merged: warp 0 saw the range's first position, so the max is finite */
+    for (int i = tid; i < ng * HD; i += AM_THREADS) {
+        const int h = i / HD;
+        float M = m_s[0][h];
+#pragma unroll
+        for (int w = 1; w < AM_WARPS; w++) M = fmaxf(M, m_s[w][h]);
+        float L = 0.0f, O = 0.0f;
+#pragma unroll
+        for (int w = 0; w < AM_WARPS; w++) {
+            const float f = exp2f(m_s[w][h] - M); /* 0 for a warp without positions */
+            L += l_s[w][h] * f;
+            O += acc_s[w][i] * f;
+        }
+        if (part_o) {
+            part_o[(part0 + (size_t)h * n_split + sp) * HD + i % HD] = O / L;
+            if (i % HD == 0) part_lse[part0 + (size_t)h * n_split + sp] = M * AW_LN2 + logf(L);
+        } else {
+            const float out_mul = DT == RS_DTYPE_E4M3 && !per_token ? v_scale[kvh] : 1.0f;
+            out[head0 * (size_t)HD + (size_t)i] = O / L * out_mul;
+        }
+    }
+}
+
 /* out[r][h] = sum_s w_s o_s / sum_s w_s with w_s = exp(lse_s - max lse): the splits of list row i
  * (blockIdx.x) and head h (blockIdx.y) merged, times the per-head V scale (E4M3 PER_HEAD). */
 static __global__ void __launch_bounds__(ATT_THREADS)
@@ -695,7 +933,8 @@ static void launch_rows(rs_cuda_ctx *c, const att_launch *L, const int32_t *rows
     const rs_kv_layer *kv = L->kv;
     const int n_kv = kv->n_kv_heads, hd = kv->head_dim;
     warps = warps && aw_takes(hd);
-    int gc, n_chunks;
+    const bool mma = warps && c->att_kernel == RS_CUDA_ATTENTION_MMA && am_takes(hd);
+    int gc, n_chunks; /* the warp kernel's chunks serve the mma kernel too (hd <= 128: up to 8 heads) */
     att_chunks(L, warps, &gc, &n_chunks);
     if (n_split == 0) n_split = decode_splits(c, n_rows, n_kv, n_chunks);
     float *part_o = NULL, *part_lse = NULL;
@@ -712,7 +951,7 @@ static void launch_rows(rs_cuda_ctx *c, const att_launch *L, const int32_t *rows
         part_o, part_lse
 #define AW_LAUNCH_PF(DT, G)                                                                                         \
     do {                                                                                                            \
-        if (c->att_kernel == RS_CUDA_ATTENTION_PIPELINED)                                                           \
+        if (c->att_kernel == RS_CUDA_ATTENTION_PIPELINED || c->att_kernel == RS_CUDA_ATTENTION_MMA)                 \
             attention_warps_kernel<DT, G, true><<<grid, AW_THREADS, 0, c->stream>>>(ATT_ARGS);                      \
         else attention_warps_kernel<DT, G, false><<<grid, AW_THREADS, 0, c->stream>>>(ATT_ARGS);                    \
     } while (0)
@@ -723,9 +962,16 @@ static void launch_rows(rs_cuda_ctx *c, const att_launch *L, const int32_t *rows
         else if (gc <= 4) AW_LAUNCH_PF(DT, 4);                                                                      \
         else AW_LAUNCH_PF(DT, 8);                                                                                   \
     } while (0)
+#define AM_LAUNCH(DT)                                                                                               \
+    do {                                                                                                            \
+        if (hd == 32) attention_mma_kernel<DT, 1><<<grid, AM_THREADS, 0, c->stream>>>(ATT_ARGS);                    \
+        else if (hd == 64) attention_mma_kernel<DT, 2><<<grid, AM_THREADS, 0, c->stream>>>(ATT_ARGS);               \
+        else attention_mma_kernel<DT, 4><<<grid, AM_THREADS, 0, c->stream>>>(ATT_ARGS);                             \
+    } while (0)
 #define ATT_LAUNCH(DT)                                                                                              \
     do {                                                                                                            \
-        if (warps) AW_LAUNCH_G(DT);                                                                                 \
+        if (mma) AM_LAUNCH(DT);                                                                                     \
+        else if (warps) AW_LAUNCH_G(DT);                                                                            \
         else if (c->att_kernel == RS_CUDA_ATTENTION_STAGED)                                                         \
             attention_kernel<DT, true><<<grid, ATT_THREADS, 0, c->stream>>>(ATT_ARGS);                              \
         else attention_kernel<DT, false><<<grid, ATT_THREADS, 0, c->stream>>>(ATT_ARGS);                            \
@@ -736,6 +982,7 @@ static void launch_rows(rs_cuda_ctx *c, const att_launch *L, const int32_t *rows
 #undef ATT_LAUNCH
 #undef AW_LAUNCH_G
 #undef AW_LAUNCH_PF
+#undef AM_LAUNCH
 #undef ATT_ARGS
     CUDA_CHECK_LAUNCH();
     if (n_split == 1) return;
@@ -752,7 +999,8 @@ static void attention_fast(rs_cuda_ctx *c, const att_launch *L, const rs_batch *
     const int n_seq = batch->n_seq, n_tok = batch->n_tok;
     bool all_single = true;
     for (int s = 0; s < n_seq && all_single; s++) all_single = batch->seq_start[s + 1] - batch->seq_start[s] <= 1;
-    const bool warps = c->att_kernel == RS_CUDA_ATTENTION_WARPS || c->att_kernel == RS_CUDA_ATTENTION_PIPELINED;
+    const bool warps = c->att_kernel == RS_CUDA_ATTENTION_WARPS || c->att_kernel == RS_CUDA_ATTENTION_PIPELINED ||
+                       c->att_kernel == RS_CUDA_ATTENTION_MMA;
     if (all_single) { /* a decode step: every row, no list (what a step graph records) */
         launch_rows(c, L, NULL, n_tok, 0, warps);
         return;
@@ -837,7 +1085,7 @@ void rs_cuda_op_attention(rs_backend *b, float *out, const float *q, const rs_kv
  * replays the kernel it recorded). */
 extern "C" void rs_backend_cuda_set_attention_kernel(rs_backend *b, rs_cuda_attention_kernel k) {
     RS_ASSERT(k == RS_CUDA_ATTENTION_TILES || k == RS_CUDA_ATTENTION_STAGED || k == RS_CUDA_ATTENTION_WARPS ||
-              k == RS_CUDA_ATTENTION_PIPELINED);
+              k == RS_CUDA_ATTENTION_PIPELINED || k == RS_CUDA_ATTENTION_MMA);
     rs_cuda_ctx_of(b)->att_kernel = k;
 }
 

@@ -36,42 +36,11 @@
 
 #include "cuda_act.h"
 #include "cuda_internal.h"
+#include "cuda_mma.h"
 
 #define TC_THREADS 128 /* 4 warps x 16 rows = RS_CUDA_ATT_TC_ROWS */
 
 static_assert(TC_THREADS / 32 * 16 == RS_CUDA_ATT_TC_ROWS, "a warp per 16 query rows");
-
-/* d += A B on the warp: mma.sync.aligned.m16n8k16.row.col.f32.{f16,bf16}.{f16,bf16}.f32. */
-template <bool F16>
-__device__ __forceinline__ void mma16816(float d[4], const uint32_t a[4], const uint32_t b[2]) {
-#if defined(__CUDA_ARCH__)
-    if (F16)
-        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-                     "{%0,%1,%2,%3};\n"
-                     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-    else
-        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-                     "{%0,%1,%2,%3};\n"
-                     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-#elif defined(RS_CUDA_EMU)
-    emu_mma_16816(d, a, b, F16);
-#endif
-}
-
-/* One fp32 value as the operand type's bits: F16 (round to nearest even), or BF16. */
-template <bool F16>
-__device__ __forceinline__ uint32_t op_bits(float f) {
-    if (F16) return (uint32_t)__half_as_ushort(__float2half_rn(f));
-    return (uint32_t)rs_cuda_bf16_bits(f);
-}
-
-/* Two fp32 values as an operand pair, lo in the low half. */
-template <bool F16>
-__device__ __forceinline__ uint32_t pack2(float lo, float hi) {
-    return op_bits<F16>(lo) | (op_bits<F16>(hi) << 16);
-}
 
 /* Element i of the pages as operand bits: BF16 pages as they are (BF16 operands); F32 pages
  * rounded to F16, E4M3 codes converted exactly to F16 (F16 operands). */

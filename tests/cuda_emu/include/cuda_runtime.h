@@ -221,6 +221,20 @@ static inline void emu_mma_16832_e4m3(float d[4], const uint32_t a[4], const uin
     }
 }
 
+/* movmatrix.sync.aligned.m8n8.trans.b16: lane l holds row l / 4, columns 2 (l % 4) and 2 (l % 4) + 1
+ * (low half first) of an 8x8 matrix of 16-bit elements; it gets the same of the transpose. */
+static inline uint32_t emu_movmatrix_trans(uint32_t x) {
+    uint32_t all[32];
+    emu_warp_gather(&x, sizeof x, all);
+    const int l = (int)(threadIdx.x % 32), g = l / 4, t = l % 4;
+    uint32_t y = 0;
+    for (int i = 0; i < 2; i++) { /* element (g, 2t + i) of the transpose = (2t + i, g) of the original */
+        const uint32_t src = all[4 * (2 * t + i) + g / 2];
+        y |= ((g % 2 ? src >> 16 : src) & 0xffffu) << (16 * i);
+    }
+    return y;
+}
+
 /* correctly rounded float / double ops (the host FPU is IEEE; compiled with -ffp-contract=off) */
 static inline float __fadd_rn(float a, float b) { return a + b; }
 static inline float __fsub_rn(float a, float b) { return a - b; }
