@@ -416,6 +416,50 @@ template <int DT> __device__ __forceinline__ void aw_decode(const uint32_t *w, f
     }
 }
 
+/* The positions [*t_begin, *t_end) of context split sp of a row at pos (attention_kernel's
+ * partition), and where its partial results go. An empty split writes its weight-0 partial (zero
+ * output, -inf log-sum-exp) for the combine with the block's threads and returns false. */
+__device__ __forceinline__ bool aw_range(int n_ctx, int n_split, int sp, int ng, int hd, size_t part0, float *part_o,
+                                         float *part_lse, int *t_begin, int *t_end) {
+    const int per = n_split == 1 ? n_ctx : (n_ctx + n_split - 1) / n_split;
+    const int span = (per + ATT_TILE - 1) / ATT_TILE * ATT_TILE;
+    *t_begin = n_split == 1 ? 0 : sp * span;
+    *t_end = n_split == 1 ? n_ctx : min(n_ctx, *t_begin + span);
+    if (*t_begin < *t_end) return true;
+    for (int i = threadIdx.x; i < ng * hd; i += blockDim.x) part_o[(part0 + (size_t)(i / hd) * n_split + sp) * hd + i % hd] = 0.0f;
+    if ((int)threadIdx.x < ng) part_lse[part0 + (size_t)threadIdx.x * n_split + sp] = -INFINITY;
+    return false;
+}
+
+/* The block's warps merged (after a barrier): warp w left head h's running max m_s[w][h] (log2
+ * units), sum l_s[w][h] and un-normalized output acc_s[w][h * hd + d]; each scaled by 2^(m - max m).
+ * Writes the normalized output times out_mul, or with splits the normalized partial and its
+ * natural-log log-sum-exp. Warp 0 saw the range's first position, so the max is finite. */
+template <int G, int OUT>
+__device__ __forceinline__ void aw_merge(const float (&m_s)[AW_WARPS][G], const float (&l_s)[AW_WARPS][G],
+                                         const float (&acc_s)[AW_WARPS][OUT], int ng, int hd, float out_mul, float *out,
+                                         size_t head0, float *part_o, float *part_lse, size_t part0, int n_split, int sp) {
+    for (int i = threadIdx.x; i < ng * hd; i += blockDim.x) {
+        const int h = i / hd;
+        float M = m_s[0][h];
+#pragma unroll
+        for (int w = 1; w < AW_WARPS; w++) M = fmaxf(M, m_s[w][h]);
+        float L = 0.0f, O = 0.0f;
+#pragma unroll
+        for (int w = 0; w < AW_WARPS; w++) {
+            const float f = exp2f(m_s[w][h] - M); /* 0 for a warp without positions */
+            L += l_s[w][h] * f;
+            O += acc_s[w][i] * f;
+        }
+        if (part_o) {
+            part_o[(part0 + (size_t)h * n_split + sp) * hd + i % hd] = O / L;
+            if (i % hd == 0) part_lse[part0 + (size_t)h * n_split + sp] = M * AW_LN2 + logf(L);
+        } else {
+            out[head0 * (size_t)hd + (size_t)i] = O / L * out_mul;
+        }
+    }
+}
+
 /* Where a warp's runs read: the page-table slice [s0, s1) in shared memory and the layer's pages. */
 struct aw_run_at {
     const void *pages;
@@ -538,18 +582,9 @@ attention_warps_kernel(float *out /* [n_tok][n_heads][hd] */, const float *q /* 
     const int LP = hd / 8, PPW = 32 / LP, pgrp = lane / LP, lp = lane % LP;
     const size_t head0 = (size_t)r * (size_t)n_heads + (size_t)kvh * (size_t)group + (size_t)h0;
     const size_t row_elems = (size_t)n_kv * (size_t)hd;
-    const int n_ctx = pos[r] + 1;
-    /* this block's positions [t_begin, t_end): attention_kernel's partition */
-    const int per = n_split == 1 ? n_ctx : (n_ctx + n_split - 1) / n_split;
-    const int span = (per + ATT_TILE - 1) / ATT_TILE * ATT_TILE;
-    const int t_begin = n_split == 1 ? 0 : sp * span;
-    const int t_end = n_split == 1 ? n_ctx : min(n_ctx, t_begin + span);
     const size_t part0 = ((size_t)blockIdx.x * (size_t)n_heads + (size_t)kvh * (size_t)group + (size_t)h0) * (size_t)n_split;
-    if (t_begin >= t_end) { /* an empty split: weight 0 in the combine */
-        for (int i = tid; i < ng * hd; i += AW_THREADS) part_o[(part0 + (size_t)(i / hd) * n_split + sp) * hd + i % hd] = 0.0f;
-        if (tid < ng) part_lse[part0 + (size_t)tid * n_split + sp] = -INFINITY;
-        return;
-    }
+    int t_begin, t_end; /* this block's positions */
+    if (!aw_range(pos[r] + 1, n_split, sp, ng, hd, part0, part_o, part_lse, &t_begin, &t_end)) return;
     const int32_t *table = tables + (size_t)rs_cuda_row_seq(seq_start, n_seq, r) * (size_t)max_blocks;
     const bool per_token = DT == RS_DTYPE_E4M3 && mode == RS_KV_SCALE_PER_TOKEN;
     const float qmul = (DT == RS_DTYPE_E4M3 && !per_token ? scale * k_scale[kvh] : scale) * AW_LOG2E;
@@ -612,27 +647,8 @@ attention_warps_kernel(float *out /* [n_tok][n_heads][hd] */, const float *q /* 
         }
     }
     __syncthreads();
-    /* the warps merged: warp 0 saw the range's first position, so the max is finite */
-    for (int i = tid; i < ng * hd; i += AW_THREADS) {
-        const int h = i / hd;
-        float M = m_s[0][h];
-#pragma unroll
-        for (int w = 1; w < AW_WARPS; w++) M = fmaxf(M, m_s[w][h]);
-        float L = 0.0f, O = 0.0f;
-#pragma unroll
-        for (int w = 0; w < AW_WARPS; w++) {
-            const float f = exp2f(m_s[w][h] - M); /* 0 for a warp without positions */
-            L += l_s[w][h] * f;
-            O += acc_s[w][i] * f;
-        }
-        if (part_o) {
-            part_o[(part0 + (size_t)h * n_split + sp) * hd + i % hd] = O / L;
-            if (i % hd == 0) part_lse[part0 + (size_t)h * n_split + sp] = M * AW_LN2 + logf(L);
-        } else {
-            const float out_mul = DT == RS_DTYPE_E4M3 && !per_token ? v_scale[kvh] : 1.0f;
-            out[head0 * (size_t)hd + (size_t)i] = O / L * out_mul;
-        }
-    }
+    aw_merge<G, AW_MAX_OUT>(m_s, l_s, acc_s, ng, hd, DT == RS_DTYPE_E4M3 && !per_token ? v_scale[kvh] : 1.0f, out, head0,
+                            part_o, part_lse, part0, n_split, sp);
 }
 
 /* ---- decode attention on tensor cores (RS_CUDA_ATTENTION_MMA) ----
@@ -656,7 +672,7 @@ attention_warps_kernel(float *out /* [n_tok][n_heads][hd] */, const float *q /* 
  * The warps merge through shared memory as in attention_warps_kernel. Compared with the exact
  * kernel under the tensor-core tolerance: Q and P round to the operand type (F32 K/V to F16).
  * Head sizes 32, 64 and 128 (am_takes); others take attention_warps_kernel. */
-#define AM_WARPS 4
+#define AM_WARPS AW_WARPS /* aw_merge's */
 #define AM_THREADS (AM_WARPS * 32)
 #define AM_RUN 16 /* positions of one run of a warp: the P V mma's k */
 
@@ -696,8 +712,8 @@ attention_mma_kernel(float *out /* [n_tok][n_heads][hd] */, const float *q /* [n
     constexpr bool F16 = DT != RS_DTYPE_BF16;
     constexpr int HD = 32 * W;
     __shared__ int32_t tbl_s[AW_TABLE];
-    __shared__ float m_s[AM_WARPS][8], l_s[AM_WARPS][8];
-    __shared__ float acc_s[AM_WARPS][8 * HD];
+    __shared__ float m_s[AW_WARPS][8], l_s[AW_WARPS][8];
+    __shared__ float acc_s[AW_WARPS][8 * HD];
 
     const int r = rows ? rows[blockIdx.x] : (int)blockIdx.x, kvh = blockIdx.y;
     const int h0 = (int)(blockIdx.z % (unsigned)n_chunks) * gc, sp = (int)(blockIdx.z / (unsigned)n_chunks);
@@ -705,17 +721,9 @@ attention_mma_kernel(float *out /* [n_tok][n_heads][hd] */, const float *q /* [n
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
     const size_t head0 = (size_t)r * (size_t)n_heads + (size_t)kvh * (size_t)group + (size_t)h0;
     const size_t row_elems = (size_t)n_kv * (size_t)HD;
-    const int n_ctx = pos[r] + 1;
-    const int per = n_split == 1 ? n_ctx : (n_ctx + n_split - 1) / n_split;
-    const int span = (per + ATT_TILE - 1) / ATT_TILE * ATT_TILE;
-    const int t_begin = n_split == 1 ? 0 : sp * span;
-    const int t_end = n_split == 1 ? n_ctx : min(n_ctx, t_begin + span);
     const size_t part0 = ((size_t)blockIdx.x * (size_t)n_heads + (size_t)kvh * (size_t)group + (size_t)h0) * (size_t)n_split;
-    if (t_begin >= t_end) { /* an empty split: weight 0 in the combine */
-        for (int i = tid; i < ng * HD; i += AM_THREADS) part_o[(part0 + (size_t)(i / HD) * n_split + sp) * HD + i % HD] = 0.0f;
-        if (tid < ng) part_lse[part0 + (size_t)tid * n_split + sp] = -INFINITY;
-        return;
-    }
+    int t_begin, t_end; /* this block's positions */
+    if (!aw_range(pos[r] + 1, n_split, sp, ng, HD, part0, part_o, part_lse, &t_begin, &t_end)) return;
     const int32_t *table = tables + (size_t)rs_cuda_row_seq(seq_start, n_seq, r) * (size_t)max_blocks;
     const bool per_token = DT == RS_DTYPE_E4M3 && mode == RS_KV_SCALE_PER_TOKEN;
     const float head_mul = (DT == RS_DTYPE_E4M3 && !per_token ? scale * k_scale[kvh] : scale) * AW_LOG2E;
@@ -849,27 +857,8 @@ attention_mma_kernel(float *out /* [n_tok][n_heads][hd] */, const float *q /* [n
                 for (int i = 0; i < 2; i++) acc_s[warp][g * HD + 32 * w + 8 * t + 2 * j + i] = o[w][j][i];
     }
     __syncthreads();
-    /* the warps merged: warp 0 saw the range's first position, so the max is finite */
-    for (int i = tid; i < ng * HD; i += AM_THREADS) {
-        const int h = i / HD;
-        float M = m_s[0][h];
-#pragma unroll
-        for (int w = 1; w < AM_WARPS; w++) M = fmaxf(M, m_s[w][h]);
-        float L = 0.0f, O = 0.0f;
-#pragma unroll
-        for (int w = 0; w < AM_WARPS; w++) {
-            const float f = exp2f(m_s[w][h] - M); /* 0 for a warp without positions */
-            L += l_s[w][h] * f;
-            O += acc_s[w][i] * f;
-        }
-        if (part_o) {
-            part_o[(part0 + (size_t)h * n_split + sp) * HD + i % HD] = O / L;
-            if (i % HD == 0) part_lse[part0 + (size_t)h * n_split + sp] = M * AW_LN2 + logf(L);
-        } else {
-            const float out_mul = DT == RS_DTYPE_E4M3 && !per_token ? v_scale[kvh] : 1.0f;
-            out[head0 * (size_t)HD + (size_t)i] = O / L * out_mul;
-        }
-    }
+    aw_merge<8, 8 * HD>(m_s, l_s, acc_s, ng, HD, DT == RS_DTYPE_E4M3 && !per_token ? v_scale[kvh] : 1.0f, out, head0,
+                        part_o, part_lse, part0, n_split, sp);
 }
 
 /* out[r][h] = sum_s w_s o_s / sum_s w_s with w_s = exp(lse_s - max lse): the splits of list row i

@@ -26,6 +26,7 @@
  * and the caller runs the exact kernels, whose results the fast ones approximate.
  */
 #include "cuda_act.h"
+#include "cuda_mma.h"
 
 /* dst [t_pad][k]: src's rows, then zero rows. */
 static void pad_codes(rs_cuda_ctx *c, uint8_t *dst, const uint8_t *src, int rows, int t_pad, int k) {
@@ -167,21 +168,8 @@ __global__ void __launch_bounds__(FGEMV_WARPS * 32)
  *   both  d[0], d[1] = D[g][2t, 2t+1], d[2], d[3] = D[g+8][2t, 2t+1]. */
 template <bool FP8>
 __device__ __forceinline__ void tcg_mma(float d[4], const uint32_t a[4], const uint32_t b[2]) {
-#if defined(__CUDA_ARCH__)
-    if (FP8)
-        asm volatile("mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-                     "{%0,%1,%2,%3};\n"
-                     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-    else
-        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-                     "{%0,%1,%2,%3};\n"
-                     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-#elif defined(RS_CUDA_EMU)
-    if (FP8) emu_mma_16832_e4m3(d, a, b);
-    else emu_mma_16816(d, a, b, false);
-#endif
+    if (FP8) mma16832_e4m3(d, a, b);
+    else mma16816<false>(d, a, b);
 }
 
 /* out[r][o] = sum_j x[r][j] w[o][j] for the 16 output features o0 + [0, 16) of block x and the rows

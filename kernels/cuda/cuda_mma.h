@@ -1,7 +1,7 @@
 /*
  * cuda_mma.h — the warp-level tensor-core pieces the attention kernels share (cuda_attention_tc.cu's
- * prefill, cuda_attention.cu's decode): mma.sync m16n8k16 with fp32 accumulators, operand packing,
- * and movmatrix's 8x8 transpose. Fragment layouts are the PTX ISA's, with g = lane / 4 and
+ * prefill, cuda_attention.cu's decode) and the GEMVs (cuda_matmul_fast.cu): mma.sync m16n8k16 and
+ * m16n8k32 (E4M3) with fp32 accumulators, operand packing, and movmatrix's 8x8 transpose. Fragment layouts are the PTX ISA's, with g = lane / 4 and
  * t = lane % 4: A's registers hold rows g, g+8 and columns 2t, 2t+1 (+8 for registers 2 and 3), B's
  * rows (k) 2t, 2t+1 (+8) of column g, C's rows g, g+8 and columns 2t, 2t+1; a movmatrix operand
  * holds row g, columns 2t, 2t+1 of an 8x8 matrix of 16-bit elements. The CPU emulation implements
@@ -30,6 +30,21 @@ __device__ __forceinline__ void mma16816(float d[4], const uint32_t a[4], const 
                      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 #elif defined(RS_CUDA_EMU)
     emu_mma_16816(d, a, b, F16);
+#endif
+}
+
+/* d += A B on the warp: mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 (sm_89+), one E4M3 code
+ * per byte, lowest k in the low byte: a[0] = A[g][4t .. 4t+3], a[1] = A[g+8][4t ..], a[2] =
+ * A[g][16+4t ..], a[3] = A[g+8][16+4t ..]; b[0] = B[4t .. 4t+3][g], b[1] = B[16+4t ..][g]; d as for
+ * m16n8k16. */
+__device__ __forceinline__ void mma16832_e4m3(float d[4], const uint32_t a[4], const uint32_t b[2]) {
+#if defined(__CUDA_ARCH__)
+    asm volatile("mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                 "{%0,%1,%2,%3};\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+#elif defined(RS_CUDA_EMU)
+    emu_mma_16832_e4m3(d, a, b);
 #endif
 }
 
