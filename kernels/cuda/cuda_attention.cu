@@ -161,8 +161,8 @@ __device__ __forceinline__ float page_elem(const void *pages, size_t i) {
     return __half2float(__half(h));
 }
 
-/* Staging (rs_cuda_ctx.att_kernel RS_CUDA_ATTENTION_STAGED): the tile's rows [0, n) of this KV head, K (off 0) or V (off
- * RS_KV_BLOCK), copied into st[n][hd] with 16-byte loads spread over the block's threads, all of a
+/* Staging (rs_cuda_ctx.att_kernel RS_CUDA_ATTENTION_STAGED): the tile's rows [0, n) of this KV
+ * head, K (off 0) or V (off RS_KV_BLOCK), copied into st[n][hd] with 16-byte loads spread over the block's threads, all of a
  * thread's loads issued before its first store: one memory latency per tile instead of a chain of
  * dependent loads per position. Needs hd * es % 16 == 0 and ATT_TILE rows within ATT_STAGE_BYTES. */
 __device__ __forceinline__ void stage_rows(uint4 *st, const void *pages, const size_t *krow, size_t off, int n,
@@ -346,10 +346,10 @@ attention_kernel(float *out /* [n_tok][n_heads][hd] */, const float *q /* [n_tok
  * split z / n_chunks), but the warps work independently, with no barrier per tile: LP = hd / 8 lanes
  * hold one position's K (and V) row, 8 consecutive dims per lane (one 16-byte load for BF16, 8 bytes
  * for E4M3, 32 for F32), so a warp holds PPW = 32 / LP positions at once. Warp w takes runs of
- * AW_U(DT, G) * PPW consecutive positions, every AW_WARPS-th run of the block's range, and issues the
- * K and V loads of a whole run before it uses the first: AW_U loads of K and of V per lane in flight,
- * 4 KB per warp for BF16 at head size 128, which keeps the memory system busy without a stage in
- * shared memory. The ng <= G query heads of the chunk live in registers (q pre-multiplied by the score
+ * U * PPW consecutive positions (aw_shape), every AW_WARPS-th run of the block's range, and issues
+ * the K and V loads of a whole run before it uses the first: U loads of K and of V per lane in
+ * flight, 4 KB per warp for BF16 at head size 128, which keeps the memory system busy without a
+ * stage in shared memory. The ng <= G query heads of the chunk live in registers (q pre-multiplied by the score
  * multiplier and log2 e), so each K element read serves every head of the group; a score is a sum of
  * 8 products per lane and a butterfly over the LP lanes, which leaves it in all of them.
  * Each position group (the LP lanes of one position slot) keeps its own online softmax in base 2

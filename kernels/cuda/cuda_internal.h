@@ -150,9 +150,9 @@ void rs_cuda_recording_broken(rs_cuda_ctx *c, const char *why);
 
 /* The fast-numerics GEMV/GEMM crossover per weight dtype: up to this many rows, the tensor-core GEMVs
  * of cuda_matmul_fast.cu, which serve up to 8 rows (one mma n-tile); above, cuBLASLt. Measured on an
- * H200 (`build-cuda/bench-gpu gemv`, Qwen3-8B layer shapes, docs/benchmarks.md): at 1-8 rows the
- * GEMVs took 9.3-23.6 us (FP8) and 14.5-40.2 us (BF16) where cuBLASLt took 18.7-42.1 and 16.7-42.3;
- * at 16 rows cuBLASLt won but for FP8 at 4096 x 4096. */
+ * H200 (`build-cuda/bench-gpu gemv`, 6144 x 4096 and 4096 x 12288, docs/benchmarks.md): at 1-8 rows
+ * the GEMVs took 13.3-22.9 us (FP8) and 20.0-38.2 us (BF16) where cuBLASLt took 19.7-37.4 and
+ * 20.4-40.1; from 12 rows cuBLASLt won. */
 #define RS_CUDA_GEMV_ROWS_FP8 8
 #define RS_CUDA_GEMV_ROWS_BF16 8
 

@@ -1,11 +1,12 @@
 /*
- * cuda_mma.h — the warp-level tensor-core pieces the attention kernels share (cuda_attention_tc.cu's
- * prefill, cuda_attention.cu's decode) and the GEMVs (cuda_matmul_fast.cu): mma.sync m16n8k16 and
- * m16n8k32 (E4M3) with fp32 accumulators, operand packing, and movmatrix's 8x8 transpose. Fragment layouts are the PTX ISA's, with g = lane / 4 and
- * t = lane % 4: A's registers hold rows g, g+8 and columns 2t, 2t+1 (+8 for registers 2 and 3), B's
- * rows (k) 2t, 2t+1 (+8) of column g, C's rows g, g+8 and columns 2t, 2t+1; a movmatrix operand
- * holds row g, columns 2t, 2t+1 of an 8x8 matrix of 16-bit elements. The CPU emulation implements
- * the same layouts (tests/cuda_emu/include/cuda_runtime.h).
+ * cuda_mma.h — the warp-level tensor-core pieces the attention kernels (cuda_attention_tc.cu's
+ * prefill, cuda_attention.cu's decode) and the GEMVs (cuda_matmul_fast.cu) share: mma.sync m16n8k16
+ * and m16n8k32 (E4M3) with fp32 accumulators, operand packing, and movmatrix's 8x8 transpose.
+ * Fragment layouts are the PTX ISA's, with g = lane / 4 and t = lane % 4: A's registers hold rows g,
+ * g+8 and columns 2t, 2t+1 (+8 for registers 2 and 3), B's rows (k) 2t, 2t+1 (+8) of column g, C's
+ * rows g, g+8 and columns 2t, 2t+1; a movmatrix operand holds row g, columns 2t, 2t+1 of an 8x8
+ * matrix of 16-bit elements. The CPU emulation implements the same layouts
+ * (tests/cuda_emu/include/cuda_runtime.h).
  */
 #ifndef RS_CUDA_MMA_H
 #define RS_CUDA_MMA_H
