@@ -205,12 +205,13 @@ RS_TEST(cuda_attention_fast_matches_exact) {
 }
 
 /* The same for the warp kernel's query-head chunks: two of 8 (group 16), and at head size 256 one of
- * 4 and one of 2 (group 6). */
+ * 4 and one of 2 (group 6). The chunking does not depend on the page format, which the test above
+ * covers: BF16 and E4M3 with per-token scales here. */
 RS_TEST(cuda_attention_fast_head_chunks) {
     rs_backend *g = rs_test_cuda_or_skip();
     uint64_t s = 137;
     static const int shapes[][3] = {{16, 1, 64}, {6, 1, 256}};
-    for (size_t ki = 0; ki < RS_ARRAY_LEN(kinds); ki++)
+    for (size_t ki = 1; ki < RS_ARRAY_LEN(kinds); ki += 2)
         for (size_t si = 0; si < RS_ARRAY_LEN(shapes); si++)
             one_case(g, &kinds[ki], shapes[si][0], shapes[si][1], shapes[si][2], &s);
     rs_backend_free(g);
