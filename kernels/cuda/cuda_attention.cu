@@ -655,7 +655,7 @@ attention_warps_kernel(float *out /* [n_tok][n_heads][hd] */, const float *q /* 
  *
  * The block and range contract of attention_warps_kernel (row, KV head, chunk of up to 8 query heads,
  * context split; the same partial outputs for the combine), with the products on tensor cores
- * (cuda_mma.h, m16n8k16, fp32 accumulators). A warp takes runs of 16 positions, every AM_WARPS-th
+ * (cuda_mma.h, m16n8k16, fp32 accumulators). A warp takes runs of 16 positions, every AW_WARPS-th
  * run of the block's range; lane (g, t) loads the K and V rows of positions base + g and base + 8 + g,
  * dims 32 w + 8 t .. + 8 of each 32-dim window w (16-byte loads for BF16), as operand pairs (BF16
  * pages as they are; E4M3 codes converted exactly to F16; F32 rounded to F16: cuda_attention_tc.cu's
@@ -672,8 +672,6 @@ attention_warps_kernel(float *out /* [n_tok][n_heads][hd] */, const float *q /* 
  * The warps merge through shared memory as in attention_warps_kernel. Compared with the exact
  * kernel under the tensor-core tolerance: Q and P round to the operand type (F32 K/V to F16).
  * Head sizes 32, 64 and 128 (am_takes); others take attention_warps_kernel. */
-#define AM_WARPS AW_WARPS /* aw_merge's */
-#define AM_THREADS (AM_WARPS * 32)
 #define AM_RUN 16 /* positions of one run of a warp: the P V mma's k */
 
 static bool am_takes(int hd) { return hd == 32 || hd == 64 || hd == 128; }
@@ -699,7 +697,7 @@ template <int DT> __device__ __forceinline__ void am_load(uint32_t w[4], const v
 }
 
 template <int DT, int W>
-static __global__ void __launch_bounds__(AM_THREADS)
+static __global__ void __launch_bounds__(AW_THREADS)
 attention_mma_kernel(float *out /* [n_tok][n_heads][hd] */, const float *q /* [n_tok][n_heads][hd] */,
                      const void *pages /* [n_blocks][2][16][n_kv][hd] of DT */, rs_kv_scale_mode mode,
                      const float *k_scale /* [n_kv] */, const float *v_scale /* [n_kv] */,
@@ -751,10 +749,10 @@ attention_mma_kernel(float *out /* [n_tok][n_heads][hd] */, const float *q /* [n
     for (int s0 = t_begin; s0 < t_end; s0 += AW_TABLE * RS_KV_BLOCK) {
         const int s1 = min(t_end, s0 + AW_TABLE * RS_KV_BLOCK);
         __syncthreads();
-        for (int i = tid; i < (s1 - s0 + RS_KV_BLOCK - 1) / RS_KV_BLOCK; i += AM_THREADS)
+        for (int i = tid; i < (s1 - s0 + RS_KV_BLOCK - 1) / RS_KV_BLOCK; i += AW_THREADS)
             tbl_s[i] = table[s0 / RS_KV_BLOCK + i];
         __syncthreads();
-        for (int base = s0 + warp * AM_RUN; base < s1; base += AM_WARPS * AM_RUN) {
+        for (int base = s0 + warp * AM_RUN; base < s1; base += AW_WARPS * AM_RUN) {
             uint32_t kw[2][W][4], vw[2][W][4]; /* positions base + 8 nt + g, operand pairs */
 #pragma unroll
             for (int nt = 0; nt < 2; nt++) {
@@ -953,9 +951,9 @@ static void launch_rows(rs_cuda_ctx *c, const att_launch *L, const int32_t *rows
     } while (0)
 #define AM_LAUNCH(DT)                                                                                               \
     do {                                                                                                            \
-        if (hd == 32) attention_mma_kernel<DT, 1><<<grid, AM_THREADS, 0, c->stream>>>(ATT_ARGS);                    \
-        else if (hd == 64) attention_mma_kernel<DT, 2><<<grid, AM_THREADS, 0, c->stream>>>(ATT_ARGS);               \
-        else attention_mma_kernel<DT, 4><<<grid, AM_THREADS, 0, c->stream>>>(ATT_ARGS);                             \
+        if (hd == 32) attention_mma_kernel<DT, 1><<<grid, AW_THREADS, 0, c->stream>>>(ATT_ARGS);                    \
+        else if (hd == 64) attention_mma_kernel<DT, 2><<<grid, AW_THREADS, 0, c->stream>>>(ATT_ARGS);               \
+        else attention_mma_kernel<DT, 4><<<grid, AW_THREADS, 0, c->stream>>>(ATT_ARGS);                             \
     } while (0)
 #define ATT_LAUNCH(DT)                                                                                              \
     do {                                                                                                            \

@@ -210,31 +210,25 @@ __global__ void __launch_bounds__(TCG_WARPS * 32)
     for (int c0 = warp; c0 < nchunks; c0 += TCG_WARPS * TCG_UNROLL) {
         uint4 wa[TCG_UNROLL][2], wb[TCG_UNROLL][2], xb[TCG_UNROLL][2]; /* the loads first */
         const uint4 z = {0u, 0u, 0u, 0u};
-#pragma unroll
-        for (int u = 0; u < TCG_UNROLL; u++) {
+        /* lane t's 16 bytes of half h of chunk c0 + u * TCG_WARPS of a row, zeros past it or when !ok
+         * (row_bytes % 16 == 0: whole 16-byte pieces) */
+        auto piece = [&](const uint8_t *row, bool ok, int u, int h) {
             const int c = c0 + u * TCG_WARPS;
+            const int64_t j = (int64_t)c * 128 + 64 * h + 16 * t;
+            return ok && c < nchunks && j < row_bytes ? __ldg((const uint4 *)(row + j)) : z;
+        };
 #pragma unroll
-            for (int h = 0; h < 2; h++) {
-                const int64_t j = (int64_t)c * 128 + 64 * h + 16 * t;
-                const bool in = c < nchunks && j < row_bytes; /* row_bytes % 16 == 0: whole 16-byte pieces */
-                wa[u][h] = in && wlo ? __ldg((const uint4 *)(wrow_lo + j)) : z;
-                wb[u][h] = in && whi ? __ldg((const uint4 *)(wrow_hi + j)) : z;
-            }
-        }
+        for (int u = 0; u < TCG_UNROLL; u++)
+#pragma unroll
+            for (int h = 0; h < 2; h++) wa[u][h] = piece(wrow_lo, wlo, u, h), wb[u][h] = piece(wrow_hi, whi, u, h);
         if (!waited) { /* launched early (PDL): the weights above may load before x is written */
             rs_cuda_pdl_wait();
             waited = true;
         }
 #pragma unroll
-        for (int u = 0; u < TCG_UNROLL; u++) {
-            const int c = c0 + u * TCG_WARPS;
+        for (int u = 0; u < TCG_UNROLL; u++)
 #pragma unroll
-            for (int h = 0; h < 2; h++) {
-                const int64_t j = (int64_t)c * 128 + 64 * h + 16 * t;
-                const bool in = c < nchunks && j < row_bytes;
-                xb[u][h] = in && xok ? __ldg((const uint4 *)(xrow + j)) : z;
-            }
-        }
+            for (int h = 0; h < 2; h++) xb[u][h] = piece(xrow, xok, u, h);
 #pragma unroll
         for (int u = 0; u < TCG_UNROLL; u++) {
             const int c = c0 + u * TCG_WARPS;

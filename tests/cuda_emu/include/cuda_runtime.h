@@ -160,6 +160,16 @@ static inline float emu_half_bits_f32(uint32_t h) { /* IEEE binary16 bits -> flo
     f = (float)m * 0x1p-24f;
     return sg ? -f : f;
 }
+/* This lane's C fragment of d += A B (rows g, g+8, columns 2t, 2t+1), the sum over k in order. */
+template <int K> static inline void emu_mma_accumulate(float d[4], const float (&A)[16][K], const float (&B)[K][8]) {
+    const int l = (int)(threadIdx.x % 32), g = l / 4, t = l % 4;
+    for (int i = 0; i < 4; i++) {
+        const int row = g + (i >= 2 ? 8 : 0), col = 2 * t + (i & 1);
+        float acc = d[i];
+        for (int k = 0; k < K; k++) acc += A[row][k] * B[k][col];
+        d[i] = acc;
+    }
+}
 static inline void emu_mma_16816(float d[4], const uint32_t a[4], const uint32_t b[2], bool f16) {
     uint32_t mine[6] = {a[0], a[1], a[2], a[3], b[0], b[1]}, all[32][6];
     emu_warp_gather(mine, sizeof mine, all);
@@ -182,13 +192,7 @@ static inline void emu_mma_16816(float d[4], const uint32_t a[4], const uint32_t
             B[2 * t + h][g] = bf(w[4], h), B[2 * t + 8 + h][g] = bf(w[5], h);
         }
     }
-    const int l = (int)(threadIdx.x % 32), g = l / 4, t = l % 4;
-    for (int i = 0; i < 4; i++) {
-        const int row = g + (i >= 2 ? 8 : 0), col = 2 * t + (i & 1);
-        float acc = d[i];
-        for (int k = 0; k < 16; k++) acc += A[row][k] * B[k][col];
-        d[i] = acc;
-    }
+    emu_mma_accumulate(d, A, B);
 }
 
 /* mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 on the warp, d += A B, with the PTX ISA's
@@ -212,13 +216,7 @@ static inline void emu_mma_16832_e4m3(float d[4], const uint32_t a[4], const uin
             B[4 * t + i][g] = code(4), B[16 + 4 * t + i][g] = code(5);
         }
     }
-    const int l = (int)(threadIdx.x % 32), g = l / 4, t = l % 4;
-    for (int i = 0; i < 4; i++) {
-        const int row = g + (i >= 2 ? 8 : 0), col = 2 * t + (i & 1);
-        float acc = d[i];
-        for (int k = 0; k < 32; k++) acc += A[row][k] * B[k][col];
-        d[i] = acc;
-    }
+    emu_mma_accumulate(d, A, B);
 }
 
 /* movmatrix.sync.aligned.m8n8.trans.b16: lane l holds row l / 4, columns 2 (l % 4) and 2 (l % 4) + 1
