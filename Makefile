@@ -152,7 +152,7 @@ run: $(BUILD)/rolloutd
 # unit test on a machine without a GPU.
 cuda-emu: $(DEPS_OK)
 	tests/cuda_emu/build.sh $(abspath build-emu)
-	RS_FIXTURES=$(abspath tests/fixtures) $(abspath build-emu)/unit-tests cuda_
+	RS_TEST_JOBS=$${RS_TEST_JOBS:-$$(nproc)} RS_FIXTURES=$(abspath tests/fixtures) $(abspath build-emu)/unit-tests cuda_
 
 # The GRPO example: a warm start and four RL runs (BF16; FP8 without correction, with TIS, with
 # MIS), results and figures in examples/grpo/results/. Makes build/rl-venv (torch, transformers,
