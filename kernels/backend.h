@@ -107,7 +107,10 @@ typedef enum rs_graph_state {
  * for T <= 0, the logprob of the requested mode and the top logprobs. An invalid row (a NaN, a
  * +inf, no finite entry) comes back done with token -1, as rs_sample returns it. A backend may
  * leave a request undone (done false: e.g. a truncation that keeps more tokens than it sorts);
- * the caller samples that row on the host. */
+ * the caller samples that row on the host. That is bit for bit under exact numerics; under fast
+ * numerics a backend may sum the distribution and the draw in another order (the CUDA backend's
+ * parts): the same tokens but where u falls within rounding of a boundary, logprobs within a few
+ * fp32 ulps. */
 #define RS_SAMPLE_MAX_TOP 64
 typedef enum rs_sample_lp_mode {
     RS_SAMPLE_LP_DEFAULT = 0,   /* log_softmax(logits / T) before truncation (T = 1 when greedy) */

@@ -28,6 +28,22 @@
  * same token on both backends from the same logits. Fast numerics sum the draw in per-thread chunks
  * (a different rounding, the same distribution: the token differs only where u falls within
  * rounding of a boundary) to cut the sequential part from vocab to vocab / 256 + 256 additions.
+ *
+ * Fast numerics also spread a request over many blocks when it needs no sorted order (no top-k /
+ * top-p / min-p, no top logprobs: the plain temperature draw and greedy, what RL rollouts ask):
+ *   parts      sample_part_kernel, a block per (request, SMP_PART logits): the part's max and
+ *              first argmax, a NaN flag, and its sum of rs_expf((x - part max) / T) in double (a
+ *              fixed tree), again at T = 1 when the raw logprob needs it;
+ *   finish     sample_finish_kernel, a block per request: the row's max, the sum as the parts'
+ *              sums rescaled by exp((part max - max) / T) in part order, greedy's argmax, and the
+ *              draw: the part where the running sum passes u * sum, then inside it the e of the
+ *              exact path (relative to the row's max) summed per thread, then per element.
+ * The parts' rescaling rounds differently from the 16-lane sum, so logprobs move by a few fp32 ulps
+ * against the CPU's; tokens follow the same distribution. One block over a 151936-entry row took
+ * 261 us on an H200 in the single-block kernel, most of it the 16 sequential double chains; the
+ * parts put the row on vocab / SMP_PART blocks. Every sum runs in a fixed order, so a request's
+ * result never depends on the other requests. Requests that need the order keep the single-block
+ * kernel.
  * Libm difference: lse and log(mass) use CUDA's double log, within 1 ulp of glibc's; that can move a
  * returned fp32 logprob by one ulp only when the double result lies within 2^-29 relative of an
  * fp32 rounding boundary.
@@ -316,6 +332,228 @@ __device__ __forceinline__ bool truncates(const rs_sample_req *rq, int V) {
     return (rq->top_k > 0 && rq->top_k < V) || rq->top_p < 1.0f || rq->min_p > 0.0f;
 }
 
+/* ---- fast numerics: a request over many blocks ---- */
+
+#define SMP_PART      2048 /* logits a part block reads: 8 a thread */
+#define SMP_MAX_PARTS 512  /* parts a request may have (a vocabulary up to 1M); larger ones keep one block */
+
+/* Whether fast numerics run request rq over parts: it needs no sorted order (no truncation, no top
+ * logprobs unless greedy's point mass answers them) and the vocabulary fits SMP_MAX_PARTS parts.
+ * The host splits the requests by it and both kernels skip the others. */
+__host__ __device__ __forceinline__ bool smp_parts(const rs_sample_req *rq, int V, bool exact) {
+    const bool greedy = !(rq->temperature > 0.0f);
+    const bool trunc = !greedy && ((rq->top_k > 0 && rq->top_k < V) || rq->top_p < 1.0f || rq->min_p > 0.0f);
+    const bool point_mass = greedy && rq->lp_mode == RS_SAMPLE_LP_PROCESSED;
+    return !exact && !trunc && (rq->n_top <= 0 || point_mass) && (V + SMP_PART - 1) / SMP_PART <= SMP_MAX_PARTS;
+}
+
+/* 1 / T in double, and 1 for greedy (its logprob is the T = 1 one) */
+__host__ __device__ __forceinline__ double smp_inv_t(const rs_sample_req *rq) {
+    return rq->temperature > 0.0f ? 1.0 / (double)rq->temperature : 1.0;
+}
+
+/* whether the raw logprob needs the T = 1 sum besides the request's */
+__device__ __forceinline__ bool smp_needs_raw(const rs_sample_req *rq, double inv_t) {
+    return rq->lp_mode == RS_SAMPLE_LP_RAW && inv_t != 1.0;
+}
+
+struct smp_part {
+    float max;   /* the part's largest logit (NaN skipped; -inf when it has none larger) */
+    int arg;     /* the first index of it */
+    int bad;     /* the part holds a NaN */
+    double sum;  /* sum of rs_expf((x - max) * (1/T)) over the part, a fixed tree */
+    double sum1; /* the same at T = 1, when the raw logprob needs it */
+};
+
+/* A double sum over the block in a fixed order: shuffles within warps, then warp 0 over the warps'
+ * sums. Every thread gets the total. */
+__device__ double block_sum_d(smp_shared *sh, double v) {
+    for (int o = 16; o > 0; o >>= 1) v = __dadd_rn(v, __shfl_xor_sync(0xffffffffu, v, o));
+    if (threadIdx.x % 32 == 0) sh->chunk[threadIdx.x / 32] = v;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        double t = sh->chunk[0];
+        for (int w = 1; w < SMP_THREADS / 32; w++) t = __dadd_rn(t, sh->chunk[w]);
+        sh->bcast_d = t;
+    }
+    __syncthreads();
+    const double t = sh->bcast_d;
+    __syncthreads();
+    return t;
+}
+
+/* e of logit v against max mx at 1/T = inv_tf: the single-block kernel's w entries */
+__device__ __forceinline__ float smp_e(float v, float mx, float inv_tf) {
+    return exp_cpu(__fmul_rn(__fsub_rn(v, mx), inv_tf));
+}
+
+/* The sum of e over a part's logits x[i0, i1) against max mx (0 when mx is not finite). */
+__device__ double part_sum(smp_shared *sh, const float *x, int i0, int i1, float mx, double inv_t) {
+    if (!isfinite(mx)) return 0.0; /* all -inf (no mass), or +inf (the row is invalid) */
+    const float inv_tf = (float)inv_t;
+    double acc = 0.0;
+    for (int i = i0 + (int)threadIdx.x; i < i1; i += SMP_THREADS) acc = __dadd_rn(acc, (double)smp_e(x[i], mx, inv_tf));
+    return block_sum_d(sh, acc);
+}
+
+__global__ void __launch_bounds__(SMP_THREADS)
+    sample_part_kernel(const float *__restrict__ logits /* [rows][V] */, int V, const rs_sample_req *__restrict__ reqs,
+                       smp_part *__restrict__ parts /* [n][gridDim.x] */) {
+    __shared__ smp_shared sh;
+    const rs_sample_req rq = reqs[blockIdx.y];
+    if (!smp_parts(&rq, V, false)) return;
+    const float *x = logits + (size_t)rq.row * (size_t)V;
+    const int i0 = (int)blockIdx.x * SMP_PART, i1 = min(V, i0 + SMP_PART);
+    float bv = -INFINITY;
+    int bi = -1, nan = 0;
+    for (int i = i0 + (int)threadIdx.x; i < i1; i += SMP_THREADS) {
+        const float v = x[i];
+        if (v != v) nan = 1;
+        else if (bi < 0 || v > bv) bv = v, bi = i; /* the thread's first largest, NaN skipped */
+    }
+    __shared__ int any_nan;
+    if (threadIdx.x == 0) any_nan = 0;
+    __syncthreads();
+    if (nan) any_nan = 1;
+    __syncthreads();
+    const int bad = any_nan;
+    const int arg = block_first(&sh, bv, bi);
+    const float mx = arg >= 0 ? x[arg] : -INFINITY;
+    const double inv_t = smp_inv_t(&rq);
+    const double sum = part_sum(&sh, x, i0, i1, mx, inv_t);
+    const double sum1 = smp_needs_raw(&rq, inv_t) ? part_sum(&sh, x, i0, i1, mx, 1.0) : 0.0;
+    if (threadIdx.x == 0)
+        parts[(size_t)blockIdx.y * gridDim.x + blockIdx.x] = smp_part{mx, arg, bad, sum, sum1};
+}
+
+/* A request's parts p[0, np) combined by thread 0: the row's max and first argmax, whether it is
+ * valid, and the rescaled part sums (mass[q] at 1/T; at T = 1 into *sum1 when raw needs it). */
+__device__ bool parts_combine(const smp_part *p, int np, double inv_t, bool raw, float *mx, int *arg, double *mass,
+                              double *sum, double *sum1) {
+    float m = -INFINITY;
+    int a = -1;
+    bool bad = false;
+    for (int q = 0; q < np; q++) {
+        bad |= p[q].bad != 0;
+        if (p[q].arg >= 0 && (a < 0 || p[q].max > m)) m = p[q].max, a = p[q].arg; /* parts in id order: the first wins ties */
+    }
+    double s = 0.0, s1 = 0.0;
+    for (int q = 0; q < np; q++) {
+        mass[q] = 0.0;
+        if (!isfinite(p[q].max) || !isfinite(m)) continue;
+        const double d = __dsub_rn((double)p[q].max, (double)m);
+        mass[q] = __dmul_rn(p[q].sum, exp(__dmul_rn(d, inv_t)));
+        s = __dadd_rn(s, mass[q]);
+        if (raw) s1 = __dadd_rn(s1, __dmul_rn(p[q].sum1, exp(d)));
+    }
+    *mx = m, *arg = a, *sum = s, *sum1 = s1;
+    return !bad && isfinite(m) && isfinite(s) && s > 0.0;
+}
+
+/* The draw over parts: the part where the running sum of mass passes target, then inside it the
+ * per-thread sums of e (8 consecutive logits a thread), then the elements. Rounding between the
+ * rescaled part sums and the elements' e can leave the target unpassed: then the last id with mass
+ * seen, as draw_all's fast path. Every thread returns the token. */
+__device__ int parts_draw(smp_shared *sh, const float *x, int V, int np, const double *mass, float mx, double inv_t,
+                          double target) {
+    __shared__ int part;
+    __shared__ double before;
+    if (threadIdx.x == 0) {
+        double run = 0.0;
+        int q = 0, last = -1;
+        for (; q < np; q++) {
+            if (mass[q] > 0.0) last = q;
+            if (target < __dadd_rn(run, mass[q])) break;
+            run = __dadd_rn(run, mass[q]);
+        }
+        if (q == np) { /* rounding: the last part with mass, from its start */
+            q = last;
+            run = 0.0;
+            for (int r = 0; r < q; r++) run = __dadd_rn(run, mass[r]);
+        }
+        part = q, before = run;
+    }
+    __syncthreads();
+    const float inv_tf = (float)inv_t;
+    const int per = SMP_PART / SMP_THREADS;
+    const int i0 = part * SMP_PART + (int)threadIdx.x * per, i1 = min(V, i0 + per);
+    double acc = 0.0;
+    int last = -1;
+    for (int i = i0; i < i1; i++) {
+        const float e = smp_e(x[i], mx, inv_tf);
+        acc = __dadd_rn(acc, (double)e);
+        if (e != 0.0f) last = i;
+    }
+    sh->chunk[threadIdx.x] = acc;
+    sh->last[threadIdx.x] = last;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        double run = before;
+        int tok = -1, t = 0;
+        for (; t < SMP_THREADS; t++) {
+            if (sh->last[t] >= 0) tok = sh->last[t];
+            if (target < __dadd_rn(run, sh->chunk[t])) break;
+            run = __dadd_rn(run, sh->chunk[t]);
+        }
+        if (t < SMP_THREADS)
+            for (int i = part * SMP_PART + t * per; i < min(V, part * SMP_PART + (t + 1) * per); i++) {
+                const float e = smp_e(x[i], mx, inv_tf);
+                if (e == 0.0f) continue;
+                tok = i;
+                run = __dadd_rn(run, (double)e);
+                if (target < run) break;
+            }
+        sh->bcast_i = tok;
+    }
+    __syncthreads();
+    const int tok = sh->bcast_i;
+    __syncthreads();
+    return tok;
+}
+
+__global__ void __launch_bounds__(SMP_THREADS)
+    sample_finish_kernel(const float *__restrict__ logits /* [rows][V] */, int V, const rs_sample_req *__restrict__ reqs,
+                         const smp_part *__restrict__ parts /* [n][np] */, int np, rs_sample_res *__restrict__ res) {
+    __shared__ smp_shared sh;
+    __shared__ double mass[SMP_MAX_PARTS];
+    __shared__ float s_mx;
+    __shared__ int s_arg, s_ok;
+    __shared__ double s_sum, s_sum1;
+    const rs_sample_req rq = reqs[blockIdx.x];
+    if (!smp_parts(&rq, V, false)) return;
+    rs_sample_res *out = &res[blockIdx.x];
+    const float *x = logits + (size_t)rq.row * (size_t)V;
+    const bool greedy = !(rq.temperature > 0.0f);
+    const double inv_t = smp_inv_t(&rq);
+    const bool raw = smp_needs_raw(&rq, inv_t);
+    if (threadIdx.x == 0)
+        s_ok = parts_combine(parts + (size_t)blockIdx.x * np, np, inv_t, raw, &s_mx, &s_arg, mass, &s_sum, &s_sum1);
+    __syncthreads();
+    if (!s_ok) { /* invalid row: token -1, the engine fails it */
+        if (threadIdx.x == 0) out->done = true, out->token = -1, out->logprob = NAN, out->n_top = 0;
+        return;
+    }
+    const float mx = s_mx;
+    const double sum = s_sum;
+    const int tok = greedy ? s_arg
+                           : parts_draw(&sh, x, V, np, mass, mx, inv_t,
+                                        __dmul_rn(rng_uniform(rq.seed, rq.sample_index, rq.position), sum));
+    if (threadIdx.x != 0) return;
+    float lp;
+    int n_top = 0;
+    if (greedy && rq.lp_mode == RS_SAMPLE_LP_PROCESSED) { /* a point mass */
+        lp = 0.0f;
+        if (rq.n_top > 0) out->top_ids[0] = tok, out->top_lps[0] = 0.0f, n_top = 1;
+    } else { /* untruncated: processed is the default (1/T, the whole mass); raw at T = 1 */
+        const double inv_r = raw ? 1.0 : inv_t, lse_r = log(raw ? s_sum1 : sum);
+        lp = (float)__dsub_rn(scaled(x[tok], mx, inv_r), lse_r);
+    }
+    out->done = true;
+    out->token = tok;
+    out->logprob = lp;
+    out->n_top = n_top;
+}
+
 __global__ void __launch_bounds__(SMP_THREADS)
     sample_kernel(const float *__restrict__ logits /* [rows][V] */, int V, const rs_sample_req *__restrict__ reqs,
                   int n, float *__restrict__ scratch /* [gridDim.x][V] */, rs_sample_res *__restrict__ res, bool exact) {
@@ -324,6 +562,7 @@ __global__ void __launch_bounds__(SMP_THREADS)
     float *w = scratch + (size_t)blockIdx.x * (size_t)V;
     for (int ri = blockIdx.x; ri < n; ri += gridDim.x) {
         const rs_sample_req rq = reqs[ri];
+        if (smp_parts(&rq, V, exact)) continue; /* sample_part_kernel and sample_finish_kernel's */
         rs_sample_res *out = &res[ri];
         const float *x = logits + (size_t)rq.row * (size_t)V;
         const int k = min(rq.n_top, V);
@@ -411,14 +650,30 @@ void rs_cuda_op_sample(rs_backend *b, const float *logits, int vocab, const rs_s
         for (int i = 0; i < n; i++) res[i].done = false, res[i].n_top = 0;
         return;
     }
-    const int grid = RS_MIN(n, 2 * RS_MAX(c->sm_count, 1));
+    const bool exact = c->numerics == RS_NUMERICS_EXACT;
+    int n_parts = 0; /* requests that run over parts (fast numerics); the rest take one block each */
+    for (int i = 0; i < n; i++) n_parts += smp_parts(&req[i], vocab, exact);
+    const int grid = RS_MIN(n - n_parts, 2 * RS_MAX(c->sm_count, 1));
+    const int np = (vocab + SMP_PART - 1) / SMP_PART;
     rs_sample_req *dreq = (rs_sample_req *)rs_cuda_scratch(c, RS_CUDA_S_SAMPLE_REQ, (size_t)n * sizeof *req);
     rs_sample_res *dres = (rs_sample_res *)rs_cuda_scratch(c, RS_CUDA_S_SAMPLE_RES, (size_t)n * sizeof *res);
-    float *w = (float *)rs_cuda_scratch(c, RS_CUDA_S_SAMPLE_W, (size_t)grid * (size_t)vocab * sizeof(float));
+    /* one scratch: the single-block kernel's e rows [grid][vocab], then the parts [n][np] */
+    const size_t w_bytes = (size_t)grid * (size_t)vocab * sizeof(float);
+    const size_t parts_at = (w_bytes + 15) & ~(size_t)15;
+    char *scratch = (char *)rs_cuda_scratch(c, RS_CUDA_S_SAMPLE_W,
+                                            parts_at + (n_parts > 0 ? (size_t)n * (size_t)np * sizeof(smp_part) : 0));
     CUDA_CHECK(cudaMemcpyAsync(dreq, req, (size_t)n * sizeof *req, cudaMemcpyHostToDevice, c->stream));
-    sample_kernel<<<grid, SMP_THREADS, 0, c->stream>>>(logits, vocab, dreq, n, w, dres,
-                                                       c->numerics == RS_NUMERICS_EXACT);
-    CUDA_CHECK_LAUNCH();
+    if (n_parts > 0) {
+        smp_part *parts = (smp_part *)(void *)(scratch + parts_at);
+        sample_part_kernel<<<dim3((unsigned)np, (unsigned)n), SMP_THREADS, 0, c->stream>>>(logits, vocab, dreq, parts);
+        CUDA_CHECK_LAUNCH();
+        sample_finish_kernel<<<(unsigned)n, SMP_THREADS, 0, c->stream>>>(logits, vocab, dreq, parts, np, dres);
+        CUDA_CHECK_LAUNCH();
+    }
+    if (grid > 0) {
+        sample_kernel<<<grid, SMP_THREADS, 0, c->stream>>>(logits, vocab, dreq, n, (float *)(void *)scratch, dres, exact);
+        CUDA_CHECK_LAUNCH();
+    }
     CUDA_CHECK(cudaMemcpyAsync(res, dres, (size_t)n * sizeof *res, cudaMemcpyDeviceToHost, c->stream));
     CUDA_CHECK(cudaStreamSynchronize(c->stream));
     for (int i = 0; i < n; i++) c->sampled += res[i].done;

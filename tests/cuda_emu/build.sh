@@ -17,13 +17,19 @@ cxxflags="-std=c++17 -Wall -Wno-unknown-pragmas -Wno-unused-function $common -I$
 jobs=$(nproc)
 
 objs=()
+rm -f "$out/failed"
 compile() { # compile SRC OBJ CMD...: CMD on SRC unless OBJ is newer than SRC and the headers
   local src=$1 obj=$2; shift 2
   objs+=("$obj")
   if [ ! -e "$obj" ] || [ "$src" -nt "$obj" ] || [ -n "$(find "$root" -name '*.h' -newer "$obj" -print -quit)" ]; then
-    "$@" -c "$src" -o "$obj" &
+    # a failed compile leaves no object (a stale one would link) and marks the build failed
+    { "$@" -c "$src" -o "$obj" || { rm -f "$obj"; echo "$src" >> "$out/failed"; }; } &
     while [ "$(jobs -rp | wc -l)" -ge "$jobs" ]; do wait -n; done
   fi
+}
+finish() { # wait for the compiles; stop if one failed
+  wait
+  if [ -e "$out/failed" ]; then echo "cuda_emu: compile failed: $(tr '\n' ' ' < "$out/failed")" >&2; exit 1; fi
 }
 
 cd "$root" # tokenizer/default_tokenizer.c includes its JSON by a path relative to the root
@@ -47,10 +53,10 @@ for f in backend_cuda cuda_ops cuda_matmul cuda_matmul_fast cuda_blas cuda_act c
 done
 compile "$emu/emu_rt.cpp" "$out/obj/emu_rt.o" g++ $cxxflags
 compile "$emu/emu_cublaslt.cpp" "$out/obj/emu_cublaslt.o" g++ $cxxflags
-wait
+finish
 lib=("${objs[@]}")
 compile "$root/server/main.c" "$out/obj/server_main.o" gcc $cflags
-wait
+finish
 g++ ${EMU_CXXFLAGS:-} -o "$out/unit-tests" "${lib[@]}" -lmicrohttpd -ljansson -luv -lisal -lpcre2-8 -lutf8proc -lm -pthread
 # the daemon too, for end-to-end tests with --device cuda (without the unit tests' objects)
 daemon=()
@@ -60,7 +66,7 @@ g++ ${EMU_CXXFLAGS:-} -o "$out/rolloutd" "$out/obj/server_main.o" "${daemon[@]}"
 for t in bench_gpu rollout_bench rl_bench; do
   compile "$root/tools/$t.c" "$out/obj/tool_$t.o" gcc $cflags
 done
-wait
+finish
 for t in bench_gpu rollout_bench rl_bench; do
   g++ ${EMU_CXXFLAGS:-} -o "$out/${t//_/-}" "$out/obj/tool_$t.o" "${daemon[@]}" -lmicrohttpd -ljansson -luv -lisal -lpcre2-8 -lutf8proc -lm -pthread
 done
