@@ -18,6 +18,8 @@
 #              heads, BF16 and E4M3 pages): us per call and K/V GB/s, exact numerics, fast numerics
 #              at the automatic, 8 and 32 context splits with each kernel (tiles, staged, warps,
 #              pipelined, mma)                                                                 <= 90 s
+#   sample     device sampling alone, 1/32/256 requests over Qwen3's vocabulary: greedy and T = 1
+#              (over parts of the row in fast numerics) and top_p 0.95, exact against fast    <= 30 s
 #   decode8b   batch-1 decode, the 8B-shaped random model (preset qwen3-8b, written once: 16 GB),
 #              FP8 and BF16 weights                                                          <= 240 s
 #   gemm       cuBLASLt block-scaled FP8 vs BF16 TFLOP/s at prefill shapes                   <= 60 s
@@ -191,6 +193,7 @@ main() {
     skip numerics "needs python3 with pytest, requests and numpy"
   fi
   step att 90 $B/bench-gpu attention
+  step sample 30 $B/bench-gpu sample
   step decode8b 240 $B/rollout-bench --device cuda --preset qwen3-8b --quantization both --batches 1 \
     --prompt 32 --gen 32
   step gemm 60 $B/bench-gpu gemm

@@ -23,6 +23,11 @@
  *       includes the op's copies of the batch's positions and block tables to the device, as in a
  *       step without graphs. GB/s against the copy bandwidth (read + write) is the MBU measure of
  *       the decode benchmarks.
+ *   bench-gpu sample [--rows 1,32,256] [--vocab 151936]
+ *       device sampling (rs_backend_sample, the request copy and the result download included) of
+ *       `rows` requests over random logits of a vocab-sized row each: greedy, T = 1 (both spread
+ *       over parts of the row in fast numerics) and T = 1 with top_p 0.95 (one block per request),
+ *       in exact and fast numerics: us per call.
  *
  * Times are the best of 5 windows of at least 0.05 s, each ending with a synchronizing download;
  * weights are cycled over enough copies to exceed the 50 MB L2 of an H100/H200. One line per
@@ -367,20 +372,81 @@ static void bench_attention(rs_backend *b, const list *rows, const list *ctx, co
     rs_backend_free_mem(b, q), rs_backend_free_mem(b, out);
 }
 
+/* ---- sample ---- */
+
+typedef struct sample_call {
+    rs_backend *b;
+    const float *logits;
+    int vocab, n;
+    rs_sample_req *req;
+    rs_sample_res *res;
+} sample_call;
+
+static void sample_once(void *ctx, int i) {
+    sample_call *a = ctx;
+    for (int r = 0; r < a->n; r++) a->req[r].position = (uint64_t)i; /* a new draw each call */
+    rs_backend_sample(a->b, a->logits, a->vocab, a->req, a->n, a->res);
+}
+
+static void bench_sample(rs_backend *b, const list *rows, int vocab) {
+    int rmax = 0;
+    for (int i = 0; i < rows->n; i++) rmax = RS_MAX(rmax, rows->v[i][0]);
+    const size_t nl = (size_t)rmax * vocab;
+    float *h = rs_xmalloc(nl * sizeof(float));
+    uint64_t seed = 7;
+    for (size_t i = 0; i < nl; i++) {
+        seed = seed * 6364136223846793005ull + 1442695040888963407ull;
+        h[i] = (float)(seed >> 40) / (float)(1 << 24) * 12.0f - 6.0f; /* spread like a model's logits */
+    }
+    float *logits = rs_backend_alloc(b, nl * sizeof(float));
+    RS_ASSERT(logits);
+    rs_backend_upload(b, logits, h, nl * sizeof(float));
+    free(h);
+    rs_sample_req *req = rs_xcalloc((size_t)rmax, sizeof *req);
+    rs_sample_res *res = rs_xcalloc((size_t)rmax, sizeof *res);
+    printf("device sampling, vocab %d, us per call (request upload and result download included)\n", vocab);
+    static const struct {
+        const char *name;
+        float t, top_p;
+    } kinds[] = {{"greedy", 0.0f, 1.0f}, {"T=1", 1.0f, 1.0f}, {"T=1 top_p 0.95", 1.0f, 0.95f}};
+    for (int ri = 0; ri < rows->n; ri++) {
+        const int n = rows->v[ri][0];
+        for (size_t k = 0; k < RS_ARRAY_LEN(kinds); k++) {
+            for (int r = 0; r < n; r++)
+                req[r] = (rs_sample_req){.row = r, .temperature = kinds[k].t, .top_p = kinds[k].top_p, .top_k = -1,
+                                         .seed = 1234, .sample_index = (uint64_t)r};
+            sample_call a = {b, logits, vocab, n, req, res};
+            double t[2];
+            for (int e = 0; e < 2; e++) {
+                rs_backend_set_numerics(b, e == 0 ? RS_NUMERICS_EXACT : RS_NUMERICS_FAST);
+                sample_once(&a, 0);
+                t[e] = best_time(b, logits, 1, sample_once, &a);
+            }
+            printf("  rows %4d %-15s exact %9.1f us | fast %9.1f us | exact/fast %.2fx\n", n, kinds[k].name, t[0] * 1e6,
+                   t[1] * 1e6, t[0] / t[1]);
+        }
+    }
+    rs_backend_set_numerics(b, RS_NUMERICS_FAST);
+    free(req), free(res);
+    rs_backend_free_mem(b, logits);
+}
+
 static void usage(void) {
     fprintf(stderr, "usage: bench-gpu copy | gemm [--shapes N:K,...] [--tokens T,...] | gemv [--shapes N:K,...] "
-                    "[--rows R,...] | attention [--rows R,...] [--ctx C,...] [--heads NH:NKV] [--hd D] [--splits S,...]\n");
+                    "[--rows R,...] | attention [--rows R,...] [--ctx C,...] [--heads NH:NKV] [--hd D] [--splits S,...] | "
+                    "sample [--rows R,...] [--vocab V]\n");
     exit(2);
 }
 
 int main(int argc, char **argv) {
     if (argc < 2) usage();
     const char *what = argv[1];
-    const bool att = !strcmp(what, "attention");
-    list shapes, tokens, rows, ctx, heads, hd, splits;
+    const bool att = !strcmp(what, "attention"), smp = !strcmp(what, "sample");
+    list shapes, tokens, rows, ctx, heads, hd, splits, vocab;
     parse_list("6144:4096,4096:4096,12288:4096,4096:12288", &shapes, true); /* Qwen3-8B q|k|v, o, gate, down */
     parse_list("512,2048,4096", &tokens, false);
-    parse_list(att ? "1,32,256" : "1,2,4,8,12,16,24,32,64", &rows, false);
+    parse_list(att || smp ? "1,32,256" : "1,2,4,8,12,16,24,32,64", &rows, false);
+    parse_list("151936", &vocab, false); /* Qwen3's */
     parse_list("1024,4096", &ctx, false);
     parse_list("32:8", &heads, true); /* Qwen3-8B */
     parse_list("128", &hd, false);
@@ -401,6 +467,8 @@ int main(int argc, char **argv) {
             if (parse_list(argv[i + 1], &splits, false)) usage();
             for (int j = 0; j < splits.n; j++)
                 if (splits.v[j][0] > 64) usage();
+        } else if (!strcmp(argv[i], "--vocab")) {
+            if (parse_list(argv[i + 1], &vocab, false) || vocab.n != 1) usage();
         } else if (!strcmp(argv[i], "--hd")) {
             if (parse_list(argv[i + 1], &hd, false) || hd.n != 1) usage();
         } else usage();
@@ -422,7 +490,8 @@ int main(int argc, char **argv) {
         const double bw = copy_gbs(b);
         printf("device-to-device copy: %.1f GB/s (read + write)\n", bw);
         bench_attention(b, &rows, &ctx, &splits, heads.v[0][0], heads.v[0][1], hd.v[0][0], bw);
-    } else usage();
+    } else if (smp) bench_sample(b, &rows, vocab.v[0][0]);
+    else usage();
     rs_backend_free(b);
     return 0;
 }
