@@ -195,12 +195,32 @@ void rs_op_rmsnorm(rs_backend *b, float *out, const float *x, const rs_tensor *w
     PROFILED(b, PROF_RMSNORM, b->ops->rmsnorm(b, out, x, w, rows, dim, eps));
 }
 
-void rs_op_matmul(rs_backend *b, float *out, const float *x, const rs_tensor *w, const rs_tensor *bias, int rows) {
+static int prof_matmul(const rs_tensor *w) {
+    return w->dtype == RS_DTYPE_BF16 ? PROF_MATMUL_BF16 : w->dtype == RS_DTYPE_E4M3 ? PROF_MATMUL_E4M3 : PROF_MATMUL_OTHER;
+}
+
+static void check_matmul(const float *out, const float *x, const rs_tensor *w, const rs_tensor *bias, int rows) {
     RS_ASSERT(out && x && w->ndim == 2 && rows >= 0);
     RS_ASSERT(!bias || !rs_tensor_present(bias) || (bias->ndim == 1 && bias->shape[0] == w->shape[0]));
-    const int op = w->dtype == RS_DTYPE_BF16 ? PROF_MATMUL_BF16 : w->dtype == RS_DTYPE_E4M3 ? PROF_MATMUL_E4M3
-                                                                                             : PROF_MATMUL_OTHER;
-    PROFILED(b, op, b->ops->matmul(b, out, x, w, bias, rows));
+}
+
+void rs_op_matmul(rs_backend *b, float *out, const float *x, const rs_tensor *w, const rs_tensor *bias, int rows) {
+    check_matmul(out, x, w, bias, rows);
+    PROFILED(b, prof_matmul(w), b->ops->matmul(b, out, x, w, bias, rows));
+}
+
+void rs_op_matmul_group(rs_backend *b, float *const *outs, const float *x, const rs_tensor *const *ws,
+                        const rs_tensor *const *biases, int count, int rows) {
+    RS_ASSERT(count >= 1 && count <= RS_MATMUL_GROUP);
+    for (int i = 0; i < count; i++) {
+        check_matmul(outs[i], x, ws[i], biases ? biases[i] : NULL, rows);
+        RS_ASSERT(ws[i]->dtype == ws[0]->dtype && ws[i]->shape[1] == ws[0]->shape[1]);
+    }
+    if (!b->ops->matmul_group) {
+        for (int i = 0; i < count; i++) rs_op_matmul(b, outs[i], x, ws[i], biases ? biases[i] : NULL, rows);
+        return;
+    }
+    PROFILED(b, prof_matmul(ws[0]), b->ops->matmul_group(b, outs, x, ws, biases, count, rows));
 }
 
 void rs_op_rope(rs_backend *b, float *x, int rows, int n_heads, int head_dim, const int32_t *pos,

@@ -41,6 +41,13 @@ typedef struct rs_backend_ops {
     void (*matmul)(rs_backend *b, float *out, const float *x, const rs_tensor *w, const rs_tensor *bias,
                    int rows);
 
+    /* Optional (NULL: one matmul each): outs[i] = x @ ws[i]^T (+ biases[i]) for i < count
+     * (<= RS_MATMUL_GROUP), weights of one dtype and K that multiply the same rows (a layer's q, k
+     * and v; gate and up). Each out is what the matmul op computes, bit for bit; the backend may run
+     * them in one launch. */
+    void (*matmul_group)(rs_backend *b, float *const *outs, const float *x, const rs_tensor *const *ws,
+                         const rs_tensor *const *biases, int count, int rows);
+
     /* Rotary embedding, rotate-half (NeoX/HF) convention, in place on x [rows][n_heads][head_dim]:
      * row r uses position pos[r] and inv_freq [head_dim/2]. */
     void (*rope)(rs_backend *b, float *x, int rows, int n_heads, int head_dim, const int32_t *pos,

@@ -110,9 +110,9 @@ static void attention_block(rs_forward_ctx *f, const rs_layer_weights *L, rs_kv_
     int n = batch->n_tok;
 
     rs_op_rmsnorm(b, f->h, f->x, &L->attn_norm, n, c->hidden, c->rms_eps);
-    rs_op_matmul(b, f->q, f->h, &L->wq, &L->bq, n);
-    rs_op_matmul(b, f->k, f->h, &L->wk, &L->bk, n);
-    rs_op_matmul(b, f->v, f->h, &L->wv, &L->bv, n);
+    float *const qkv_out[] = {f->q, f->k, f->v};
+    const rs_tensor *const qkv_w[] = {&L->wq, &L->wk, &L->wv}, *const qkv_b[] = {&L->bq, &L->bk, &L->bv};
+    rs_op_matmul_group(b, qkv_out, f->h, qkv_w, qkv_b, 3, n); /* one launch where the backend can */
     if (c->qk_norm) {
         rs_op_rmsnorm(b, f->q, f->q, &L->q_norm, n * c->n_heads, c->head_dim, c->rms_eps);
         rs_op_rmsnorm(b, f->k, f->k, &L->k_norm, n * c->n_kv_heads, c->head_dim, c->rms_eps);
@@ -138,8 +138,9 @@ static void mlp_block(rs_forward_ctx *f, const rs_layer_weights *L, int layer, i
         rs_op_add(b, f->x, f->attn, (size_t)n * c->hidden);
         return;
     }
-    rs_op_matmul(b, f->gate, f->h, &L->w_gate, NULL, n);
-    rs_op_matmul(b, f->up, f->h, &L->w_up, NULL, n);
+    float *const gate_up_out[] = {f->gate, f->up};
+    const rs_tensor *const gate_up_w[] = {&L->w_gate, &L->w_up};
+    rs_op_matmul_group(b, gate_up_out, f->h, gate_up_w, NULL, 2, n);
     rs_op_swiglu(b, f->gate, f->gate, f->up, (size_t)n * c->intermediate);
     rs_op_matmul(b, f->h, f->gate, &L->w_down, NULL, n);
     rs_op_add(b, f->x, f->h, (size_t)n * c->hidden);

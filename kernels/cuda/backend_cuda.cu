@@ -195,6 +195,7 @@ static rs_backend_ops make_ops(void) {
     ops.embed = rs_cuda_op_embed;
     ops.rmsnorm = rs_cuda_op_rmsnorm;
     ops.matmul = rs_cuda_op_matmul;
+    ops.matmul_group = rs_cuda_op_matmul_group;
     ops.rope = rs_cuda_op_rope;
     ops.kv_store = rs_cuda_op_kv_store;
     ops.attention = rs_cuda_op_attention;

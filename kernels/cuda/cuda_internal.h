@@ -248,6 +248,12 @@ void rs_cuda_matmul(rs_cuda_ctx *c, float *out, const float *x, const rs_tensor 
 /* cuda_matmul_fast.cu: the fast numerics' matmul without bias; false when it does not take this
  * problem (few rows, a weight dtype without a fast path, or cuBLASLt refused it). */
 bool rs_cuda_matmul_fast(rs_cuda_ctx *c, float *out, const float *x, const rs_tensor *w, int rows);
+/* The tensor-core GEMVs of ws[0 .. count) (one dtype and K) over the same rows in one launch, no
+ * bias, or false (nothing ran) where the single matmuls would not all take them. */
+bool rs_cuda_matmul_group_fast(rs_cuda_ctx *c, float *const *outs, const float *x, const rs_tensor *const *ws, int count,
+                               int rows);
+void rs_cuda_op_matmul_group(rs_backend *b, float *const *outs, const float *x, const rs_tensor *const *ws,
+                             const rs_tensor *const *biases, int count, int rows);
 /* The W8A8 pieces, for the tests: activation quantization (rs_fp8_quantize_act's bits) and the
  * exact-block GEMM (rs_fp8_gemm_ref's bits). All pointers are device memory. */
 void rs_cuda_fp8_quantize_act(rs_cuda_ctx *c, const float *x, int rows, int k, uint8_t *q, float *scale);

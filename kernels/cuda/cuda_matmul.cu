@@ -453,6 +453,26 @@ void rs_cuda_matmul(rs_cuda_ctx *c, float *out, const float *x, const rs_tensor 
     }
 }
 
+void rs_cuda_op_matmul_group(rs_backend *b, float *const *outs, const float *x, const rs_tensor *const *ws,
+                             const rs_tensor *const *biases, int count, int rows) {
+    rs_cuda_ctx *c = rs_cuda_ctx_keep(b);
+    for (int i = 0; i < count; i++) {
+        check_weight(ws[i]);
+        RS_ASSERT((const float *)outs[i] != x);
+    }
+    if (c->act.x != x) c->act.x = NULL; /* as rs_cuda_matmul */
+    if (rows > 0 && c->numerics == RS_NUMERICS_FAST && rs_cuda_matmul_group_fast(c, outs, x, ws, count, rows)) {
+        for (int i = 0; i < count; i++) {
+            const rs_tensor *bias = biases ? biases[i] : NULL;
+            if (!rs_tensor_present(bias)) continue;
+            RS_ASSERT(bias->data && rs_tensor_numel(bias) >= ws[i]->shape[0]);
+            add_bias(c, outs[i], bias->data, bias->dtype, rows, (int)ws[i]->shape[0]);
+        }
+        return;
+    }
+    for (int i = 0; i < count; i++) rs_cuda_matmul(c, outs[i], x, ws[i], biases ? biases[i] : NULL, rows, c->numerics);
+}
+
 /* ---- C-callable hooks for tests/unit/test_cuda_matmul.c (device pointers, the backend's stream) ---- */
 
 extern "C" void rs_cuda_test_fp8_quantize_act(rs_backend *b, const float *x_dev, int rows, int k, uint8_t *q_dev,

@@ -21,7 +21,9 @@
  * activation's BF16 form with fp32 accumulation (what cuBLASLt's BF16 GEMM computes). Where 16-byte
  * loads cannot run (FP8: k % 16 or misaligned codes; BF16: k % 8 or misaligned), FP8 takes the CUDA-core
  * FP8 GEMV below (the same codes, fp32 block sums, dequantized in registers) and BF16 cuda_matmul.cu's
- * exact dense GEMV.
+ * exact dense GEMV. A group of weights over the same rows (rs_op_matmul_group: q, k and v; gate and
+ * up) takes one GEMV launch whose blocks cover every weight's 16-feature tiles in turn, each tile
+ * computed exactly as its single matmul computes it.
  * Where cuBLASLt refuses a problem (cuda_blas.cu logs it once), rs_cuda_matmul_fast returns false
  * and the caller runs the exact kernels, whose results the fast ones approximate.
  */
@@ -190,15 +192,34 @@ __device__ __forceinline__ void tcg_mma(float d[4], const uint32_t a[4], const u
  * (k not a multiple of a chunk), features past n and rows past `rows` are zeros: they add exact
  * zeros, and only valid outputs are written. NaN codes decode to NaN (the hardware's conversion).
  * Needs k * element size a multiple of 16 and 16-byte aligned x and w (the dispatch checks). */
+/* The weights of one launch: up to TCG_GROUP matrices that multiply the same activation rows (a
+ * layer's q, k and v, or gate and up), each with its output; block x's 16 features belong to the
+ * first weight whose tile count `tiles_end` (cumulative) exceeds blockIdx.x. */
+#define TCG_GROUP 3
+struct tcg_weights {
+    float *out[TCG_GROUP];         /* [rows][n] */
+    const uint8_t *w[TCG_GROUP];   /* [n][row_bytes] */
+    const float *ws[TCG_GROUP];    /* FP8: [ceil(n/128)][L] */
+    int n[TCG_GROUP];
+    unsigned tiles_end[TCG_GROUP]; /* sum of ceil(n / 16) over this weight and the ones before */
+    int count;
+};
+
 template <bool FP8>
 __global__ void __launch_bounds__(TCG_WARPS * 32)
-    gemv_tc_kernel(float *__restrict__ out /* [rows][n] */, const uint8_t *__restrict__ x /* [rows][row_bytes] */,
-                   const float *__restrict__ xs /* FP8: [rows][L] */,
-                   const uint8_t *__restrict__ w /* [n][row_bytes] */,
-                   const float *__restrict__ ws /* FP8: [ceil(n/128)][L] */, int rows, int n, int64_t row_bytes,
-                   int L) {
+    gemv_tc_kernel(tcg_weights ww, const uint8_t *__restrict__ x /* [rows][row_bytes] */,
+                   const float *__restrict__ xs /* FP8: [rows][L] */, int rows, int64_t row_bytes, int L) {
+    /* this block's weight (constant indices only: the parameters stay in the constant bank) */
+    float *__restrict__ out = ww.out[0];
+    const uint8_t *__restrict__ w = ww.w[0];
+    const float *__restrict__ ws = ww.ws[0];
+    int n = ww.n[0], o0 = blockIdx.x * 16;
+#pragma unroll
+    for (int i = 1; i < TCG_GROUP; i++)
+        if (i < ww.count && blockIdx.x >= ww.tiles_end[i - 1])
+            out = ww.out[i], w = ww.w[i], ws = ww.ws[i], n = ww.n[i], o0 = (int)(blockIdx.x - ww.tiles_end[i - 1]) * 16;
     const int warp = threadIdx.x / 32, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-    const int o0 = blockIdx.x * 16, r0 = blockIdx.y * TCG_ROWS;
+    const int r0 = blockIdx.y * TCG_ROWS;
     const int nchunks = (int)((row_bytes + 127) / 128);
     const bool wlo = o0 + g < n, whi = o0 + g + 8 < n, xok = r0 + g < rows;
     const uint8_t *wrow_lo = w + (int64_t)(o0 + g) * row_bytes, *wrow_hi = wrow_lo + 8 * row_bytes;
@@ -269,14 +290,17 @@ __global__ void __launch_bounds__(TCG_WARPS * 32)
     }
 }
 
-static void gemv_tc(rs_cuda_ctx *c, bool fp8, float *out, const void *x, const float *xs, const rs_tensor *w, int rows,
-                    int n, int k) {
+/* One launch over the weights of ww (their outputs, weight pointers, scales and n filled in; the
+ * tiles here) for rows activation rows x (FP8: codes with scales xs; BF16: the BF16 form), k wide. */
+static void gemv_tc(rs_cuda_ctx *c, bool fp8, tcg_weights ww, const void *x, const float *xs, int rows, int k) {
+    unsigned tiles = 0;
+    for (int i = 0; i < ww.count; i++) ww.tiles_end[i] = tiles += rs_cuda_blocks((size_t)ww.n[i], 16);
     const unsigned groups = rs_cuda_blocks((size_t)rows, TCG_ROWS);
     RS_ASSERT(groups <= 65535u);
-    const dim3 grid(rs_cuda_blocks((size_t)n, 16), groups);
+    const dim3 grid(tiles, groups);
     const int64_t row_bytes = (int64_t)k * (fp8 ? 1 : 2);
     const int L = (int)rs_fp8_blocks(k);
-    const uint8_t *xb = (const uint8_t *)x, *wb = (const uint8_t *)w->data;
+    const uint8_t *xb = (const uint8_t *)x;
     const unsigned threads = TCG_WARPS * 32;
     if (c->pdl) { /* a programmatic dependent of the kernel before it (cuda_internal.h rs_cuda_pdl_wait) */
         cudaLaunchAttribute attr[1];
@@ -285,19 +309,23 @@ static void gemv_tc(rs_cuda_ctx *c, bool fp8, float *out, const void *x, const f
         cudaLaunchConfig_t cfg = {};
         cfg.gridDim = grid, cfg.blockDim = dim3(threads), cfg.dynamicSmemBytes = 0, cfg.stream = c->stream;
         cfg.attrs = attr, cfg.numAttrs = 1;
-        if (fp8)
-            CUDA_CHECK(cudaLaunchKernelEx(&cfg, gemv_tc_kernel<true>, out, xb, xs, wb, (const float *)w->scale_inv,
-                                          rows, n, row_bytes, L));
-        else
-            CUDA_CHECK(cudaLaunchKernelEx(&cfg, gemv_tc_kernel<false>, out, xb, (const float *)NULL, wb,
-                                          (const float *)NULL, rows, n, row_bytes, L));
+        if (fp8) CUDA_CHECK(cudaLaunchKernelEx(&cfg, gemv_tc_kernel<true>, ww, xb, xs, rows, row_bytes, L));
+        else CUDA_CHECK(cudaLaunchKernelEx(&cfg, gemv_tc_kernel<false>, ww, xb, (const float *)NULL, rows, row_bytes, L));
     } else if (fp8) {
-        gemv_tc_kernel<true><<<grid, threads, 0, c->stream>>>(out, xb, xs, wb, w->scale_inv, rows, n, row_bytes, L);
+        gemv_tc_kernel<true><<<grid, threads, 0, c->stream>>>(ww, xb, xs, rows, row_bytes, L);
     } else {
-        gemv_tc_kernel<false><<<grid, threads, 0, c->stream>>>(out, xb, NULL, wb, NULL, rows, n, row_bytes, L);
+        gemv_tc_kernel<false><<<grid, threads, 0, c->stream>>>(ww, xb, NULL, rows, row_bytes, L);
     }
     CUDA_CHECK_LAUNCH();
     c->gemv_tc_runs++;
+}
+
+/* ww for one weight */
+static tcg_weights tcg_one(float *out, const rs_tensor *w) {
+    tcg_weights ww = {};
+    ww.out[0] = out, ww.w[0] = (const uint8_t *)w->data, ww.ws[0] = (const float *)w->scale_inv;
+    ww.n[0] = (int)w->shape[0], ww.count = 1;
+    return ww;
 }
 
 static bool aligned16(const void *p) { return ((uintptr_t)p & 15) == 0; }
@@ -308,7 +336,7 @@ static bool fast_fp8_gemv(rs_cuda_ctx *c, float *out, const float *x, const rs_t
     const uint8_t *xq = rs_cuda_act_fp8(c, x, rows, k, &xs);
     const bool vec = k % 16 == 0 && aligned16(xq) && aligned16(w->data);
     if (vec) {
-        gemv_tc(c, true, out, xq, xs, w, rows, n, k);
+        gemv_tc(c, true, tcg_one(out, w), xq, xs, rows, k);
         return true;
     }
     const unsigned groups = rs_cuda_blocks((size_t)rows, FGEMV_ROWS);
@@ -325,7 +353,7 @@ static bool fast_bf16_gemv(rs_cuda_ctx *c, float *out, const float *x, const rs_
     if (k % 8 || !aligned16(w->data)) return false;
     const uint16_t *xb = rs_cuda_act_bf16(c, x, rows, k);
     if (!aligned16(xb)) return false;
-    gemv_tc(c, false, out, xb, NULL, w, rows, n, k);
+    gemv_tc(c, false, tcg_one(out, w), xb, NULL, rows, k);
     return true;
 }
 
@@ -346,6 +374,36 @@ bool rs_cuda_matmul_fast(rs_cuda_ctx *c, float *out, const float *x, const rs_te
                                          : fast_bf16(c, out, x, w, rows, n, k);
     default: return false;
     }
+}
+
+bool rs_cuda_matmul_group_fast(rs_cuda_ctx *c, float *const *outs, const float *x, const rs_tensor *const *ws, int count,
+                               int rows) {
+    RS_ASSERT(count >= 1 && count <= TCG_GROUP);
+    const rs_dtype dt = ws[0]->dtype;
+    const int k = (int)ws[0]->shape[1];
+    const bool fp8 = dt == RS_DTYPE_E4M3;
+    /* where each single matmul would take the tensor-core GEMV (fast_fp8_gemv, fast_bf16_gemv) */
+    if (k <= 0 || !(fp8 || dt == RS_DTYPE_BF16) || rows > (fp8 ? c->gemv_rows_fp8 : c->gemv_rows_bf16) ||
+        k % (fp8 ? 16 : 8))
+        return false;
+    tcg_weights ww = {};
+    for (int i = 0; i < count; i++) {
+        if (ws[i]->dtype != dt || ws[i]->shape[1] != k || !aligned16(ws[i]->data) || ws[i]->shape[0] <= 0) return false;
+        ww.out[i] = outs[i], ww.w[i] = (const uint8_t *)ws[i]->data, ww.ws[i] = (const float *)ws[i]->scale_inv;
+        ww.n[i] = (int)ws[i]->shape[0];
+    }
+    ww.count = count;
+    if (fp8) {
+        const float *xs;
+        const uint8_t *xq = rs_cuda_act_fp8(c, x, rows, k, &xs);
+        if (!aligned16(xq)) return false;
+        gemv_tc(c, true, ww, xq, xs, rows, k);
+    } else {
+        const uint16_t *xb = rs_cuda_act_bf16(c, x, rows, k);
+        if (!aligned16(xb)) return false;
+        gemv_tc(c, false, ww, xb, NULL, rows, k);
+    }
+    return true;
 }
 
 /* Tensor-core GEMVs launched so far (tests: the dispatch chose them, or fell back). */

@@ -531,6 +531,81 @@ RS_TEST(cuda_fp8_gemv_fast_matches_exact) {
     rs_backend_free(g);
 }
 
+/* rs_op_matmul_group against one rs_op_matmul per weight, bit for bit: three weights of one dtype
+ * and K (n of 48, 16 and a ragged 40; K of two blocks and a ragged 160), a bias on the second, in
+ * both numerics, at 1, 5 and 8 rows (fast numerics: one tensor-core GEMV launch for the group, where
+ * the single matmuls take three) and 12 (above the GEMV rows: the single matmuls, one by one). */
+RS_TEST(cuda_matmul_group_matches_single) {
+    rs_backend *g = rs_test_cuda_or_skip();
+    uint64_t s = 137;
+    static const int ns[RS_MATMUL_GROUP] = {48, 16, 40}, ks[] = {256, 160}, rows_list[] = {1, 5, 8, 12};
+    for (int wdt = 0; wdt < 2; wdt++) {
+        const bool fp8 = wdt == 0;
+        for (size_t ki = 0; ki < RS_ARRAY_LEN(ks); ki++) {
+            const int k = ks[ki], L = (int)rs_fp8_blocks(k);
+            rs_tensor w[RS_MATMUL_GROUP], bias[RS_MATMUL_GROUP] = {{0}};
+            const rs_tensor *wp[RS_MATMUL_GROUP], *bp[RS_MATMUL_GROUP];
+            for (int i = 0; i < RS_MATMUL_GROUP; i++) {
+                const int n = ns[i], nb = (int)rs_fp8_blocks(n);
+                uint8_t *q = malloc((size_t)n * k);
+                uint16_t *wb = malloc((size_t)n * k * 2);
+                float *ws = malloc((size_t)nb * L * sizeof(float));
+                for (size_t j = 0; j < (size_t)n * k; j++) q[j] = rand_code(&s), wb[j] = rs_f32_to_bf16(rs_test_uniform(&s));
+                for (int j = 0; j < nb * L; j++) ws[j] = rand_scale(&s);
+                w[i] = (rs_tensor){.dtype = fp8 ? RS_DTYPE_E4M3 : RS_DTYPE_BF16, .ndim = 2, .shape = {n, k}};
+                w[i].data = fp8 ? rs_test_to_backend(g, q, (size_t)n * k) : rs_test_to_backend(g, wb, (size_t)n * k * 2);
+                if (fp8) w[i].scale_inv = rs_test_to_backend(g, ws, (size_t)nb * L * sizeof(float));
+                free(q), free(wb), free(ws);
+                if (i == 1) {
+                    uint16_t hb[64];
+                    for (int j = 0; j < n; j++) hb[j] = rs_f32_to_bf16(rs_test_uniform(&s));
+                    bias[i] = (rs_tensor){.dtype = RS_DTYPE_BF16, .ndim = 1, .shape = {n},
+                                          .data = rs_test_to_backend(g, hb, (size_t)n * 2)};
+                }
+                wp[i] = &w[i], bp[i] = &bias[i];
+            }
+            for (int numerics = 0; numerics < 2; numerics++) {
+                const rs_numerics nm = numerics ? RS_NUMERICS_FAST : RS_NUMERICS_EXACT;
+                for (size_t ri = 0; ri < RS_ARRAY_LEN(rows_list); ri++) {
+                    const int rows = rows_list[ri];
+                    float *x = malloc((size_t)rows * k * sizeof(float));
+                    for (size_t j = 0; j < (size_t)rows * k; j++) x[j] = rs_test_uniform(&s);
+                    float *want[RS_MATMUL_GROUP];
+                    const unsigned long long tc0 = rs_cuda_test_gemv_tc_runs(g);
+                    for (int i = 0; i < RS_MATMUL_GROUP; i++) want[i] = op_matmul(g, nm, &w[i], &bias[i], x, rows);
+                    const unsigned long long tc1 = rs_cuda_test_gemv_tc_runs(g);
+                    float *dx = rs_test_to_backend(g, x, (size_t)rows * k * 4), *dout[RS_MATMUL_GROUP];
+                    for (int i = 0; i < RS_MATMUL_GROUP; i++) dout[i] = rs_backend_alloc(g, (size_t)rows * ns[i] * 4);
+                    rs_op_matmul_group(g, dout, dx, wp, bp, RS_MATMUL_GROUP, rows);
+                    const unsigned long long tc2 = rs_cuda_test_gemv_tc_runs(g);
+                    const bool gemv = nm == RS_NUMERICS_FAST && rows <= 8;
+                    if (gemv ? tc1 - tc0 != RS_MATMUL_GROUP || tc2 - tc1 != 1 : tc2 != tc0)
+                        RS_TEST_FAIL("%s k %d %s rows %d: tensor-core GEMV launches %llu single, %llu grouped",
+                                     fp8 ? "e4m3" : "bf16", k, rs_numerics_name(nm), rows, tc1 - tc0, tc2 - tc1);
+                    for (int i = 0; i < RS_MATMUL_GROUP; i++) {
+                        float *got = rs_test_to_host(g, dout[i], (size_t)rows * ns[i] * 4);
+                        for (size_t j = 0; j < (size_t)rows * ns[i]; j++)
+                            if (rs_test_f32_bits(got[j]) != rs_test_f32_bits(want[i][j]))
+                                RS_TEST_FAIL("%s k %d %s rows %d: weight %d out %zu grouped %a, single %a",
+                                             fp8 ? "e4m3" : "bf16", k, rs_numerics_name(nm), rows, i, j, got[j],
+                                             want[i][j]);
+                        free(got), free(want[i]);
+                        rs_backend_free_mem(g, dout[i]);
+                    }
+                    rs_backend_free_mem(g, dx);
+                    free(x);
+                }
+            }
+            for (int i = 0; i < RS_MATMUL_GROUP; i++) {
+                rs_backend_free_mem(g, w[i].data);
+                if (w[i].scale_inv) rs_backend_free_mem(g, w[i].scale_inv);
+                if (bias[i].data) rs_backend_free_mem(g, bias[i].data);
+            }
+        }
+    }
+    rs_backend_free(g);
+}
+
 /* The tensor-core GEMVs through the matmul op at their default row limits (8), against double
  * references built here from the operands the kernels multiply: FP8 sum over K blocks of (sum of
  * x code * w code) * xs * ws, with rs_fp8_quantize_act's codes and scales and codes drawn across
