@@ -160,6 +160,10 @@ __global__ void __launch_bounds__(FGEMV_WARPS * 32)
 #define TCG_WARPS 8  /* warps per block: they split K, each taking every TCG_WARPS-th 128-byte chunk */
 #define TCG_ROWS 8   /* activation rows per launch group (grid y): one mma n-tile */
 #define TCG_UNROLL 2 /* chunks whose loads a warp issues before it uses the first */
+/* Blocks an SM holds at once: 3 caps the FP8 kernel at 80 registers (94 without the bound; neither
+ * spills), so an H200's 132 SMs take 396 blocks in one wave, the 384 tiles of an 8B model's q|k|v
+ * (6144 features) included; 2 a SM left those at 1.45 waves. */
+#define TCG_BLOCKS_PER_SM 3
 
 /* d += A B on the warp, fp32 accumulators. FP8: mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32
  * (sm_89+); BF16: m16n8k16 .bf16. Fragments (PTX ISA, g = lane / 4, t = lane % 4):
@@ -206,7 +210,7 @@ struct tcg_weights {
 };
 
 template <bool FP8>
-__global__ void __launch_bounds__(TCG_WARPS * 32)
+__global__ void __launch_bounds__(TCG_WARPS * 32, TCG_BLOCKS_PER_SM)
     gemv_tc_kernel(tcg_weights ww, const uint8_t *__restrict__ x /* [rows][row_bytes] */,
                    const float *__restrict__ xs /* FP8: [rows][L] */, int rows, int64_t row_bytes, int L) {
     /* this block's weight (constant indices only: the parameters stay in the constant bank) */
