@@ -14,15 +14,17 @@
 
 /* ---- op profiling (backend.h rs_backend_profile) ---- */
 
+/* A fused op that the backend runs as one counts under its own name; one that it runs as the
+ * sequence of single ops counts under theirs. */
 enum {
     PROF_EMBED, PROF_RMSNORM, PROF_MATMUL_BF16, PROF_MATMUL_E4M3, PROF_MATMUL_OTHER, PROF_ROPE, PROF_KV_STORE,
-    PROF_ATTENTION, PROF_SWIGLU, PROF_ADD, PROF_GATHER, PROF_MOE, PROF_SAMPLE, PROF_UPLOAD, PROF_DOWNLOAD,
-    PROF_COPY, PROF_COUNT
+    PROF_ATTENTION, PROF_SWIGLU, PROF_ADD, PROF_ADD_RMSNORM, PROF_QK_NORM_ROPE, PROF_GATHER, PROF_MOE, PROF_SAMPLE,
+    PROF_UPLOAD, PROF_DOWNLOAD, PROF_COPY, PROF_COUNT
 };
 
 static const char *const prof_names[PROF_COUNT] = {
     "embed", "rmsnorm", "matmul bf16", "matmul e4m3", "matmul other", "rope", "kv_store", "attention",
-    "swiglu", "add", "gather_rows", "moe", "sample", "upload", "download", "copy"};
+    "swiglu", "add", "add+rmsnorm", "qk_norm+rope", "gather_rows", "moe", "sample", "upload", "download", "copy"};
 
 struct rs_op_profile {
     double secs[PROF_COUNT];
@@ -227,6 +229,33 @@ void rs_op_rope(rs_backend *b, float *x, int rows, int n_heads, int head_dim, co
                 const float *inv_freq) {
     RS_ASSERT(x && pos && inv_freq && head_dim % 2 == 0);
     PROFILED(b, PROF_ROPE, b->ops->rope(b, x, rows, n_heads, head_dim, pos, inv_freq));
+}
+
+void rs_op_add_rmsnorm(rs_backend *b, float *x, const float *y, float *out, const rs_tensor *w, int rows, int dim,
+                       float eps) {
+    RS_ASSERT(x && y && out && w->ndim == 1 && w->shape[0] == dim && rows >= 0);
+    if (!b->ops->add_rmsnorm) {
+        rs_op_add(b, x, y, (size_t)rows * (size_t)dim);
+        rs_op_rmsnorm(b, out, x, w, rows, dim, eps);
+        return;
+    }
+    PROFILED(b, PROF_ADD_RMSNORM, b->ops->add_rmsnorm(b, x, y, out, w, rows, dim, eps));
+}
+
+void rs_op_qk_norm_rope(rs_backend *b, float *q, float *k, const rs_tensor *q_norm, const rs_tensor *k_norm, int rows,
+                        int n_heads, int n_kv_heads, int head_dim, float eps, const int32_t *pos, const float *inv_freq) {
+    RS_ASSERT(q && k && pos && inv_freq && rows >= 0 && n_heads > 0 && n_kv_heads > 0 && head_dim % 2 == 0);
+    RS_ASSERT(!q_norm || (q_norm->ndim == 1 && q_norm->shape[0] == head_dim));
+    RS_ASSERT(!k_norm || (k_norm->ndim == 1 && k_norm->shape[0] == head_dim));
+    if (!b->ops->qk_norm_rope) {
+        if (q_norm) rs_op_rmsnorm(b, q, q, q_norm, rows * n_heads, head_dim, eps);
+        if (k_norm) rs_op_rmsnorm(b, k, k, k_norm, rows * n_kv_heads, head_dim, eps);
+        rs_op_rope(b, q, rows, n_heads, head_dim, pos, inv_freq);
+        rs_op_rope(b, k, rows, n_kv_heads, head_dim, pos, inv_freq);
+        return;
+    }
+    PROFILED(b, PROF_QK_NORM_ROPE,
+             b->ops->qk_norm_rope(b, q, k, q_norm, k_norm, rows, n_heads, n_kv_heads, head_dim, eps, pos, inv_freq));
 }
 
 static void check_batch(const rs_batch *batch) {

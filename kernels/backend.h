@@ -288,6 +288,18 @@ void rs_op_matmul_group(rs_backend *b, float *const *outs, const float *x, const
                         const rs_tensor *const *biases, int count, int rows);
 void rs_op_rope(rs_backend *b, float *x, int rows, int n_heads, int head_dim, const int32_t *pos,
                 const float *inv_freq);
+/* Fused ops: the bits of the op sequence each one names, in one launch where the backend can
+ * (backend_impl.h), the sequence of single ops elsewhere.
+ * rs_op_add_rmsnorm: x += y (the residual stream), then out = rmsnorm(x) * w over rows of dim:
+ *   rs_op_add then rs_op_rmsnorm. out may be y or x.
+ * rs_op_qk_norm_rope: attention's q [rows][n_heads][head_dim] and k [rows][n_kv_heads][head_dim] in
+ *   place: each head normed by q_norm / k_norm [head_dim] (NULL: that tensor is not normed), then
+ *   rotated at pos [rows] with inv_freq [head_dim / 2]: rs_op_rmsnorm of q's heads and of k's heads,
+ *   then rs_op_rope of q and of k. */
+void rs_op_add_rmsnorm(rs_backend *b, float *x, const float *y, float *out, const rs_tensor *w, int rows, int dim,
+                       float eps);
+void rs_op_qk_norm_rope(rs_backend *b, float *q, float *k, const rs_tensor *q_norm, const rs_tensor *k_norm, int rows,
+                        int n_heads, int n_kv_heads, int head_dim, float eps, const int32_t *pos, const float *inv_freq);
 void rs_op_kv_store(rs_backend *b, rs_kv_layer *kv, const float *k, const float *v, const rs_batch *batch);
 void rs_op_attention(rs_backend *b, float *out, const float *q, const rs_kv_layer *kv, int n_heads,
                      float scale, const rs_batch *batch);

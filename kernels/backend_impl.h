@@ -53,6 +53,19 @@ typedef struct rs_backend_ops {
     void (*rope)(rs_backend *b, float *x, int rows, int n_heads, int head_dim, const int32_t *pos,
                  const float *inv_freq);
 
+    /* Optional (NULL: add, then rmsnorm): x += y, then out = rmsnorm(x) * w over `rows` rows of
+     * `dim`, bit for bit the two ops (backend.h rs_op_add_rmsnorm); out may be y or x. A producer of
+     * activation forms (the CUDA backend's fast numerics) writes out's forms as rmsnorm does. */
+    void (*add_rmsnorm)(rs_backend *b, float *x, const float *y, float *out, const rs_tensor *w, int rows, int dim,
+                        float eps);
+
+    /* Optional (NULL: the per-head rmsnorms, then the two ropes): q [rows][n_heads][head_dim] and
+     * k [rows][n_kv_heads][head_dim] in place, each head normed by q_norm / k_norm (NULL: not
+     * normed), then rotated as rope does; bit for bit those ops (backend.h rs_op_qk_norm_rope). */
+    void (*qk_norm_rope)(rs_backend *b, float *q, float *k, const rs_tensor *q_norm, const rs_tensor *k_norm, int rows,
+                         int n_heads, int n_kv_heads, int head_dim, float eps, const int32_t *pos,
+                         const float *inv_freq);
+
     /* Write each row's k, v [n_tok][n_kv_heads][head_dim] into its slot of the layer's pages. */
     void (*kv_store)(rs_backend *b, rs_kv_layer *kv, const float *k, const float *v, const rs_batch *batch);
 

@@ -11,7 +11,10 @@
  *   h = rmsnorm(x) ; q,k,v = h W^T (+b) ; [q,k per-head rmsnorm] ; rope(q,k) ; store k,v
  *   x += attention(q, cache) Wo^T
  *   h = rmsnorm(x) ; x += mlp(h)     (SwiGLU, or the sparse MoE block)
- * then the final norm and lm_head only on the rows whose logits the caller asked for.
+ * then the final norm and lm_head only on the rows whose logits the caller asked for. Each residual
+ * add and the norm after it are one op (rs_op_add_rmsnorm), so a block ends by preparing the next
+ * block's normed input, and the q/k norms and ropes are one op (rs_op_qk_norm_rope): one launch each
+ * on a backend that fuses them, the same bits as the single ops.
  *
  * Step graphs (kernels/backend.h rs_backend_graph_begin). On a backend that records them, a decode
  * step (every sequence one row, every row's logits wanted) is padded to the next power of two rows
@@ -103,39 +106,45 @@ void rs_forward_ctx_free(rs_forward_ctx *f) {
     free(f);
 }
 
+/* The residual add that ends a block, fused with the norm that starts the next one: x += y, then
+ * h = rmsnorm(x) * next_norm. next_norm NULL (the last layer's end, whose norm is the final one and
+ * runs after gather_rows): the add alone. */
+static void residual_add(rs_forward_ctx *f, const float *y, const rs_tensor *next_norm, int n) {
+    const rs_model_config *c = &f->m->cfg;
+    if (next_norm) rs_op_add_rmsnorm(f->b, f->x, y, f->h, next_norm, n, c->hidden, c->rms_eps);
+    else rs_op_add(f->b, f->x, y, (size_t)n * c->hidden);
+}
+
+/* h = attn_norm(x) on entry; x += attention, h = mlp_norm(x) on return. */
 static void attention_block(rs_forward_ctx *f, const rs_layer_weights *L, rs_kv_layer *kv,
                             const rs_batch *batch) {
     const rs_model_config *c = &f->m->cfg;
     rs_backend *b = f->b;
     int n = batch->n_tok;
 
-    rs_op_rmsnorm(b, f->h, f->x, &L->attn_norm, n, c->hidden, c->rms_eps);
     float *const qkv_out[] = {f->q, f->k, f->v};
     const rs_tensor *const qkv_w[] = {&L->wq, &L->wk, &L->wv}, *const qkv_b[] = {&L->bq, &L->bk, &L->bv};
     rs_op_matmul_group(b, qkv_out, f->h, qkv_w, qkv_b, 3, n); /* one launch where the backend can */
-    if (c->qk_norm) {
-        rs_op_rmsnorm(b, f->q, f->q, &L->q_norm, n * c->n_heads, c->head_dim, c->rms_eps);
-        rs_op_rmsnorm(b, f->k, f->k, &L->k_norm, n * c->n_kv_heads, c->head_dim, c->rms_eps);
-    }
-    rs_op_rope(b, f->q, n, c->n_heads, c->head_dim, batch->pos, f->m->rope_inv_freq);
-    rs_op_rope(b, f->k, n, c->n_kv_heads, c->head_dim, batch->pos, f->m->rope_inv_freq);
+    rs_op_qk_norm_rope(b, f->q, f->k, c->qk_norm ? &L->q_norm : NULL, c->qk_norm ? &L->k_norm : NULL, n, c->n_heads,
+                       c->n_kv_heads, c->head_dim, c->rms_eps, batch->pos, f->m->rope_inv_freq);
     rs_op_kv_store(b, kv, f->k, f->v, batch);
     rs_op_attention(b, f->attn, f->q, kv, c->n_heads, 1.0f / sqrtf((float)c->head_dim), batch);
     rs_op_matmul(b, f->h, f->attn, &L->wo, NULL, n);
-    rs_op_add(b, f->x, f->h, (size_t)n * c->hidden);
+    residual_add(f, f->h, &L->mlp_norm, n);
 }
 
-static void mlp_block(rs_forward_ctx *f, const rs_layer_weights *L, int layer, int n) {
+/* h = mlp_norm(x) on entry; x += mlp(h), then h = next_norm(x) (the next layer's attention norm;
+ * NULL after the last layer) on return. */
+static void mlp_block(rs_forward_ctx *f, const rs_layer_weights *L, int layer, int n, const rs_tensor *next_norm) {
     const rs_model_config *c = &f->m->cfg;
     rs_backend *b = f->b;
 
-    rs_op_rmsnorm(b, f->h, f->x, &L->mlp_norm, n, c->hidden, c->rms_eps);
     if (c->n_experts > 0 && c->layer_is_moe[layer]) {
         rs_moe_weights mw = {.router = &L->router, .gate = L->e_gate, .up = L->e_up, .down = L->e_down,
                              .n_experts = c->n_experts, .top_k = c->n_experts_per_tok,
                              .norm_topk_prob = c->norm_topk_prob};
         rs_op_moe(b, f->attn /* free after attention */, f->h, n, c->hidden, &mw);
-        rs_op_add(b, f->x, f->attn, (size_t)n * c->hidden);
+        residual_add(f, f->attn, next_norm, n);
         return;
     }
     float *const gate_up_out[] = {f->gate, f->up};
@@ -143,7 +152,7 @@ static void mlp_block(rs_forward_ctx *f, const rs_layer_weights *L, int layer, i
     rs_op_matmul_group(b, gate_up_out, f->h, gate_up_w, NULL, 2, n);
     rs_op_swiglu(b, f->gate, f->gate, f->up, (size_t)n * c->intermediate);
     rs_op_matmul(b, f->h, f->gate, &L->w_down, NULL, n);
-    rs_op_add(b, f->x, f->h, (size_t)n * c->hidden);
+    residual_add(f, f->h, next_norm, n);
 }
 
 /* The step's ops, up to the logits on the backend. */
@@ -153,9 +162,12 @@ static void run_ops(rs_forward_ctx *f, const rs_batch *batch, rs_kv_layer *kv, c
     rs_backend *b = f->b;
     int n = batch->n_tok;
     rs_op_embed(b, f->x, &m->embed, batch->tokens, n);
+    /* layer 0's attention norm; every later norm runs fused with the residual add before it */
+    rs_op_rmsnorm(b, f->h, f->x, &m->layers[0].attn_norm, n, c->hidden, c->rms_eps);
     for (int l = 0; l < c->n_layers; l++) {
+        const rs_tensor *next_norm = l + 1 < c->n_layers ? &m->layers[l + 1].attn_norm : NULL;
         attention_block(f, &m->layers[l], &kv[l], batch);
-        mlp_block(f, &m->layers[l], l, n);
+        mlp_block(f, &m->layers[l], l, n, next_norm);
     }
     if (n_logits == 0) return;
     rs_op_gather_rows(b, f->xl, f->x, logit_rows, n_logits, c->hidden);
