@@ -197,6 +197,8 @@ static rs_backend_ops make_ops(void) {
     ops.matmul = rs_cuda_op_matmul;
     ops.matmul_group = rs_cuda_op_matmul_group;
     ops.rope = rs_cuda_op_rope;
+    ops.add_rmsnorm = rs_cuda_op_add_rmsnorm;
+    ops.qk_norm_rope = rs_cuda_op_qk_norm_rope;
     ops.kv_store = rs_cuda_op_kv_store;
     ops.attention = rs_cuda_op_attention;
     ops.swiglu = rs_cuda_op_swiglu;

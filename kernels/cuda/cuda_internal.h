@@ -235,6 +235,11 @@ void rs_cuda_op_embed(rs_backend *b, float *out, const rs_tensor *table, const i
 void rs_cuda_op_rmsnorm(rs_backend *b, float *out, const float *x, const rs_tensor *w, int rows, int dim, float eps);
 void rs_cuda_op_rope(rs_backend *b, float *x, int rows, int n_heads, int head_dim, const int32_t *pos,
                      const float *inv_freq);
+void rs_cuda_op_add_rmsnorm(rs_backend *b, float *x, const float *y, float *out, const rs_tensor *w, int rows, int dim,
+                            float eps);
+void rs_cuda_op_qk_norm_rope(rs_backend *b, float *q, float *k, const rs_tensor *q_norm, const rs_tensor *k_norm,
+                             int rows, int n_heads, int n_kv_heads, int head_dim, float eps, const int32_t *pos,
+                             const float *inv_freq);
 void rs_cuda_op_swiglu(rs_backend *b, float *out, const float *gate, const float *up, size_t n);
 void rs_cuda_op_add(rs_backend *b, float *x, const float *y, size_t n);
 void rs_cuda_op_gather_rows(rs_backend *b, float *out, const float *x, const int32_t *idx, int n, int dim);

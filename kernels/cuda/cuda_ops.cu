@@ -1,6 +1,10 @@
 /*
  * cuda_ops.cu — the element-wise and per-row ops on the GPU: embed, rmsnorm, rope, swiglu, add,
- * gather_rows. Their CPU twins are in kernels/cpu/cpu_ops.c, whose arithmetic they repeat:
+ * gather_rows, and two fused ops that save launches in every layer: add + rmsnorm (the residual
+ * add and the norm after it) and q/k norm + rope (the per-head norms of q and k and both ropes).
+ * Their CPU twins are in kernels/cpu/cpu_ops.c, whose arithmetic they repeat (the fused ops are
+ * the single ops' sequence there, kernels/backend.c), and the fused kernels repeat the single
+ * kernels' arithmetic, so each gives the bits of the launches it replaces:
  *
  *   embed, add, gather_rows   exact (a conversion, one fp32 add, a copy): bit-identical.
  *   rmsnorm   the sum of squares runs over the CPU's 16 fixed lanes (lane l takes elements l, l+16,
@@ -44,35 +48,59 @@ void rs_cuda_op_embed(rs_backend *b, float *out, const rs_tensor *table, const i
     CUDA_CHECK_LAUNCH();
 }
 
-/* ---- rmsnorm ---- */
+/* ---- rmsnorm, add + rmsnorm ---- */
 
 #define NORM_LANES 16 /* the CPU's sum_squares lanes */
 
-/* One block per row. Threads 0..15 are the CPU's 16 lanes of the sum of squares; the tree and the
- * scaling then repeat cpu_ops.c's norm_range exactly. FORMS (fast numerics): then the row's
- * activation forms (cuda_act.cu) from the values just written, a warp per 1x128 group. */
+/* The sum of squares of x[0..dim) in cpu_ops.c sum_squares' order, by a half-warp: its lane l (of
+ * 16) sums elements l, l + 16, ... in order (the CPU's lanes), then the lanes' tree (8, 4, 2, 1
+ * apart: acc[l] + acc[l + w]) runs over shuffles. Each half-warp sums its own x (NULL: nothing, 0).
+ * Every lane of the warp calls it (the shuffles take the whole warp); every lane of a half-warp gets
+ * the half-warp's total. */
+__device__ __forceinline__ float half_warp_sum_squares(const float *x, int dim) {
+    const int lane = threadIdx.x % 32;
+    float s = 0.0f;
+    if (x)
+        for (int i = lane % NORM_LANES; i < dim; i += NORM_LANES) s = __fadd_rn(s, __fmul_rn(x[i], x[i]));
+    /* at width w, lanes l < w of each half add lane l + w's partial (within the same half); the
+     * other lanes' sums are never read */
+    for (int w = NORM_LANES / 2; w >= 1; w /= 2) s = __fadd_rn(s, __shfl_down_sync(RS_CUDA_FULL_MASK, s, w));
+    return __shfl_sync(RS_CUDA_FULL_MASK, s, lane & NORM_LANES); /* lane 0 of the half-warp */
+}
+
+/* 1 / sqrt(sum_sq / dim + eps) with norm_range's correctly rounded divide and square root. */
+__device__ __forceinline__ float norm_scale(float sum_sq, int dim, float eps) {
+    const float variance = __fdiv_rn(sum_sq, (float)dim);
+    return __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(variance, eps)));
+}
+
+/* One block per row. y set (add + rmsnorm): first sum[r] = x[r] + y[r], element by element, and the
+ * norm is of that row (sum may be x: the residual stream in place; out may be y, whose reads are all
+ * done before the first output is written). Warp 0 sums the squares (half_warp_sum_squares, both
+ * halves over the same row); the scaling then repeats cpu_ops.c's norm_range exactly. FORMS (fast
+ * numerics): then the row's activation forms (cuda_act.cu) from the values just written, a warp per
+ * 1x128 group. */
 template <bool FORMS>
 __global__ void rmsnorm_kernel(float *out /* [rows][dim] */, const float *x /* [rows][dim] */,
+                               const float *y /* [rows][dim] or NULL */, float *sum /* [rows][dim], with y */,
                                const void *w /* [dim] */, rs_dtype wdt, int dim, float eps,
                                uint16_t *bf /* [rows][dim] bf16 */, uint8_t *q /* [rows][dim] e4m3 */,
                                float *qs /* [rows][ceil(dim/128)] */) {
-    __shared__ float acc[NORM_LANES];
     __shared__ float inv;
     rs_cuda_pdl_trigger(); /* a GEMV of the output may start loading its weights (cuda_internal.h) */
     const size_t r = blockIdx.x;
     const float *xr = x + r * (size_t)dim;
     float *o = out + r * (size_t)dim;
-    if (threadIdx.x < NORM_LANES) {
-        float s = 0.0f;
-        for (int i = threadIdx.x; i < dim; i += NORM_LANES) s = __fadd_rn(s, __fmul_rn(xr[i], xr[i]));
-        acc[threadIdx.x] = s;
+    if (y) { /* uniform over the block */
+        float *sr = sum + r * (size_t)dim;
+        const float *yr = y + r * (size_t)dim;
+        for (int d = threadIdx.x; d < dim; d += blockDim.x) sr[d] = __fadd_rn(xr[d], yr[d]);
+        __syncthreads(); /* the row's sums are written (global writes are visible within the block) */
+        xr = sr;
     }
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        for (int width = NORM_LANES / 2; width >= 1; width /= 2)
-            for (int l = 0; l < width; l++) acc[l] = __fadd_rn(acc[l], acc[l + width]);
-        const float variance = __fdiv_rn(acc[0], (float)dim);
-        inv = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(variance, eps)));
+    if (threadIdx.x < 32) {
+        const float total = half_warp_sum_squares(xr, dim);
+        if (threadIdx.x == 0) inv = norm_scale(total, dim, eps);
     }
     __syncthreads();
     const float s = inv;
@@ -93,8 +121,9 @@ __global__ void rmsnorm_kernel(float *out /* [rows][dim] */, const float *x /* [
     }
 }
 
-void rs_cuda_op_rmsnorm(rs_backend *b, float *out, const float *x, const rs_tensor *w, int rows, int dim,
-                        float eps) {
+/* out = rmsnorm(x) * w, after sum = x + y when y is set: both ops' launch. */
+static void launch_rmsnorm(rs_backend *b, float *out, const float *x, const float *y, float *sum, const rs_tensor *w,
+                           int rows, int dim, float eps) {
     rs_cuda_ctx *c = rs_cuda_ctx_of(b);
     RS_ASSERT(w->data && rs_tensor_numel(w) == dim);
     if (rows <= 0) return;
@@ -104,15 +133,38 @@ void rs_cuda_op_rmsnorm(rs_backend *b, float *out, const float *x, const rs_tens
         uint8_t *q;
         float *qs;
         rs_cuda_act_produce(c, out, (size_t)rows * (size_t)dim, dim, &bf, &q, &qs);
-        rmsnorm_kernel<true><<<(unsigned)rows, threads, 0, c->stream>>>(out, x, w->data, w->dtype, dim, eps, bf, q, qs);
+        rmsnorm_kernel<true><<<(unsigned)rows, threads, 0, c->stream>>>(out, x, y, sum, w->data, w->dtype, dim, eps, bf,
+                                                                        q, qs);
     } else {
-        rmsnorm_kernel<false><<<(unsigned)rows, threads, 0, c->stream>>>(out, x, w->data, w->dtype, dim, eps, NULL,
-                                                                         NULL, NULL);
+        rmsnorm_kernel<false><<<(unsigned)rows, threads, 0, c->stream>>>(out, x, y, sum, w->data, w->dtype, dim, eps,
+                                                                         NULL, NULL, NULL);
     }
     CUDA_CHECK_LAUNCH();
 }
 
-/* ---- rope ---- */
+void rs_cuda_op_rmsnorm(rs_backend *b, float *out, const float *x, const rs_tensor *w, int rows, int dim,
+                        float eps) {
+    launch_rmsnorm(b, out, x, NULL, NULL, w, rows, dim, eps);
+}
+
+void rs_cuda_op_add_rmsnorm(rs_backend *b, float *x, const float *y, float *out, const rs_tensor *w, int rows, int dim,
+                            float eps) {
+    launch_rmsnorm(b, out, x, y, x, w, rows, dim, eps);
+}
+
+/* ---- rope, q/k norm + rope ---- */
+
+/* Rotates the pair (i, i + half) of one head xh at position p, frequency freq: angle in fp32, its
+ * cos and sin in double rounded once, then the two products and their difference or sum. */
+__device__ __forceinline__ void rope_pair(float *xh, int i, int half, float freq, float p) {
+    const float angle = __fmul_rn(freq, p);
+    double sd, cd;
+    sincos((double)angle, &sd, &cd);
+    const float cs = __double2float_rn(cd), sn = __double2float_rn(sd);
+    const float x1 = xh[i], x2 = xh[i + half];
+    xh[i] = __fsub_rn(__fmul_rn(x1, cs), __fmul_rn(x2, sn));
+    xh[i + half] = __fadd_rn(__fmul_rn(x2, cs), __fmul_rn(x1, sn));
+}
 
 /* One block per row; threads over (head, i < half). */
 __global__ void rope_kernel(float *x /* [rows][n_heads][head_dim] */, const int32_t *pos /* [rows] */,
@@ -122,15 +174,16 @@ __global__ void rope_kernel(float *x /* [rows][n_heads][head_dim] */, const int3
     const float p = (float)pos[r];
     for (int t = threadIdx.x; t < n_heads * half; t += blockDim.x) {
         const int h = t / half, i = t % half;
-        const float angle = __fmul_rn(inv_freq[i], p);
-        double sd, cd;
-        sincos((double)angle, &sd, &cd);
-        const float cs = __double2float_rn(cd), sn = __double2float_rn(sd);
-        float *xh = x + (r * (size_t)n_heads + (size_t)h) * (size_t)head_dim;
-        const float x1 = xh[i], x2 = xh[i + half];
-        xh[i] = __fsub_rn(__fmul_rn(x1, cs), __fmul_rn(x2, sn));
-        xh[i + half] = __fadd_rn(__fmul_rn(x2, cs), __fmul_rn(x1, sn));
+        rope_pair(x + (r * (size_t)n_heads + (size_t)h) * (size_t)head_dim, i, half, inv_freq[i], p);
     }
+}
+
+/* The mirrors of a rope's positions (the step's host array) and frequencies (the model's,
+ * model/loader.c): host arrays reach the kernels through them (cuda_internal.h). */
+static void rope_mirrors(rs_cuda_ctx *c, int rows, int head_dim, const int32_t *pos, const float *inv_freq,
+                         const int32_t **dpos, const float **dfreq) {
+    *dfreq = (const float *)rs_cuda_mirror_of(c, RS_CUDA_M_ROPE_FREQ, inv_freq, (size_t)(head_dim / 2) * sizeof(float));
+    *dpos = (const int32_t *)rs_cuda_mirror_of(c, RS_CUDA_M_ROPE_POS, pos, (size_t)rows * sizeof *pos);
 }
 
 void rs_cuda_op_rope(rs_backend *b, float *x, int rows, int n_heads, int head_dim, const int32_t *pos,
@@ -138,13 +191,68 @@ void rs_cuda_op_rope(rs_backend *b, float *x, int rows, int n_heads, int head_di
     rs_cuda_ctx *c = rs_cuda_ctx_of(b);
     RS_ASSERT(head_dim % 2 == 0 && n_heads > 0);
     if (rows <= 0) return;
-    /* inv_freq is the model's host array (model/loader.c), pos the step's: both through mirrors */
-    const float *dfreq =
-        (const float *)rs_cuda_mirror_of(c, RS_CUDA_M_ROPE_FREQ, inv_freq, (size_t)(head_dim / 2) * sizeof(float));
-    const int32_t *dpos = (const int32_t *)rs_cuda_mirror_of(c, RS_CUDA_M_ROPE_POS, pos, (size_t)rows * sizeof *pos);
+    const int32_t *dpos;
+    const float *dfreq;
+    rope_mirrors(c, rows, head_dim, pos, inv_freq, &dpos, &dfreq);
     const int work = n_heads * (head_dim / 2);
     const unsigned threads = work >= 256 ? 256 : work >= 128 ? 128 : 64;
     rope_kernel<<<(unsigned)rows, threads, 0, c->stream>>>(x, dpos, dfreq, n_heads, head_dim);
+    CUDA_CHECK_LAUNCH();
+}
+
+/* One block per row; a half-warp per head, the row's q heads then its k heads, a warp's two halves
+ * on heads 2j and 2j + 1. A normed head (its weights set) is what rmsnorm_kernel writes for it:
+ * half_warp_sum_squares over the head, norm_scale, the same products, written back in place; then
+ * the same half-warp rotates the head as rope_kernel does (rope_pair). Every element is read and
+ * written by its own half-warp only, so a __syncwarp orders the norm's writes before the rope's
+ * reads. The lanes of a warp run the same rounds (a half without a head sums nothing), as the
+ * shuffles need. */
+__global__ void qk_norm_rope_kernel(float *q /* [rows][n_heads][head_dim] */, float *k /* [rows][n_kv_heads][head_dim] */,
+                                    const void *qw /* [head_dim] or NULL */, rs_dtype qdt,
+                                    const void *kw /* [head_dim] or NULL */, rs_dtype kdt, int n_heads, int n_kv_heads,
+                                    int head_dim, float eps, const int32_t *pos /* [rows] */,
+                                    const float *inv_freq /* [head_dim / 2] */) {
+    const size_t r = blockIdx.x;
+    const int heads = n_heads + n_kv_heads, half = head_dim / 2, lane = threadIdx.x % NORM_LANES;
+    const int warp = threadIdx.x / 32, warps = blockDim.x / 32;
+    const float p = (float)pos[r];
+    for (int h0 = 2 * warp; h0 < heads; h0 += 2 * warps) {
+        const int h = h0 + (int)(threadIdx.x / NORM_LANES) % 2;
+        float *xh = NULL;
+        const void *w = NULL;
+        rs_dtype wdt = qdt;
+        if (h < n_heads) xh = q + (r * (size_t)n_heads + (size_t)h) * (size_t)head_dim, w = qw;
+        else if (h < heads)
+            xh = k + (r * (size_t)n_kv_heads + (size_t)(h - n_heads)) * (size_t)head_dim, w = kw, wdt = kdt;
+        const float total = half_warp_sum_squares(w ? xh : NULL, head_dim);
+        if (w) {
+            const float s = norm_scale(total, head_dim, eps);
+            for (int d = lane; d < head_dim; d += NORM_LANES)
+                xh[d] = __fmul_rn(rs_cuda_elem(w, wdt, (size_t)d), __fmul_rn(xh[d], s));
+        }
+        __syncwarp();
+        if (xh)
+            for (int i = lane; i < half; i += NORM_LANES) rope_pair(xh, i, half, inv_freq[i], p);
+    }
+}
+
+void rs_cuda_op_qk_norm_rope(rs_backend *b, float *q, float *k, const rs_tensor *q_norm, const rs_tensor *k_norm,
+                             int rows, int n_heads, int n_kv_heads, int head_dim, float eps, const int32_t *pos,
+                             const float *inv_freq) {
+    rs_cuda_ctx *c = rs_cuda_ctx_of(b);
+    RS_ASSERT(head_dim % 2 == 0 && n_heads > 0 && n_kv_heads > 0);
+    RS_ASSERT(!q_norm || (q_norm->data && rs_tensor_numel(q_norm) == head_dim));
+    RS_ASSERT(!k_norm || (k_norm->data && rs_tensor_numel(k_norm) == head_dim));
+    if (rows <= 0) return;
+    const int32_t *dpos;
+    const float *dfreq;
+    rope_mirrors(c, rows, head_dim, pos, inv_freq, &dpos, &dfreq);
+    /* a warp per two heads, up to 8 warps (each then takes more pairs) */
+    const int pairs = (n_heads + n_kv_heads + 1) / 2;
+    const unsigned threads = 32u * (unsigned)RS_MIN(pairs, 8);
+    qk_norm_rope_kernel<<<(unsigned)rows, threads, 0, c->stream>>>(
+        q, k, q_norm ? q_norm->data : NULL, q_norm ? q_norm->dtype : RS_DTYPE_F32, k_norm ? k_norm->data : NULL,
+        k_norm ? k_norm->dtype : RS_DTYPE_F32, n_heads, n_kv_heads, head_dim, eps, dpos, dfreq);
     CUDA_CHECK_LAUNCH();
 }
 

@@ -44,7 +44,7 @@ for d in core config protocol scheduler kvcache model kernels kernels/cpu sync t
     fi
   done
 done
-for f in runner test_util test_cuda_ops test_cuda_matmul test_cuda_attention test_cuda_backend test_cuda_blas test_cuda_fast test_cuda_graph test_cuda_attention_fast test_cuda_sample; do
+for f in runner test_util test_cuda_ops test_cuda_matmul test_cuda_attention test_cuda_backend test_cuda_blas test_cuda_fast test_cuda_fused test_cuda_graph test_cuda_attention_fast test_cuda_sample; do
   compile "$root/tests/unit/$f.c" "$out/obj/t_$f.o" gcc $cflags
 done
 for f in backend_cuda cuda_ops cuda_matmul cuda_matmul_fast cuda_blas cuda_act cuda_graph cuda_moe cuda_attention cuda_attention_tc cuda_sample cuda_moe_fast; do
