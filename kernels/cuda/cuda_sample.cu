@@ -112,20 +112,32 @@ struct smp_shared {
     double bcast_d;
 };
 
-__device__ float block_max(smp_shared *sh, float v) {
-    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
-    if (threadIdx.x % 32 == 0) sh->fred[threadIdx.x / 32] = v;
+/* v reduced by op over the block in a fixed order: shuffles within warps, then thread 0 over the
+ * warps' results in warp order (slots: a value a warp; bcast: the total). Every thread gets it. */
+template <typename T, typename Op>
+__device__ T block_reduce(T v, T *slots, T *bcast, Op op) {
+    for (int o = 16; o > 0; o >>= 1) v = op(v, __shfl_xor_sync(0xffffffffu, v, o));
+    if (threadIdx.x % 32 == 0) slots[threadIdx.x / 32] = v;
     __syncthreads();
     if (threadIdx.x == 0) {
-        float m = sh->fred[0];
-        for (int w = 1; w < SMP_THREADS / 32; w++) m = fmaxf(m, sh->fred[w]);
-        sh->bcast_f = m;
+        T t = slots[0];
+        for (int w = 1; w < SMP_THREADS / 32; w++) t = op(t, slots[w]);
+        *bcast = t;
     }
     __syncthreads();
-    const float m = sh->bcast_f;
+    const T t = *bcast;
     __syncthreads();
-    return m;
+    return t;
 }
+
+struct smp_max_op {
+    __device__ float operator()(float a, float b) const { return fmaxf(a, b); }
+};
+struct smp_add_op {
+    __device__ double operator()(double a, double b) const { return __dadd_rn(a, b); }
+};
+
+__device__ float block_max(smp_shared *sh, float v) { return block_reduce(v, sh->fred, &sh->bcast_f, smp_max_op()); }
 
 /* a before b in the order (value desc, id asc); id < 0 is "none" and comes last */
 __device__ __forceinline__ bool before(float va, int ia, float vb, int ib) {
@@ -365,22 +377,8 @@ struct smp_part {
     double sum1; /* the same at T = 1, when the raw logprob needs it */
 };
 
-/* A double sum over the block in a fixed order: shuffles within warps, then warp 0 over the warps'
- * sums. Every thread gets the total. */
-__device__ double block_sum_d(smp_shared *sh, double v) {
-    for (int o = 16; o > 0; o >>= 1) v = __dadd_rn(v, __shfl_xor_sync(0xffffffffu, v, o));
-    if (threadIdx.x % 32 == 0) sh->chunk[threadIdx.x / 32] = v;
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        double t = sh->chunk[0];
-        for (int w = 1; w < SMP_THREADS / 32; w++) t = __dadd_rn(t, sh->chunk[w]);
-        sh->bcast_d = t;
-    }
-    __syncthreads();
-    const double t = sh->bcast_d;
-    __syncthreads();
-    return t;
-}
+/* A double sum over the block in a fixed order (block_reduce). */
+__device__ double block_sum_d(smp_shared *sh, double v) { return block_reduce(v, sh->chunk, &sh->bcast_d, smp_add_op()); }
 
 /* e of logit v against max mx at 1/T = inv_tf: the single-block kernel's w entries */
 __device__ __forceinline__ float smp_e(float v, float mx, float inv_tf) {
