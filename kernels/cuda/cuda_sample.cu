@@ -241,6 +241,55 @@ __device__ void sort_prefix(smp_shared *sh, const float *x, int V, int n, int *s
     __syncthreads();
 }
 
+/* The chunked draw over ids [i0, V): thread t sums the e of its chunk of `per` ids (from i0 + t per,
+ * in order, in double) and notes the chunk's last id with mass; thread 0 then runs the sum from run0
+ * over the chunks in order until it passes target, and over that chunk's ids. Where rounding leaves
+ * the target unpassed, the last id with mass seen. e(i) gives id i's e. Every thread returns the
+ * token. */
+template <typename E>
+__device__ int chunk_draw(smp_shared *sh, int i0, int per, int V, double run0, double target, E e) {
+    const int c0 = i0 + (int)threadIdx.x * per, c1 = min(V, c0 + per);
+    double acc = 0.0;
+    int last = -1; /* the chunk's last id with mass */
+#pragma unroll 8
+    for (int i = c0; i < c1; i++) {
+        const float v = e(i);
+        acc = __dadd_rn(acc, (double)v);
+        if (v != 0.0f) last = i;
+    }
+    sh->chunk[threadIdx.x] = acc;
+    sh->last[threadIdx.x] = last;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        double run = run0;
+        int tok = -1, c = 0;
+        for (; c < SMP_THREADS; c++) {
+            if (sh->last[c] >= 0) tok = sh->last[c]; /* the last id with mass so far: rounding's fallback */
+            if (target < __dadd_rn(run, sh->chunk[c])) break;
+            run = __dadd_rn(run, sh->chunk[c]);
+        }
+        if (c < SMP_THREADS)
+            for (int i = i0 + c * per; i < min(V, i0 + (c + 1) * per); i++) {
+                const float v = e(i);
+                if (v == 0.0f) continue;
+                tok = i;
+                run = __dadd_rn(run, (double)v);
+                if (target < run) break;
+            }
+        sh->bcast_i = tok;
+    }
+    __syncthreads();
+    const int tok = sh->bcast_i;
+    __syncthreads();
+    return tok;
+}
+
+/* e read from the single-block kernel's row w */
+struct smp_w_of {
+    const float *w;
+    __device__ float operator()(int i) const { return w[i]; }
+};
+
 /* The draw without truncation: the last id with mass (e > 0) at which the running sum of e in id
  * order passes target. exact: the CPU's sequential double sum; else per-thread chunk sums first. */
 __device__ int draw_all(smp_shared *sh, const float *w, int V, double target, bool exact) {
@@ -273,38 +322,7 @@ __device__ int draw_all(smp_shared *sh, const float *w, int V, double target, bo
         __syncthreads();
         return tok;
     }
-    const int per = (V + SMP_THREADS - 1) / SMP_THREADS, i0 = threadIdx.x * per, i1 = min(V, i0 + per);
-    double acc = 0.0;
-    int last = -1; /* the chunk's last id with mass */
-#pragma unroll 8
-    for (int i = i0; i < i1; i++) {
-        acc = __dadd_rn(acc, (double)w[i]);
-        if (w[i] != 0.0f) last = i;
-    }
-    sh->chunk[threadIdx.x] = acc;
-    sh->last[threadIdx.x] = last;
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        double run = 0.0;
-        int tok = -1, c = 0;
-        for (; c < SMP_THREADS; c++) {
-            if (sh->last[c] >= 0) tok = sh->last[c]; /* the last id with mass so far: rounding's fallback */
-            if (target < __dadd_rn(run, sh->chunk[c])) break;
-            run = __dadd_rn(run, sh->chunk[c]);
-        }
-        if (c < SMP_THREADS)
-            for (int i = c * per; i < min(V, (c + 1) * per); i++) {
-                if (w[i] == 0.0f) continue;
-                tok = i;
-                run = __dadd_rn(run, (double)w[i]);
-                if (target < run) break;
-            }
-        sh->bcast_i = tok;
-    }
-    __syncthreads();
-    const int tok = sh->bcast_i;
-    __syncthreads();
-    return tok;
+    return chunk_draw(sh, 0, (V + SMP_THREADS - 1) / SMP_THREADS, V, 0.0, target, smp_w_of{w});
 }
 
 /* The CPU's truncate_sorted over the prefix `sorted` of n_sorted ids: the kept count, or -1 when
@@ -384,6 +402,13 @@ __device__ double block_sum_d(smp_shared *sh, double v) { return block_reduce(v,
 __device__ __forceinline__ float smp_e(float v, float mx, float inv_tf) {
     return exp_cpu(__fmul_rn(__fsub_rn(v, mx), inv_tf));
 }
+
+/* e computed from the logits x against the row's max */
+struct smp_e_of {
+    const float *x;
+    float mx, inv_tf;
+    __device__ float operator()(int i) const { return smp_e(x[i], mx, inv_tf); }
+};
 
 /* The sum of e over a part's logits x[i0, i1) against max mx (0 when mx is not finite). */
 __device__ double part_sum(smp_shared *sh, const float *x, int i0, int i1, float mx, double inv_t) {
@@ -472,41 +497,8 @@ __device__ int parts_draw(smp_shared *sh, const float *x, int V, int np, const d
         part = q, before = run;
     }
     __syncthreads();
-    const float inv_tf = (float)inv_t;
-    const int per = SMP_PART / SMP_THREADS;
-    const int i0 = part * SMP_PART + (int)threadIdx.x * per, i1 = min(V, i0 + per);
-    double acc = 0.0;
-    int last = -1;
-    for (int i = i0; i < i1; i++) {
-        const float e = smp_e(x[i], mx, inv_tf);
-        acc = __dadd_rn(acc, (double)e);
-        if (e != 0.0f) last = i;
-    }
-    sh->chunk[threadIdx.x] = acc;
-    sh->last[threadIdx.x] = last;
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        double run = before;
-        int tok = -1, t = 0;
-        for (; t < SMP_THREADS; t++) {
-            if (sh->last[t] >= 0) tok = sh->last[t];
-            if (target < __dadd_rn(run, sh->chunk[t])) break;
-            run = __dadd_rn(run, sh->chunk[t]);
-        }
-        if (t < SMP_THREADS)
-            for (int i = part * SMP_PART + t * per; i < min(V, part * SMP_PART + (t + 1) * per); i++) {
-                const float e = smp_e(x[i], mx, inv_tf);
-                if (e == 0.0f) continue;
-                tok = i;
-                run = __dadd_rn(run, (double)e);
-                if (target < run) break;
-            }
-        sh->bcast_i = tok;
-    }
-    __syncthreads();
-    const int tok = sh->bcast_i;
-    __syncthreads();
-    return tok;
+    return chunk_draw(sh, part * SMP_PART, SMP_PART / SMP_THREADS, V, before, target,
+                      smp_e_of{x, mx, (float)inv_t});
 }
 
 __global__ void __launch_bounds__(SMP_THREADS)
