@@ -215,10 +215,11 @@ main() {
   local ncu
   ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
   if [ -n "$ncu" ] || [ "$DRY" = 1 ]; then
+    # per step: greedy fast-numerics sampling ends each step with one sample_finish_kernel
     step kernels 90 sh -c "'${ncu:-ncu}' --clock-control none --metrics gpu__time_duration.sum --csv --page raw \
       --launch-skip 2500 --launch-count 1800 --log-file '$OUT/kernels.csv' $B/rollout-bench --device cuda \
       --numerics fast --preset qwen3-0.6b --quantization fp8 --batches 1 --prompt 32 --gen 8 --graphs off \
-      --no-bandwidth >/dev/null && python3 scripts/ncu_summary.py '$OUT/kernels.csv' --per sample_kernel"
+      --no-bandwidth >/dev/null && python3 scripts/ncu_summary.py '$OUT/kernels.csv' --per sample_finish_kernel"
   else
     skip kernels "no ncu (Nsight Compute)"
   fi
