@@ -412,6 +412,16 @@ static void check_weight(const rs_tensor *w) {
     RS_ASSERT(w->shape[0] >= 0 && w->shape[0] <= INT32_MAX && w->shape[1] >= 0 && w->shape[1] <= INT32_MAX);
 }
 
+/* The bias's data and dtype (checked for n outputs), or NULL without one. */
+static const void *bias_of(const rs_tensor *bias, int n, rs_dtype *dt) {
+    *dt = RS_DTYPE_F32;
+    if (!rs_tensor_present(bias)) return NULL;
+    RS_ASSERT(bias->data && rs_tensor_numel(bias) >= n);
+    RS_ASSERT(bias->dtype == RS_DTYPE_BF16 || bias->dtype == RS_DTYPE_F16 || bias->dtype == RS_DTYPE_F32);
+    *dt = bias->dtype;
+    return bias->data;
+}
+
 void rs_cuda_op_matmul(rs_backend *b, float *out, const float *x, const rs_tensor *w, const rs_tensor *bias,
                        int rows) {
     rs_cuda_ctx *c = rs_cuda_ctx_keep(b); /* a matmul reads the cached forms of x (cuda_act.cu) */
@@ -425,14 +435,8 @@ void rs_cuda_matmul(rs_cuda_ctx *c, float *out, const float *x, const rs_tensor 
     const int n = (int)w->shape[0], k = (int)w->shape[1];
     if (c->act.x != x) c->act.x = NULL;  /* another activation's forms: out may overwrite it */
     if (rows <= 0 || n <= 0) return;
-    const void *bp = NULL;
-    rs_dtype bdt = RS_DTYPE_F32;
-    if (rs_tensor_present(bias)) {
-        RS_ASSERT(bias->data && rs_tensor_numel(bias) >= n);
-        RS_ASSERT(bias->dtype == RS_DTYPE_BF16 || bias->dtype == RS_DTYPE_F16 || bias->dtype == RS_DTYPE_F32);
-        bp = bias->data;
-        bdt = bias->dtype;
-    }
+    rs_dtype bdt;
+    const void *bp = bias_of(bias, n, &bdt);
     if (numerics == RS_NUMERICS_FAST && rs_cuda_matmul_fast(c, out, x, w, rows)) {
         if (bp) add_bias(c, out, bp, bdt, rows, n);
         return;
@@ -463,10 +467,9 @@ void rs_cuda_op_matmul_group(rs_backend *b, float *const *outs, const float *x, 
     if (c->act.x != x) c->act.x = NULL; /* as rs_cuda_matmul */
     if (rows > 0 && c->numerics == RS_NUMERICS_FAST && rs_cuda_matmul_group_fast(c, outs, x, ws, count, rows)) {
         for (int i = 0; i < count; i++) {
-            const rs_tensor *bias = biases ? biases[i] : NULL;
-            if (!rs_tensor_present(bias)) continue;
-            RS_ASSERT(bias->data && rs_tensor_numel(bias) >= ws[i]->shape[0]);
-            add_bias(c, outs[i], bias->data, bias->dtype, rows, (int)ws[i]->shape[0]);
+            rs_dtype bdt;
+            const void *bp = bias_of(biases ? biases[i] : NULL, (int)ws[i]->shape[0], &bdt);
+            if (bp) add_bias(c, outs[i], bp, bdt, rows, (int)ws[i]->shape[0]);
         }
         return;
     }

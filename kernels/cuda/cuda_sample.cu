@@ -378,8 +378,8 @@ __host__ __device__ __forceinline__ bool smp_parts(const rs_sample_req *rq, int 
 }
 
 /* 1 / T in double, and 1 for greedy (its logprob is the T = 1 one) */
-__host__ __device__ __forceinline__ double smp_inv_t(const rs_sample_req *rq) {
-    return rq->temperature > 0.0f ? 1.0 / (double)rq->temperature : 1.0;
+__device__ __forceinline__ double smp_inv_t(const rs_sample_req *rq) {
+    return rq->temperature > 0.0f ? __ddiv_rn(1.0, (double)rq->temperature) : 1.0;
 }
 
 /* whether the raw logprob needs the T = 1 sum besides the request's */
@@ -557,7 +557,7 @@ __global__ void __launch_bounds__(SMP_THREADS)
         const float *x = logits + (size_t)rq.row * (size_t)V;
         const int k = min(rq.n_top, V);
         const bool greedy = !(rq.temperature > 0.0f); /* the engine sends 0 for rs_sampling_greedy */
-        const double inv_t = greedy ? 1.0 : __ddiv_rn(1.0, (double)rq.temperature);
+        const double inv_t = smp_inv_t(&rq);
         bool done = true;
         int tok = -1, n_top = 0;
         float lp = NAN, mx;
