@@ -19,12 +19,14 @@
  *          j with p_j * vs_j. The result equals attention over fp32 pages holding code * scale up
  *          to fp32 rounding of the reassociated products.
  *
- * Work items are (run, KV head). A run is up to RUN_HEADS / group consecutive rows of one sequence
- * (a prefill chunk's rows; a decode row is a run of one), and the query heads of all its rows that
- * share the KV head are done together, so each K and V row is read (widened, or decoded) once for
- * all of them, a page at a time through the page kernels of cpu_attention_simd.c, for every page
- * format; a row still computes to the bits it gets alone (attend_run). The next page's slices are
- * prefetched. Items are dealt round-robin to threads, which balances a prefill chunk whose later
+ * Work items are (unit, KV head). A unit is a run, up to RUN_HEADS / group consecutive rows of one
+ * sequence (a prefill chunk's rows; a decode row is a run of one), or up to as many decode rows of
+ * sequences whose block tables start with the same pages: the n samples of one prompt, forked
+ * from it, or prompts that hit the same cached prefix. The query heads of all a unit's rows that
+ * share the KV head are done together wherever they read the same page, so each K and V row is
+ * read (widened, or decoded) once for all of them, a page at a time through the page kernels of
+ * cpu_attention_simd.c, for every page format; a row still computes to the bits it gets alone
+ * (attend_unit). The next page's slices are prefetched. Items are dealt round-robin to threads, which balances a prefill chunk whose later
  * rows see more context. Softmax is the two-pass form in fp32: scores, max, exp(s - max) and their
  * sum in one vector pass (cpu_exp.c: rs_expf, 16 fixed lanes, so the probabilities do not depend on
  * the SIMD level), probabilities p = e / sum, then out = sum_j p_j v_j. Scores live in per-thread
@@ -37,6 +39,8 @@
  * fp32 kernels and 20% with these (perf, Zen 4).
  */
 #include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "../../core/rs.h"
@@ -152,7 +156,7 @@ void rs_cpu_op_kv_store(rs_backend *b, rs_kv_layer *kv, const float *k, const fl
 
 /* ---- attention ---- */
 
-/* Query heads an item gives the page kernels at most. A run's K and V page slices are read from
+/* Query heads an item gives the page kernels at most. A unit's K and V page slices are read from
  * memory once and then from L1 by every pass of the kernels (AVX-512: 4 heads a scores pass, 8 an
  * accum pass). 16 against 8: the same at a 512-token prefill, 3-6% faster at 2048; 32 no better
  * (rollout-bench --prefill 512,2048, BF16 pages, Zen 4). */
@@ -164,14 +168,17 @@ typedef struct attn_job {
     const float *q; /* [n_tok][n_heads][head_dim] */
     const rs_kv_layer *kv;
     const rs_batch *batch;
-    const int32_t *row_seq; /* [n_tok] sequence of each row */
-    const int32_t *runs;    /* [n_runs] first row of each run; runs[n_runs] = n_tok */
+    const int32_t *row_seq;   /* [n_tok] sequence of each row */
+    const int32_t *runs;      /* [n_runs] first row of each run; runs[n_runs] = n_tok */
+    const int32_t *members;   /* the runs of every unit, unit by unit */
+    const int32_t *unit0;     /* [n_units + 1] each unit's first entry in members */
+    const int32_t *shared;    /* [n_units] pages every member reads together (see group_units) */
     const rs_cpu_kv_vec *vec;
     const rs_cpu_exp_vec *ex;
     int n_heads, group; /* group = query heads per KV head */
     float scale;
     bool bf16_dot; /* the fast numerics over BF16 pages: q and p rounded to BF16, vdpbf16ps */
-    int64_t n_items; /* n_runs * n_kv_heads */
+    int64_t n_items; /* n_units * n_kv_heads */
     int n_workers;
 } attn_job;
 
@@ -186,116 +193,252 @@ static void softmax_rows(const rs_cpu_exp_vec *ex, float *scores, int g, size_t 
     }
 }
 
-/* One run of nr consecutive rows r0.. of one sequence (positions pos[r0], pos[r0] + 1, ...) and
- * one KV head: its nr x group query heads, G in all, over positions 0..pos[r0 + nr - 1], a page at
- * a time through the page kernels (cpu_attention_simd.c), which read each K and V row once for all
- * G. E4M3 scales are folded as the file comment says: raw q . codes per page, then times
+/* A run of a unit: nr consecutive rows from r0 of one sequence, its block table, the contexts of
+ * its first and last rows, and its first query head h0 among the unit's G. */
+typedef struct unit_run {
+    int r0, nr, n_min, n_ctx, h0;
+    const int32_t *table;
+} unit_run;
+
+/* What every page pass of a unit shares: the KV head, the layout, the q and scores buffers. */
+typedef struct unit_ctx {
+    const attn_job *j;
+    int kvh, hd;
+    bool per_token;
+    float head_mul;
+    size_t es, ld, stride, head_off, slice;
+    const float *q;
+    const uint16_t *q16;
+    float *scores;
+    uint16_t *p16;
+    float *out;
+} unit_ctx;
+
+/* Scores of heads [h0, h0 + nh) against positions p0 .. p0 + n - 1 (one page), times softmax_scale
+ * and the K scale; prefetches the K slices of page `next` (< 0: none) meanwhile. */
+static void page_scores(const unit_ctx *u, int h0, int nh, int32_t page, int p0, int n, int32_t next) {
+    const rs_kv_layer *kv = u->j->kv;
+    RS_ASSERT(page >= 0 && page < kv->n_blocks);
+    if (next >= 0) prefetch_page(kv, next, 0, u->head_off, u->slice, u->es);
+    const int64_t slot0 = (int64_t)page * RS_KV_BLOCK;
+    const char *k = kv_row(kv, slot0, 0, u->es) + u->head_off;
+    float *sc = u->scores + (size_t)h0 * u->ld + (size_t)p0;
+    if (u->q16)
+        rs_cpu_scores_bf16_dot(sc, u->ld, u->q16 + (size_t)h0 * (size_t)u->hd, nh, (const uint16_t *)(const void *)k,
+                               u->stride, n, u->hd);
+    else
+        u->j->vec->scores(sc, u->ld, u->q + (size_t)h0 * (size_t)u->hd, nh, k, kv->dtype, u->stride, n, u->hd);
+    float mul[RS_KV_BLOCK];
+    for (int o = 0; o < n; o++)
+        mul[o] = u->per_token ? u->j->scale * kv_token_scales(kv, slot0 + o, 0)[u->kvh] : u->head_mul;
+    for (int h = 0; h < nh; h++)
+        for (int o = 0; o < n; o++) sc[(size_t)h * u->ld + (size_t)o] *= mul[o];
+}
+
+/* P V of one page for nr rows of g heads each from head h0, whose first row sees positions
+ * < n_min and row i those < n_min + i: one call for all of them where every row sees the whole
+ * page, else one per row. PER_TOKEN weighs the probabilities by vs_j first. */
+static void page_pv(const unit_ctx *u, int h0, int nr, int n_min, int32_t page, int p0, int n, int32_t next) {
+    const rs_kv_layer *kv = u->j->kv;
+    const int g = u->j->group;
+    if (next >= 0) prefetch_page(kv, next, 1, u->head_off, u->slice, u->es);
+    const int64_t slot0 = (int64_t)page * RS_KV_BLOCK;
+    if (u->per_token) {
+        for (int o = 0; o < n; o++) {
+            const float vs = kv_token_scales(kv, slot0 + o, 1)[u->kvh];
+            for (int h = h0; h < h0 + nr * g; h++) u->scores[(size_t)h * u->ld + (size_t)(p0 + o)] *= vs;
+        }
+    }
+    const char *v = kv_row(kv, slot0, 1, u->es) + u->head_off;
+    const bool whole = p0 + n <= n_min;
+    for (int i = 0; i < (whole ? 1 : nr); i++) {
+        const int ni = whole ? n : RS_MIN(n, n_min + i - p0), gi = whole ? nr * g : g;
+        const size_t hh = (size_t)h0 + (whole ? 0 : (size_t)i * (size_t)g);
+        if (ni <= 0) continue;
+        if (u->p16)
+            rs_cpu_accum_bf16_dot(u->out + hh * (size_t)u->hd, u->p16 + hh * u->ld + (size_t)p0, u->ld, gi,
+                                  (const uint16_t *)(const void *)v, u->stride, ni, u->hd);
+        else
+            u->j->vec->accum(u->out + hh * (size_t)u->hd, u->scores + hh * u->ld + (size_t)p0, u->ld, gi, v, kv->dtype,
+                             u->stride, ni, u->hd);
+    }
+}
+
+/* One unit and one KV head. A unit is either one run (nr consecutive rows of one sequence at
+ * positions pos[r0], pos[r0] + 1, ...: a prefill chunk's rows, or a decode row) or several
+ * one-row runs of sequences whose block tables start with the same `sp` pages, each inside every
+ * member's context (the samples of one prompt, forked from it, or prompts that share a cached
+ * prefix). The unit's query heads that share the KV head, G in all, go through the page kernels
+ * (cpu_attention_simd.c) together wherever they read the same page: all G over the shared pages,
+ * then each member's own over the rest. So each shared K and V row is read once for all G.
+ *
+ * E4M3 scales are folded as the file comment says: raw q . codes per page, then times
  * softmax_scale * k_scale (or * ks_j); PER_TOKEN weighs the probabilities by vs_j before P V;
  * PER_HEAD multiplies the output by v_scale. F32 and BF16 scores are the dot products times
  * softmax_scale.
  *
- * A row gets the bits it gets alone (a decode row is a run of one): a score depends only on q and
- * the K row, so the scores a row does not see (past its own position) are computed and ignored;
- * softmax runs over each row's own context; and P V adds a row's products in position order, one
- * call for the pages every row of the run sees in full and one call per row for the last ones.
- * scratch: [G][ld] scores, then [G][hd] q and out when nr > 1 (the rows' heads are not adjacent). */
-static void attend_run(const attn_job *j, int r0, int nr, int kvh, float *scratch) {
+ * A row gets the bits it gets alone (a decode row alone is a unit of one run of one row): a score
+ * depends only on q and the K row, so the scores a row does not see (past its own position) are
+ * computed and ignored; softmax runs over each row's own context; and P V adds a row's products
+ * in position order, a page per call, whichever heads share the call.
+ * scratch: [G][ld] scores, then [G][hd] q and out when the unit has more than one row (its rows'
+ * heads are not adjacent). */
+static void attend_unit(const attn_job *j, const int32_t *mem, int m, int sp, int kvh, float *scratch) {
     const rs_kv_layer *kv = j->kv;
     const rs_batch *bt = j->batch;
-    const rs_cpu_kv_vec *vec = j->vec;
-    const int hd = kv->head_dim, g = j->group, G = nr * g;
-    const int n_min = bt->pos[r0] + 1, n_ctx = bt->pos[r0 + nr - 1] + 1; /* contexts of the first and last row */
-    const bool fp8 = kv->dtype == RS_DTYPE_E4M3, per_token = fp8 && kv->scale_mode == RS_KV_SCALE_PER_TOKEN;
-    const size_t es = rs_dtype_size(kv->dtype), ld = (size_t)n_ctx, ghd = (size_t)g * (size_t)hd;
-    const size_t head_off = (size_t)kvh * (size_t)hd * es, slice = (size_t)hd * es; /* bytes */
-    const size_t stride = (size_t)kv->n_kv_heads * (size_t)hd; /* elements from one row to the next */
-    const size_t row_elems = (size_t)j->n_heads * (size_t)hd; /* one row of q or out */
-    const int32_t *table = bt->block_tables + (size_t)j->row_seq[r0] * (size_t)bt->max_blocks;
-    const size_t first = ((size_t)r0 * (size_t)j->n_heads + (size_t)kvh * (size_t)g) * (size_t)hd;
-    const float head_mul = per_token ? 0.0f : fp8 ? j->scale * kv->k_scale[kvh] : j->scale;
-    const size_t ghds = (size_t)G * (size_t)hd;
-    float *scores = scratch;
-    const float *q = j->q + first; /* [G][hd] */
-    float *out = j->out + first;   /* [G][hd] */
-    if (nr > 1) {
-        float *qb = scratch + (size_t)G * ld;
-        for (int i = 0; i < nr; i++) memcpy(qb + (size_t)i * ghd, q + (size_t)i * row_elems, ghd * sizeof(float));
-        q = qb;
-        out = qb + ghds;
+    const int hd = kv->head_dim, g = j->group;
+    const bool fp8 = kv->dtype == RS_DTYPE_E4M3;
+    unit_run ur[RUN_HEADS];
+    int G = 0, n_max = 0, n_min_all = INT32_MAX;
+    RS_ASSERT(m >= 1 && m <= RUN_HEADS);
+    for (int i = 0; i < m; i++) {
+        const int r0 = j->runs[mem[i]], nr = j->runs[mem[i] + 1] - r0;
+        ur[i] = (unit_run){.r0 = r0, .nr = nr, .n_min = bt->pos[r0] + 1, .n_ctx = bt->pos[r0 + nr - 1] + 1, .h0 = G,
+                           .table = bt->block_tables + (size_t)j->row_seq[r0] * (size_t)bt->max_blocks};
+        G += nr * g;
+        n_max = RS_MAX(n_max, ur[i].n_ctx);
+        n_min_all = RS_MIN(n_min_all, ur[i].n_min);
     }
-    uint16_t *q16 = NULL, *p16 = NULL; /* bf16_dot: q [G][hd] and p [G][ld] in BF16 */
-    if (j->bf16_dot) {
-        q16 = (uint16_t *)(scratch + (size_t)G * ld + 2 * ghds);
-        p16 = q16 + ghds;
-        rs_cpu_round_bf16_avx512(q16, q, ghds);
+    unit_ctx u = {.j = j, .kvh = kvh, .hd = hd, .es = rs_dtype_size(kv->dtype), .ld = (size_t)n_max,
+                  .stride = (size_t)kv->n_kv_heads * (size_t)hd, .scores = scratch};
+    u.per_token = fp8 && kv->scale_mode == RS_KV_SCALE_PER_TOKEN;
+    u.head_mul = u.per_token ? 0.0f : fp8 ? j->scale * kv->k_scale[kvh] : j->scale;
+    u.head_off = (size_t)kvh * (size_t)hd * u.es, u.slice = (size_t)hd * u.es; /* bytes */
+    const size_t ghd = (size_t)g * (size_t)hd, ghds = (size_t)G * (size_t)hd;
+    const size_t first = ((size_t)ur[0].r0 * (size_t)j->n_heads + (size_t)kvh * (size_t)g) * (size_t)hd;
+    const bool gathered = G > g;
+    u.q = j->q + first; /* [G][hd] */
+    u.out = j->out + first;
+    if (gathered) {
+        float *qb = scratch + (size_t)G * u.ld;
+        for (int i = 0; i < m; i++)
+            for (int r = 0; r < ur[i].nr; r++)
+                memcpy(qb + ((size_t)ur[i].h0 + (size_t)r * (size_t)g) * (size_t)hd,
+                       j->q + ((size_t)(ur[i].r0 + r) * (size_t)j->n_heads + (size_t)kvh * (size_t)g) * (size_t)hd,
+                       ghd * sizeof(float));
+        u.q = qb;
+        u.out = qb + ghds;
+    }
+    if (j->bf16_dot) { /* q [G][hd] and p [G][ld] in BF16 */
+        uint16_t *q16 = (uint16_t *)(scratch + (size_t)G * u.ld + 2 * ghds);
+        u.p16 = q16 + ghds;
+        rs_cpu_round_bf16_avx512(q16, u.q, ghds);
+        u.q16 = q16;
     }
 
-    for (int p0 = 0; p0 < n_ctx; p0 += RS_KV_BLOCK) {
-        int32_t page = table[p0 / RS_KV_BLOCK];
-        RS_ASSERT(page >= 0 && page < kv->n_blocks);
-        if (p0 + RS_KV_BLOCK < n_ctx) prefetch_page(kv, table[p0 / RS_KV_BLOCK + 1], 0, head_off, slice, es);
-        int n = RS_MIN(RS_KV_BLOCK, n_ctx - p0);
-        int64_t slot0 = (int64_t)page * RS_KV_BLOCK;
-        const char *k = kv_row(kv, slot0, 0, es) + head_off;
-        if (q16)
-            rs_cpu_scores_bf16_dot(scores + p0, ld, q16, G, (const uint16_t *)(const void *)k, stride, n, hd);
-        else
-            vec->scores(scores + p0, ld, q, G, k, kv->dtype, stride, n, hd);
-        float mul[RS_KV_BLOCK];
-        for (int o = 0; o < n; o++) mul[o] = per_token ? j->scale * kv_token_scales(kv, slot0 + o, 0)[kvh] : head_mul;
-        for (int h = 0; h < G; h++)
-            for (int o = 0; o < n; o++) scores[(size_t)h * ld + (size_t)(p0 + o)] *= mul[o];
-    }
-    for (int i = 0; i < nr; i++) softmax_rows(j->ex, scores + (size_t)i * (size_t)g * ld, g, ld, n_min + i);
-    if (p16)
-        for (int h = 0; h < G; h++)
-            rs_cpu_round_bf16_avx512(p16 + (size_t)h * ld, scores + (size_t)h * ld, (size_t)(n_min + h / g));
-    memset(out, 0, (size_t)G * (size_t)hd * sizeof(float));
-    for (int p0 = 0; p0 < n_ctx; p0 += RS_KV_BLOCK) {
-        int32_t page = table[p0 / RS_KV_BLOCK];
-        if (p0 + RS_KV_BLOCK < n_ctx) prefetch_page(kv, table[p0 / RS_KV_BLOCK + 1], 1, head_off, slice, es);
-        int n = RS_MIN(RS_KV_BLOCK, n_ctx - p0);
-        int64_t slot0 = (int64_t)page * RS_KV_BLOCK;
-        if (per_token) {
-            for (int o = 0; o < n; o++) {
-                float vs = kv_token_scales(kv, slot0 + o, 1)[kvh];
-                for (int h = 0; h < G; h++) scores[(size_t)h * ld + (size_t)(p0 + o)] *= vs;
-            }
+    /* shared pages with every head, then each member's own pages with its heads */
+    for (int p = 0; p < sp; p++)
+        page_scores(&u, 0, G, ur[0].table[p], p * RS_KV_BLOCK, RS_MIN(RS_KV_BLOCK, n_max - p * RS_KV_BLOCK),
+                    p + 1 < sp ? ur[0].table[p + 1] : -1);
+    for (int i = 0; i < m; i++)
+        for (int p0 = sp * RS_KV_BLOCK, p = sp; p0 < ur[i].n_ctx; p0 += RS_KV_BLOCK, p++)
+            page_scores(&u, ur[i].h0, ur[i].nr * g, ur[i].table[p], p0, RS_MIN(RS_KV_BLOCK, ur[i].n_ctx - p0),
+                        p0 + RS_KV_BLOCK < ur[i].n_ctx ? ur[i].table[p + 1] : -1);
+    for (int i = 0; i < m; i++)
+        for (int r = 0; r < ur[i].nr; r++) {
+            float *sc = u.scores + ((size_t)ur[i].h0 + (size_t)r * (size_t)g) * u.ld;
+            softmax_rows(j->ex, sc, g, u.ld, ur[i].n_min + r);
+            if (u.p16)
+                for (int h = 0; h < g; h++)
+                    rs_cpu_round_bf16_avx512(u.p16 + (size_t)(sc - u.scores) + (size_t)h * u.ld, sc + (size_t)h * u.ld,
+                                             (size_t)(ur[i].n_min + r));
         }
-        const char *v = kv_row(kv, slot0, 1, es) + head_off;
-        /* every row sees the whole piece, or row i sees positions < n_min + i */
-        const bool whole = p0 + n <= n_min;
-        for (int i = 0; i < (whole ? 1 : nr); i++) {
-            const int ni = whole ? n : RS_MIN(n, n_min + i - p0), gi = whole ? G : g;
-            const size_t h0 = whole ? 0 : (size_t)i * (size_t)g;
-            if (ni <= 0) continue;
-            if (p16)
-                rs_cpu_accum_bf16_dot(out + h0 * (size_t)hd, p16 + h0 * ld + p0, ld, gi,
-                                      (const uint16_t *)(const void *)v, stride, ni, hd);
-            else
-                vec->accum(out + h0 * (size_t)hd, scores + h0 * ld + p0, ld, gi, v, kv->dtype, stride, ni, hd);
-        }
+    memset(u.out, 0, ghds * sizeof(float));
+    /* a unit of several runs has one-row runs whose contexts cover the shared pages: G / g rows
+     * that see them whole */
+    for (int p = 0; p < sp; p++)
+        page_pv(&u, 0, G / g, n_min_all, ur[0].table[p], p * RS_KV_BLOCK, RS_MIN(RS_KV_BLOCK, n_max - p * RS_KV_BLOCK),
+                p + 1 < sp ? ur[0].table[p + 1] : -1);
+    for (int i = 0; i < m; i++)
+        for (int p0 = sp * RS_KV_BLOCK, p = sp; p0 < ur[i].n_ctx; p0 += RS_KV_BLOCK, p++)
+            page_pv(&u, ur[i].h0, ur[i].nr, ur[i].n_min, ur[i].table[p], p0, RS_MIN(RS_KV_BLOCK, ur[i].n_ctx - p0),
+                    p0 + RS_KV_BLOCK < ur[i].n_ctx ? ur[i].table[p + 1] : -1);
+    if (fp8 && !u.per_token) {
+        const float vs = kv->v_scale[kvh];
+        for (size_t i = 0; i < ghds; i++) u.out[i] *= vs;
     }
-    if (fp8 && !per_token) {
-        float vs = kv->v_scale[kvh];
-        for (size_t i = 0; i < (size_t)G * (size_t)hd; i++) out[i] *= vs;
-    }
-    if (nr > 1)
-        for (int i = 0; i < nr; i++)
-            memcpy(j->out + first + (size_t)i * row_elems, out + (size_t)i * ghd, ghd * sizeof(float));
+    if (gathered)
+        for (int i = 0; i < m; i++)
+            for (int r = 0; r < ur[i].nr; r++)
+                memcpy(j->out + ((size_t)(ur[i].r0 + r) * (size_t)j->n_heads + (size_t)kvh * (size_t)g) * (size_t)hd,
+                       u.out + ((size_t)ur[i].h0 + (size_t)r * (size_t)g) * (size_t)hd, ghd * sizeof(float));
 }
 
-/* Worker w takes items w, w + n_workers, ...; item i is run i / n_kv_heads, KV head i % n_kv_heads. */
+/* Worker w takes items w, w + n_workers, ...; item i is unit i / n_kv_heads, KV head i % n_kv_heads. */
 static void attn_range(void *arg, int64_t w0, int64_t w1, int tid) {
     const attn_job *j = arg;
     float *scratch = j->c->thread_buf[tid].p;
     int n_kv = j->kv->n_kv_heads;
     for (int64_t w = w0; w < w1; w++) {
         for (int64_t i = w; i < j->n_items; i += j->n_workers) {
-            int64_t run = i / n_kv;
-            attend_run(j, j->runs[run], j->runs[run + 1] - j->runs[run], (int)(i % n_kv), scratch);
+            const int64_t un = i / n_kv;
+            attend_unit(j, j->members + j->unit0[un], j->unit0[un + 1] - j->unit0[un], j->shared[un], (int)(i % n_kv),
+                        scratch);
         }
     }
+}
+
+/* The sort key of a one-row run that may share pages: its first page, then its place. */
+typedef struct run_key {
+    int32_t page, run;
+} run_key;
+
+static int run_key_cmp(const void *a, const void *b) {
+    const run_key *x = a, *y = b;
+    if (x->page != y->page) return x->page < y->page ? -1 : 1;
+    return (x->run > y->run) - (x->run < y->run);
+}
+
+/* Groups the runs into units (attend_unit), in the order of their first runs: one-row runs whose
+ * first page is the same, with at least one whole page inside their contexts, up to `max_members`
+ * at a time in batch order, and each other run alone. A group's shared pages are the leading ones
+ * that every member's table names alike and that lie whole inside every member's context; a
+ * member that would share none starts a unit of its own. keys [n_runs], lead [n_runs]: scratch.
+ * Returns the number of units. */
+static int group_units(const rs_batch *bt, const int32_t *row_seq, const int32_t *runs, int n_runs, int max_members,
+                       run_key *keys, int32_t *lead, int32_t *members, int32_t *unit0, int32_t *shared) {
+    int nk = 0;
+    for (int r = 0; r < n_runs; r++) {
+        lead[r] = r;
+        const int r0 = runs[r];
+        if (max_members > 1 && runs[r + 1] - r0 == 1 && bt->pos[r0] + 1 >= RS_KV_BLOCK)
+            keys[nk++] = (run_key){bt->block_tables[(size_t)row_seq[r0] * (size_t)bt->max_blocks], r};
+    }
+    qsort(keys, (size_t)nk, sizeof *keys, run_key_cmp);
+    /* lead[r]: the first run of r's group; a leader's group is the runs after it in keys */
+    for (int a = 0; a < nk;) {
+        int b = a + 1;
+        while (b < nk && b - a < max_members && keys[b].page == keys[a].page) lead[keys[b++].run] = keys[a].run;
+        a = b;
+    }
+    int n_units = 0, n_mem = 0;
+    for (int r = 0; r < n_runs; r++) {
+        if (lead[r] != r) continue;
+        unit0[n_units] = n_mem;
+        members[n_mem++] = r;
+        const int32_t *t0 = bt->block_tables + (size_t)row_seq[runs[r]] * (size_t)bt->max_blocks;
+        int sp = (bt->pos[runs[r + 1] - 1] + RS_KV_BLOCK) / RS_KV_BLOCK; /* one run: all its pages */
+        if (runs[r + 1] - runs[r] == 1) {
+            int whole = (bt->pos[runs[r]] + 1) / RS_KV_BLOCK;
+            for (int s = r + 1; s < n_runs; s++) { /* the group's other runs, in batch order */
+                if (lead[s] != r) continue;
+                const int32_t *t = bt->block_tables + (size_t)row_seq[runs[s]] * (size_t)bt->max_blocks;
+                const int w = RS_MIN(whole, (bt->pos[runs[s]] + 1) / RS_KV_BLOCK);
+                int c = 0;
+                while (c < w && t[c] == t0[c]) c++;
+                if (c == 0) {
+                    lead[s] = s; /* shares nothing whole: a unit of its own, later */
+                    continue;
+                }
+                whole = c;
+                members[n_mem++] = s;
+            }
+            if (n_mem - unit0[n_units] > 1) sp = whole;
+        }
+        shared[n_units++] = sp;
+    }
+    unit0[n_units] = n_mem;
+    return n_units;
 }
 
 void rs_cpu_op_attention(rs_backend *b, float *out, const float *q, const rs_kv_layer *kv, int n_heads,
@@ -305,9 +448,13 @@ void rs_cpu_op_attention(rs_backend *b, float *out, const float *q, const rs_kv_
     if (batch->n_tok == 0) return;
     RS_ASSERT(kv->n_kv_heads > 0 && n_heads % kv->n_kv_heads == 0);
     const int group = n_heads / kv->n_kv_heads, run_rows = RS_MAX(1, RUN_HEADS / group);
-    /* row_seq [n_tok], then the runs' first rows [n_runs + 1] (at most n_tok + 1) */
-    int32_t *row_seq = rs_cpu_scratch(&c->row_seq, (2 * (size_t)batch->n_tok + 1) * sizeof(int32_t));
-    int32_t *runs = row_seq + batch->n_tok;
+    /* row_seq [n_tok]; the runs' first rows [n_runs + 1]; members, unit0 [n_units + 1], shared,
+     * lead [n_runs] each; keys [n_runs] pairs: at most 8 n_tok + 2 */
+    const size_t nt = (size_t)batch->n_tok;
+    int32_t *row_seq = rs_cpu_scratch(&c->row_seq, (8 * nt + 2) * sizeof(int32_t));
+    int32_t *runs = row_seq + nt, *members = runs + nt + 1, *unit0 = members + nt, *shared = unit0 + nt + 1;
+    int32_t *lead = shared + nt;
+    run_key *keys = (run_key *)(void *)(lead + nt);
     int max_ctx = 0, n_runs = 0;
     for (int s = 0; s < batch->n_seq; s++) {
         for (int r = batch->seq_start[s]; r < batch->seq_start[s + 1]; r++) {
@@ -321,6 +468,7 @@ void rs_cpu_op_attention(rs_backend *b, float *out, const float *q, const rs_kv_
         }
     }
     runs[n_runs] = batch->n_tok;
+    const int n_units = group_units(batch, row_seq, runs, n_runs, run_rows, keys, lead, members, unit0, shared);
     size_t heads = (size_t)run_rows * (size_t)group;
     for (int t = 0; t < c->n_threads; t++)
         rs_cpu_scratch(&c->thread_buf[t], heads * ((size_t)max_ctx + 2 * (size_t)kv->head_dim) * sizeof(float) +
@@ -333,13 +481,16 @@ void rs_cpu_op_attention(rs_backend *b, float *out, const float *q, const rs_kv_
         .batch = batch,
         .row_seq = row_seq,
         .runs = runs,
+        .members = members,
+        .unit0 = unit0,
+        .shared = shared,
         .vec = rs_cpu_kv_vec_for(c->simd),
         .ex = rs_cpu_exp_for(c->simd),
         .n_heads = n_heads,
         .group = group,
         .scale = scale,
         .bf16_dot = rs_cpu_fast_bf16(c) && kv->dtype == RS_DTYPE_BF16,
-        .n_items = (int64_t)n_runs * kv->n_kv_heads,
+        .n_items = (int64_t)n_units * kv->n_kv_heads,
     };
     j.n_workers = (int)RS_MIN((int64_t)c->n_threads, j.n_items);
     rs_pool_run(c->pool, j.n_workers, 1, attn_range, &j);

@@ -711,6 +711,92 @@ RS_TEST(cpu_attention_runs_batch_invariant) {
                                          RS_MIN(simd, max_simd()), simd > max_simd(), &rng);
 }
 
+/* Batch invariance where decode rows share pages: the samples of one prompt (forked) and prompts
+ * with a common cached prefix read their shared leading pages together (cpu_attention.c,
+ * group_units). Eight sequences over 16 pages, in batch order s0, s4, s1, s7, s2, s6, s3, s5:
+ * s1 and s5 share s0's first three pages, s2 two, s3 one; s4 shares nothing; s6 sees only part of
+ * s0's first page; s7 prefills a run of rows in the same step. Every row is recomputed alone as
+ * a one-row step and compared bit for bit. Every page format, SIMD level, 1 and 2 threads, and
+ * groups of 1, 2, 4, 8 and 16 query heads per KV head (units of up to 16, 8, 4, 2 and 1 rows). */
+static void check_attention_shared(const rs_kv_layer *proto, int n_heads, int hd, int threads, int simd, bool fast,
+                                   uint64_t *rng) {
+    enum { PAGES = 16, MB = 5, NS = 8 };
+    static const int32_t tables[NS][MB] = {{3, 9, 12, 1, 0}, {3, 9, 12, 4, 0}, {3, 9, 5, 6, 0}, {3, 7, 0, 0, 0},
+                                           {8, 10, 0, 0, 0}, {3, 9, 12, 2, 0}, {3, 11, 0, 0, 0}, {13, 14, 0, 0, 0}};
+    static const int ctx[NS] = {60, 52, 40, 20, 30, 48, 10, 26};
+    static const int order[NS] = {0, 4, 1, 7, 2, 6, 3, 5};
+    const int n_kv = proto->n_kv_heads, s7_first = 10; /* s7's rows: positions 10..25 */
+    const size_t kvrow = (size_t)n_kv * hd, qrow = (size_t)n_heads * hd;
+    rs_backend *b = backend_at(threads, simd);
+    if (fast) ASSERT_EQ(rs_backend_set_numerics(b, RS_NUMERICS_FAST), RS_NUMERICS_FAST);
+    rs_kv_layer kv = *proto;
+    kv.n_blocks = PAGES;
+    kv.head_dim = hd;
+    kv.pages = rs_backend_alloc(b, (size_t)PAGES * 2 * RS_KV_BLOCK * kvrow * rs_dtype_size(kv.dtype));
+    float ks[16], vs[16];
+    for (int h = 0; h < n_kv; h++) ks[h] = 0.01f + 0.003f * (float)h, vs[h] = 0.005f + 0.002f * (float)h;
+    if (kv.scale_mode == RS_KV_SCALE_PER_HEAD) kv.k_scale = ks, kv.v_scale = vs;
+    if (kv.scale_mode == RS_KV_SCALE_PER_TOKEN)
+        kv.token_scales = rs_backend_alloc(b, (size_t)PAGES * 2 * RS_KV_BLOCK * (size_t)n_kv * sizeof(float));
+    /* every slot of every page gets its own K and V row, stored in one step */
+    enum { SLOTS = PAGES * RS_KV_BLOCK };
+    float *k = rand_floats((size_t)SLOTS * kvrow, rng, 1.5f), *v = rand_floats((size_t)SLOTS * kvrow, rng, 1.0f);
+    int32_t pos[SLOTS], slot[SLOTS], tok[SLOTS] = {0}, table_all[NS * MB], st[NS + 1], seq_ctx[NS];
+    for (int i = 0; i < SLOTS; i++) pos[i] = i % RS_KV_BLOCK, slot[i] = i;
+    int32_t st1[2] = {0, SLOTS}, c1 = RS_KV_BLOCK, t1[1] = {0};
+    rs_batch all = {.n_tok = SLOTS, .n_seq = 1, .tokens = tok, .pos = pos, .slot = slot, .seq_start = st1,
+                    .seq_ctx = &c1, .block_tables = t1, .max_blocks = 1};
+    rs_op_kv_store(b, &kv, k, v, &all);
+    /* the step: one decode row per sequence at its last position, s7 a run of rows */
+    int n = 0;
+    for (int i = 0; i < NS; i++) {
+        const int s = order[i];
+        memcpy(table_all + i * MB, tables[s], sizeof tables[s]);
+        st[i] = n;
+        for (int p = s == 7 ? s7_first : ctx[s] - 1; p < ctx[s]; p++) pos[n++] = p;
+        seq_ctx[i] = ctx[s];
+    }
+    st[NS] = n;
+    rs_batch bt = {.n_tok = n, .n_seq = NS, .tokens = tok, .pos = pos, .slot = slot, .seq_start = st,
+                   .seq_ctx = seq_ctx, .block_tables = table_all, .max_blocks = MB};
+    float *q = rand_floats((size_t)n * qrow, rng, 1.0f);
+    float *out = malloc((size_t)n * qrow * sizeof(float)), *one = malloc(qrow * sizeof(float));
+    rs_op_attention(b, out, q, &kv, n_heads, 0.125f, &bt);
+    for (int i = 0; i < NS; i++) {
+        for (int r = st[i]; r < st[i + 1]; r++) {
+            int32_t p1 = pos[r], s1[2] = {0, 1}, cx = p1 + 1;
+            rs_batch b1 = {.n_tok = 1, .n_seq = 1, .tokens = tok, .pos = &p1, .slot = slot, .seq_start = s1,
+                           .seq_ctx = &cx, .block_tables = table_all + i * MB, .max_blocks = MB};
+            rs_op_attention(b, one, q + (size_t)r * qrow, &kv, n_heads, 0.125f, &b1);
+            if (memcmp(out + (size_t)r * qrow, one, qrow * sizeof(float)) != 0)
+                RS_TEST_FAIL("attention shared pages kv %s mode %d heads %d/%d hd %d threads %d simd %d%s: "
+                             "sequence s%d, row at position %d differs from the row alone",
+                             rs_dtype_name(kv.dtype), (int)kv.scale_mode, n_heads, n_kv, hd, threads, simd,
+                             fast ? " fast" : "", order[i], p1);
+        }
+    }
+    free(k), free(v), free(q), free(out), free(one);
+    if (kv.token_scales) rs_backend_free_mem(b, kv.token_scales);
+    rs_backend_free_mem(b, kv.pages);
+    rs_backend_free(b);
+}
+
+RS_TEST(cpu_attention_shared_pages_batch_invariant) {
+    uint64_t rng = 13;
+    const rs_kv_layer protos[] = {{.dtype = RS_DTYPE_F32, .n_kv_heads = 2},
+                                  {.dtype = RS_DTYPE_BF16, .n_kv_heads = 2},
+                                  {.dtype = RS_DTYPE_E4M3, .n_kv_heads = 2, .scale_mode = RS_KV_SCALE_PER_HEAD},
+                                  {.dtype = RS_DTYPE_E4M3, .n_kv_heads = 2, .scale_mode = RS_KV_SCALE_PER_TOKEN}};
+    static const int groups[] = {1, 2, 4, 8, 16};
+    const bool fast = fast_attention_runs();
+    for (int simd = 0; simd <= max_simd() + (fast ? 1 : 0); simd++) /* past the top: avx512 at --numerics fast */
+        for (int threads = 1; threads <= 2; threads++)
+            for (size_t pi = 0; pi < sizeof protos / sizeof protos[0]; pi++)
+                for (size_t gi = 0; gi < sizeof groups / sizeof groups[0]; gi++)
+                    check_attention_shared(&protos[pi], 2 * groups[gi], gi % 2 ? 128 : 40 + (int)gi, threads,
+                                           RS_MIN(simd, max_simd()), simd > max_simd(), &rng);
+}
+
 /* ---- MoE ---- */
 
 typedef struct moe_case {
