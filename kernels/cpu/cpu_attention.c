@@ -468,7 +468,11 @@ void rs_cpu_op_attention(rs_backend *b, float *out, const float *q, const rs_kv_
         }
     }
     runs[n_runs] = batch->n_tok;
-    const int n_units = group_units(batch, row_seq, runs, n_runs, run_rows, keys, lead, members, unit0, shared);
+    /* units of up to run_rows rows, fewer where that would leave under two items a thread */
+    int max_members = run_rows;
+    while (max_members > 1 && (int64_t)((n_runs + max_members - 1) / max_members) * kv->n_kv_heads < 2 * c->n_threads)
+        max_members /= 2;
+    const int n_units = group_units(batch, row_seq, runs, n_runs, max_members, keys, lead, members, unit0, shared);
     size_t heads = (size_t)run_rows * (size_t)group;
     for (int t = 0; t < c->n_threads; t++)
         rs_cpu_scratch(&c->thread_buf[t], heads * ((size_t)max_ctx + 2 * (size_t)kv->head_dim) * sizeof(float) +
