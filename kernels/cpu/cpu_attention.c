@@ -26,13 +26,13 @@
  * share the KV head are done together wherever they read the same page, so each K and V row is
  * read (widened, or decoded) once for all of them, a page at a time through the page kernels of
  * cpu_attention_simd.c, for every page format; a row still computes to the bits it gets alone
- * (attend_unit). The next page's slices are prefetched. Items are dealt round-robin to threads, which balances a prefill chunk whose later
- * rows see more context. Softmax is the two-pass form in fp32: scores, max, exp(s - max) and their
- * sum in one vector pass (cpu_exp.c: rs_expf, 16 fixed lanes, so the probabilities do not depend on
- * the SIMD level), probabilities p = e / sum, then out = sum_j p_j v_j. Scores live in per-thread
- * scratch sized before the pool runs.
+ * (attend_unit). The next page's slices are prefetched. Items are dealt round-robin to threads,
+ * which balances a prefill chunk whose later rows see more context. Softmax is the two-pass form
+ * in fp32: scores, max, exp(s - max) and their sum in one vector pass (cpu_exp.c: rs_expf, 16
+ * fixed lanes, so the probabilities do not depend on the SIMD level), probabilities p = e / sum,
+ * then out = sum_j p_j v_j. Scores live in per-thread scratch sized before the pool runs.
  *
- * --numerics fast over BF16 pages (rs_cpu_fast_bf16): q is rounded to BF16 once per run and the
+ * --numerics fast over BF16 pages (rs_cpu_fast_bf16): q is rounded to BF16 once per unit and the
  * probabilities once per row after the fp32 softmax, and the scores and P V run on vdpbf16ps
  * (rs_cpu_scores_bf16_dot, rs_cpu_accum_bf16_dot); everything else above holds, batch invariance
  * included. A 2048-token prefill of a Qwen3-0.6B shape spent 25% of its time in attention with the

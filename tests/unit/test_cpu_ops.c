@@ -623,6 +623,31 @@ RS_TEST(cpu_attention_fast_bf16_pages) {
     }
 }
 
+/* The backend (threads, simd, fast numerics or not) and a KV layer of proto's format with `pages`
+ * pages of head_dim hd, for the batch-invariance checks below; per-head scales in ks, vs [16]. */
+static rs_backend *invariance_backend(const rs_kv_layer *proto, int pages, int hd, int threads, int simd, bool fast,
+                                      rs_kv_layer *kv, float *ks, float *vs) {
+    const int n_kv = proto->n_kv_heads;
+    rs_backend *b = backend_at(threads, simd);
+    if (fast) ASSERT_EQ(rs_backend_set_numerics(b, RS_NUMERICS_FAST), RS_NUMERICS_FAST);
+    *kv = *proto;
+    kv->n_blocks = pages;
+    kv->head_dim = hd;
+    const size_t page_bytes = 2 * RS_KV_BLOCK * (size_t)n_kv * (size_t)hd * rs_dtype_size(kv->dtype);
+    kv->pages = rs_backend_alloc(b, (size_t)pages * page_bytes);
+    for (int h = 0; h < n_kv; h++) ks[h] = 0.01f + 0.003f * (float)h, vs[h] = 0.005f + 0.002f * (float)h;
+    if (kv->scale_mode == RS_KV_SCALE_PER_HEAD) kv->k_scale = ks, kv->v_scale = vs;
+    if (kv->scale_mode == RS_KV_SCALE_PER_TOKEN)
+        kv->token_scales = rs_backend_alloc(b, (size_t)pages * 2 * RS_KV_BLOCK * (size_t)n_kv * sizeof(float));
+    return b;
+}
+
+static void invariance_free(rs_backend *b, rs_kv_layer *kv) {
+    if (kv->token_scales) rs_backend_free_mem(b, kv->token_scales);
+    rs_backend_free_mem(b, kv->pages);
+    rs_backend_free(b);
+}
+
 /* Batch invariance of attention: a prefill step computes runs of consecutive rows of a sequence
  * together (cpu_attention.c), and every row must still get the bits it gets as a decode row alone
  * (the engine's chunking invariance rests on it). Two sequences share the step: A prefills rows
@@ -635,17 +660,9 @@ static void check_attention_runs(const rs_kv_layer *proto, int n_heads, int hd, 
     enum { L = 45, H0 = 3, PAGES = 8 };
     const int n_kv = proto->n_kv_heads;
     const size_t kvrow = (size_t)n_kv * hd, qrow = (size_t)n_heads * hd;
-    rs_backend *b = backend_at(threads, simd);
-    if (fast) ASSERT_EQ(rs_backend_set_numerics(b, RS_NUMERICS_FAST), RS_NUMERICS_FAST);
-    rs_kv_layer kv = *proto;
-    kv.n_blocks = PAGES;
-    kv.head_dim = hd;
-    kv.pages = rs_backend_alloc(b, (size_t)PAGES * 2 * RS_KV_BLOCK * kvrow * rs_dtype_size(kv.dtype));
     float ks[16], vs[16];
-    for (int h = 0; h < n_kv; h++) ks[h] = 0.01f + 0.003f * (float)h, vs[h] = 0.005f + 0.002f * (float)h;
-    if (kv.scale_mode == RS_KV_SCALE_PER_HEAD) kv.k_scale = ks, kv.v_scale = vs;
-    if (kv.scale_mode == RS_KV_SCALE_PER_TOKEN)
-        kv.token_scales = rs_backend_alloc(b, (size_t)PAGES * 2 * RS_KV_BLOCK * (size_t)n_kv * sizeof(float));
+    rs_kv_layer kv;
+    rs_backend *b = invariance_backend(proto, PAGES, hd, threads, simd, fast, &kv, ks, vs);
     /* A owns pages 5, 2, 7 (out of order), B pages 0, 1 */
     int32_t tables[2 * 4] = {5, 2, 7, 3, /* B: */ 0, 1, 4, 6};
     float *k = rand_floats((size_t)(L + 20) * kvrow, rng, 1.5f), *v = rand_floats((size_t)(L + 20) * kvrow, rng, 1.0f);
@@ -690,27 +707,34 @@ static void check_attention_runs(const rs_kv_layer *proto, int n_heads, int hd, 
         }
     }
     free(k), free(v), free(q), free(out), free(one);
-    if (kv.token_scales) rs_backend_free_mem(b, kv.token_scales);
-    rs_backend_free_mem(b, kv.pages);
-    rs_backend_free(b);
+    invariance_free(b, &kv);
 }
 
-RS_TEST(cpu_attention_runs_batch_invariant) {
-    uint64_t rng = 11;
+/* Calls check for every page format (F32, BF16, E4M3 per head and per token), SIMD level (and,
+ * past the top, AVX-512 at --numerics fast where the CPU has it), 1 and 2 threads, and each of
+ * the n_groups query heads per KV head, with head dims of 128 and, alternately, others (no 32-lane
+ * multiple). */
+typedef void (*attention_case_fn)(const rs_kv_layer *proto, int n_heads, int hd, int threads, int simd, bool fast,
+                                  uint64_t *rng);
+static void each_attention_case(attention_case_fn check, const int *groups, size_t n_groups, uint64_t seed) {
+    uint64_t rng = seed;
     const rs_kv_layer protos[] = {{.dtype = RS_DTYPE_F32, .n_kv_heads = 2},
                                   {.dtype = RS_DTYPE_BF16, .n_kv_heads = 2},
                                   {.dtype = RS_DTYPE_E4M3, .n_kv_heads = 2, .scale_mode = RS_KV_SCALE_PER_HEAD},
                                   {.dtype = RS_DTYPE_E4M3, .n_kv_heads = 2, .scale_mode = RS_KV_SCALE_PER_TOKEN}};
-    static const int groups[] = {1, 2, 3, 8, 16};
     const bool fast = fast_attention_runs();
-    for (int simd = 0; simd <= max_simd() + (fast ? 1 : 0); simd++) /* past the top: avx512 at --numerics fast */
+    for (int simd = 0; simd <= max_simd() + (fast ? 1 : 0); simd++)
         for (int threads = 1; threads <= 2; threads++)
             for (size_t pi = 0; pi < sizeof protos / sizeof protos[0]; pi++)
-                for (size_t gi = 0; gi < sizeof groups / sizeof groups[0]; gi++)
-                    check_attention_runs(&protos[pi], 2 * groups[gi], gi % 2 ? 128 : 40 + (int)gi, threads,
-                                         RS_MIN(simd, max_simd()), simd > max_simd(), &rng);
+                for (size_t gi = 0; gi < n_groups; gi++)
+                    check(&protos[pi], 2 * groups[gi], gi % 2 ? 128 : 40 + (int)gi, threads, RS_MIN(simd, max_simd()),
+                          simd > max_simd(), &rng);
 }
 
+RS_TEST(cpu_attention_runs_batch_invariant) {
+    static const int groups[] = {1, 2, 3, 8, 16};
+    each_attention_case(check_attention_runs, groups, sizeof groups / sizeof groups[0], 11);
+}
 /* Batch invariance where decode rows share pages: the samples of one prompt (forked) and prompts
  * with a common cached prefix read their shared leading pages together (cpu_attention.c,
  * group_units). Eight sequences over 16 pages, in batch order s0, s4, s1, s7, s2, s6, s3, s5:
@@ -727,17 +751,9 @@ static void check_attention_shared(const rs_kv_layer *proto, int n_heads, int hd
     static const int order[NS] = {0, 4, 1, 7, 2, 6, 3, 5};
     const int n_kv = proto->n_kv_heads, s7_first = 10; /* s7's rows: positions 10..25 */
     const size_t kvrow = (size_t)n_kv * hd, qrow = (size_t)n_heads * hd;
-    rs_backend *b = backend_at(threads, simd);
-    if (fast) ASSERT_EQ(rs_backend_set_numerics(b, RS_NUMERICS_FAST), RS_NUMERICS_FAST);
-    rs_kv_layer kv = *proto;
-    kv.n_blocks = PAGES;
-    kv.head_dim = hd;
-    kv.pages = rs_backend_alloc(b, (size_t)PAGES * 2 * RS_KV_BLOCK * kvrow * rs_dtype_size(kv.dtype));
     float ks[16], vs[16];
-    for (int h = 0; h < n_kv; h++) ks[h] = 0.01f + 0.003f * (float)h, vs[h] = 0.005f + 0.002f * (float)h;
-    if (kv.scale_mode == RS_KV_SCALE_PER_HEAD) kv.k_scale = ks, kv.v_scale = vs;
-    if (kv.scale_mode == RS_KV_SCALE_PER_TOKEN)
-        kv.token_scales = rs_backend_alloc(b, (size_t)PAGES * 2 * RS_KV_BLOCK * (size_t)n_kv * sizeof(float));
+    rs_kv_layer kv;
+    rs_backend *b = invariance_backend(proto, PAGES, hd, threads, simd, fast, &kv, ks, vs);
     /* every slot of every page gets its own K and V row, stored in one step */
     enum { SLOTS = PAGES * RS_KV_BLOCK };
     float *k = rand_floats((size_t)SLOTS * kvrow, rng, 1.5f), *v = rand_floats((size_t)SLOTS * kvrow, rng, 1.0f);
@@ -776,27 +792,13 @@ static void check_attention_shared(const rs_kv_layer *proto, int n_heads, int hd
         }
     }
     free(k), free(v), free(q), free(out), free(one);
-    if (kv.token_scales) rs_backend_free_mem(b, kv.token_scales);
-    rs_backend_free_mem(b, kv.pages);
-    rs_backend_free(b);
+    invariance_free(b, &kv);
 }
 
 RS_TEST(cpu_attention_shared_pages_batch_invariant) {
-    uint64_t rng = 13;
-    const rs_kv_layer protos[] = {{.dtype = RS_DTYPE_F32, .n_kv_heads = 2},
-                                  {.dtype = RS_DTYPE_BF16, .n_kv_heads = 2},
-                                  {.dtype = RS_DTYPE_E4M3, .n_kv_heads = 2, .scale_mode = RS_KV_SCALE_PER_HEAD},
-                                  {.dtype = RS_DTYPE_E4M3, .n_kv_heads = 2, .scale_mode = RS_KV_SCALE_PER_TOKEN}};
     static const int groups[] = {1, 2, 4, 8, 16};
-    const bool fast = fast_attention_runs();
-    for (int simd = 0; simd <= max_simd() + (fast ? 1 : 0); simd++) /* past the top: avx512 at --numerics fast */
-        for (int threads = 1; threads <= 2; threads++)
-            for (size_t pi = 0; pi < sizeof protos / sizeof protos[0]; pi++)
-                for (size_t gi = 0; gi < sizeof groups / sizeof groups[0]; gi++)
-                    check_attention_shared(&protos[pi], 2 * groups[gi], gi % 2 ? 128 : 40 + (int)gi, threads,
-                                           RS_MIN(simd, max_simd()), simd > max_simd(), &rng);
+    each_attention_case(check_attention_shared, groups, sizeof groups / sizeof groups[0], 13);
 }
-
 /* ---- MoE ---- */
 
 typedef struct moe_case {
