@@ -89,8 +89,10 @@ static void prefetch_page(const rs_kv_layer *kv, int32_t page, int kv_idx, size_
 
 /* ---- kv_store ---- */
 
-/* One token's K or V row [n_kv_heads][head_dim] as E4M3 codes into `slot` (see the file comment). */
-static void store_e4m3_row(const rs_kv_layer *kv, int64_t slot, int kv_idx, const float *src) {
+/* One token's K or V row [n_kv_heads][head_dim] as E4M3 codes into `slot` (see the file comment):
+ * the quotients x / s, then the SIMD level's encoder (rs_cpu_fp8_encode_n, bit-identical to
+ * rs_fp8_e4m3_from_f32). */
+static void store_e4m3_row(rs_cpu_simd simd, const rs_kv_layer *kv, int64_t slot, int kv_idx, const float *src) {
     const int hd = kv->head_dim;
     uint8_t *dst = (uint8_t *)kv_row(kv, slot, kv_idx, 1);
     float *ts = kv->scale_mode == RS_KV_SCALE_PER_TOKEN ? kv_token_scales(kv, slot, kv_idx) : NULL;
@@ -107,11 +109,17 @@ static void store_e4m3_row(const rs_kv_layer *kv, int64_t slot, int kv_idx, cons
         } else {
             s = head_scale[h];
         }
-        for (int i = 0; i < hd; i++) d[i] = rs_fp8_e4m3_from_f32(x[i] / s);
+        float y[256];
+        for (int i0 = 0; i0 < hd; i0 += 256) {
+            const int n = RS_MIN(256, hd - i0);
+            for (int i = 0; i < n; i++) y[i] = x[i0 + i] / s;
+            rs_cpu_fp8_encode_n(simd, d + i0, y, (size_t)n);
+        }
     }
 }
 
 typedef struct store_job {
+    rs_cpu_simd simd;
     const rs_kv_layer *kv;
     const float *k, *v; /* [n_tok][n_kv_heads][head_dim] */
     const int32_t *slot;
@@ -122,8 +130,8 @@ static void store_e4m3_range(void *arg, int64_t r0, int64_t r1, int tid) {
     const store_job *j = arg;
     size_t row = (size_t)j->kv->n_kv_heads * (size_t)j->kv->head_dim;
     for (int64_t r = r0; r < r1; r++) {
-        store_e4m3_row(j->kv, j->slot[r], 0, j->k + (size_t)r * row);
-        store_e4m3_row(j->kv, j->slot[r], 1, j->v + (size_t)r * row);
+        store_e4m3_row(j->simd, j->kv, j->slot[r], 0, j->k + (size_t)r * row);
+        store_e4m3_row(j->simd, j->kv, j->slot[r], 1, j->v + (size_t)r * row);
     }
 }
 
@@ -133,9 +141,9 @@ void rs_cpu_op_kv_store(rs_backend *b, rs_kv_layer *kv, const float *k, const fl
     size_t row = (size_t)kv->n_kv_heads * (size_t)kv->head_dim;
     for (int r = 0; r < batch->n_tok; r++)
         RS_ASSERT(batch->slot[r] >= 0 && batch->slot[r] < (int64_t)kv->n_blocks * RS_KV_BLOCK);
-    if (kv->dtype == RS_DTYPE_E4M3) { /* the encoder is scalar: spread a prefill chunk over threads */
+    if (kv->dtype == RS_DTYPE_E4M3) { /* a division per element: spread a prefill chunk over threads */
         if (batch->n_tok == 0) return;
-        store_job j = {.kv = kv, .k = k, .v = v, .slot = batch->slot};
+        store_job j = {.simd = rs_cpu_ctx_of(b)->simd, .kv = kv, .k = k, .v = v, .slot = batch->slot};
         rs_pool_run(rs_cpu_ctx_of(b)->pool, batch->n_tok, 1, store_e4m3_range, &j);
         return;
     }

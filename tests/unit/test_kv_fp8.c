@@ -331,9 +331,12 @@ RS_TEST(kv_page_kernels_match_reference) {
 
 /* ---- kv_store ---- */
 
-RS_TEST(kv_fp8_store_codes_bit_exact) {
-    uint64_t rng = 5;
-    const int n_kv = 3, hd = 40;
+/* The stored codes against the scalar encoder of the true quotient, at every SIMD level (each
+ * encodes with its own vector encoder), for head dims below and above the encoder's 256-value
+ * pieces, with and without a vector tail. */
+static void check_store_codes(int simd, int hd, uint64_t *rng_p) {
+    uint64_t rng = *rng_p;
+    const int n_kv = 3;
     for (int mode = RS_KV_SCALE_PER_HEAD; mode <= RS_KV_SCALE_PER_TOKEN; mode++) {
         for (int threads = 1; threads <= 2; threads++) {
             scen s;
@@ -345,7 +348,7 @@ RS_TEST(kv_fp8_store_codes_bit_exact) {
             for (size_t i = 0; i < (size_t)hd; i++) v1[2 * s.kvrow + i] = 1e30f * (i % 2 ? 1.0f : -1.0f);
             for (size_t i = 0; i < (size_t)hd; i++) v1[3 * s.kvrow + (size_t)hd + i] = 1e-4f * rng_uniform(&rng);
             v1[3 * s.kvrow + (size_t)hd] = 3e-1f;
-            rs_backend *b = rs_backend_cpu_init(threads);
+            rs_backend *b = backend_at(threads, simd);
             rs_kv_layer kv = layer_new(b, RS_DTYPE_E4M3, (rs_kv_scale_mode)mode, N_PAGES, n_kv, hd);
             if (mode == RS_KV_SCALE_PER_HEAD) { /* arbitrary, some so small that values saturate */
                 const float ks[3] = {0.01f, 0.003f, 1.0f / 3.0f}, vs[3] = {0.02f, 1e-3f, 7.0f};
@@ -374,9 +377,10 @@ RS_TEST(kv_fp8_store_codes_bit_exact) {
                                 uint8_t got = ((uint8_t *)kv.pages)[page_index(&kv, slot, half, h, i)];
                                 uint8_t want = rs_fp8_e4m3_from_f32(xh[i] / want_s);
                                 if (got != want)
-                                    RS_TEST_FAIL("mode %d step %d row %d half %d head %d [%d]: x %.9g scale %.9g: "
-                                                 "code 0x%02x, want 0x%02x",
-                                                 mode, step, r, half, h, i, (double)xh[i], (double)want_s, got, want);
+                                    RS_TEST_FAIL("simd %d hd %d mode %d step %d row %d half %d head %d [%d]: x %.9g "
+                                                 "scale %.9g: code 0x%02x, want 0x%02x",
+                                                 simd, hd, mode, step, r, half, h, i, (double)xh[i], (double)want_s,
+                                                 got, want);
                                 n_sat += (got & 0x7f) == 0x7e;
                             }
                         }
@@ -391,6 +395,13 @@ RS_TEST(kv_fp8_store_codes_bit_exact) {
             scen_free(&s);
         }
     }
+    *rng_p = rng;
+}
+
+RS_TEST(kv_fp8_store_codes_bit_exact) {
+    uint64_t rng = 5;
+    for (int simd = 0; simd <= max_simd(); simd++)
+        for (int hd = 40; hd <= 300; hd += 260) check_store_codes(simd, hd, &rng);
 }
 
 /* ---- attention ---- */
