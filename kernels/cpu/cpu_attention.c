@@ -307,6 +307,7 @@ static void attend_unit(const attn_job *j, const int32_t *mem, int m, int sp, in
         n_max = RS_MAX(n_max, ur[i].n_ctx);
         n_min_all = RS_MIN(n_min_all, ur[i].n_min);
     }
+    RS_ASSERT(m == 1 || (sp >= 1 && sp * RS_KV_BLOCK <= n_min_all)); /* shared pages: whole for every row */
     unit_ctx u = {.j = j, .kvh = kvh, .hd = hd, .es = rs_dtype_size(kv->dtype), .ld = (size_t)n_max,
                   .stride = (size_t)kv->n_kv_heads * (size_t)hd, .scores = scratch};
     u.per_token = fp8 && kv->scale_mode == RS_KV_SCALE_PER_TOKEN;
