@@ -39,7 +39,6 @@
  * fp32 kernels and 20% with these (perf, Zen 4).
  */
 #include <math.h>
-#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -272,6 +271,31 @@ static void page_pv(const unit_ctx *u, int h0, int nr, int n_min, int32_t page, 
     }
 }
 
+/* One pass over a unit's pages (K for scores, kv_idx 0; V for P V, 1): the shared pages with all
+ * its G heads, whose rows all see them whole, then each run's own pages with that run's heads. */
+static void unit_pass(const unit_ctx *u, const unit_run *ur, int m, int sp, int kv_idx) {
+    const int g = u->j->group, G = ur[m - 1].h0 + ur[m - 1].nr * g, n_max = (int)u->ld;
+    int n_min_all = ur[0].n_min;
+    for (int i = 1; i < m; i++) n_min_all = RS_MIN(n_min_all, ur[i].n_min);
+    RS_ASSERT(m == 1 || (sp >= 1 && sp * RS_KV_BLOCK <= n_min_all)); /* shared pages: whole for every row */
+    for (int i = -1; i < m; i++) { /* i = -1: the shared pages */
+        const unit_run *r = i < 0 ? &ur[0] : &ur[i];
+        const int h0 = i < 0 ? 0 : r->h0, nr = i < 0 ? G / g : r->nr, n_min = i < 0 ? n_min_all : r->n_min;
+        const int p_end = i < 0 ? sp : (r->n_ctx + RS_KV_BLOCK - 1) / RS_KV_BLOCK, end = i < 0 ? n_max : r->n_ctx;
+        for (int p = i < 0 ? 0 : sp; p < p_end; p++) {
+            const int p0 = p * RS_KV_BLOCK, n = RS_MIN(RS_KV_BLOCK, end - p0);
+            const int32_t next = p + 1 < p_end ? r->table[p + 1] : -1;
+            if (kv_idx == 0) page_scores(u, h0, nr * g, r->table[p], p0, n, next);
+            else page_pv(u, h0, nr, n_min, r->table[p], p0, n, next);
+        }
+    }
+}
+
+/* Offset in q and out of row r's query heads that share KV head kvh. */
+static size_t heads_at(const attn_job *j, int r, int kvh) {
+    return ((size_t)r * (size_t)j->n_heads + (size_t)kvh * (size_t)j->group) * (size_t)j->kv->head_dim;
+}
+
 /* One unit and one KV head. A unit is either one run (nr consecutive rows of one sequence at
  * positions pos[r0], pos[r0] + 1, ...: a prefill chunk's rows, or a decode row) or several
  * one-row runs of sequences whose block tables start with the same `sp` pages, each inside every
@@ -297,7 +321,7 @@ static void attend_unit(const attn_job *j, const int32_t *mem, int m, int sp, in
     const int hd = kv->head_dim, g = j->group;
     const bool fp8 = kv->dtype == RS_DTYPE_E4M3;
     unit_run ur[RUN_HEADS];
-    int G = 0, n_max = 0, n_min_all = INT32_MAX;
+    int G = 0, n_max = 0; /* the unit's heads, its longest context */
     RS_ASSERT(m >= 1 && m <= RUN_HEADS);
     for (int i = 0; i < m; i++) {
         const int r0 = j->runs[mem[i]], nr = j->runs[mem[i] + 1] - r0;
@@ -305,25 +329,21 @@ static void attend_unit(const attn_job *j, const int32_t *mem, int m, int sp, in
                            .table = bt->block_tables + (size_t)j->row_seq[r0] * (size_t)bt->max_blocks};
         G += nr * g;
         n_max = RS_MAX(n_max, ur[i].n_ctx);
-        n_min_all = RS_MIN(n_min_all, ur[i].n_min);
     }
-    RS_ASSERT(m == 1 || (sp >= 1 && sp * RS_KV_BLOCK <= n_min_all)); /* shared pages: whole for every row */
     unit_ctx u = {.j = j, .kvh = kvh, .hd = hd, .es = rs_dtype_size(kv->dtype), .ld = (size_t)n_max,
                   .stride = (size_t)kv->n_kv_heads * (size_t)hd, .scores = scratch};
     u.per_token = fp8 && kv->scale_mode == RS_KV_SCALE_PER_TOKEN;
     u.head_mul = u.per_token ? 0.0f : fp8 ? j->scale * kv->k_scale[kvh] : j->scale;
     u.head_off = (size_t)kvh * (size_t)hd * u.es, u.slice = (size_t)hd * u.es; /* bytes */
     const size_t ghd = (size_t)g * (size_t)hd, ghds = (size_t)G * (size_t)hd;
-    const size_t first = ((size_t)ur[0].r0 * (size_t)j->n_heads + (size_t)kvh * (size_t)g) * (size_t)hd;
     const bool gathered = G > g;
-    u.q = j->q + first; /* [G][hd] */
-    u.out = j->out + first;
+    u.q = j->q + heads_at(j, ur[0].r0, kvh); /* [G][hd] */
+    u.out = j->out + heads_at(j, ur[0].r0, kvh);
     if (gathered) {
         float *qb = scratch + (size_t)G * u.ld;
         for (int i = 0; i < m; i++)
             for (int r = 0; r < ur[i].nr; r++)
-                memcpy(qb + ((size_t)ur[i].h0 + (size_t)r * (size_t)g) * (size_t)hd,
-                       j->q + ((size_t)(ur[i].r0 + r) * (size_t)j->n_heads + (size_t)kvh * (size_t)g) * (size_t)hd,
+                memcpy(qb + (size_t)(ur[i].h0 + r * g) * (size_t)hd, j->q + heads_at(j, ur[i].r0 + r, kvh),
                        ghd * sizeof(float));
         u.q = qb;
         u.out = qb + ghds;
@@ -335,14 +355,7 @@ static void attend_unit(const attn_job *j, const int32_t *mem, int m, int sp, in
         u.q16 = q16;
     }
 
-    /* shared pages with every head, then each member's own pages with its heads */
-    for (int p = 0; p < sp; p++)
-        page_scores(&u, 0, G, ur[0].table[p], p * RS_KV_BLOCK, RS_MIN(RS_KV_BLOCK, n_max - p * RS_KV_BLOCK),
-                    p + 1 < sp ? ur[0].table[p + 1] : -1);
-    for (int i = 0; i < m; i++)
-        for (int p0 = sp * RS_KV_BLOCK, p = sp; p0 < ur[i].n_ctx; p0 += RS_KV_BLOCK, p++)
-            page_scores(&u, ur[i].h0, ur[i].nr * g, ur[i].table[p], p0, RS_MIN(RS_KV_BLOCK, ur[i].n_ctx - p0),
-                        p0 + RS_KV_BLOCK < ur[i].n_ctx ? ur[i].table[p + 1] : -1);
+    unit_pass(&u, ur, m, sp, 0);
     for (int i = 0; i < m; i++)
         for (int r = 0; r < ur[i].nr; r++) {
             float *sc = u.scores + ((size_t)ur[i].h0 + (size_t)r * (size_t)g) * u.ld;
@@ -353,15 +366,7 @@ static void attend_unit(const attn_job *j, const int32_t *mem, int m, int sp, in
                                              (size_t)(ur[i].n_min + r));
         }
     memset(u.out, 0, ghds * sizeof(float));
-    /* a unit of several runs has one-row runs whose contexts cover the shared pages: G / g rows
-     * that see them whole */
-    for (int p = 0; p < sp; p++)
-        page_pv(&u, 0, G / g, n_min_all, ur[0].table[p], p * RS_KV_BLOCK, RS_MIN(RS_KV_BLOCK, n_max - p * RS_KV_BLOCK),
-                p + 1 < sp ? ur[0].table[p + 1] : -1);
-    for (int i = 0; i < m; i++)
-        for (int p0 = sp * RS_KV_BLOCK, p = sp; p0 < ur[i].n_ctx; p0 += RS_KV_BLOCK, p++)
-            page_pv(&u, ur[i].h0, ur[i].nr, ur[i].n_min, ur[i].table[p], p0, RS_MIN(RS_KV_BLOCK, ur[i].n_ctx - p0),
-                    p0 + RS_KV_BLOCK < ur[i].n_ctx ? ur[i].table[p + 1] : -1);
+    unit_pass(&u, ur, m, sp, 1);
     if (fp8 && !u.per_token) {
         const float vs = kv->v_scale[kvh];
         for (size_t i = 0; i < ghds; i++) u.out[i] *= vs;
@@ -369,8 +374,8 @@ static void attend_unit(const attn_job *j, const int32_t *mem, int m, int sp, in
     if (gathered)
         for (int i = 0; i < m; i++)
             for (int r = 0; r < ur[i].nr; r++)
-                memcpy(j->out + ((size_t)(ur[i].r0 + r) * (size_t)j->n_heads + (size_t)kvh * (size_t)g) * (size_t)hd,
-                       u.out + ((size_t)ur[i].h0 + (size_t)r * (size_t)g) * (size_t)hd, ghd * sizeof(float));
+                memcpy(j->out + heads_at(j, ur[i].r0 + r, kvh), u.out + (size_t)(ur[i].h0 + r * g) * (size_t)hd,
+                       ghd * sizeof(float));
 }
 
 /* Worker w takes items w, w + n_workers, ...; item i is unit i / n_kv_heads, KV head i % n_kv_heads. */
