@@ -195,6 +195,14 @@ typedef enum {
     RS_CUDA_ATTENTION_MMA
 } rs_cuda_attention_kernel;
 void rs_backend_cuda_set_attention_kernel(rs_backend *b, rs_cuda_attention_kernel k);
+/* Decode steps of fast numerics (every sequence one row) with the option on read the KV pages that
+ * rows share (the n samples of a prompt, prompts with the same cached prefix) once per unit of up to
+ * 16 / group rows, on tensor cores, instead of once per row; each row's own pages then go through the
+ * kernel above, and a combine pass merges both (kernels/cuda/cuda_attention.cu,
+ * attention_shared_kernel). Head sizes 32, 64 and 128, groups of up to 8 query heads. Off by
+ * default until measured on a GPU; the environment variable RS_CUDA_ATTENTION_SHARED=1 turns it on for
+ * a process. */
+void rs_backend_cuda_set_attention_shared(rs_backend *b, bool on);
 /* Tensor-core GEMVs (fast numerics, up to RS_CUDA_GEMV_ROWS_* rows) launched as programmatic dependents
  * of the kernel before them (sm_90 PDL): their blocks start while that kernel runs and load their
  * first weights before waiting for it, which hides part of each launch and of the first memory

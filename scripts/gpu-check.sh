@@ -18,6 +18,9 @@
 #              heads, BF16 and E4M3 pages): us per call and K/V GB/s, exact numerics, fast numerics
 #              at the automatic, 8 and 32 context splits with each kernel (tiles, staged, warps,
 #              pipelined, mma)                                                                 <= 90 s
+#   shared     the attention op on decode rows forked 8 at a time from 1024-position prompts (32 and
+#              256 rows, 64 and 256 positions of their own): private pages, shared pages, and shared
+#              pages read once per unit (RS_CUDA_ATTENTION_SHARED), pipelined and mma kernels  <= 60 s
 #   sample     device sampling alone, 1/32/256 requests over Qwen3's vocabulary: greedy and T = 1
 #              (over parts of the row in fast numerics) and top_p 0.95, exact against fast    <= 30 s
 #   decode8b   batch-1 decode, the 8B-shaped random model (preset qwen3-8b, written once: 16 GB),
@@ -33,6 +36,8 @@
 #   rl_fp8     the same with FP8 weights, BF16 KV then FP8 KV                                <= 150 s
 #   rl_mma     rl_bf16 and rl_fp8 with decode attention on tensor cores (RS_CUDA_ATTENTION=mma,
 #              not the default until measured)                                               <= 150 s
+#   rl_shared  rl_bf16 and rl_fp8 (FP8 KV) with shared pages read once per unit
+#              (RS_CUDA_ATTENTION_SHARED=1) over the mma kernel, then BF16 over the pipelined one <= 150 s
 #   decode06   batch-1 and batch-32 decode tokens/s and MBU (weight bytes per step / the
 #              device-to-device copy bandwidth measured in the same run), Qwen3-0.6B shapes,
 #              FP8 and BF16 weights, fast numerics                                            <= 60 s
@@ -193,6 +198,7 @@ main() {
     skip numerics "needs python3 with pytest, requests and numpy"
   fi
   step att 90 $B/bench-gpu attention
+  step shared 60 $B/bench-gpu shared
   step sample 30 $B/bench-gpu sample
   step decode8b 240 $B/rollout-bench --device cuda --preset qwen3-8b --quantization both --batches 1 \
     --prompt 32 --gen 32
@@ -210,6 +216,9 @@ main() {
   step rl_fp8 150 "${rl[@]}" --quantization fp8 --kv-dtype bf16,fp8
   step rl_mma 150 sh -c "RS_CUDA_ATTENTION=mma ${rl[*]} --quantization bf16 --kv-dtype bf16 &&
     RS_CUDA_ATTENTION=mma ${rl[*]} --quantization fp8 --kv-dtype bf16,fp8"
+  step rl_shared 150 sh -c "RS_CUDA_ATTENTION_SHARED=1 RS_CUDA_ATTENTION=mma ${rl[*]} --quantization bf16 --kv-dtype bf16 &&
+    RS_CUDA_ATTENTION_SHARED=1 RS_CUDA_ATTENTION=mma ${rl[*]} --quantization fp8 --kv-dtype fp8 &&
+    RS_CUDA_ATTENTION_SHARED=1 ${rl[*]} --quantization bf16 --kv-dtype bf16"
   step decode06 60 $B/rollout-bench --device cuda --numerics fast --preset qwen3-0.6b --quantization both \
     --batches 1,32 --prompt 32 --gen 32
   local ncu

@@ -23,6 +23,14 @@
  *       includes the op's copies of the batch's positions and block tables to the device, as in a
  *       step without graphs. GB/s against the copy bandwidth (read + write) is the MBU measure of
  *       the decode benchmarks.
+ *   bench-gpu shared [--rows 32,256] [--n 8] [--prompt 1024] [--own 64,256] [--heads NH:NKV] [--hd 128]
+ *       the attention op on decode rows forked n at a time from one prompt each (a row's context:
+ *       the prompt's pages, shared by its n forks, then `own` positions in pages of its own), BF16
+ *       and E4M3 pages, fast numerics at the automatic split count: us per call with the pipelined
+ *       warp kernel (the default) and the mma kernel, each without and with the shared-page
+ *       kernel (rs_backend_cuda_set_attention_shared), and the same rows with a private copy of
+ *       every prompt page (no sharing: what the L2 cache saves when forks read the same pages
+ *       shows as the difference). K/V MB is what the rows read without sharing.
  *   bench-gpu sample [--rows 1,32,256] [--vocab 151936]
  *       device sampling (rs_backend_sample, the request copy and the result download included) of
  *       `rows` requests over random logits of a vocab-sized row each: greedy, T = 1 (both spread
@@ -372,6 +380,90 @@ static void bench_attention(rs_backend *b, const list *rows, const list *ctx, co
     rs_backend_free_mem(b, q), rs_backend_free_mem(b, out);
 }
 
+/* ---- decode attention over pages that forked rows share ---- */
+
+static void bench_shared(rs_backend *b, const list *rows, int n, int prompt, const list *own, int n_heads, int n_kv,
+                         int hd, double bw) {
+    uint64_t seed = 17;
+    int rmax = 0, omax = 0;
+    for (int i = 0; i < rows->n; i++) rmax = RS_MAX(rmax, rows->v[i][0]);
+    for (int i = 0; i < own->n; i++) omax = RS_MAX(omax, own->v[i][0]);
+    const int pp = (prompt + RS_KV_BLOCK - 1) / RS_KV_BLOCK, op = (omax + RS_KV_BLOCK - 1) / RS_KV_BLOCK + 1;
+    const int bps = pp + op; /* table width; own pages start after the prompt's (prompt is page-aligned) */
+    RS_ASSERT(prompt % RS_KV_BLOCK == 0);
+    printf("attention op, decode rows forked %d at a time from %d-position prompts, %d query heads / %d KV heads, "
+           "head dim %d, fast numerics\n", n, prompt, n_heads, n_kv, hd);
+    const size_t nq = (size_t)rmax * n_heads * hd;
+    float *hq = rs_xmalloc(nq * sizeof(float));
+    for (size_t i = 0; i < nq; i++) hq[i] = (float)((i * 2654435761u) % 1000) / 500.0f - 1.0f;
+    float *q = rs_backend_alloc(b, nq * sizeof(float)), *out = rs_backend_alloc(b, nq * sizeof(float));
+    RS_ASSERT(q && out);
+    rs_backend_upload(b, q, hq, nq * sizeof(float));
+    free(hq);
+    int32_t *pos = rs_xmalloc((size_t)rmax * 4), *start = rs_xmalloc((size_t)(rmax + 1) * 4);
+    int32_t *seq_ctx = rs_xmalloc((size_t)rmax * 4);
+    int32_t *t_sh = rs_xmalloc((size_t)rmax * bps * 4), *t_pr = rs_xmalloc((size_t)rmax * bps * 4);
+    /* the pool: every row's private layout (rows x bps pages); the shared layout uses its first pages */
+    for (int r = 0; r < rmax; r++)
+        for (int p = 0; p < bps; p++) {
+            t_pr[(size_t)r * bps + p] = r * bps + p;
+            t_sh[(size_t)r * bps + p] = p < pp ? (r / n) * pp + p : ((rmax + n - 1) / n) * pp + r * op + (p - pp);
+        }
+    static const rs_dtype dts[] = {RS_DTYPE_BF16, RS_DTYPE_E4M3};
+    for (size_t di = 0; di < RS_ARRAY_LEN(dts); di++) {
+        const rs_dtype dt = dts[di];
+        rs_kv_layer kv = {.dtype = dt, .n_blocks = rmax * bps, .n_kv_heads = n_kv, .head_dim = hd,
+                          .scale_mode = dt == RS_DTYPE_E4M3 ? RS_KV_SCALE_PER_HEAD : RS_KV_SCALE_NONE};
+        const size_t es = rs_dtype_size(dt), row_bytes = (size_t)n_kv * hd * es;
+        const size_t page_bytes = (size_t)kv.n_blocks * 2 * RS_KV_BLOCK * row_bytes;
+        const size_t chunk = RS_MIN(page_bytes, (size_t)16 << 20);
+        kv.pages = dev_random(b, chunk, &seed, dt == RS_DTYPE_E4M3);
+        if (page_bytes > chunk) {
+            void *all = rs_backend_alloc(b, page_bytes);
+            if (!all) {
+                printf("  %s: %zu MB of pages do not fit; skipped\n", rs_dtype_name(dt), page_bytes >> 20);
+                rs_backend_free_mem(b, kv.pages);
+                continue;
+            }
+            for (size_t off = 0; off < page_bytes; off += chunk)
+                rs_backend_copy(b, (char *)all + off, kv.pages, RS_MIN(chunk, page_bytes - off));
+            rs_backend_free_mem(b, kv.pages);
+            kv.pages = all;
+        }
+        if (dt == RS_DTYPE_E4M3) kv.k_scale = dev_scales(b, (size_t)n_kv), kv.v_scale = dev_scales(b, (size_t)n_kv);
+        for (int ri = 0; ri < rows->n; ri++)
+            for (int oi = 0; oi < own->n; oi++) {
+                const int R = rows->v[ri][0], O = own->v[oi][0], C = prompt + O;
+                for (int r = 0; r < R; r++) pos[r] = C - 1, start[r] = r, seq_ctx[r] = C;
+                start[R] = R;
+                const double bytes = 2.0 * (double)R * C * (double)row_bytes;
+                static const rs_cuda_attention_kernel kern[2] = {RS_CUDA_ATTENTION_PIPELINED, RS_CUDA_ATTENTION_MMA};
+                double t[2][3]; /* kernel x (private pages, shared pages, shared pages with the shared kernel) */
+                for (int ki = 0; ki < 2; ki++) {
+                    rs_backend_cuda_set_attention_kernel(b, kern[ki]);
+                    for (int m = 0; m < 3; m++) {
+                        const rs_batch bt = {.n_tok = R, .n_seq = R, .pos = pos, .seq_start = start, .seq_ctx = seq_ctx,
+                                             .block_tables = m == 0 ? t_pr : t_sh, .max_blocks = bps};
+                        rs_backend_cuda_set_attention_shared(b, m == 2);
+                        t[ki][m] = time_attention(b, out, q, &kv, n_heads, &bt);
+                    }
+                }
+                rs_backend_cuda_set_attention_shared(b, false);
+                rs_backend_cuda_set_attention_kernel(b, RS_CUDA_ATTENTION_PIPELINED);
+                printf("  %-13s rows %4d ctx %5d + %4d own (%7.1f MB K/V): pipelined: private %8.1f us (%3.0f%% of copy) | "
+                       "forked %8.1f us | forked, shared kernel %8.1f us (%.2fx) || mma: private %8.1f | forked %8.1f | "
+                       "forked, shared kernel %8.1f us (%.2fx)\n",
+                       rs_dtype_name(dt), R, prompt, O, bytes / 1e6, t[0][0] * 1e6, 100.0 * bytes / t[0][0] / 1e9 / bw,
+                       t[0][1] * 1e6, t[0][2] * 1e6, t[0][1] / t[0][2], t[1][0] * 1e6, t[1][1] * 1e6, t[1][2] * 1e6,
+                       t[1][1] / t[1][2]);
+            }
+        rs_backend_free_mem(b, kv.pages);
+        if (kv.k_scale) rs_backend_free_mem(b, kv.k_scale), rs_backend_free_mem(b, kv.v_scale);
+    }
+    free(pos), free(start), free(seq_ctx), free(t_sh), free(t_pr);
+    rs_backend_free_mem(b, q), rs_backend_free_mem(b, out);
+}
+
 /* ---- sample ---- */
 
 typedef struct sample_call {
@@ -434,6 +526,7 @@ static void bench_sample(rs_backend *b, const list *rows, int vocab) {
 static void usage(void) {
     fprintf(stderr, "usage: bench-gpu copy | gemm [--shapes N:K,...] [--tokens T,...] | gemv [--shapes N:K,...] "
                     "[--rows R,...] | attention [--rows R,...] [--ctx C,...] [--heads NH:NKV] [--hd D] [--splits S,...] | "
+                    "shared [--rows R,...] [--n N] [--prompt P] [--own O,...] [--heads NH:NKV] [--hd D] | "
                     "sample [--rows R,...] [--vocab V]\n");
     exit(2);
 }
@@ -441,11 +534,14 @@ static void usage(void) {
 int main(int argc, char **argv) {
     if (argc < 2) usage();
     const char *what = argv[1];
-    const bool att = !strcmp(what, "attention"), smp = !strcmp(what, "sample");
-    list shapes, tokens, rows, ctx, heads, hd, splits, vocab;
+    const bool att = !strcmp(what, "attention"), smp = !strcmp(what, "sample"), shr = !strcmp(what, "shared");
+    list shapes, tokens, rows, ctx, heads, hd, splits, vocab, fork_n, prompt, own;
     parse_list("6144:4096,4096:4096,12288:4096,4096:12288", &shapes, true); /* Qwen3-8B q|k|v, o, gate, down */
     parse_list("512,2048,4096", &tokens, false);
-    parse_list(att || smp ? "1,32,256" : "1,2,4,8,12,16,24,32,64", &rows, false);
+    parse_list(shr ? "32,256" : att || smp ? "1,32,256" : "1,2,4,8,12,16,24,32,64", &rows, false);
+    parse_list("8", &fork_n, false);
+    parse_list("1024", &prompt, false);
+    parse_list("64,256", &own, false);
     parse_list("151936", &vocab, false); /* Qwen3's */
     parse_list("1024,4096", &ctx, false);
     parse_list("32:8", &heads, true); /* Qwen3-8B */
@@ -469,6 +565,16 @@ int main(int argc, char **argv) {
                 if (splits.v[j][0] > 64) usage();
         } else if (!strcmp(argv[i], "--vocab")) {
             if (parse_list(argv[i + 1], &vocab, false) || vocab.n != 1) usage();
+        } else if (!strcmp(argv[i], "--n")) {
+            if (parse_list(argv[i + 1], &fork_n, false) || fork_n.n != 1 || fork_n.v[0][0] < 1) usage();
+        } else if (!strcmp(argv[i], "--prompt")) {
+            if (parse_list(argv[i + 1], &prompt, false) || prompt.n != 1 || prompt.v[0][0] < RS_KV_BLOCK ||
+                prompt.v[0][0] % RS_KV_BLOCK)
+                usage();
+        } else if (!strcmp(argv[i], "--own")) {
+            if (parse_list(argv[i + 1], &own, false)) usage();
+            for (int j = 0; j < own.n; j++)
+                if (own.v[j][0] < 1) usage();
         } else if (!strcmp(argv[i], "--hd")) {
             if (parse_list(argv[i + 1], &hd, false) || hd.n != 1) usage();
         } else usage();
@@ -490,6 +596,10 @@ int main(int argc, char **argv) {
         const double bw = copy_gbs(b);
         printf("device-to-device copy: %.1f GB/s (read + write)\n", bw);
         bench_attention(b, &rows, &ctx, &splits, heads.v[0][0], heads.v[0][1], hd.v[0][0], bw);
+    } else if (shr) {
+        const double bw = copy_gbs(b);
+        printf("device-to-device copy: %.1f GB/s (read + write)\n", bw);
+        bench_shared(b, &rows, fork_n.v[0][0], prompt.v[0][0], &own, heads.v[0][0], heads.v[0][1], hd.v[0][0], bw);
     } else if (smp) bench_sample(b, &rows, vocab.v[0][0]);
     else usage();
     rs_backend_free(b);

@@ -256,6 +256,8 @@ extern "C" rs_backend *rs_backend_cuda_init(int device) {
     c->sm_count = prop.multiProcessorCount;
     const char *pdl = getenv("RS_CUDA_PDL"); /* backend.h rs_backend_cuda_set_pdl */
     c->pdl = pdl && strcmp(pdl, "1") == 0;
+    const char *att_sh = getenv("RS_CUDA_ATTENTION_SHARED"); /* backend.h rs_backend_cuda_set_attention_shared */
+    c->att_shared = att_sh && strcmp(att_sh, "1") == 0;
     const char *att = getenv("RS_CUDA_ATTENTION"); /* backend.h rs_backend_cuda_set_attention_kernel */
     c->att_kernel = RS_CUDA_ATTENTION_PIPELINED;
     if (att && strcmp(att, "tiles") == 0) c->att_kernel = RS_CUDA_ATTENTION_TILES;

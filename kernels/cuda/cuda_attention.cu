@@ -37,7 +37,9 @@
  *   rows at long context then uses every SM. Fast numerics' decode rows take attention_warps_kernel
  *   (below: independent warps with many K/V loads in flight, no barrier per tile; its pipelined form
  *   by default), the same contract in another fp32 order, or attention_mma_kernel (the same on
- *   tensor cores); RS_CUDA_ATTENTION=tiles|staged|warps|pipelined|mma chooses (backend.h).
+ *   tensor cores); RS_CUDA_ATTENTION=tiles|staged|warps|pipelined|mma chooses (backend.h). With
+ *   RS_CUDA_ATTENTION_SHARED=1 a decode step's rows that share pages (forked samples) read them once
+ *   per unit (attention_shared_kernel) and take the chosen kernel over their own pages only.
  *   Prefill chunks go to the tensor-core kernel.
  *   The host checks what the CPU asserts as it reads (positions, the pages a row can reach,
  *   every row in a sequence), since a kernel cannot; positions, sequence starts and block tables
@@ -184,12 +186,30 @@ __device__ __forceinline__ void stage_rows(uint4 *st, const void *pages, const s
     }
 }
 
+/* The positions [*t_begin, *t_end) of context split sp of a row whose own pass covers [t0, n_ctx)
+ * (t0 = 0, or the whole pages of its shared_units_kernel unit, which attention_shared_kernel
+ * covers), and where its partial results go: split sp covers [t0 + sp * span, t0 + (sp + 1) * span)
+ * with span = ceil((n_ctx - t0) / n_split) rounded up to whole tiles (later splits may be empty).
+ * An empty split writes its weight-0 partial (zero output, -inf log-sum-exp) for the combine with
+ * the block's threads and returns false. */
+__device__ __forceinline__ bool aw_range(int t0, int n_ctx, int n_split, int sp, int ng, int hd, size_t part0,
+                                         float *part_o, float *part_lse, int *t_begin, int *t_end) {
+    const int n = n_ctx - t0;
+    const int per = n_split == 1 ? n : (n + n_split - 1) / n_split;
+    const int span = (per + ATT_TILE - 1) / ATT_TILE * ATT_TILE;
+    *t_begin = n_split == 1 ? t0 : t0 + sp * span;
+    *t_end = n_split == 1 ? n_ctx : min(n_ctx, *t_begin + span);
+    if (*t_begin < *t_end) return true;
+    for (int i = threadIdx.x; i < ng * hd; i += blockDim.x) part_o[(part0 + (size_t)(i / hd) * n_split + sp) * hd + i % hd] = 0.0f;
+    if ((int)threadIdx.x < ng) part_lse[part0 + (size_t)threadIdx.x * n_split + sp] = -INFINITY;
+    return false;
+}
+
 /* Block (i, kvh, z): row r = rows ? rows[i] : i, KV head kvh, query-head chunk z % n_chunks and
  * context split z / n_chunks; see the file comment for the phases. DT is the pages' dtype. With one
  * split and no partial buffers the block writes its heads' outputs (exact numerics: the whole
- * context in one pass); otherwise split sp covers positions [sp * per, (sp + 1) * per) of the
- * row's context (per = ceil(n_ctx / n_split) rounded up to whole tiles; later splits may be empty)
- * and writes its normalized partial output and log-sum-exp for the combine pass. */
+ * context in one pass); otherwise split sp covers aw_range's positions of the row's context and
+ * writes its normalized partial output and log-sum-exp for the combine pass. */
 template <int DT, bool STAGE>
 static __global__ void __launch_bounds__(ATT_THREADS)
 attention_kernel(float *out /* [n_tok][n_heads][hd] */, const float *q /* [n_tok][n_heads][hd] */,
@@ -200,7 +220,7 @@ attention_kernel(float *out /* [n_tok][n_heads][hd] */, const float *q /* [n_tok
                  int max_blocks, int n_heads, int n_kv, int hd, int group, int gc, float scale,
                  const int32_t *rows /* [grid x] or NULL */, int n_chunks, int n_split,
                  float *part_o /* [grid x][n_heads][n_split][hd] or NULL */,
-                 float *part_lse /* [grid x][n_heads][n_split] */) {
+                 float *part_lse /* [grid x][n_heads][n_split] */, const int32_t *row_start /* [n_tok] or NULL */) {
     __shared__ uint4 stage_s[STAGE ? ATT_STAGE_BYTES / 16 : 1]; /* the tile's K rows, then its V rows */
     __shared__ float q_s[ATT_MAX_OUT];                /* [ng][hd] this block's query heads */
     __shared__ float p_s[ATT_MAX_HEADS][ATT_TILE];    /* scores, then p_j * vs_j, of one tile */
@@ -215,18 +235,11 @@ attention_kernel(float *out /* [n_tok][n_heads][hd] */, const float *q /* [n_tok
     const int n_out = ng * hd; /* <= ATT_MAX_OUT (host check) */
     const size_t head0 = (size_t)r * (size_t)n_heads + (size_t)kvh * (size_t)group + (size_t)h0;
     const size_t row_elems = (size_t)n_kv * (size_t)hd;
-    const int n_ctx = pos[r] + 1;
-    /* this block's positions [t_begin, t_end) */
-    const int per = n_split == 1 ? n_ctx : (n_ctx + n_split - 1) / n_split;
-    const int t_begin = sp * ((per + ATT_TILE - 1) / ATT_TILE * ATT_TILE);
-    const int t_end = n_split == 1 ? n_ctx : min(n_ctx, t_begin + (per + ATT_TILE - 1) / ATT_TILE * ATT_TILE);
     /* partial results of heads h0.. of this (list row, split) */
     const size_t part0 = ((size_t)blockIdx.x * (size_t)n_heads + (size_t)kvh * (size_t)group + (size_t)h0) * (size_t)n_split;
-    if (t_begin >= t_end) { /* an empty split: weight 0 in the combine */
-        for (int i = tid; i < n_out; i += ATT_THREADS) part_o[(part0 + (size_t)(i / hd) * n_split + sp) * hd + i % hd] = 0.0f;
-        if (tid < ng) part_lse[part0 + (size_t)tid * n_split + sp] = -INFINITY;
+    int t_begin, t_end; /* this block's positions; an empty split has weight 0 in the combine */
+    if (!aw_range(row_start ? row_start[r] : 0, pos[r] + 1, n_split, sp, ng, hd, part0, part_o, part_lse, &t_begin, &t_end))
         return;
-    }
     const int32_t *table = tables + (size_t)rs_cuda_row_seq(seq_start, n_seq, r) * (size_t)max_blocks;
     const bool per_token = DT == RS_DTYPE_E4M3 && mode == RS_KV_SCALE_PER_TOKEN;
     const float head_mul = DT == RS_DTYPE_E4M3 && !per_token ? scale * k_scale[kvh] : scale;
@@ -416,21 +429,6 @@ template <int DT> __device__ __forceinline__ void aw_decode(const uint32_t *w, f
     }
 }
 
-/* The positions [*t_begin, *t_end) of context split sp of a row at pos (attention_kernel's
- * partition), and where its partial results go. An empty split writes its weight-0 partial (zero
- * output, -inf log-sum-exp) for the combine with the block's threads and returns false. */
-__device__ __forceinline__ bool aw_range(int n_ctx, int n_split, int sp, int ng, int hd, size_t part0, float *part_o,
-                                         float *part_lse, int *t_begin, int *t_end) {
-    const int per = n_split == 1 ? n_ctx : (n_ctx + n_split - 1) / n_split;
-    const int span = (per + ATT_TILE - 1) / ATT_TILE * ATT_TILE;
-    *t_begin = n_split == 1 ? 0 : sp * span;
-    *t_end = n_split == 1 ? n_ctx : min(n_ctx, *t_begin + span);
-    if (*t_begin < *t_end) return true;
-    for (int i = threadIdx.x; i < ng * hd; i += blockDim.x) part_o[(part0 + (size_t)(i / hd) * n_split + sp) * hd + i % hd] = 0.0f;
-    if ((int)threadIdx.x < ng) part_lse[part0 + (size_t)threadIdx.x * n_split + sp] = -INFINITY;
-    return false;
-}
-
 /* The block's warps merged (after a barrier): warp w left head h's running max m_s[w][h] (log2
  * units), sum l_s[w][h] and un-normalized output acc_s[w][h * hd + d]; each scaled by 2^(m - max m).
  * Writes the normalized output times out_mul, or with splits the normalized partial and its
@@ -569,7 +567,7 @@ attention_warps_kernel(float *out /* [n_tok][n_heads][hd] */, const float *q /* 
                        int max_blocks, int n_heads, int n_kv, int hd, int group, int gc, float scale,
                        const int32_t *rows /* [grid x] or NULL */, int n_chunks, int n_split,
                        float *part_o /* [grid x][n_heads][n_split][hd] or NULL */,
-                       float *part_lse /* [grid x][n_heads][n_split] */) {
+                       float *part_lse /* [grid x][n_heads][n_split] */, const int32_t *row_start /* [n_tok] or NULL */) {
     constexpr int U = aw_shape<DT, G, PF>::U;
     __shared__ int32_t tbl_s[AW_TABLE];
     __shared__ float m_s[AW_WARPS][G], l_s[AW_WARPS][G];
@@ -584,7 +582,9 @@ attention_warps_kernel(float *out /* [n_tok][n_heads][hd] */, const float *q /* 
     const size_t row_elems = (size_t)n_kv * (size_t)hd;
     const size_t part0 = ((size_t)blockIdx.x * (size_t)n_heads + (size_t)kvh * (size_t)group + (size_t)h0) * (size_t)n_split;
     int t_begin, t_end; /* this block's positions */
-    if (!aw_range(pos[r] + 1, n_split, sp, ng, hd, part0, part_o, part_lse, &t_begin, &t_end)) return;
+    if (!aw_range(row_start ? row_start[r] : 0, pos[r] + 1, n_split, sp, ng, hd, part0, part_o, part_lse, &t_begin,
+                  &t_end))
+        return;
     const int32_t *table = tables + (size_t)rs_cuda_row_seq(seq_start, n_seq, r) * (size_t)max_blocks;
     const bool per_token = DT == RS_DTYPE_E4M3 && mode == RS_KV_SCALE_PER_TOKEN;
     const float qmul = (DT == RS_DTYPE_E4M3 && !per_token ? scale * k_scale[kvh] : scale) * AW_LOG2E;
@@ -706,7 +706,7 @@ attention_mma_kernel(float *out /* [n_tok][n_heads][hd] */, const float *q /* [n
                      int max_blocks, int n_heads, int n_kv, int hd, int group, int gc, float scale,
                      const int32_t *rows /* [grid x] or NULL */, int n_chunks, int n_split,
                      float *part_o /* [grid x][n_heads][n_split][hd] or NULL */,
-                     float *part_lse /* [grid x][n_heads][n_split] */) {
+                     float *part_lse /* [grid x][n_heads][n_split] */, const int32_t *row_start /* [n_tok] or NULL */) {
     constexpr bool F16 = DT != RS_DTYPE_BF16;
     constexpr int HD = 32 * W;
     __shared__ int32_t tbl_s[AW_TABLE];
@@ -721,7 +721,9 @@ attention_mma_kernel(float *out /* [n_tok][n_heads][hd] */, const float *q /* [n
     const size_t row_elems = (size_t)n_kv * (size_t)HD;
     const size_t part0 = ((size_t)blockIdx.x * (size_t)n_heads + (size_t)kvh * (size_t)group + (size_t)h0) * (size_t)n_split;
     int t_begin, t_end; /* this block's positions */
-    if (!aw_range(pos[r] + 1, n_split, sp, ng, HD, part0, part_o, part_lse, &t_begin, &t_end)) return;
+    if (!aw_range(row_start ? row_start[r] : 0, pos[r] + 1, n_split, sp, ng, HD, part0, part_o, part_lse, &t_begin,
+                  &t_end))
+        return;
     const int32_t *table = tables + (size_t)rs_cuda_row_seq(seq_start, n_seq, r) * (size_t)max_blocks;
     const bool per_token = DT == RS_DTYPE_E4M3 && mode == RS_KV_SCALE_PER_TOKEN;
     const float head_mul = (DT == RS_DTYPE_E4M3 && !per_token ? scale * k_scale[kvh] : scale) * AW_LOG2E;
@@ -859,24 +861,317 @@ attention_mma_kernel(float *out /* [n_tok][n_heads][hd] */, const float *q /* [n
                         part_o, part_lse, part0, n_split, sp);
 }
 
+/* ---- decode attention over pages that rows share (rs_cuda_ctx.att_shared, RS_CUDA_ATTENTION_SHARED) ----
+ *
+ * The n samples of a prompt are forked from it and share its KV pages, and so do prompts that hit
+ * the same cached prefix. In a decode step (every sequence one row, no row list) with the option on:
+ *   shared_units_kernel  (one block) groups the rows into units from the step's mirrored block
+ *       tables and positions, so that a recorded step graph recomputes them at every replay: rows
+ *       whose first whole pages are the same page form units of up to SH_ROWS / group rows, in row
+ *       order; a unit's shared length is the number of leading pages that are the same page for
+ *       every member and lie whole inside every member's context, times RS_KV_BLOCK. A unit of one
+ *       row, or with no such page, is no unit. row_start[r] is the row's unit's shared length, or 0.
+ *   attention_shared_kernel  block (leader row, KV head, split): the unit's members x the group's
+ *       query heads are the rows of one m16 tile of attention_mma_kernel's products (member m, head h
+ *       at tile row m * group + h), so each K/V element read serves every member's heads and the
+ *       mma's rows are full where the mma kernel fills group of 16. Its range is the shared length,
+ *       split as aw_range splits a row; it writes the normalized partial and log-sum-exp of every
+ *       member's heads into the shared partial buffers. The block of a row in no unit writes that
+ *       row's weight-0 partials there; a member's own block returns.
+ *   the row's own pass  any decode kernel over [row_start[r], pos[r] + 1), into the split partials.
+ *   attention_combine_kernel  merges both sets of partials.
+ * Every position of a row's context is in exactly one of the two ranges, so the result is the same
+ * attention in another fp32 order, with the shared part on tensor cores (the mma kernel's tolerance).
+ * Head sizes 32, 64 and 128 and groups of up to 8 query heads; other shapes, mixed steps and steps
+ * of more than SH_MAX_ROWS rows run without it. Off by default until measured on a GPU. */
+#define SH_ROWS 16       /* tile rows of a unit: members x group */
+#define SH_MAX_ROWS 1024 /* decode rows that shared_units_kernel groups in shared memory */
+#define SH_UNIT (2 + SH_ROWS) /* int32 per row in the units array: members, shared length, the members */
+
+static bool sh_takes(int hd, int group) { return am_takes(hd) && group <= SH_ROWS / 2; }
+
+static __global__ void __launch_bounds__(256)
+shared_units_kernel(const int32_t *pos /* [n_rows] */, const int32_t *seq_start /* [n_seq + 1] */, int n_seq,
+                    const int32_t *tables /* [n_seq][max_blocks] */, int max_blocks, int n_rows, int cap,
+                    int32_t *units /* [n_rows][SH_UNIT] */, int32_t *row_start /* [n_rows] */) {
+    __shared__ int32_t first_s[SH_MAX_ROWS], lead_s[SH_MAX_ROWS], len_s[SH_MAX_ROWS];
+    for (int r = threadIdx.x; r < n_rows; r += blockDim.x) /* a row's first whole page, or none (-1 - r) */
+        first_s[r] = pos[r] + 1 >= RS_KV_BLOCK ? tables[(size_t)rs_cuda_row_seq(seq_start, n_seq, r) * max_blocks] : -1 - r;
+    __syncthreads();
+    for (int r = threadIdx.x; r < n_rows; r += blockDim.x) { /* the leader: the first row of r's run of cap */
+        const int f = first_s[r];
+        int k = 0;
+        for (int i = 0; i < r; i++) k += first_s[i] == f;
+        int lead = r;
+        for (int i = 0, j = 0; i <= r; i++)
+            if (first_s[i] == f && j++ == k / cap * cap) {
+                lead = i;
+                break;
+            }
+        lead_s[r] = lead;
+    }
+    __syncthreads();
+    for (int r = threadIdx.x; r < n_rows; r += blockDim.x) {
+        int32_t *u = units + (size_t)r * SH_UNIT;
+        len_s[r] = 0;
+        u[0] = 0, u[1] = 0;
+        if (lead_s[r] != r) continue;
+        int n = 0;
+        for (int i = r; i < n_rows && n < cap; i++)
+            if (lead_s[i] == r) u[2 + n++] = i;
+        if (n < 2) continue;
+        int len = 0; /* whole pages, the same page in every member's table, inside every member's context */
+        for (int b = 0; b < max_blocks; b++, len++) {
+            const int32_t page = tables[(size_t)rs_cuda_row_seq(seq_start, n_seq, r) * max_blocks + b];
+            bool same = true;
+            for (int m = 0; m < n && same; m++) {
+                const int i = u[2 + m];
+                same = (b + 1) * RS_KV_BLOCK <= pos[i] + 1 &&
+                       tables[(size_t)rs_cuda_row_seq(seq_start, n_seq, i) * max_blocks + b] == page;
+            }
+            if (!same) break;
+        }
+        if (len == 0) continue;
+        u[0] = n, u[1] = len * RS_KV_BLOCK;
+        len_s[r] = len * RS_KV_BLOCK;
+    }
+    __syncthreads();
+    for (int r = threadIdx.x; r < n_rows; r += blockDim.x) row_start[r] = len_s[lead_s[r]];
+}
+
+template <int DT, int W>
+static __global__ void __launch_bounds__(AW_THREADS)
+attention_shared_kernel(const float *q /* [n_rows][n_heads][hd] */, const void *pages /* [n_blocks][2][16][n_kv][hd] of DT */,
+                        rs_kv_scale_mode mode, const float *k_scale /* [n_kv] */,
+                        const float *token_scales /* [n_blocks][2][16][n_kv] */, const int32_t *seq_start /* [n_seq + 1] */,
+                        int n_seq, const int32_t *tables /* [n_seq][max_blocks] */, int max_blocks, int n_heads, int n_kv,
+                        int group, float scale, const int32_t *units /* [n_rows][SH_UNIT] */,
+                        const int32_t *row_start /* [n_rows] */, int n_split,
+                        float *part_o /* [n_rows][n_heads][n_split][hd] */, float *part_lse /* [n_rows][n_heads][n_split] */) {
+    constexpr bool F16 = DT != RS_DTYPE_BF16;
+    constexpr int HD = 32 * W;
+    __shared__ int32_t tbl_s[AW_TABLE];
+    __shared__ int32_t mem_s[SH_ROWS];
+    __shared__ float m_s[AW_WARPS][SH_ROWS], l_s[AW_WARPS][SH_ROWS];
+    __shared__ float acc_s[AW_WARPS][SH_ROWS * HD];
+
+    const int r = blockIdx.x, kvh = blockIdx.y, sp = blockIdx.z;
+    const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
+    const int32_t *unit = units + (size_t)r * SH_UNIT;
+    const int nm = unit[0], len = unit[1];
+    if (nm < 2 && row_start[r] > 0) return; /* a member: its leader's block writes its partials */
+    const int n_mem = nm < 2 ? 1 : nm, rows_used = n_mem * group;
+    if (tid < n_mem) mem_s[tid] = nm < 2 ? r : unit[2 + tid];
+    __syncthreads();
+    int t_begin, t_end;
+    {
+        const int per = (len + n_split - 1) / n_split, span = (per + ATT_TILE - 1) / ATT_TILE * ATT_TILE;
+        t_begin = sp * span, t_end = min(len, t_begin + span);
+    }
+    if (t_begin >= t_end) { /* no unit, or an empty split: weight-0 partials of every member's heads */
+        for (int i = tid; i < rows_used * HD; i += AW_THREADS) {
+            const int row = i / HD;
+            const size_t p0 = ((size_t)mem_s[row / group] * n_heads + (size_t)kvh * group + row % group) * n_split + sp;
+            part_o[p0 * HD + i % HD] = 0.0f;
+            if (i % HD == 0) part_lse[p0] = -INFINITY;
+        }
+        return;
+    }
+    const int32_t *table = tables + (size_t)rs_cuda_row_seq(seq_start, n_seq, r) * (size_t)max_blocks;
+    const size_t row_elems = (size_t)n_kv * (size_t)HD;
+    const bool per_token = DT == RS_DTYPE_E4M3 && mode == RS_KV_SCALE_PER_TOKEN;
+    const float head_mul = (DT == RS_DTYPE_E4M3 && !per_token ? scale * k_scale[kvh] : scale) * AW_LOG2E;
+
+    /* Q's A fragments: rows g and g + 8 of the tile (member row / group, head row % group; zero past
+     * the unit), k order as in attention_mma_kernel */
+    uint32_t qa[W][2][4];
+#pragma unroll
+    for (int w = 0; w < W; w++)
+#pragma unroll
+        for (int h = 0; h < 2; h++)
+#pragma unroll
+            for (int hi = 0; hi < 2; hi++) {
+                const int row = g + 8 * hi;
+                const float *qr = q + ((size_t)mem_s[min(row / group, n_mem - 1)] * n_heads + (size_t)kvh * group +
+                                       (size_t)(row % group)) * HD + 32 * w + 8 * t + 4 * h;
+                qa[w][h][hi] = row < rows_used ? pack2<F16>(qr[0], qr[1]) : 0u;
+                qa[w][h][2 + hi] = row < rows_used ? pack2<F16>(qr[2], qr[3]) : 0u;
+            }
+    float o[W][4][4]; /* tile (w, j): c0, c1 = row g, dims 32 w + 8 t + 2 j + {0,1}; c2, c3 = row g + 8 */
+#pragma unroll
+    for (int w = 0; w < W; w++)
+#pragma unroll
+        for (int j = 0; j < 4; j++)
+#pragma unroll
+            for (int i = 0; i < 4; i++) o[w][j][i] = 0.0f;
+    float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.0f, 0.0f}; /* rows g, g + 8 */
+
+    for (int s0 = t_begin; s0 < t_end; s0 += AW_TABLE * RS_KV_BLOCK) {
+        const int s1 = min(t_end, s0 + AW_TABLE * RS_KV_BLOCK);
+        __syncthreads();
+        for (int i = tid; i < (s1 - s0 + RS_KV_BLOCK - 1) / RS_KV_BLOCK; i += AW_THREADS)
+            tbl_s[i] = table[s0 / RS_KV_BLOCK + i];
+        __syncthreads();
+        for (int base = s0 + warp * AM_RUN; base < s1; base += AW_WARPS * AM_RUN) {
+            uint32_t kw[2][W][4], vw[2][W][4]; /* positions base + 8 nt + g */
+#pragma unroll
+            for (int nt = 0; nt < 2; nt++) {
+                const int p = base + 8 * nt + g;
+                if (p < s1) {
+                    const size_t krow = (size_t)tbl_s[(p - s0) / RS_KV_BLOCK] * 2 * RS_KV_BLOCK + (size_t)(p % RS_KV_BLOCK);
+                    const size_t e0 = krow * row_elems + (size_t)kvh * HD + (size_t)(8 * t);
+#pragma unroll
+                    for (int w = 0; w < W; w++) {
+                        am_load<DT>(kw[nt][w], pages, e0 + 32 * (size_t)w);
+                        am_load<DT>(vw[nt][w], pages, e0 + RS_KV_BLOCK * row_elems + 32 * (size_t)w);
+                    }
+                } else {
+#pragma unroll
+                    for (int w = 0; w < W; w++)
+#pragma unroll
+                        for (int j = 0; j < 4; j++) kw[nt][w][j] = 0u, vw[nt][w][j] = 0u;
+                }
+            }
+            float kmul[2][2], vmul[2][2]; /* of S columns base + 8 nt + 2 t + i */
+#pragma unroll
+            for (int nt = 0; nt < 2; nt++)
+#pragma unroll
+                for (int i = 0; i < 2; i++) {
+                    const int p = base + 8 * nt + 2 * t + i;
+                    kmul[nt][i] = head_mul, vmul[nt][i] = 1.0f;
+                    if (per_token && p < s1) {
+                        const size_t krow = (size_t)tbl_s[(p - s0) / RS_KV_BLOCK] * 2 * RS_KV_BLOCK + (size_t)(p % RS_KV_BLOCK);
+                        kmul[nt][i] = scale * AW_LOG2E * token_scales[krow * (size_t)n_kv + (size_t)kvh];
+                        vmul[nt][i] = token_scales[(krow + RS_KV_BLOCK) * (size_t)n_kv + (size_t)kvh];
+                    }
+                }
+            /* S = Q K^T: s[nt][0..1] row g, s[nt][2..3] row g + 8 */
+            float s[2][4];
+#pragma unroll
+            for (int nt = 0; nt < 2; nt++) {
+#pragma unroll
+                for (int i = 0; i < 4; i++) s[nt][i] = 0.0f;
+#pragma unroll
+                for (int w = 0; w < W; w++)
+#pragma unroll
+                    for (int h = 0; h < 2; h++) {
+                        const uint32_t b[2] = {kw[nt][w][2 * h], kw[nt][w][2 * h + 1]};
+                        mma16816<F16>(s[nt], qa[w][h], b);
+                    }
+            }
+            /* rows g and g + 8: online softmax over the quad */
+            float p[2][4], corr[2];
+#pragma unroll
+            for (int hi = 0; hi < 2; hi++) {
+                float mx = -INFINITY;
+#pragma unroll
+                for (int nt = 0; nt < 2; nt++)
+#pragma unroll
+                    for (int i = 0; i < 2; i++) {
+                        const float v = base + 8 * nt + 2 * t + i < s1 ? s[nt][2 * hi + i] * kmul[nt][i] : -INFINITY;
+                        s[nt][2 * hi + i] = v;
+                        mx = fmaxf(mx, v);
+                    }
+                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+                const float mn = fmaxf(m_run[hi], mx); /* finite: the run's first position is in range */
+                corr[hi] = exp2f(m_run[hi] - mn);
+                float ps = 0.0f;
+#pragma unroll
+                for (int nt = 0; nt < 2; nt++)
+#pragma unroll
+                    for (int i = 0; i < 2; i++) {
+                        p[nt][2 * hi + i] = exp2f(s[nt][2 * hi + i] - mn);
+                        ps += p[nt][2 * hi + i];
+                    }
+                l_run[hi] = l_run[hi] * corr[hi] + ps;
+                m_run[hi] = mn;
+            }
+#pragma unroll
+            for (int w = 0; w < W; w++)
+#pragma unroll
+                for (int j = 0; j < 4; j++) {
+                    o[w][j][0] *= corr[0], o[w][j][1] *= corr[0];
+                    o[w][j][2] *= corr[1], o[w][j][3] *= corr[1];
+                }
+            /* O += P V: P's A fragment from S's C fragments (rows g, g + 8; k = the run's 16 positions) */
+            const uint32_t pa[4] = {pack2<F16>(p[0][0] * vmul[0][0], p[0][1] * vmul[0][1]),
+                                    pack2<F16>(p[0][2] * vmul[0][0], p[0][3] * vmul[0][1]),
+                                    pack2<F16>(p[1][0] * vmul[1][0], p[1][1] * vmul[1][1]),
+                                    pack2<F16>(p[1][2] * vmul[1][0], p[1][3] * vmul[1][1])};
+#pragma unroll
+            for (int w = 0; w < W; w++)
+#pragma unroll
+                for (int j = 0; j < 4; j++) {
+                    const uint32_t b[2] = {movmatrix_trans(vw[0][w][j]), movmatrix_trans(vw[1][w][j])};
+                    mma16816<F16>(o[w][j], pa, b);
+                }
+        }
+    }
+
+    /* the quads' row sums; each warp's partial results into shared memory (a warp without positions
+     * leaves m = -inf, weight 0 below) */
+#pragma unroll
+    for (int hi = 0; hi < 2; hi++) {
+        l_run[hi] += __shfl_xor_sync(0xffffffffu, l_run[hi], 1);
+        l_run[hi] += __shfl_xor_sync(0xffffffffu, l_run[hi], 2);
+        const int row = g + 8 * hi;
+        if (t == 0) m_s[warp][row] = m_run[hi], l_s[warp][row] = l_run[hi];
+#pragma unroll
+        for (int w = 0; w < W; w++)
+#pragma unroll
+            for (int j = 0; j < 4; j++)
+#pragma unroll
+                for (int i = 0; i < 2; i++) acc_s[warp][row * HD + 32 * w + 8 * t + 2 * j + i] = o[w][j][2 * hi + i];
+    }
+    __syncthreads();
+    for (int i = tid; i < rows_used * HD; i += AW_THREADS) { /* warp 0 saw the range's first position */
+        const int row = i / HD;
+        float M = m_s[0][row];
+#pragma unroll
+        for (int w = 1; w < AW_WARPS; w++) M = fmaxf(M, m_s[w][row]);
+        float L = 0.0f, O = 0.0f;
+#pragma unroll
+        for (int w = 0; w < AW_WARPS; w++) {
+            const float f = exp2f(m_s[w][row] - M);
+            L += l_s[w][row] * f;
+            O += acc_s[w][i] * f;
+        }
+        const size_t p0 = ((size_t)mem_s[row / group] * n_heads + (size_t)kvh * group + row % group) * n_split + sp;
+        part_o[p0 * HD + i % HD] = O / L;
+        if (i % HD == 0) part_lse[p0] = M * AW_LN2 + logf(L);
+    }
+}
+
 /* out[r][h] = sum_s w_s o_s / sum_s w_s with w_s = exp(lse_s - max lse): the splits of list row i
- * (blockIdx.x) and head h (blockIdx.y) merged, times the per-head V scale (E4M3 PER_HEAD). */
+ * (blockIdx.x) and head h (blockIdx.y) merged, and those of its shared pages where sh_o is not NULL
+ * (n_sh of them, rows without a list), times the per-head V scale (E4M3 PER_HEAD). */
 static __global__ void __launch_bounds__(ATT_THREADS)
 attention_combine_kernel(float *out /* [n_tok][n_heads][hd] */, const float *part_o /* [rows][n_heads][n_split][hd] */,
                          const float *part_lse /* [rows][n_heads][n_split] */, const int32_t *rows, int n_heads,
-                         int hd, int n_split, int group, const float *v_scale /* [n_kv] or NULL */) {
+                         int hd, int n_split, int group, const float *v_scale /* [n_kv] or NULL */,
+                         const float *sh_o /* [rows][n_heads][n_sh][hd] or NULL */,
+                         const float *sh_lse /* [rows][n_heads][n_sh] */, int n_sh) {
     const int i = blockIdx.x, h = blockIdx.y, r = rows ? rows[i] : i;
     const size_t p0 = ((size_t)i * n_heads + (size_t)h) * (size_t)n_split;
-    float mx = -INFINITY;
+    const size_t q0 = ((size_t)i * n_heads + (size_t)h) * (size_t)n_sh;
+    if (!sh_o) n_sh = 0;
+    float mx = -INFINITY; /* finite: some split of the row's context is not empty */
     for (int sp = 0; sp < n_split; sp++) mx = fmaxf(mx, part_lse[p0 + sp]);
+    for (int sp = 0; sp < n_sh; sp++) mx = fmaxf(mx, sh_lse[q0 + sp]);
     float wsum = 0.0f;
-    for (int sp = 0; sp < n_split; sp++) wsum += expf(part_lse[p0 + sp] - mx); /* split 0 is never empty */
+    for (int sp = 0; sp < n_split; sp++) wsum += expf(part_lse[p0 + sp] - mx);
+    for (int sp = 0; sp < n_sh; sp++) wsum += expf(sh_lse[q0 + sp] - mx);
     const float mul = v_scale ? v_scale[h / group] : 1.0f;
     for (int d = threadIdx.x; d < hd; d += blockDim.x) {
         float acc = 0.0f;
         for (int sp = 0; sp < n_split; sp++) {
             const float w = expf(part_lse[p0 + sp] - mx);
             if (w > 0.0f) acc += w * part_o[(p0 + sp) * hd + d];
+        }
+        for (int sp = 0; sp < n_sh; sp++) {
+            const float w = expf(sh_lse[q0 + sp] - mx);
+            if (w > 0.0f) acc += w * sh_o[(q0 + sp) * hd + d];
         }
         out[((size_t)r * n_heads + (size_t)h) * hd + d] = acc / wsum * mul;
     }
@@ -912,6 +1207,54 @@ static int decode_splits(const rs_cuda_ctx *c, int n_rows, int n_kv, int n_chunk
     return (int)RS_MAX(1L, RS_MIN(32L, (want + base - 1) / base));
 }
 
+/* What launch_shared leaves for the rows' own passes and the combine. */
+struct att_shared_parts {
+    const int32_t *row_start; /* [n_rows] device: where each row's own pass starts */
+    float *o, *lse;           /* the units' partials [n_rows][n_heads][n_split]([hd]) */
+    int n_split;
+};
+
+/* Decode rows 0..n_rows-1 (every sequence one row): shared_units_kernel, then
+ * attention_shared_kernel over the units' shared pages in splits chosen, like decode_splits, from
+ * the row count alone (units of cap rows assumed full), so that a recorded step replays right. */
+static att_shared_parts launch_shared(rs_cuda_ctx *c, const att_launch *L, int n_rows) {
+    const rs_kv_layer *kv = L->kv;
+    const int n_kv = kv->n_kv_heads, hd = kv->head_dim, cap = SH_ROWS / L->group;
+    int32_t *units = (int32_t *)rs_cuda_scratch(c, RS_CUDA_S_ATT_UNITS, (size_t)n_rows * (SH_UNIT + 1) * sizeof(int32_t));
+    int32_t *row_start = units + (size_t)n_rows * SH_UNIT;
+    shared_units_kernel<<<1, 256, 0, c->stream>>>(L->dpos, L->dstart, L->n_seq, L->dtab, L->max_blocks, n_rows, cap,
+                                                  units, row_start);
+    CUDA_CHECK_LAUNCH();
+    c->att_shared_runs++;
+    att_shared_parts sh;
+    sh.row_start = row_start;
+    if (c->att_splits > 0) sh.n_split = c->att_splits;
+    else {
+        const long base = (long)((n_rows + cap - 1) / cap) * n_kv, want = 2L * RS_MAX(c->sm_count, 1);
+        sh.n_split = (int)RS_MAX(1L, RS_MIN(32L, (want + base - 1) / base));
+    }
+    const size_t np = (size_t)n_rows * (size_t)L->n_heads * (size_t)sh.n_split;
+    sh.o = (float *)rs_cuda_scratch(c, RS_CUDA_S_ATT_SH_O, np * (size_t)hd * sizeof(float));
+    sh.lse = (float *)rs_cuda_scratch(c, RS_CUDA_S_ATT_SH_LSE, np * sizeof(float));
+    const dim3 grid((unsigned)n_rows, (unsigned)n_kv, (unsigned)sh.n_split);
+#define SH_ARGS                                                                                                     \
+    L->q, kv->pages, kv->scale_mode, kv->k_scale, kv->token_scales, L->dstart, L->n_seq, L->dtab, L->max_blocks,    \
+        L->n_heads, n_kv, L->group, L->scale, units, row_start, sh.n_split, sh.o, sh.lse
+#define SH_LAUNCH(DT)                                                                                               \
+    do {                                                                                                            \
+        if (hd == 32) attention_shared_kernel<DT, 1><<<grid, AW_THREADS, 0, c->stream>>>(SH_ARGS);                  \
+        else if (hd == 64) attention_shared_kernel<DT, 2><<<grid, AW_THREADS, 0, c->stream>>>(SH_ARGS);             \
+        else attention_shared_kernel<DT, 4><<<grid, AW_THREADS, 0, c->stream>>>(SH_ARGS);                           \
+    } while (0)
+    if (kv->dtype == RS_DTYPE_F32) SH_LAUNCH(RS_DTYPE_F32);
+    else if (kv->dtype == RS_DTYPE_BF16) SH_LAUNCH(RS_DTYPE_BF16);
+    else SH_LAUNCH(RS_DTYPE_E4M3);
+#undef SH_LAUNCH
+#undef SH_ARGS
+    CUDA_CHECK_LAUNCH();
+    return sh;
+}
+
 /* Attention over n_rows rows (rows: device list, or NULL for rows 0..n_rows-1): the warp kernel
  * when `warps` (fast numerics' decode rows) and the head size allows it, else the tile kernel
  * (staged per c->att_kernel); in n_split context splits (0: decode_splits), more than one going
@@ -924,8 +1267,12 @@ static void launch_rows(rs_cuda_ctx *c, const att_launch *L, const int32_t *rows
     int gc, n_chunks; /* the warp kernel's chunks serve the mma kernel too (hd <= 128: up to 8 heads) */
     att_chunks(L, warps, &gc, &n_chunks);
     if (n_split == 0) n_split = decode_splits(c, n_rows, n_kv, n_chunks);
+    /* pages shared by rows: the units, their partials (shared.o, .lse) and each row's own start */
+    const bool shared = warps && c->att_shared && !rows && n_rows >= 2 && n_rows <= SH_MAX_ROWS && sh_takes(hd, L->group);
+    att_shared_parts sh = {};
+    if (shared) sh = launch_shared(c, L, n_rows);
     float *part_o = NULL, *part_lse = NULL;
-    if (n_split > 1) {
+    if (n_split > 1 || shared) {
         const size_t np = (size_t)n_rows * (size_t)L->n_heads * (size_t)n_split;
         part_o = (float *)rs_cuda_scratch(c, RS_CUDA_S_ATT_PART_O, np * (size_t)hd * sizeof(float));
         part_lse = (float *)rs_cuda_scratch(c, RS_CUDA_S_ATT_PART_LSE, np * sizeof(float));
@@ -935,7 +1282,7 @@ static void launch_rows(rs_cuda_ctx *c, const att_launch *L, const int32_t *rows
 #define ATT_ARGS                                                                                                    \
     L->out, L->q, kv->pages, kv->scale_mode, kv->k_scale, kv->v_scale, kv->token_scales, L->dpos, L->dstart,         \
         L->n_seq, L->dtab, L->max_blocks, L->n_heads, n_kv, hd, L->group, gc, L->scale, rows, n_chunks, n_split,     \
-        part_o, part_lse
+        part_o, part_lse, sh.row_start
 #define AW_LAUNCH_PF(DT, G)                                                                                         \
     do {                                                                                                            \
         if (c->att_kernel == RS_CUDA_ATTENTION_PIPELINED || c->att_kernel == RS_CUDA_ATTENTION_MMA)                 \
@@ -972,10 +1319,10 @@ static void launch_rows(rs_cuda_ctx *c, const att_launch *L, const int32_t *rows
 #undef AM_LAUNCH
 #undef ATT_ARGS
     CUDA_CHECK_LAUNCH();
-    if (n_split == 1) return;
+    if (!part_o) return;
     const float *vs = kv->dtype == RS_DTYPE_E4M3 && kv->scale_mode == RS_KV_SCALE_PER_HEAD ? kv->v_scale : NULL;
     attention_combine_kernel<<<dim3((unsigned)n_rows, (unsigned)L->n_heads), ATT_THREADS, 0, c->stream>>>(
-        L->out, part_o, part_lse, rows, L->n_heads, hd, n_split, L->group, vs);
+        L->out, part_o, part_lse, rows, L->n_heads, hd, n_split, L->group, vs, sh.o, sh.lse, sh.n_split);
     CUDA_CHECK_LAUNCH();
 }
 
@@ -1074,6 +1421,13 @@ extern "C" void rs_backend_cuda_set_attention_kernel(rs_backend *b, rs_cuda_atte
     RS_ASSERT(k == RS_CUDA_ATTENTION_TILES || k == RS_CUDA_ATTENTION_STAGED || k == RS_CUDA_ATTENTION_WARPS ||
               k == RS_CUDA_ATTENTION_PIPELINED || k == RS_CUDA_ATTENTION_MMA);
     rs_cuda_ctx_of(b)->att_kernel = k;
+}
+
+/* backend.h: fast numerics' decode steps read pages that rows share once per unit, from now on. */
+extern "C" void rs_backend_cuda_set_attention_shared(rs_backend *b, bool on) { rs_cuda_ctx_of(b)->att_shared = on; }
+
+extern "C" unsigned long long rs_cuda_test_attention_shared_runs(rs_backend *b) {
+    return rs_cuda_ctx_of(b)->att_shared_runs;
 }
 
 /* Fast numerics' decode attention in n context splits from now on (0: chosen by size). */

@@ -85,6 +85,9 @@ enum {
     RS_CUDA_S_GEMM_OUT,      /* fast GEMMs: output of t_pad rows [t_pad][n] */
     RS_CUDA_S_ATT_PART_O,    /* split attention: partial outputs [rows][n_heads][splits][hd] */
     RS_CUDA_S_ATT_PART_LSE,  /* split attention: their log-sum-exp [rows][n_heads][splits] */
+    RS_CUDA_S_ATT_SH_O,      /* shared-page attention: partial outputs [rows][n_heads][splits][hd] */
+    RS_CUDA_S_ATT_SH_LSE,    /* shared-page attention: their log-sum-exp [rows][n_heads][splits] */
+    RS_CUDA_S_ATT_UNITS,     /* shared-page attention: units [rows][SH_UNIT], then row starts [rows] (int32) */
     RS_CUDA_S_SAMPLE_REQ,    /* sampling: the requests [n] */
     RS_CUDA_S_SAMPLE_RES,    /* sampling: the results [n] */
     RS_CUDA_S_SAMPLE_W,      /* sampling: a [vocab] fp32 row per block */
@@ -126,9 +129,12 @@ struct rs_cuda_ctx {
     int gemv_rows_bf16;     /* per weight dtype (RS_CUDA_GEMV_ROWS_*) */
     int att_splits;         /* fast numerics: context splits of decode attention (0: by size; tests set it) */
     rs_cuda_attention_kernel att_kernel; /* backend.h; RS_CUDA_ATTENTION, default RS_CUDA_ATTENTION_PIPELINED */
+    bool att_shared;        /* fast numerics: decode steps read pages that rows share once per unit
+                             * (cuda_attention.cu; RS_CUDA_ATTENTION_SHARED=1, backend.h) */
     bool no_device_sampling; /* rs_backend_cuda_set_device_sampling(false): every request left undone */
     uint64_t sampled;       /* requests the device has sampled */
     uint64_t gemv_tc_runs;  /* tensor-core GEMVs launched (cuda_matmul_fast.cu; tests: which kernel ran) */
+    uint64_t att_shared_runs; /* attention calls that launched attention_shared_kernel (tests: it ran) */
     bool pdl;               /* tensor-core GEMVs launch as programmatic dependents (backend.h rs_backend_cuda_set_pdl) */
     cudaStream_t stream;
     rs_cuda_blas *blas;     /* cuBLASLt handle, workspace and descriptor cache */

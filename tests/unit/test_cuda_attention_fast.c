@@ -24,6 +24,16 @@
  * but F32 at head size 128 and 256, which checks the fallback) and where it does not.
  * A second test decodes one 4500-position row (the warp and mma kernels read the page table in
  * slices of 256 pages) in one split and by size.
+ *
+ * A third decodes rows whose block tables share pages (RS_CUDA_ATTENTION_SHARED: units of rows read
+ * their shared pages once): nine rows fork one prompt of 9 pages (six share its first 8, S6 its
+ * first 2, S7 and S8 all 9), one row's context ends inside the second prompt page (S11: only the
+ * first is whole), and two rows share nothing (one of them inside its first page). Units of
+ * 16 / group rows (groups 1, 2, 4 and 8) take different members and shared lengths from the same
+ * tables; each of them runs with the warp, pipelined and mma kernels for the rows' own pages, at 1
+ * and 3 splits and by size, against the exact kernel under the tensor-core tolerance. Group 16 and
+ * head size 48, which the shared kernel does not take, give the bits of the same launch without
+ * the option.
  */
 #ifdef RS_CUDA
 #include <math.h>
@@ -38,6 +48,7 @@
 #include "test_util.h"
 
 void rs_cuda_test_attention_splits(rs_backend *b, int n); /* kernels/cuda/cuda_attention.cu */
+unsigned long long rs_cuda_test_attention_shared_runs(rs_backend *b);
 
 enum { NSEQ = 4, NBLK = 48 };
 static const int seq_len[NSEQ] = {200, 100, 1, 5};
@@ -264,6 +275,109 @@ RS_TEST(cuda_attention_warps_long_context) {
     rs_cuda_test_attention_splits(g, 0);
     free(want), free(table), free(slot), free(k), free(v);
     rs_backend_free_mem(g, kv.pages);
+    rs_backend_free(g);
+}
+/* Rows whose tables share pages (see the file comment): the page pool holds random K/V in every
+ * slot, so a shared page has the same contents for every row that reads it. */
+enum { SH_SEQ = 12, SH_BLK = 64, SH_MAXB = 12, SH_OWN = 50 };
+
+static void shared_case(rs_backend *g, const kv_kind *kind, int n_heads, int n_kv, int hd, uint64_t *s) {
+    rs_kv_layer kv = {.dtype = kind->dt, .n_blocks = SH_BLK, .n_kv_heads = n_kv, .head_dim = hd,
+                      .scale_mode = kind->mode};
+    kv.pages = rs_backend_alloc(g, (size_t)SH_BLK * 2 * RS_KV_BLOCK * n_kv * hd * rs_dtype_size(kind->dt));
+    float ks[16], vs[16];
+    for (int h = 0; h < n_kv; h++) ks[h] = 0.004f * (1 + h), vs[h] = 0.003f * (2 + h);
+    if (kind->mode == RS_KV_SCALE_PER_HEAD) {
+        kv.k_scale = rs_test_to_backend(g, ks, (size_t)n_kv * 4);
+        kv.v_scale = rs_test_to_backend(g, vs, (size_t)n_kv * 4);
+    } else if (kind->mode == RS_KV_SCALE_PER_TOKEN) {
+        kv.token_scales = rs_backend_alloc(g, (size_t)SH_BLK * 2 * RS_KV_BLOCK * n_kv * 4);
+    }
+    const int total = SH_BLK * RS_KV_BLOCK;
+    const size_t row = (size_t)n_kv * hd;
+    float *k = malloc((size_t)total * row * 4), *v = malloc((size_t)total * row * 4);
+    int32_t *slot = malloc((size_t)total * 4);
+    for (int i = 0; i < total; i++) slot[i] = i;
+    for (size_t i = 0; i < (size_t)total * row; i++) k[i] = bf16_rand(s), v[i] = bf16_rand(s);
+    if (kind->dt == RS_DTYPE_E4M3 && kind->mode == RS_KV_SCALE_PER_HEAD)
+        for (size_t i = 0; i < (size_t)total * row; i++) k[i] *= 400 * ks[(i % row) / hd], v[i] *= 400 * vs[(i % row) / hd];
+    {
+        int32_t st[2] = {0, total};
+        rs_batch bt = {.n_tok = total, .n_seq = 1, .slot = slot, .seq_start = st};
+        float *dk = rs_test_to_backend(g, k, (size_t)total * row * 4), *dv = rs_test_to_backend(g, v, (size_t)total * row * 4);
+        rs_op_kv_store(g, &kv, dk, dv, &bt);
+        rs_backend_free_mem(g, dk), rs_backend_free_mem(g, dv);
+    }
+    float vmax[16] = {0};
+    for (size_t i = 0; i < (size_t)total * row; i++) vmax[(i % row) / hd] = fmaxf(vmax[(i % row) / hd], fabsf(v[i]));
+    /* the prompt's pages 50..58 (in a shuffled order), then each sequence's own pages below 50 */
+    static const int len[SH_SEQ] = {129, 145, 158, 173, 144, 131, 50, 150, 160, 40, 10, 20};
+    static const int shares[SH_SEQ] = {8, 8, 8, 8, 8, 8, 2, 9, 9, 0, 0, 2}; /* leading prompt pages */
+    static const int prompt[9] = {53, 50, 57, 51, 55, 58, 52, 56, 54};
+    int32_t tables[SH_SEQ][SH_MAXB], pos[SH_SEQ], start[SH_SEQ + 1], ctx[SH_SEQ];
+    int next = 0;
+    for (int q = 0; q < SH_SEQ; q++) {
+        for (int b = 0; b < SH_MAXB; b++)
+            tables[q][b] = b * RS_KV_BLOCK >= len[q] ? 0 : b < shares[q] ? prompt[b] : (next++ * 7) % SH_OWN;
+        pos[q] = len[q] - 1, start[q] = q, ctx[q] = len[q];
+    }
+    RS_ASSERT(next <= SH_OWN);
+    start[SH_SEQ] = SH_SEQ;
+    rs_batch bt = {.n_tok = SH_SEQ, .n_seq = SH_SEQ, .pos = pos, .seq_start = start, .seq_ctx = ctx,
+                   .block_tables = &tables[0][0], .max_blocks = SH_MAXB};
+    const size_t nq = (size_t)SH_SEQ * n_heads * hd;
+    float *qv = malloc(nq * 4);
+    for (size_t i = 0; i < nq; i++) qv[i] = bf16_rand(s) * 2;
+    float *want = run(g, RS_NUMERICS_EXACT, qv, &kv, n_heads, &bt);
+    const int group = n_heads / n_kv;
+    const bool takes = (hd == 32 || hd == 64 || hd == 128) && group <= 8;
+    static const rs_cuda_attention_kernel kern[3] = {RS_CUDA_ATTENTION_WARPS, RS_CUDA_ATTENTION_PIPELINED,
+                                                     RS_CUDA_ATTENTION_MMA};
+    static const char *kname[3] = {"warps", "pipelined", "mma"};
+    static const int splits[] = {0, 1, 3};
+    for (size_t ci = 0; ci < 3 * RS_ARRAY_LEN(splits); ci++) {
+        const int ki = (int)(ci % 3), n_split = splits[ci / 3];
+        rs_cuda_test_attention_splits(g, n_split);
+        rs_backend_cuda_set_attention_kernel(g, kern[ki]);
+        float *plain = takes ? NULL : run(g, RS_NUMERICS_FAST, qv, &kv, n_heads, &bt);
+        const unsigned long long runs0 = rs_cuda_test_attention_shared_runs(g);
+        rs_backend_cuda_set_attention_shared(g, true);
+        float *got = run(g, RS_NUMERICS_FAST, qv, &kv, n_heads, &bt);
+        rs_backend_cuda_set_attention_shared(g, false);
+        if ((rs_cuda_test_attention_shared_runs(g) != runs0) != takes)
+            RS_TEST_FAIL("%s heads %d/%d hd %d %s: the shared kernel %s", kind->name, n_heads, n_kv, hd, kname[ki],
+                         takes ? "did not run" : "ran");
+        for (size_t i = 0; i < nq; i++) {
+            if (!takes) {
+                if (rs_test_f32_bits(got[i]) != rs_test_f32_bits(plain[i]))
+                    RS_TEST_FAIL("%s heads %d/%d hd %d %s: %a at %zu, %a without the option", kind->name, n_heads, n_kv,
+                                 hd, kname[ki], got[i], i, plain[i]);
+                continue;
+            }
+            const size_t r = i / ((size_t)n_heads * hd), e = i % ((size_t)n_heads * hd);
+            const double tol = kind->dt == RS_DTYPE_BF16 ? 4e-3 : 1e-3;
+            if (!(fabs((double)got[i] - want[i]) <= tol * vmax[(e / hd) / group]))
+                RS_TEST_FAIL("%s heads %d/%d hd %d, %s, %d splits: row %zu (pos %d) head %zu dim %zu: shared %.7g exact %.7g",
+                             kind->name, n_heads, n_kv, hd, kname[ki], n_split, r, pos[r], e / hd, e % hd, got[i], want[i]);
+        }
+        free(got), free(plain);
+    }
+    rs_backend_cuda_set_attention_kernel(g, RS_CUDA_ATTENTION_PIPELINED);
+    rs_cuda_test_attention_splits(g, 0);
+    free(qv), free(want), free(k), free(v), free(slot);
+    rs_backend_free_mem(g, kv.pages);
+    if (kv.k_scale) rs_backend_free_mem(g, kv.k_scale), rs_backend_free_mem(g, kv.v_scale);
+    if (kv.token_scales) rs_backend_free_mem(g, kv.token_scales);
+}
+
+RS_TEST(cuda_attention_shared_pages_match_exact) {
+    rs_backend *g = rs_test_cuda_or_skip();
+    uint64_t s = 139;
+    /* groups 1, 2, 4, 8 (units of 16, 8, 4, 2 rows); group 16 and head size 48 run without it */
+    static const int shapes[][3] = {{2, 2, 32}, {4, 2, 64}, {8, 2, 128}, {8, 1, 32}, {16, 1, 64}, {4, 2, 48}};
+    for (size_t ki = 0; ki < RS_ARRAY_LEN(kinds); ki++)
+        for (size_t si = 0; si < RS_ARRAY_LEN(shapes); si++)
+            shared_case(g, &kinds[ki], shapes[si][0], shapes[si][1], shapes[si][2], &s);
     rs_backend_free(g);
 }
 #endif

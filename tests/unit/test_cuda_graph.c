@@ -5,7 +5,8 @@
  * new batch sizes, a weight commit that moves a tensor (a stale recording would read the old one),
  * and scratch buffers that move, as growth moves them (a stale recording would read freed memory,
  * which the emulation refuses); fast numerics also with the tensor-core GEMVs launched as
- * programmatic dependents (PDL), whose capture a GPU checks. And CUDA's capture rules as the backend relies on them: a copy
+ * programmatic dependents (PDL), whose capture a GPU checks; fast numerics also with decode
+ * attention over pages that forked sequences share. And CUDA's capture rules as the backend relies on them: a copy
  * from pageable memory or an allocation invalidates a capture, a pinned copy replays fresh data.
  */
 #ifdef RS_CUDA
@@ -26,6 +27,7 @@
 enum { MAXS = 6, MAXT = 96 };
 
 void rs_cuda_test_move_buffers(rs_backend *b); /* kernels/cuda/backend_cuda.cu */
+unsigned long long rs_cuda_test_attention_shared_runs(rs_backend *b); /* kernels/cuda/cuda_attention.cu */
 
 typedef struct dec {
     rs_backend *b;
@@ -71,6 +73,7 @@ static void dec_step(dec *d, int ns, const int *new_len, float *logits) {
         ASSERT_TRUE(d->s[i].n_blocks <= mb);
         start[i] = n;
         for (int q = d->len[i]; q < new_len[i]; q++) {
+            ASSERT_EQ(rs_kv_seq_prepare_write(&d->p, &d->s[i], q), RS_OK); /* a forked page is copied first */
             tok[n] = (int32_t)((q * 131 + i * 17 + 5) % V), pos[n] = q, slot[n] = rs_kv_slot(&d->s[i], q);
             n++;
         }
@@ -171,6 +174,62 @@ RS_TEST(cuda_graph_decode_matches_op_by_op_exact) { graph_case(RS_NUMERICS_EXACT
 RS_TEST(cuda_graph_decode_matches_op_by_op_fast) { graph_case(RS_NUMERICS_FAST, false); }
 /* the tensor-core GEMVs as programmatic dependents (PDL), recorded and replayed */
 RS_TEST(cuda_graph_decode_matches_op_by_op_fast_pdl) { graph_case(RS_NUMERICS_FAST, true); }
+
+/* Decode attention over shared pages (rs_backend_cuda_set_attention_shared): a prompt forked into
+ * four sequences, decoded as a recorded step (units of the four rows, computed on the device from
+ * the step's tables), then two forks end and two unrelated sequences take their places, and the
+ * same recording replays with units of two: the logits of every step are those of the same steps
+ * op by op, bit for bit. */
+RS_TEST(cuda_graph_decode_shared_pages) {
+    rs_backend *g = rs_test_cuda_or_skip(), *e = rs_test_cuda_or_skip();
+    rs_backend_cuda_set_graphs(e, false);
+    rs_backend *both[2] = {g, e};
+    for (int i = 0; i < 2; i++) {
+        ASSERT_EQ(rs_backend_set_numerics(both[i], RS_NUMERICS_FAST), RS_NUMERICS_FAST);
+        rs_backend_cuda_set_attention_shared(both[i], true);
+    }
+    dec dg, de;
+    dec_open(&dg, g, "qwen3", "bf16");
+    dec_open(&de, e, "qwen3", "bf16");
+    /* the prompt (sequence 0) and two unrelated sequences beside it, which then move to 4 and 5 and
+     * join the decode later; sequences 1..3 are the prompt's forks */
+    dec *d2[2] = {&dg, &de};
+    int len[MAXS] = {40, 20, 33, 0, 0, 0};
+    both_step(&dg, &de, 3, len, "prompt beside two others");
+    for (int k = 0; k < 2; k++) {
+        d2[k]->s[4] = d2[k]->s[1], d2[k]->s[5] = d2[k]->s[2], d2[k]->len[4] = 20, d2[k]->len[5] = 33;
+        memset(&d2[k]->s[1], 0, sizeof d2[k]->s[1]), memset(&d2[k]->s[2], 0, sizeof d2[k]->s[2]);
+        d2[k]->len[1] = d2[k]->len[2] = 0;
+    }
+    for (int k = 0; k < 2; k++)
+        for (int i = 1; i < 4; i++) rs_kv_seq_fork(&d2[k]->p, &d2[k]->s[0], &d2[k]->s[i]), d2[k]->len[i] = 40;
+    for (int i = 1; i < 4; i++) len[i] = 40;
+    const unsigned long long runs0 = rs_cuda_test_attention_shared_runs(g);
+    for (int st = 0; st < 4; st++) { /* warm-up, record, replay x2 */
+        for (int i = 0; i < 4; i++) len[i]++;
+        both_step(&dg, &de, 4, len, "decode of 4 forks");
+    }
+    /* forks 2 and 3 end; sequences 4 and 5 take their rows: the recording replays with units of 2 */
+    for (int k = 0; k < 2; k++) {
+        for (int i = 2; i < 4; i++) rs_kv_seq_release(&d2[k]->p, &d2[k]->s[i]);
+        d2[k]->s[2] = d2[k]->s[4], d2[k]->s[3] = d2[k]->s[5], d2[k]->len[2] = 20, d2[k]->len[3] = 33;
+        memset(&d2[k]->s[4], 0, sizeof d2[k]->s[4]), memset(&d2[k]->s[5], 0, sizeof d2[k]->s[5]);
+        d2[k]->len[4] = d2[k]->len[5] = 0;
+    }
+    len[2] = 20, len[3] = 33, len[4] = len[5] = 0;
+    for (int st = 0; st < 3; st++) {
+        for (int i = 0; i < 4; i++) len[i]++;
+        both_step(&dg, &de, 4, len, "decode of 2 forks and 2 others");
+    }
+    uint64_t rec, rep, refused;
+    rs_backend_cuda_graph_stats(g, &rec, &rep, &refused);
+    if (rec != 1 || rep != 5 || refused != 0)
+        RS_TEST_FAIL("%llu recorded, %llu replayed, %llu refused; want 1, 5, 0", (unsigned long long)rec,
+                     (unsigned long long)rep, (unsigned long long)refused);
+    if (rs_cuda_test_attention_shared_runs(g) == runs0) RS_TEST_FAIL("the shared-page kernel never ran");
+    dec_close(&dg), dec_close(&de);
+    rs_backend_free(g), rs_backend_free(e);
+}
 
 /* Weight staging runs on a thread of its own beside the engine: its allocations, uploads, copies,
  * downloads and frees must not land inside a step graph's recording (global-mode capture refuses
