@@ -890,17 +890,30 @@ attention_mma_kernel(float *out /* [n_tok][n_heads][hd] */, const float *q /* [n
 
 static bool sh_takes(int hd, int group) { return am_takes(hd) && group <= SH_ROWS / 2; }
 
-static __global__ void __launch_bounds__(256)
+/* Runs on one block of SH_UNIT_THREADS threads: the rows' sequences, positions and first pages into
+ * shared memory; each row's leader (the first row of its run of cap rows with the same first
+ * page); each row's count of leading pages that are its leader's too and lie whole inside both
+ * contexts (a warp a row, lanes over pages, the first mismatch by atomicMin: loads in parallel,
+ * no chain through the table); each leader's unit (the minimum of its members' counts); each row's
+ * start. It runs at every layer's attention call (a step's tables are the same for all of them). */
+#define SH_UNIT_THREADS 1024
+
+static __global__ void __launch_bounds__(SH_UNIT_THREADS)
 shared_units_kernel(const int32_t *pos /* [n_rows] */, const int32_t *seq_start /* [n_seq + 1] */, int n_seq,
                     const int32_t *tables /* [n_seq][max_blocks] */, int max_blocks, int n_rows, int cap,
                     int32_t *units /* [n_rows][SH_UNIT] */, int32_t *row_start /* [n_rows] */) {
-    __shared__ int32_t first_s[SH_MAX_ROWS], lead_s[SH_MAX_ROWS], len_s[SH_MAX_ROWS];
-    for (int r = threadIdx.x; r < n_rows; r += blockDim.x) /* a row's first whole page, or none (-1 - r) */
-        first_s[r] = pos[r] + 1 >= RS_KV_BLOCK ? tables[(size_t)rs_cuda_row_seq(seq_start, n_seq, r) * max_blocks] : -1 - r;
+    __shared__ int32_t seq_s[SH_MAX_ROWS], pos_s[SH_MAX_ROWS], first_s[SH_MAX_ROWS], lead_s[SH_MAX_ROWS];
+    __shared__ int32_t same_s[SH_MAX_ROWS], len_s[SH_MAX_ROWS];
+    const int tid = threadIdx.x;
+    for (int r = tid; r < n_rows; r += blockDim.x) {
+        const int q = rs_cuda_row_seq(seq_start, n_seq, r);
+        seq_s[r] = q, pos_s[r] = pos[r];
+        first_s[r] = pos[r] + 1 >= RS_KV_BLOCK ? tables[(size_t)q * max_blocks] : -1 - r; /* no whole page: alone */
+    }
     __syncthreads();
-    for (int r = threadIdx.x; r < n_rows; r += blockDim.x) { /* the leader: the first row of r's run of cap */
+    for (int r = tid; r < n_rows; r += blockDim.x) {
         const int f = first_s[r];
-        int k = 0;
+        int k = 0; /* rows before r with the same first page */
         for (int i = 0; i < r; i++) k += first_s[i] == f;
         int lead = r;
         for (int i = 0, j = 0; i <= r; i++)
@@ -909,34 +922,31 @@ shared_units_kernel(const int32_t *pos /* [n_rows] */, const int32_t *seq_start 
                 break;
             }
         lead_s[r] = lead;
+        same_s[r] = min(max_blocks, (min(pos_s[r], pos_s[lead]) + 1) / RS_KV_BLOCK);
     }
     __syncthreads();
-    for (int r = threadIdx.x; r < n_rows; r += blockDim.x) {
+    const int warp = tid / 32, lane = tid % 32, n_warps = blockDim.x / 32;
+    for (int r = warp; r < n_rows; r += n_warps) {
+        const int32_t *tr = tables + (size_t)seq_s[r] * max_blocks, *tl = tables + (size_t)seq_s[lead_s[r]] * max_blocks;
+        const int n = same_s[r];
+        for (int b = lane; b < n; b += 32)
+            if (tr[b] != tl[b]) atomicMin(&same_s[r], b);
+    }
+    __syncthreads();
+    for (int r = tid; r < n_rows; r += blockDim.x) {
         int32_t *u = units + (size_t)r * SH_UNIT;
         len_s[r] = 0;
         u[0] = 0, u[1] = 0;
         if (lead_s[r] != r) continue;
-        int n = 0;
+        int n = 0, len = max_blocks;
         for (int i = r; i < n_rows && n < cap; i++)
-            if (lead_s[i] == r) u[2 + n++] = i;
-        if (n < 2) continue;
-        int len = 0; /* whole pages, the same page in every member's table, inside every member's context */
-        for (int b = 0; b < max_blocks; b++, len++) {
-            const int32_t page = tables[(size_t)rs_cuda_row_seq(seq_start, n_seq, r) * max_blocks + b];
-            bool same = true;
-            for (int m = 0; m < n && same; m++) {
-                const int i = u[2 + m];
-                same = (b + 1) * RS_KV_BLOCK <= pos[i] + 1 &&
-                       tables[(size_t)rs_cuda_row_seq(seq_start, n_seq, i) * max_blocks + b] == page;
-            }
-            if (!same) break;
-        }
-        if (len == 0) continue;
+            if (lead_s[i] == r) u[2 + n++] = i, len = min(len, same_s[i]);
+        if (n < 2 || len == 0) continue;
         u[0] = n, u[1] = len * RS_KV_BLOCK;
         len_s[r] = len * RS_KV_BLOCK;
     }
     __syncthreads();
-    for (int r = threadIdx.x; r < n_rows; r += blockDim.x) row_start[r] = len_s[lead_s[r]];
+    for (int r = tid; r < n_rows; r += blockDim.x) row_start[r] = len_s[lead_s[r]];
 }
 
 template <int DT, int W>
@@ -1222,7 +1232,7 @@ static att_shared_parts launch_shared(rs_cuda_ctx *c, const att_launch *L, int n
     const int n_kv = kv->n_kv_heads, hd = kv->head_dim, cap = SH_ROWS / L->group;
     int32_t *units = (int32_t *)rs_cuda_scratch(c, RS_CUDA_S_ATT_UNITS, (size_t)n_rows * (SH_UNIT + 1) * sizeof(int32_t));
     int32_t *row_start = units + (size_t)n_rows * SH_UNIT;
-    shared_units_kernel<<<1, 256, 0, c->stream>>>(L->dpos, L->dstart, L->n_seq, L->dtab, L->max_blocks, n_rows, cap,
+    shared_units_kernel<<<1, SH_UNIT_THREADS, 0, c->stream>>>(L->dpos, L->dstart, L->n_seq, L->dtab, L->max_blocks, n_rows, cap,
                                                   units, row_start);
     CUDA_CHECK_LAUNCH();
     c->att_shared_runs++;

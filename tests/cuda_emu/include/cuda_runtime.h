@@ -112,6 +112,14 @@ void emu_check_mask(unsigned mask);
 static inline void __syncthreads(void) { emu_syncthreads(); }
 static inline void __syncwarp(unsigned m = 0xffffffffu) { emu_check_mask(m); emu_syncwarp(); }
 
+/* Atomics: a block's fibers switch only at the scheduling points above and blocks run one after
+ * another, so a read-modify-write is atomic as it stands. */
+static inline int atomicMin(int *p, int v) {
+    const int old = *p;
+    if (v < old) *p = v;
+    return old;
+}
+
 template <class T> static inline T emu_shfl(unsigned mask, T v, int src) {
     static_assert(sizeof(T) <= 8, "shfl of > 8 bytes");
     emu_check_mask(mask);
