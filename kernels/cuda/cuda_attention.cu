@@ -873,8 +873,9 @@ attention_mma_kernel(float *out /* [n_tok][n_heads][hd] */, const float *q /* [n
  *       row, or with no such page, is no unit. row_start[r] is the row's unit's shared length, or 0.
  *   attention_shared_kernel  block (leader row, KV head, split): the unit's members x the group's
  *       query heads are the rows of one m16 tile of attention_mma_kernel's products (member m, head h
- *       at tile row m * group + h), so each K/V element read serves every member's heads and the
- *       mma's rows are full where the mma kernel fills group of 16. Its range is the shared length,
+ *       at tile row m * group + h), so each K/V element read serves every member's heads, and the
+ *       tile holds 16 / group rows' heads where attention_mma_kernel's holds one row's group (its
+ *       other rows zero). Its range is the shared length,
  *       split as aw_range splits a row; it writes the normalized partial and log-sum-exp of every
  *       member's heads into the shared partial buffers. The block of a row in no unit writes that
  *       row's weight-0 partials there; a member's own block returns.
