@@ -696,6 +696,47 @@ template <int DT> __device__ __forceinline__ void am_load(uint32_t w[4], const v
     }
 }
 
+/* One run's loads for the mma kernels: lane (g, t)'s K and V operand pairs of positions
+ * base + 8 nt + g (zeros past s1), and the score multipliers and V weights of its S columns
+ * base + 8 nt + 2 t + i (head_mul and 1, or the per-token scales). */
+template <int DT, int W>
+__device__ __forceinline__ void am_load_run(const void *pages, const float *token_scales, const int32_t *tbl_s, int s0,
+                                            int s1, int base, size_t row_elems, int n_kv, int kvh, int g, int t,
+                                            bool per_token, float head_mul, float scale, uint32_t (&kw)[2][W][4],
+                                            uint32_t (&vw)[2][W][4], float (&kmul)[2][2], float (&vmul)[2][2]) {
+    constexpr int HD = 32 * W;
+#pragma unroll
+    for (int nt = 0; nt < 2; nt++) {
+        const int p = base + 8 * nt + g;
+        if (p < s1) {
+            const size_t krow = (size_t)tbl_s[(p - s0) / RS_KV_BLOCK] * 2 * RS_KV_BLOCK + (size_t)(p % RS_KV_BLOCK);
+            const size_t e0 = krow * row_elems + (size_t)kvh * HD + (size_t)(8 * t);
+#pragma unroll
+            for (int w = 0; w < W; w++) {
+                am_load<DT>(kw[nt][w], pages, e0 + 32 * (size_t)w);
+                am_load<DT>(vw[nt][w], pages, e0 + RS_KV_BLOCK * row_elems + 32 * (size_t)w);
+            }
+        } else {
+#pragma unroll
+            for (int w = 0; w < W; w++)
+#pragma unroll
+                for (int j = 0; j < 4; j++) kw[nt][w][j] = 0u, vw[nt][w][j] = 0u;
+        }
+    }
+#pragma unroll
+    for (int nt = 0; nt < 2; nt++)
+#pragma unroll
+        for (int i = 0; i < 2; i++) {
+            const int p = base + 8 * nt + 2 * t + i;
+            kmul[nt][i] = head_mul, vmul[nt][i] = 1.0f;
+            if (per_token && p < s1) {
+                const size_t krow = (size_t)tbl_s[(p - s0) / RS_KV_BLOCK] * 2 * RS_KV_BLOCK + (size_t)(p % RS_KV_BLOCK);
+                kmul[nt][i] = scale * AW_LOG2E * token_scales[krow * (size_t)n_kv + (size_t)kvh];
+                vmul[nt][i] = token_scales[(krow + RS_KV_BLOCK) * (size_t)n_kv + (size_t)kvh];
+            }
+        }
+}
+
 template <int DT, int W>
 static __global__ void __launch_bounds__(AW_THREADS)
 attention_mma_kernel(float *out /* [n_tok][n_heads][hd] */, const float *q /* [n_tok][n_heads][hd] */,
@@ -756,38 +797,9 @@ attention_mma_kernel(float *out /* [n_tok][n_heads][hd] */, const float *q /* [n
         __syncthreads();
         for (int base = s0 + warp * AM_RUN; base < s1; base += AW_WARPS * AM_RUN) {
             uint32_t kw[2][W][4], vw[2][W][4]; /* positions base + 8 nt + g, operand pairs */
-#pragma unroll
-            for (int nt = 0; nt < 2; nt++) {
-                const int p = base + 8 * nt + g;
-                if (p < s1) {
-                    const size_t krow = (size_t)tbl_s[(p - s0) / RS_KV_BLOCK] * 2 * RS_KV_BLOCK + (size_t)(p % RS_KV_BLOCK);
-                    const size_t e0 = krow * row_elems + (size_t)kvh * HD + (size_t)(8 * t);
-#pragma unroll
-                    for (int w = 0; w < W; w++) {
-                        am_load<DT>(kw[nt][w], pages, e0 + 32 * (size_t)w);
-                        am_load<DT>(vw[nt][w], pages, e0 + RS_KV_BLOCK * row_elems + 32 * (size_t)w);
-                    }
-                } else {
-#pragma unroll
-                    for (int w = 0; w < W; w++)
-#pragma unroll
-                        for (int j = 0; j < 4; j++) kw[nt][w][j] = 0u, vw[nt][w][j] = 0u;
-                }
-            }
-            /* the score multipliers and V weights of this lane's S columns: positions base + 8 nt + 2 t + i */
-            float kmul[2][2], vmul[2][2];
-#pragma unroll
-            for (int nt = 0; nt < 2; nt++)
-#pragma unroll
-                for (int i = 0; i < 2; i++) {
-                    const int p = base + 8 * nt + 2 * t + i;
-                    kmul[nt][i] = head_mul, vmul[nt][i] = 1.0f;
-                    if (per_token && p < s1) {
-                        const size_t krow = (size_t)tbl_s[(p - s0) / RS_KV_BLOCK] * 2 * RS_KV_BLOCK + (size_t)(p % RS_KV_BLOCK);
-                        kmul[nt][i] = scale * AW_LOG2E * token_scales[krow * (size_t)n_kv + (size_t)kvh];
-                        vmul[nt][i] = token_scales[(krow + RS_KV_BLOCK) * (size_t)n_kv + (size_t)kvh];
-                    }
-                }
+            float kmul[2][2], vmul[2][2];      /* of S columns base + 8 nt + 2 t + i */
+            am_load_run<DT, W>(pages, token_scales, tbl_s, s0, s1, base, row_elems, n_kv, kvh, g, t, per_token,
+                               head_mul, scale, kw, vw, kmul, vmul);
             /* S = Q K^T */
             float s[2][4];
 #pragma unroll
@@ -1024,38 +1036,10 @@ attention_shared_kernel(const float *q /* [n_rows][n_heads][hd] */, const void *
             tbl_s[i] = table[s0 / RS_KV_BLOCK + i];
         __syncthreads();
         for (int base = s0 + warp * AM_RUN; base < s1; base += AW_WARPS * AM_RUN) {
-            uint32_t kw[2][W][4], vw[2][W][4]; /* positions base + 8 nt + g */
-#pragma unroll
-            for (int nt = 0; nt < 2; nt++) {
-                const int p = base + 8 * nt + g;
-                if (p < s1) {
-                    const size_t krow = (size_t)tbl_s[(p - s0) / RS_KV_BLOCK] * 2 * RS_KV_BLOCK + (size_t)(p % RS_KV_BLOCK);
-                    const size_t e0 = krow * row_elems + (size_t)kvh * HD + (size_t)(8 * t);
-#pragma unroll
-                    for (int w = 0; w < W; w++) {
-                        am_load<DT>(kw[nt][w], pages, e0 + 32 * (size_t)w);
-                        am_load<DT>(vw[nt][w], pages, e0 + RS_KV_BLOCK * row_elems + 32 * (size_t)w);
-                    }
-                } else {
-#pragma unroll
-                    for (int w = 0; w < W; w++)
-#pragma unroll
-                        for (int j = 0; j < 4; j++) kw[nt][w][j] = 0u, vw[nt][w][j] = 0u;
-                }
-            }
-            float kmul[2][2], vmul[2][2]; /* of S columns base + 8 nt + 2 t + i */
-#pragma unroll
-            for (int nt = 0; nt < 2; nt++)
-#pragma unroll
-                for (int i = 0; i < 2; i++) {
-                    const int p = base + 8 * nt + 2 * t + i;
-                    kmul[nt][i] = head_mul, vmul[nt][i] = 1.0f;
-                    if (per_token && p < s1) {
-                        const size_t krow = (size_t)tbl_s[(p - s0) / RS_KV_BLOCK] * 2 * RS_KV_BLOCK + (size_t)(p % RS_KV_BLOCK);
-                        kmul[nt][i] = scale * AW_LOG2E * token_scales[krow * (size_t)n_kv + (size_t)kvh];
-                        vmul[nt][i] = token_scales[(krow + RS_KV_BLOCK) * (size_t)n_kv + (size_t)kvh];
-                    }
-                }
+            uint32_t kw[2][W][4], vw[2][W][4]; /* positions base + 8 nt + g, operand pairs */
+            float kmul[2][2], vmul[2][2];      /* of S columns base + 8 nt + 2 t + i */
+            am_load_run<DT, W>(pages, token_scales, tbl_s, s0, s1, base, row_elems, n_kv, kvh, g, t, per_token,
+                               head_mul, scale, kw, vw, kmul, vmul);
             /* S = Q K^T: s[nt][0..1] row g, s[nt][2..3] row g + 8 */
             float s[2][4];
 #pragma unroll
