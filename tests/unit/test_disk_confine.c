@@ -13,6 +13,7 @@
 #include <fcntl.h>
 #include <inttypes.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -151,6 +152,8 @@ static void racer_start(racer *r, pthread_t *t) {
     if (renameat2(AT_FDCWD, r->target, AT_FDCWD, r->alt[0], RENAME_EXCHANGE) != 0)
         RS_TEST_SKIP("renameat2(RENAME_EXCHANGE) is not supported here: %s", strerror(errno));
     ASSERT_EQ(pthread_create(t, NULL, race, r), 0);
+    /* the racer is running before anyone opens: a thread can start after a short loop has ended */
+    for (double end = now_s() + 5.0; atomic_load(&r->swaps) < 2 && now_s() < end;) sched_yield();
 }
 
 static void racer_stop(racer *r, pthread_t t) {
@@ -181,7 +184,9 @@ RS_TEST(confine_swap_race_opens_only_the_inside_file) {
         pthread_t t;
         racer_start(&r, &t);
         int opened = 0, refused = 0;
-        for (int i = 0; i < 20000; i++) {
+        /* 20000 opens, and more (for up to 10 s) until both outcomes have been seen */
+        const double end = now_s() + 10.0;
+        for (int i = 0; i < 20000 || ((opened == 0 || refused == 0) && now_s() < end); i++) {
             int fd = -1;
             int rc = rs_confine_openat(&c, c.root_fd, "model.safetensors", false, &fd);
             if (rc == RS_OK) {
@@ -258,9 +263,11 @@ RS_TEST(sync_disk_symlink_swap_race) {
         racer_start(&r, &t);
         int committed = 0, refused = 0;
         /* Up to 20000 updates, or about 4 s a mode: a sanitized build on 2 cores runs a few
-         * thousand, which still hits both outcomes many times. */
-        double end = now_s() + 4.0;
-        for (int i = 0; i < 20000 && (i < 200 || now_s() < end); i++) {
+         * thousand, which still hits both outcomes many times; up to 6 s more while one is missing. */
+        const double end = now_s() + 4.0;
+        for (int i = 0; i < 20000 && (i < 200 || now_s() < end ||
+                                      ((committed == 0 || refused == 0) && now_s() < end + 6.0));
+             i++) {
             rs_sync_job job;
             int rc = disk_update(v.s, ckpt, &job);
             if (rc == RS_OK) {
