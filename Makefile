@@ -7,7 +7,7 @@
 #   make test            C unit tests + end-to-end tests against the real daemon
 #   make golden-kernels  the golden end-to-end tests with each CPU kernel class forced in turn
 #   make SANITIZE=address,undefined unit   unit tests under ASan+UBSan (own build dir)
-#   make fuzz            libFuzzer targets (clang), bounded run
+#   make fuzz            libFuzzer targets (clang), bounded run (FUZZ_SECONDS each, one a core: scripts/fuzz.sh)
 #   make fp8-exhaustive  FP8 encoders vs CUDA's cuda_fp8.h host path on all 2^32 floats
 #   make cuda-emu        the CUDA kernels under a CPU emulation of CUDA: every cuda_* test, no GPU
 #   make rl-demo         GRPO on rolloutd, FP8 vs BF16 rollouts with TIS/MIS (examples/grpo/README.md)
@@ -196,7 +196,7 @@ FUZZ_TARGETS := $(patsubst tests/fuzz/%.c,build-fuzz/%,$(wildcard tests/fuzz/fuz
 FUZZ_SECONDS ?= 30
 # The library is compiled once with the fuzzer's coverage instrumentation; each target links it.
 FUZZ_OBJ := $(patsubst %.c,build-fuzz/obj/%.o,$(LIB_SRC))
-FUZZ_CFLAGS := -std=c11 -g -O1 -D_GNU_SOURCE -fsanitize=address,undefined
+FUZZ_CFLAGS := -std=c11 -g -O1 -D_GNU_SOURCE -fsanitize=address,undefined -fno-sanitize-recover=all
 build-fuzz/obj/%.o: %.c $(DEPS_OK)
 	@mkdir -p $(dir $@)
 	clang $(FUZZ_CFLAGS) -fsanitize=fuzzer-no-link -MMD -MP -c $< -o $@
@@ -209,11 +209,7 @@ build-fuzz/%: tests/fuzz/%.c $(FUZZ_OBJ) $(DEPS_OK)
 	clang $(FUZZ_CFLAGS) -fsanitize=fuzzer -o $@ $< $(FUZZ_OBJ) $(LDLIBS)
 
 fuzz: $(FUZZ_TARGETS)
-	@for t in $(FUZZ_TARGETS); do \
-	  n=$$(basename $$t); mkdir -p build-fuzz/corpus-$$n; \
-	  echo "  fuzz   $$n ($(FUZZ_SECONDS)s)"; \
-	  ./$$t -max_total_time=$(FUZZ_SECONDS) -print_final_stats=0 build-fuzz/corpus-$$n tests/fuzz/seeds/$$n 2>&1 | tail -2 || exit 1; \
-	done
+	FUZZ_SECONDS=$(FUZZ_SECONDS) scripts/fuzz.sh $(FUZZ_TARGETS)
 
 clean:
 	rm -rf build build-san build-fuzz

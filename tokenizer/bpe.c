@@ -266,7 +266,7 @@ void rs_tok_bpe_encode(const rs_tok_bpe *m, const char *w, size_t n, rs_tok_ids 
     size_t first = out->n;
     for (size_t i = 0; i < wd.n; i++)
         if (wd.s[i].len) rs_tok_ids_push(out, wd.s[i].c);
-    if (cacheable) cache_put(m, w, n, h, out->v + first, out->n - first);
+    if (cacheable) cache_put(m, w, n, h, out->v ? out->v + first : NULL, out->n - first); /* NULL: nothing pushed */
     free(wd.s);
     free(wd.h);
 }

@@ -48,7 +48,8 @@ static void sl_free(slist *l) {
     memset(l, 0, sizeof *l);
 }
 
-#define SL_AT(l, i) ((l)->b.p + (l)->off[i])
+/* Piece i of a list; "" while the list's buffer is still unallocated (every piece empty). */
+#define SL_AT(l, i) ((l)->b.p ? (l)->b.p + (l)->off[i] : "")
 
 static int hex_digit(char c) {
     return c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;

@@ -334,14 +334,14 @@ RS_TEST(tokenizer_stream_holds_split_characters) {
     const char *want_cut[] = {"", "", "\xef\xbf\xbd"};
     expect_deltas(t, cut, 2, want_cut);
     int32_t broken[] = {id_of(t, "\xc3\xa4"), id_of(t, "a"), id_of(t, "\xc2\xb8")};
-    const char *want_broken[] = {"", "\xef\xbf\xbd" "a", "", "\xef\xbf\xbd"};
+    const char *want_broken[] = {"", ("\xef\xbf\xbd" "a"), "", "\xef\xbf\xbd"};
     expect_deltas(t, broken, 3, want_broken);
     rs_tok_free(t);
 
     /* ByteFallback: a run of byte tokens decodes as a whole, so it is held until it ends */
     t = load_fixture("spm");
     int32_t fb[] = {id_of(t, "<0xF0>"), id_of(t, "<0x9F>"), id_of(t, "<0x98>"), id_of(t, "<0x80>"), id_of(t, "\xe2\x96\x81" "a")};
-    const char *want_fb[] = {"", "", "", "", "\xf0\x9f\x98\x80" " a", ""};
+    const char *want_fb[] = {"", "", "", "", ("\xf0\x9f\x98\x80" " a"), ""};
     expect_deltas(t, fb, RS_ARRAY_LEN(fb), want_fb);
     int32_t fb_bad[] = {id_of(t, "<0xE4>"), id_of(t, "<0xB8>"), id_of(t, "<0xAD>"), id_of(t, "<0x80>")};
     const char *want_fb_bad[] = {"", "", "", "", "\xef\xbf\xbd\xef\xbf\xbd\xef\xbf\xbd\xef\xbf\xbd"};
@@ -373,6 +373,63 @@ RS_TEST(tokenizer_stream_replace_after_join) {
     ASSERT_STREQ(full, "xZxZ");
     free(full);
     rs_tok_free(t);
+}
+
+/* Text that decodes to nothing at all (only skipped special tokens, or only empty pieces) is "",
+ * through every decoder kind and the fixtures' own decoders, without touching a buffer that was
+ * never allocated (UBSan's null-pointer-offset check in the sanitized run). */
+RS_TEST(tokenizer_decode_to_nothing) {
+    static const char *decoders[] = {
+        "{\"type\": \"Fuse\"}",
+        "{\"type\": \"Strip\", \"content\": \" \", \"start\": 1, \"stop\": 0}",
+        "{\"type\": \"Sequence\", \"decoders\": [{\"type\": \"Replace\", \"pattern\": {\"String\": \"a\"}, "
+        "\"content\": \"\"}, {\"type\": \"Fuse\"}, {\"type\": \"Strip\", \"content\": \"x\", \"start\": 0, "
+        "\"stop\": 1}]}",
+        "{\"type\": \"ByteLevel\", \"add_prefix_space\": false, \"trim_offsets\": true, \"use_regex\": true}",
+        "{\"type\": \"Metaspace\", \"replacement\": \"_\", \"prepend_scheme\": \"always\", \"split\": true}",
+    };
+    for (size_t i = 0; i <= RS_ARRAY_LEN(decoders); i++) {
+        char json[1024];
+        snprintf(json, sizeof json,
+                 "{%s%s%s\"added_tokens\": [{\"id\": 3, \"content\": \"<s>\", \"special\": true, "
+                 "\"single_word\": false, \"lstrip\": false, \"rstrip\": false, \"normalized\": false}], "
+                 "\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0, \"b\": 1, \"ab\": 2, \"<s>\": 3}, "
+                 "\"merges\": [\"a b\"]}}",
+                 i < RS_ARRAY_LEN(decoders) ? "\"decoder\": " : "", i < RS_ARRAY_LEN(decoders) ? decoders[i] : "",
+                 i < RS_ARRAY_LEN(decoders) ? ", " : "");
+        rs_tok *t = NULL;
+        rs_error err = {0};
+        if (rs_tok_load_json(json, strlen(json), "tokenizer.json", &t, &err) != RS_OK)
+            RS_TEST_FAIL("decoder %zu: %s", i, err.message);
+        const int32_t specials[] = {3, 3}, as[] = {0, 0};
+        size_t len = 99;
+        char *text = rs_tok_decode(t, specials, 2, true, &len);
+        ASSERT_EQ(len, 0);
+        ASSERT_STREQ(text, "");
+        free(text);
+        if (i == 2) { /* Replace removes every "a": empty pieces, then Fuse and Strip over them */
+            text = rs_tok_decode(t, as, 2, false, &len);
+            ASSERT_EQ(len, 0);
+            ASSERT_STREQ(text, "");
+            free(text);
+        }
+        rs_tok_free(t);
+    }
+    static const char *names[] = {"llama3", "qwen2", "spm"};
+    for (size_t f = 0; f < RS_ARRAY_LEN(names); f++) {
+        rs_tok *t = load_fixture(names[f]);
+        int32_t ids[2];
+        size_t n = 0;
+        for (int32_t id = 0; id < rs_tok_vocab_size(t) && n < 2; id++)
+            if (rs_tok_is_special(t, id)) ids[n++] = id;
+        if (n == 0) RS_TEST_FAIL("%s: no special token", names[f]);
+        size_t len = 99;
+        char *text = rs_tok_decode(t, ids, n, true, &len);
+        ASSERT_EQ(len, 0);
+        ASSERT_STREQ(text, "");
+        free(text);
+        rs_tok_free(t);
+    }
 }
 
 /* ---- threads ---- */
