@@ -6,6 +6,7 @@
 # (--device cuda), for end-to-end tests.
 # `make cuda-emu` builds and runs it; see README.md here for what it can and cannot show.
 #   EMU_CXXFLAGS / EMU_CFLAGS   extra flags (e.g. -fsanitize=address,undefined for both)
+#   EMU_CC / EMU_CXX            the compilers (gcc, g++)
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 out=${1:-$root/build-emu}
@@ -15,6 +16,8 @@ common="-O2 -g -pthread -ffp-contract=off -fno-fast-math -D_GNU_SOURCE -fno-omit
 cflags="-std=c11 -Wall -Wextra $common ${EMU_CFLAGS:-}"
 cxxflags="-std=c++17 -Wall -Wno-unknown-pragmas -Wno-unused-function $common -I$root/kernels/cuda ${EMU_CXXFLAGS:-}"
 jobs=$(nproc)
+cc=${EMU_CC:-gcc}
+cxx=${EMU_CXX:-g++}
 
 objs=()
 rm -f "$out/failed"
@@ -38,36 +41,36 @@ for d in core config protocol scheduler kvcache model kernels kernels/cpu sync t
     [ "$f" = "$root/server/main.c" ] && continue
     o=$out/obj/$(echo "${f#"$root"/}" | tr / _).o
     if [ "$f" = "$root/sync/nccl.c" ]; then # NCCL is not emulated: its CPU-build form
-      compile "$f" "$o" gcc ${cflags/-DRS_CUDA/}
+      compile "$f" "$o" "$cc" ${cflags/-DRS_CUDA/}
     else
-      compile "$f" "$o" gcc $cflags
+      compile "$f" "$o" "$cc" $cflags
     fi
   done
 done
 for f in runner test_util test_cuda_ops test_cuda_matmul test_cuda_attention test_cuda_backend test_cuda_blas test_cuda_fast test_cuda_fused test_cuda_graph test_cuda_attention_fast test_cuda_sample; do
-  compile "$root/tests/unit/$f.c" "$out/obj/t_$f.o" gcc $cflags
+  compile "$root/tests/unit/$f.c" "$out/obj/t_$f.o" "$cc" $cflags
 done
 for f in backend_cuda cuda_ops cuda_matmul cuda_matmul_fast cuda_blas cuda_act cuda_graph cuda_moe cuda_attention cuda_attention_tc cuda_sample cuda_moe_fast; do
   python3 "$emu/gen.py" "$root/kernels/cuda/$f.cu" "$out/gen/$f.cpp"
-  compile "$out/gen/$f.cpp" "$out/obj/cu_$f.o" g++ $cxxflags
+  compile "$out/gen/$f.cpp" "$out/obj/cu_$f.o" "$cxx" $cxxflags
 done
-compile "$emu/emu_rt.cpp" "$out/obj/emu_rt.o" g++ $cxxflags
-compile "$emu/emu_cublaslt.cpp" "$out/obj/emu_cublaslt.o" g++ $cxxflags
+compile "$emu/emu_rt.cpp" "$out/obj/emu_rt.o" "$cxx" $cxxflags
+compile "$emu/emu_cublaslt.cpp" "$out/obj/emu_cublaslt.o" "$cxx" $cxxflags
 finish
 lib=("${objs[@]}")
-compile "$root/server/main.c" "$out/obj/server_main.o" gcc $cflags
+compile "$root/server/main.c" "$out/obj/server_main.o" "$cc" $cflags
 finish
-g++ ${EMU_CXXFLAGS:-} -o "$out/unit-tests" "${lib[@]}" -lmicrohttpd -ljansson -luv -lisal -lpcre2-8 -lutf8proc -lm -pthread
+"$cxx" ${EMU_CXXFLAGS:-} -o "$out/unit-tests" "${lib[@]}" -lmicrohttpd -ljansson -luv -lisal -lpcre2-8 -lutf8proc -lm -pthread
 # the daemon too, for end-to-end tests with --device cuda (without the unit tests' objects)
 daemon=()
 for o in "${lib[@]}"; do case $o in */t_*) ;; *) daemon+=("$o") ;; esac; done
-g++ ${EMU_CXXFLAGS:-} -o "$out/rolloutd" "$out/obj/server_main.o" "${daemon[@]}" -lmicrohttpd -ljansson -luv -lisal -lpcre2-8 -lutf8proc -lm -pthread
+"$cxx" ${EMU_CXXFLAGS:-} -o "$out/rolloutd" "$out/obj/server_main.o" "${daemon[@]}" -lmicrohttpd -ljansson -luv -lisal -lpcre2-8 -lutf8proc -lm -pthread
 # the GPU benchmarks too, for smoke runs of scripts/gpu-check.sh's steps on tiny shapes
 for t in bench_gpu rollout_bench rl_bench; do
-  compile "$root/tools/$t.c" "$out/obj/tool_$t.o" gcc $cflags
+  compile "$root/tools/$t.c" "$out/obj/tool_$t.o" "$cc" $cflags
 done
 finish
 for t in bench_gpu rollout_bench rl_bench; do
-  g++ ${EMU_CXXFLAGS:-} -o "$out/${t//_/-}" "$out/obj/tool_$t.o" "${daemon[@]}" -lmicrohttpd -ljansson -luv -lisal -lpcre2-8 -lutf8proc -lm -pthread
+  "$cxx" ${EMU_CXXFLAGS:-} -o "$out/${t//_/-}" "$out/obj/tool_$t.o" "${daemon[@]}" -lmicrohttpd -ljansson -luv -lisal -lpcre2-8 -lutf8proc -lm -pthread
 done
 echo "built $out/unit-tests, $out/rolloutd and the GPU benchmarks"
