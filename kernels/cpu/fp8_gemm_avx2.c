@@ -79,6 +79,18 @@
 #define R2_TILES 4  /* lanes = rows tiles of one work item, sharing each weight block's decode */
 #define R2_XABS_MAX4 1118481 /* (2^31 - 1) / 1920: the largest row sum of |X| that takes s = 4 */
 
+/* Batch-1 and few-row items read each output's weight row front to back, and the rows of an item
+ * one after another: a plain stream, which the hardware prefetchers of some CPUs do not run far
+ * enough ahead of (on a Xeon with 2 vCPUs, without this, batch-1 FP8 decode ran at half the speed).
+ * Each 128-code block asks for the two cache lines R1_PF_AHEAD bytes further on, the next rows' when
+ * the row ends before that. 4 KB ran best of 0.5-16 KB there (docs/benchmarks.md). */
+#define R1_PF_AHEAD 4096
+
+RS_TARGET_AVX2 INLINE void r1_prefetch(const uint8_t *w) {
+    _mm_prefetch((const char *)(w + R1_PF_AHEAD), _MM_HINT_T0);
+    _mm_prefetch((const char *)(w + R1_PF_AHEAD + 64), _MM_HINT_T0);
+}
+
 /* ---- decode ---- */
 
 /* The decode's constants: vpshufb tables indexed by the exponent e (both 128-bit lanes alike) and
@@ -357,6 +369,7 @@ RS_TARGET_AVX2 __attribute__((noinline)) static void r1_out_n(const ajob *jb, co
     for (int bi = 0; bi < nb; bi++) {
         const int64_t j0 = (b0 + bi) * BLK;
         __m256d v[R1_ROWS];
+        r1_prefetch(w + j0);
         r1_block_staged(l, px, nr, w + j0, RS_MIN((int64_t)BLK, k - j0), bi, v, &nan);
         for (int r = 0; r < nr; r++) lanes[r][bi] = v[r];
     }
@@ -380,6 +393,7 @@ RS_TARGET_AVX2 INLINE void r1_out_few(const ajob *jb, const dlut *l, const r1_x 
     for (int bi = 0; bi < nb; bi++) {
         const uint8_t *wb = w + (int64_t)bi * BLK;
         const int64_t kw = RS_MIN((int64_t)BLK, k - (b0 + bi) * BLK);
+        r1_prefetch(wb);
         if (kw < BLK || !px->one_ok[bi]) {
             __m256d v[2];
             r1_block_reg(l, px, NR, wb, kw, bi, v, &nan);
