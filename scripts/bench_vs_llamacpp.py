@@ -29,6 +29,9 @@ llama.cpp is ever committed). Steps, each skipped when its output is already the
                concurrent /generate requests with n = 4 to rolloutd (whose scheduler prefills each
                prompt once for its 4 samples; llama-server prefills it 4 times)
     rolloutd runs with --kv-cache-dtype bf16 (the bytes of llama.cpp's default f16 KV cache).
+    Where llama.cpp crashes with its default extra weight buffers (AMX on Xeons with AMX-INT8:
+    prompt processing of Q8_0 segfaults there), that model's measurement reruns, and from then on
+    runs, with --repack 0 (llama-server --no-repack), which the output and the JSON say.
  5. prints min / median / max tokens/s per system and each rolloutd/llama.cpp ratio of medians, the
     servers' user+system CPU seconds for the RL workload, and the load average around each run
     (the machine may be shared: rerun on a quiet one for figures to quote). Results also go to
@@ -276,9 +279,30 @@ def loadavg():
     return os.getloadavg()[0]
 
 
+# Measurements where llama.cpp's extra weight buffers (AMX tiles on CPUs with AMX-INT8, repacked
+# layouts elsewhere) crashed and the figure is llama.cpp's plain CPU path (--repack 0, --no-repack).
+# On a Xeon with AMX, llama.cpp 0.3.36's ggml_backend_amx_mul_mat segfaults on every batched Q8_0
+# matmul (prompt processing; upstream llama.cpp issue 20824), while its batch-1 decode through the
+# same buffers runs: so each measurement tries the default first.
+NO_REPACK = set()
+PROBED = set()
+
+
 def llama_bench(bins, model, threads, p, n):
-    r = run([bins["llama-bench"], "-m", model, "-t", threads, "-p", p, "-n", n, "-r", "1", "-o", "json"],
-            capture_output=True, text=True)
+    cmd = [bins["llama-bench"], "-m", model, "-t", threads, "-p", p, "-n", n, "-r", "1", "-o", "json"]
+    key = (pathlib.Path(model).name, "decode" if p == 0 else "prefill")
+    if key not in NO_REPACK:
+        log("  $", " ".join(str(c) for c in cmd))
+        r = subprocess.run([str(c) for c in cmd], capture_output=True, text=True)
+        if r.returncode == 0:
+            PROBED.add(key)
+            return json.loads(r.stdout)[0]["avg_ts"]
+        if r.returncode > 0:
+            sys.exit(f"llama-bench failed ({r.returncode}):\n{r.stderr[-2000:]}")
+        log(f"  llama-bench died of signal {-r.returncode} with its default weight buffers; "
+            f"{key[0]} {key[1]} runs with --repack 0 from now on")
+        NO_REPACK.add(key)
+    r = run(cmd + ["--repack", "0"], capture_output=True, text=True)
     return json.loads(r.stdout)[0]["avg_ts"]
 
 
@@ -358,8 +382,14 @@ def rl_prompts(n_prompts, length):
 def rl_llama(bins, model, threads, prompts, samples, new, work):
     port = free_port()
     ctx = len(prompts) * samples * (len(prompts[0]) + new + 16)
+    # the server prefills in batches: the path that crashes where llama-bench's prefill does (a short
+    # llama-bench prefill finds out, once per model, where no prefill was measured yet)
+    if (pathlib.Path(model).name, "prefill") not in NO_REPACK | PROBED:
+        PROBED.add((pathlib.Path(model).name, "prefill"))
+        llama_bench(bins, model, threads, 64, 0)
+    nr = ["--no-repack"] if (pathlib.Path(model).name, "prefill") in NO_REPACK else []
     srv = Server([bins["llama-server"], "-m", model, "-t", threads, "-tb", threads, "-np", len(prompts) * samples,
-                  "-c", ctx, "--host", "127.0.0.1", "--port", port, "--no-webui"], f"http://127.0.0.1:{port}",
+                  "-c", ctx, "--host", "127.0.0.1", "--port", port, "--no-webui", *nr], f"http://127.0.0.1:{port}",
                  work / "llama-server.log")
     try:
         url = srv.url + "/completion"
@@ -522,10 +552,14 @@ def main():
         for x, y in pairs:
             if res[m].get(x) and res[m].get(y):
                 log(f"  ratio {x} / {y}: {statistics.median(res[m][x]) / statistics.median(res[m][y]):.2f}x")
+    if NO_REPACK:
+        log("\nllama.cpp ran with --repack 0 (its plain CPU path; the default crashed) for: "
+            + ", ".join(f"{m} {what}" for m, what in sorted(NO_REPACK)))
     out = work / f"results-{a.isa}-{datetime.datetime.now().strftime('%Y%m%d-%H%M')}.json"
     out.write_text(json.dumps({"date": date, "cpu": model_name, "simd": simd, "isa": a.isa, "kernels": kernels,
                                "threads": a.threads, "rounds": a.rounds, "rolloutd": rev,
                                "llama_cpp_python": a.llama_cpp_python, "results": res, "rl_server_cpu_s": cpu_rl,
+                               "llama_cpp_no_repack": sorted(" ".join(k) for k in NO_REPACK),
                                "load_average": loads}, indent=1))
     log(f"\nresults: {out}")
 

@@ -330,6 +330,8 @@ rs_backend *rs_backend_cpu_init_kernels(int n_threads, const char *kernels, rs_e
         }
         c->simd = want;
     }
+    /* the FP8 GEMM's few-rows / padded-tile crossover of this CPU (fp8_gemm.h) */
+    rs_fp8_gemm_tune(rs_cpu_fp8_isa(c->simd));
     char line[256];
     RS_INFO("%s%s", rs_backend_cpu_describe(b, line, sizeof line),
             forced ? " (forced by cpu-kernels)" : c->simd < c->simd_max ? " (capped by RS_CPU_SIMD)" : "");
@@ -344,8 +346,13 @@ const char *rs_backend_cpu_describe(rs_backend *b, char *buf, size_t n) {
                       : vnni ? "avx512f avx512bw avx512vl avx512dq avx512vbmi avx512vnni gfni avx2 fma f16c"
                              : "avx512f avx2 fma f16c";
     const int nt = c->simd == RS_CPU_SIMD_AVX512 ? RS_CPU_NT_AVX512 : c->simd == RS_CPU_SIMD_AVX2 ? RS_CPU_NT_AVX2 : 4;
-    snprintf(buf, n, "cpu: %s%s; fp8 kernel %s; bf16 tile %dx%d; %d threads", isa,
-             c->bf16_dot && c->simd == RS_CPU_SIMD_AVX512 ? " avx512bf16" : "",
-             rs_fp8_gemm_isa_name(rs_cpu_fp8_isa(c->simd)), RS_CPU_NW, nt, c->n_threads);
+    const rs_fp8_gemm_isa fp8 = rs_cpu_fp8_isa(c->simd);
+    const int tile_min = rs_fp8_gemm_row_tile_min(fp8);
+    char tiles[48] = "";
+    if (tile_min > 16) snprintf(tiles, sizeof tiles, " (no padded row tiles)");
+    else if (tile_min > 0) snprintf(tiles, sizeof tiles, " (padded row tiles from %d rows)", tile_min);
+    snprintf(buf, n, "cpu: %s%s; fp8 kernel %s%s; bf16 tile %dx%d; %d threads", isa,
+             c->bf16_dot && c->simd == RS_CPU_SIMD_AVX512 ? " avx512bf16" : "", rs_fp8_gemm_isa_name(fp8), tiles,
+             RS_CPU_NW, nt, c->n_threads);
     return buf;
 }

@@ -39,6 +39,9 @@
 #include "fp8_gemm.h"
 
 #include <math.h>
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "../../core/rs.h"
@@ -241,6 +244,121 @@ int rs_fp8_gemm_layout_with_isa(rs_fp8_gemm_isa isa, rs_pool *pool, float *out, 
     else
         gemm_items_generic(&job, 0, items, 0);
     return RS_OK;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Tuning: where a padded 16-row tile beats the few-row tiles
+ * ------------------------------------------------------------------------------------------- */
+
+enum { TUNE_N = 512, TUNE_K = 1024, TUNE_ROWS = 16, TUNE_REPS = 5 };
+
+typedef struct tune_fns {
+    void (*set)(int);
+    int (*get)(void);
+} tune_fns;
+
+static bool tune_fns_of(rs_fp8_gemm_isa isa, tune_fns *f) {
+    if (!rs_fp8_gemm_isa_supported(isa)) return false;
+    if (isa == RS_FP8_GEMM_ISA_AVX2) *f = (tune_fns){rs_fp8_gemm_avx2_set_row_tile_min, rs_fp8_gemm_avx2_row_tile_min};
+    else if (isa == RS_FP8_GEMM_ISA_AVX512_VNNI)
+        *f = (tune_fns){rs_fp8_gemm_vnni_set_row_tile_min, rs_fp8_gemm_vnni_row_tile_min};
+    else return false;
+    return true;
+}
+
+/* A standard normal value from a 64-bit LCG (Box-Muller). */
+static float tune_gauss(uint64_t *s) {
+    double u[2];
+    for (int i = 0; i < 2; i++) {
+        *s = *s * 6364136223846793005ull + 1442695040888963407ull;
+        u[i] = ((double)(*s >> 11) + 0.5) * 0x1p-53;
+    }
+    return (float)(sqrt(-2.0 * log(u[0])) * cos(6.283185307179586 * u[1]));
+}
+
+typedef struct tune_case {
+    rs_fp8_gemm_isa isa;
+    rs_layout layout;
+    const uint8_t *wq, *xq;
+    const float *ws, *xs;
+    float *out;
+} tune_case;
+
+static double tune_call_s(const tune_case *t, int rows) {
+    const double t0 = rs_now_s();
+    RS_ASSERT(rs_fp8_gemm_layout_with_isa(t->isa, NULL, t->out, t->xq, t->xs, t->wq, t->layout, t->ws, rows, TUNE_N,
+                                          TUNE_K) == RS_OK);
+    return rs_now_s() - t0;
+}
+
+static int tune_pick(rs_fp8_gemm_isa isa, const tune_fns *f);
+
+int rs_fp8_gemm_tune(rs_fp8_gemm_isa isa) {
+    if (isa == RS_FP8_GEMM_ISA_AUTO) isa = rs_fp8_gemm_detect_isa();
+    tune_fns f;
+    if (!tune_fns_of(isa, &f)) return 0;
+    /* once per ISA and process: every backend of the process shares the kernels' setting */
+    static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+    static int tuned[RS_FP8_GEMM_ISA_AVX512_VNNI + 1];
+    pthread_mutex_lock(&lock);
+    if (!tuned[isa]) tuned[isa] = tune_pick(isa, &f);
+    const int pick = tuned[isa];
+    pthread_mutex_unlock(&lock);
+    return pick;
+}
+
+static int tune_pick(rs_fp8_gemm_isa isa, const tune_fns *fp) {
+    const tune_fns f = *fp;
+    const char *env = getenv("RS_FP8_ROW_TILE_MIN");
+    if (env && *env) {
+        char *end;
+        const long v = strtol(env, &end, 10);
+        if (*end == '\0' && v >= 1 && v <= 17) {
+            f.set((int)v);
+            return (int)v;
+        }
+        RS_WARN("RS_FP8_ROW_TILE_MIN='%s' is not 1..17; timing instead", env);
+    }
+    uint64_t seed = 0x9e3779b97f4a7c15ull;
+    float *wf = rs_xmalloc((size_t)TUNE_N * TUNE_K * sizeof *wf), *xf = rs_xmalloc((size_t)TUNE_ROWS * TUNE_K * sizeof *xf);
+    uint8_t *codes = rs_xmalloc((size_t)TUNE_N * TUNE_K), *wq = rs_xmalloc((size_t)TUNE_N * TUNE_K);
+    uint8_t *xq = rs_xmalloc((size_t)TUNE_ROWS * TUNE_K);
+    float *ws = rs_xmalloc((size_t)rs_fp8_blocks(TUNE_N) * rs_fp8_blocks(TUNE_K) * sizeof *ws);
+    float *xs = rs_xmalloc((size_t)TUNE_ROWS * rs_fp8_blocks(TUNE_K) * sizeof *xs);
+    float *out = rs_xmalloc((size_t)TUNE_ROWS * TUNE_N * sizeof *out);
+    for (size_t i = 0; i < (size_t)TUNE_N * TUNE_K; i++) wf[i] = tune_gauss(&seed);
+    for (size_t i = 0; i < (size_t)TUNE_ROWS * TUNE_K; i++) xf[i] = tune_gauss(&seed);
+    const rs_tensor w = {.dtype = RS_DTYPE_F32, .ndim = 2, .shape = {TUNE_N, TUNE_K}, .data = wf};
+    RS_ASSERT(rs_fp8_quantize_weight(&w, codes, ws) == RS_OK);
+    rs_fp8_quantize_act(xf, TUNE_ROWS, TUNE_K, xq, xs);
+    /* the layout the CPU backend serves this ISA's weights in */
+    const rs_layout layout = isa == RS_FP8_GEMM_ISA_AVX512_VNNI ? RS_LAYOUT_FP8_PAIRS32 : RS_LAYOUT_ROWS;
+    if (layout == RS_LAYOUT_FP8_PAIRS32) rs_fp8_pairs32_pack(wq, codes, TUNE_N, TUNE_K);
+    else memcpy(wq, codes, (size_t)TUNE_N * TUNE_K);
+    const tune_case t = {.isa = isa, .layout = layout, .wq = wq, .xq = xq, .ws = ws, .xs = xs, .out = out};
+    /* From 15 rows down, while the padded tile is the faster: the fewest rows where it still is.
+     * Calls of the two forms alternate, so that a slow phase of the machine hits both. */
+    int pick = 17;
+    for (int rows = TUNE_ROWS - 1; rows >= 2; rows--) {
+        double best[2] = {INFINITY, INFINITY};
+        for (int rep = 0; rep <= TUNE_REPS; rep++)
+            for (int pad = 0; pad < 2; pad++) {
+                f.set(pad ? 1 : 17);
+                const double dt = tune_call_s(&t, rows);
+                if (rep > 0) best[pad] = fmin(best[pad], dt); /* rep 0 warms the caches */
+            }
+        if (best[1] >= best[0]) break;
+        pick = rows;
+    }
+    f.set(pick);
+    free(wf), free(xf), free(codes), free(wq), free(xq), free(ws), free(xs), free(out);
+    return pick;
+}
+
+int rs_fp8_gemm_row_tile_min(rs_fp8_gemm_isa isa) {
+    if (isa == RS_FP8_GEMM_ISA_AUTO) isa = rs_fp8_gemm_detect_isa();
+    tune_fns f;
+    return tune_fns_of(isa, &f) ? f.get() : 0;
 }
 
 void rs_fp8_gemm(rs_pool *pool, float *out, const uint8_t *xq, const float *xs, const uint8_t *wq,

@@ -43,7 +43,8 @@
  *     (r1_out_few) a one-digit block leaves only its int32 lane-pair sums in the decode loop; their
  *     widening to double runs after the output's last block (1.2-1.3x at batch 1: in the loop, its
  *     latency held up the next block's decode).
- *   - many rows (r2: tiles of 16 rows, padded from 10): lanes = rows. The tile's activations,
+ *   - many rows (r2: tiles of 16 rows; a remainder padded to one from a row count that
+ *     rs_fp8_gemm_tune times for the CPU): lanes = rows. The tile's activations,
  *     one digit X = V >> 4 (or >> 5) and a rare remainder, are transposed so that two ymm hold one
  *     code pair of 16 rows; each output's weight digits are decoded once per block for up to
  *     4 such tiles (64 rows) and broadcast. X times the weight's H digits goes through every
@@ -57,10 +58,23 @@
 #include "fp8_gemm_avx2.h"
 
 #include <math.h>
+#include <stdatomic.h>
 #include <string.h>
 
 #include "../../core/rs.h"
 #include "../fp8.h"
+
+/* A remainder of at least this many rows (past the whole 16-row tiles) takes a padded lanes = rows
+ * tile, fewer take lanes = k tiles. Which is faster depends on the CPU: fp8_gemm.c's
+ * rs_fp8_gemm_tune times both and sets it; 10 until then. */
+static atomic_int r2_min = 10;
+
+void rs_fp8_gemm_avx2_set_row_tile_min(int rows) {
+    RS_ASSERT(rows >= 1 && rows <= 17);
+    atomic_store_explicit(&r2_min, rows, memory_order_relaxed);
+}
+
+int rs_fp8_gemm_avx2_row_tile_min(void) { return atomic_load_explicit(&r2_min, memory_order_relaxed); }
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #include <immintrin.h>
@@ -74,7 +88,6 @@
 #define R1_ROWS  8  /* rows of a lanes = k tile */
 #define XD_ROW_BLOCKS 32 /* row-blocks of activation digits a lanes = k tile holds (24 KB) */
 #define R2_ROWS  16 /* rows of a lanes = rows tile: two ymm of int32 */
-#define R2_MIN   10 /* a remainder of at least this many rows still takes a lanes = rows tile */
 #define R2_NO    4  /* outputs accumulated together in a lanes = rows tile */
 #define R2_TILES 4  /* lanes = rows tiles of one work item, sharing each weight block's decode */
 #define R2_XABS_MAX4 1118481 /* (2^31 - 1) / 1920: the largest row sum of |X| that takes s = 4 */
@@ -819,8 +832,8 @@ void rs_fp8_gemm_avx2(rs_pool *pool, float *out, const uint8_t *xq, const float 
         .out = out, .xq = xq, .xs = xs, .wq = wq, .ws = ws, .rows = rows, .n = n, .k = k,
         .kb = rs_fp8_blocks(k),
     };
-    /* whole lanes = rows tiles, and a padded one for a remainder of at least R2_MIN rows */
-    const int rem = rows % R2_ROWS, last = rem >= R2_MIN ? rem : 0;
+    /* whole lanes = rows tiles, and a padded one for a remainder of at least r2_min rows */
+    const int rem = rows % R2_ROWS, last = rem >= atomic_load_explicit(&r2_min, memory_order_relaxed) ? rem : 0;
     const int n_r2 = rows / R2_ROWS + (last > 0);
     jb.r1_start = rows / R2_ROWS * R2_ROWS + last;
     jb.n_r2g = (n_r2 + R2_TILES - 1) / R2_TILES;

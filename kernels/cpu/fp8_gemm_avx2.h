@@ -24,4 +24,10 @@ void rs_fp8_gemm_avx2(rs_pool *pool, float *out /* [rows][n] f32 */,
                       const float *ws /* [ceil(n/128)][ceil(k/128)] f32 */,
                       int rows, int n, int k);
 
+/* The fewest rows, past the whole 16-row tiles, that take one padded 16-row tile (lanes = rows)
+ * rather than tiles of up to 8 rows (lanes = k): 1..17 (17: never). Both give the same bits; set
+ * it before GEMMs run (rs_fp8_gemm_tune). */
+void rs_fp8_gemm_avx2_set_row_tile_min(int rows);
+int rs_fp8_gemm_avx2_row_tile_min(void);
+
 #endif /* RS_FP8_GEMM_AVX2_H */

@@ -43,9 +43,9 @@
  *     output) are summed across lanes by a transpose tree (a quarter of the time at batch 1).
  *     Weight rows are read 1 KB at a time (a super-block of 8 K blocks), four side by side, two
  *     groups prefetched ahead. Also the path of the row-major tail rows of a packed weight.
- *   - many rows (tiles of 12..16 rows; with packed weights, items of up to four tiles, whose
- *     last may be a padded one of 12..15 rows, fewer rows going to lanes = outputs tiles): lanes =
- *     rows.
+ *   - many rows (tiles of 16 rows, the last padded from r2_min rows, a count rs_fp8_gemm_tune
+ *     times for the CPU; with packed weights, items of up to four tiles; fewer rows going to
+ *     lanes = outputs tiles): lanes = rows.
  *     The tile's activation digits are transposed so that one zmm holds one k-pair of 16 rows; the
  *     weight digits are decoded once per block into L1 (4 outputs at a time from row-major
  *     weights, a whole 32-output group from packed ones, which then serves every tile of the item)
@@ -63,11 +63,24 @@
 #include "fp8_gemm_vnni.h"
 
 #include <math.h>
+#include <stdatomic.h>
 #include <string.h>
 
 #include "../../core/rs.h"
 #include "../fp8.h"
 #include "fp8_layout.h"
+
+/* A part of at least this many rows (past the whole 16-row tiles) takes a padded lanes = rows
+ * tile, fewer take lanes = outputs (or lanes = k) tiles. Which is faster depends on the CPU:
+ * fp8_gemm.c's rs_fp8_gemm_tune times both and sets it; 12 until then. */
+static atomic_int r2_min = 12;
+
+void rs_fp8_gemm_vnni_set_row_tile_min(int rows) {
+    RS_ASSERT(rows >= 1 && rows <= 17);
+    atomic_store_explicit(&r2_min, rows, memory_order_relaxed);
+}
+
+int rs_fp8_gemm_vnni_row_tile_min(void) { return atomic_load_explicit(&r2_min, memory_order_relaxed); }
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #include <immintrin.h>
@@ -82,7 +95,6 @@
 #define CHUNK   128 /* output features per work item */
 #define R1_ROWS 4  /* rows of a lanes = k tile */
 #define R2_ROWS 16 /* rows of a lanes = rows tile: one zmm of int32 */
-#define R2_MIN  12 /* a remainder of at least this many rows still takes a lanes = rows tile */
 #define SB      8  /* K blocks per lanes = k super-block */
 #define R1_PREFETCH 2 /* lanes = k: prefetch the weight rows this many output groups ahead */
 #define R2_NO   4  /* outputs decoded and accumulated together in a lanes = rows tile */
@@ -1227,10 +1239,10 @@ void rs_fp8_gemm_vnni(rs_pool *pool, float *out, const uint8_t *xq, const float 
      * decode */
     jb.r2_rows = packed ? R2_TILES * R2_ROWS : R2_ROWS;
     /* The rows past whole items: an item of their own with their whole tiles, and a last padded
-     * tile for a part of at least R2_MIN rows; fewer go to lanes = outputs tiles (cheaper than
-     * padding a tile). */
+     * tile for a part of at least r2_min rows; fewer go to lanes = outputs tiles (cheaper than
+     * padding a tile, up to a number of rows that depends on the CPU). */
     const int rem = rows % jb.r2_rows, part = rem % R2_ROWS;
-    const int last = rem - part + (part >= R2_MIN ? part : 0);
+    const int last = rem - part + (part >= atomic_load_explicit(&r2_min, memory_order_relaxed) ? part : 0);
     jb.n_r2 = rows / jb.r2_rows + (last > 0);
     jb.r2_last = last > 0 ? last : jb.r2_rows;
     jb.r1_start = rows / jb.r2_rows * jb.r2_rows + last;

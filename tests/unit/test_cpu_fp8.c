@@ -20,6 +20,8 @@
 #include "../../kernels/backend.h"
 #include "../../kernels/cpu/cpu_internal.h"
 #include "../../kernels/cpu/fp8_gemm.h"
+#include "../../kernels/cpu/fp8_gemm_avx2.h"
+#include "../../kernels/cpu/fp8_gemm_vnni.h"
 #include "../../kernels/cpu/fp8_layout.h"
 #include "../../kernels/fp8.h"
 #include "test.h"
@@ -428,6 +430,58 @@ RS_TEST(cpu_fp8_gemm_every_isa_all_row_counts) {
         gcase_free(&c);
     }
     rs_pool_free(pool);
+}
+
+/* The row count from which the SIMD kernels pad a remainder to one more 16-row tile is the CPU's
+ * (rs_fp8_gemm_tune): every setting, from "always" (1) to "never" (17), gives the reference's bits
+ * at every row count around the tiles, in both weight layouts. */
+RS_TEST(cpu_fp8_gemm_every_isa_every_row_tile_min) {
+    static const int mins[] = {1, 2, 5, 7, 9, 12, 16, 17};
+    static const rs_fp8_gemm_isa tunable[] = {RS_FP8_GEMM_ISA_AVX2, RS_FP8_GEMM_ISA_AVX512_VNNI};
+    const int n = 96, k = 300, max_rows = 83;
+    uint64_t s = 717;
+    gcase c = gcase_new(max_rows, n, k);
+    gcase_random(&c, &s);
+    mixed_activations(&c, &s);
+    rs_fp8_gemm_ref(c.ref, c.xq, c.xs, c.wq, c.ws, max_rows, n, k);
+    uint8_t *packed = malloc((size_t)n * (size_t)k);
+    rs_fp8_pairs32_pack(packed, c.wq, n, k);
+    rs_pool *pool = rs_pool_init(2);
+    ASSERT_EQ(rs_fp8_gemm_row_tile_min(RS_FP8_GEMM_ISA_GENERIC), 0);
+    ASSERT_EQ(rs_fp8_gemm_tune(RS_FP8_GEMM_ISA_GENERIC), 0);
+    for (size_t i = 0; i < RS_ARRAY_LEN(tunable); i++) {
+        const rs_fp8_gemm_isa isa = tunable[i];
+        if (!rs_fp8_gemm_isa_supported(isa)) {
+            ASSERT_EQ(rs_fp8_gemm_tune(isa), 0);
+            rs_test_note_skip(rs_fp8_gemm_isa_name(isa));
+            continue;
+        }
+        const int tuned = rs_fp8_gemm_tune(isa);
+        ASSERT_TRUE(tuned >= 2 && tuned <= 17);
+        ASSERT_EQ(rs_fp8_gemm_row_tile_min(isa), tuned);
+        void (*set)(int) = isa == RS_FP8_GEMM_ISA_AVX2 ? rs_fp8_gemm_avx2_set_row_tile_min
+                                                        : rs_fp8_gemm_vnni_set_row_tile_min;
+        for (size_t mi = 0; mi < RS_ARRAY_LEN(mins); mi++) {
+            set(mins[mi]);
+            ASSERT_EQ(rs_fp8_gemm_row_tile_min(isa), mins[mi]);
+            for (int rows = 1; rows <= max_rows; rows += rows < 20 ? 1 : rows < 40 ? 3 : 11)
+                for (int lay = 0; lay < 1 + (isa == RS_FP8_GEMM_ISA_AVX512_VNNI); lay++) {
+                    memset(c.got, 0xA5, (size_t)rows * (size_t)n * sizeof(float));
+                    ASSERT_EQ(rs_fp8_gemm_layout_with_isa(isa, pool, c.got, c.xq, c.xs, lay ? packed : c.wq,
+                                                          lay ? RS_LAYOUT_FP8_PAIRS32 : RS_LAYOUT_ROWS, c.ws, rows, n, k),
+                              RS_OK);
+                    for (int64_t j = 0; j < (int64_t)rows * n; j++)
+                        if (rs_test_f32_bits(c.got[j]) != rs_test_f32_bits(c.ref[j]))
+                            RS_TEST_FAIL("isa %s%s, padded tiles from %d rows: rows %d: out[%lld][%lld] %a vs ref %a",
+                                         rs_fp8_gemm_isa_name(isa), lay ? " pairs32" : "", mins[mi], rows,
+                                         (long long)(j / n), (long long)(j % n), c.got[j], c.ref[j]);
+                }
+        }
+        set(tuned);
+    }
+    rs_pool_free(pool);
+    free(packed);
+    gcase_free(&c);
 }
 
 /* Batch invariance: a row's outputs are the same bits whatever batch it is computed in (1 row or

@@ -27,6 +27,7 @@
 #include "../../core/rs.h"
 #include "../../kernels/backend.h"
 #include "../../kernels/cpu/cpu_internal.h"
+#include "../../kernels/cpu/fp8_gemm.h"
 #include "../../kernels/fp8.h"
 #include "test.h"
 #include "test_util.h"
@@ -436,8 +437,17 @@ RS_TEST(cpu_kernels_setting_forces_the_dispatch) {
         rs_test_note_skip("avx2");
     } else {
         ASSERT_TRUE(b != NULL);
-        ASSERT_STREQ(rs_backend_cpu_describe(b, line, sizeof line),
-                     "cpu: avx2 fma f16c; fp8 kernel avx2-exact; bf16 tile 4x3; 1 threads");
+        /* with the padded-tile row count rs_fp8_gemm_tune timed for this CPU */
+        const int tiles = rs_fp8_gemm_row_tile_min(RS_FP8_GEMM_ISA_AVX2);
+        ASSERT_TRUE(tiles >= 2 && tiles <= 17);
+        char want[256];
+        if (tiles > 16)
+            snprintf(want, sizeof want, "cpu: avx2 fma f16c; fp8 kernel avx2-exact (no padded row tiles); bf16 tile 4x3; 1 threads");
+        else
+            snprintf(want, sizeof want,
+                     "cpu: avx2 fma f16c; fp8 kernel avx2-exact (padded row tiles from %d rows); bf16 tile 4x3; 1 threads",
+                     tiles);
+        ASSERT_STREQ(rs_backend_cpu_describe(b, line, sizeof line), want);
         rs_backend_free(b);
     }
     b = rs_backend_cpu_init_kernels(1, "avx512", &err);
