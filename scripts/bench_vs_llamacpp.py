@@ -470,7 +470,8 @@ def main():
     src = fetch_llamacpp(work, a.llama_cpp_python)
     model = make_model(work, a.model_source, build)
     bf16 = write_gguf(model, work / f"{model.name}-bf16.gguf", src)
-    targets = (["llama-bench"] if only & {"decode", "prefill"} else []) + (["llama-server"] if "rl" in only else [])
+    # llama-bench also probes, before an RL run, whether llama.cpp's batched path runs (rl_llama)
+    targets = ["llama-bench"] + (["llama-server"] if "rl" in only else [])
     if not all((work / f"{model.name}-{q}.gguf").is_file() for q in ("q8_0", "q8_0-bf16emb")):
         targets.append("llama-quantize")
     bins = build_llamacpp(work, src, a.isa, a.threads, targets)

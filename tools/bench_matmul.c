@@ -34,6 +34,7 @@
 #include "../core/pool.h"
 #include "../core/rs.h"
 #include "../kernels/backend.h"
+#include "../kernels/cpu/cpu_internal.h"
 #include "../kernels/cpu/fp8_gemm.h"
 #include "../kernels/fp8.h"
 
@@ -299,6 +300,7 @@ int main(int argc, char **argv) {
     }
 
     rs_backend *b = rs_backend_cpu_init(threads);
+    rs_fp8_gemm_tune(rs_cpu_fp8_isa(rs_cpu_ctx_of(b)->simd)); /* as the daemon does at start */
     rs_pool *pool = rs_pool_init(threads);
     char line[256];
     printf("%s\n", rs_backend_cpu_describe(b, line, sizeof line));

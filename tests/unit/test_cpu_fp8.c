@@ -384,24 +384,34 @@ static void mixed_activations(gcase *c, uint64_t *s) {
     free(f);
 }
 
+/* A random case with mixed activations, its reference, and its weights packed (pairs32) in
+ * *packed (to free). */
+static gcase gcase_mixed(int rows, int n, int k, uint64_t *s, uint8_t **packed) {
+    gcase c = gcase_new(rows, n, k);
+    gcase_random(&c, s);
+    mixed_activations(&c, s);
+    rs_fp8_gemm_ref(c.ref, c.xq, c.xs, c.wq, c.ws, rows, n, k);
+    *packed = malloc((size_t)n * (size_t)k);
+    RS_ASSERT(*packed);
+    rs_fp8_pairs32_pack(*packed, c.wq, n, k);
+    return c;
+}
+
 /* Every row count from 1 to 40 and a few past it: every tile kind of every kernel (lanes = k
- * tiles of 1, 2 and 3..8 rows, lanes = rows tiles of 16 and padded ones of 10..15, items of 1 to
- * 4 such tiles sharing each weight decode, the VNNI kernel's 4- and 16-row tiles) and their mixes,
- * on ragged n and k, each ISA in turn, inline and on 2 threads, row-major and (VNNI) packed
- * weights (n = 160: every chunk packed, so its many-row items take up to 4 tiles). The reference
- * is per row, so the first R rows of one reference cover every R. */
+ * tiles of 1, 2 and 3..8 rows, lanes = rows tiles of 16 and padded ones from the CPU's timed row
+ * count, the next test taking every count, items of 1 to 4 such tiles sharing each weight decode,
+ * the VNNI kernel's 4- and 16-row tiles) and their mixes, on ragged n and k, each ISA in turn,
+ * inline and on 2 threads, row-major and (VNNI) packed weights (n = 160: every chunk packed, so
+ * its many-row items take up to 4 tiles). The reference is per row, so the first R rows of one
+ * reference cover every R. */
 RS_TEST(cpu_fp8_gemm_every_isa_all_row_counts) {
     static const int shapes[][2] = {{70, 300}, {33, 1030}, {160, 300}};
     uint64_t s = 515;
     rs_pool *pool = rs_pool_init(2);
     for (size_t si = 0; si < RS_ARRAY_LEN(shapes); si++) {
         const int n = shapes[si][0], k = shapes[si][1], max_rows = 130;
-        gcase c = gcase_new(max_rows, n, k);
-        gcase_random(&c, &s);
-        mixed_activations(&c, &s);
-        rs_fp8_gemm_ref(c.ref, c.xq, c.xs, c.wq, c.ws, max_rows, n, k);
-        uint8_t *packed = malloc((size_t)n * (size_t)k);
-        rs_fp8_pairs32_pack(packed, c.wq, n, k);
+        uint8_t *packed;
+        gcase c = gcase_mixed(max_rows, n, k, &s, &packed);
         for (int rows = 1; rows <= max_rows; rows = rows < 40 ? rows + 1 : rows + 23) {
             for (size_t i = 0; i < RS_ARRAY_LEN(all_isas); i++) {
                 if (!rs_fp8_gemm_isa_supported(all_isas[i])) {
@@ -440,12 +450,8 @@ RS_TEST(cpu_fp8_gemm_every_isa_every_row_tile_min) {
     static const rs_fp8_gemm_isa tunable[] = {RS_FP8_GEMM_ISA_AVX2, RS_FP8_GEMM_ISA_AVX512_VNNI};
     const int n = 96, k = 300, max_rows = 83;
     uint64_t s = 717;
-    gcase c = gcase_new(max_rows, n, k);
-    gcase_random(&c, &s);
-    mixed_activations(&c, &s);
-    rs_fp8_gemm_ref(c.ref, c.xq, c.xs, c.wq, c.ws, max_rows, n, k);
-    uint8_t *packed = malloc((size_t)n * (size_t)k);
-    rs_fp8_pairs32_pack(packed, c.wq, n, k);
+    uint8_t *packed;
+    gcase c = gcase_mixed(max_rows, n, k, &s, &packed);
     rs_pool *pool = rs_pool_init(2);
     ASSERT_EQ(rs_fp8_gemm_row_tile_min(RS_FP8_GEMM_ISA_GENERIC), 0);
     ASSERT_EQ(rs_fp8_gemm_tune(RS_FP8_GEMM_ISA_GENERIC), 0);
