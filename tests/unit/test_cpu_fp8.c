@@ -463,7 +463,7 @@ RS_TEST(cpu_fp8_gemm_every_isa_every_row_tile_min) {
             continue;
         }
         const int tuned = rs_fp8_gemm_tune(isa);
-        ASSERT_TRUE(tuned >= 2 && tuned <= 17);
+        ASSERT_TRUE(tuned >= 1 && tuned <= 17); /* 1..17: RS_FP8_ROW_TILE_MIN may set any */
         ASSERT_EQ(rs_fp8_gemm_row_tile_min(isa), tuned);
         void (*set)(int) = isa == RS_FP8_GEMM_ISA_AVX2 ? rs_fp8_gemm_avx2_set_row_tile_min
                                                         : rs_fp8_gemm_vnni_set_row_tile_min;

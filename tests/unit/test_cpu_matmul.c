@@ -439,7 +439,7 @@ RS_TEST(cpu_kernels_setting_forces_the_dispatch) {
         ASSERT_TRUE(b != NULL);
         /* with the padded-tile row count rs_fp8_gemm_tune timed for this CPU */
         const int tiles = rs_fp8_gemm_row_tile_min(RS_FP8_GEMM_ISA_AVX2);
-        ASSERT_TRUE(tiles >= 2 && tiles <= 17);
+        ASSERT_TRUE(tiles >= 1 && tiles <= 17);
         char want[256];
         if (tiles > 16)
             snprintf(want, sizeof want, "cpu: avx2 fma f16c; fp8 kernel avx2-exact (no padded row tiles); bf16 tile 4x3; 1 threads");
