@@ -384,10 +384,10 @@ def rl_llama(bins, model, threads, prompts, samples, new, work):
     ctx = len(prompts) * samples * (len(prompts[0]) + new + 16)
     # the server prefills in batches: the path that crashes where llama-bench's prefill does (a short
     # llama-bench prefill finds out, once per model, where no prefill was measured yet)
-    if (pathlib.Path(model).name, "prefill") not in NO_REPACK | PROBED:
-        PROBED.add((pathlib.Path(model).name, "prefill"))
-        llama_bench(bins, model, threads, 64, 0)
-    nr = ["--no-repack"] if (pathlib.Path(model).name, "prefill") in NO_REPACK else []
+    key = (pathlib.Path(model).name, "prefill")
+    if key not in NO_REPACK | PROBED:
+        llama_bench(bins, model, threads, 64, 0)  # adds key to PROBED or NO_REPACK
+    nr = ["--no-repack"] if key in NO_REPACK else []
     srv = Server([bins["llama-server"], "-m", model, "-t", threads, "-tb", threads, "-np", len(prompts) * samples,
                   "-c", ctx, "--host", "127.0.0.1", "--port", port, "--no-webui", *nr], f"http://127.0.0.1:{port}",
                  work / "llama-server.log")

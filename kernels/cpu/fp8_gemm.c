@@ -40,6 +40,7 @@
 
 #include <math.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
@@ -176,6 +177,13 @@ static void gemm_items_generic(void *ctx, int64_t it0, int64_t it1, int tid) {
     gemm_items(ctx, it0, it1, decode_generic, dot_generic);
 }
 
+/* Per ISA, the fewest rows past the whole 16-row tiles that the SIMD kernels pad to one more tile
+ * (fp8_gemm.h, rs_fp8_gemm_tune); until tuned, the fixed counts the kernels had before. */
+static atomic_int row_tile_min[RS_FP8_GEMM_ISA_AVX512_VNNI + 1] = {
+    [RS_FP8_GEMM_ISA_AVX2] = 10,
+    [RS_FP8_GEMM_ISA_AVX512_VNNI] = 12,
+};
+
 /* ---------------------------------------------------------------------------------------------
  * Dispatch
  * ------------------------------------------------------------------------------------------- */
@@ -227,11 +235,13 @@ int rs_fp8_gemm_layout_with_isa(rs_fp8_gemm_isa isa, rs_pool *pool, float *out, 
         return RS_OK;
     }
     if (isa == RS_FP8_GEMM_ISA_AVX512_VNNI) {
-        rs_fp8_gemm_vnni(pool, out, xq, xs, wq, layout == RS_LAYOUT_FP8_PAIRS32, ws, rows, n, k);
+        rs_fp8_gemm_vnni(pool, out, xq, xs, wq, layout == RS_LAYOUT_FP8_PAIRS32, ws, rows, n, k,
+                         atomic_load_explicit(&row_tile_min[isa], memory_order_relaxed));
         return RS_OK;
     }
     if (isa == RS_FP8_GEMM_ISA_AVX2) {
-        rs_fp8_gemm_avx2(pool, out, xq, xs, wq, ws, rows, n, k);
+        rs_fp8_gemm_avx2(pool, out, xq, xs, wq, ws, rows, n, k,
+                         atomic_load_explicit(&row_tile_min[isa], memory_order_relaxed));
         return RS_OK;
     }
     gemm_job job = {
@@ -252,18 +262,21 @@ int rs_fp8_gemm_layout_with_isa(rs_fp8_gemm_isa isa, rs_pool *pool, float *out, 
 
 enum { TUNE_N = 512, TUNE_K = 1024, TUNE_ROWS = 16, TUNE_REPS = 5 };
 
-typedef struct tune_fns {
-    void (*set)(int);
-    int (*get)(void);
-} tune_fns;
+static bool has_row_tiles(rs_fp8_gemm_isa isa) {
+    return (isa == RS_FP8_GEMM_ISA_AVX2 || isa == RS_FP8_GEMM_ISA_AVX512_VNNI) && rs_fp8_gemm_isa_supported(isa);
+}
 
-static bool tune_fns_of(rs_fp8_gemm_isa isa, tune_fns *f) {
-    if (!rs_fp8_gemm_isa_supported(isa)) return false;
-    if (isa == RS_FP8_GEMM_ISA_AVX2) *f = (tune_fns){rs_fp8_gemm_avx2_set_row_tile_min, rs_fp8_gemm_avx2_row_tile_min};
-    else if (isa == RS_FP8_GEMM_ISA_AVX512_VNNI)
-        *f = (tune_fns){rs_fp8_gemm_vnni_set_row_tile_min, rs_fp8_gemm_vnni_row_tile_min};
-    else return false;
-    return true;
+int rs_fp8_gemm_set_row_tile_min(rs_fp8_gemm_isa isa, int rows) {
+    if (isa == RS_FP8_GEMM_ISA_AUTO) isa = rs_fp8_gemm_detect_isa();
+    if (!has_row_tiles(isa)) return RS_EUNSUPPORTED;
+    if (rows < 1 || rows > 17) return RS_EINVAL;
+    atomic_store_explicit(&row_tile_min[isa], rows, memory_order_relaxed);
+    return RS_OK;
+}
+
+int rs_fp8_gemm_row_tile_min(rs_fp8_gemm_isa isa) {
+    if (isa == RS_FP8_GEMM_ISA_AUTO) isa = rs_fp8_gemm_detect_isa();
+    return has_row_tiles(isa) ? atomic_load_explicit(&row_tile_min[isa], memory_order_relaxed) : 0;
 }
 
 /* A standard normal value from a 64-bit LCG (Box-Muller). */
@@ -276,45 +289,14 @@ static float tune_gauss(uint64_t *s) {
     return (float)(sqrt(-2.0 * log(u[0])) * cos(6.283185307179586 * u[1]));
 }
 
-typedef struct tune_case {
-    rs_fp8_gemm_isa isa;
-    rs_layout layout;
-    const uint8_t *wq, *xq;
-    const float *ws, *xs;
-    float *out;
-} tune_case;
-
-static double tune_call_s(const tune_case *t, int rows) {
-    const double t0 = rs_now_s();
-    RS_ASSERT(rs_fp8_gemm_layout_with_isa(t->isa, NULL, t->out, t->xq, t->xs, t->wq, t->layout, t->ws, rows, TUNE_N,
-                                          TUNE_K) == RS_OK);
-    return rs_now_s() - t0;
-}
-
-static int tune_pick(rs_fp8_gemm_isa isa, const tune_fns *f);
-
-int rs_fp8_gemm_tune(rs_fp8_gemm_isa isa) {
-    if (isa == RS_FP8_GEMM_ISA_AUTO) isa = rs_fp8_gemm_detect_isa();
-    tune_fns f;
-    if (!tune_fns_of(isa, &f)) return 0;
-    /* once per ISA and process: every backend of the process shares the kernels' setting */
-    static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
-    static int tuned[RS_FP8_GEMM_ISA_AVX512_VNNI + 1];
-    pthread_mutex_lock(&lock);
-    if (!tuned[isa]) tuned[isa] = tune_pick(isa, &f);
-    const int pick = tuned[isa];
-    pthread_mutex_unlock(&lock);
-    return pick;
-}
-
-static int tune_pick(rs_fp8_gemm_isa isa, const tune_fns *fp) {
-    const tune_fns f = *fp;
+/* The count for `isa` (has_row_tiles): RS_FP8_ROW_TILE_MIN, or timed (fp8_gemm.h). Leaves it set. */
+static int tune_pick(rs_fp8_gemm_isa isa) {
     const char *env = getenv("RS_FP8_ROW_TILE_MIN");
     if (env && *env) {
         char *end;
         const long v = strtol(env, &end, 10);
         if (*end == '\0' && v >= 1 && v <= 17) {
-            f.set((int)v);
+            rs_fp8_gemm_set_row_tile_min(isa, (int)v);
             return (int)v;
         }
         RS_WARN("RS_FP8_ROW_TILE_MIN='%s' is not 1..17; timing instead", env);
@@ -335,7 +317,6 @@ static int tune_pick(rs_fp8_gemm_isa isa, const tune_fns *fp) {
     const rs_layout layout = isa == RS_FP8_GEMM_ISA_AVX512_VNNI ? RS_LAYOUT_FP8_PAIRS32 : RS_LAYOUT_ROWS;
     if (layout == RS_LAYOUT_FP8_PAIRS32) rs_fp8_pairs32_pack(wq, codes, TUNE_N, TUNE_K);
     else memcpy(wq, codes, (size_t)TUNE_N * TUNE_K);
-    const tune_case t = {.isa = isa, .layout = layout, .wq = wq, .xq = xq, .ws = ws, .xs = xs, .out = out};
     /* From 15 rows down, while the padded tile is the faster: the fewest rows where it still is.
      * Calls of the two forms alternate, so that a slow phase of the machine hits both. */
     int pick = 17;
@@ -343,22 +324,31 @@ static int tune_pick(rs_fp8_gemm_isa isa, const tune_fns *fp) {
         double best[2] = {INFINITY, INFINITY};
         for (int rep = 0; rep <= TUNE_REPS; rep++)
             for (int pad = 0; pad < 2; pad++) {
-                f.set(pad ? 1 : 17);
-                const double dt = tune_call_s(&t, rows);
-                if (rep > 0) best[pad] = fmin(best[pad], dt); /* rep 0 warms the caches */
+                rs_fp8_gemm_set_row_tile_min(isa, pad ? 1 : 17);
+                const double t0 = rs_now_s();
+                RS_ASSERT(rs_fp8_gemm_layout_with_isa(isa, NULL, out, xq, xs, wq, layout, ws, rows, TUNE_N, TUNE_K) ==
+                          RS_OK);
+                if (rep > 0) best[pad] = fmin(best[pad], rs_now_s() - t0); /* rep 0 warms the caches */
             }
         if (best[1] >= best[0]) break;
         pick = rows;
     }
-    f.set(pick);
+    rs_fp8_gemm_set_row_tile_min(isa, pick);
     free(wf), free(xf), free(codes), free(wq), free(xq), free(ws), free(xs), free(out);
     return pick;
 }
 
-int rs_fp8_gemm_row_tile_min(rs_fp8_gemm_isa isa) {
+int rs_fp8_gemm_tune(rs_fp8_gemm_isa isa) {
     if (isa == RS_FP8_GEMM_ISA_AUTO) isa = rs_fp8_gemm_detect_isa();
-    tune_fns f;
-    return tune_fns_of(isa, &f) ? f.get() : 0;
+    if (!has_row_tiles(isa)) return 0;
+    /* once per ISA and process: every backend of the process shares the setting */
+    static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+    static int tuned[RS_FP8_GEMM_ISA_AVX512_VNNI + 1];
+    pthread_mutex_lock(&lock);
+    if (!tuned[isa]) tuned[isa] = tune_pick(isa);
+    const int pick = tuned[isa];
+    pthread_mutex_unlock(&lock);
+    return pick;
 }
 
 void rs_fp8_gemm(rs_pool *pool, float *out, const uint8_t *xq, const float *xs, const uint8_t *wq,

@@ -76,13 +76,16 @@ int rs_fp8_gemm_layout_with_isa(rs_fp8_gemm_isa isa, rs_pool *pool, float *out, 
  * CPU (its ports and SIMD widths: 5 on a 2-vCPU Intel Xeon with AVX2 forced, 7 with VNNI there).
  * rs_fp8_gemm_tune finds that count for `isa` (AUTO: detected) by timing both on the calling
  * thread (a 512 x 1024 weight of Gaussian values, 15 rows down to where few-row tiles win, best
- * of 5 calls each; ~40 ms), or takes it from the environment variable RS_FP8_ROW_TILE_MIN (1..17,
+ * of 5 calls each; 40-60 ms), or takes it from the environment variable RS_FP8_ROW_TILE_MIN (1..17,
  * 17: never pad) when that is set; sets it for every later GEMM of that ISA in the process, and
  * returns it. Once per ISA and process: later calls return the first pick. Results are the same
  * bits whatever it picks. Returns 0, and sets nothing, for an ISA without the choice
- * (generic) or one this CPU cannot run. rs_fp8_gemm_row_tile_min: the count in use (0: none). */
+ * (generic) or one this CPU cannot run. rs_fp8_gemm_row_tile_min: the count in use (0: none);
+ * rs_fp8_gemm_set_row_tile_min sets it (1..17, else RS_EINVAL; RS_EUNSUPPORTED for an ISA
+ * without the choice). */
 int rs_fp8_gemm_tune(rs_fp8_gemm_isa isa);
 int rs_fp8_gemm_row_tile_min(rs_fp8_gemm_isa isa);
+int rs_fp8_gemm_set_row_tile_min(rs_fp8_gemm_isa isa, int rows);
 
 rs_fp8_gemm_isa rs_fp8_gemm_detect_isa(void);          /* never AUTO */
 int rs_fp8_gemm_isa_supported(rs_fp8_gemm_isa isa);    /* 1 if this CPU can run it */

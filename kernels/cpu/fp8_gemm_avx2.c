@@ -58,23 +58,10 @@
 #include "fp8_gemm_avx2.h"
 
 #include <math.h>
-#include <stdatomic.h>
 #include <string.h>
 
 #include "../../core/rs.h"
 #include "../fp8.h"
-
-/* A remainder of at least this many rows (past the whole 16-row tiles) takes a padded lanes = rows
- * tile, fewer take lanes = k tiles. Which is faster depends on the CPU: fp8_gemm.c's
- * rs_fp8_gemm_tune times both and sets it; 10 until then. */
-static atomic_int r2_min = 10;
-
-void rs_fp8_gemm_avx2_set_row_tile_min(int rows) {
-    RS_ASSERT(rows >= 1 && rows <= 17);
-    atomic_store_explicit(&r2_min, rows, memory_order_relaxed);
-}
-
-int rs_fp8_gemm_avx2_row_tile_min(void) { return atomic_load_explicit(&r2_min, memory_order_relaxed); }
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #include <immintrin.h>
@@ -826,14 +813,14 @@ int rs_fp8_gemm_avx2_supported(void) {
 }
 
 void rs_fp8_gemm_avx2(rs_pool *pool, float *out, const uint8_t *xq, const float *xs, const uint8_t *wq,
-                      const float *ws, int rows, int n, int k) {
+                      const float *ws, int rows, int n, int k, int r2_min) {
     RS_ASSERT(rows > 0 && n > 0 && k > 0);
     ajob jb = {
         .out = out, .xq = xq, .xs = xs, .wq = wq, .ws = ws, .rows = rows, .n = n, .k = k,
         .kb = rs_fp8_blocks(k),
     };
     /* whole lanes = rows tiles, and a padded one for a remainder of at least r2_min rows */
-    const int rem = rows % R2_ROWS, last = rem >= atomic_load_explicit(&r2_min, memory_order_relaxed) ? rem : 0;
+    const int rem = rows % R2_ROWS, last = rem >= r2_min ? rem : 0;
     const int n_r2 = rows / R2_ROWS + (last > 0);
     jb.r1_start = rows / R2_ROWS * R2_ROWS + last;
     jb.n_r2g = (n_r2 + R2_TILES - 1) / R2_TILES;
@@ -855,8 +842,8 @@ void rs_fp8_gemm_avx2(rs_pool *pool, float *out, const uint8_t *xq, const float 
 int rs_fp8_gemm_avx2_supported(void) { return 0; }
 
 void rs_fp8_gemm_avx2(rs_pool *pool, float *out, const uint8_t *xq, const float *xs, const uint8_t *wq,
-                      const float *ws, int rows, int n, int k) {
-    (void)pool, (void)out, (void)xq, (void)xs, (void)wq, (void)ws, (void)rows, (void)n, (void)k;
+                      const float *ws, int rows, int n, int k, int r2_min) {
+    (void)pool, (void)out, (void)xq, (void)xs, (void)wq, (void)ws, (void)rows, (void)n, (void)k, (void)r2_min;
     RS_ASSERT(!"rs_fp8_gemm_avx2 on a CPU without AVX2");
 }
 

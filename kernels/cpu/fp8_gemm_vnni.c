@@ -63,24 +63,11 @@
 #include "fp8_gemm_vnni.h"
 
 #include <math.h>
-#include <stdatomic.h>
 #include <string.h>
 
 #include "../../core/rs.h"
 #include "../fp8.h"
 #include "fp8_layout.h"
-
-/* A part of at least this many rows (past the whole 16-row tiles) takes a padded lanes = rows
- * tile, fewer take lanes = outputs (or lanes = k) tiles. Which is faster depends on the CPU:
- * fp8_gemm.c's rs_fp8_gemm_tune times both and sets it; 12 until then. */
-static atomic_int r2_min = 12;
-
-void rs_fp8_gemm_vnni_set_row_tile_min(int rows) {
-    RS_ASSERT(rows >= 1 && rows <= 17);
-    atomic_store_explicit(&r2_min, rows, memory_order_relaxed);
-}
-
-int rs_fp8_gemm_vnni_row_tile_min(void) { return atomic_load_explicit(&r2_min, memory_order_relaxed); }
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #include <immintrin.h>
@@ -1227,7 +1214,7 @@ int rs_fp8_gemm_vnni_supported(void) {
 }
 
 void rs_fp8_gemm_vnni(rs_pool *pool, float *out, const uint8_t *xq, const float *xs, const uint8_t *wq,
-                      int packed, const float *ws, int rows, int n, int k) {
+                      int packed, const float *ws, int rows, int n, int k, int r2_min) {
     RS_ASSERT(rows > 0 && n > 0 && k > 0);
     RS_ASSERT(!packed || rs_fp8_pairs32_fits(n, k));
     vjob jb = {
@@ -1242,7 +1229,7 @@ void rs_fp8_gemm_vnni(rs_pool *pool, float *out, const uint8_t *xq, const float 
      * tile for a part of at least r2_min rows; fewer go to lanes = outputs tiles (cheaper than
      * padding a tile, up to a number of rows that depends on the CPU). */
     const int rem = rows % jb.r2_rows, part = rem % R2_ROWS;
-    const int last = rem - part + (part >= atomic_load_explicit(&r2_min, memory_order_relaxed) ? part : 0);
+    const int last = rem - part + (part >= r2_min ? part : 0);
     jb.n_r2 = rows / jb.r2_rows + (last > 0);
     jb.r2_last = last > 0 ? last : jb.r2_rows;
     jb.r1_start = rows / jb.r2_rows * jb.r2_rows + last;
@@ -1259,8 +1246,8 @@ void rs_fp8_gemm_vnni(rs_pool *pool, float *out, const uint8_t *xq, const float 
 int rs_fp8_gemm_vnni_supported(void) { return 0; }
 
 void rs_fp8_gemm_vnni(rs_pool *pool, float *out, const uint8_t *xq, const float *xs, const uint8_t *wq,
-                      int packed, const float *ws, int rows, int n, int k) {
-    (void)pool, (void)out, (void)xq, (void)xs, (void)wq, (void)packed, (void)ws, (void)rows, (void)n, (void)k;
+                      int packed, const float *ws, int rows, int n, int k, int r2_min) {
+    (void)pool, (void)out, (void)xq, (void)xs, (void)wq, (void)packed, (void)ws, (void)rows, (void)n, (void)k, (void)r2_min;
     RS_ASSERT(!"rs_fp8_gemm_vnni on a CPU without AVX-512 VNNI");
 }
 

@@ -20,8 +20,6 @@
 #include "../../kernels/backend.h"
 #include "../../kernels/cpu/cpu_internal.h"
 #include "../../kernels/cpu/fp8_gemm.h"
-#include "../../kernels/cpu/fp8_gemm_avx2.h"
-#include "../../kernels/cpu/fp8_gemm_vnni.h"
 #include "../../kernels/cpu/fp8_layout.h"
 #include "../../kernels/fp8.h"
 #include "test.h"
@@ -455,6 +453,7 @@ RS_TEST(cpu_fp8_gemm_every_isa_every_row_tile_min) {
     rs_pool *pool = rs_pool_init(2);
     ASSERT_EQ(rs_fp8_gemm_row_tile_min(RS_FP8_GEMM_ISA_GENERIC), 0);
     ASSERT_EQ(rs_fp8_gemm_tune(RS_FP8_GEMM_ISA_GENERIC), 0);
+    ASSERT_EQ(rs_fp8_gemm_set_row_tile_min(RS_FP8_GEMM_ISA_GENERIC, 5), RS_EUNSUPPORTED);
     for (size_t i = 0; i < RS_ARRAY_LEN(tunable); i++) {
         const rs_fp8_gemm_isa isa = tunable[i];
         if (!rs_fp8_gemm_isa_supported(isa)) {
@@ -465,10 +464,10 @@ RS_TEST(cpu_fp8_gemm_every_isa_every_row_tile_min) {
         const int tuned = rs_fp8_gemm_tune(isa);
         ASSERT_TRUE(tuned >= 1 && tuned <= 17); /* 1..17: RS_FP8_ROW_TILE_MIN may set any */
         ASSERT_EQ(rs_fp8_gemm_row_tile_min(isa), tuned);
-        void (*set)(int) = isa == RS_FP8_GEMM_ISA_AVX2 ? rs_fp8_gemm_avx2_set_row_tile_min
-                                                        : rs_fp8_gemm_vnni_set_row_tile_min;
+        ASSERT_EQ(rs_fp8_gemm_set_row_tile_min(isa, 0), RS_EINVAL);
+        ASSERT_EQ(rs_fp8_gemm_set_row_tile_min(isa, 18), RS_EINVAL);
         for (size_t mi = 0; mi < RS_ARRAY_LEN(mins); mi++) {
-            set(mins[mi]);
+            ASSERT_EQ(rs_fp8_gemm_set_row_tile_min(isa, mins[mi]), RS_OK);
             ASSERT_EQ(rs_fp8_gemm_row_tile_min(isa), mins[mi]);
             for (int rows = 1; rows <= max_rows; rows += rows < 20 ? 1 : rows < 40 ? 3 : 11)
                 for (int lay = 0; lay < 1 + (isa == RS_FP8_GEMM_ISA_AVX512_VNNI); lay++) {
@@ -483,7 +482,7 @@ RS_TEST(cpu_fp8_gemm_every_isa_every_row_tile_min) {
                                          (long long)(j / n), (long long)(j % n), c.got[j], c.ref[j]);
                 }
         }
-        set(tuned);
+        ASSERT_EQ(rs_fp8_gemm_set_row_tile_min(isa, tuned), RS_OK);
     }
     rs_pool_free(pool);
     free(packed);
