@@ -106,6 +106,21 @@ static rs_cpu_gemv env_gemv(void) {
     return RS_CPU_GEMV_AUTO;
 }
 
+/* RS_CPU_AMX=0 keeps the fast numerics' BF16 matmuls off AMX tiles (on the vdpbf16ps tile). */
+static bool env_amx(void) {
+    const char *e = getenv("RS_CPU_AMX");
+    if (!e || !*e || strcmp(e, "1") == 0) return true;
+    if (strcmp(e, "0") == 0) return false;
+    RS_WARN("cpu backend | ignoring RS_CPU_AMX=%s (expected 0 or 1)", e);
+    return true;
+}
+
+bool rs_cpu_set_amx(rs_backend *b, bool on) {
+    rs_cpu_ctx *c = rs_cpu_ctx_of(b);
+    c->amx = on && c->bf16_dot && rs_cpu_amx_available();
+    return c->amx;
+}
+
 void rs_cpu_set_gemv(rs_backend *b, rs_cpu_gemv mode) {
     rs_cpu_ctx *c = rs_cpu_ctx_of(b);
     c->gemv_mode = mode; /* what auto has timed so far stays: the same shapes, the same forms */
@@ -258,6 +273,9 @@ static void cpu_destroy(rs_backend *b) {
     free(c->fp8_act.p);
     free(c->fp8_rows.p);
     free(c->bf16_act.p);
+    free(c->amx_act.p);
+    for (int t = 0; t < c->n_threads; t++) free(c->amx_pad[t].p);
+    free(c->amx_pad);
     free(c);
     free(b);
 }
@@ -295,6 +313,8 @@ rs_backend *rs_backend_cpu_init(int n_threads) {
     c->simd_max = detect_simd();
     c->gemv_mode = env_gemv();
     c->bf16_dot = c->simd_max == RS_CPU_SIMD_AVX512 && has_avx512_bf16();
+    c->amx_pad = rs_xcalloc((size_t)c->n_threads, sizeof *c->amx_pad);
+    c->amx = c->bf16_dot && env_amx() && rs_cpu_amx_available();
     rs_cpu_simd cap = env_simd_cap();
     c->simd = cap < c->simd_max ? cap : c->simd_max;
 
@@ -351,8 +371,9 @@ const char *rs_backend_cpu_describe(rs_backend *b, char *buf, size_t n) {
     char tiles[48] = "";
     if (tile_min > 16) snprintf(tiles, sizeof tiles, " (no padded row tiles)");
     else if (tile_min > 0) snprintf(tiles, sizeof tiles, " (padded row tiles from %d rows)", tile_min);
-    snprintf(buf, n, "cpu: %s%s; fp8 kernel %s%s; bf16 tile %dx%d; %d threads", isa,
-             c->bf16_dot && c->simd == RS_CPU_SIMD_AVX512 ? " avx512bf16" : "", rs_fp8_gemm_isa_name(fp8), tiles,
-             RS_CPU_NW, nt, c->n_threads);
+    const bool bf16 = c->bf16_dot && c->simd == RS_CPU_SIMD_AVX512;
+    snprintf(buf, n, "cpu: %s%s; fp8 kernel %s%s; bf16 tile %dx%d%s; %d threads", isa,
+             bf16 ? (c->amx ? " avx512bf16 amx-bf16" : " avx512bf16") : "", rs_fp8_gemm_isa_name(fp8), tiles,
+             RS_CPU_NW, nt, bf16 && c->amx ? " (fast numerics: amx tiles)" : "", c->n_threads);
     return buf;
 }

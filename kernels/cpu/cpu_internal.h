@@ -64,6 +64,10 @@ typedef struct rs_cpu_ctx {
     rs_cpu_gemv_pick gemv[RS_CPU_GEMV_SHAPES]; /* batch-1 tile form per weight shape (cpu_matmul.c) */
     rs_cpu_gemv gemv_mode;   /* RS_CPU_GEMV, or rs_cpu_set_gemv */
     bool bf16_dot;           /* this CPU has AVX512_BF16 (vdpbf16ps) */
+    bool amx;                /* fast numerics' BF16 matmuls take AMX tiles (cpu_amx.c): the CPU and the
+                              * OS allow it, and neither RS_CPU_AMX=0 nor rs_cpu_set_amx turned it off */
+    rs_cpu_buf amx_act;      /* AMX: the activation rows packed into B tiles */
+    rs_cpu_buf *amx_pad;     /* [n_threads] AMX: a zero-padded weight chunk (ragged n or k) */
     bool fast;               /* --numerics fast asked (rs_cpu_fast_bf16 says where it applies) */
 } rs_cpu_ctx;
 
@@ -94,6 +98,16 @@ static inline float rs_cpu_elem(const void *p /* [> i] dt */, rs_dtype dt, int64
 static inline bool rs_cpu_fast_bf16(const rs_cpu_ctx *c) {
     return c->fast && c->bf16_dot && c->simd == RS_CPU_SIMD_AVX512;
 }
+/* AMX (cpu_amx.c). Whether this CPU and OS run AMX-BF16 tiles (asks Linux for the tile state's
+ * permission on the first call, once per process). */
+bool rs_cpu_amx_available(void);
+/* The fast numerics' BF16 matmul on AMX tiles, for every row count when c->amx (batch invariance):
+ * out = xb @ w^T (+ bias), fp32 sums of BF16 products, threaded over n on c's pool. */
+void rs_cpu_matmul_amx_bf16(rs_cpu_ctx *c, float *out /* [rows][n] */, const uint16_t *xb /* [rows][k] */,
+                            const uint16_t *w /* [n][k] */, const float *bias /* [n] or NULL */, int rows,
+                            int64_t n, int64_t k);
+/* Test hook: turns the AMX matmul on (where available) or off; returns whether it is on now. */
+bool rs_cpu_set_amx(rs_backend *b, bool on);
 /* Test hook: caps the SIMD level at `level` (and at what the CPU supports); returns the level now
  * in use. */
 rs_cpu_simd rs_cpu_set_simd(rs_backend *b, rs_cpu_simd level);

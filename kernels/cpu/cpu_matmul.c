@@ -25,6 +25,7 @@
  * With --numerics fast on a CPU with AVX512_BF16 (rs_cpu_fast_bf16), BF16 weights take the
  * activation rows rounded to BF16 and the vdpbf16ps tile instead; the blocking and threading are
  * the same, and so is batch invariance (a row's sums never depend on the other rows of its tile).
+ * Where the CPU has AMX-BF16 they run on AMX tiles instead (cpu_amx.c), at every row count.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -281,6 +282,10 @@ void rs_cpu_matmul(rs_cpu_ctx *c, float *out, const float *x, const rs_tensor *w
     if (w->dtype == RS_DTYPE_BF16 && rs_cpu_fast_bf16(c)) {
         uint16_t *xb = rs_cpu_scratch(&c->bf16_act, (size_t)rows * (size_t)k * sizeof(uint16_t));
         rs_cpu_round_bf16_avx512(xb, x, (size_t)rows * (size_t)k);
+        if (c->amx) { /* every row count, so that a row's bits never depend on its batch */
+            rs_cpu_matmul_amx_bf16(c, out, xb, w->data, j.bias, rows, n, k);
+            return;
+        }
         j.xb = xb;
         j.tile = rs_cpu_tile_avx512_bf16_dot();
         j.nt = RS_CPU_NT_AVX512;

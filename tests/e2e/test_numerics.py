@@ -7,7 +7,8 @@ of CUDA that CI runs) the fast daemon reports "fast", its prompt logprobs stay w
 exact daemon's on average (BF16 activations: ~0.012 on these fixtures, tests/unit/test_cuda_fast.c)
 and of transformers' reference, and a seeded sampled request gives the same tokens and logprobs
 every time it is sent. On the CPU backend the fast numerics exist where the CPU has AVX512_BF16
-and the avx512 kernel class runs (BF16 matmuls on BF16-rounded activations, vdpbf16ps): there the
+and the avx512 kernel class runs (BF16 matmuls on BF16-rounded activations, vdpbf16ps, or AMX tiles
+where the CPU has AMX-BF16; RS_CPU_AMX=0 runs the vdpbf16ps path there too): there the
 fast daemon reports "fast" and is held to the same bounds, and to 0.03 against the exact daemon
 (the BF16 matmuls' activations change, and over BF16 KV pages attention's q and probabilities, so
 both KV dtypes run); elsewhere it reports "exact" and both daemons must
@@ -59,12 +60,24 @@ def sampled(d, ids):
     return j["output_ids"], j["meta_info"]["output_token_logprobs"], j["meta_info"]["output_top_logprobs"]
 
 
+def cpu_flag(name):
+    try:
+        return name in next((ln.split(":", 1)[1].split() for ln in open("/proc/cpuinfo") if ln.startswith("flags")), [])
+    except OSError:
+        return False
+
+
 @pytest.mark.skipif(not (MODEL / "golden.json").is_file(), reason="no qwen3 fixture")
 @pytest.mark.parametrize("kv", ["f32", "bf16"])  # bf16: on the CPU, fast attention runs on vdpbf16ps too
-def test_fast_numerics_end_to_end(rolloutd, kv):
+@pytest.mark.parametrize("amx", ["auto", "off"])  # CPU: BF16 matmuls on AMX tiles where the CPU has them, or not
+def test_fast_numerics_end_to_end(rolloutd, kv, amx, monkeypatch):
     golden = json.loads((MODEL / "golden.json").read_text())
     prompts = [p for p in golden["prompts"] if len(p["input_ids"]) >= 33]
     args = [*ARGS, "--kv-cache-dtype", kv]
+    if amx == "off":
+        if not cpu_flag("amx_bf16"):
+            pytest.skip("RS_CPU_AMX=0 changes nothing here: this CPU has no amx_bf16")
+        monkeypatch.setenv("RS_CPU_AMX", "0")
     exact = rolloutd(MODEL, *args, "--numerics", "exact")
     fast = rolloutd(MODEL, *args, "--numerics", "fast")
     ie, i_f = info(exact), info(fast)
@@ -73,7 +86,8 @@ def test_fast_numerics_end_to_end(rolloutd, kv):
     has_fast = device == "cuda" or cpu_has_fast_kernels(ie)
     assert i_f["numerics"] == ("fast" if has_fast else "exact")
     # CPU (AMD Zen 4), these two prompts: 0.017 and 0.011 with f32 KV (BF16 matmuls only), 0.021 and
-    # 0.018 with bf16 KV (attention's q and probabilities in BF16 as well)
+    # 0.018 with bf16 KV (attention's q and probabilities in BF16 as well); Intel Xeon with AMX
+    # tiles: 0.017 and 0.010 (f32 KV), 0.021 and 0.017 (bf16 KV)
     bound = 0.05 if device == "cuda" else 0.03
     for p in prompts:
         se, sf = scores(exact, p["input_ids"]), scores(fast, p["input_ids"])
@@ -83,6 +97,8 @@ def test_fast_numerics_end_to_end(rolloutd, kv):
             continue
         assert not np.array_equal(se, sf)  # the fast kernels ran
         d_exact, d_ref = float(np.mean(np.abs(sf - se))), float(np.mean(np.abs(sf - ref)))
+        print(f"  fast ({kv} KV, amx {amx}), prompt of {len(p['input_ids'])}: mean |fast - exact| {d_exact:.4f}, "
+              f"|fast - transformers| {d_ref:.4f}")
         assert d_exact <= bound and d_ref <= 0.05, (
             f"prompt of {len(p['input_ids'])}: mean |fast - exact| {d_exact:.4f}, |fast - transformers| {d_ref:.4f}")
     ids = prompts[0]["input_ids"]

@@ -57,6 +57,7 @@ static rs_backend *backend_at(int threads, rs_cpu_simd level) {
 }
 
 static rs_backend *fast_backend(int threads);
+static rs_backend *fast_backend_amx(int threads, bool amx);
 
 /* A [n][k] weight of dt (values in [-1, 1)) and the same values as fp32. */
 typedef struct wt {
@@ -179,6 +180,11 @@ static void check_batch_invariance(const rs_tensor *w, int64_t k, uint64_t *s) {
         check_batch_invariance_on(b, "avx512 fast", w, k, s);
         rs_backend_free(b);
     }
+    b = w->dtype == RS_DTYPE_BF16 ? fast_backend_amx(2, true) : NULL;
+    if (b) {
+        check_batch_invariance_on(b, "avx512 fast, amx tiles", w, k, s);
+        rs_backend_free(b);
+    }
 }
 
 static void check_batch_invariance_on(rs_backend *b, const char *what, const rs_tensor *w, int64_t k,
@@ -243,7 +249,7 @@ RS_TEST(cpu_matmul_batch_invariant_fp8) {
 
 /* The AVX-512 backend with fast numerics in effect, or NULL (the reason printed once) where this
  * CPU has no AVX512_BF16. */
-static rs_backend *fast_backend(int threads) {
+static rs_backend *fast_backend_amx(int threads, bool amx) {
     rs_backend *b = backend_at(threads, RS_CPU_SIMD_AVX512);
     if (!b) return NULL;
     if (rs_backend_set_numerics(b, RS_NUMERICS_FAST) != RS_NUMERICS_FAST) {
@@ -252,8 +258,16 @@ static rs_backend *fast_backend(int threads) {
         rs_backend_free(b);
         return NULL;
     }
+    if (rs_cpu_set_amx(b, amx) != amx) {
+        rs_test_note_skip("amx-bf16 (fast numerics on AMX tiles)");
+        rs_backend_free(b);
+        return NULL;
+    }
     return b;
 }
+
+/* The vdpbf16ps path (AMX off where the CPU has it). */
+static rs_backend *fast_backend(int threads) { return fast_backend_amx(threads, false); }
 
 /* The fast tile's sum for one output: x rounded to BF16 (rs_f32_to_bf16); 16 lanes, lane l takes
  * elements 32s + 2l (even) and 32s + 2l + 1 (odd) of each 32-element step s, elements past k zero;
@@ -308,6 +322,67 @@ RS_TEST(cpu_matmul_fast_bf16_order) {
     for (int rows = 14; rows <= 40; rows++) check_fast_order(37, 130, rows, rows % 2 == 0, &s);
     check_fast_order(21, 4100, 70, true, &s); /* blocked: a token block of 63 rows */
     check_fast_order(70, 520, 97, false, &s);
+}
+
+/* ---- fast numerics on AMX tiles (cpu_amx.c) ----
+ *
+ * TDPBF16PS's rounding inside a step is the hardware's (neither sequential fp32 nor a fused chain
+ * gives its bits), so each output is held to a double-precision sum of the same BF16 products: any
+ * order of k fp32 roundings (or truncations) stays within (k + 2) 2^-23 sum |x w|, and the bias
+ * adds one more rounding. A tile loaded from the wrong place, a pair misplaced or a row or column
+ * of the transposes swapped is off by the size of a product, far outside that. Ragged n (the last
+ * chunk's two tiles, 1-31 outputs) and k (a zero-padded copy), one and two token groups, a pair
+ * and an odd last group, 1 and 2 threads (the same bits). NaNs follow the last weight row: a tile
+ * that read past a row's end (k % 32 != 0) or past row n would make an output NaN (0 x NaN). */
+static void check_amx(int64_t n, int64_t k, int rows, bool with_bias, uint64_t *s) {
+    wt w = make_weight(RS_DTYPE_BF16, n, k, s);
+    uint16_t *guarded = malloc((size_t)(n * k + 64) * 2); /* the weights, then 64 NaNs */
+    memcpy(guarded, w.t.data, (size_t)(n * k) * 2);
+    for (int i = 0; i < 64; i++) guarded[n * k + i] = 0x7fc0;
+    free(w.t.data);
+    w.t.data = guarded;
+    float *x = malloc((size_t)(rows * k) * sizeof(float) + 1), *bias = malloc((size_t)n * sizeof(float));
+    float *got[2] = {malloc((size_t)(rows * n) * sizeof(float)), malloc((size_t)(rows * n) * sizeof(float))};
+    for (int64_t i = 0; i < rows * k; i++) x[i] = 4.0f * rng_uniform(s);
+    for (int64_t i = 0; i < n; i++) bias[i] = rng_uniform(s);
+    rs_tensor bt = {.dtype = RS_DTYPE_F32, .ndim = 1, .shape = {n}, .data = bias};
+    for (int threads = 1; threads <= 2; threads++) {
+        rs_backend *b = fast_backend_amx(threads, true);
+        if (!b) break;
+        memset(got[threads - 1], 0xff, (size_t)(rows * n) * sizeof(float));
+        rs_op_matmul(b, got[threads - 1], x, &w.t, with_bias ? &bt : NULL, rows);
+        rs_backend_free(b);
+        if (threads == 2 && memcmp(got[0], got[1], (size_t)(rows * n) * sizeof(float)) != 0)
+            RS_TEST_FAIL("amx n %lld k %lld rows %d: 2 threads differ from 1", (long long)n, (long long)k, rows);
+        for (int r = 0; r < rows && threads == 1; r++)
+            for (int64_t o = 0; o < n; o++) {
+                double sum = 0, mag = 0;
+                for (int64_t i = 0; i < k; i++) {
+                    const double p = (double)rs_bf16_to_f32(rs_f32_to_bf16(x[r * k + i])) * w.f[o * k + i];
+                    sum += p, mag += fabs(p);
+                }
+                const double want = with_bias ? sum + bias[o] : sum;
+                const double tol = (double)(k + 2) * 0x1p-23 * mag + 0x1p-23 * (fabs(want) + (with_bias ? 1 : 0));
+                const float g = got[0][r * n + o];
+                if (!(fabs((double)g - want) <= tol))
+                    RS_TEST_FAIL("amx n %lld k %lld rows %d bias %d: out[%d][%lld] %.9g, double sum %.9g (tolerance %.3g)",
+                                 (long long)n, (long long)k, rows, with_bias, r, (long long)o, g, want, tol);
+            }
+    }
+    free(x), free(bias), free(got[0]), free(got[1]);
+    free_weight(&w);
+}
+
+RS_TEST(cpu_matmul_fast_bf16_amx_tiles) {
+    /* n: one tile, a ragged second tile, whole chunks, a ragged last chunk; k: 32-multiples and not */
+    static const int64_t shapes[][2] = {{5, 7}, {16, 32}, {17, 64}, {31, 33}, {32, 96}, {64, 100},
+                                        {67, 257}, {130, 16}, {96, 1000}};
+    uint64_t s = 17;
+    for (size_t si = 0; si < RS_ARRAY_LEN(shapes); si++)
+        for (int rows = 1; rows <= 13; rows += (si % 2) + 1) check_amx(shapes[si][0], shapes[si][1], rows, rows % 2 == 1, &s);
+    for (int rows = 14; rows <= 49; rows++) check_amx(37, 130, rows, rows % 2 == 0, &s); /* 1-4 token groups */
+    check_amx(200, 512, 97, true, &s);
+    check_amx(33, 4100, 70, false, &s);
 }
 
 /* Batch 1 on AVX-512 has two tile forms (cpu_internal.h rs_cpu_gemv): the four weight rows read
