@@ -91,8 +91,8 @@ static inline float rs_cpu_elem(const void *p /* [> i] dt */, rs_dtype dt, int64
 
 /* Whether BF16 x BF16 matmuls run the fast numerics: --numerics fast asked, the AVX-512 level in
  * use and AVX512_BF16 on the CPU. They then round the activation rows to BF16 (rs_f32_to_bf16) and
- * sum BF16 products in fp32 with vdpbf16ps (the arithmetic of llama.cpp's BF16 path and of a GPU's
- * BF16 tensor-core GEMM), and attention over BF16 KV pages takes q and the probabilities in BF16
+ * sum BF16 products in fp32 with vdpbf16ps, or on AMX tiles where c->amx (the arithmetic of
+ * llama.cpp's BF16 path and of a GPU's BF16 tensor-core GEMM), and attention over BF16 KV pages takes q and the probabilities in BF16
  * on the same instruction (cpu_attention.c); every other op, and every matmul elsewhere, stays
  * exact. */
 static inline bool rs_cpu_fast_bf16(const rs_cpu_ctx *c) {
