@@ -2,7 +2,7 @@
  * cpu_amx.c — the fast numerics' BF16 matmul on AMX tiles (Intel Sapphire Rapids and later):
  * out[t][n] = sum_k bf16(x[t][k]) w[n][k] (+ bias[n]), fp32 sums, on TDPBF16PS.
  *
- * One TDPBF16PS multiplies a 16 x 32 BF16 tile by a 32 x 16 one into 16 x 16 fp32 sums: 16K
+ * One TDPBF16PS multiplies a 16 x 32 BF16 tile by a 32 x 16 one into 16 x 16 fp32 sums: 8192
  * multiply-adds where vdpbf16ps does 32, at a throughput of about one every 12 cycles on one
  * core (3.7 TFLOP/s at 2.6 GHz, measured on a register-only loop), so many-row BF16 matmuls run
  * several times faster than on the vector units. The tile's first operand (A) is the weights as
@@ -31,7 +31,6 @@
  */
 #include "cpu_internal.h"
 
-#include <stdatomic.h>
 #include <string.h>
 
 #include "../../core/rs.h"
@@ -218,7 +217,7 @@ void rs_cpu_matmul_amx_bf16(rs_cpu_ctx *c, float *out, const uint16_t *xb, const
         for (int t = 0; t < c->n_threads; t++) rs_cpu_scratch(&c->amx_pad[t], 32 * (size_t)steps * 32 * 2);
     amx_job j = {.out = out, .w = w, .bias = bias, .xp = xp, .pad = c->amx_pad, .rows = rows, .groups = groups,
                  .n = n, .k = k, .steps = steps};
-    /* below ~64K multiply-adds per chunk the pool's handoff costs more than a thread's share */
+    /* below 64K multiply-adds in all, the pool's handoff costs more than a thread's share */
     if (chunks > 1 && n * k * rows >= (1 << 16)) rs_pool_run(c->pool, chunks, 1, amx_chunks, &j);
     else amx_chunks(&j, 0, chunks, 0);
 }
