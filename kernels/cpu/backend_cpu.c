@@ -117,7 +117,7 @@ static bool env_amx(void) {
 
 bool rs_cpu_set_amx(rs_backend *b, bool on) {
     rs_cpu_ctx *c = rs_cpu_ctx_of(b);
-    c->amx = on && c->bf16_dot && rs_cpu_amx_available();
+    c->amx = on && c->bf16_dot && rs_cpu_amx_supported() && (!c->fast || rs_cpu_amx_available());
     return c->amx;
 }
 
@@ -256,7 +256,13 @@ static rs_numerics cpu_numerics(const rs_backend *b) {
 }
 
 static rs_numerics cpu_set_numerics(rs_backend *b, rs_numerics want) {
-    rs_cpu_ctx_of(b)->fast = want == RS_NUMERICS_FAST;
+    rs_cpu_ctx *c = rs_cpu_ctx_of(b);
+    c->fast = want == RS_NUMERICS_FAST;
+    /* the tile state's permission, asked only now (cpu_amx.c); refused: vdpbf16ps */
+    if (c->fast && c->amx && !rs_cpu_amx_available()) {
+        RS_WARN("cpu backend | the OS refused the AMX tile state: fast numerics' BF16 matmuls run on vdpbf16ps");
+        c->amx = false;
+    }
     return cpu_numerics(b);
 }
 
@@ -314,7 +320,7 @@ rs_backend *rs_backend_cpu_init(int n_threads) {
     c->gemv_mode = env_gemv();
     c->bf16_dot = c->simd_max == RS_CPU_SIMD_AVX512 && has_avx512_bf16();
     c->amx_pad = rs_xcalloc((size_t)c->n_threads, sizeof *c->amx_pad);
-    c->amx = c->bf16_dot && env_amx() && rs_cpu_amx_available();
+    c->amx = c->bf16_dot && env_amx() && rs_cpu_amx_supported();
     rs_cpu_simd cap = env_simd_cap();
     c->simd = cap < c->simd_max ? cap : c->simd_max;
 

@@ -27,7 +27,8 @@
  * error against a double-precision sum instead of matching bits.
  *
  * Use needs the OS's permission for the tile data (Linux's arch_prctl ARCH_REQ_XCOMP_PERM), asked
- * once per process by rs_cpu_amx_available.
+ * once per process by rs_cpu_amx_available when fast numerics are first asked for: it enlarges the
+ * process's signal frames, which a daemon on its exact numerics has no reason to pay.
  */
 #include "cpu_internal.h"
 
@@ -50,23 +51,26 @@
 #define ARCH_REQ_XCOMP_PERM 0x1023
 #define XFEATURE_XTILEDATA  18
 
+/* The CPU has AMX-TILE and AMX-BF16 and the OS saves their state (XCR0 bits 17, 18). */
+bool rs_cpu_amx_supported(void) {
+    unsigned a, b, c, d;
+    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return false;
+    if (!(d & (1u << 24)) || !(d & (1u << 22))) return false;
+    if (!__get_cpuid(1, &a, &b, &c, &d) || !(c & bit_OSXSAVE)) return false;
+    unsigned lo, hi;
+    __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+    return (lo & (3u << 17)) == (3u << 17);
+}
+
 static bool amx_ok;
 static pthread_once_t amx_once = PTHREAD_ONCE_INIT;
 
-static void amx_probe(void) {
-    unsigned a, b, c, d;
-    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return;
-    const bool tile = d & (1u << 24), bf16 = d & (1u << 22);
-    if (!tile || !bf16) return;
-    if (!__get_cpuid(1, &a, &b, &c, &d) || !(c & bit_OSXSAVE)) return;
-    unsigned lo, hi;
-    __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
-    if ((lo & (3u << 17)) != (3u << 17)) return; /* XTILECFG and XTILEDATA enabled by the OS */
-    amx_ok = syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0;
+static void amx_permit(void) {
+    amx_ok = rs_cpu_amx_supported() && syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0;
 }
 
 bool rs_cpu_amx_available(void) {
-    pthread_once(&amx_once, amx_probe);
+    pthread_once(&amx_once, amx_permit);
     return amx_ok;
 }
 
@@ -224,6 +228,7 @@ void rs_cpu_matmul_amx_bf16(rs_cpu_ctx *c, float *out, const uint16_t *xb, const
 
 #else /* no AMX here: never selected (rs_cpu_amx_available is false) */
 
+bool rs_cpu_amx_supported(void) { return false; }
 bool rs_cpu_amx_available(void) { return false; }
 
 void rs_cpu_matmul_amx_bf16(rs_cpu_ctx *c, float *out, const uint16_t *xb, const uint16_t *w, const float *bias,

@@ -64,8 +64,9 @@ typedef struct rs_cpu_ctx {
     rs_cpu_gemv_pick gemv[RS_CPU_GEMV_SHAPES]; /* batch-1 tile form per weight shape (cpu_matmul.c) */
     rs_cpu_gemv gemv_mode;   /* RS_CPU_GEMV, or rs_cpu_set_gemv */
     bool bf16_dot;           /* this CPU has AVX512_BF16 (vdpbf16ps) */
-    bool amx;                /* fast numerics' BF16 matmuls take AMX tiles (cpu_amx.c): the CPU and the
-                              * OS allow it, and neither RS_CPU_AMX=0 nor rs_cpu_set_amx turned it off */
+    bool amx;                /* fast numerics' BF16 matmuls take AMX tiles (cpu_amx.c): the CPU has them
+                              * and neither RS_CPU_AMX=0 nor rs_cpu_set_amx turned them off; the OS's
+                              * permission is asked when fast numerics are (cpu_set_numerics) */
     rs_cpu_buf amx_act;      /* AMX: the activation rows packed into B tiles */
     rs_cpu_buf *amx_pad;     /* [n_threads] AMX: a zero-padded weight chunk (ragged n or k) */
     bool fast;               /* --numerics fast asked (rs_cpu_fast_bf16 says where it applies) */
@@ -92,14 +93,15 @@ static inline float rs_cpu_elem(const void *p /* [> i] dt */, rs_dtype dt, int64
 /* Whether BF16 x BF16 matmuls run the fast numerics: --numerics fast asked, the AVX-512 level in
  * use and AVX512_BF16 on the CPU. They then round the activation rows to BF16 (rs_f32_to_bf16) and
  * sum BF16 products in fp32 with vdpbf16ps, or on AMX tiles where c->amx (the arithmetic of
- * llama.cpp's BF16 path and of a GPU's BF16 tensor-core GEMM), and attention over BF16 KV pages takes q and the probabilities in BF16
- * on the same instruction (cpu_attention.c); every other op, and every matmul elsewhere, stays
- * exact. */
+ * llama.cpp's BF16 path and of a GPU's BF16 tensor-core GEMM), and attention over BF16 KV pages
+ * takes q and the probabilities in BF16 on vdpbf16ps (cpu_attention.c); every other op, and every
+ * matmul elsewhere, stays exact. */
 static inline bool rs_cpu_fast_bf16(const rs_cpu_ctx *c) {
     return c->fast && c->bf16_dot && c->simd == RS_CPU_SIMD_AVX512;
 }
-/* AMX (cpu_amx.c). Whether this CPU and OS run AMX-BF16 tiles (asks Linux for the tile state's
- * permission on the first call, once per process). */
+/* AMX (cpu_amx.c). Whether the CPU has AMX-BF16 tiles and the OS saves them; and whether this
+ * process may use them (asks Linux for the tile state's permission on the first call, once). */
+bool rs_cpu_amx_supported(void);
 bool rs_cpu_amx_available(void);
 /* The fast numerics' BF16 matmul on AMX tiles, for every row count when c->amx (batch invariance):
  * out = xb @ w^T (+ bias), fp32 sums of BF16 products, threaded over n on c's pool. */
