@@ -28,13 +28,17 @@ MODEL = FIXTURES / "models" / "qwen3"
 ARGS = ["--quantization", "bf16"]
 
 
-def cpu_has_fast_kernels(exact_info):
-    """Whether this CPU backend runs fast numerics: AVX512_BF16 in /proc/cpuinfo, the avx512 class."""
+def cpu_flag(name):
+    """Whether /proc/cpuinfo lists the CPU flag `name`."""
     try:
-        flags = next((ln.split(":", 1)[1].split() for ln in open("/proc/cpuinfo") if ln.startswith("flags")), [])
+        return name in next((ln.split(":", 1)[1].split() for ln in open("/proc/cpuinfo") if ln.startswith("flags")), [])
     except OSError:
         return False
-    return ("avx512_bf16" in flags and exact_info.get("cpu_kernels") in ("auto", "avx512")
+
+
+def cpu_has_fast_kernels(exact_info):
+    """Whether this CPU backend runs fast numerics: AVX512_BF16 in /proc/cpuinfo, the avx512 class."""
+    return (cpu_flag("avx512_bf16") and exact_info.get("cpu_kernels") in ("auto", "avx512")
             and os.environ.get("RS_CPU_SIMD", "avx512") == "avx512")
 
 
@@ -58,13 +62,6 @@ def sampled(d, ids):
     assert r.status_code == 200, r.text[:300]
     j = r.json()
     return j["output_ids"], j["meta_info"]["output_token_logprobs"], j["meta_info"]["output_top_logprobs"]
-
-
-def cpu_flag(name):
-    try:
-        return name in next((ln.split(":", 1)[1].split() for ln in open("/proc/cpuinfo") if ln.startswith("flags")), [])
-    except OSError:
-        return False
 
 
 @pytest.mark.skipif(not (MODEL / "golden.json").is_file(), reason="no qwen3 fixture")
