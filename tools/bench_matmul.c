@@ -61,7 +61,8 @@ static const struct {
 } dtype_names[] = {{"bf16", RS_DTYPE_BF16, false, KIND_MATMUL}, {"f16", RS_DTYPE_F16, false, KIND_MATMUL},
                    {"f32", RS_DTYPE_F32, false, KIND_MATMUL},   {"fp8", RS_DTYPE_E4M3, false, KIND_MATMUL},
                    {"fp8rows", RS_DTYPE_E4M3, true, KIND_MATMUL}, {"fp8gemm", RS_DTYPE_E4M3, false, KIND_GEMM},
-                   {"fp8f32", RS_DTYPE_E4M3, true, KIND_GEMM_F32}, {"bf16fast", RS_DTYPE_BF16, false, KIND_MATMUL_FAST}};
+                   {"fp8f32", RS_DTYPE_E4M3, true, KIND_GEMM_F32}, {"bf16fast", RS_DTYPE_BF16, false, KIND_MATMUL_FAST},
+                   {"fp8fast", RS_DTYPE_E4M3, false, KIND_MATMUL_FAST}};
 
 /* ---- the fp32-accumulating W8A8 GEMM (fp8f32) ---- */
 

@@ -249,8 +249,9 @@ static void cpu_fp8_pack(rs_backend *b, rs_layout layout, uint8_t *dst, const ui
 
 /* ---- numerics ---- */
 
-/* Fast numerics exist for BF16 matmuls on AVX512_BF16 CPUs (rs_cpu_fast_bf16); elsewhere the CPU
- * backend has only its exact kernels and reports exact. */
+/* Fast numerics exist for BF16 matmuls on AVX512_BF16 CPUs (rs_cpu_fast_bf16), and for FP8 ones
+ * where AMX tiles run them too; elsewhere the CPU backend has only its exact kernels and reports
+ * exact. */
 static rs_numerics cpu_numerics(const rs_backend *b) {
     return rs_cpu_fast_bf16(rs_cpu_ctx_of((rs_backend *)b)) ? RS_NUMERICS_FAST : RS_NUMERICS_EXACT;
 }
@@ -374,10 +375,12 @@ const char *rs_backend_cpu_describe(rs_backend *b, char *buf, size_t n) {
     const int nt = c->simd == RS_CPU_SIMD_AVX512 ? RS_CPU_NT_AVX512 : c->simd == RS_CPU_SIMD_AVX2 ? RS_CPU_NT_AVX2 : 4;
     const rs_fp8_gemm_isa fp8 = rs_cpu_fp8_isa(c->simd);
     const int tile_min = rs_fp8_gemm_row_tile_min(fp8);
-    char tiles[48] = "";
-    if (tile_min > 16) snprintf(tiles, sizeof tiles, " (no padded row tiles)");
-    else if (tile_min > 0) snprintf(tiles, sizeof tiles, " (padded row tiles from %d rows)", tile_min);
     const bool bf16 = c->bf16_dot && c->simd == RS_CPU_SIMD_AVX512;
+    /* the AMX FP8 kernel reads the VNNI kernel's weight layout */
+    const char *fp8_amx = bf16 && c->amx && fp8 == RS_FP8_GEMM_ISA_AVX512_VNNI ? "; fast numerics: amx tiles" : "";
+    char tiles[80] = "";
+    if (tile_min > 16) snprintf(tiles, sizeof tiles, " (no padded row tiles%s)", fp8_amx);
+    else if (tile_min > 0) snprintf(tiles, sizeof tiles, " (padded row tiles from %d rows%s)", tile_min, fp8_amx);
     snprintf(buf, n, "cpu: %s%s; fp8 kernel %s%s; bf16 tile %dx%d%s; %d threads", isa,
              bf16 ? (c->amx ? " avx512bf16 amx-bf16" : " avx512bf16") : "", rs_fp8_gemm_isa_name(fp8), tiles,
              RS_CPU_NW, nt, bf16 && c->amx ? " (fast numerics: amx tiles)" : "", c->n_threads);

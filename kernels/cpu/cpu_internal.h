@@ -67,8 +67,9 @@ typedef struct rs_cpu_ctx {
     bool amx;                /* fast numerics' BF16 matmuls take AMX tiles (cpu_amx.c): the CPU has them
                               * and neither RS_CPU_AMX=0 nor rs_cpu_set_amx turned them off; the OS's
                               * permission is asked when fast numerics are (cpu_set_numerics) */
-    rs_cpu_buf amx_act;      /* AMX: the activation rows packed into B tiles */
-    rs_cpu_buf *amx_pad;     /* [n_threads] AMX: a zero-padded weight chunk (ragged n or k) */
+    rs_cpu_buf amx_act;      /* AMX: the activation rows packed into B tiles (BF16), or decoded (FP8) */
+    rs_cpu_buf *amx_pad;     /* [n_threads] AMX: a zero-padded weight chunk (BF16, ragged n or k), or
+                              * a group of 32 FP8 weight rows decoded to BF16 */
     bool fast;               /* --numerics fast asked (rs_cpu_fast_bf16 says where it applies) */
 } rs_cpu_ctx;
 
@@ -94,7 +95,8 @@ static inline float rs_cpu_elem(const void *p /* [> i] dt */, rs_dtype dt, int64
  * use and AVX512_BF16 on the CPU. They then round the activation rows to BF16 (rs_f32_to_bf16) and
  * sum BF16 products in fp32 with vdpbf16ps, or on AMX tiles where c->amx (the arithmetic of
  * llama.cpp's BF16 path and of a GPU's BF16 tensor-core GEMM), and attention over BF16 KV pages
- * takes q and the probabilities in BF16 on vdpbf16ps (cpu_attention.c); every other op, and every
+ * takes q and the probabilities in BF16 on vdpbf16ps (cpu_attention.c). Where c->amx, FP8 matmuls
+ * take their block sums in fp32 on AMX tiles too (rs_cpu_matmul_amx_fp8); every other op, and every
  * matmul elsewhere, stays exact. */
 static inline bool rs_cpu_fast_bf16(const rs_cpu_ctx *c) {
     return c->fast && c->bf16_dot && c->simd == RS_CPU_SIMD_AVX512;
@@ -108,6 +110,15 @@ bool rs_cpu_amx_available(void);
 void rs_cpu_matmul_amx_bf16(rs_cpu_ctx *c, float *out /* [rows][n] */, const uint16_t *xb /* [rows][k] */,
                             const uint16_t *w /* [n][k] */, const float *bias /* [n] or NULL */, int rows,
                             int64_t n, int64_t k);
+/* The fast numerics' FP8 (W8A8) matmul on AMX tiles, for every row count when c->amx and the weight
+ * fits (rs_cpu_amx_fp8_fits: RS_LAYOUT_FP8_PAIRS32, n and k multiples of 32): the exact kernels'
+ * formula (fp8_gemm.h) with each 128-wide block sum taken in fp32 on TDPBF16PS over the E4M3 values
+ * decoded to BF16 (exactly), instead of exactly. xq/xs: the activations as rs_cpu_fp8_quantize_act
+ * gives them. Threaded over n on c's pool; no bias. */
+bool rs_cpu_amx_fp8_fits(const rs_tensor *w);
+void rs_cpu_matmul_amx_fp8(rs_cpu_ctx *c, float *out /* [rows][n] */, const uint8_t *xq /* [rows][k] */,
+                           const float *xs /* [rows][ceil(k/128)] */, const rs_tensor *w /* [n][k] e4m3 */,
+                           int rows);
 /* Test hook: turns the AMX matmul on (where available) or off; returns whether it is on now. */
 bool rs_cpu_set_amx(rs_backend *b, bool on);
 /* Test hook: caps the SIMD level at `level` (and at what the CPU supports); returns the level now

@@ -25,7 +25,9 @@
  * With --numerics fast on a CPU with AVX512_BF16 (rs_cpu_fast_bf16), BF16 weights take the
  * activation rows rounded to BF16 and the vdpbf16ps tile instead; the blocking and threading are
  * the same, and so is batch invariance (a row's sums never depend on the other rows of its tile).
- * Where the CPU has AMX-BF16 they run on AMX tiles instead (cpu_amx.c), at every row count.
+ * Where the CPU has AMX-BF16 they run on AMX tiles instead (cpu_amx.c), at every row count, and
+ * so do E4M3 weights in the VNNI kernel's layout (rs_cpu_matmul_amx_fp8: the same W8A8 formula with
+ * fp32 block sums), after the same activation quantization.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -198,6 +200,12 @@ static void matmul_fp8(rs_cpu_ctx *c, float *out, const float *x, const rs_tenso
         rs_pool_run(c->pool, rows, 1, quant_rows, &q);
     else
         quant_rows(&q, 0, rows, 0);
+    if (rs_cpu_fast_bf16(c) && c->amx && rs_cpu_amx_fp8_fits(w)) { /* every row count: batch invariance */
+        rs_cpu_matmul_amx_fp8(c, out, q.q, q.s, w, rows);
+        const float *b = rs_cpu_param_f32(&c->param_buf[0], bias, n);
+        if (b) add_bias(out, b, rows, n);
+        return;
+    }
     rs_pool *pool = n * k * rows < MIN_PARALLEL_MACS ? NULL : c->pool;
     int rc = rs_fp8_gemm_layout_with_isa(rs_cpu_fp8_isa(c->simd), pool, out, q.q, q.s, w->data, w->layout, w->scale_inv,
                                          rows, (int)n, (int)k);

@@ -180,7 +180,7 @@ static void check_batch_invariance(const rs_tensor *w, int64_t k, uint64_t *s) {
         check_batch_invariance_on(b, "avx512 fast", w, k, s);
         rs_backend_free(b);
     }
-    b = w->dtype == RS_DTYPE_BF16 ? fast_backend_amx(2, true) : NULL;
+    b = w->dtype == RS_DTYPE_BF16 || w->layout == RS_LAYOUT_FP8_PAIRS32 ? fast_backend_amx(2, true) : NULL;
     if (b) {
         check_batch_invariance_on(b, "avx512 fast, amx tiles", w, k, s);
         rs_backend_free(b);
@@ -222,9 +222,10 @@ RS_TEST(cpu_matmul_batch_invariant_bf16) {
     free_weight(&big);
 }
 
-RS_TEST(cpu_matmul_batch_invariant_fp8) {
-    uint64_t s = 4;
-    const int64_t n = 96, k = 300;
+/* Row-major, and in the layout this CPU serves weights in (there, with fast numerics on AMX, the
+ * AMX kernel when k % 32 == 0). */
+static void check_batch_invariance_fp8(int64_t n, int64_t k, uint64_t seed) {
+    uint64_t s = seed;
     wt f = make_weight(RS_DTYPE_F32, n, k, &s);
     rs_tensor w = {.dtype = RS_DTYPE_E4M3, .ndim = 2, .shape = {n, k}, .data = malloc((size_t)(n * k))};
     w.scale_inv = malloc((size_t)(rs_fp8_blocks(n) * rs_fp8_blocks(k)) * sizeof(float));
@@ -243,6 +244,11 @@ RS_TEST(cpu_matmul_batch_invariant_fp8) {
     rs_backend_free(b);
     free(w.data), free(w.scale_inv);
     free_weight(&f);
+}
+
+RS_TEST(cpu_matmul_batch_invariant_fp8) {
+    check_batch_invariance_fp8(96, 300, 4);
+    check_batch_invariance_fp8(96, 256, 5);
 }
 
 /* ---- fast numerics: BF16 x BF16 on vdpbf16ps ---- */
@@ -385,6 +391,152 @@ RS_TEST(cpu_matmul_fast_bf16_amx_tiles) {
     check_amx(33, 4100, 70, false, &s);
 }
 
+/* ---- fast numerics: FP8 (W8A8) on AMX tiles (cpu_amx.c) ---- */
+
+/* A [n][k] FP8 weight in the layout the backend serves it in; NULL data (and a note) when that is
+ * not RS_LAYOUT_FP8_PAIRS32, the only one the AMX kernel takes. codes: row-major [n][k] (kept). */
+static rs_tensor fp8_weight_served(rs_backend *b, const uint8_t *codes, const float *ws, int64_t n, int64_t k) {
+    rs_tensor w = {.dtype = RS_DTYPE_E4M3, .ndim = 2, .shape = {n, k}};
+    const rs_layout layout = rs_backend_fp8_layout(b, n, k);
+    if (layout != RS_LAYOUT_FP8_PAIRS32) return w;
+    w.data = malloc((size_t)(n * k));
+    rs_backend_fp8_pack(b, layout, w.data, codes, n, k);
+    w.layout = layout;
+    w.scale_inv = (void *)ws;
+    return w;
+}
+
+/* With one non-zero activation code per (row, K block), every block sum is one product, exact in
+ * fp32 however the tiles add, so the kernel must give rs_fp8_gemm_ref's bits. Across rows and
+ * blocks the activation codes and the weight codes take every non-NaN E4M3 value (subnormals,
+ * both zeros, 448), at every position of a 32-output group and of a K step: a wrong decode table
+ * entry, a misplaced pair or output, a wrong scale or block boundary changes bits. Called directly
+ * (rs_cpu_matmul_amx_fp8), since quantizing fp32 rows cannot give arbitrary codes. */
+static void check_amx_fp8_decode(rs_backend *b, int64_t n, int64_t k, int64_t kb, int rows) {
+    uint8_t *codes = malloc((size_t)(n * k)), *xq = calloc((size_t)rows * (size_t)k, 1);
+    float *ws = malloc((size_t)(rs_fp8_blocks(n) * kb) * sizeof(float)), *xs = malloc((size_t)(rows * kb) * sizeof(float));
+    float *got = malloc((size_t)(rows * n) * sizeof(float)), *want = malloc((size_t)(rows * n) * sizeof(float));
+    uint64_t s = 31;
+    int c = 0;
+    for (int64_t i = 0; i < n * k; i++) { /* every code but the NaNs, in a shuffled cycle */
+        c = (c + 77) % 256;
+        codes[i] = (uint8_t)((c & 0x7f) == 0x7f ? 0x00 : c);
+    }
+    for (int64_t i = 0; i < rs_fp8_blocks(n) * kb; i++) ws[i] = 0.25f + (float)(rng_next(&s) % 1000) * 1e-3f;
+    for (int r = 0; r < rows; r++)
+        for (int64_t bl = 0; bl < kb; bl++) {
+            const int64_t w0 = bl * 128, wn = RS_MIN((int64_t)128, k - w0);
+            uint8_t code = (uint8_t)((r * 41 + bl * 13 + 5) % 256);
+            if ((code & 0x7f) == 0x7f) code = 0x01;
+            xq[r * k + w0 + (int64_t)(rng_next(&s) % (uint64_t)wn)] = code;
+            xs[r * kb + bl] = 0.5f + (float)(rng_next(&s) % 1000) * 1e-3f;
+        }
+    rs_tensor w = fp8_weight_served(b, codes, ws, n, k);
+    if (!w.data) {
+        rs_test_note_skip("fp8 pairs32 layout (the AMX FP8 kernel's)");
+    } else {
+        ASSERT_TRUE(rs_cpu_amx_fp8_fits(&w));
+        rs_fp8_gemm_ref(want, xq, xs, codes, ws, rows, (int)n, (int)k);
+        memset(got, 0xff, (size_t)(rows * n) * sizeof(float));
+        rs_cpu_matmul_amx_fp8(rs_cpu_ctx_of(b), got, xq, xs, &w, rows);
+        for (int r = 0; r < rows; r++)
+            for (int64_t o = 0; o < n; o++)
+                if (rs_test_f32_bits(got[r * n + o]) != rs_test_f32_bits(want[r * n + o]))
+                    RS_TEST_FAIL("amx fp8 decode: out[%d][%lld] %a, reference %a", r, (long long)o, got[r * n + o],
+                                 want[r * n + o]);
+    }
+    free(w.data), free(codes), free(xq), free(ws), free(xs), free(got), free(want);
+}
+
+RS_TEST(cpu_matmul_fast_fp8_amx_decode_exact) {
+    rs_backend *b = fast_backend_amx(1, true);
+    if (!b) return;
+    const int64_t n = 96, k = 288, kb = rs_fp8_blocks(k); /* a last block of 32: one step */
+    for (int rows = 20; rows <= 45; rows += 25) /* a pair of token groups (decoded block by block), then three */
+        check_amx_fp8_decode(b, n, k, kb, rows);
+    rs_backend_free(b);
+}
+
+/* Through rs_op_matmul on random rows (bias or not): each output within the rounding of the
+ * fp32 block sums of a double-precision W8A8 sum of the same codes (the activations quantized as
+ * the backend does, rs_fp8_quantize_act): (k + 2) 2^-23 sum |x w scales|, as for BF16 above; 1 and
+ * 2 threads give the same bits. Shapes the kernel does not take (n or k not a multiple of 32) must
+ * give the exact kernels' bits instead. */
+static void check_amx_fp8(int64_t n, int64_t k, int rows, bool with_bias, uint64_t *s) {
+    const int64_t kb = rs_fp8_blocks(k);
+    wt f = make_weight(RS_DTYPE_F32, n, k, s);
+    for (int64_t i = 0; i < n * k; i++) f.f[i] *= ldexpf(1.0f, (int)(rng_next(s) % 12) - 8); /* subnormal codes too */
+    uint8_t *codes = malloc((size_t)(n * k)), *xq = malloc((size_t)rows * (size_t)k);
+    float *ws = malloc((size_t)(rs_fp8_blocks(n) * kb) * sizeof(float)), *xs = malloc((size_t)(rows * kb) * sizeof(float));
+    ASSERT_EQ(rs_fp8_quantize_weight(&f.t, codes, ws), RS_OK);
+    float *x = malloc((size_t)(rows * k) * sizeof(float)), *bias = malloc((size_t)n * sizeof(float));
+    float *got[2] = {malloc((size_t)(rows * n) * sizeof(float)), malloc((size_t)(rows * n) * sizeof(float))};
+    float *exact = malloc((size_t)(rows * n) * sizeof(float));
+    for (int64_t i = 0; i < rows * k; i++) x[i] = 4.0f * rng_uniform(s) * ldexpf(1.0f, (int)(rng_next(s) % 12) - 8);
+    for (int64_t i = 0; i < n; i++) bias[i] = rng_uniform(s);
+    rs_fp8_quantize_act(x, rows, k, xq, xs);
+    rs_tensor bt = {.dtype = RS_DTYPE_F32, .ndim = 1, .shape = {n}, .data = bias};
+    const bool fits = n % 32 == 0 && k % 32 == 0 && n >= 32;
+    for (int threads = 1; threads <= 2; threads++) {
+        rs_backend *b = fast_backend_amx(threads, true);
+        if (!b) break;
+        rs_tensor w = fp8_weight_served(b, codes, ws, n, k);
+        if (!w.data) {
+            rs_test_note_skip("fp8 pairs32 layout (the AMX FP8 kernel's)");
+            rs_backend_free(b);
+            break;
+        }
+        ASSERT_EQ(rs_cpu_amx_fp8_fits(&w), fits);
+        memset(got[threads - 1], 0xff, (size_t)(rows * n) * sizeof(float));
+        rs_op_matmul(b, got[threads - 1], x, &w, with_bias ? &bt : NULL, rows);
+        free(w.data);
+        rs_backend_free(b);
+        if (threads == 2 && memcmp(got[0], got[1], (size_t)(rows * n) * sizeof(float)) != 0)
+            RS_TEST_FAIL("amx fp8 n %lld k %lld rows %d: 2 threads differ from 1", (long long)n, (long long)k, rows);
+    }
+    if (!fits) { /* the exact kernels' bits: the reference, then + bias */
+        rs_fp8_gemm_ref(exact, xq, xs, codes, ws, rows, (int)n, (int)k);
+        for (int r = 0; r < rows; r++)
+            for (int64_t o = 0; o < n; o++) {
+                const float want = with_bias ? exact[r * n + o] + bias[o] : exact[r * n + o];
+                if (rs_test_f32_bits(got[0][r * n + o]) != rs_test_f32_bits(want))
+                    RS_TEST_FAIL("fp8 fast n %lld k %lld (not the AMX kernel's shape) rows %d: out[%d][%lld] %a, exact %a",
+                                 (long long)n, (long long)k, rows, r, (long long)o, got[0][r * n + o], want);
+            }
+    }
+    for (int r = 0; r < rows && fits; r++)
+        for (int64_t o = 0; o < n; o++) {
+            double sum = 0, mag = 0;
+            for (int64_t bl = 0; bl < kb; bl++) {
+                const double sc = (double)(xs[r * kb + bl] * ws[(o / 128) * kb + bl]);
+                for (int64_t i = bl * 128; i < RS_MIN(k, bl * 128 + 128); i++) {
+                    const double p = (double)rs_fp8_e4m3_f32[xq[r * k + i]] * rs_fp8_e4m3_f32[codes[o * k + i]] * sc;
+                    sum += p, mag += fabs(p);
+                }
+            }
+            const double want = with_bias ? sum + bias[o] : sum;
+            const double tol = (double)(k + 2) * 0x1p-23 * mag + 0x1p-23 * (fabs(want) + (with_bias ? 1 : 0));
+            const float g = got[0][r * n + o];
+            if (!(fabs((double)g - want) <= tol))
+                RS_TEST_FAIL("amx fp8 n %lld k %lld rows %d bias %d: out[%d][%lld] %.9g, double sum %.9g (tolerance %.3g)",
+                             (long long)n, (long long)k, rows, with_bias, r, (long long)o, g, want, tol);
+        }
+    free(codes), free(xq), free(ws), free(xs), free(x), free(bias), free(got[0]), free(got[1]), free(exact);
+    free_weight(&f);
+}
+
+RS_TEST(cpu_matmul_fast_fp8_amx_tiles) {
+    /* n: one group, several, and a last 128-row block of 32; k: one step, a ragged last block,
+     * whole blocks; then shapes the kernel leaves to the exact ones */
+    static const int64_t shapes[][2] = {{32, 32}, {64, 96}, {160, 256}, {96, 1056}, {32, 2048},
+                                        {40, 256}, {64, 48}, {33, 64}};
+    uint64_t s = 23;
+    for (size_t si = 0; si < RS_ARRAY_LEN(shapes); si++)
+        for (int rows = 1; rows <= 13; rows += (si % 2) + 1) check_amx_fp8(shapes[si][0], shapes[si][1], rows, rows % 2 == 1, &s);
+    for (int rows = 14; rows <= 49; rows++) check_amx_fp8(64, 128, rows, rows % 2 == 0, &s); /* 1-4 token groups */
+    check_amx_fp8(128, 512, 97, true, &s);
+}
+
 /* Batch 1 on AVX-512 has two tile forms (cpu_internal.h rs_cpu_gemv): the four weight rows read
  * together, and one after another. They must give the same bits (the order tests above hold the
  * first to its order), with every dtype, in exact and fast numerics, on ragged shapes (a last tile
@@ -459,7 +611,7 @@ RS_TEST(cpu_round_bf16_matches_scalar) {
 }
 
 /* The fast numerics change BF16 matmuls only there: below the AVX-512 level the exact order holds
- * with fast asked, and E4M3 weights stay bit-identical to the reference. */
+ * with fast asked, and E4M3 weights off AMX tiles (fast_backend) stay bit-identical to the reference. */
 RS_TEST(cpu_matmul_fast_numerics_scope) {
     uint64_t s = 6;
     rs_backend *b = fast_backend(1);
