@@ -40,9 +40,10 @@ llama.cpp is ever committed). Steps, each skipped when its output is already the
 Pairs compared: rolloutd FP8 vs llama.cpp Q8_0 with BF16 embedding/output (same bytes per token) and
 vs default Q8_0 (fewer bytes); rolloutd BF16 vs llama.cpp BF16. rolloutd runs its default (exact)
 numerics; with --isa native on a CPU with AVX512_BF16 two more systems run --numerics fast, whose BF16
-matmuls round their activations to BF16 and sum on vdpbf16ps as llama.cpp's BF16 path does there
-("rolloutd bf16 fast" against llama.cpp BF16 is the same arithmetic; "rolloutd fp8 fast" changes only
-the BF16 lm_head). --systems picks a subset by name.
+matmuls round their activations to BF16 and sum on vdpbf16ps (AMX tiles where the CPU has AMX-BF16)
+as llama.cpp's BF16 path does there ("rolloutd bf16 fast" against llama.cpp BF16 is the same
+arithmetic; "rolloutd fp8 fast" changes the BF16 lm_head so, and on AMX CPUs also takes the FP8
+block sums in fp32 on AMX tiles). --systems picks a subset by name.
 
 Needs cmake, a C/C++ compiler, and numpy, pyyaml, requests, tqdm in the python that runs it (the
 sdist's gguf-py imports them); torch + transformers in /opt/torchvenv, $TORCH_PYTHON or that python
@@ -496,9 +497,9 @@ def main():
         "rolloutd bf16": ("rolloutd", ("bf16", "exact")),
         "llama.cpp bf16": ("llama", bf16),
     }
-    # rolloutd's fast numerics (BF16 matmuls on BF16-rounded activations, vdpbf16ps) exist on CPUs with
-    # AVX512_BF16 in the avx512 class: llama.cpp's own BF16 arithmetic there. FP8 models keep their
-    # exact FP8 GEMMs and run only the BF16 lm_head that way.
+    # rolloutd's fast numerics (BF16 matmuls on BF16-rounded activations, vdpbf16ps or AMX tiles) exist
+    # on CPUs with AVX512_BF16 in the avx512 class: llama.cpp's own BF16 arithmetic there. FP8 models
+    # run their BF16 lm_head that way, and on AMX CPUs their FP8 GEMMs with fp32 block sums on tiles.
     if kernels == "auto" and "avx512_bf16" in flags:
         systems["rolloutd fp8 fast"] = ("rolloutd", ("fp8", "fast"))
         systems["rolloutd bf16 fast"] = ("rolloutd", ("bf16", "fast"))

@@ -4,6 +4,7 @@
  *
  *   build/fp8-mismatch [--model DIR | --preset NAME] [--prompts 8] [--prompt-len 32] [--gen 48]
  *                      [--temperature 1.0] [--seed 1] [--threads N] [--quantize-lm-head]
+ *                      [--numerics exact|fast]
  *
  * The FP8 model (W8A8, 128x128 weight blocks, 1x128 activation groups) samples the rollouts, as
  * rolloutd does in production. Both models then score every sampled token by teacher forcing
@@ -12,7 +13,10 @@
  * vocabulary, and the share of tokens whose ratio pi_bf16 / pi_fp8 is above 2 or below 1/2 —
  * the tokens a TIS cap of C = 2 would clip. Logprobs are of softmax(logits / T).
  * --quantize-lm-head serves the FP8 model's output projection in FP8 too (quant.h): the table
- * then shows what that opt-in adds to the recipe's mismatch.
+ * then shows what that opt-in adds to the recipe's mismatch. --numerics fast runs the FP8 model
+ * (sampling and scoring) under the CPU backend's fast numerics (on AMX CPUs its FP8 and BF16
+ * matmuls in fp32 sums on AMX tiles; the line under the table says whether they applied); the BF16
+ * reference stays exact.
  */
 #include <math.h>
 #include <stdio.h>
@@ -31,7 +35,7 @@
 typedef struct opts {
     const char *model, *preset;
     int prompts, prompt_len, gen, threads;
-    bool quantize_lm_head;
+    bool quantize_lm_head, fast;
     float temperature;
     uint64_t seed;
 } opts;
@@ -134,7 +138,8 @@ static void logsoftmax(const float *x, int n, float inv_t, double *out) {
 
 static void usage(void) {
     fprintf(stderr, "usage: fp8-mismatch [--model DIR | --preset NAME] [--prompts N] [--prompt-len N] "
-                    "[--gen N] [--temperature T] [--seed S] [--threads N] [--quantize-lm-head]\n");
+                    "[--gen N] [--temperature T] [--seed S] [--threads N] [--quantize-lm-head] "
+                    "[--numerics exact|fast]\n");
     exit(2);
 }
 
@@ -156,6 +161,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(a, "--temperature")) o.temperature = (float)atof(v);
         else if (!strcmp(a, "--seed")) o.seed = strtoull(v, NULL, 10);
         else if (!strcmp(a, "--threads")) o.threads = atoi(v);
+        else if (!strcmp(a, "--numerics") && (!strcmp(v, "exact") || !strcmp(v, "fast"))) o.fast = !strcmp(v, "fast");
         else usage();
     }
     if (o.prompts < 1 || o.prompt_len < 1 || o.gen < 1 || o.temperature <= 0) usage();
@@ -176,10 +182,15 @@ int main(int argc, char **argv) {
         }
     }
     int max_tokens = o.prompt_len + o.gen;
-    rs_backend *b = rs_backend_cpu_init(o.threads);
+    rs_backend *b = rs_backend_cpu_init(o.threads), *bq = b; /* bq: the FP8 model's */
+    rs_numerics numerics = RS_NUMERICS_EXACT;
+    if (o.fast) {
+        bq = rs_backend_cpu_init(o.threads);
+        numerics = rs_backend_set_numerics(bq, RS_NUMERICS_FAST);
+    }
     scorer bf16, fp8;
     scorer_open(&bf16, dir, b, "bf16", false, max_tokens);
-    scorer_open(&fp8, dir, b, "fp8", o.quantize_lm_head, max_tokens);
+    scorer_open(&fp8, dir, bq, "fp8", o.quantize_lm_head, max_tokens);
     const rs_model_config *c = &bf16.m->cfg;
     int V = c->vocab_size;
     float *la = rs_xmalloc(sizeof(float) * (size_t)o.gen * V), *lb = rs_xmalloc(sizeof(float) * (size_t)o.gen * V);
@@ -221,8 +232,10 @@ int main(int argc, char **argv) {
            rs_arch_name(c->arch), c->n_layers, c->hidden, V, fp8.m->n_quantized,
            (double)fp8.m->quantized_bytes / (1 << 20), (double)fp8.m->quantized_bf16_bytes / (1 << 20),
            o.quantize_lm_head ? "; lm_head in FP8 too (--quantize-lm-head)" : "");
-    printf("rollouts: %d prompts x %d tokens sampled by the FP8 model at T=%.2f (seed %llu)\n", o.prompts, o.gen,
-           o.temperature, (unsigned long long)o.seed);
+    printf("rollouts: %d prompts x %d tokens sampled by the FP8 model at T=%.2f (seed %llu); FP8 model's numerics %s%s\n",
+           o.prompts, o.gen, o.temperature, (unsigned long long)o.seed,
+           numerics == RS_NUMERICS_FAST ? "fast" : "exact",
+           o.fast && numerics != RS_NUMERICS_FAST ? " (fast asked: this CPU has no fast kernels)" : "");
     printf("| tokens | mean abs dlogprob | max abs dlogprob | mean KL(bf16||fp8) | ratio > 2 | ratio < 1/2 |\n");
     printf("|---|---|---|---|---|---|\n");
     printf("| %ld | %.4g | %.4g | %.4g | %.2f%% | %.2f%% |\n", n_tok, sum_abs / n_tok, max_abs, sum_kl / n_tok,
@@ -235,6 +248,7 @@ int main(int argc, char **argv) {
     free(tokens);
     scorer_close(&fp8);
     scorer_close(&bf16);
+    if (bq != b) rs_backend_free(bq);
     rs_backend_free(b);
     return 0;
 }

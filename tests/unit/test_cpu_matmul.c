@@ -340,6 +340,17 @@ RS_TEST(cpu_matmul_fast_bf16_order) {
  * chunk's two tiles, 1-31 outputs) and k (a zero-padded copy), one and two token groups, a pair
  * and an odd last group, 1 and 2 threads (the same bits). NaNs follow the last weight row: a tile
  * that read past a row's end (k % 32 != 0) or past row n would make an output NaN (0 x NaN). */
+/* got = out[r][o] against a double-precision sum (+ bias) of k products whose magnitudes add to
+ * mag: any order of k fp32 roundings stays within (k + 2) 2^-23 mag, and the bias adds one. */
+static void check_fp32_sums(const char *what, int64_t n, int64_t k, int rows, int r, int64_t o, float got,
+                            double sum, double mag, const float *bias) {
+    const double want = bias ? sum + *bias : sum;
+    const double tol = (double)(k + 2) * 0x1p-23 * mag + 0x1p-23 * (fabs(want) + (bias ? 1 : 0));
+    if (!(fabs((double)got - want) <= tol))
+        RS_TEST_FAIL("%s n %lld k %lld rows %d bias %d: out[%d][%lld] %.9g, double sum %.9g (tolerance %.3g)", what,
+                     (long long)n, (long long)k, rows, bias != NULL, r, (long long)o, got, want, tol);
+}
+
 static void check_amx(int64_t n, int64_t k, int rows, bool with_bias, uint64_t *s) {
     wt w = make_weight(RS_DTYPE_BF16, n, k, s);
     uint16_t *guarded = malloc((size_t)(n * k + 64) * 2); /* the weights, then 64 NaNs */
@@ -367,12 +378,7 @@ static void check_amx(int64_t n, int64_t k, int rows, bool with_bias, uint64_t *
                     const double p = (double)rs_bf16_to_f32(rs_f32_to_bf16(x[r * k + i])) * w.f[o * k + i];
                     sum += p, mag += fabs(p);
                 }
-                const double want = with_bias ? sum + bias[o] : sum;
-                const double tol = (double)(k + 2) * 0x1p-23 * mag + 0x1p-23 * (fabs(want) + (with_bias ? 1 : 0));
-                const float g = got[0][r * n + o];
-                if (!(fabs((double)g - want) <= tol))
-                    RS_TEST_FAIL("amx n %lld k %lld rows %d bias %d: out[%d][%lld] %.9g, double sum %.9g (tolerance %.3g)",
-                                 (long long)n, (long long)k, rows, with_bias, r, (long long)o, g, want, tol);
+                check_fp32_sums("amx bf16", n, k, rows, r, o, got[0][r * n + o], sum, mag, with_bias ? &bias[o] : NULL);
             }
     }
     free(x), free(bias), free(got[0]), free(got[1]);
@@ -514,12 +520,7 @@ static void check_amx_fp8(int64_t n, int64_t k, int rows, bool with_bias, uint64
                     sum += p, mag += fabs(p);
                 }
             }
-            const double want = with_bias ? sum + bias[o] : sum;
-            const double tol = (double)(k + 2) * 0x1p-23 * mag + 0x1p-23 * (fabs(want) + (with_bias ? 1 : 0));
-            const float g = got[0][r * n + o];
-            if (!(fabs((double)g - want) <= tol))
-                RS_TEST_FAIL("amx fp8 n %lld k %lld rows %d bias %d: out[%d][%lld] %.9g, double sum %.9g (tolerance %.3g)",
-                             (long long)n, (long long)k, rows, with_bias, r, (long long)o, g, want, tol);
+            check_fp32_sums("amx fp8", n, k, rows, r, o, got[0][r * n + o], sum, mag, with_bias ? &bias[o] : NULL);
         }
     free(codes), free(xq), free(ws), free(xs), free(x), free(bias), free(got[0]), free(got[1]), free(exact);
     free_weight(&f);
