@@ -64,7 +64,7 @@ typedef struct rs_cpu_ctx {
     rs_cpu_gemv_pick gemv[RS_CPU_GEMV_SHAPES]; /* batch-1 tile form per weight shape (cpu_matmul.c) */
     rs_cpu_gemv gemv_mode;   /* RS_CPU_GEMV, or rs_cpu_set_gemv */
     bool bf16_dot;           /* this CPU has AVX512_BF16 (vdpbf16ps) */
-    bool amx;                /* fast numerics' BF16 matmuls take AMX tiles (cpu_amx.c): the CPU has them
+    bool amx;                /* fast numerics' BF16 and FP8 matmuls take AMX tiles (cpu_amx.c): the CPU has them
                               * and neither RS_CPU_AMX=0 nor rs_cpu_set_amx turned them off; the OS's
                               * permission is asked when fast numerics are (cpu_set_numerics) */
     rs_cpu_buf amx_act;      /* AMX: the activation rows packed into B tiles (BF16), or decoded (FP8) */
