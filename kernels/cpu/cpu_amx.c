@@ -86,18 +86,10 @@ typedef struct __attribute__((packed, aligned(64))) tile_cfg {
     uint8_t rows[16];
 } tile_cfg;
 
-RS_TAMX static void tiles_configure(void) {
-    tile_cfg cfg;
-    memset(&cfg, 0, sizeof cfg);
-    cfg.palette = 1;
-    for (int i = 0; i < 8; i++) cfg.rows[i] = 16, cfg.colsb[i] = 64;
-    _tile_loadconfig(&cfg);
-}
-
-/* The FP8 kernel's, for calls of m < 16 token rows: its A tile (4) and the sums it makes (0, 1)
- * get m rows (a tile multiply's time grows with its rows); each row's sums are the same as in a
- * 16-row tile, which the batch-invariance tests check. */
-RS_TAMX static void tiles_configure_rows(int m) {
+/* m < 16 (the FP8 kernel's calls of m token rows): its A tile (4) and the sums it makes (0, 1) get
+ * m rows (a tile multiply's time grows with its rows); each row's sums are the same as in a 16-row
+ * tile, which the batch-invariance tests check. */
+RS_TAMX static void tiles_configure(int m) {
     tile_cfg cfg;
     memset(&cfg, 0, sizeof cfg);
     cfg.palette = 1;
@@ -195,7 +187,7 @@ RS_TAMX INLINE void chunk_groups(const amx_job *j, const uint16_t *w, size_t ldw
 RS_TAMX static void amx_chunks(void *arg, int64_t c0, int64_t c1, int tid) {
     const amx_job *j = arg;
     float cbuf[4 * 256] __attribute__((aligned(64)));
-    tiles_configure();
+    tiles_configure(16);
     const bool ragged_k = j->k % 32 != 0;
     for (int64_t c = c0; c < c1; c++) {
         const int64_t n0 = c * 32;
@@ -275,17 +267,23 @@ typedef struct e4m3_lut {
     __m512i hi[2], lo[2];
 } e4m3_lut;
 
-RS_TAMX static void e4m3_lut_init(e4m3_lut *l) {
-    uint8_t hi[128] __attribute__((aligned(64))), lo[128] __attribute__((aligned(64)));
+static uint8_t e4m3_bytes[2][128] __attribute__((aligned(64))); /* [0] high bytes, [1] low bytes */
+static pthread_once_t e4m3_once = PTHREAD_ONCE_INIT;
+
+static void e4m3_bytes_build(void) {
     for (int i = 0; i < 128; i++) {
         uint32_t bits;
         memcpy(&bits, &rs_fp8_e4m3_f32[i], 4);
-        hi[i] = (uint8_t)(bits >> 24);
-        lo[i] = (uint8_t)(bits >> 16);
+        e4m3_bytes[0][i] = (uint8_t)(bits >> 24);
+        e4m3_bytes[1][i] = (uint8_t)(bits >> 16);
     }
+}
+
+RS_TAMX static void e4m3_lut_init(e4m3_lut *l) {
+    pthread_once(&e4m3_once, e4m3_bytes_build);
     for (int i = 0; i < 2; i++) {
-        l->hi[i] = _mm512_load_si512(hi + 64 * i);
-        l->lo[i] = _mm512_load_si512(lo + 64 * i);
+        l->hi[i] = _mm512_load_si512(e4m3_bytes[0] + 64 * i);
+        l->lo[i] = _mm512_load_si512(e4m3_bytes[1] + 64 * i);
     }
 }
 
@@ -419,8 +417,7 @@ RS_TAMX static void amx8_groups(void *arg, int64_t g0, int64_t g1, int tid) {
     const int64_t np = j->k / 2;
     uint32_t *d0 = j->dec[tid].p, *d1 = d0 + 16 * np;
     const bool interleave = j->groups <= 2; /* one pass over the token groups: decode as it goes */
-    if (j->rows < 16) tiles_configure_rows(j->rows);
-    else tiles_configure();
+    tiles_configure(RS_MIN(j->rows, 16));
     for (int64_t g = g0; g < g1; g++) {
         const int64_t n0 = 32 * g;
         const uint8_t *w = j->wq + n0 * j->k;
