@@ -168,38 +168,42 @@ static inline float emu_half_bits_f32(uint32_t h) { /* IEEE binary16 bits -> flo
     f = (float)m * 0x1p-24f;
     return sg ? -f : f;
 }
-/* This lane's C fragment of d += A B (rows g, g+8, columns 2t, 2t+1), the sum over k in order. */
-template <int K> static inline void emu_mma_accumulate(float d[4], const float (&A)[16][K], const float (&B)[K][8]) {
-    const int l = (int)(threadIdx.x % 32), g = l / 4, t = l % 4;
+/* The warp-level matrix helpers below work on their own local copies of register values (never on
+ * the kernels' memory), so they are left out of the sanitizers' instrumentation, which took half of
+ * their time in the sanitized build. */
+#define EMU_NOSAN __attribute__((no_sanitize("address", "undefined")))
+/* This lane's C fragment of d += A B: A holds the lane's rows g and g + 8, B its columns 2t and
+ * 2t + 1 (only those are decoded: a lane reads 1/8 of A and 1/4 of B); the sum over k in order. */
+template <int K> EMU_NOSAN static inline void emu_mma_accumulate(float d[4], const float (&A)[2][K], const float (&B)[K][2]) {
     for (int i = 0; i < 4; i++) {
-        const int row = g + (i >= 2 ? 8 : 0), col = 2 * t + (i & 1);
         float acc = d[i];
-        for (int k = 0; k < K; k++) acc += A[row][k] * B[k][col];
+        for (int k = 0; k < K; k++) acc += A[i >> 1][k] * B[k][i & 1];
         d[i] = acc;
     }
 }
-static inline void emu_mma_16816(float d[4], const uint32_t a[4], const uint32_t b[2], bool f16) {
+EMU_NOSAN static inline float emu_b16_f32(uint32_t v, int hi, bool f16) { /* half `hi` of v, BF16 or F16 bits */
+    const uint32_t h16 = hi ? v >> 16 : v & 0xffffu;
+    if (f16) return emu_half_bits_f32(h16);
+    const uint32_t u = h16 << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+EMU_NOSAN static inline void emu_mma_16816(float d[4], const uint32_t a[4], const uint32_t b[2], bool f16) {
     uint32_t mine[6] = {a[0], a[1], a[2], a[3], b[0], b[1]}, all[32][6];
     emu_warp_gather(mine, sizeof mine, all);
-    float A[16][16], B[16][8];
-    for (int l = 0; l < 32; l++) {
-        const int g = l / 4, t = l % 4;
+    const int l = (int)(threadIdx.x % 32), g = l / 4, t = l % 4;
+    float A[2][16], B[16][2];
+    for (int u = 0; u < 4; u++) /* A rows g, g + 8 are in lanes 4g + u; B column c in lanes 4c + u */
         for (int h = 0; h < 2; h++) {
-            uint32_t w[6];
-            memcpy(w, all[l], sizeof w);
-            auto bf = [f16](uint32_t v, int hi) {
-                const uint32_t h16 = hi ? v >> 16 : v & 0xffffu;
-                if (f16) return emu_half_bits_f32(h16);
-                uint32_t u = h16 << 16;
-                float f;
-                memcpy(&f, &u, 4);
-                return f;
-            };
-            A[g][2 * t + h] = bf(w[0], h), A[g + 8][2 * t + h] = bf(w[1], h);
-            A[g][2 * t + 8 + h] = bf(w[2], h), A[g + 8][2 * t + 8 + h] = bf(w[3], h);
-            B[2 * t + h][g] = bf(w[4], h), B[2 * t + 8 + h][g] = bf(w[5], h);
+            const uint32_t *w = all[4 * g + u];
+            A[0][2 * u + h] = emu_b16_f32(w[0], h, f16), A[1][2 * u + h] = emu_b16_f32(w[1], h, f16);
+            A[0][2 * u + 8 + h] = emu_b16_f32(w[2], h, f16), A[1][2 * u + 8 + h] = emu_b16_f32(w[3], h, f16);
+            for (int c = 0; c < 2; c++) {
+                const uint32_t *wb = all[4 * (2 * t + c) + u];
+                B[2 * u + h][c] = emu_b16_f32(wb[4], h, f16), B[2 * u + 8 + h][c] = emu_b16_f32(wb[5], h, f16);
+            }
         }
-    }
     emu_mma_accumulate(d, A, B);
 }
 
@@ -211,19 +215,22 @@ static inline void emu_mma_16816(float d[4], const uint32_t a[4], const uint32_t
  * fp32 and the sum over k runs in order, in fp32 (the hardware's is coarser: test_cuda_blas.c
  * FP8_MMA_REL). */
 extern "C" const float rs_fp8_e4m3_f32[256]; /* kernels/fp8.h */
-static inline void emu_mma_16832_e4m3(float d[4], const uint32_t a[4], const uint32_t b[2]) {
+EMU_NOSAN static inline void emu_mma_16832_e4m3(float d[4], const uint32_t a[4], const uint32_t b[2]) {
     uint32_t mine[6] = {a[0], a[1], a[2], a[3], b[0], b[1]}, all[32][6];
     emu_warp_gather(mine, sizeof mine, all);
-    float A[16][32], B[32][8];
-    for (int l = 0; l < 32; l++) {
-        const int g = l / 4, t = l % 4;
+    const int l = (int)(threadIdx.x % 32), g = l / 4, t = l % 4;
+    float A[2][32], B[32][2];
+    for (int u = 0; u < 4; u++) /* A rows g, g + 8 are in lanes 4g + u; B column c in lanes 4c + u */
         for (int i = 0; i < 4; i++) {
-            auto code = [&](int r) { return rs_fp8_e4m3_f32[(all[l][r] >> (8 * i)) & 0xffu]; };
-            A[g][4 * t + i] = code(0), A[g + 8][4 * t + i] = code(1);
-            A[g][16 + 4 * t + i] = code(2), A[g + 8][16 + 4 * t + i] = code(3);
-            B[4 * t + i][g] = code(4), B[16 + 4 * t + i][g] = code(5);
+            auto code = [i](uint32_t r) { return rs_fp8_e4m3_f32[(r >> (8 * i)) & 0xffu]; };
+            const uint32_t *w = all[4 * g + u];
+            A[0][4 * u + i] = code(w[0]), A[1][4 * u + i] = code(w[1]);
+            A[0][16 + 4 * u + i] = code(w[2]), A[1][16 + 4 * u + i] = code(w[3]);
+            for (int c = 0; c < 2; c++) {
+                const uint32_t *wb = all[4 * (2 * t + c) + u];
+                B[4 * u + i][c] = code(wb[4]), B[16 + 4 * u + i][c] = code(wb[5]);
+            }
         }
-    }
     emu_mma_accumulate(d, A, B);
 }
 
