@@ -18,8 +18,8 @@ dim3 threadIdx, blockIdx, blockDim, gridDim;
 
 /* ---------------- fibers ---------------- */
 /* Saves the callee-saved registers on this stack and switches to another. MXCSR and the x87
- * control word are not switched: no emulated code changes them, and ldmxcsr / fldcw were half of
- * the emulation's time (every fiber switches at each shuffle and barrier). */
+ * control word are not switched: no emulated code changes them, and ldmxcsr / fldcw took half of
+ * every switch's time (every fiber switches at each shuffle and barrier). */
 extern "C" void emu_ctx_switch(void **save_sp, void *new_sp);
 asm(R"(
 .text
