@@ -86,9 +86,9 @@ typedef struct __attribute__((packed, aligned(64))) tile_cfg {
     uint8_t rows[16];
 } tile_cfg;
 
-/* m < 16 (the FP8 kernel's calls of m token rows): its A tile (4) and the sums it makes (0, 1) get
- * m rows (a tile multiply's time grows with its rows); each row's sums are the same as in a 16-row
- * tile, which the batch-invariance tests check. */
+/* Every tile 16 rows, but for m < 16 (the FP8 kernel's calls of m token rows) its A tile (4) and
+ * the sums it makes (0, 1) get m rows (a tile multiply's time grows with its rows); each row's sums
+ * are the same as in a 16-row tile, which the batch-invariance tests check. */
 RS_TAMX static void tiles_configure(int m) {
     tile_cfg cfg;
     memset(&cfg, 0, sizeof cfg);

@@ -169,7 +169,7 @@ static void fiber_prepare(Fiber &f) {
 #ifdef EMU_ASAN
     /* The frames of the fiber's last run that returned left their shadow clean; the two that never
      * return (fiber_entry and the final switch) are at the top. (The whole stack's shadow, 32 KiB a
-     * fiber and block, was a tenth of the sanitized emulation's time.) */
+     * fiber and block, was 8% of a sanitized attention test's time.) */
     __asan_unpoison_memory_region(f.stack + STACK - 16384, 16384);
 #endif
     uintptr_t top = ((uintptr_t)f.stack + STACK) & ~(uintptr_t)15;
