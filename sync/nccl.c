@@ -9,6 +9,8 @@
  */
 #include "nccl.h"
 
+#include <math.h>
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -134,10 +136,22 @@ static __attribute__((format(printf, 2, 3))) void err_append(rs_error *err, cons
 typedef struct nccl_group {
     char name[RS_NCCL_GROUP_NAME_MAX + 1];
     int rank, world_size, device;
-    rs_nccl_comm *comm;                 /* owned; NULL until the first update of a store group */
+    rs_nccl_comm *comm;                 /* owned; of a store group: NULL until its watcher is taken */
     rs_tcpstore *store;                 /* owned: the trainer's TCPStore (SGLang's rendezvous), or NULL */
     uint64_t requests, bytes;           /* update requests and bytes received through the group */
+    /* A store group's watcher thread (store_watch): it owns `store` while it runs, and leaves its
+     * outcome under `mu` for the sync thread, which joins it (watcher_take). */
+    pthread_t watcher;
+    bool watching;                      /* started and not yet joined (sync thread only) */
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    bool watch_done;                    /* under mu */
+    int watch_rc;                       /* under mu: the outcome, with watch_err and watch_comm */
+    rs_error watch_err;
+    rs_nccl_comm *watch_comm;
+    volatile int cancel;                /* set (atomically) to stop the watcher */
 } nccl_group;
+
 
 /* What rs_sync_nccl_state(s) points to (owned here; NULL while no group exists). */
 typedef struct nccl_state {
@@ -154,6 +168,112 @@ static nccl_group *group_find(rs_sync *s, const char *name) {
     return NULL;
 }
 
+/* ---- the store watcher ----
+ * A store group's communicator is created as soon as the trainer's rank 0 publishes the id, under
+ * the key of whichever NCCL backend the trainer runs (tcpstore.h rs_c10d_id_flavor): torch's nccl2
+ * (the default from torch 2.15) sets it while its init_process_group creates the group, and waits
+ * there in ncclCommInitRank for every rank, so this server must join before the trainer returns
+ * from it, with no request of its own to wait in; ProcessGroupNCCL sets it at the first broadcast,
+ * after the trainer has posted its first update. A thread per group therefore polls the store from
+ * the rendezvous on and joins when either key appears; the first update request waits for it. */
+
+static void *store_watch(void *arg) {
+    nccl_group *g = arg;
+    rs_error err = {0};
+    uint8_t id[RS_C10D_UNIQUE_ID_BYTES];
+    rs_c10d_id_flavor flavor = RS_C10D_ID_LEGACY;
+    rs_nccl_comm *comm = NULL;
+    const double t0 = rs_now_s();
+    int rc = rs_c10d_nccl_unique_id_either(g->store, g->name, id, &flavor, INFINITY, g_opts.init_timeout_s,
+                                           &g->cancel, &err);
+    if (rc == RS_OK) {
+        RS_INFO("nccl | group %s | the trainer published its unique id (%s) after %.2f s; joining", g->name,
+                rs_c10d_id_flavor_name(flavor), rs_now_s() - t0);
+        const double t1 = rs_now_s();
+        rc = rs_nccl_comm_init(&comm, id, g->world_size, g->rank, g->device, g_opts.init_timeout_s, &g->cancel, &err);
+        if (rc != RS_OK) {
+            int v = rs_nccl_version();
+            err_append(&err, " (this server's NCCL is %d.%d.%d and the trainer's must be the same release)",
+                       v / 10000, v / 100 % 100, v % 100);
+        } else {
+            RS_INFO("nccl | group %s | joined as rank %d of %d with the unique id from the trainer's store in %.2f s",
+                    g->name, g->rank, g->world_size, rs_now_s() - t1);
+        }
+    }
+    if (rc != RS_OK && !__atomic_load_n(&g->cancel, __ATOMIC_ACQUIRE))
+        RS_WARN("nccl | group %s | joining from the trainer's store failed: %s", g->name, err.message);
+    pthread_mutex_lock(&g->mu);
+    g->watch_done = true;
+    g->watch_rc = rc;
+    g->watch_err = err;
+    g->watch_comm = comm;
+    pthread_cond_signal(&g->cv);
+    pthread_mutex_unlock(&g->mu);
+    return NULL;
+}
+
+static int watcher_start(nccl_group *g, rs_error *err) {
+    pthread_mutex_init(&g->mu, NULL);
+    pthread_cond_init(&g->cv, NULL);
+    int e = pthread_create(&g->watcher, NULL, store_watch, g);
+    if (e != 0) return rs_error_set(err, RS_EINTERNAL, NULL, "cannot start the store watcher: %s", strerror(e));
+    g->watching = true;
+    return RS_OK;
+}
+
+/* Waits for the watcher until `deadline` (then cancels it), joins it, and takes its outcome:
+ * g->comm on success. */
+static int watcher_take(nccl_group *g, double deadline, rs_error *err) {
+    pthread_mutex_lock(&g->mu);
+    while (!g->watch_done) {
+        double left = deadline - rs_now_s();
+        if (left <= 0) break;
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        double end = (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9 + RS_MIN(left, 0.5);
+        ts.tv_sec = (time_t)end;
+        ts.tv_nsec = (long)((end - (double)ts.tv_sec) * 1e9);
+        pthread_cond_timedwait(&g->cv, &g->mu, &ts);
+    }
+    const bool done = g->watch_done;
+    pthread_mutex_unlock(&g->mu);
+    if (!done) __atomic_store_n(&g->cancel, 1, __ATOMIC_RELEASE);
+    pthread_join(g->watcher, NULL);
+    g->watching = false;
+    if (!done) {
+        if (g->watch_comm) rs_nccl_comm_free(g->watch_comm, true, 0); /* joined as it was cancelled */
+        g->watch_comm = NULL;
+        char legacy[RS_TCPSTORE_KEY_MAX], nccl2[RS_TCPSTORE_KEY_MAX];
+        rs_c10d_nccl_id_key(legacy, sizeof legacy, g->name, RS_C10D_ID_LEGACY);
+        rs_c10d_nccl_id_key(nccl2, sizeof nccl2, g->name, RS_C10D_ID_NCCL2);
+        return rs_error_set(err, RS_EBUSY, NULL,
+                            "timed out after %g s waiting for the trainer to publish its ncclUniqueId in the "
+                            "TCPStore at %s, under '/%s' (torch's ProcessGroupNCCL sets it at the first collective "
+                            "on the group, dist.broadcast) or '/%s' (torch's nccl2 backend, as the group is created)",
+                            g_opts.init_timeout_s, rs_tcpstore_peer(g->store), legacy, nccl2);
+    }
+    if (g->watch_rc != RS_OK) {
+        *err = g->watch_err;
+        if (g->world_size > 128 && g->watch_rc == RS_EBUSY)
+            err_append(err, "; a group of more than TORCH_NCCL_RANKS_PER_ROOT ranks (128 by default) exchanges several "
+                       "ids, which this server does not read");
+        return g->watch_rc;
+    }
+    g->comm = g->watch_comm;
+    g->watch_comm = NULL;
+    return RS_OK;
+}
+
+/* Stops and joins the watcher, if it runs, and frees whatever it joined. */
+static void watcher_stop(nccl_group *g) {
+    if (!g->watching) return;
+    __atomic_store_n(&g->cancel, 1, __ATOMIC_RELEASE);
+    pthread_join(g->watcher, NULL);
+    g->watching = false;
+    if (g->watch_comm) rs_nccl_comm_free(g->watch_comm, true, 0);
+    g->watch_comm = NULL;
+}
+
 /* Takes g out of the state (freeing the state when it was the last group) and frees it, leaving
  * the communicator cleanly, or aborting it. */
 static void group_drop(rs_sync *s, nccl_group *g, bool abort) {
@@ -167,11 +287,16 @@ static void group_drop(rs_sync *s, nccl_group *g, bool abort) {
         free(st);
         *rs_sync_nccl_state(s) = NULL;
     }
+    watcher_stop(g);
     double finalize_s = RS_MIN(g_opts.op_timeout_s, 30.0);
     rs_nccl_comm_free(g->comm, abort, finalize_s);
     rs_tcpstore_close(g->store);
     RS_INFO("nccl | group %s | %s after %llu update requests, %llu bytes", g->name, abort ? "aborted" : "left",
             (unsigned long long)g->requests, (unsigned long long)g->bytes);
+    if (g->store) {
+        pthread_mutex_destroy(&g->mu);
+        pthread_cond_destroy(&g->cv);
+    }
     free(g);
 }
 
@@ -206,7 +331,7 @@ int rs_nccl_init_group(rs_sync *s, const rs_nccl_group_req *r, rs_error *err) {
         RS_INFO("nccl | group %s | joining as rank %d of %d on cuda:%d, NCCL %d.%d.%d, with the trainer's unique id",
                 r->group_name, r->rank_offset, r->world_size, g_opts.device, v / 10000, v / 100 % 100, v % 100);
         rc = rs_nccl_comm_init(&comm, r->unique_id, r->world_size, r->rank_offset, g_opts.device,
-                               g_opts.init_timeout_s, err);
+                               g_opts.init_timeout_s, NULL, err);
         if (rc != RS_OK)
             err_append(err, " (group '%s', rank %d of %d; this server's NCCL is %d.%d.%d and the trainer's must be "
                        "the same release)", r->group_name, r->rank_offset, r->world_size, v / 10000, v / 100 % 100,
@@ -216,7 +341,8 @@ int rs_nccl_init_group(rs_sync *s, const rs_nccl_group_req *r, rs_error *err) {
         rc = rs_c10d_join(&store, r->master_address, r->master_port, &joined, t0 + g_opts.init_timeout_s, err);
         if (rc == RS_OK)
             RS_INFO("nccl | group %s | rank %d of %d in the trainer's TCPStore %s (%lld ranks there so far); the "
-                    "communicator is created at the first update, as the trainer's first broadcast creates its own",
+                    "communicator is created when the trainer publishes its unique id there (nccl2: as it creates "
+                    "the group; ProcessGroupNCCL: at its first broadcast)",
                     r->group_name, r->rank_offset, r->world_size, rs_tcpstore_peer(store), (long long)joined);
         else
             err_append(err, " (rendezvous of group '%s' as rank %d of %d, within %g s)", r->group_name,
@@ -238,29 +364,11 @@ int rs_nccl_init_group(rs_sync *s, const rs_nccl_group_req *r, rs_error *err) {
     g->comm = comm;
     g->store = store;
     st->groups[free_slot] = g;
-    RS_INFO("nccl | group %s | %s as rank %d of %d in %.2f s", g->name, comm ? "joined" : "rendezvous done",
-            g->rank, g->world_size, rs_now_s() - t0);
-    return RS_OK;
-}
-
-/* A store group's communicator, at its first update: the trainer's first broadcast sets the unique
- * id in the store and joins; this joins with it. */
-static int join_from_store(nccl_group *g, rs_error *err) {
-    const double t0 = rs_now_s();
-    uint8_t id[RS_NCCL_UNIQUE_ID_BYTES];
-    int rc = rs_c10d_nccl_unique_id(g->store, g->name, 0, id, t0 + g_opts.init_timeout_s, err);
-    if (rc == RS_OK) {
-        int v = rs_nccl_version();
-        rc = rs_nccl_comm_init(&g->comm, id, g->world_size, g->rank, g->device, g_opts.init_timeout_s, err);
-        if (rc != RS_OK)
-            err_append(err, " (this server's NCCL is %d.%d.%d and the trainer's must be the same release)", v / 10000,
-                       v / 100 % 100, v % 100);
+    if (store && (rc = watcher_start(g, err)) != RS_OK) {
+        group_drop(s, g, true);
+        return rc;
     }
-    if (rc == RS_EBUSY && g->world_size > 128)
-        err_append(err, "; a group of more than TORCH_NCCL_RANKS_PER_ROOT ranks (128 by default) exchanges several "
-                   "ids, which this server does not read");
-    if (rc != RS_OK) return rc;
-    RS_INFO("nccl | group %s | joined as rank %d of %d with the unique id from the trainer's store in %.2f s", g->name,
+    RS_INFO("nccl | group %s | %s as rank %d of %d in %.2f s", g->name, comm ? "joined" : "rendezvous done",
             g->rank, g->world_size, rs_now_s() - t0);
     return RS_OK;
 }
@@ -333,7 +441,7 @@ int rs_nccl_update(rs_sync *s, const rs_nccl_update_req *r, rs_sync_result *res,
         group_drop(s, g, true);
         return rc;
     }
-    if (!g->comm && (rc = join_from_store(g, err)) != RS_OK) {
+    if (!g->comm && (rc = watcher_take(g, t0 + g_opts.init_timeout_s, err)) != RS_OK) {
         err_append(err, "; group '%s' aborted: init a new one", g->name);
         RS_WARN("nccl | group %s | join at the first update failed: %s", g->name, err->message);
         group_drop(s, g, true);

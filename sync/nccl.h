@@ -8,13 +8,13 @@
  *     as SGLang's init_custom_process_group(init_method="tcp://...") uses it (sync/tcpstore.h has
  *     the key sequence and the torch versions verified). The init request connects as rank
  *     rank_offset and adds itself to the store's "init/" count, which the trainer's
- *     init_process_group waits for, and answers: like an SGLang server, whose ProcessGroupNCCL is
- *     lazy, it does not create the communicator yet. The first update request does, as the
- *     trainer's first dist.broadcast does on its side: it waits for the 128-byte ncclUniqueId that
- *     rank 0 then sets under "/G/G//cuda//0", and joins with it. The store connection is kept
- *     until the group is destroyed. A trainer that creates its group eagerly (device_id, or torch's
- *     "nccl2" backend) waits in init_process_group for a communicator this server only creates
- *     on the first update; such a trainer pushes with rolloutd_client.nccl (the unique id) instead.
+ *     init_process_group waits for, and answers. The communicator is created by a thread of the
+ *     group (nccl.c "the store watcher") as soon as rank 0 publishes its ncclUniqueId in the store,
+ *     under the key of the trainer's NCCL backend: torch's nccl2 (the default "nccl" from torch
+ *     2.15) creates its communicator in init_process_group and waits there for this server;
+ *     ProcessGroupNCCL publishes the id at the first collective (dist.broadcast) unless the group
+ *     was made with device_id. The first update request waits for that join, up to
+ *     init_timeout_s. The store connection is kept until the group is destroyed.
  *   - rolloutd's own: the trainer's ncclUniqueId, created with ncclGetUniqueId and sent base64-
  *     encoded as `nccl_unique_id_b64` (clients/python/rolloutd_client/nccl.py does this); the init
  *     request joins at once (master_address and master_port are then unused), so the trainer
@@ -58,7 +58,9 @@
  * the answer says so, and the trainer must init a new one. The daemon never exits on any of these.
  *
  * Threads. The three entry points run on the sync service thread (sync.h), one job at a time, and
- * are the only users of the group state they keep in rs_sync_nccl_state(s).
+ * are the only users of the group state they keep in rs_sync_nccl_state(s), but for a store group's
+ * watcher thread, which owns the store connection until the first update (or the group's end)
+ * joins it.
  *
  * The CPU build (no RS_CUDA) has no NCCL: the entry points answer RS_EUNSUPPORTED (400) with
  * RS_NCCL_UNSUPPORTED_MESSAGE, and that is all they do there.
@@ -146,8 +148,10 @@ int rs_nccl_version(void);              /* NCCL_VERSION_CODE of the linked libra
 /* A fresh ncclUniqueId (tests: the trainer's side of the handshake). */
 int rs_nccl_new_unique_id(uint8_t id[128], rs_error *err);
 
+/* Joins the communicator of `id` as `rank`, waiting up to timeout_s for the other ranks, or until
+ * *cancel (may be NULL; read atomically while waiting) is set: RS_EBUSY for either. */
 int rs_nccl_comm_init(rs_nccl_comm **out, const uint8_t id[128], int world_size, int rank, int device,
-                      double timeout_s, rs_error *err);
+                      double timeout_s, const volatile int *cancel, rs_error *err);
 /* Posts the receive of a broadcast from rank 0 of `bytes` bytes (> 0) into staging slot `slot`
  * (0 or 1), followed by its copy to the slot's pinned host buffer. The slot's previous contents
  * must no longer be needed. */

@@ -113,8 +113,9 @@ static void poll_sleep(unsigned spin) {
 }
 
 /* Waits until the communicator's pending operation (init, an enqueue, finalize) leaves
- * ncclInProgress. RS_EBUSY at the deadline, RS_EIO when it failed. */
-static int wait_comm(ncclComm_t comm, double deadline, const char *what, rs_error *err) {
+ * ncclInProgress. RS_EBUSY at the deadline or once *cancel (may be NULL) is set, RS_EIO when it
+ * failed. */
+static int wait_comm(ncclComm_t comm, double deadline, const volatile int *cancel, const char *what, rs_error *err) {
     ncclResult_t st = ncclInProgress;
     for (unsigned spin = 0;; spin++) {
         ncclResult_t r = ncclCommGetAsyncError(comm, &st);
@@ -122,6 +123,8 @@ static int wait_comm(ncclComm_t comm, double deadline, const char *what, rs_erro
         if (st != ncclInProgress) break;
         if (rs_now_s() > deadline)
             return rs_error_set(err, RS_EBUSY, NULL, "NCCL %s made no progress before its deadline", what);
+        if (cancel && __atomic_load_n(cancel, __ATOMIC_ACQUIRE))
+            return rs_error_set(err, RS_EBUSY, NULL, "NCCL %s was cancelled", what);
         poll_sleep(spin);
     }
     if (st != ncclSuccess) return nccl_fail(err, comm, st, what, __FILE__, __LINE__);
@@ -179,7 +182,7 @@ extern "C" int rs_nccl_new_unique_id(uint8_t id[128], rs_error *err) {
 }
 
 extern "C" int rs_nccl_comm_init(rs_nccl_comm **out, const uint8_t id[128], int world_size, int rank,
-                                 int device, double timeout_s, rs_error *err) {
+                                 int device, double timeout_s, const volatile int *cancel, rs_error *err) {
     int rc = RS_OK;
     *out = NULL;
     rs_nccl_comm *c = (rs_nccl_comm *)calloc(1, sizeof *c);
@@ -200,7 +203,7 @@ extern "C" int rs_nccl_comm_init(rs_nccl_comm **out, const uint8_t id[128], int 
     for (int i = 0; i < 2; i++) CUDA_TRY(cudaEventCreateWithFlags(&c->slot[i].done, cudaEventDisableTiming));
 
     NCCL_TRY(c->comm, ncclCommInitRankConfig(&c->comm, world_size, uid, rank, &cfg));
-    rc = wait_comm(c->comm, deadline, "ncclCommInitRankConfig", err);
+    rc = wait_comm(c->comm, deadline, cancel, "ncclCommInitRankConfig", err);
     if (rc == RS_EBUSY)
         rs_error_set(err, RS_EBUSY, NULL,
                      "rank 0 (the trainer) and the other ranks did not join within %.0f s: the trainer "
@@ -288,7 +291,7 @@ extern "C" int rs_nccl_comm_recv_post(rs_nccl_comm *c, int slot, uint64_t bytes,
     NCCL_TRY(c->comm, ncclBroadcast(sl->dev, sl->dev, (size_t)bytes, ncclUint8, 0, c->comm, c->stream));
     /* On a non-blocking communicator the broadcast may not be enqueued yet (the first one also
      * connects the ranks): the copy must follow it on the stream. */
-    if ((rc = wait_comm(c->comm, deadline, "ncclBroadcast", err)) != RS_OK) goto fail;
+    if ((rc = wait_comm(c->comm, deadline, NULL, "ncclBroadcast", err)) != RS_OK) goto fail;
     CUDA_TRY(cudaMemcpyAsync(sl->host, sl->dev, (size_t)bytes, cudaMemcpyDeviceToHost, c->stream));
     CUDA_TRY(cudaEventRecord(sl->done, c->stream));
     sl->bytes = bytes;
@@ -335,7 +338,7 @@ extern "C" void rs_nccl_comm_free(rs_nccl_comm *c, bool abort, double timeout_s)
             if (r != ncclSuccess && r != ncclInProgress)
                 rc = nccl_fail(&err, c->comm, r, "ncclCommFinalize", __FILE__, __LINE__);
             else
-                rc = wait_comm(c->comm, deadline, "ncclCommFinalize", &err);
+                rc = wait_comm(c->comm, deadline, NULL, "ncclCommFinalize", &err);
         }
         if (rc == RS_OK) {
             ncclResult_t r = ncclCommDestroy(c->comm);

@@ -511,20 +511,24 @@ int rs_c10d_join(rs_tcpstore **out, const char *host, int port, int64_t *joined,
     return RS_OK;
 }
 
-int rs_c10d_nccl_unique_id(rs_tcpstore *s, const char *group_name, uint64_t comm_index,
-                           uint8_t id[RS_C10D_UNIQUE_ID_BYTES], double deadline, rs_error *err) {
-    char index[24], key[RS_TCPSTORE_KEY_MAX];
-    snprintf(index, sizeof index, "%llu", (unsigned long long)comm_index);
-    if (rs_c10d_backend_key(key, sizeof key, group_name, "cuda", index) != RS_OK)
-        return rs_error_set(err, RS_EINVAL, "group_name", "group_name is too long for a store key");
+int rs_c10d_nccl_id_key(char *out, size_t cap, const char *group_name, rs_c10d_id_flavor flavor) {
+    if (flavor == RS_C10D_ID_LEGACY) return rs_c10d_backend_key(out, cap, group_name, "cuda", "0");
+    char key[RS_TCPSTORE_KEY_MAX];
+    int n = snprintf(key, sizeof key, "%s/nccl_storekey_0", group_name);
+    if (n < 0 || (size_t)n >= sizeof key) return RS_EINVAL;
+    return rs_c10d_backend_key(out, cap, group_name, "cuda", key);
+}
+
+const char *rs_c10d_id_flavor_name(rs_c10d_id_flavor flavor) {
+    return flavor == RS_C10D_ID_NCCL2 ? "nccl2" : "ProcessGroupNCCL";
+}
+
+/* GETs the 128-byte id under key (set: the caller saw it), into id. */
+static int read_id(rs_tcpstore *s, const char *key, uint8_t id[RS_C10D_UNIQUE_ID_BYTES], double deadline,
+                   rs_error *err) {
     uint8_t buf[RS_C10D_UNIQUE_ID_BYTES];
     size_t n = 0;
     int rc = rs_tcpstore_get(s, key, buf, sizeof buf, &n, deadline, err);
-    if (rc == RS_EBUSY && !s->broken) /* the wait was cancelled at the deadline */
-        return rs_error_set(err, RS_EBUSY, NULL,
-                            "timed out waiting for the trainer's ncclUniqueId under key '/%s' of the TCPStore at %s: "
-                            "rank 0 sets it when its first collective on the group (dist.broadcast) creates the "
-                            "communicator", key, s->peer);
     if (rc != RS_OK) return rc;
     if (n != RS_C10D_UNIQUE_ID_BYTES) {
         s->broken = true;
@@ -534,4 +538,58 @@ int rs_c10d_nccl_unique_id(rs_tcpstore *s, const char *group_name, uint64_t comm
     }
     memcpy(id, buf, sizeof buf);
     return RS_OK;
+}
+
+int rs_c10d_nccl_unique_id(rs_tcpstore *s, const char *group_name, uint64_t comm_index,
+                           uint8_t id[RS_C10D_UNIQUE_ID_BYTES], double deadline, rs_error *err) {
+    char index[24], key[RS_TCPSTORE_KEY_MAX];
+    snprintf(index, sizeof index, "%llu", (unsigned long long)comm_index);
+    if (rs_c10d_backend_key(key, sizeof key, group_name, "cuda", index) != RS_OK)
+        return rs_error_set(err, RS_EINVAL, "group_name", "group_name is too long for a store key");
+    int rc = read_id(s, key, id, deadline, err);
+    if (rc == RS_EBUSY && !s->broken) /* the wait was cancelled at the deadline */
+        return rs_error_set(err, RS_EBUSY, NULL,
+                            "timed out waiting for the trainer's ncclUniqueId under key '/%s' of the TCPStore at %s: "
+                            "rank 0 sets it when its first collective on the group (dist.broadcast) creates the "
+                            "communicator", key, s->peer);
+    return rc;
+}
+
+static void nap_s(double s) {
+    struct timespec ts = {.tv_sec = (time_t)s, .tv_nsec = (long)((s - (double)(time_t)s) * 1e9)};
+    while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
+    }
+}
+
+int rs_c10d_nccl_unique_id_either(rs_tcpstore *s, const char *group_name, uint8_t id[RS_C10D_UNIQUE_ID_BYTES],
+                                  rs_c10d_id_flavor *flavor, double deadline, double op_timeout_s,
+                                  const volatile int *cancel, rs_error *err) {
+    const double t0 = rs_now_s();
+    char keys[2][RS_TCPSTORE_KEY_MAX];
+    for (int f = 0; f < 2; f++)
+        if (rs_c10d_nccl_id_key(keys[f], sizeof keys[f], group_name, (rs_c10d_id_flavor)f) != RS_OK)
+            return rs_error_set(err, RS_EINVAL, "group_name", "group_name is too long for a store key");
+    for (;;) {
+        for (int f = 0; f < 2; f++) {
+            const char *key = keys[f];
+            bool set = false;
+            int rc = rs_tcpstore_check(s, &key, 1, &set, RS_MIN(deadline, rs_now_s() + op_timeout_s), err);
+            if (rc != RS_OK) return rc;
+            if (!set) continue;
+            if ((rc = read_id(s, key, id, RS_MIN(deadline, rs_now_s() + op_timeout_s), err)) != RS_OK) return rc;
+            *flavor = (rs_c10d_id_flavor)f;
+            return RS_OK;
+        }
+        if (cancel && __atomic_load_n(cancel, __ATOMIC_ACQUIRE))
+            return rs_error_set(err, RS_EBUSY, NULL, "the wait for the trainer's ncclUniqueId was cancelled");
+        const double now = rs_now_s();
+        const double poll_s = now - t0 < RS_C10D_POLL_FAST_FOR_S ? RS_C10D_POLL_FAST_S : RS_C10D_POLL_SLOW_S;
+        if (now + poll_s > deadline)
+            return rs_error_set(err, RS_EBUSY, NULL,
+                                "timed out waiting for the trainer's ncclUniqueId under key '/%s' (torch's "
+                                "ProcessGroupNCCL: set at the trainer's first collective on the group) or '/%s' "
+                                "(torch's nccl2 backend, the default \"nccl\" from torch 2.15: set as the group is "
+                                "created) of the TCPStore at %s", keys[0], keys[1], s->peer);
+        nap_s(poll_s);
+    }
 }

@@ -49,10 +49,11 @@
  * one). No difference between these versions in any of it. The ProcessGroupNCCL key ("0" under
  * "cuda/") is read from broadcastUniqueNCCLID and _new_process_group_helper; a CPU machine cannot
  * create a ProcessGroupNCCL, so that key is exercised from the trainer's side with torch's own
- * PrefixStore API. Not covered: torch's newer "nccl2" backend (the default "nccl" of torch 2.15
- * unless TORCH_DIST_USE_NCCL2=0), which exchanges the id under "nccl_storekey_<generation>" and
- * initializes eagerly, and groups of more than TORCH_NCCL_RANKS_PER_ROOT (default 128) ranks, for
- * which ProcessGroupNCCL gathers several ids.
+ * PrefixStore API. torch's nccl2 backend (the default "nccl" of torch 2.15 unless
+ * TORCH_DIST_USE_NCCL2=0) exchanges the id under another key, and as the group is created:
+ * rs_c10d_id_flavor below; its key is exercised the same way (the trainer side through torch
+ * 2.15.0's PrefixStore). Not covered: groups of more than TORCH_NCCL_RANKS_PER_ROOT (default 128)
+ * ranks, for which ProcessGroupNCCL gathers several ids.
  *
  * Bounds. Every call takes an absolute deadline (rs_now_s() clock) that covers all of its reads
  * and writes; the socket is non-blocking and every wait is a poll() up to that deadline, so a
@@ -129,5 +130,38 @@ int rs_c10d_join(rs_tcpstore **out, const char *host, int port, int64_t *joined,
  * for the first) into id. A value of another size is a malformed reply (RS_EIO). */
 int rs_c10d_nccl_unique_id(rs_tcpstore *s, const char *group_name, uint64_t comm_index,
                            uint8_t id[RS_C10D_UNIQUE_ID_BYTES], double deadline, rs_error *err);
+
+/* Where rank 0 publishes the id of the group's first communicator, by torch's NCCL backend:
+ *   RS_C10D_ID_LEGACY  ProcessGroupNCCL: key "0" of the backend store (rs_c10d_nccl_unique_id), set
+ *                      at the group's first collective (or as the group is created, with device_id);
+ *   RS_C10D_ID_NCCL2   torch's nccl2 backend (c10d::nccl2, what "nccl" means from torch 2.15 unless
+ *                      TORCH_DIST_USE_NCCL2=0): NCCLBootstrap::exchangeUniqueId wraps the backend
+ *                      store in PrefixStore(group_name) and sets "nccl_storekey_<generation>",
+ *                      generation 0 for the group's communicator, which its constructor creates; so
+ *                      the store-level key is G/G//cuda//G/nccl_storekey_0. Read from torch 2.15.0's
+ *                      distributed_c10d.py (_create_nccl2_process_group: group_name = the group's
+ *                      name, store = the "cuda/" backend store) and the nccl2 sources. */
+typedef enum { RS_C10D_ID_LEGACY = 0, RS_C10D_ID_NCCL2 = 1 } rs_c10d_id_flavor;
+
+/* The store-level key of that id for group_name. RS_EINVAL if it does not fit in cap bytes. */
+int rs_c10d_nccl_id_key(char *out, size_t cap, const char *group_name, rs_c10d_id_flavor flavor);
+const char *rs_c10d_id_flavor_name(rs_c10d_id_flavor flavor); /* "ProcessGroupNCCL", "nccl2" */
+
+/* Polls the store (a CHECK of each key, every RS_C10D_POLL_FAST_S for the first
+ * RS_C10D_POLL_FAST_FOR_S of the call, then every RS_C10D_POLL_SLOW_S) until the id of either flavor
+ * is set, then reads it into id and its flavor into *flavor. Each store call is bounded by
+ * op_timeout_s (a stalled store fails like any other); the whole wait by `deadline` (INFINITY:
+ * none) and by *cancel (may be NULL; read atomically between polls): RS_EBUSY for either, naming
+ * both keys at the deadline. A value of another size is RS_EIO, as for rs_c10d_nccl_unique_id.
+ * The schedule: an nccl2 trainer publishes the id as it creates the group, which it does right
+ * after the rendezvous, and waits in ncclCommInitRank for this rank meanwhile; a ProcessGroupNCCL
+ * trainer publishes it at its first broadcast, maybe an optimizer step later, and waits the same
+ * way, at most one slow poll. */
+#define RS_C10D_POLL_FAST_S 0.02
+#define RS_C10D_POLL_FAST_FOR_S 30.0
+#define RS_C10D_POLL_SLOW_S 0.2
+int rs_c10d_nccl_unique_id_either(rs_tcpstore *s, const char *group_name, uint8_t id[RS_C10D_UNIQUE_ID_BYTES],
+                                  rs_c10d_id_flavor *flavor, double deadline, double op_timeout_s,
+                                  const volatile int *cancel, rs_error *err);
 
 #endif /* RS_SYNC_TCPSTORE_H */

@@ -15,6 +15,8 @@
  *   mset N KEY VALUE ...     N pairs
  *   mget KEY[,KEY...]
  *   nccl-id GROUP [INDEX]    the ncclUniqueId ProcessGroupNCCL publishes for group GROUP
+ *   nccl-id-any GROUP        the first id of group GROUP under either backend's key, as rolloutd
+ *                            waits for it (polled); adds "flavor" (ProcessGroupNCCL or nccl2)
  *   sleep SECONDS
  * Without a command the probe only connects (VALIDATE, PING).
  */
@@ -35,7 +37,7 @@ static uint8_t g_buf[RS_TCPSTORE_MULTI_MAX][4096];
 static void usage(void) {
     fprintf(stderr, "usage: tcpstore-probe [--timeout SECONDS] HOST PORT "
                     "[join] [set K V | get K | add K N | check K,.. | wait K,.. | cas K E D | mset N K V .. | "
-                    "mget K,.. | nccl-id GROUP [INDEX] | sleep S]...\n");
+                    "mget K,.. | nccl-id GROUP [INDEX] | nccl-id-any GROUP | sleep S]...\n");
     exit(2);
 }
 
@@ -163,6 +165,14 @@ static int run_one(rs_tcpstore *s, int argc, char **argv, int *i, double timeout
         uint8_t id[RS_C10D_UNIQUE_ID_BYTES];
         if ((rc = rs_c10d_nccl_unique_id(s, g, index, id, deadline, err)) == RS_OK)
             json_object_set_new(o, "value", hex(id, sizeof id));
+    } else if (!strcmp(cmd, "nccl-id-any")) {
+        const char *g = ARG();
+        uint8_t id[RS_C10D_UNIQUE_ID_BYTES];
+        rs_c10d_id_flavor flavor;
+        if ((rc = rs_c10d_nccl_unique_id_either(s, g, id, &flavor, deadline, timeout, NULL, err)) == RS_OK) {
+            json_object_set_new(o, "value", hex(id, sizeof id));
+            json_object_set_new(o, "flavor", json_string(rs_c10d_id_flavor_name(flavor)));
+        }
     } else if (!strcmp(cmd, "sleep")) {
         double t = atof(ARG());
         struct timespec ts = {.tv_sec = (time_t)t, .tv_nsec = (long)((t - (double)(time_t)t) * 1e9)};

@@ -3,12 +3,15 @@
     python tcpstore_peer.py server [--no-libuv]
         a TCPStore master; prints {"port"}; then answers JSON-line requests on stdin with torch's
         own client API: {"op": "get"|"set"|"add"|"check"|"num_keys", "key", "hex", "delta", "keys"}
-    python tcpstore_peer.py trainer --port P --world W --group G --uid HEX [--no-libuv]
-        rank 0 of an SGLang-style weight-update group, as init_custom_process_group and
-        ProcessGroupNCCL run it (the NCCL communicator aside, which needs a GPU): the tcp://
+    python tcpstore_peer.py trainer --port P --world W --group G --uid HEX [--flavor F] [--no-libuv]
+        rank 0 of an SGLang-style weight-update group, as init_custom_process_group and torch's
+        NCCL backend run it (the NCCL communicator aside, which needs a GPU): the tcp://
         rendezvous (returns once W ranks have joined), PrefixStore(G), _new_process_group_helper's
-        PrefixStore(G + "/") and PrefixStore("cuda/"), then broadcastUniqueNCCLID's set("0", id);
-        prints {"event": "rendezvous"} and {"event": "id_set"}, then holds the store until stdin closes
+        PrefixStore(G + "/") and PrefixStore("cuda/"), then the id: with --flavor legacy (the
+        default) ProcessGroupNCCL's broadcastUniqueNCCLID set("0", id); with --flavor nccl2 torch
+        2.15's c10d::nccl2::NCCLBootstrap::exchangeUniqueId, PrefixStore(G).set("nccl_storekey_0",
+        id); prints {"event": "rendezvous"} and {"event": "id_set"}, then holds the store until
+        stdin closes
     python tcpstore_peer.py record-api --probe BIN
         the same calls made by torch's client and by BIN (tcpstore-probe), each on a fresh store
         through a recording proxy; prints {"torch": [...], "probe": [...]} (hex, per direction)
@@ -172,7 +175,10 @@ def cmd_trainer(a):
     group = PrefixStore(a.group, store)                  # init_custom_process_group
     pg_store = PrefixStore(f"{a.group}/", group)         # _new_process_group_helper
     backend_store = PrefixStore("cuda/", pg_store)       # ... for device "cuda" of backend "nccl"
-    backend_store.set("0", bytes.fromhex(a.uid))         # ProcessGroupNCCL::broadcastUniqueNCCLID, rank 0
+    if a.flavor == "nccl2":                              # nccl2::NCCLBootstrap::exchangeUniqueId, rank 0,
+        PrefixStore(a.group, backend_store).set("nccl_storekey_0", bytes.fromhex(a.uid))  # generation 0
+    else:
+        backend_store.set("0", bytes.fromhex(a.uid))     # ProcessGroupNCCL::broadcastUniqueNCCLID, rank 0
     out({"event": "id_set"})
     sys.stdin.read()
 
@@ -319,6 +325,7 @@ def main():
     ap.add_argument("--world", type=int, default=2)
     ap.add_argument("--group", default="weight_update_group")
     ap.add_argument("--uid", default="")
+    ap.add_argument("--flavor", choices=["legacy", "nccl2"], default="legacy")
     ap.add_argument("--probe")
     ap.add_argument("--no-libuv", action="store_true")
     a = ap.parse_args()

@@ -490,16 +490,33 @@ def sglang_push(d, pg, weights, version, device, flattened):
 GROUP_SGLANG = "slime-pp_0"
 
 
+def _torch_backend_available(name):
+    import torch.distributed as dist
+    if name == "nccl":
+        return True
+    if name == "nccl2":
+        return hasattr(dist, "ProcessGroupNCCL2")
+    return name in getattr(dist.Backend, "backend_list", [])
+
+
 @needs_gpu[0]
 @needs_gpu[1]
-def test_sglang_trainer_over_tcpstore(rolloutd, monkeypatch):
+@pytest.mark.parametrize("backend", ["nccl", "nccl2", "nccl-legacy"])
+def test_sglang_trainer_over_tcpstore(rolloutd, monkeypatch, backend):
     """The trainer uses torch.distributed only: init_custom_process_group(init_method="tcp://...")
     while POST /init_weights_update_group (no unique id, master_port as a string) is in flight,
     then per-tensor and flattened broadcasts; the served model must become qwen3/perturbed and back.
-    Then a store that closes at once fails the init with a 500 and the daemon keeps serving."""
+    With each NCCL backend the trainer's torch has: "nccl" (torch 2.15's default is nccl2, which
+    creates its communicator inside init_custom_process_group and waits there for the daemon to
+    join), and "nccl2" and "nccl-legacy" by name where torch registers them (the legacy
+    ProcessGroupNCCL publishes its id at the first broadcast). Then, with "nccl", a store that
+    closes at once fails the init with a 500 and the daemon keeps serving."""
     import torch
     import torch.distributed as dist
     from rolloutd_client import nccl as rn
+
+    if not _torch_backend_available(backend):
+        pytest.skip(f"torch {torch.__version__} has no {backend!r} backend")
 
     device, daemon_env, trainer_env = layout()
     so = nccl_so()
@@ -529,7 +546,7 @@ def test_sglang_trainer_over_tcpstore(rolloutd, monkeypatch):
     with cf.ThreadPoolExecutor(1) as ex:
         fut = ex.submit(d.post, "/init_weights_update_group", init, timeout=TIMEOUT)  # before the store exists
         time.sleep(0.5)
-        pg = init_custom_process_group("nccl", f"tcp://127.0.0.1:{port}", 2, 0, GROUP_SGLANG,
+        pg = init_custom_process_group(backend, f"tcp://127.0.0.1:{port}", 2, 0, GROUP_SGLANG,
                                        datetime.timedelta(seconds=TIMEOUT))
         r = fut.result(timeout=TIMEOUT)
     if r.status_code == 400 and "CUDA build" in r.text:
@@ -551,6 +568,8 @@ def test_sglang_trainer_over_tcpstore(rolloutd, monkeypatch):
     finally:
         d.post("/destroy_weights_update_group", {"group_name": GROUP_SGLANG}, timeout=TIMEOUT)
         dist.destroy_process_group(pg)
+    if backend != "nccl":
+        return
 
     # a store that accepts and closes: the init fails at once, naming it; nothing is left behind
     ls = socket.socket()

@@ -11,7 +11,8 @@ has torch; skipped with the reason when none imports torch):
     recorded through a proxy, starts with exactly the probe's join (VALIDATE, PING, ADD "init/")
     and uses only keys "/G/G//cpu//..."; then torch's rendezvous as rank 0 of an SGLang-style
     weight-update group (world 2 and 3) returns only once the probes have joined, and the probes
-    read the ncclUniqueId that rank 0 publishes the way ProcessGroupNCCL does.
+    read the ncclUniqueId that rank 0 publishes the way ProcessGroupNCCL does, and the way torch
+    2.15's nccl2 backend does (found by polling for either key, as the daemon's store watcher does).
 Without torch (always): fake stores that send a garbage length, stall, or close in the middle of
 a reply; the probe fails with a clear message within its timeout and a bounded peak RSS. The probe
 is the one next to $ROLLOUTD_BIN (build-san/ in CI's sanitizer run).
@@ -175,17 +176,18 @@ def test_gloo_group_traffic_matches_the_key_sequence(py):
 
 @needs_probe
 @pytest.mark.parametrize("py", torch_params())
-@pytest.mark.parametrize("world", [2, 3])
-def test_sglang_rendezvous_and_unique_id(py, world):
+@pytest.mark.parametrize("world,flavor,cmd", [(2, "legacy", "nccl-id"), (3, "legacy", "nccl-id"),
+                                              (2, "legacy", "nccl-id-any"), (3, "nccl2", "nccl-id-any")])
+def test_sglang_rendezvous_and_unique_id(py, world, flavor, cmd):
     port, group = free_port(), "slime-pp_0"
     uid = bytes((i * 13 + 5) & 0xFF for i in range(128))
     tr = subprocess.Popen([py, str(PEER), "trainer", "--port", str(port), "--world", str(world), "--group", group,
-                           "--uid", uid.hex()], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-                          env=dict(os.environ, TORCH_CPP_LOG_LEVEL="ERROR"))
+                           "--uid", uid.hex(), "--flavor", flavor], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                          text=True, env=dict(os.environ, TORCH_CPP_LOG_LEVEL="ERROR"))
     results = [None] * (world - 1)
 
     def rank(i):  # started before the trainer's store listens, as slime and AReaL do
-        results[i] = probe(port, "join", "nccl-id", group, timeout=60)
+        results[i] = probe(port, "join", cmd, group, timeout=60)
 
     threads = [threading.Thread(target=rank, args=(i,)) for i in range(world - 1)]
     try:
@@ -201,6 +203,8 @@ def test_sglang_rendezvous_and_unique_id(py, world):
             assert rc == 0, (out, err)
             assert out[0]["cmd"] == "join" and 1 <= out[0]["int"] <= world
             assert out[1]["value"] == uid.hex()
+            if cmd == "nccl-id-any":
+                assert out[1]["flavor"] == {"legacy": "ProcessGroupNCCL", "nccl2": "nccl2"}[flavor], out[1]
         assert sorted(o[1][0]["int"] for o in results) == list(range(2, world + 1))
     finally:
         tr.stdin.close()
@@ -220,6 +224,25 @@ def test_unique_id_timeout_names_the_key(py):
         assert srv.ask(op="set", key="grp/grp//cuda//0", hex="00" * 64)["ok"]
         rc, out, _ = probe(srv.port, "nccl-id", "grp")
         assert rc == 1 and out[1]["error"] == "RS_EIO" and "64 bytes, not 128" in out[1]["message"]
+    finally:
+        srv.close()
+
+
+@needs_probe
+@pytest.mark.parametrize("py", torch_params())
+def test_unique_id_of_either_backend_timeout_names_both_keys(py):
+    srv = TorchServer(py)
+    try:
+        rc, out, _ = probe(srv.port, "join", "nccl-id-any", "grp", timeout=0.6)
+        assert rc == 1 and out[0]["ok"] and out[1]["error"] == "RS_EBUSY"
+        msg = out[1]["message"]
+        assert "'/grp/grp//cuda//0'" in msg and "'/grp/grp//cuda//grp/nccl_storekey_0'" in msg, msg
+        assert out[1]["seconds"] < 0.6 + 1.5
+        # the poll takes whichever key the trainer sets; a wrong-sized value is malformed
+        assert srv.ask(op="set", key="grp/grp//cuda//grp/nccl_storekey_0", hex="00" * 64)["ok"]
+        rc, out, _ = probe(srv.port, "nccl-id-any", "grp")
+        assert rc == 1 and out[1]["error"] == "RS_EIO" and "64 bytes, not 128" in out[1]["message"]
+        assert "nccl_storekey_0" in out[1]["message"]
     finally:
         srv.close()
 

@@ -379,3 +379,93 @@ RS_TEST(tcpstore_unanswered_cancel_ends_within_the_grace) {
     rs_tcpstore_close(s);
     peer_join(&p);
 }
+
+/* "05 <n = 1> <len> <bytes>": torch's CHECK of one key, the key as hex (the "/" prefix included). */
+static void check_frame(char *out, size_t cap, const char *wire_key) {
+    size_t n = strlen(wire_key), off = 0;
+    off += (size_t)snprintf(out + off, cap - off, "05 0100000000000000 %02zx00000000000000 ", n);
+    for (size_t i = 0; i < n && off + 3 < cap; i++) off += (size_t)snprintf(out + off, cap - off, "%02x", wire_key[i]);
+}
+
+RS_TEST(tcpstore_unique_id_of_either_backend) {
+    /* The keys: ProcessGroupNCCL's "0" of the backend store, nccl2's PrefixStore(G)
+     * "nccl_storekey_0" (tcpstore.h); then the poll: a CHECK of each, in that order, until one is set. */
+    char key[256];
+    ASSERT_EQ(rs_c10d_nccl_id_key(key, sizeof key, "g0", RS_C10D_ID_LEGACY), RS_OK);
+    ASSERT_STREQ(key, "g0/g0//cuda//0");
+    ASSERT_EQ(rs_c10d_nccl_id_key(key, sizeof key, "g0", RS_C10D_ID_NCCL2), RS_OK);
+    ASSERT_STREQ(key, "g0/g0//cuda//g0/nccl_storekey_0");
+    ASSERT_EQ(rs_c10d_nccl_id_key(key, 20, "g0", RS_C10D_ID_NCCL2), RS_EINVAL);
+
+    char chk_legacy[256], chk_nccl2[256];
+    check_frame(chk_legacy, sizeof chk_legacy, "/g0/g0//cuda//0");
+    check_frame(chk_nccl2, sizeof chk_nccl2, "/g0/g0//cuda//g0/nccl_storekey_0");
+    static const char wait_n2[] = "06 0100000000000000 2000000000000000 2f67302f6730 2f2f63756461 2f2f "
+                                  "67302f6e63636c5f73746f72656b65795f30";
+    static const char get_n2[] = "03 2000000000000000 2f67302f6730 2f2f63756461 2f2f "
+                                 "67302f6e63636c5f73746f72656b65795f30";
+    static const char wait_legacy[] = "06 0100000000000000 0f00000000000000 2f67302f6730 2f2f63756461 2f2f30";
+    static const char get_legacy[] = "03 0f00000000000000 2f67302f6730 2f2f63756461 2f2f30";
+    char id_reply[2 * 8 + 2 * 128 + 2];
+    snprintf(id_reply, sizeof id_reply, "8000000000000000");
+    for (int i = 0; i < 128; i++) snprintf(id_reply + 16 + 2 * i, 3, "%02x", (i * 5 + 1) & 0xff);
+
+    for (int flavor = 0; flavor < 2; flavor++) {
+        /* two polls find nothing; the third finds the key of `flavor` */
+        const peer_step nccl2_steps[] = {
+            {P_READ, HELLO, 0}, {P_ECHO_NONCE, NULL, 0},
+            {P_READ, chk_legacy, 0}, {P_WRITE, "01", 0}, {P_READ, chk_nccl2, 0}, {P_WRITE, "01", 0},
+            {P_READ, chk_legacy, 0}, {P_WRITE, "01", 0}, {P_READ, chk_nccl2, 0}, {P_WRITE, "01", 0},
+            {P_READ, chk_legacy, 0}, {P_WRITE, "01", 0}, {P_READ, chk_nccl2, 0}, {P_WRITE, "00", 0},
+            {P_READ, wait_n2, 0}, {P_WRITE, "00", 0}, {P_READ, get_n2, 0}, {P_WRITE, id_reply, 0},
+        };
+        const peer_step legacy_steps[] = {
+            {P_READ, HELLO, 0}, {P_ECHO_NONCE, NULL, 0},
+            {P_READ, chk_legacy, 0}, {P_WRITE, "01", 0}, {P_READ, chk_nccl2, 0}, {P_WRITE, "01", 0},
+            {P_READ, chk_legacy, 0}, {P_WRITE, "01", 0}, {P_READ, chk_nccl2, 0}, {P_WRITE, "01", 0},
+            {P_READ, chk_legacy, 0}, {P_WRITE, "00", 0},
+            {P_READ, wait_legacy, 0}, {P_WRITE, "00", 0}, {P_READ, get_legacy, 0}, {P_WRITE, id_reply, 0},
+        };
+        peer p;
+        if (flavor == RS_C10D_ID_NCCL2) peer_start(&p, nccl2_steps, RS_ARRAY_LEN(nccl2_steps), 0);
+        else peer_start(&p, legacy_steps, RS_ARRAY_LEN(legacy_steps), 0);
+        rs_error err = {0};
+        rs_tcpstore *s = NULL;
+        ASSERT_EQ(rs_tcpstore_connect(&s, "127.0.0.1", p.port, rs_now_s() + 5, &err), RS_OK);
+        uint8_t id[128];
+        rs_c10d_id_flavor got = (rs_c10d_id_flavor)-1;
+        double t0 = rs_now_s();
+        int rc = rs_c10d_nccl_unique_id_either(s, "g0", id, &got, t0 + 10, 5, NULL, &err);
+        if (rc != RS_OK) RS_TEST_FAIL("flavor %d: %s", flavor, err.message);
+        double dt = rs_now_s() - t0;
+        ASSERT_EQ((int)got, flavor);
+        ASSERT_TRUE(dt >= 2 * RS_C10D_POLL_FAST_S - 0.002 && dt < 3); /* two poll intervals */
+        for (int i = 0; i < 128; i++) ASSERT_EQ(id[i], (i * 5 + 1) & 0xff);
+        rs_tcpstore_close(s);
+        peer_join(&p);
+    }
+
+    /* cancelled: one poll, then RS_EBUSY; and the deadline names both keys */
+    const peer_step once[] = {
+        {P_READ, HELLO, 0}, {P_ECHO_NONCE, NULL, 0},
+        {P_READ, chk_legacy, 0}, {P_WRITE, "01", 0}, {P_READ, chk_nccl2, 0}, {P_WRITE, "01", 0},
+        {P_READ, chk_legacy, 0}, {P_WRITE, "01", 0}, {P_READ, chk_nccl2, 0}, {P_WRITE, "01", 0},
+    };
+    peer p;
+    peer_start(&p, once, RS_ARRAY_LEN(once), 0);
+    rs_error err = {0};
+    rs_tcpstore *s = NULL;
+    ASSERT_EQ(rs_tcpstore_connect(&s, "127.0.0.1", p.port, rs_now_s() + 5, &err), RS_OK);
+    uint8_t id[128];
+    rs_c10d_id_flavor got;
+    volatile int cancel = 1;
+    ASSERT_EQ(rs_c10d_nccl_unique_id_either(s, "g0", id, &got, rs_now_s() + 10, 5, &cancel, &err), RS_EBUSY);
+    ASSERT_TRUE(strstr(err.message, "cancelled") != NULL);
+    memset(&err, 0, sizeof err);
+    double t0 = rs_now_s();
+    ASSERT_EQ(rs_c10d_nccl_unique_id_either(s, "g0", id, &got, t0 + 0.01, 5, NULL, &err), RS_EBUSY);
+    ASSERT_TRUE(rs_now_s() - t0 < 1);
+    ASSERT_TRUE(strstr(err.message, "'/g0/g0//cuda//0'") && strstr(err.message, "'/g0/g0//cuda//g0/nccl_storekey_0'"));
+    rs_tcpstore_close(s);
+    peer_join(&p);
+}
