@@ -237,7 +237,10 @@ static int watcher_take(nccl_group *g, double deadline, rs_error *err) {
     }
     const bool done = g->watch_done;
     pthread_mutex_unlock(&g->mu);
-    if (!done) __atomic_store_n(&g->cancel, 1, __ATOMIC_RELEASE);
+    if (!done) {
+        __atomic_store_n(&g->cancel, 1, __ATOMIC_RELEASE);
+        rs_tcpstore_interrupt(g->store); /* a store call it waits in returns at once */
+    }
     pthread_join(g->watcher, NULL);
     g->watching = false;
     if (!done) {
@@ -268,6 +271,7 @@ static int watcher_take(nccl_group *g, double deadline, rs_error *err) {
 static void watcher_stop(nccl_group *g) {
     if (!g->watching) return;
     __atomic_store_n(&g->cancel, 1, __ATOMIC_RELEASE);
+    rs_tcpstore_interrupt(g->store);
     pthread_join(g->watcher, NULL);
     g->watching = false;
     if (g->watch_comm) rs_nccl_comm_free(g->watch_comm, true, 0);

@@ -327,6 +327,10 @@ fail:
     return rc;
 }
 
+void rs_tcpstore_interrupt(rs_tcpstore *s) {
+    if (s && s->fd >= 0) shutdown(s->fd, SHUT_RDWR); /* a poll() on it returns; recv() then reads 0 */
+}
+
 void rs_tcpstore_close(rs_tcpstore *s) {
     if (!s) return;
     if (s->fd >= 0) close(s->fd);

@@ -94,6 +94,10 @@ typedef struct rs_tcpstore rs_tcpstore;
  * until the deadline, since the trainer may create its store after asking rolloutd to join. */
 int rs_tcpstore_connect(rs_tcpstore **out, const char *host, int port, double deadline, rs_error *err);
 void rs_tcpstore_close(rs_tcpstore *s); /* NULL is a no-op */
+/* Shuts the connection down from any thread: a call waiting on it returns at once (RS_EIO: the
+ * store closed the connection), and so does every later call. For stopping a thread that waits on
+ * the store; close the connection as usual once that thread is done. NULL is a no-op. */
+void rs_tcpstore_interrupt(rs_tcpstore *s);
 const char *rs_tcpstore_peer(const rs_tcpstore *s); /* "host:port", for messages */
 
 /* The store API. Keys are the store-level names (torch's store.set("k") is key "k" here); values

@@ -469,3 +469,41 @@ RS_TEST(tcpstore_unique_id_of_either_backend) {
     rs_tcpstore_close(s);
     peer_join(&p);
 }
+
+typedef struct interrupt_arg {
+    rs_tcpstore *s;
+    int rc;
+    double seconds;
+    rs_error err;
+} interrupt_arg;
+
+static void *check_forever(void *arg) {
+    interrupt_arg *a = arg;
+    const char *k = "k";
+    bool all = false;
+    double t0 = rs_now_s();
+    a->rc = rs_tcpstore_check(a->s, &k, 1, &all, t0 + 30, &a->err);
+    a->seconds = rs_now_s() - t0;
+    return NULL;
+}
+
+RS_TEST(tcpstore_interrupt_ends_a_waiting_call) {
+    /* a store that never answers the CHECK; another thread shuts the connection down */
+    const peer_step steps[] = {{P_READ, HELLO, 0}, {P_ECHO_NONCE, NULL, 0}, {P_SLEEP, NULL, 1.0}};
+    peer p;
+    peer_start(&p, steps, RS_ARRAY_LEN(steps), 0);
+    interrupt_arg a = {0};
+    ASSERT_EQ(rs_tcpstore_connect(&a.s, "127.0.0.1", p.port, rs_now_s() + 5, &a.err), RS_OK);
+    pthread_t t;
+    pthread_create(&t, NULL, check_forever, &a);
+    nap(0.2);
+    rs_tcpstore_interrupt(a.s);
+    pthread_join(t, NULL);
+    ASSERT_EQ(a.rc, RS_EIO);
+    ASSERT_TRUE(a.seconds >= 0.15 && a.seconds < 1.5);
+    ASSERT_TRUE(strstr(a.err.message, "closed the connection") != NULL);
+    int64_t v;
+    ASSERT_EQ(rs_tcpstore_add(a.s, "n", 1, &v, rs_now_s() + 1, &a.err), RS_EIO); /* and every later call */
+    rs_tcpstore_close(a.s);
+    peer_join(&p);
+}
