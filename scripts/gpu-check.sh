@@ -54,7 +54,8 @@
 #              with a core or more per daemon), Qwen3-0.6B shapes, on this host's CPU cores: each
 #              daemon with every core for its conversion, then with 4                         <= 100 s
 #   nccl       tests/e2e/test_nccl_gpu.py: NCCL weight updates from rolloutd_client (unique id)
-#              and from an SGLang-style torch.distributed trainer over its TCPStore           <= 120 s
+#              and from an SGLang-style torch.distributed trainer over its TCPStore, with each
+#              NCCL backend its torch has (nccl; nccl2 and nccl-legacy by name from torch 2.15) <= 120 s
 #   e2e        the weight-sync and generation-API e2e files against a GPU daemon in exact
 #              numerics (they hold it to transformers within 1e-3)                           <= 180 s
 #   cpu        the CPU benchmarks on this host's cores                                       <= 120 s
