@@ -117,15 +117,30 @@ int rs_flush_parse(const char *body, size_t len, rs_error *err) {
     return read_body(body, len, true, &rs_flush_fields, NULL, err);
 }
 
-char *rs_load_body(const rs_engine_stats *st, size_t *len) {
+/* The one rank's entry of /get_load. */
+static json_t *load_rank(const rs_engine_stats *st) {
     long long used_pages = (long long)st->kv_blocks_total - st->kv_blocks_free;
-    json_t *rank = json_pack("{s:i,s:i,s:i,s:I,s:I}", "dp_rank", 0, "num_reqs", st->n_running + st->n_waiting,
-                             "num_waiting_reqs", st->n_waiting, "num_tokens",
-                             (json_int_t)(used_pages * RS_KV_PAGE_TOKENS + (long long)st->waiting_tokens),
-                             "num_pages", (json_int_t)(used_pages + (long long)st->waiting_blocks));
+    return json_pack("{s:i,s:i,s:i,s:I,s:I}", "dp_rank", 0, "num_reqs", st->n_running + st->n_waiting,
+                     "num_waiting_reqs", st->n_waiting, "num_tokens",
+                     (json_int_t)(used_pages * RS_KV_PAGE_TOKENS + (long long)st->waiting_tokens), "num_pages",
+                     (json_int_t)(used_pages + (long long)st->waiting_blocks));
+}
+
+char *rs_load_body(const rs_engine_stats *st, size_t *len) {
+    json_t *list = json_array();
+    json_array_append_new(list, load_rank(st));
+    return rs_json_dump(list, len);
+}
+
+char *rs_loads_body(const rs_engine_stats *st, size_t *len) {
+    json_t *rank = load_rank(st);
+    long long used_pages = (long long)st->kv_blocks_total - st->kv_blocks_free;
+    json_object_set_new(rank, "num_running_reqs", json_integer(st->n_running));
+    json_object_set_new(rank, "token_usage",
+                        json_real(st->kv_blocks_total ? (double)used_pages / (double)st->kv_blocks_total : 0.0));
     json_t *list = json_array();
     json_array_append_new(list, rank);
-    return rs_json_dump(list, len);
+    return rs_json_dump(json_pack("{s:o}", "loads", list), len);
 }
 
 char *rs_status_body(const char *message, size_t *len) {
@@ -204,6 +219,14 @@ char *rs_server_info_body(const rs_server_info *si, size_t *len) {
     json_object_set_new(o, "dp_size", json_integer(1));
     json_object_set_new(o, "pp_size", json_integer(1));
     json_object_set_new(o, "ep_size", json_integer(1));
+    /* SGLang server arguments that trainers compare with their own (slime's external engines):
+     * what rolloutd does, in SGLang's terms. */
+    json_object_set_new(o, "dtype", json_string("bfloat16"));
+    json_object_set_new(o, "enable_memory_saver", json_false());
+    json_object_set_new(o, "enable_return_routed_experts", json_false());
+    json_object_set_new(o, "disaggregation_mode", json_string("null"));
+    json_object_set_new(o, "encoder_only", json_false());
+    json_object_set_new(o, "enable_metrics", json_true());
     json_object_set_new(o, "uptime_s", json_real(si->uptime_s));
     json_object_set_new(o, "memory_usage",
                         json_pack("{s:I,s:I,s:I}", "weight_bytes", (json_int_t)si->weight_bytes, "kv_cache_bytes",

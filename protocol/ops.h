@@ -49,6 +49,9 @@ extern const struct rs_jobject rs_abort_fields, rs_pause_fields, rs_continue_fie
  * use + the waiting sequences' tokens, "num_pages": the same in 16-token pages}] (SGLang's
  * scheduler get_load; sglang-router sums num_tokens across a worker's entries). */
 char *rs_load_body(const rs_engine_stats *st, size_t *len);
+/* GET /v1/loads (SGLang's newer load route, its "core" section): {"loads": [that entry plus
+ * "num_running_reqs" and "token_usage", the KV pages in use / all]}. */
+char *rs_loads_body(const rs_engine_stats *st, size_t *len);
 
 /* {"status":"ok","message":message} (all bodies below: new malloc'd text and *len, NULL on OOM) */
 char *rs_status_body(const char *message, size_t *len);

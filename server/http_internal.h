@@ -248,6 +248,7 @@ enum MHD_Result rs_http_metrics(rs_http_req *r);
 enum MHD_Result rs_http_server_info(rs_http_req *r);
 enum MHD_Result rs_http_model_info(rs_http_req *r);
 enum MHD_Result rs_http_load(rs_http_req *r);
+enum MHD_Result rs_http_loads(rs_http_req *r);
 enum MHD_Result rs_http_weight_version(rs_http_req *r);
 enum MHD_Result rs_http_models(rs_http_req *r);
 enum MHD_Result rs_http_abort(rs_http_req *r);

@@ -1,6 +1,6 @@
 /*
  * http_ops.c — the operations routes: /health, /get_model_info, /get_server_info, /server_info,
- * /model_info, /get_load, /get_weight_version, /v1/models, /metrics, /abort_request, /tokenize and
+ * /model_info, /get_load, /v1/loads, /get_weight_version, /v1/models, /metrics, /abort_request, /tokenize and
  * /detokenize answer at once on the MHD thread;
  * /pause_generation, /continue_generation and /flush_cache wait for an engine step boundary, so
  * they run on this module's control thread while their connection is suspended.
@@ -246,6 +246,14 @@ enum MHD_Result rs_http_load(rs_http_req *r) {
     rs_engine_get_stats(e, &st);
     size_t len = 0;
     return send_json(r, rs_load_body(&st, &len), &len);
+}
+
+enum MHD_Result rs_http_loads(rs_http_req *r) {
+    ENGINE_OR_ANSWER(r, e);
+    rs_engine_stats st;
+    rs_engine_get_stats(e, &st);
+    size_t len = 0;
+    return send_json(r, rs_loads_body(&st, &len), &len);
 }
 
 enum MHD_Result rs_http_model_info(rs_http_req *r) {

@@ -44,7 +44,7 @@ CMPL = {"model": "default", "prompt": [1, 2, 3], "max_tokens": 2, "temperature":
 ROUTES = {
     "/health": ["GET"], "/health_generate": ["GET"], "/generate": ["POST", "PUT"], "/v1/completions": ["POST"],
     "/v1/models": ["GET"], "/get_model_info": ["GET"], "/model_info": ["GET"], "/get_server_info": ["GET"],
-    "/server_info": ["GET"], "/get_load": ["GET"],
+    "/server_info": ["GET"], "/get_load": ["GET"], "/v1/loads": ["GET"],
     "/get_weight_version": ["GET"], "/metrics": ["GET"], "/abort_request": ["POST"], "/pause_generation": ["POST"],
     "/continue_generation": ["POST"], "/flush_cache": ["GET", "POST"], "/tokenize": ["POST"],
     "/detokenize": ["POST"],

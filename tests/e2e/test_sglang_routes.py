@@ -2,7 +2,11 @@
   - /model_info and /server_info answer what /get_model_info and /get_server_info answer;
   - GET /get_load in SGLang's shape (a list with one entry per data-parallel rank: dp_rank,
     num_reqs = running + waiting, num_waiting_reqs, num_tokens = KV tokens in use + waiting
-    tokens, num_pages), following the engine while requests run and queue;
+    tokens, num_pages), following the engine while requests run and queue, and GET /v1/loads
+    (SGLang's newer route, {"loads": [...]}, which slime's abort_server_until_idle polls with
+    ?include=core) with num_running_reqs and token_usage besides, against /metrics;
+  - /server_info carries the SGLang server arguments slime compares for an external engine
+    (enable_memory_saver, dtype, enable_return_routed_experts, ...) with rolloutd's values;
   - abort_all_requests (and AReaL's spelling abort_all_request) on every weight-update route that
     commits: requests in flight are aborted before the commit and come back with the tokens they had,
     finish type "abort", all from the old weights; without it they carry on across the update;
@@ -51,6 +55,18 @@ def test_info_aliases(daemon):
     a.pop("uptime_s"), b.pop("uptime_s")
     a.pop("internal_states"), b.pop("internal_states")
     assert a == b
+
+
+def test_server_info_answers_slimes_external_engine_check(daemon):
+    """slime (sglang_engine.py _init_external) asserts that an external engine's /server_info has
+    each server argument slime would have launched it with: enable_memory_saver = offload_rollout
+    (False unless the trainer offloads a colocated engine), plus dtype "float16" under --fp16 and
+    enable_return_routed_experts under routing replay, which rolloutd does not do."""
+    info = daemon.get("/server_info").json()
+    assert info["enable_memory_saver"] is False
+    assert info["dtype"] == "bfloat16" and info["enable_return_routed_experts"] is False
+    assert info["disaggregation_mode"] == "null" and info["encoder_only"] is False  # slime: a regular worker
+    assert info["tp_size"] == info["pp_size"] == info["ep_size"] == info["dp_size"] == 1
 
 
 def load(d):
@@ -112,13 +128,31 @@ def finish(d, threads, out):
     return [r.json() for r in out]
 
 
+def loads(d):
+    r = d.get("/v1/loads?include=core")
+    assert r.status_code == 200 and r.headers["Content-Type"] == "application/json"
+    body = r.json()
+    assert set(body) == {"loads"} and isinstance(body["loads"], list) and len(body["loads"]) == 1
+    entry = body["loads"][0]
+    assert set(entry) == {"dp_rank", "num_reqs", "num_waiting_reqs", "num_tokens", "num_pages", "num_running_reqs",
+                          "token_usage"}
+    return entry
+
+
 def test_get_load_follows_the_engine(daemon):
     idle = load(daemon)
     assert idle["num_reqs"] == 0 and idle["num_waiting_reqs"] == 0 and idle["num_tokens"] == 0
+    assert loads(daemon)["num_running_reqs"] == 0 and loads(daemon)["token_usage"] == 0.0
     threads, out = frozen_in_flight(daemon, 3)
     busy = load(daemon)
     assert busy["num_reqs"] == 3 and busy["num_waiting_reqs"] == 1
     assert busy["num_tokens"] >= 3 * 4 and busy["num_pages"] >= 3  # two running, one waiting 4-token prompt
+    v1 = loads(daemon)  # frozen: nothing moves between the reads
+    assert {k: v1[k] for k in busy} == busy
+    assert v1["num_running_reqs"] == 2 and v1["num_running_reqs"] + v1["num_waiting_reqs"] == v1["num_reqs"]
+    mt = metrics(daemon)
+    total, free = m(mt, "rolloutd_kv_cache_pages_total"), m(mt, "rolloutd_kv_cache_pages_free")
+    assert v1["token_usage"] == pytest.approx((total - free) / total) and v1["token_usage"] > 0
     assert daemon.post("/abort_request", {"abort_all": True}).status_code == 200
     for o in finish(daemon, threads, out):
         assert o["meta_info"]["finish_reason"]["type"] == "abort"
