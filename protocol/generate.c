@@ -24,6 +24,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../core/base64.h"
 #include "invalid.h"
 #include "json_util.h"
 
@@ -97,6 +98,23 @@ static int read_rid(const rs_jctx *c, const json_t *v, rs_error *err) {
     return RS_OK;
 }
 
+/* SGLang passes custom_params to a custom logit processor and ignores them without one. The one
+ * key rolloutd reads is slime's return_top_p_token_ids (its top-p patch of SGLang): with true,
+ * each finished output carries the ids its sampler kept per token (top_p_token_ids and
+ * top_p_token_offsets) and its logprobs are the processed ones (renormalized over that set), as
+ * slime's trainer recomputes them. */
+static int read_custom_params(const rs_jctx *c, const json_t *v, rs_error *err) {
+    if (json_is_null(v)) return RS_OK;
+    if (!json_is_object(v)) return rs_json_bad_type(err, c->param, "an object", v);
+    const json_t *flag = json_object_get(v, "return_top_p_token_ids");
+    if (!flag || json_is_null(flag)) return RS_OK;
+    char param[96];
+    snprintf(param, sizeof param, "%s.return_top_p_token_ids", c->param);
+    if (!json_is_boolean(flag)) return rs_json_bad_type(err, param, "a boolean", flag);
+    job_of(c)->return_top_p_ids = json_is_true(flag);
+    return RS_OK;
+}
+
 static int read_sampling_seed(const rs_jctx *c, const json_t *v, rs_error *err) {
     long long x;
     int rc = rs_json_get_int(v, c->param, 0, LLONG_MAX, &x, err);
@@ -153,8 +171,11 @@ static const rs_jfield sampling_fields[] = {
     {.name = "no_stop_trim", .type = RS_JT_BOOL, .flags = RS_JF_TOKENIZER, TXT(no_stop_trim), .def = "false",
      .doc = "the text keeps the matched stop string (or the stop token's text); output_ids always keep the "
             "stop token"},
-    {.name = "custom_params", .type = RS_JT_MAP, .use = RS_JU_NO_EFFECT,
-     .doc = "arguments of a custom logit processor; ignored without one, as in SGLang (slime sends them)"},
+    {.name = "custom_params", .type = RS_JT_CUSTOM, .read = read_custom_params, .shape = "object",
+     .doc = "arguments of a custom logit processor, ignored as in SGLang without one, except slime's "
+            "return_top_p_token_ids: true adds meta_info top_p_token_ids / top_p_token_offsets to a "
+            "finished output (base64 int32: the ids top-k / top-p / min-p kept at each token, most likely "
+            "first; the token when greedy; none without truncation) and makes logprobs_mode processed"},
     {.name = "logit_bias", .type = RS_JT_MAP, .use = RS_JU_NEUTRAL, .neutral = "{}", .doc = "logit biases"},
     {.name = "json_schema", .type = RS_JT_TEXT, .use = RS_JU_NEUTRAL, .doc = "constrained decoding"},
     {.name = "regex", .type = RS_JT_TEXT, .use = RS_JU_NEUTRAL, .doc = "constrained decoding"},
@@ -309,6 +330,15 @@ int rs_generate_parse(const char *body, size_t len, const rs_tok *tok, rs_genera
         job->logprob_start_len = -1;
         job->top_logprobs_num = 0;
     }
+    if (job->return_top_p_ids) {
+        if (job->logprobs_mode == RS_LOGPROBS_RAW) {
+            rs_generate_req_free(out);
+            return rs_error_set(err, RS_EINVAL, "logprobs_mode",
+                                "logprobs_mode \"raw\" conflicts with custom_params.return_top_p_token_ids, whose "
+                                "logprobs are renormalized over the kept tokens (\"processed\")");
+        }
+        job->logprobs_mode = RS_LOGPROBS_PROCESSED;
+    }
     return RS_OK;
 }
 
@@ -407,6 +437,23 @@ static json_t *spans_json(const rs_gen_output *o) {
     return a;
 }
 
+/* n int32 values, little-endian, as a base64 string (slime's top-p arrays); a NULL v reads as
+ * zeros (the one offset of an output without tokens). */
+static json_t *int32_base64(const int32_t *v, size_t n) {
+    uint8_t *bytes = rs_xcalloc(n ? n : 1, 4);
+    for (size_t i = 0; v && i < n; i++) {
+        const uint32_t x = (uint32_t)v[i];
+        bytes[4 * i] = (uint8_t)x, bytes[4 * i + 1] = (uint8_t)(x >> 8);
+        bytes[4 * i + 2] = (uint8_t)(x >> 16), bytes[4 * i + 3] = (uint8_t)(x >> 24);
+    }
+    char *s = rs_xmalloc(rs_base64_len(4 * n) + 1);
+    rs_base64_encode(bytes, 4 * n, s);
+    json_t *j = json_string(s);
+    free(s);
+    free(bytes);
+    return j;
+}
+
 /* The object of output (p, s) with its output tokens [from, n_output) and text[0, tlen) (no "text"
  * when text is NULL); the prompt's scores only when with_input. A finished answer: from = 0,
  * with_input, and e2e_latency. */
@@ -453,6 +500,11 @@ static json_t *output_json(const rs_generate_req *r, int p, int s, int from, boo
         }
         json_object_set_new(meta, "output_top_logprobs", out_top);
         json_object_set_new(meta, "input_top_logprobs", in_top);
+    }
+    if (job->return_top_p_ids && o->finish.type != RS_FINISH_NONE) {
+        json_object_set_new(meta, "top_p_token_ids", int32_base64(o->kept_ids, o->kept_offsets ? o->n_kept_ids : 0));
+        const size_t n_offsets = o->kept_offsets ? (size_t)o->n_output + 1 : 1;
+        json_object_set_new(meta, "top_p_token_offsets", int32_base64((const int32_t *)o->kept_offsets, n_offsets));
     }
     if (with_latency) json_object_set_new(meta, "e2e_latency", json_real(o->e2e_latency));
 

@@ -15,6 +15,7 @@
  */
 #include "weights.h"
 #include "json_util.h"
+#include "../core/base64.h"
 
 #include <jansson.h>
 #include <limits.h>
@@ -340,40 +341,6 @@ int rs_weights_parse_version(const char *body, size_t len, rs_version_update_req
     {.name = "group_name", .type = RS_JT_STRING, DST(T, group_name), .def = "\"" GROUP_DEFAULT "\"",          \
      .doc = "the group (1..127 bytes)"}
 
-static int b64_value(char c) {
-    if (c >= 'A' && c <= 'Z') return c - 'A';
-    if (c >= 'a' && c <= 'z') return c - 'a' + 26;
-    if (c >= '0' && c <= '9') return c - '0' + 52;
-    if (c == '+') return 62;
-    if (c == '/') return 63;
-    return -1;
-}
-
-/* Standard base64 with padding (Python's base64.b64encode), decoding to exactly `want` bytes. */
-static int b64_decode_exact(const char *s, size_t len, uint8_t *out, size_t want) {
-    if (len % 4 != 0) return -1;
-    size_t n = 0;
-    for (size_t i = 0; i < len; i += 4) {
-        int v[4], pad = 0;
-        for (int k = 0; k < 4; k++) {
-            if (s[i + k] == '=' && i + 4 == len && k >= 2) {
-                v[k] = 0;
-                pad++;
-            } else {
-                if (pad) return -1; /* data after '=' */
-                if ((v[k] = b64_value(s[i + k])) < 0) return -1;
-            }
-        }
-        uint32_t x = (uint32_t)v[0] << 18 | (uint32_t)v[1] << 12 | (uint32_t)v[2] << 6 | (uint32_t)v[3];
-        uint8_t b[3] = {(uint8_t)(x >> 16), (uint8_t)(x >> 8), (uint8_t)x};
-        for (int k = 0; k < 3 - pad; k++) {
-            if (n == want) return -1;
-            out[n++] = b[k];
-        }
-    }
-    return n == want ? 0 : -1;
-}
-
 /* An integer or a string of decimal digits (AReaL sends master_port as a string), 1..65535. */
 static int read_master_port(const rs_jctx *c, const json_t *v, rs_error *err) {
     rs_nccl_group_req *r = c->dst[0];
@@ -413,7 +380,7 @@ static int read_backend(const rs_jctx *c, const json_t *v, rs_error *err) {
 static int read_unique_id(const rs_jctx *c, const json_t *v, rs_error *err) {
     rs_nccl_group_req *r = c->dst[0];
     if (!json_is_string(v)) return rs_json_bad_type(err, c->param, "a base64 string", v);
-    if (b64_decode_exact(json_string_value(v), json_string_length(v), r->unique_id, RS_NCCL_UNIQUE_ID_BYTES))
+    if (rs_base64_decode_exact(json_string_value(v), json_string_length(v), r->unique_id, RS_NCCL_UNIQUE_ID_BYTES))
         return rs_error_set(err, RS_EINVAL, c->param, "nccl_unique_id_b64 must be standard padded base64 of exactly "
                             "%d bytes (an ncclUniqueId)", RS_NCCL_UNIQUE_ID_BYTES);
     r->has_unique_id = true;

@@ -83,6 +83,13 @@ typedef struct rs_gen_output {
     int32_t *output_top_ids;    /* [n_output][top_logprobs_num] alternatives, -1 where fewer exist */
     float *output_top_lps;      /* [n_output][top_logprobs_num] */
     int n_output, cap;
+    /* With job->return_top_p_ids: the token ids the sampler kept for output token i (its top-k /
+     * top-p / min-p set, most likely first; the token itself when greedy; none when nothing was
+     * truncated) are kept_ids[kept_offsets[i], kept_offsets[i + 1]); kept_offsets has n_output + 1
+     * entries once the first token is in (NULL before). */
+    int32_t *kept_ids;
+    size_t n_kept_ids, cap_kept_ids;
+    uint32_t *kept_offsets;
     /* Prompt scoring when logprob_start_len >= 0: input_logprobs[i] is the logprob of prompt token
      * logprob_start_len + i given the tokens before it; NAN for position 0 (no context). All of
      * them come from one weight version, spans[0]'s: a prompt not fully scored at an update is
@@ -122,6 +129,9 @@ struct rs_gen_job {
     int logprob_start_len;      /* -1: outputs only; >= 0: also score prompt tokens from there */
     int top_logprobs_num;       /* k alternatives per scored position, 0 = none */
     rs_logprobs_mode logprobs_mode;
+    /* slime's custom_params.return_top_p_token_ids: record, for every output token, the ids the
+     * sampler kept (rs_gen_output.kept_ids). Such a job samples on the host. */
+    bool return_top_p_ids;
     bool stream;                /* reserved: the API issue adds SSE */
     /* A health probe (/health_generate), not a user request: an abort of every job
      * (rs_engine_abort with NULL) and pause(ABORT) leave it be, so a trainer's abort-all or pause
@@ -150,10 +160,14 @@ struct rs_gen_job {
     void *on_token_user;
     double t_first_token;       /* filled by the engine: first token of any output (0 = none yet) */
     /* filled by the engine: RS_EINTERNAL when producing the outputs hit a bug (a logits row holding
-     * a NaN or +inf, a logprob that came out NaN). Every output then finishes "abort" and none may be
-     * served: the server answers 500 with this message (a stream ends without [DONE]). */
+     * a NaN or +inf, a logprob that came out NaN), RS_ETOOBIG when an output's kept ids passed
+     * RS_KEPT_IDS_MAX. Every output then finishes "abort" and none may be served: the server
+     * answers 500 (413) with this message (a stream ends without [DONE]). */
     rs_error error;
 };
+
+/* Kept ids an output may record (return_top_p_ids): past it the job fails with RS_ETOOBIG. */
+#define RS_KEPT_IDS_MAX ((size_t)1 << 24)
 
 rs_gen_job *rs_gen_job_new(void);                 /* zeroed, sampling defaults, rid empty */
 void rs_gen_job_free(rs_gen_job *job);            /* frees everything the job owns */

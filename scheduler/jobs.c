@@ -31,6 +31,8 @@ void rs_gen_job_free(rs_gen_job *job) {
             free(o->output_logprobs);
             free(o->output_top_ids);
             free(o->output_top_lps);
+            free(o->kept_ids);
+            free(o->kept_offsets);
             free(o->input_logprobs);
             free(o->input_top_ids);
             free(o->input_top_lps);

@@ -157,11 +157,13 @@ int32_t rs_sample(const float *logits, int vocab, const rs_sampling_params *sp, 
         const int32_t tok = argmax(logits, vocab);
         info->logprob = (float)logprob(&d, tok);
         info->logprob_processed = 0.0f; /* greedy: the sampled distribution is a point mass */
+        info->n_kept = -1;
         return tok;
     }
     const double u = rs_rng_uniform(sp->seed, sample_index, position);
     int32_t tok = -1;
     double log_mass = d.lse;
+    info->n_kept = -1;
     if (!truncates(sp, vocab)) {
         const double target = u * d.sum;
         double acc = 0.0;
@@ -185,6 +187,7 @@ int32_t rs_sample(const float *logits, int vocab, const rs_sampling_params *sp, 
             if (target < acc) break;
         }
         log_mass = log(mass);
+        info->n_kept = keep;
     }
     RS_ASSERT(tok >= 0); /* the max has e = 1 */
     info->logprob = (float)logprob(&d, tok);

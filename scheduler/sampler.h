@@ -72,6 +72,9 @@ typedef struct rs_sample_info {
     float logprob;              /* log_softmax(logits / T)[token] (T = 1 when greedy) */
     float logprob_processed;    /* log of the token's probability in the distribution actually
                                  * sampled from: after top-k / top-p / min-p and renormalization */
+    int n_kept;                 /* the tokens top-k / top-p / min-p kept, in scratch->idx[0, n_kept)
+                                 * (most likely first, ties by id) until the next call on the
+                                 * scratch; -1 when nothing truncates or greedy */
 } rs_sample_info;
 
 /* Picks the next token. `position` is the position the new token will occupy. -1 (info

@@ -124,6 +124,23 @@ static bool record_sample(rs_engine *e, rs_seq *s, int32_t tok, float lp) {
     return true;
 }
 
+/* Records the kept ids of the token s just sampled (job->return_top_p_ids): the truncated set
+ * rs_sample left in the scratch, the token itself when greedy, none when nothing truncates. False
+ * (the job failed with RS_ETOOBIG) past RS_KEPT_IDS_MAX for one output. */
+static bool record_kept(rs_engine *e, rs_seq *s, int32_t tok, const rs_sample_info *info, const int32_t *kept) {
+    const bool greedy = rs_sampling_greedy(&s->job->sp);
+    const size_t n = greedy ? 1 : info->n_kept > 0 ? (size_t)info->n_kept : 0;
+    if (rs_eng_out_push_kept(s->out, greedy ? &tok : kept, n)) return true;
+    rs_gen_job *job = s->job;
+    if (job->error.code == RS_OK)
+        rs_error_set(&job->error, RS_ETOOBIG, "custom_params",
+                     "return_top_p_token_ids: output %d kept more than %zu token ids over its %d tokens; narrow "
+                     "top_p / top_k / min_p or max_new_tokens", (int)(s->out - job->outputs), RS_KEPT_IDS_MAX,
+                     s->out->n_output);
+    rs_engine_abort(e, job->rid);
+    return false;
+}
+
 /* Samples s's next token from logits; false (nothing pushed, the job failed) on a bug. */
 static bool sample_into(rs_engine *e, rs_seq *s, const float *logits) {
     RS_ASSERT(rs_eng_wants_sample(s));
@@ -131,7 +148,16 @@ static bool sample_into(rs_engine *e, rs_seq *s, const float *logits) {
     rs_sample_info info;
     int32_t tok = rs_sample(proc, e->model->cfg.vocab_size, &s->job->sp, (uint64_t)s->sample_index,
                             (uint64_t)s->n_tokens, &e->sampler, &info);
-    return record_sample(e, s, tok, tok >= 0 ? logprob_in_mode(e, s, logits, proc, tok, &info) : NAN);
+    if (tok < 0 || !s->job->return_top_p_ids)
+        return record_sample(e, s, tok, tok >= 0 ? logprob_in_mode(e, s, logits, proc, tok, &info) : NAN);
+    /* the kept set lives in the scratch, which the top logprobs below reuse: copy it first */
+    const size_t n = info.n_kept > 0 ? (size_t)info.n_kept : 0;
+    int32_t *kept = n ? rs_xmalloc(sizeof(int32_t) * n) : NULL;
+    if (n) memcpy(kept, e->sampler.idx, sizeof(int32_t) * n);
+    const bool ok = record_sample(e, s, tok, logprob_in_mode(e, s, logits, proc, tok, &info)) &&
+                    record_kept(e, s, tok, &info, kept);
+    free(kept);
+    return ok;
 }
 
 /* ---- sampling on the device (rs_forward_sample: only tokens and logprobs come back) ---- */
@@ -139,7 +165,7 @@ static bool sample_into(rs_engine *e, rs_seq *s, const float *logits) {
 /* Whether the device samples s's row as sample_into would: the row is the model's own (no
  * penalties, no stop tokens masked before min_new_tokens, so process_logits would change nothing). */
 static bool device_samples(const rs_engine *e, const rs_seq *s) {
-    return !rs_penalties_active(&s->job->sp) && !masks_stop_tokens(e, s);
+    return !rs_penalties_active(&s->job->sp) && !masks_stop_tokens(e, s) && !s->job->return_top_p_ids;
 }
 
 /* Whether the step leaves its logits on the backend: every logits row samples the next token of a
