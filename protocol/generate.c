@@ -128,7 +128,7 @@ static int read_sampling_seed(const rs_jctx *c, const json_t *v, rs_error *err) 
 static const rs_jfield sampling_fields[] = {
     {.name = "max_new_tokens", .type = RS_JT_INT, SP(max_new_tokens), .min = 0, .max = INT_MAX, .def = "128",
      .doc = "tokens to generate at most: up to --max-new-tokens, and prompt + max_new_tokens within the "
-            "context (400 past either, as SGLang)"},
+            "context: a 400 past either (SGLang refuses a request past its context too)"},
     {.name = "min_new_tokens", .type = RS_JT_INT, SP(min_new_tokens), .min = 0, .max = INT_MAX, .def = "0",
      .doc = "stop tokens and EOS do not end the output before this many tokens"},
     {.name = "temperature", .type = RS_JT_FLOAT, SP(temperature), .min = 0, .max = INFINITY, .def = "1.0",
