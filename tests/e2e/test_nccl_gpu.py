@@ -537,6 +537,9 @@ def test_sglang_trainer_over_tcpstore(rolloutd, monkeypatch, backend):
     for k, v in trainer_env.items():
         monkeypatch.setenv(k, v)
     torch.cuda.set_device(device)
+    # nccl2 binds its communicator to cuda:(LOCAL_RANK or rank) % devices, not the current device;
+    # torchrun sets LOCAL_RANK for a real trainer
+    monkeypatch.setenv("LOCAL_RANK", str(device))
 
     with socket.socket() as sk:
         sk.bind(("127.0.0.1", 0))
