@@ -56,8 +56,8 @@
 #   nccl       tests/e2e/test_nccl_gpu.py: NCCL weight updates from rolloutd_client (unique id)
 #              and from an SGLang-style torch.distributed trainer over its TCPStore, with each
 #              NCCL backend its torch has (nccl; nccl2 and nccl-legacy by name from torch 2.15) <= 120 s
-#   e2e        the weight-sync and generation-API e2e files against a GPU daemon in exact
-#              numerics (they hold it to transformers within 1e-3)                           <= 180 s
+#   e2e        the weight-sync, generation-API and top-p replay e2e files against a GPU daemon
+#              in exact numerics (they hold it to transformers within 1e-3)                  <= 180 s
 #   cpu        the CPU benchmarks on this host's cores                                       <= 120 s
 #   unit       the whole unit suite on the CUDA build                                        <= 240 s
 #
@@ -262,7 +262,8 @@ main() {
   fi
   if ((py_e2e)); then
     step e2e 180 env "$daemon" ROLLOUTD_ARGS="--device cuda --numerics exact" \
-      python3 -m pytest -q -rs tests/e2e/test_weight_sync.py tests/e2e/test_generate_api.py
+      python3 -m pytest -q -rs tests/e2e/test_weight_sync.py tests/e2e/test_generate_api.py \
+        tests/e2e/test_top_p_ids.py
   else
     skip e2e "needs python3 with pytest, requests and numpy"
   fi
