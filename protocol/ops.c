@@ -29,9 +29,20 @@ static int read_body(const char *body, size_t len, bool allow_empty, const rs_jo
     return rc;
 }
 
+/* rid: a request's name, or "" (SGLang's AbortReq default, which its clients send with abort_all). */
+static int read_abort_rid(const rs_jctx *c, const json_t *v, rs_error *err) {
+    rs_abort_req *r = c->dst[0];
+    if (json_is_string(v) && json_string_length(v) == 0) return RS_OK;
+    int rc = rs_json_check_name(v, c->param, sizeof r->rid - 1, err);
+    if (rc != RS_OK) return rc;
+    memcpy(r->rid, json_string_value(v), json_string_length(v) + 1);
+    return RS_OK;
+}
+
 static const rs_jfield abort_fields[] = {
-    {.name = "rid", .type = RS_JT_STRING, DST(rs_abort_req, rid),
-     .doc = "the request to abort: its rid, one of its prompt rids or output ids, or a /v1 request_id"},
+    {.name = "rid", .type = RS_JT_CUSTOM, .read = read_abort_rid, .shape = "string", .def = "\"\"",
+     .doc = "the request to abort: its rid, one of its prompt rids or output ids, or a /v1 request_id (\"\" "
+            "names none, for abort_all)"},
     {.name = "abort_all", .type = RS_JT_BOOL, DST(rs_abort_req, abort_all), .def = "false",
      .doc = "abort every request in flight"},
     {.name = "abort_message", .type = RS_JT_TEXT, .use = RS_JU_NEUTRAL,

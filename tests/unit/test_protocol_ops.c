@@ -29,12 +29,15 @@ RS_TEST(protocol_ops_abort_bodies) {
     ASSERT_EQ(parse_abort("{\"abort_all\": true, \"rid\": \"x\"}", &a, &err), RS_OK);
     ASSERT_TRUE(a.abort_all);
     ASSERT_STREQ(a.rid, "");
+    /* SGLang's AbortReq defaults rid to "", and its clients send it with abort_all (veRL's adapter) */
+    ASSERT_EQ(parse_abort("{\"rid\": \"\", \"abort_all\": true}", &a, &err), RS_OK);
+    ASSERT_TRUE(a.abort_all);
     static const struct { const char *body, *param, *msg; } bad[] = {
         {"", "", "empty"},
         {"{}", "rid", "abort_all"},
         {"{\"abort_all\": false}", "rid", "abort_all"},
         {"{\"rid\": 5}", "rid", "must be a string"},
-        {"{\"rid\": \"\"}", "rid", "must not be empty"},
+        {"{\"rid\": \"\"}", "rid", "abort_all"},
         {"{\"abort_all\": \"yes\"}", "abort_all", "true or false"},
         {"{\"rid\": \"a\", \"x\": 1}", "x", "unknown field 'x'"},
         {"[1]", "", "must be a JSON object"},
