@@ -71,12 +71,16 @@ typedef struct rs_http_req rs_http_req;
  *   answer    the request was resumed with that work done: send the answer;
  *   cleanup   frees the route's state of the request (r->ctx and what it holds) when the request
  *             is freed. */
+/* The bodies of the load routes: SGLang's /get_load list, or its newer /v1/loads object. */
+typedef enum rs_load_shape { RS_LOAD_LIST = 0, RS_LOAD_V1 = 1 } rs_load_shape;
+
 typedef struct rs_route_def {
     const char *path;
     rs_route id;
     const char *allow;          /* methods, as the Allow header lists them */
     bool open;                  /* answered without the API key (GET /health, /metrics) */
-    int arg;                    /* a constant for the handlers: a weight route's rs_sync_kind */
+    int arg;                    /* a constant for the handlers: a weight route's rs_sync_kind, a
+                                 * load route's rs_load_shape */
     enum MHD_Result (*handle)(rs_http_req *r);
     enum MHD_Result (*answer)(rs_http_req *r);
     void (*cleanup)(rs_http_req *r);
@@ -248,7 +252,6 @@ enum MHD_Result rs_http_metrics(rs_http_req *r);
 enum MHD_Result rs_http_server_info(rs_http_req *r);
 enum MHD_Result rs_http_model_info(rs_http_req *r);
 enum MHD_Result rs_http_load(rs_http_req *r);
-enum MHD_Result rs_http_loads(rs_http_req *r);
 enum MHD_Result rs_http_weight_version(rs_http_req *r);
 enum MHD_Result rs_http_models(rs_http_req *r);
 enum MHD_Result rs_http_abort(rs_http_req *r);

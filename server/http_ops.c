@@ -245,15 +245,8 @@ enum MHD_Result rs_http_load(rs_http_req *r) {
     rs_engine_stats st;
     rs_engine_get_stats(e, &st);
     size_t len = 0;
-    return send_json(r, rs_load_body(&st, &len), &len);
-}
-
-enum MHD_Result rs_http_loads(rs_http_req *r) {
-    ENGINE_OR_ANSWER(r, e);
-    rs_engine_stats st;
-    rs_engine_get_stats(e, &st);
-    size_t len = 0;
-    return send_json(r, rs_loads_body(&st, &len), &len);
+    char *body = r->def->arg == RS_LOAD_V1 ? rs_loads_body(&st, &len) : rs_load_body(&st, &len);
+    return send_json(r, body, &len);
 }
 
 enum MHD_Result rs_http_model_info(rs_http_req *r) {

@@ -23,8 +23,8 @@ static const rs_route_def routes[] = {
     {"/model_info", RS_ROUTE_MODEL_INFO, "GET", false, 0, rs_http_model_info, NULL, NULL}, /* SGLang's newer names */
     {"/get_server_info", RS_ROUTE_SERVER_INFO, "GET", false, 0, rs_http_server_info, NULL, NULL},
     {"/server_info", RS_ROUTE_SERVER_INFO, "GET", false, 0, rs_http_server_info, NULL, NULL},
-    {"/get_load", RS_ROUTE_LOAD, "GET", false, 0, rs_http_load, NULL, NULL},
-    {"/v1/loads", RS_ROUTE_LOAD, "GET", false, 0, rs_http_loads, NULL, NULL}, /* SGLang's newer name */
+    {"/get_load", RS_ROUTE_LOAD, "GET", false, RS_LOAD_LIST, rs_http_load, NULL, NULL},
+    {"/v1/loads", RS_ROUTE_LOAD, "GET", false, RS_LOAD_V1, rs_http_load, NULL, NULL}, /* SGLang's newer name */
     {"/get_weight_version", RS_ROUTE_WEIGHT_VERSION, "GET", false, 0, rs_http_weight_version, NULL, NULL},
     {"/metrics", RS_ROUTE_METRICS, "GET", true, 0, rs_http_metrics, NULL, NULL},
     {"/abort_request", RS_ROUTE_ABORT, "POST", false, 0, rs_http_abort, NULL, NULL},
