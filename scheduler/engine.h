@@ -86,10 +86,11 @@ typedef struct rs_gen_output {
     /* With job->return_top_p_ids: the token ids the sampler kept for output token i (its top-k /
      * top-p / min-p set, most likely first; the token itself when greedy; none when nothing was
      * truncated) are kept_ids[kept_offsets[i], kept_offsets[i + 1]); kept_offsets has n_output + 1
-     * entries once the first token is in (NULL before). */
+     * entries once the first token is in (NULL before), [cap_kept_offsets] allocated. */
     int32_t *kept_ids;
     size_t n_kept_ids, cap_kept_ids;
     uint32_t *kept_offsets;
+    int cap_kept_offsets;
     /* Prompt scoring when logprob_start_len >= 0: input_logprobs[i] is the logprob of prompt token
      * logprob_start_len + i given the tokens before it; NAN for position 0 (no context). All of
      * them come from one weight version, spans[0]'s: a prompt not fully scored at an update is

@@ -40,18 +40,20 @@ void rs_eng_out_push(rs_gen_output *o, int k, int32_t tok, float lp, const int32
 }
 
 bool rs_eng_out_push_kept(rs_gen_output *o, const int32_t *ids, size_t n) {
-    RS_ASSERT(o->n_output >= 1); /* after rs_eng_out_push of the token */
     if (n > RS_KEPT_IDS_MAX - o->n_kept_ids) return false;
     if (o->n_kept_ids + n > o->cap_kept_ids) {
         o->cap_kept_ids = RS_MAX(o->n_kept_ids + n, o->cap_kept_ids * 2 + 64);
         o->kept_ids = rs_xrealloc(o->kept_ids, sizeof(int32_t) * o->cap_kept_ids);
     }
-    /* offsets follow output_ids' capacity: [cap + 1] */
-    o->kept_offsets = rs_xrealloc(o->kept_offsets, sizeof(uint32_t) * ((size_t)o->cap + 1));
-    if (o->n_output == 1) o->kept_offsets[0] = 0;
+    const int row = o->n_output; /* the token about to be pushed: offsets [0, row + 1] */
+    if (row + 2 > o->cap_kept_offsets) {
+        o->cap_kept_offsets = o->cap_kept_offsets * 2 + 16;
+        o->kept_offsets = rs_xrealloc(o->kept_offsets, sizeof(uint32_t) * (size_t)o->cap_kept_offsets);
+    }
+    if (row == 0) o->kept_offsets[0] = 0;
     if (n) memcpy(o->kept_ids + o->n_kept_ids, ids, sizeof(int32_t) * n);
     o->n_kept_ids += n;
-    o->kept_offsets[o->n_output] = (uint32_t)o->n_kept_ids;
+    o->kept_offsets[row + 1] = (uint32_t)o->n_kept_ids;
     return true;
 }
 

@@ -124,13 +124,14 @@ static bool record_sample(rs_engine *e, rs_seq *s, int32_t tok, float lp) {
     return true;
 }
 
-/* Records the kept ids of the token s just sampled (job->return_top_p_ids): the truncated set
- * rs_sample left in the scratch, the token itself when greedy, none when nothing truncates. False
- * (the job failed with RS_ETOOBIG) past RS_KEPT_IDS_MAX for one output. */
-static bool record_kept(rs_engine *e, rs_seq *s, int32_t tok, const rs_sample_info *info, const int32_t *kept) {
+/* Records the kept ids of the token s just sampled, before record_sample pushes it
+ * (job->return_top_p_ids): the truncated set rs_sample left in the scratch, the token itself when
+ * greedy, none when nothing truncates. False (the job failed with RS_ETOOBIG) past
+ * RS_KEPT_IDS_MAX for one output. */
+static bool record_kept(rs_engine *e, rs_seq *s, int32_t tok, const rs_sample_info *info) {
     const bool greedy = rs_sampling_greedy(&s->job->sp);
     const size_t n = greedy ? 1 : info->n_kept > 0 ? (size_t)info->n_kept : 0;
-    if (rs_eng_out_push_kept(s->out, greedy ? &tok : kept, n)) return true;
+    if (rs_eng_out_push_kept(s->out, greedy ? &tok : e->sampler.idx, n)) return true;
     rs_gen_job *job = s->job;
     if (job->error.code == RS_OK)
         rs_error_set(&job->error, RS_ETOOBIG, "custom_params",
@@ -148,16 +149,9 @@ static bool sample_into(rs_engine *e, rs_seq *s, const float *logits) {
     rs_sample_info info;
     int32_t tok = rs_sample(proc, e->model->cfg.vocab_size, &s->job->sp, (uint64_t)s->sample_index,
                             (uint64_t)s->n_tokens, &e->sampler, &info);
-    if (tok < 0 || !s->job->return_top_p_ids)
-        return record_sample(e, s, tok, tok >= 0 ? logprob_in_mode(e, s, logits, proc, tok, &info) : NAN);
-    /* the kept set lives in the scratch, which the top logprobs below reuse: copy it first */
-    const size_t n = info.n_kept > 0 ? (size_t)info.n_kept : 0;
-    int32_t *kept = n ? rs_xmalloc(sizeof(int32_t) * n) : NULL;
-    if (n) memcpy(kept, e->sampler.idx, sizeof(int32_t) * n);
-    const bool ok = record_sample(e, s, tok, logprob_in_mode(e, s, logits, proc, tok, &info)) &&
-                    record_kept(e, s, tok, &info, kept);
-    free(kept);
-    return ok;
+    /* the kept set lives in the scratch, which the top logprobs below reuse: record it first */
+    if (tok >= 0 && s->job->return_top_p_ids && !record_kept(e, s, tok, &info)) return false;
+    return record_sample(e, s, tok, tok >= 0 ? logprob_in_mode(e, s, logits, proc, tok, &info) : NAN);
 }
 
 /* ---- sampling on the device (rs_forward_sample: only tokens and logprobs come back) ---- */

@@ -19,26 +19,13 @@ import json
 import numpy as np
 import pytest
 
-from conftest import FIXTURES, Daemon
-import qwen3_numpy
+from conftest import Daemon
+from test_penalties import MODEL, prompt, ref  # noqa: F401  (the numpy reference and the 33-token prompt)
 
-MODEL = FIXTURES / "models" / "qwen3"
 ARGS = ["--quantization", "bf16", "--kv-cache-dtype", "f32", "--kv-cache-mb", "64"]
 FLAG = {"custom_params": {"return_top_p_token_ids": True}}
 EDGE = 1e-4     # rolloutd's fp32 forward vs the float64 reference, in probability mass
 pytestmark = pytest.mark.skipif(not (MODEL / "config.json").is_file(), reason="no qwen3 fixture")
-
-
-@pytest.fixture(scope="module")
-def ref():
-    model = qwen3_numpy.Qwen3(MODEL)
-    qwen3_numpy.check_against_golden(model)
-    return model
-
-
-@pytest.fixture(scope="module")
-def prompt():
-    return json.loads((MODEL / "golden.json").read_text())["prompts"][2]["input_ids"]
 
 
 @pytest.fixture(scope="module")
