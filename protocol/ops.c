@@ -128,29 +128,30 @@ int rs_flush_parse(const char *body, size_t len, rs_error *err) {
     return read_body(body, len, true, &rs_flush_fields, NULL, err);
 }
 
-/* The one rank's entry of /get_load. */
-static json_t *load_rank(const rs_engine_stats *st) {
+/* The one rank's entry of /get_load; with `v1`, also /v1/loads' num_running_reqs and token_usage. */
+static json_t *load_rank(const rs_engine_stats *st, bool v1) {
     long long used_pages = (long long)st->kv_blocks_total - st->kv_blocks_free;
-    return json_pack("{s:i,s:i,s:i,s:I,s:I}", "dp_rank", 0, "num_reqs", st->n_running + st->n_waiting,
-                     "num_waiting_reqs", st->n_waiting, "num_tokens",
-                     (json_int_t)(used_pages * RS_KV_PAGE_TOKENS + (long long)st->waiting_tokens), "num_pages",
-                     (json_int_t)(used_pages + (long long)st->waiting_blocks));
+    json_t *rank = json_pack("{s:i,s:i,s:i,s:I,s:I}", "dp_rank", 0, "num_reqs", st->n_running + st->n_waiting,
+                             "num_waiting_reqs", st->n_waiting, "num_tokens",
+                             (json_int_t)(used_pages * RS_KV_PAGE_TOKENS + (long long)st->waiting_tokens),
+                             "num_pages", (json_int_t)(used_pages + (long long)st->waiting_blocks));
+    if (v1 && rank) {
+        json_object_set_new(rank, "num_running_reqs", json_integer(st->n_running));
+        json_object_set_new(rank, "token_usage",
+                            json_real(st->kv_blocks_total ? (double)used_pages / (double)st->kv_blocks_total : 0.0));
+    }
+    return rank;
 }
 
 char *rs_load_body(const rs_engine_stats *st, size_t *len) {
     json_t *list = json_array();
-    json_array_append_new(list, load_rank(st));
+    json_array_append_new(list, load_rank(st, false));
     return rs_json_dump(list, len);
 }
 
 char *rs_loads_body(const rs_engine_stats *st, size_t *len) {
-    json_t *rank = load_rank(st);
-    long long used_pages = (long long)st->kv_blocks_total - st->kv_blocks_free;
-    json_object_set_new(rank, "num_running_reqs", json_integer(st->n_running));
-    json_object_set_new(rank, "token_usage",
-                        json_real(st->kv_blocks_total ? (double)used_pages / (double)st->kv_blocks_total : 0.0));
     json_t *list = json_array();
-    json_array_append_new(list, rank);
+    json_array_append_new(list, load_rank(st, true));
     return rs_json_dump(json_pack("{s:o}", "loads", list), len);
 }
 

@@ -64,6 +64,9 @@ typedef enum rs_phase {
 
 typedef struct rs_http_req rs_http_req;
 
+/* The bodies of the load routes: SGLang's /get_load list, or its newer /v1/loads object. */
+typedef enum rs_load_shape { RS_LOAD_LIST = 0, RS_LOAD_V1 = 1 } rs_load_shape;
+
 /* One row of the route table (routes.c), in the nginx style: what a path accepts and the handlers
  * that serve it. Every stage but `handle` is optional.
  *   handle    the body is complete (or there is none): answer at once, or hand the work to the
@@ -71,8 +74,6 @@ typedef struct rs_http_req rs_http_req;
  *   answer    the request was resumed with that work done: send the answer;
  *   cleanup   frees the route's state of the request (r->ctx and what it holds) when the request
  *             is freed. */
-/* The bodies of the load routes: SGLang's /get_load list, or its newer /v1/loads object. */
-typedef enum rs_load_shape { RS_LOAD_LIST = 0, RS_LOAD_V1 = 1 } rs_load_shape;
 
 typedef struct rs_route_def {
     const char *path;
