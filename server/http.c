@@ -447,27 +447,32 @@ static enum MHD_Result on_access(void *cls, struct MHD_Connection *conn, const c
 }
 
 /* A request ended (answered, or its connection closed). A job still running for it is aborted:
- * its client cannot receive the answer. */
+ * its client cannot receive the answer. Once in_mhd is false, the thread that ends the job frees
+ * r (on_job_done and the like), possibly before the abort below is sent: what the abort and its
+ * log line need is copied while the lock is held. */
 static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls, enum MHD_RequestTerminationCode toe) {
     (void)conn;
     rs_http *h = cls;
     rs_http_req *r = *con_cls;
     if (!r) return;
     *con_cls = NULL;
+    char rid[sizeof r->engine_rid];
     pthread_mutex_lock(&h->mu);
     r->in_mhd = false;
     bool abort = r->held && r->job && !r->done && !r->client_gone; /* the scan already aborted a gone one */
     rs_engine *e = h->engine;
     bool free_now = !r->held;
+    const char *path = req_path(r); /* a route table's string, not r's */
+    memcpy(rid, r->engine_rid, sizeof rid);
     pthread_mutex_unlock(&h->mu);
     if (abort) {
         if (toe == MHD_REQUEST_TERMINATED_TIMEOUT_REACHED)
-            RS_INFO("http | %s | rid %s | the client took nothing for http-idle-timeout (%d s); aborting",
-                    req_path(r), r->engine_rid, h->opts.idle_timeout);
+            RS_INFO("http | %s | rid %s | the client took nothing for http-idle-timeout (%d s); aborting", path, rid,
+                    h->opts.idle_timeout);
         else
-            RS_INFO("http | %s | rid %s | the client left before the answer (code %d); aborting", req_path(r),
-                    r->engine_rid, (int)toe);
-        if (e) rs_engine_abort(e, r->engine_rid);
+            RS_INFO("http | %s | rid %s | the client left before the answer (code %d); aborting", path, rid,
+                    (int)toe);
+        if (e) rs_engine_abort(e, rid);
     }
     if (free_now) rs_http_req_free(r);
 }

@@ -268,6 +268,8 @@ enum MHD_Result rs_http_gen_start(rs_http_req *r) {
     rs_http_body_drop(r); /* the job holds everything now */
     if (rc != RS_OK) return rs_http_send_error(r, &err);
 
+    /* before r is on the live list, where the disconnect scan and /abort_request read it */
+    snprintf(r->engine_rid, sizeof r->engine_rid, "%s", r->job->rid);
     pthread_mutex_lock(&h->mu);
     if (h->state != RS_HTTP_STATE_READY || !h->engine) {
         rc = rs_error_set(&err, RS_EBUSY, NULL, "server is shutting down");
@@ -292,7 +294,6 @@ enum MHD_Result rs_http_gen_start(rs_http_req *r) {
     job->on_progress = r->stream ? on_job_progress : NULL;
     job->on_done_user = r;
     job->t_arrival = r->t_arrival;
-    snprintf(r->engine_rid, sizeof r->engine_rid, "%s", job->rid);
     r->phase = r->stream ? RS_PHASE_STREAMING : RS_PHASE_WAITING;
     RS_DEBUG("rid %s | submit | job %s | %d prompt%s x n=%d%s", r->route == RS_ROUTE_COMPLETIONS ? r->oai.id : r->gen.rid,
              job->rid, job->n_prompts, job->n_prompts == 1 ? "" : "s", job->sp.n, r->stream ? " | stream" : "");

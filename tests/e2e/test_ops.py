@@ -298,6 +298,26 @@ def test_health_generate(rolloutd):
     assert d.post("/health_generate", None).status_code == 405
 
 
+def test_health_generate_timeouts_in_a_crowd(rolloutd):
+    """Probes that time out while generation is paused are answered 503 by the disconnect scan,
+    which aborts their jobs; the engine then ends each job and frees its request, while the HTTP
+    thread finishes the answer (on_completed) and asks for the same abort. Many at once, a few
+    rounds: the daemon answers every one and exits cleanly (under ASan, a request freed by the
+    engine while the HTTP thread still read its rid aborted the daemon)."""
+    d = rolloutd(None, "--kv-cache-mb", "64", "--health-generate-timeout", "0.2")
+    assert d.post("/pause_generation", {"mode": "in_place"}).status_code == 200
+    for _ in range(3):
+        boxes = [{} for _ in range(24)]
+        threads = [threading.Thread(target=lambda b=b: b.setdefault("r", d.get("/health_generate"))) for b in boxes]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=60)
+        assert [b["r"].status_code for b in boxes] == [503] * len(boxes)
+    assert d.post("/continue_generation", None).status_code == 200
+    assert d.get("/health_generate").status_code == 200
+
+
 def test_health_generate_survives_abort_all_and_pause_abort(rolloutd):
     """A probe is not a user request: /abort_request abort_all and /pause_generation (mode abort)
     that hit it while it waits in the queue leave it there, and it answers 200 once generation
