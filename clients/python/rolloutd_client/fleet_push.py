@@ -342,35 +342,17 @@ def push_fleet_shm(clients, entries, version, bucket_bytes, timeout, pool, check
                 tmp.close()
 
     try:
-        n_shared = min(2, sum(1 for b in buckets if not b[2]))
-        size = max((b[1] for b in buckets if not b[2]), default=1)
-        if pool is not None:
-            segs = pool.take(n_shared, size) if n_shared else []
-        else:
-            for _ in range(n_shared):
-                segs.append(_shm.Segment(size))  # one by one: those made are freed if the next fails
+        _shm.open_shared_segments(segs, buckets, pool)
         try:
             slot = 0
-            for i, (items, used, own) in enumerate(buckets):
-                if own and pool is not None:
-                    seg, own = pool.take_big(max(b[1] for b in buckets if b[2])), False
-                elif own:
-                    seg = _shm.Segment(used)
-                    extra.append(seg)
-                else:
-                    seg = segs[slot % len(segs)]
-                    slot += 1
+            for i, bucket in enumerate(buckets):
+                seg, own, slot = _shm.bucket_segment(bucket, buckets, segs, slot, pool, extra)
                 # pack while the previous bucket is read out of the other segment; two large tensors in
                 # a row share the kept big segment: the first must be read by every daemon before
                 if inflight is not None and inflight[2] is seg:
                     wait_round()
-                metas = []
-                for e, off in items:
-                    view = seg.buf[off:off + e.nbytes]
-                    e.write_into(view)
-                    metas.append(e.meta(off) if crc is None else dict(e.meta(off), crc32c=crc(view)))
-                    view.release()
-                    total += e.nbytes
+                metas, nbytes = _shm.pack_bucket(seg, bucket[0], crc)
+                total += nbytes
                 if inflight is not None:
                     wait_round()
                 body = {"shm_name": seg.name, "tensors": metas, "is_last": False, "weight_version": str(version)}

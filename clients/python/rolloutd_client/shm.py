@@ -273,6 +273,47 @@ def _crc32c():
     return crc32c.crc32c
 
 
+def open_shared_segments(segs, buckets, pool):
+    """Fills segs (a list, in place, so that a caller's cleanup frees those made before a failure)
+    with the at most two segments the buckets within bucket_bytes alternate between: the pool's
+    (kept) or new ones sized for the largest of those buckets."""
+    n_shared = min(2, sum(1 for b in buckets if not b[2]))
+    size = max((b[1] for b in buckets if not b[2]), default=1)  # <= bucket_bytes
+    if pool is not None:
+        segs.extend(pool.take(n_shared, size) if n_shared else [])
+    else:
+        for _ in range(n_shared):
+            segs.append(Segment(size))  # one by one: those made are freed if the next fails
+
+
+def bucket_segment(bucket, buckets, segs, slot, pool, extra):
+    """Where bucket (items, used, own) of buckets is packed: (segment, whether it is freed once its
+    POSTs return, the next slot). A bucket within bucket_bytes takes the next shared segment; a
+    tensor larger than that takes the pool's kept big segment, or a new one of its own (added to
+    extra, which the caller frees on failure)."""
+    _, used, own = bucket
+    if own and pool is not None:
+        return pool.take_big(max(b[1] for b in buckets if b[2])), False, slot
+    if own:
+        seg = Segment(used)
+        extra.append(seg)
+        return seg, True, slot
+    return segs[slot % len(segs)], False, slot + 1
+
+
+def pack_bucket(seg, items, crc):
+    """Writes a bucket's tensors into seg at their offsets. Returns (manifest entries, bytes
+    written); crc: the CRC-32C function whose value each entry carries as "crc32c", or None."""
+    metas, nbytes = [], 0
+    for e, off in items:
+        view = seg.buf[off:off + e.nbytes]
+        e.write_into(view)
+        metas.append(e.meta(off) if crc is None else dict(e.meta(off), crc32c=crc(view)))
+        view.release()
+        nbytes += e.nbytes
+    return metas, nbytes
+
+
 def push_shm(client, entries, version, bucket_bytes, timeout=None, pool=None, checksums=True):
     """Returns (final response, bytes, seconds, posts, server_seconds). pool: a SegmentPool whose
     segments are used and kept (unlinked here only on error). checksums: each tensor's manifest
@@ -308,36 +349,17 @@ def push_shm(client, entries, version, bucket_bytes, timeout=None, pool=None, ch
 
     ok = False
     try:
-        n_shared = min(2, sum(1 for b in buckets if not b[2]))
-        size = max((b[1] for b in buckets if not b[2]), default=1)  # <= bucket_bytes
-        if pool is not None:
-            segs = pool.take(n_shared, size) if n_shared else []
-        else:
-            for _ in range(n_shared):
-                segs.append(Segment(size))  # one by one: those made are freed if the next fails
+        open_shared_segments(segs, buckets, pool)
         slot = 0
-        for i, (items, used, own) in enumerate(buckets):
-            if own and pool is not None:
-                seg = pool.take_big(max(b[1] for b in buckets if b[2]))
-                own = False  # kept, not freed after its POST
-            elif own:
-                seg = Segment(used)
-                extra.append(seg)
-            else:
-                seg = segs[slot % len(segs)]
-                slot += 1
+        for i, bucket in enumerate(buckets):
+            seg, own, slot = bucket_segment(bucket, buckets, segs, slot, pool, extra)
             # Pack while the previous bucket's POST is in flight (it reads another segment; the
             # one before it, which may have used this segment, has returned). Two large tensors in a
             # row share the kept big segment: wait for the first before packing the second.
             if inflight is not None and inflight[2] is seg:
                 wait_inflight()
-            metas = []
-            for e, off in items:
-                view = seg.buf[off:off + e.nbytes]
-                e.write_into(view)
-                metas.append(e.meta(off) if crc is None else dict(e.meta(off), crc32c=crc(view)))
-                view.release()
-                total += e.nbytes
+            metas, nbytes = pack_bucket(seg, bucket[0], crc)
+            total += nbytes
             body = {"shm_name": seg.name, "tensors": metas, "is_last": i == len(buckets) - 1,
                     "weight_version": str(version)}
             wait_inflight()
