@@ -302,8 +302,10 @@ def test_health_generate_timeouts_in_a_crowd(rolloutd):
     """Probes that time out while generation is paused are answered 503 by the disconnect scan,
     which aborts their jobs; the engine then ends each job and frees its request, while the HTTP
     thread finishes the answer (on_completed) and asks for the same abort. Many at once, a few
-    rounds: the daemon answers every one and exits cleanly (under ASan, a request freed by the
-    engine while the HTTP thread still read its rid aborted the daemon)."""
+    rounds: the daemon answers every one and exits cleanly. on_completed once read the rid of a
+    request the engine had just freed (an ASan abort, seen once in test_health_generate on a busy
+    machine); the window is narrow and timing-dependent, so this crowd raises its odds rather
+    than reproducing it every run."""
     d = rolloutd(None, "--kv-cache-mb", "64", "--health-generate-timeout", "0.2")
     assert d.post("/pause_generation", {"mode": "in_place"}).status_code == 200
     for _ in range(3):
