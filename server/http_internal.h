@@ -74,7 +74,6 @@ typedef enum rs_load_shape { RS_LOAD_LIST = 0, RS_LOAD_V1 = 1 } rs_load_shape;
  *   answer    the request was resumed with that work done: send the answer;
  *   cleanup   frees the route's state of the request (r->ctx and what it holds) when the request
  *             is freed. */
-
 typedef struct rs_route_def {
     const char *path;
     rs_route id;
