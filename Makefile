@@ -163,9 +163,16 @@ rl-demo: $(BUILD)/rolloutd $(BUILD)/fp8-mismatch
 unit: $(BUILD)/unit-tests
 	$(abspath $(BUILD))/unit-tests
 
+# The end-to-end tests run E2E_JOBS test files at a time (pytest-xdist; a file's tests stay on one
+# worker, so its daemons and fixtures are made once). Most of a test's time is the daemon's start
+# and waits on the network, so 2 workers halve the wall time even on 2 cores; 0 runs them in one
+# process.
+E2E_JOBS ?= $(shell n=$$(nproc 2>/dev/null || echo 2); echo $$(( n / 2 > 2 ? n / 2 : 2 )))
+E2E_PAR := $(if $(filter 0,$(E2E_JOBS)),,-n $(E2E_JOBS) --dist loadfile)
+
 e2e: $(BUILD)/rolloutd
-	@$(PYTHON) -c 'import pytest, numpy' 2>/dev/null || ./scripts/install-deps.sh
-	ROLLOUTD_BIN=$(abspath $(BUILD)/rolloutd) $(PYTHON) -m pytest -q tests/e2e
+	@$(PYTHON) -c 'import pytest, xdist, numpy' 2>/dev/null || ./scripts/install-deps.sh
+	ROLLOUTD_BIN=$(abspath $(BUILD)/rolloutd) $(PYTHON) -m pytest -q $(E2E_PAR) tests/e2e
 
 test: all
 	$(abspath $(BUILD))/unit-tests

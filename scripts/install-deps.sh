@@ -24,8 +24,8 @@ if [ ${#missing[@]} -gt 0 ]; then
 fi
 
 PY=${PYTHON:-python3}
-pymods=(pytest numpy requests openai ml_dtypes crc32c tokenizers)
-pypkgs=(pytest numpy requests openai ml_dtypes crc32c tokenizers)
+pymods=(pytest xdist numpy requests openai ml_dtypes crc32c tokenizers)
+pypkgs=(pytest pytest-xdist numpy requests openai ml_dtypes crc32c tokenizers)
 need=()
 for i in "${!pymods[@]}"; do
   "$PY" -c "import ${pymods[$i]}" 2>/dev/null || need+=("${pypkgs[$i]}")
