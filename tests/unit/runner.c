@@ -8,6 +8,9 @@
  *   RS_TEST_JOBS=2 build/...         run up to 2 tests at once (default 1), for single-threaded
  *                                    suites such as the CUDA emulation's; each test's output is
  *                                    held in a log and printed with its result line
+ *   RS_TEST_FIRST=a,b build/...      start tests a and b (exact names) before the others, in that
+ *                                    order: with jobs, the longest first keeps the last one from
+ *                                    running alone at the end
  *
  * Ends with the summary line "N passed, N failed, N skipped" and exits non-zero if anything
  * failed. A test skips itself by exiting 77 (RS_TEST_SKIP), e.g. a CUDA test without a GPU.
@@ -53,6 +56,22 @@ static int cmp_entry(const void *a, const void *b) {
     const test_entry *x = a, *y = b;
     int c = strcmp(x->file, y->file);
     return c ? c : strcmp(x->name, y->name);
+}
+
+/* Moves the tests named in the comma-separated list to the front, in the list's order. */
+static void put_first(const char *list) {
+    int front = 0;
+    for (const char *p = list; *p;) {
+        const size_t len = strcspn(p, ",");
+        for (int i = front; i < n_tests; i++)
+            if (strlen(tests[i].name) == len && strncmp(tests[i].name, p, len) == 0) {
+                const test_entry t = tests[i];
+                memmove(&tests[front + 1], &tests[front], (size_t)(i - front) * sizeof tests[0]);
+                tests[front++] = t;
+                break;
+            }
+        p += len + (p[len] == ',');
+    }
 }
 
 static int selected(const char *name, int argc, char **argv) {
@@ -111,6 +130,7 @@ static void finish(const running *r, int status, bool captured, int *passed, int
 
 int main(int argc, char **argv) {
     qsort(tests, (size_t)n_tests, sizeof tests[0], cmp_entry);
+    if (getenv("RS_TEST_FIRST")) put_first(getenv("RS_TEST_FIRST"));
     const char *t = getenv("RS_TEST_TIMEOUT");
     int timeout = t ? atoi(t) : 60;
     if (timeout <= 0) timeout = 60;
