@@ -160,8 +160,11 @@ cuda-emu: $(DEPS_OK)
 rl-demo: $(BUILD)/rolloutd $(BUILD)/fp8-mismatch
 	examples/grpo/run.sh demo $(RL_ARGS)
 
+# The unit tests run UNIT_JOBS at a time, each in its own process (tests/unit/runner.c).
+UNIT_JOBS ?= $(shell nproc 2>/dev/null || echo 2)
+
 unit: $(BUILD)/unit-tests
-	$(abspath $(BUILD))/unit-tests
+	RS_TEST_JOBS=$(UNIT_JOBS) $(abspath $(BUILD))/unit-tests
 
 # The end-to-end tests run E2E_JOBS test files at a time (pytest-xdist; a file's tests stay on one
 # worker, so its daemons and fixtures are made once). Most of a test's time is the daemon's start
@@ -175,7 +178,7 @@ e2e: $(BUILD)/rolloutd
 	ROLLOUTD_BIN=$(abspath $(BUILD)/rolloutd) $(PYTHON) -m pytest -q $(E2E_PAR) tests/e2e
 
 test: all
-	$(abspath $(BUILD))/unit-tests
+	RS_TEST_JOBS=$(UNIT_JOBS) $(abspath $(BUILD))/unit-tests
 	@$(MAKE) --no-print-directory e2e
 
 golden-kernels: $(BUILD)/rolloutd
