@@ -8,7 +8,6 @@
 #include <algorithm>
 #include <atomic>
 #include <functional>
-#include <random>
 #include <sys/mman.h>
 
 extern "C" {
@@ -63,7 +62,19 @@ static unsigned shfl_tag[2][1024];
 static const char *g_name;
 static std::set<std::string> warned;
 static int sched_mode = -1; /* 0 forward, 1 reverse, 2 random */
-static std::mt19937 rng(12345);
+static uint64_t rng_state = 12345; /* EMU_SEED */
+
+/* A Fisher-Yates shuffle on xorshift64* (EMU_SCHED=2 shuffles every round of every block: with
+ * std::shuffle over mt19937 that was a tenth of the sanitized emulation's time). The index is the
+ * high half of a 64-bit product, within 2^-32 of uniform. */
+static void shuffle_order(std::vector<unsigned> &v) {
+    for (size_t i = v.size(); i > 1; i--) {
+        rng_state ^= rng_state >> 12, rng_state ^= rng_state << 25, rng_state ^= rng_state >> 27;
+        const uint64_t r = (rng_state * 0x2545f4914f6cdd1dull) >> 32;
+        const size_t j = (size_t)((r * i) >> 32);
+        std::swap(v[i - 1], v[j]);
+    }
+}
 
 static void warn_once(const char *what) {
     std::string k = std::string(g_name) + ": " + what;
@@ -208,20 +219,19 @@ uint64_t emu_shfl_get(int src) {
     return v;
 }
 
-static uint8_t gather_buf[2][1024][64];
-void emu_warp_gather(const void *mine, size_t bytes, void *all) {
-    if (bytes > 64) emu_die("warp gather of more than 64 bytes");
+static uint8_t gather_buf[2][1024][EMU_WARP_ROW];
+const uint8_t *emu_warp_exchange(const void *mine, size_t bytes) {
+    if (bytes > EMU_WARP_ROW) emu_die("warp exchange of more than 64 bytes");
     const unsigned par = cur->shfl_count & 1, base = cur->tid & ~31u;
     memcpy(gather_buf[par][cur->tid], mine, bytes);
     shfl_tag[par][cur->tid] = cur->shfl_count;
     yield_to_sched(F_WARP);
-    for (unsigned l = 0; l < 32; l++) {
-        const unsigned s = base + l;
-        if (s >= fibers.size() || s >= blockDim.x) emu_die("warp gather with lanes outside the block");
-        if (shfl_tag[par][s] != cur->shfl_count) emu_die("warp gather: a lane is not at the same collective");
-        memcpy((uint8_t *)all + l * bytes, gather_buf[par][s], bytes);
-    }
+    if (base + 32 > fibers.size() || base + 32 > blockDim.x) emu_die("warp exchange with lanes outside the block");
+    for (unsigned l = 0; l < 32; l++)
+        if (shfl_tag[par][base + l] != cur->shfl_count) emu_die("warp exchange: a lane is not at the same collective");
     cur->shfl_count++;
+    /* the rows stay as they are until this warp's collective after next (the other parity) */
+    return gather_buf[par][base];
 }
 
 static void run_block(unsigned T) {
@@ -233,7 +243,7 @@ static void run_block(unsigned T) {
     order.resize(T);
     for (unsigned t = 0; t < T; t++) order[t] = sched_mode == 1 ? T - 1 - t : t;
     for (;;) {
-        if (sched_mode == 2) std::shuffle(order.begin(), order.end(), rng);
+        if (sched_mode == 2) shuffle_order(order);
         run_round();
         cur = NULL;
         /* everybody is blocked or done: release what can be released */
@@ -282,7 +292,8 @@ static void emu_run_grid(const char *name, dim3 g, dim3 b, void (*body)(void *),
     if (sched_mode < 0) {
         const char *m = getenv("EMU_SCHED");
         sched_mode = m ? atoi(m) : 0;
-        if (getenv("EMU_SEED")) rng.seed(atoi(getenv("EMU_SEED")));
+        if (getenv("EMU_SEED")) rng_state = 0x9e3779b97f4a7c15ull ^ (uint64_t)atoll(getenv("EMU_SEED"));
+        if (!rng_state) rng_state = 1; /* xorshift's one fixed point */
     }
     g_name = name;
     if (b.y != 1 || b.z != 1) { fprintf(stderr, "emu: %s: 2-D/3-D blocks not emulated\n", name); abort(); }

@@ -151,16 +151,25 @@ template <class T> static inline T __shfl_up_sync(unsigned mask, T v, unsigned d
 }
 template <class T> static inline T __ldg(const T *p) { return *p; }
 
-/* Warp-collective helpers: every lane of the warp passes `bytes` (<= 64) and receives all 32 lanes'
- * contributions in lane order (a scheduling point, like a shuffle). */
-void emu_warp_gather(const void *mine, size_t bytes, void *all);
+/* The warp-collective exchange: every lane of the warp passes `bytes` (<= EMU_WARP_ROW) and gets
+ * the 32 lanes' contributions in lane order, row l at offset EMU_WARP_ROW * l of what it returns (a
+ * scheduling point, like a shuffle). The rows are the runtime's own buffer, valid until the warp's
+ * next collective but one: read them before the next scheduling point. */
+enum { EMU_WARP_ROW = 64 };
+const uint8_t *emu_warp_exchange(const void *mine, size_t bytes);
+#define EMU_NOSAN __attribute__((no_sanitize("address", "undefined")))
+EMU_NOSAN static inline uint32_t emu_warp_word(const uint8_t *rows, int lane, int i) { /* word i of lane's row */
+    uint32_t w;
+    memcpy(&w, rows + EMU_WARP_ROW * lane + 4 * i, 4);
+    return w;
+}
 
 /* mma.sync.aligned.m16n8k16.row.col.f32.{bf16,f16}.{bf16,f16}.f32 on the warp, d += A B, with the PTX ISA's
  * fragment layouts (groupID g = lane / 4, t = lane % 4): a[0] holds A[g][2t, 2t+1] (low half first),
  * a[1] A[g+8][2t..], a[2] A[g][2t+8..], a[3] A[g+8][2t+8..]; b[0] B[2t, 2t+1][g], b[1] B[2t+8..][g];
  * d[0..1] D[g][2t, 2t+1], d[2..3] D[g+8][2t..]. Products of BF16 (or F16) values are exact in fp32;
  * the sum over k runs in order. */
-static inline float emu_half_bits_f32(uint32_t h) { /* IEEE binary16 bits -> float, exact */
+EMU_NOSAN static inline float emu_half_bits_f32(uint32_t h) { /* IEEE binary16 bits -> float, exact */
     const uint32_t sg = (h >> 15) << 31, e = (h >> 10) & 0x1f, m = h & 0x3ff;
     float f;
     if (e == 0x1f) { uint32_t u = sg | 0x7f800000u | (m << 13); memcpy(&f, &u, 4); return f; }
@@ -168,10 +177,10 @@ static inline float emu_half_bits_f32(uint32_t h) { /* IEEE binary16 bits -> flo
     f = (float)m * 0x1p-24f;
     return sg ? -f : f;
 }
-/* The warp-level matrix helpers below work on their own local copies of register values (never on
- * the kernels' memory), so they are left out of the sanitizers' instrumentation: a cost with nothing
- * to find (they were the sanitized emulation's hottest function, 13% of a tensor-core test). */
-#define EMU_NOSAN __attribute__((no_sanitize("address", "undefined")))
+/* The warp-level matrix helpers below work on register values (their own copies, never on the
+ * kernels' memory), so they are left out of the sanitizers' instrumentation: a cost with nothing to
+ * find (they were the sanitized emulation's hottest function, 13% of a tensor-core test; GCC does
+ * not inline an instrumented function into them, so their callees are marked too). */
 /* This lane's C fragment of d += A B: A holds the lane's rows g and g + 8, B its columns 2t and
  * 2t + 1 (only those are decoded: a lane reads 1/8 of A and 1/4 of B); the sum over k in order. */
 template <int K> EMU_NOSAN static inline void emu_mma_accumulate(float d[4], const float (&A)[2][K], const float (&B)[K][2]) {
@@ -190,18 +199,21 @@ EMU_NOSAN static inline float emu_b16_f32(uint32_t v, int hi, bool f16) { /* hal
     return f;
 }
 EMU_NOSAN static inline void emu_mma_16816(float d[4], const uint32_t a[4], const uint32_t b[2], bool f16) {
-    uint32_t mine[6] = {a[0], a[1], a[2], a[3], b[0], b[1]}, all[32][6];
-    emu_warp_gather(mine, sizeof mine, all);
+    const uint32_t mine[6] = {a[0], a[1], a[2], a[3], b[0], b[1]};
+    const uint8_t *all = emu_warp_exchange(mine, sizeof mine);
     const int l = (int)(threadIdx.x % 32), g = l / 4, t = l % 4;
     float A[2][16], B[16][2];
     for (int u = 0; u < 4; u++) /* A rows g, g + 8 are in lanes 4g + u; B column c in lanes 4c + u */
         for (int h = 0; h < 2; h++) {
-            const uint32_t *w = all[4 * g + u];
-            A[0][2 * u + h] = emu_b16_f32(w[0], h, f16), A[1][2 * u + h] = emu_b16_f32(w[1], h, f16);
-            A[0][2 * u + 8 + h] = emu_b16_f32(w[2], h, f16), A[1][2 * u + 8 + h] = emu_b16_f32(w[3], h, f16);
+            const int la = 4 * g + u;
+            A[0][2 * u + h] = emu_b16_f32(emu_warp_word(all, la, 0), h, f16);
+            A[1][2 * u + h] = emu_b16_f32(emu_warp_word(all, la, 1), h, f16);
+            A[0][2 * u + 8 + h] = emu_b16_f32(emu_warp_word(all, la, 2), h, f16);
+            A[1][2 * u + 8 + h] = emu_b16_f32(emu_warp_word(all, la, 3), h, f16);
             for (int c = 0; c < 2; c++) {
-                const uint32_t *wb = all[4 * (2 * t + c) + u];
-                B[2 * u + h][c] = emu_b16_f32(wb[4], h, f16), B[2 * u + 8 + h][c] = emu_b16_f32(wb[5], h, f16);
+                const int lb = 4 * (2 * t + c) + u;
+                B[2 * u + h][c] = emu_b16_f32(emu_warp_word(all, lb, 4), h, f16);
+                B[2 * u + 8 + h][c] = emu_b16_f32(emu_warp_word(all, lb, 5), h, f16);
             }
         }
     emu_mma_accumulate(d, A, B);
@@ -216,19 +228,19 @@ EMU_NOSAN static inline void emu_mma_16816(float d[4], const uint32_t a[4], cons
  * FP8_MMA_REL). */
 extern "C" const float rs_fp8_e4m3_f32[256]; /* kernels/fp8.h */
 EMU_NOSAN static inline void emu_mma_16832_e4m3(float d[4], const uint32_t a[4], const uint32_t b[2]) {
-    uint32_t mine[6] = {a[0], a[1], a[2], a[3], b[0], b[1]}, all[32][6];
-    emu_warp_gather(mine, sizeof mine, all);
+    const uint32_t mine[6] = {a[0], a[1], a[2], a[3], b[0], b[1]};
+    const uint8_t *all = emu_warp_exchange(mine, sizeof mine);
     const int l = (int)(threadIdx.x % 32), g = l / 4, t = l % 4;
     float A[2][32], B[32][2];
     for (int u = 0; u < 4; u++) /* A rows g, g + 8 are in lanes 4g + u; B column c in lanes 4c + u */
         for (int i = 0; i < 4; i++) {
             auto code = [i](uint32_t r) { return rs_fp8_e4m3_f32[(r >> (8 * i)) & 0xffu]; };
-            const uint32_t *w = all[4 * g + u];
-            A[0][4 * u + i] = code(w[0]), A[1][4 * u + i] = code(w[1]);
-            A[0][16 + 4 * u + i] = code(w[2]), A[1][16 + 4 * u + i] = code(w[3]);
+            const int la = 4 * g + u;
+            A[0][4 * u + i] = code(emu_warp_word(all, la, 0)), A[1][4 * u + i] = code(emu_warp_word(all, la, 1));
+            A[0][16 + 4 * u + i] = code(emu_warp_word(all, la, 2)), A[1][16 + 4 * u + i] = code(emu_warp_word(all, la, 3));
             for (int c = 0; c < 2; c++) {
-                const uint32_t *wb = all[4 * (2 * t + c) + u];
-                B[4 * u + i][c] = code(wb[4]), B[16 + 4 * u + i][c] = code(wb[5]);
+                const int lb = 4 * (2 * t + c) + u;
+                B[4 * u + i][c] = code(emu_warp_word(all, lb, 4)), B[16 + 4 * u + i][c] = code(emu_warp_word(all, lb, 5));
             }
         }
     emu_mma_accumulate(d, A, B);
@@ -236,13 +248,12 @@ EMU_NOSAN static inline void emu_mma_16832_e4m3(float d[4], const uint32_t a[4],
 
 /* movmatrix.sync.aligned.m8n8.trans.b16: lane l holds row l / 4, columns 2 (l % 4) and 2 (l % 4) + 1
  * (low half first) of an 8x8 matrix of 16-bit elements; it gets the same of the transpose. */
-static inline uint32_t emu_movmatrix_trans(uint32_t x) {
-    uint32_t all[32];
-    emu_warp_gather(&x, sizeof x, all);
+EMU_NOSAN static inline uint32_t emu_movmatrix_trans(uint32_t x) {
+    const uint8_t *all = emu_warp_exchange(&x, sizeof x);
     const int l = (int)(threadIdx.x % 32), g = l / 4, t = l % 4;
     uint32_t y = 0;
     for (int i = 0; i < 2; i++) { /* element (g, 2t + i) of the transpose = (2t + i, g) of the original */
-        const uint32_t src = all[4 * (2 * t + i) + g / 2];
+        const uint32_t src = emu_warp_word(all, 4 * (2 * t + i) + g / 2, 0);
         y |= ((g % 2 ? src >> 16 : src) & 0xffffu) << (16 * i);
     }
     return y;
