@@ -7,6 +7,9 @@
 # `make cuda-emu` builds and runs it; see README.md here for what it can and cannot show.
 #   EMU_CXXFLAGS / EMU_CFLAGS   extra flags (e.g. -fsanitize=address,undefined for both)
 #   EMU_CC / EMU_CXX            the compilers (gcc, g++)
+#   EMU_PLAIN_DIRS              source folders compiled without EMU_CFLAGS (e.g. kernels/cpu: the
+#                               CPU backend, the tests' reference, which the sanitized unit tests
+#                               of the CPU build check; under ASan it is half this build's time)
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 out=${1:-$root/build-emu}
@@ -14,6 +17,7 @@ emu=$root/tests/cuda_emu
 mkdir -p "$out/obj" "$out/gen"
 common="-O2 -g -pthread -ffp-contract=off -fno-fast-math -D_GNU_SOURCE -fno-omit-frame-pointer -DRS_CUDA -I$emu/include"
 cflags="-std=c11 -Wall -Wextra $common ${EMU_CFLAGS:-}"
+plain_cflags="-std=c11 -Wall -Wextra $common"
 cxxflags="-std=c++17 -Wall -Wno-unknown-pragmas -Wno-unused-function $common -I$root/kernels/cuda ${EMU_CXXFLAGS:-}"
 jobs=$(nproc)
 cc=${EMU_CC:-gcc}
@@ -42,6 +46,8 @@ for d in core config protocol scheduler kvcache model kernels kernels/cpu sync t
     o=$out/obj/$(echo "${f#"$root"/}" | tr / _).o
     if [ "$f" = "$root/sync/nccl.c" ]; then # NCCL is not emulated: its CPU-build form
       compile "$f" "$o" "$cc" ${cflags/-DRS_CUDA/}
+    elif [[ " ${EMU_PLAIN_DIRS:-} " == *" $d "* ]]; then
+      compile "$f" "$o" "$cc" $plain_cflags
     else
       compile "$f" "$o" "$cc" $cflags
     fi
