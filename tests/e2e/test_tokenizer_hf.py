@@ -12,7 +12,9 @@ tokens with lstrip/rstrip/single_word/normalized) are built from the fixtures' v
 checked the same way on fewer strings.
 
 Needs only the `tokenizers` wheel (scripts/install-deps.sh installs it); skips, saying why, without it
-or without build/tokenize. RS_TOKENIZER_CASES scales the number of strings.
+or without build/tokenize. RS_TOKENIZER_CASES scales the number of strings (below the corpus's
+3,194 lines, a sample of them makes up two thirds; the variants' line sample and the random id
+sequences are a third of it, at most 1,000).
 """
 import json
 import os
@@ -32,6 +34,7 @@ FIX = ROOT / "tests" / "fixtures" / "tokenizers"
 BIN_DIR = pathlib.Path(os.environ.get("ROLLOUTD_BIN", str(ROOT / "build" / "rolloutd"))).parent
 TOOL = BIN_DIR / "tokenize" if (BIN_DIR / "tokenize").exists() else ROOT / "build" / "tokenize"
 CASES = int(os.environ.get("RS_TOKENIZER_CASES", "10000"))
+SOME = min(1000, CASES // 3)  # lines per variant, random id sequences per check
 FIXTURES = ["qwen2", "llama3", "spm", "spm_metaspace"]
 
 if not TOOL.exists():
@@ -129,6 +132,8 @@ def test_matches_tokenizers(name, tmp_path):
     ctok = CTok(d)
     rng = random.Random(1500 + len(name))
     lines = corpus()
+    if CASES < len(lines):
+        lines = rng.sample(lines, CASES - CASES // 3)
     texts = lines + random_strings(rng, lines, special_strings(ref), max(CASES - len(lines), CASES // 3))
     assert len(texts) >= CASES
     n = check_fast(ref, ctok, texts, rng)
@@ -145,7 +150,7 @@ def check_fast(ref, ctok, texts, rng):
     assert not bad, f"{len(bad)} of {len(reqs)} encodes differ, first: {bad[0]!r}"
     ids_list = want[1::2]
     vocab = ref.get_vocab_size()
-    for _ in range(1000):
+    for _ in range(SOME):
         ids_list.append([rng.randrange(vocab) for _ in range(rng.randint(0, 12))])
     reqs = [{"op": op, "ids": ids, "skip": skip} for ids in ids_list for skip in (False, True) for op in ("decode", "stream")]
     got = ctok.run(reqs)
@@ -265,7 +270,7 @@ def test_variants(name, tmp_path):
     lines = corpus()
     extra = ["<mask>", " <mask> ", "[SEP]  x", "word", "words", " word ", "_word", "éword", "Été", "E\u0301te\u0301",
              "ﬁne", "fine", " spaced ", "x spaced  y", "<|sp|>", "  <|sp|>  "]
-    texts = rng.sample(lines, 1000) + random_strings(rng, lines, special_strings(ref) + extra, max(CASES // 5, 500))
+    texts = rng.sample(lines, SOME) + random_strings(rng, lines, special_strings(ref) + extra, max(CASES // 5, SOME // 2))
     check_fast(ref, ctok, texts, rng)
     roundtrip_all(ref, ctok, texts[:500])
 
