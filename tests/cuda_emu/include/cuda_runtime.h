@@ -153,8 +153,8 @@ template <class T> static inline T __ldg(const T *p) { return *p; }
 
 /* The warp-collective exchange: every lane of the warp passes `bytes` (<= EMU_WARP_ROW) and gets
  * the 32 lanes' contributions in lane order, row l at offset EMU_WARP_ROW * l of what it returns (a
- * scheduling point, like a shuffle). The rows are the runtime's own buffer, valid until the warp's
- * next collective but one: read them before the next scheduling point. */
+ * scheduling point, like a shuffle). The rows are the runtime's own buffer, which the warp's
+ * collective after next overwrites: read them before this lane's next scheduling point. */
 enum { EMU_WARP_ROW = 64 };
 const uint8_t *emu_warp_exchange(const void *mine, size_t bytes);
 #define EMU_NOSAN __attribute__((no_sanitize("address", "undefined")))
@@ -177,10 +177,11 @@ EMU_NOSAN static inline float emu_half_bits_f32(uint32_t h) { /* IEEE binary16 b
     f = (float)m * 0x1p-24f;
     return sg ? -f : f;
 }
-/* The warp-level matrix helpers below work on register values (their own copies, never on the
- * kernels' memory), so they are left out of the sanitizers' instrumentation: a cost with nothing to
- * find (they were the sanitized emulation's hottest function, 13% of a tensor-core test; GCC does
- * not inline an instrumented function into them, so their callees are marked too). */
+/* The warp-level matrix helpers below work on register values (the lanes' rows in the exchange
+ * buffer and their own arrays, never on the kernels' memory), so they are left out of the
+ * sanitizers' instrumentation: a cost with nothing to find (they were the sanitized emulation's
+ * hottest function, 13% of a tensor-core test; GCC does not inline an instrumented function into
+ * them, so their callees are marked too). */
 /* This lane's C fragment of d += A B: A holds the lane's rows g and g + 8, B its columns 2t and
  * 2t + 1 (only those are decoded: a lane reads 1/8 of A and 1/4 of B); the sum over k in order. */
 template <int K> EMU_NOSAN static inline void emu_mma_accumulate(float d[4], const float (&A)[2][K], const float (&B)[K][2]) {
