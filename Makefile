@@ -206,7 +206,8 @@ FUZZ_TARGETS := $(patsubst tests/fuzz/%.c,build-fuzz/%,$(wildcard tests/fuzz/fuz
 FUZZ_SECONDS ?= 30
 # The library is compiled once with the fuzzer's coverage instrumentation; each target links it.
 FUZZ_OBJ := $(patsubst %.c,build-fuzz/obj/%.o,$(LIB_SRC))
-FUZZ_CFLAGS := -std=c11 -g -O1 -D_GNU_SOURCE -fsanitize=address,undefined -fno-sanitize-recover=all
+FUZZ_BASE_CFLAGS := -std=c11 -g -O1 -D_GNU_SOURCE
+FUZZ_CFLAGS := $(FUZZ_BASE_CFLAGS) -fsanitize=address,undefined -fno-sanitize-recover=all
 build-fuzz/obj/%.o: %.c $(DEPS_OK)
 	@mkdir -p $(dir $@)
 	clang $(FUZZ_CFLAGS) -fsanitize=fuzzer-no-link -MMD -MP -c $< -o $@
@@ -216,7 +217,7 @@ build-fuzz/obj/tokenizer/default_tokenizer.o: tokenizer/default_tokenizer.json
 # are compiled without instrumentation: under it they were 200 of the build's ~240 CPU seconds.
 build-fuzz/obj/kernels/cpu/%.o: kernels/cpu/%.c $(DEPS_OK)
 	@mkdir -p $(dir $@)
-	clang -std=c11 -g -O1 -D_GNU_SOURCE -MMD -MP -c $< -o $@
+	clang $(FUZZ_BASE_CFLAGS) -MMD -MP -c $< -o $@
 .SECONDARY: $(FUZZ_OBJ)
 
 build-fuzz/%: tests/fuzz/%.c $(FUZZ_OBJ) $(DEPS_OK)

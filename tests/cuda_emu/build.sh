@@ -9,7 +9,8 @@
 #   EMU_CC / EMU_CXX            the compilers (gcc, g++)
 #   EMU_PLAIN_DIRS              source folders compiled without EMU_CFLAGS (e.g. kernels/cpu: the
 #                               CPU backend, the tests' reference, which the sanitized unit tests
-#                               of the CPU build check; under ASan it is half this build's time)
+#                               of the CPU build check; under ASan it made this build 2m37s
+#                               instead of 1m45s on 2 cores)
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 out=${1:-$root/build-emu}

@@ -219,11 +219,11 @@ uint64_t emu_shfl_get(int src) {
     return v;
 }
 
-static uint8_t gather_buf[2][1024][EMU_WARP_ROW];
+static uint8_t exchange_buf[2][1024][EMU_WARP_ROW];
 const uint8_t *emu_warp_exchange(const void *mine, size_t bytes) {
     if (bytes > EMU_WARP_ROW) emu_die("warp exchange of more than 64 bytes");
     const unsigned par = cur->shfl_count & 1, base = cur->tid & ~31u;
-    memcpy(gather_buf[par][cur->tid], mine, bytes);
+    memcpy(exchange_buf[par][cur->tid], mine, bytes);
     shfl_tag[par][cur->tid] = cur->shfl_count;
     yield_to_sched(F_WARP);
     if (base + 32 > fibers.size() || base + 32 > blockDim.x) emu_die("warp exchange with lanes outside the block");
@@ -231,7 +231,7 @@ const uint8_t *emu_warp_exchange(const void *mine, size_t bytes) {
         if (shfl_tag[par][base + l] != cur->shfl_count) emu_die("warp exchange: a lane is not at the same collective");
     cur->shfl_count++;
     /* the rows stay as they are until this warp's collective after next (the other parity) */
-    return gather_buf[par][base];
+    return exchange_buf[par][base];
 }
 
 static void run_block(unsigned T) {
