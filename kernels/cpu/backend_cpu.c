@@ -1,8 +1,8 @@
 /*
  * backend_cpu.c — the CPU backend's op table, its context and its memory.
  *
- * "Device" memory is host memory: alloc is 64-byte aligned (one cache line, one zmm register) and
- * zeroed, upload and download are memcpy. The context owns a thread pool used by every op that
+ * "Device" memory is host memory: alloc is 64-byte aligned and zeroed (large allocations are
+ * mapped, and zeroed by the kernel when first touched), upload and download are memcpy. The context owns a thread pool used by every op that
  * has enough work to split, the SIMD level picked at init, and scratch buffers that grow on demand
  * and are kept, so steady-state decode does not allocate.
  */
@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <unistd.h>
 #if defined(__x86_64__) || defined(__i386__)
 #include <cpuid.h>
 #endif
@@ -20,6 +21,17 @@
 #include "cpu_internal.h"
 #include "fp8_gemm.h"
 #include "fp8_layout.h"
+
+#if defined(__SANITIZE_ADDRESS__)
+#define RS_CPU_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define RS_CPU_ASAN 1
+#endif
+#endif
+#ifdef RS_CPU_ASAN
+#include <sanitizer/asan_interface.h>
+#endif
 
 /* ---- scratch ---- */
 
@@ -134,29 +146,72 @@ rs_cpu_simd rs_cpu_set_simd(rs_backend *b, rs_cpu_simd level) {
 
 /* ---- memory ---- */
 
-/* Allocations of at least one huge page (weights, the KV pool, staging) are 2 MiB aligned and
- * advised MADV_HUGEPAGE before they are first touched, so that with transparent huge pages in
- * "madvise" mode (the common default) they are backed by 2 MiB pages: the zeroing below faults
- * once per 2 MiB instead of once per 4 KiB (a 1.2 GB weight push: ~600 faults, not ~290,000), and
- * a decode step that streams every weight misses the TLB 512x less often. Where THP is off the
- * advice is a no-op. */
+/* Every allocation is zeroed and 64-byte aligned (one cache line, one zmm register), and the 64
+ * bytes before it hold how it is given back (mem_hdr).
+ *
+ * Allocations of at least one huge page (weights, the KV pool, staging) are mapped on their own
+ * (mmap), 2 MiB aligned, and are not written here: the kernel hands out zeroed pages on first
+ * touch. A default 1 GiB KV pool then costs nothing at start-up and resident memory grows with the
+ * pages in use (memset of the pool took 0.1-2.4 s of a daemon's start on a 2-vCPU Xeon, most of it
+ * in the kernel's page clearing). They are advised MADV_HUGEPAGE before anything touches them, so
+ * that with transparent huge pages in "madvise" mode (the common default) they are backed by 2 MiB
+ * pages: a first touch faults once per 2 MiB instead of once per 4 KiB (a 1.2 GB weight push: ~600
+ * faults, not ~290,000), and a decode step that streams every weight misses the TLB 512x less
+ * often. Where THP is off the advice is a no-op. A page with no access rights follows each mapping,
+ * so a run past its end faults at once; under AddressSanitizer the slack between the end and that
+ * page is poisoned too, so any overrun is reported. */
 #define RS_HUGE_PAGE ((size_t)2 << 20)
+#define RS_MEM_HDR   ((size_t)64)
+
+typedef struct mem_hdr {
+    void *base; /* what posix_memalign returned, or the mapping's start */
+    size_t len; /* the mapping's length; 0 for posix_memalign */
+} mem_hdr;
+
+static void *map_huge(size_t bytes) {
+    const size_t page = (size_t)sysconf(_SC_PAGESIZE), body = (bytes + page - 1) / page * page;
+    /* a header page, the body 2 MiB aligned somewhere in the next body + 2 MiB, a guard page */
+    if (body > SIZE_MAX - 2 * page - RS_HUGE_PAGE) return NULL;
+    const size_t len = page + body + RS_HUGE_PAGE + page;
+    uint8_t *m = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (m == MAP_FAILED) return NULL;
+    uint8_t *p = (uint8_t *)(((uintptr_t)m + page + RS_HUGE_PAGE - 1) & ~(uintptr_t)(RS_HUGE_PAGE - 1));
+    uint8_t *start = p - page, *end = p + body + page;
+    if (start > m) munmap(m, (size_t)(start - m));
+    if (m + len > end) munmap(end, (size_t)(m + len - end));
+    (void)mprotect(p + body, page, PROT_NONE);
+#ifdef MADV_HUGEPAGE
+    (void)madvise(p, body & ~(RS_HUGE_PAGE - 1), MADV_HUGEPAGE);
+#endif
+#ifdef RS_CPU_ASAN
+    ASAN_POISON_MEMORY_REGION(p + bytes, body - bytes);
+#endif
+    *(mem_hdr *)(p - RS_MEM_HDR) = (mem_hdr){.base = start, .len = (size_t)(end - start)};
+    return p;
+}
 
 static void *cpu_alloc(rs_backend *b, size_t bytes) {
     (void)b;
-    void *p = NULL;
-    const bool huge = bytes >= RS_HUGE_PAGE;
-    if (posix_memalign(&p, huge ? RS_HUGE_PAGE : 64, bytes ? bytes : 64) != 0) return NULL;
-#ifdef MADV_HUGEPAGE
-    if (huge) (void)madvise(p, bytes & ~(RS_HUGE_PAGE - 1), MADV_HUGEPAGE);
-#endif
-    memset(p, 0, bytes);
-    return p;
+    if (bytes >= RS_HUGE_PAGE) return map_huge(bytes);
+    void *m = NULL;
+    if (posix_memalign(&m, 64, RS_MEM_HDR + (bytes ? bytes : 64)) != 0) return NULL;
+    memset(m, 0, RS_MEM_HDR + bytes);
+    *(mem_hdr *)m = (mem_hdr){.base = m, .len = 0};
+    return (uint8_t *)m + RS_MEM_HDR;
 }
 
 static void cpu_free(rs_backend *b, void *p) {
     (void)b;
-    free(p);
+    if (!p) return;
+    const mem_hdr h = *(const mem_hdr *)((uint8_t *)p - RS_MEM_HDR);
+    if (!h.len) {
+        free(h.base);
+        return;
+    }
+#ifdef RS_CPU_ASAN
+    ASAN_UNPOISON_MEMORY_REGION(h.base, h.len); /* the range may be mapped again, for anything */
+#endif
+    munmap(h.base, h.len);
 }
 
 /* Uploads of at least this many bytes (weights, pushed weights) use non-temporal stores: they

@@ -218,22 +218,31 @@ def stop_reading_stream(d, rid):
 def test_streams_that_stop_reading_are_cut(rolloutd):
     d = rolloutd(None, "--kv-cache-mb", "64", "--max-stream-buffer", "1M", "--stream-memory-budget", "4M",
                  "--http-idle-timeout", "20")
-    base = rss(d)
-    aborted0 = m(metrics(d), "rolloutd_requests_aborted_total")
-    socks = [stop_reading_stream(d, f"stall-{i}") for i in range(6)]
-    peak = 0
+    # The KV pool's pages become resident when first used (it is mapped, not written, at start), so
+    # a first round of six such streams makes resident the pages these requests take; the bound is
+    # checked on a second round, from where the first left the daemon.
+    socks = []
+    for rnd in range(2):
+        base = rss(d)
+        aborted0 = m(metrics(d), "rolloutd_requests_aborted_total")
+        socks += [stop_reading_stream(d, f"stall-{rnd}-{i}") for i in range(6)]
+        peak = 0
 
-    def all_cut():
-        nonlocal peak
-        peak = max(peak, rss(d))
-        return m(metrics(d), "rolloutd_requests_aborted_total") >= aborted0 + 6
+        def all_cut():
+            nonlocal peak
+            peak = max(peak, rss(d))
+            return m(metrics(d), "rolloutd_requests_aborted_total") >= aborted0 + 6
 
-    wait_for(all_cut, timeout=60, what="six streams cut")
-    log = d.read_log()
-    assert log.count("the client reads too slowly") == 6, log[-3000:]
-    # their pages came back while their clients still hold the connections
-    wait_for(lambda: m(metrics(d), "rolloutd_kv_cache_usage_ratio") == 0, timeout=5, what="pages freed")
-    check_growth(peak - base, (4 << 20) + (32 << 20), "6 streams that stop reading, a 4 MiB budget")
+        wait_for(all_cut, timeout=60, what="six streams cut")
+        log = d.read_log()
+        assert log.count("the client reads too slowly") == 6 * (rnd + 1), log[-3000:]
+        # their pages came back while their clients still hold the connections
+        wait_for(lambda: m(metrics(d), "rolloutd_kv_cache_usage_ratio") == 0, timeout=5, what="pages freed")
+        if rnd == 0:
+            check_growth(peak - base, (4 << 20) + (32 << 20) + (64 << 20),
+                         "6 streams that stop reading, a 4 MiB budget, the KV pool's pages made resident")
+        else:
+            check_growth(peak - base, (4 << 20) + (32 << 20), "6 streams that stop reading, a 4 MiB budget")
     status, _, body, _ = ask(d, "POST", "/generate", GEN)
     assert status == 200, body
     # the idle timeout ends the connections of readers that stopped

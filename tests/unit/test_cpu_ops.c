@@ -7,10 +7,16 @@
  * multiples of any vector width or tile (K = 7, 33, 257, ...; rows 1, 3, 17, ...). Tolerances are
  * relative to the sum of |terms| of each output, the scale of fp32 rounding error in a dot product.
  */
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "../../core/rs.h"
 #include "../../kernels/backend.h"
@@ -18,6 +24,17 @@
 #include "../../kernels/cpu/fp8_layout.h"
 #include "../../kernels/fp8.h"
 #include "test.h"
+
+#if defined(__SANITIZE_ADDRESS__)
+#define UNDER_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define UNDER_ASAN 1
+#endif
+#endif
+#ifdef UNDER_ASAN
+#include <sanitizer/asan_interface.h>
+#endif
 
 /* ---- helpers ---- */
 
@@ -135,6 +152,68 @@ RS_TEST(cpu_alloc_is_zeroed_aligned_and_copies) {
     rs_backend_upload(b, p, src, sizeof src);
     rs_backend_download(b, dst, p, sizeof dst);
     ASSERT_TRUE(memcmp(src, dst, sizeof src) == 0);
+    rs_backend_free_mem(b, p);
+    rs_backend_free(b);
+}
+
+/* Allocations of 2 MiB and more are mappings of their own (backend_cpu.c): 2 MiB aligned, zero
+ * however often the size is given back and taken again, every byte writable. */
+RS_TEST(cpu_alloc_large_is_zeroed_aligned_and_reusable) {
+    rs_backend *b = rs_backend_cpu_init(1);
+    const size_t n = ((size_t)2 << 20) + 1000;
+    for (int round = 0; round < 3; round++) {
+        unsigned char *p = rs_backend_alloc(b, n);
+        ASSERT_TRUE(p != NULL);
+        ASSERT_EQ((uintptr_t)p % ((size_t)2 << 20), 0);
+        for (size_t i = 0; i < n; i += 4093) ASSERT_EQ(p[i], 0);
+        ASSERT_EQ(p[n - 1], 0);
+        memset(p, 0xA5, n); /* dirty it: the next round's allocation must be zero again */
+        rs_backend_free_mem(b, p);
+    }
+    rs_backend_free(b);
+}
+
+/* One byte past the end of a large allocation, written in a child: the page after the mapping has
+ * no access rights (SIGSEGV); under ASan the slack up to that page is poisoned, so even the first
+ * byte past the end is reported (ASan's report, exit 1; a fault also ends in its report). */
+static unsigned char *g_past_end;
+
+static void write_past_end(void) {
+    struct rlimit no_core = {0, 0};
+    setrlimit(RLIMIT_CORE, &no_core);
+    int null = open("/dev/null", O_WRONLY);
+    if (null >= 0) dup2(null, 2); /* the expected report is not the runner's business */
+    *(volatile unsigned char *)g_past_end = 1;
+    _exit(0); /* survived: nothing guards the end */
+}
+
+RS_TEST(cpu_alloc_large_faults_past_its_end) {
+    rs_backend *b = rs_backend_cpu_init(1);
+    const size_t n = ((size_t)2 << 20) + 1000;
+    unsigned char *p = rs_backend_alloc(b, n);
+    ASSERT_TRUE(p != NULL);
+    const size_t page = (size_t)sysconf(_SC_PAGESIZE);
+    g_past_end = p + (n + page - 1) / page * page; /* the page after */
+#ifdef UNDER_ASAN
+    /* the slack of the last page, where the backend is instrumented (the CUDA emulation's
+     * sanitized build compiles kernels/cpu plain: there the page after) */
+    if (__asan_address_is_poisoned(p + n)) g_past_end = p + n;
+#endif
+    fflush(stdout);
+    fflush(stderr);
+    pid_t pid = fork();
+    ASSERT_TRUE(pid >= 0);
+    if (pid == 0) write_past_end();
+    int status = 0;
+    while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {}
+#ifdef UNDER_ASAN
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 1)
+        RS_TEST_FAIL("child status %#x: want ASan's report and exit 1", status);
+#else
+    if (!WIFSIGNALED(status) || WTERMSIG(status) != SIGSEGV)
+        RS_TEST_FAIL("child status %#x (exit %d), want death by SIGSEGV", status,
+                     WIFEXITED(status) ? WEXITSTATUS(status) : -1);
+#endif
     rs_backend_free_mem(b, p);
     rs_backend_free(b);
 }
