@@ -158,8 +158,9 @@ rs_cpu_simd rs_cpu_set_simd(rs_backend *b, rs_cpu_simd level) {
  * pages: a first touch faults once per 2 MiB instead of once per 4 KiB (a 1.2 GB weight push: ~600
  * faults, not ~290,000), and a decode step that streams every weight misses the TLB 512x less
  * often. Where THP is off the advice is a no-op. A page with no access rights follows each mapping,
- * so a run past its end faults at once; under AddressSanitizer the slack between the end and that
- * page is poisoned too, so any overrun is reported. */
+ * so a run past its end faults at once. Under AddressSanitizer the header (and a mapping's header
+ * page) and the slack between a mapping's end and that page are poisoned, so a byte before or
+ * after an allocation is reported as a heap redzone's would be. */
 #define RS_HUGE_PAGE ((size_t)2 << 20)
 #define RS_MEM_HDR   ((size_t)64)
 
@@ -183,10 +184,11 @@ static void *map_huge(size_t bytes) {
 #ifdef MADV_HUGEPAGE
     (void)madvise(p, body & ~(RS_HUGE_PAGE - 1), MADV_HUGEPAGE);
 #endif
+    *(mem_hdr *)(p - RS_MEM_HDR) = (mem_hdr){.base = start, .len = (size_t)(end - start)};
 #ifdef RS_CPU_ASAN
+    ASAN_POISON_MEMORY_REGION(start, page);
     ASAN_POISON_MEMORY_REGION(p + bytes, body - bytes);
 #endif
-    *(mem_hdr *)(p - RS_MEM_HDR) = (mem_hdr){.base = start, .len = (size_t)(end - start)};
     return p;
 }
 
@@ -197,12 +199,26 @@ static void *cpu_alloc(rs_backend *b, size_t bytes) {
     if (posix_memalign(&m, 64, RS_MEM_HDR + (bytes ? bytes : 64)) != 0) return NULL;
     memset(m, 0, RS_MEM_HDR + bytes);
     *(mem_hdr *)m = (mem_hdr){.base = m, .len = 0};
+#ifdef RS_CPU_ASAN
+    ASAN_POISON_MEMORY_REGION(m, RS_MEM_HDR);
+#endif
     return (uint8_t *)m + RS_MEM_HDR;
+}
+
+bool rs_cpu_alloc_poisons(void) {
+#ifdef RS_CPU_ASAN
+    return true;
+#else
+    return false;
+#endif
 }
 
 static void cpu_free(rs_backend *b, void *p) {
     (void)b;
     if (!p) return;
+#ifdef RS_CPU_ASAN
+    ASAN_UNPOISON_MEMORY_REGION((uint8_t *)p - RS_MEM_HDR, RS_MEM_HDR);
+#endif
     const mem_hdr h = *(const mem_hdr *)((uint8_t *)p - RS_MEM_HDR);
     if (!h.len) {
         free(h.base);

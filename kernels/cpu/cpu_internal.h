@@ -124,6 +124,9 @@ bool rs_cpu_set_amx(rs_backend *b, bool on);
 /* Test hook: caps the SIMD level at `level` (and at what the CPU supports); returns the level now
  * in use. */
 rs_cpu_simd rs_cpu_set_simd(rs_backend *b, rs_cpu_simd level);
+/* Test hook: whether this build's allocations poison the bytes around them for AddressSanitizer
+ * (backend_cpu.c compiled with it). */
+bool rs_cpu_alloc_poisons(void);
 void rs_cpu_set_gemv(rs_backend *b, rs_cpu_gemv mode);
 const char *rs_cpu_simd_name(rs_cpu_simd s);
 
