@@ -333,7 +333,8 @@ def test_client_sending_garbage_http(daemon):
 
 def test_waiting_queue_full_gives_503(rolloutd):
     d = rolloutd(None, "--kv-cache-mb", "64", "--max-waiting-requests", "1")
-    long_req = {"input_ids": [1, 2, 3], "sampling_params": {"max_new_tokens": 1000, "ignore_eos": True}}
+    long_req = {"rid": "holds-the-slot", "input_ids": [1, 2, 3],
+                "sampling_params": {"max_new_tokens": 1000, "ignore_eos": True}}
     result = {}
 
     def send_long():  # retried while a probe below holds the only slot
@@ -355,6 +356,7 @@ def test_waiting_queue_full_gives_503(rolloutd):
         time.sleep(0.05)
     check_error(r, 503, "unavailable", None, "max-waiting-requests")
     assert r.headers["Retry-After"] == "1"
+    d.post("/abort_request", {"rid": "holds-the-slot"})  # it has served its purpose
     t.join()
     assert result["r"].status_code == 200
     # The slot frees when the long request's connection completes, which can come a moment after
