@@ -182,7 +182,9 @@ static void *map_huge(size_t bytes) {
     if (m + len > end) munmap(end, (size_t)(m + len - end));
     (void)mprotect(p + body, page, PROT_NONE);
 #ifdef MADV_HUGEPAGE
-    (void)madvise(p, body & ~(RS_HUGE_PAGE - 1), MADV_HUGEPAGE);
+    /* the whole mapping but the guard, so that it stays one VMA (two with the guard): a model of
+     * many tensors must not run into vm.max_map_count; huge pages back only its whole 2 MiB ranges */
+    (void)madvise(start, (size_t)(p + body - start), MADV_HUGEPAGE);
 #endif
     *(mem_hdr *)(p - RS_MEM_HDR) = (mem_hdr){.base = start, .len = (size_t)(end - start)};
 #ifdef RS_CPU_ASAN

@@ -170,6 +170,34 @@ RS_TEST(cpu_alloc_large_is_zeroed_aligned_and_reusable) {
     rs_backend_free(b);
 }
 
+static int count_mappings(void) {
+    FILE *f = fopen("/proc/self/maps", "r");
+    if (!f) return -1;
+    int n = 0, c;
+    while ((c = fgetc(f)) != EOF) n += c == '\n';
+    fclose(f);
+    return n;
+}
+
+/* A large allocation costs two entries of /proc/self/maps (the mapping, its guard page), not more:
+ * a model of thousands of tensors (a MoE's experts) stays far below vm.max_map_count (65530). */
+RS_TEST(cpu_alloc_large_takes_two_mappings) {
+    enum { N = 32 };
+    rs_backend *b = rs_backend_cpu_init(1);
+    void *p[N];
+    const int before = count_mappings();
+    ASSERT_TRUE(before > 0);
+    for (int i = 0; i < N; i++) {
+        p[i] = rs_backend_alloc(b, ((size_t)2 << 20) + (size_t)i * 12345);
+        ASSERT_TRUE(p[i] != NULL);
+        memset(p[i], 1, 4096); /* touched, as served weights are */
+    }
+    const int after = count_mappings();
+    for (int i = 0; i < N; i++) rs_backend_free_mem(b, p[i]);
+    if (after - before > 2 * N + 4) RS_TEST_FAIL("%d allocations added %d mappings", N, after - before);
+    rs_backend_free(b);
+}
+
 /* Writes one byte at `at` in a child; its wait status. */
 static unsigned char *g_write_at;
 
