@@ -170,10 +170,10 @@ typedef struct mem_hdr {
 } mem_hdr;
 
 static void *map_huge(size_t bytes) {
-    const size_t page = (size_t)sysconf(_SC_PAGESIZE), body = (bytes + page - 1) / page * page;
+    const size_t page = (size_t)sysconf(_SC_PAGESIZE);
+    if (bytes > SIZE_MAX - 3 * page - RS_HUGE_PAGE) return NULL;
     /* a header page, the body 2 MiB aligned somewhere in the next body + 2 MiB, a guard page */
-    if (body > SIZE_MAX - 2 * page - RS_HUGE_PAGE) return NULL;
-    const size_t len = page + body + RS_HUGE_PAGE + page;
+    const size_t body = (bytes + page - 1) / page * page, len = page + body + RS_HUGE_PAGE + page;
     uint8_t *m = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (m == MAP_FAILED) return NULL;
     uint8_t *p = (uint8_t *)(((uintptr_t)m + page + RS_HUGE_PAGE - 1) & ~(uintptr_t)(RS_HUGE_PAGE - 1));

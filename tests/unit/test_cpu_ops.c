@@ -154,7 +154,8 @@ RS_TEST(cpu_alloc_is_zeroed_aligned_and_copies) {
 }
 
 /* Allocations of 2 MiB and more are mappings of their own (backend_cpu.c): 2 MiB aligned, zero
- * however often the size is given back and taken again, every byte writable. */
+ * however often the size is given back and taken again, every byte writable; a size that cannot be
+ * mapped is refused. */
 RS_TEST(cpu_alloc_large_is_zeroed_aligned_and_reusable) {
     rs_backend *b = rs_backend_cpu_init(1);
     const size_t n = ((size_t)2 << 20) + 1000;
@@ -167,6 +168,9 @@ RS_TEST(cpu_alloc_large_is_zeroed_aligned_and_reusable) {
         memset(p, 0xA5, n); /* dirty it: the next round's allocation must be zero again */
         rs_backend_free_mem(b, p);
     }
+    /* sizes whose rounding would wrap are refused, not mapped small */
+    ASSERT_TRUE(rs_backend_alloc(b, SIZE_MAX) == NULL);
+    ASSERT_TRUE(rs_backend_alloc(b, SIZE_MAX - ((size_t)2 << 20)) == NULL);
     rs_backend_free(b);
 }
 
