@@ -93,6 +93,15 @@ double rs_now_s(void); /* CLOCK_MONOTONIC seconds */
 #define RS_MAX(a, b) ((a) > (b) ? (a) : (b))
 #define RS_ARRAY_LEN(a) (sizeof(a) / sizeof((a)[0]))
 
+/* RS_ASAN is defined where this file is compiled with AddressSanitizer (GCC's or clang's flag). */
+#if defined(__SANITIZE_ADDRESS__)
+#define RS_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define RS_ASAN 1
+#endif
+#endif
+
 #ifdef __cplusplus
 }
 #endif

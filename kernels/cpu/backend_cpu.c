@@ -22,14 +22,7 @@
 #include "fp8_gemm.h"
 #include "fp8_layout.h"
 
-#if defined(__SANITIZE_ADDRESS__)
-#define RS_CPU_ASAN 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-#define RS_CPU_ASAN 1
-#endif
-#endif
-#ifdef RS_CPU_ASAN
+#ifdef RS_ASAN
 #include <sanitizer/asan_interface.h>
 #endif
 
@@ -187,7 +180,7 @@ static void *map_huge(size_t bytes) {
     (void)madvise(start, (size_t)(p + body - start), MADV_HUGEPAGE);
 #endif
     *(mem_hdr *)(p - RS_MEM_HDR) = (mem_hdr){.base = start, .len = (size_t)(end - start)};
-#ifdef RS_CPU_ASAN
+#ifdef RS_ASAN
     ASAN_POISON_MEMORY_REGION(start, page);
     ASAN_POISON_MEMORY_REGION(p + bytes, body - bytes);
 #endif
@@ -201,14 +194,14 @@ static void *cpu_alloc(rs_backend *b, size_t bytes) {
     if (posix_memalign(&m, 64, RS_MEM_HDR + (bytes ? bytes : 64)) != 0) return NULL;
     memset(m, 0, RS_MEM_HDR + bytes);
     *(mem_hdr *)m = (mem_hdr){.base = m, .len = 0};
-#ifdef RS_CPU_ASAN
+#ifdef RS_ASAN
     ASAN_POISON_MEMORY_REGION(m, RS_MEM_HDR);
 #endif
     return (uint8_t *)m + RS_MEM_HDR;
 }
 
 bool rs_cpu_alloc_poisons(void) {
-#ifdef RS_CPU_ASAN
+#ifdef RS_ASAN
     return true;
 #else
     return false;
@@ -218,7 +211,7 @@ bool rs_cpu_alloc_poisons(void) {
 static void cpu_free(rs_backend *b, void *p) {
     (void)b;
     if (!p) return;
-#ifdef RS_CPU_ASAN
+#ifdef RS_ASAN
     ASAN_UNPOISON_MEMORY_REGION((uint8_t *)p - RS_MEM_HDR, RS_MEM_HDR);
 #endif
     const mem_hdr h = *(const mem_hdr *)((uint8_t *)p - RS_MEM_HDR);
@@ -226,7 +219,7 @@ static void cpu_free(rs_backend *b, void *p) {
         free(h.base);
         return;
     }
-#ifdef RS_CPU_ASAN
+#ifdef RS_ASAN
     ASAN_UNPOISON_MEMORY_REGION(h.base, h.len); /* the range may be mapped again, for anything */
 #endif
     munmap(h.base, h.len);

@@ -25,14 +25,6 @@
 #include "../../kernels/fp8.h"
 #include "test.h"
 
-#if defined(__SANITIZE_ADDRESS__)
-#define UNDER_ASAN 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-#define UNDER_ASAN 1
-#endif
-#endif
-
 /* ---- helpers ---- */
 
 static uint64_t rng_next(uint64_t *s) { /* splitmix64 */
@@ -235,7 +227,7 @@ RS_TEST(cpu_alloc_guards_its_ends) {
     unsigned char *big = rs_backend_alloc(b, n), *small = rs_backend_alloc(b, 1000);
     ASSERT_TRUE(big != NULL && small != NULL);
     int status = child_writes(big + (n + page - 1) / page * page); /* the page after */
-#ifdef UNDER_ASAN
+#ifdef RS_ASAN
     if (!WIFEXITED(status) || WEXITSTATUS(status) != 1)
         RS_TEST_FAIL("past the page: child status %#x, want ASan's report and exit 1", status);
     /* (the CUDA emulation's sanitized build compiles kernels/cpu plain: nothing is poisoned there) */

@@ -28,6 +28,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "../../core/rs.h"
 #include "../../model/model.h"
 #include "../../model/quant.h"
 #include "../../model/safetensors.h"
@@ -38,14 +39,6 @@
 #include "../../sync/sync.h"
 #include "test.h"
 #include "test_util.h"
-
-#if defined(__SANITIZE_ADDRESS__)
-#define UNDER_ASAN 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-#define UNDER_ASAN 1
-#endif
-#endif
 
 /* ---------------------------------------------------------------- segments */
 
@@ -211,7 +204,7 @@ static int run_child(void (*fn)(void)) {
 /* A genuine bug (a fault outside every guarded mapping) still kills the process with SIGBUS. */
 RS_TEST(shm_guard_foreign_sigbus_is_still_fatal) {
     int status = run_child(fault_outside_the_guard);
-#ifdef UNDER_ASAN
+#ifdef RS_ASAN
     /* ASan's handler came first: the guard hands the fault to it, and it reports and exits 1 */
     if (!WIFEXITED(status) || WEXITSTATUS(status) != 1)
         RS_TEST_FAIL("child status %#x: want ASan's report and exit 1", status);
