@@ -2,9 +2,10 @@
  * backend_cpu.c — the CPU backend's op table, its context and its memory.
  *
  * "Device" memory is host memory: alloc is 64-byte aligned and zeroed (large allocations are
- * mapped, and zeroed by the kernel when first touched), upload and download are memcpy. The context owns a thread pool used by every op that
- * has enough work to split, the SIMD level picked at init, and scratch buffers that grow on demand
- * and are kept, so steady-state decode does not allocate.
+ * mapped, and zeroed by the kernel when first touched), upload and download are memcpy. The
+ * context owns a thread pool used by every op that has enough work to split, the SIMD level picked
+ * at init, and scratch buffers that grow on demand and are kept, so steady-state decode does not
+ * allocate.
  */
 #include <stdbool.h>
 #include <stdint.h>
@@ -145,15 +146,16 @@ rs_cpu_simd rs_cpu_set_simd(rs_backend *b, rs_cpu_simd level) {
  * Allocations of at least one huge page (weights, the KV pool, staging) are mapped on their own
  * (mmap), 2 MiB aligned, and are not written here: the kernel hands out zeroed pages on first
  * touch. A default 1 GiB KV pool then costs nothing at start-up and resident memory grows with the
- * pages in use (memset of the pool took 0.1-2.4 s of a daemon's start on a 2-vCPU Xeon, most of it
- * in the kernel's page clearing). They are advised MADV_HUGEPAGE before anything touches them, so
- * that with transparent huge pages in "madvise" mode (the common default) they are backed by 2 MiB
- * pages: a first touch faults once per 2 MiB instead of once per 4 KiB (a 1.2 GB weight push: ~600
- * faults, not ~290,000), and a decode step that streams every weight misses the TLB 512x less
- * often. Where THP is off the advice is a no-op. A page with no access rights follows each mapping,
- * so a run past its end faults at once. Under AddressSanitizer the header (and a mapping's header
- * page) and the slack between a mapping's end and that page are poisoned, so a byte before or
- * after an allocation is reported as a heap redzone's would be. */
+ * pages in use (writing the pool added 0.5 s to a daemon's start at the median and up to 1.9 s on
+ * a 2-vCPU Xeon, most of it the kernel clearing pages: docs/benchmarks.md). They are advised
+ * MADV_HUGEPAGE before anything touches them, so that with transparent huge pages in "madvise"
+ * mode (the common default) they are backed by 2 MiB pages: a first touch faults once per 2 MiB
+ * instead of once per 4 KiB (a 1.2 GB weight push: ~600 faults, not ~290,000), and a decode step
+ * that streams every weight misses the TLB 512x less often. Where THP is off the advice is a
+ * no-op. A page with no access rights follows each mapping, so a run past its end faults at once.
+ * Under AddressSanitizer the header (and a mapping's header page) and the slack between a
+ * mapping's end and that page are poisoned, so a byte before or after an allocation is reported
+ * as a heap redzone's would be. */
 #define RS_HUGE_PAGE ((size_t)2 << 20)
 #define RS_MEM_HDR   ((size_t)64)
 

@@ -230,7 +230,7 @@ RS_TEST(cpu_alloc_guards_its_ends) {
 #ifdef RS_ASAN
     if (!WIFEXITED(status) || WEXITSTATUS(status) != 1)
         RS_TEST_FAIL("past the page: child status %#x, want ASan's report and exit 1", status);
-    /* (the CUDA emulation's sanitized build compiles kernels/cpu plain: nothing is poisoned there) */
+    /* (a build that compiles kernels/cpu without ASan, as the CUDA emulation's may, poisons nothing) */
     if (rs_cpu_alloc_poisons()) {
         unsigned char *at[] = {big - 1, big + n, small - 1, small + 1000};
         for (int i = 0; i < 4; i++) {
