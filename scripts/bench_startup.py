@@ -16,73 +16,29 @@ not written, at start, so the ratio should stay near 1.0 whatever the pool's siz
 import argparse
 import os
 import pathlib
-import platform
 import shlex
-import signal
-import socket
 import statistics
-import subprocess
+import sys
+import tempfile
 import time
-import urllib.request
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-TICK = os.sysconf("SC_CLK_TCK")
+sys.path.insert(0, str(ROOT / "clients" / "python"))
+sys.path.insert(0, str(ROOT / "scripts"))
+from bench_fleet_push import cpu_model, proc_cpu  # noqa: E402
+from bench_weight_sync import Daemon  # noqa: E402
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def healthy(url):
+def start_once(binary, kv_mb, extra, model_dir, log_path):
+    """(seconds to ready, daemon CPU seconds by then, VmRSS MiB then) of one start; stops it."""
+    d = Daemon(binary, model_dir, ["--kv-cache-mb", str(kv_mb), *extra], log_path, poll_s=0.01)
     try:
-        with urllib.request.urlopen(url + "/health", timeout=1) as r:
-            return r.status == 200
-    except OSError:
-        return False
-
-
-def start_once(binary, kv_mb, extra, model_dir):
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    cmd = [binary, "--host", "127.0.0.1", "--port", str(port), "--kv-cache-mb", str(kv_mb)] + extra
-    if model_dir:
-        cmd += ["--model", model_dir]
-    t0 = time.perf_counter()
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        while not healthy(url):
-            if proc.poll() is not None:
-                raise SystemExit(f"{' '.join(cmd)} exited with {proc.returncode}")
-            if time.perf_counter() - t0 > 300:
-                raise SystemExit(f"{' '.join(cmd)} not ready after 300 s")
-            time.sleep(0.01)
-        ready = time.perf_counter() - t0
-        with open(f"/proc/{proc.pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-        cpu = (int(fields[11]) + int(fields[12])) / TICK
-        with open(f"/proc/{proc.pid}/status") as f:
+        cpu = proc_cpu(d.proc.pid)
+        with open(f"/proc/{d.proc.pid}/status") as f:
             rss = next(int(line.split()[1]) for line in f if line.startswith("VmRSS:")) / 1024
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-    return ready, cpu, rss
-
-
-def cpu_model():
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown CPU"
+        d.stop()
+    return d.startup_s, cpu, rss
 
 
 def main():
@@ -98,10 +54,11 @@ def main():
     print(f"# {cpu_model()}, {os.cpu_count()} CPUs; {a.bin} {' '.join(extra)}; "
           f"model {a.model_dir or 'the embedded default'}; {time.strftime('%Y-%m-%d %H:%M:%S %Z')}")
     runs = {s: [] for s in sizes}
+    log = pathlib.Path(tempfile.mkdtemp(prefix="rolloutd-startup-")) / "rolloutd.log"
     for r in range(a.repeat):
         order = sizes if r % 2 == 0 else sizes[::-1]
         for s in order:
-            ready, cpu, rss = start_once(a.bin, s, extra, a.model_dir)
+            ready, cpu, rss = start_once(a.bin, s, extra, a.model_dir, log)
             runs[s].append((ready, cpu, rss))
             print(f"round {r + 1} kv {s:>6} MiB: ready {ready:.3f} s, cpu {cpu:.2f} s, rss {rss:.0f} MiB", flush=True)
     base = statistics.median(x[0] for x in runs[sizes[0]])

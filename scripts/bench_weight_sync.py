@@ -104,12 +104,17 @@ class _Stub(http.server.BaseHTTPRequestHandler):
 
 
 class Daemon:
-    def __init__(self, binary, model_dir, args, log_path):
+    """A daemon started and waited for (/health 200, polled every poll_s); startup_s is how long
+    that took. model_dir None serves the embedded default model."""
+
+    def __init__(self, binary, model_dir, args, log_path, poll_s=0.2):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = open(log_path, "wb")
         self.log_path = log_path
-        cmd = [binary, "--host", "127.0.0.1", "--port", str(self.port), "--model", str(model_dir), *args]
+        cmd = [binary, "--host", "127.0.0.1", "--port", str(self.port), *args]
+        if model_dir is not None:
+            cmd += ["--model", str(model_dir)]
         t0 = time.perf_counter()
         self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT)
         deadline = time.time() + 900
@@ -121,7 +126,7 @@ class Daemon:
                     break
             except requests.RequestException:
                 pass
-            time.sleep(0.2)
+            time.sleep(poll_s)
         else:
             self.stop()
             raise RuntimeError("rolloutd did not become healthy")
