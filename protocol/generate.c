@@ -150,7 +150,8 @@ static const rs_jfield sampling_fields[] = {
     {.name = "n", .type = RS_JT_INT, SP(n), .min = 1, .max = INT_MAX, .def = "1",
      .doc = "samples per prompt (capped by --max-n); the answer is a list when n > 1"},
     {.name = "sampling_seed", .type = RS_JT_CUSTOM, .read = read_sampling_seed, .shape = "integer >= 0",
-     .def = "random", .doc = "seeds the sample's random draws (sample s of a group uses (seed, s))"},
+     .def = "random", .doc = "seeds the sample's random draws (sample s of a group uses (seed, s))",
+     .schema = "{'type': 'integer', 'minimum': 0, 'maximum': 9223372036854775807}"},
     {.name = "stop_token_ids", .type = RS_JT_IDS, SP(stop_token_ids), .offset2 = offsetof(rs_sampling_params,
      n_stop_token_ids), .def = "[]", .doc = "token ids that end the output (the stop token is kept)"},
     {.name = "ignore_eos", .type = RS_JT_BOOL, SP(ignore_eos), .def = "false",
@@ -160,11 +161,15 @@ static const rs_jfield sampling_fields[] = {
     {.name = "stop", .type = RS_JT_CUSTOM, .flags = RS_JF_TOKENIZER, .read = read_stop,
      .shape = "string, or a list of strings (<= 64, each <= 1024 bytes)", .def = "[]",
      .doc = "the output ends once its text contains one (matched on the decoded text, across tokens); the "
-            "text is cut before it, output_ids keep the token that completed it"},
+            "text is cut before it, output_ids keep the token that completed it",
+     .schema = "{'anyOf': [{'type': 'string', 'maxLength': 1024}, {'type': 'array', 'maxItems': 64, "
+               "'items': {'type': 'string', 'maxLength': 1024}}]}"},
     {.name = "stop_regex", .type = RS_JT_CUSTOM, .flags = RS_JF_TOKENIZER, .read = read_stop_regex,
      .shape = "string, or a list of strings (<= 16, each <= 1024 bytes)", .def = "[]",
      .doc = "the output ends once a regex (PCRE2, UTF-8) finds a match in its text; cut like stop, matched "
-            "names the pattern"},
+            "names the pattern",
+     .schema = "{'anyOf': [{'type': 'string', 'maxLength': 1024}, {'type': 'array', 'maxItems': 16, "
+               "'items': {'type': 'string', 'maxLength': 1024}}]}"},
     {.name = "skip_special_tokens", .type = RS_JT_BOOL, .flags = RS_JF_TOKENIZER, TXT(skip_special_tokens),
      .def = "true", .doc = "special tokens are left out of the text (and of stop-string matching)"},
     {.name = "spaces_between_special_tokens", .type = RS_JT_BOOL, .use = RS_JU_NO_EFFECT, .def = "true",
@@ -176,7 +181,8 @@ static const rs_jfield sampling_fields[] = {
      .doc = "arguments of a custom logit processor, ignored as in SGLang without one, except slime's "
             "return_top_p_token_ids: true adds meta_info top_p_token_ids / top_p_token_offsets to a "
             "finished output (base64 int32: the ids top-k / top-p / min-p kept at each token, most likely "
-            "first; the token when greedy; none without truncation) and makes logprobs_mode processed"},
+            "first; the token when greedy; none without truncation) and makes logprobs_mode processed",
+     .schema = "{'type': 'object', 'properties': {'return_top_p_token_ids': {'type': ['boolean', 'null']}}}"},
     {.name = "logit_bias", .type = RS_JT_MAP, .use = RS_JU_NEUTRAL, .neutral = "{}", .doc = "logit biases"},
     {.name = "json_schema", .type = RS_JT_TEXT, .use = RS_JU_NEUTRAL, .doc = "constrained decoding"},
     {.name = "regex", .type = RS_JT_TEXT, .use = RS_JU_NEUTRAL, .doc = "constrained decoding"},
@@ -193,12 +199,18 @@ static const rs_jobject sampling_object = {
 static const rs_jfield generate_fields[] = {
     {.name = "text", .type = RS_JT_CUSTOM, .flags = RS_JF_TOKENIZER, .read = read_text,
      .shape = "non-empty string, or a list of them (a batch)",
-     .doc = "the prompt(s) as text, encoded as Tokenizer.encode(text) does (instead of input_ids)"},
+     .doc = "the prompt(s) as text, encoded as Tokenizer.encode(text) does (instead of input_ids)",
+     .schema = "{'anyOf': [{'type': 'string', 'minLength': 1}, {'type': 'array', 'minItems': 1, "
+               "'items': {'type': 'string', 'minLength': 1}}]}"},
     {.name = "input_ids", .type = RS_JT_CUSTOM, .read = read_input_ids,
      .shape = "list of token ids, or a list of such lists (a batch)",
-     .doc = "the prompt(s); this or text is required"},
+     .doc = "the prompt(s); this or text is required",
+     .schema = "{'anyOf': ['$ids', {'type': 'array', 'minItems': 1, 'items': '$ids'}]}"},
     {.name = "rid", .type = RS_JT_CUSTOM, .read = read_rid, .shape = "string, or a list of strings (one per prompt)",
-     .doc = "request id (<= 127 bytes): /abort_request takes it; outputs are named after it"},
+     .doc = "request id (<= 127 bytes): /abort_request takes it; outputs are named after it",
+     .schema = "{'anyOf': [{'type': 'string', 'minLength': 1, 'maxLength': 127, 'pattern': '$name'}, "
+               "{'type': 'array', 'items': {'type': 'string', 'minLength': 1, 'maxLength': 127, "
+               "'pattern': '$name'}}]}"},
     {.name = "sampling_params", .type = RS_JT_OBJECT, .sub = &sampling_object, .doc = "see below"},
     {.name = "return_logprob", .type = RS_JT_BOOL, JOB(return_logprob), .def = "false",
      .doc = "return each output token's logprob (and the prompt's, with logprob_start_len)"},
@@ -301,7 +313,8 @@ static const rs_jfield generate_fields[] = {
 };
 
 const rs_jobject rs_generate_fields = {
-    .title = "POST /generate", .fields = generate_fields, .n = RS_ARRAY_LEN(generate_fields)};
+    .title = "POST /generate", .fields = generate_fields, .n = RS_ARRAY_LEN(generate_fields),
+    .one_of = "input_ids|text"};
 
 int rs_generate_parse(const char *body, size_t len, const rs_tok *tok, rs_generate_req *out, rs_error *err) {
     memset(out, 0, sizeof *out);

@@ -727,3 +727,179 @@ int rs_json_sse_event(rs_buf *b, json_t *v) {
     }
     return rc;
 }
+
+/* ---------------------------------------------------------------- JSON Schema */
+
+/* A JSON literal of a table (a neutral value): the tables are constants, so text that does not
+ * parse is a bug in one of them. */
+static json_t *literal(const char *s, size_t n) {
+    json_error_t je;
+    json_t *v = json_loadb(s, n, JSON_DECODE_ANY, &je);
+    RS_ASSERT(v && "a table's JSON literal does not parse");
+    return v;
+}
+
+/* The walker's check of a name-like string (rs_json_check_name) as a pattern. */
+#define NAME_PATTERN "^[^\\u0000-\\u001f\\u007f]*$"
+
+static json_t *schema_of_type(const char *type) { return json_pack("{s:s}", "type", type); }
+
+/* A number bound as JSON: an integer where the bound is one (INT_MAX stays 2147483647). */
+static json_t *bound(double x) {
+    if (x == nearbyint(x) && fabs(x) < 0x1p53) return json_integer((json_int_t)x);
+    return json_real(x);
+}
+
+static json_t *ids_schema(void) {
+    return json_pack("{s:s, s:{s:s, s:i, s:I}}", "type", "array", "items", "type", "integer", "minimum", 0,
+                     "maximum", (json_int_t)INT32_MAX);
+}
+
+/* v (stolen) with the placeholders of rs_jfield.schema replaced. */
+static json_t *placeholders(json_t *v, const rs_jobject *sub) {
+    if (json_is_string(v) && json_string_value(v)[0] == '$') {
+        const char *s = json_string_value(v);
+        json_t *r = strcmp(s, "$ids") == 0 ? ids_schema() : strcmp(s, "$name") == 0 ? json_string(NAME_PATTERN) : NULL;
+        if (strcmp(s, "$sub") == 0) {
+            RS_ASSERT(sub && "a schema names $sub in a row without one");
+            r = rs_json_schema(sub);
+        }
+        RS_ASSERT(r && "an unknown placeholder in a row's schema");
+        json_decref(v);
+        return r;
+    }
+    if (json_is_object(v)) {
+        const char *k;
+        json_t *e;
+        json_object_foreach(v, k, e) json_object_set_new(v, k, placeholders(json_incref(e), sub));
+    } else if (json_is_array(v)) {
+        for (size_t i = 0; i < json_array_size(v); i++)
+            json_array_set_new(v, i, placeholders(json_incref(json_array_get(v, i)), sub));
+    }
+    return v;
+}
+
+/* A CUSTOM row's schema: its text with ' for ", and placeholders. */
+static json_t *row_schema(const rs_jfield *f) {
+    RS_ASSERT(f->schema && "a CUSTOM row without a schema");
+    char *t = rs_xstrdup(f->schema);
+    for (char *p = t; *p; p++)
+        if (*p == '\'') *p = '"';
+    json_t *v = literal(t, strlen(t));
+    free(t);
+    return placeholders(v, f->sub);
+}
+
+/* The value of a field, null aside. */
+static json_t *field_value_schema(const rs_jfield *f) {
+    json_t *s = NULL;
+    const bool read = f->use == RS_JU_READ;
+    switch (f->type) {
+    case RS_JT_BOOL: return schema_of_type("boolean");
+    case RS_JT_INT:
+        s = schema_of_type("integer");
+        if (read) {
+            json_object_set_new(s, "minimum", bound(RS_MAX(f->min, -0x1p63)));
+            json_object_set_new(s, "maximum", bound(RS_MIN(f->max, 0x1p63 - 1024)));
+            if (f->flags & RS_JF_NOT_ZERO) json_object_set_new(s, "not", json_pack("{s:i}", "const", 0));
+        }
+        return s;
+    case RS_JT_FLOAT:
+        s = schema_of_type("number");
+        if (read) {
+            /* finite and within fp32, and the table's range */
+            const double lo = RS_MAX(f->min, -FLT_MAX), hi = RS_MIN(f->max, FLT_MAX);
+            const bool lo_open = f->flags & RS_JF_MIN_OPEN && lo == f->min;
+            const bool hi_open = f->flags & RS_JF_MAX_OPEN && hi == f->max;
+            json_object_set_new(s, lo_open ? "exclusiveMinimum" : "minimum", bound(lo));
+            json_object_set_new(s, hi_open ? "exclusiveMaximum" : "maximum", bound(hi));
+        }
+        return s;
+    case RS_JT_STRING:
+        /* maxLength counts characters where the walker counts bytes: a bound the walker's implies */
+        return json_pack("{s:s, s:i, s:I, s:s}", "type", "string", "minLength", 1, "maxLength",
+                         (json_int_t)(f->size - 1), "pattern", NAME_PATTERN);
+    case RS_JT_ENUM: {
+        json_t *e = json_array();
+        for (const char *p = f->choices;;) {
+            const char *bar = strchr(p, '|');
+            size_t n = bar ? (size_t)(bar - p) : strlen(p);
+            json_array_append_new(e, json_stringn(p, n));
+            if (!bar) break;
+            p = bar + 1;
+        }
+        return json_pack("{s:s, s:o}", "type", "string", "enum", e);
+    }
+    case RS_JT_IDS: return ids_schema();
+    case RS_JT_OBJECT: return rs_json_schema(f->sub);
+    case RS_JT_CUSTOM: return row_schema(f);
+    case RS_JT_NUMBER: return schema_of_type("number");
+    case RS_JT_TEXT: return schema_of_type("string");
+    case RS_JT_LIST: return schema_of_type("array");
+    case RS_JT_MAP: return schema_of_type("object");
+    case RS_JT_STRINGS:
+        return json_pack("{s:[{s:s}, {s:s, s:{s:s}}]}", "anyOf", "type", "string", "type", "array", "items", "type",
+                         "string");
+    case RS_JT_ANY: return json_object();
+    }
+    RS_ASSERT(!"unknown field type");
+    return NULL;
+}
+
+static json_t *field_schema(const rs_jfield *f) {
+    json_t *s;
+    if (f->use == RS_JU_NEUTRAL && f->type != RS_JT_CUSTOM) {
+        /* null and the neutral values (a CUSTOM row's schema says what its reader accepts) */
+        json_t *e = json_array();
+        json_array_append_new(e, json_null());
+        for (const char *p = f->neutral ? f->neutral : ""; *p;) {
+            const char *bar = strchr(p, '|');
+            size_t n = bar ? (size_t)(bar - p) : strlen(p);
+            json_array_append_new(e, literal(p, n));
+            if (!bar) break;
+            p = bar + 1;
+        }
+        s = json_pack("{s:o}", "enum", e);
+    } else {
+        s = field_value_schema(f);
+        if (!(f->flags & RS_JF_REQUIRED)) s = json_pack("{s:[o, {s:s}]}", "anyOf", s, "type", "null");
+    }
+    if (!s) return NULL;
+    char desc[1024];
+    int o = snprintf(desc, sizeof desc, "%s", f->doc ? f->doc : "");
+    if (f->def && o >= 0 && (size_t)o < sizeof desc)
+        o += snprintf(desc + o, sizeof desc - (size_t)o, "%sdefault: %s", o ? "; " : "", f->def);
+    if (f->use == RS_JU_NO_EFFECT && o >= 0 && (size_t)o < sizeof desc)
+        snprintf(desc + o, sizeof desc - (size_t)o, "%saccepted, no effect", o ? "; " : "");
+    if (f->use == RS_JU_NEUTRAL && o >= 0 && (size_t)o < sizeof desc)
+        snprintf(desc + o, sizeof desc - (size_t)o, "%snot implemented: other values are a 400", o ? "; " : "");
+    if (desc[0]) json_object_set_new(s, "description", json_string(desc));
+    return s;
+}
+
+json_t *rs_json_schema(const rs_jobject *t) {
+    json_t *props = json_object(), *req = json_array();
+    for (size_t i = 0; i < t->n; i++) {
+        const rs_jfield *f = &t->fields[i];
+        if (f->use == RS_JU_ELSEWHERE) continue;
+        json_object_set_new(props, f->name, field_schema(f));
+        if (f->flags & RS_JF_REQUIRED) json_array_append_new(req, json_string(f->name));
+    }
+    json_t *s = json_pack("{s:s, s:s, s:o, s:b}", "title", t->title, "type", "object", "properties", props,
+                          "additionalProperties", 0);
+    if (s && json_array_size(req)) json_object_set_new(s, "required", req);
+    else json_decref(req);
+    if (s && t->one_of) {
+        json_t *any = json_array();
+        for (const char *p = t->one_of;;) {
+            const size_t n = strcspn(p, "|");
+            /* given and not null (null is the default, as absent) */
+            json_array_append_new(any, json_pack("{s:[s%], s:{s%:{s:{s:s}}}}", "required", p, n, "properties", p, n,
+                                                 "not", "type", "null"));
+            if (!p[n]) break;
+            p += n + 1;
+        }
+        json_object_set_new(s, "oneOf", any);
+    }
+    return s;
+}

@@ -108,6 +108,11 @@ struct rs_jfield {
     const char *def;            /* the default as the docs show it (READ: the destination's initial value) */
     rs_jread_fn read;           /* CUSTOM */
     const char *shape;          /* CUSTOM: its JSON shape as the docs show it ("string or list of strings") */
+    const char *schema;         /* CUSTOM: the JSON Schema of its value (null aside: it is added
+                                 * where the field is not required), as JSON written with ' for ",
+                                 * in which the strings '$sub' (the schema of `sub`), '$ids' (a list of
+                                 * token ids) and '$name' (the pattern of a string without control
+                                 * characters) stand for what they name; every CUSTOM row has one */
     const rs_jobject *sub;      /* OBJECT (and a CUSTOM field's inner object, for docs) */
     const char *doc;            /* what it does; for NEUTRAL, why it is not implemented */
 };
@@ -117,6 +122,8 @@ struct rs_jobject {
     const rs_jfield *fields;
     size_t n;
     const char *unknown_hint;   /* appended to every "unknown field" message, or NULL */
+    const char *one_of;         /* "a|b": fields of which exactly one must be given (the parser says
+                                 * so), for the schema (rs_json_schema), or NULL */
 };
 
 #define RS_JOBJECT_MAX_FIELDS 128
@@ -172,6 +179,12 @@ int rs_json_check_name(const json_t *v, const char *param, size_t max_len, rs_er
 /* Markdown for table t (and, after it, every nested table it reaches): one row per field with its
  * JSON type and range, default, status and doc. */
 void rs_json_print_table(FILE *f, const rs_jobject *t);
+
+/* The JSON Schema (2020-12, as OpenAPI 3.1 takes it) of an object that table t reads: every
+ * field's type and range as the walker checks it, null for the fields that are not required, a
+ * NEUTRAL field's accepted values as an enum, `required`, and no other property
+ * (additionalProperties false). New reference, or NULL when memory is exhausted. */
+json_t *rs_json_schema(const rs_jobject *t);
 
 /* A JSON string of s; text that is not valid UTF-8 keeps its ASCII and has every other byte
  * replaced by '?' (messages quote request bytes, paths are bytes). */

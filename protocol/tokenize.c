@@ -53,7 +53,9 @@ static const rs_jfield tokenize_fields[] = {
     {.name = "add_special_tokens", .type = RS_JT_BOOL, DST(add_special_tokens), .def = "true",
      .doc = "encode with the tokenizer's special tokens (its post-processor)"},
     {.name = "prompt", .type = RS_JT_CUSTOM, .flags = RS_JF_REQUIRED | RS_JF_TOKENIZER, .read = read_prompt,
-     .shape = "non-empty string, or a list of them", .doc = "the text(s) to encode"},
+     .shape = "non-empty string, or a list of them", .doc = "the text(s) to encode",
+     .schema = "{'anyOf': [{'type': 'string', 'minLength': 1}, {'type': 'array', 'minItems': 1, "
+               "'items': {'type': 'string', 'minLength': 1}}]}"},
     {.name = "return_token_strs", .type = RS_JT_BOOL, DST(return_token_strs), .def = "false",
      .doc = "vLLM's: adds token_strs, each id's vocabulary string"},
     {.name = "model", .type = RS_JT_TEXT, .use = RS_JU_NO_EFFECT, .doc = "one model is served"},
@@ -67,7 +69,8 @@ const rs_jobject rs_tokenize_fields = {
 
 static const rs_jfield detokenize_fields[] = {
     {.name = "tokens", .type = RS_JT_CUSTOM, .flags = RS_JF_REQUIRED | RS_JF_TOKENIZER, .read = read_tokens,
-     .shape = "list of token ids, or a list of such lists", .doc = "the ids to decode"},
+     .shape = "list of token ids, or a list of such lists", .doc = "the ids to decode",
+     .schema = "{'anyOf': ['$ids', {'type': 'array', 'items': '$ids'}]}"},
     {.name = "skip_special_tokens", .type = RS_JT_BOOL, DST(skip_special_tokens), .def = "false",
      .doc = "leave special tokens out of the text"},
     {.name = "model", .type = RS_JT_TEXT, .use = RS_JU_NO_EFFECT, .doc = "one model is served"},

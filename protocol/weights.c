@@ -189,16 +189,22 @@ static int read_crc32c(const rs_jctx *c, const json_t *v, rs_error *err) {
 
 static const rs_jfield shm_tensor_fields[] = {
     {.name = "name", .type = RS_JT_CUSTOM, .flags = RS_JF_REQUIRED, DST(rs_weight_desc, name), .read = read_name,
-     .shape = "string (1..255 bytes)", .doc = "the parameter's name in the checkpoint"},
+     .shape = "string (1..255 bytes)", .doc = "the parameter's name in the checkpoint",
+     .schema = "{'type': 'string', 'minLength': 1, 'maxLength': 255, 'pattern': '$name'}"},
     {.name = "dtype", .type = RS_JT_CUSTOM, .flags = RS_JF_REQUIRED, DST(rs_weight_desc, dtype), .read = read_dtype,
-     .shape = "string", .doc = "bfloat16, float16, float32 or float8_e4m3fn (torch's or safetensors' names)"},
+     .shape = "string", .doc = "bfloat16, float16, float32 or float8_e4m3fn (torch's or safetensors' names)",
+     .schema = "{'type': 'string'}"},
     {.name = "shape", .type = RS_JT_CUSTOM, .flags = RS_JF_REQUIRED, .read = read_shape,
-     .shape = "list of integers >= 0", .doc = "at most 4 dimensions"},
+     .shape = "list of integers >= 0", .doc = "at most 4 dimensions",
+     .schema = "{'type': 'array', 'maxItems': 4, 'items': {'type': 'integer', 'minimum': 0, "
+               "'maximum': 4611686018427387904}}"},
     {.name = "offset", .type = RS_JT_CUSTOM, .flags = RS_JF_REQUIRED, .read = read_shm_offset,
-     .shape = "integer >= 0", .doc = "byte offset of the tensor in the segment"},
+     .shape = "integer >= 0", .doc = "byte offset of the tensor in the segment",
+     .schema = "{'type': 'integer', 'minimum': 0, 'maximum': 4611686018427387904}"},
     {.name = "crc32c", .type = RS_JT_CUSTOM, .read = read_crc32c, .shape = "integer 0..2^32-1",
      .doc = "rolloutd's: the CRC-32C of the tensor's bytes as written, checked as they are read (400 on a "
-            "mismatch); the Python client sends it"},
+            "mismatch); the Python client sends it",
+     .schema = "{'type': 'integer', 'minimum': 0, 'maximum': 4294967295}"},
 };
 
 static const rs_jobject shm_tensor_object = {.title = "POST /update_weights_from_shm: tensors[i]",
@@ -229,11 +235,14 @@ static int read_shm_tensors(const rs_jctx *c, const json_t *v, rs_error *err) {
 
 static const rs_jfield shm_fields[] = {
     {.name = "shm_name", .type = RS_JT_CUSTOM, .flags = RS_JF_REQUIRED, .read = read_shm_name,
-     .shape = "string", .doc = "the POSIX shared-memory segment: '/' and a name without '/'"},
+     .shape = "string", .doc = "the POSIX shared-memory segment: '/' and a name without '/'",
+     .schema = "{'type': 'string', 'minLength': 1, 'maxLength': 255, 'pattern': '$name'}"},
     {.name = "tensors", .type = RS_JT_CUSTOM, .flags = RS_JF_REQUIRED, .read = read_shm_tensors,
-     .shape = "list of objects", .sub = &shm_tensor_object, .doc = "the bucket's tensors; see below"},
+     .shape = "list of objects", .sub = &shm_tensor_object, .doc = "the bucket's tensors; see below",
+     .schema = "{'type': 'array', 'items': '$sub'}"},
     {.name = "is_last", .type = RS_JT_CUSTOM, DST(rs_shm_update_req, is_last), .read = read_last, .shape = "boolean",
-     .doc = "true: commit now; false: more buckets follow; absent: commit once every parameter is staged"},
+     .doc = "true: commit now; false: more buckets follow; absent: commit once every parameter is staged",
+     .schema = "{'type': 'boolean'}"},
     VERSION_FIELD(rs_shm_update_req),
     TXN_FIELD(rs_shm_update_req),
     COMMIT_FIELDS(rs_shm_update_req),
@@ -278,10 +287,12 @@ static int read_disk_load_format(const rs_jctx *c, const json_t *v, rs_error *er
 
 static const rs_jfield disk_fields[] = {
     {.name = "model_path", .type = RS_JT_CUSTOM, .flags = RS_JF_REQUIRED, .read = read_model_path,
-     .shape = "string", .doc = "an absolute path below --allowed-weight-dir"},
+     .shape = "string", .doc = "an absolute path below --allowed-weight-dir",
+     .schema = "{'type': 'string', 'minLength': 1, 'maxLength': 4095, 'pattern': '$name'}"},
     VERSION_FIELD(rs_disk_update_req),
     {.name = "load_format", .type = RS_JT_CUSTOM, .read = read_disk_load_format,
-     .shape = "`\"auto\"` \\| `\"safetensors\"`", .doc = "safetensors directories only"},
+     .shape = "`\"auto\"` \\| `\"safetensors\"`", .doc = "safetensors directories only",
+     .schema = "{'enum': ['auto', 'safetensors']}"},
     COMMIT_FIELDS(rs_disk_update_req),
     {.name = "recapture_cuda_graph", .type = RS_JT_BOOL, .use = RS_JU_NO_EFFECT, .doc = "there are no CUDA graphs"},
     {.name = "is_async", .type = RS_JT_BOOL, .use = RS_JU_NEUTRAL, .neutral = "false",
@@ -391,16 +402,21 @@ static const rs_jfield group_fields[] = {
     {.name = "master_address", .type = RS_JT_STRING, .flags = RS_JF_REQUIRED, DST(rs_nccl_group_req, master_address),
      .doc = "the trainer's rendezvous host"},
     {.name = "master_port", .type = RS_JT_CUSTOM, .flags = RS_JF_REQUIRED, .read = read_master_port,
-     .shape = "integer, or a string of decimal digits", .doc = "1..65535"},
+     .shape = "integer, or a string of decimal digits", .doc = "1..65535",
+     .schema = "{'anyOf': [{'type': 'integer', 'minimum': 1, 'maximum': 65535}, {'type': 'string', "
+               "'pattern': '^[0-9]+$'}]}"},
     {.name = "world_size", .type = RS_JT_INT, .flags = RS_JF_REQUIRED, DST(rs_nccl_group_req, world_size), .min = 2,
      .max = 65536, .doc = "trainer rank 0 plus every server rank"},
     {.name = "rank_offset", .type = RS_JT_CUSTOM, .flags = RS_JF_REQUIRED, .read = read_rank_offset,
-     .shape = "integer in [0, world_size - 1]", .doc = "this server's rank"},
+     .shape = "integer in [0, world_size - 1]", .doc = "this server's rank",
+     .schema = "{'type': 'integer', 'minimum': 0, 'maximum': 65535}"},
     GROUP_FIELD(rs_nccl_group_req),
-    {.name = "backend", .type = RS_JT_CUSTOM, .read = read_backend, .shape = "`\"nccl\"`", .def = "\"nccl\""},
+    {.name = "backend", .type = RS_JT_CUSTOM, .read = read_backend, .shape = "`\"nccl\"`", .def = "\"nccl\"",
+     .schema = "{'enum': ['nccl']}"},
     {.name = "nccl_unique_id_b64", .type = RS_JT_CUSTOM, .read = read_unique_id, .shape = "string (base64)",
      .doc = "rolloutd's: the trainer's ncclUniqueId (128 bytes); without it rolloutd joins the trainer's "
-            "torch TCPStore at master_address:master_port, as an SGLang server does"},
+            "torch TCPStore at master_address:master_port, as an SGLang server does",
+     .schema = "{'type': 'string', 'pattern': '^[A-Za-z0-9+/]*={0,2}$'}"},
     {.name = "rid", .type = RS_JT_TEXT, .use = RS_JU_NO_EFFECT, .doc = "SGLang's request id; not used"},
     {.name = "http_worker_ipc", .type = RS_JT_TEXT, .use = RS_JU_NEUTRAL, .doc = "SGLang's internal IPC"},
 };
@@ -483,18 +499,25 @@ static int read_nccl_load_format(const rs_jctx *c, const json_t *v, rs_error *er
 
 static const rs_jfield nccl_update_fields[] = {
     {.name = "names", .type = RS_JT_CUSTOM, .flags = RS_JF_REQUIRED, .read = read_names,
-     .shape = "list of strings", .doc = "the tensors, in broadcast order"},
+     .shape = "list of strings", .doc = "the tensors, in broadcast order",
+     .schema = "{'type': 'array', 'minItems': 1, 'items': {'type': 'string', 'minLength': 1, 'maxLength': 255, "
+               "'pattern': '$name'}}"},
     {.name = "dtypes", .type = RS_JT_CUSTOM, .flags = RS_JF_REQUIRED, .read = read_dtypes,
-     .shape = "list of strings", .doc = "one per name"},
+     .shape = "list of strings", .doc = "one per name",
+     .schema = "{'type': 'array', 'items': {'type': 'string'}}"},
     {.name = "shapes", .type = RS_JT_CUSTOM, .flags = RS_JF_REQUIRED, .read = read_shapes,
-     .shape = "list of lists of integers", .doc = "one per name"},
+     .shape = "list of lists of integers", .doc = "one per name",
+     .schema = "{'type': 'array', 'items': {'type': 'array', 'maxItems': 4, 'items': {'type': 'integer', "
+               "'minimum': 0, 'maximum': 4611686018427387904}}}"},
     GROUP_FIELD(rs_nccl_update_req),
     {.name = "load_format", .type = RS_JT_CUSTOM, .read = read_nccl_load_format, .shape = "`\"flattened_bucket\"`",
-     .doc = "null: one broadcast per tensor; flattened_bucket: one of their concatenation"},
+     .doc = "null: one broadcast per tensor; flattened_bucket: one of their concatenation",
+     .schema = "{'enum': ['flattened_bucket']}"},
     VERSION_FIELD(rs_nccl_update_req),
     TXN_FIELD(rs_nccl_update_req),
     {.name = "is_last", .type = RS_JT_CUSTOM, DST(rs_nccl_update_req, is_last), .read = read_last,
-     .shape = "boolean", .doc = "rolloutd's: as on /update_weights_from_shm"},
+     .shape = "boolean", .doc = "rolloutd's: as on /update_weights_from_shm",
+     .schema = "{'type': 'boolean'}"},
     COMMIT_FIELDS(rs_nccl_update_req),
 };
 

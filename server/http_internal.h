@@ -15,6 +15,7 @@
 
 #include "../protocol/generate.h"
 #include "../protocol/openai.h"
+#include "../protocol/openapi.h"
 #include "../protocol/sse.h"
 #include "http.h"
 
@@ -44,6 +45,7 @@ typedef enum rs_route {
     RS_ROUTE_TOKENIZE,
     RS_ROUTE_DETOKENIZE,
     RS_ROUTE_WEIGHTS,           /* every weight-update route: weights_routes.c */
+    RS_ROUTE_OPENAPI,
     RS_ROUTE_COUNT
 } rs_route;
 
@@ -84,11 +86,17 @@ typedef struct rs_route_def {
     enum MHD_Result (*handle)(rs_http_req *r);
     enum MHD_Result (*answer)(rs_http_req *r);
     void (*cleanup)(rs_http_req *r);
+    /* for GET /openapi.json (protocol/openapi.h) */
+    const char *summary;
+    const struct rs_jobject *body; /* the table its body is read with, or NULL: no body */
+    rs_openapi_answer answer_kind;
 } rs_route_def;
 
 /* The route for `path`, or NULL; the path /metrics reports for a route id. */
 const rs_route_def *rs_route_find(const char *path);
 const char *rs_route_name(rs_route id);
+/* The OpenAPI document of every route (protocol/openapi.h), or NULL when memory is exhausted. */
+char *rs_routes_openapi(bool api_key, size_t *len);
 
 /* http_limits.c: connections beyond the soft caps live in a reserve this much larger (MHD's own
  * limits), with an idle timeout of at most RS_HTTP_OVER_TIMEOUT_S seconds. */
@@ -254,6 +262,7 @@ enum MHD_Result rs_http_model_info(rs_http_req *r);
 enum MHD_Result rs_http_load(rs_http_req *r);
 enum MHD_Result rs_http_weight_version(rs_http_req *r);
 enum MHD_Result rs_http_models(rs_http_req *r);
+enum MHD_Result rs_http_openapi(rs_http_req *r);
 enum MHD_Result rs_http_abort(rs_http_req *r);
 enum MHD_Result rs_http_tokenize(rs_http_req *r);     /* /tokenize and /detokenize */
 enum MHD_Result rs_http_control(rs_http_req *r);

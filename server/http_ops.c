@@ -274,6 +274,11 @@ enum MHD_Result rs_http_models(rs_http_req *r) {
                      &len);
 }
 
+enum MHD_Result rs_http_openapi(rs_http_req *r) {
+    size_t len = 0;
+    return send_json(r, rs_routes_openapi(r->h->api_key[0] != '\0', &len), &len);
+}
+
 enum MHD_Result rs_http_abort(rs_http_req *r) {
     ENGINE_OR_ANSWER(r, e);
     rs_abort_req a;

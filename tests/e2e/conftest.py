@@ -9,9 +9,11 @@ tests with "--device cuda"); a test's own flags come after them and win.
 import os
 import pathlib
 import shlex
+import shutil
 import signal
 import socket
 import subprocess
+import sys
 import time
 
 import pytest
@@ -40,6 +42,45 @@ def read_answer(s):
         assert chunk, data
         rest += chunk
     return int(lines[0].split()[1]), headers, rest[:n]
+
+
+_venv_skips = {}  # venv name -> why it cannot be had, once found out
+
+
+def tool_venv(name, spec, probe):
+    """The python of build/NAME, a throwaway venv with the pip requirements `spec` (space-separated)
+    installed (from PyPI, once; later runs reuse it), where running `probe` (Python code) succeeds.
+    It is installed into a temporary venv renamed into place, so an interrupted install leaves
+    nothing half-done.
+    Where it cannot be had, the calling test skips, saying why (and so does every later caller)."""
+    if name in _venv_skips:
+        pytest.skip(_venv_skips[name])
+    venv = ROOT / "build" / name
+    python = venv / "bin" / "python"
+
+    def works():
+        return python.exists() and subprocess.run([str(python), "-c", probe], capture_output=True,
+                                                  timeout=120).returncode == 0
+
+    if works():
+        return python
+    tmp = venv.with_name(f"{name}.tmp-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        subprocess.run([sys.executable, "-m", "venv", str(tmp)], check=True, capture_output=True, timeout=120)
+        subprocess.run([str(tmp / "bin" / "python"), "-m", "pip", "install", "-q", "--disable-pip-version-check",
+                        *spec.split()], check=True, capture_output=True, timeout=600)
+    except (subprocess.SubprocessError, OSError) as e:
+        shutil.rmtree(tmp, ignore_errors=True)
+        out = (getattr(e, "stderr", None) or b"").decode(errors="replace").strip()
+        _venv_skips[name] = f"{spec} could not be installed from PyPI into a venv ({e}): {out[-400:]}"
+        pytest.skip(_venv_skips[name])
+    shutil.rmtree(venv, ignore_errors=True)
+    os.replace(tmp, venv)  # the venv's python resolves its prefix from pyvenv.cfg: a moved venv works
+    if not works():
+        _venv_skips[name] = f"{spec} installed, but `{probe}` fails in its venv"
+        pytest.skip(_venv_skips[name])
+    return python
 
 
 def free_port():

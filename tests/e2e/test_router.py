@@ -19,7 +19,6 @@ completion where the daemon has a tokenizer for text, its own 400 naming `prompt
 """
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -29,46 +28,15 @@ import time
 import pytest
 import requests
 
-from conftest import ROOT, Daemon, free_port
+from conftest import ROOT, Daemon, free_port, tool_venv
 
 ROUTER_SPEC = os.environ.get("ROLLOUTD_ROUTER_SPEC", "sglang-router==0.3.2")
-VENV = ROOT / "build" / "router-venv"
 GREEDY = {"max_new_tokens": 6, "temperature": 0}
 
 
-def _has_router(python):
-    return python.exists() and subprocess.run([str(python), "-c", "import sglang_router.launch_router"],
-                                              capture_output=True, timeout=60).returncode == 0
-
-
-_skip = []  # why the router cannot be had, once found out (every test of the module skips with it)
-
-
 def router_python():
-    """The venv's python with sglang-router importable, installing it first if needed (into a
-    temporary venv renamed into place, so an interrupted install leaves nothing half-done)."""
-    if _skip:
-        pytest.skip(_skip[0])
-    python = VENV / "bin" / "python"
-    if _has_router(python):
-        return python
-    tmp = VENV.with_name(f"router-venv.tmp-{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    try:
-        subprocess.run([sys.executable, "-m", "venv", str(tmp)], check=True, capture_output=True, timeout=120)
-        subprocess.run([str(tmp / "bin" / "python"), "-m", "pip", "install", "-q", "--disable-pip-version-check",
-                        ROUTER_SPEC], check=True, capture_output=True, timeout=600)
-    except (subprocess.SubprocessError, OSError) as e:
-        shutil.rmtree(tmp, ignore_errors=True)
-        out = (getattr(e, "stderr", None) or b"").decode(errors="replace").strip()
-        _skip.append(f"{ROUTER_SPEC} could not be installed from PyPI into a venv ({e}): {out[-400:]}")
-        pytest.skip(_skip[0])
-    shutil.rmtree(VENV, ignore_errors=True)
-    os.replace(tmp, VENV)  # the venv's python resolves its prefix from pyvenv.cfg: a moved venv works
-    if not _has_router(python):
-        _skip.append(f"{ROUTER_SPEC} installed, but sglang_router.launch_router does not import")
-        pytest.skip(_skip[0])
-    return python
+    """The venv's python with sglang-router importable (conftest.tool_venv)."""
+    return tool_venv("router-venv", ROUTER_SPEC, "import sglang_router.launch_router")
 
 
 class Router:

@@ -187,3 +187,59 @@ RS_TEST(protocol_fields_tables_are_well_formed) {
     ASSERT_EQ(n, 14);
     for (size_t i = 0; i < n; i++) check_table(tables[i]);
 }
+
+/* The schema of one table against the table: one property per field that is not ELSEWHERE, no
+ * others, `required` as the flags say; every CUSTOM row's schema text parses (rs_json_schema
+ * asserts that) and has no placeholder left. Recurses through the nested tables. */
+static void check_schema(const rs_jobject *t, const json_t *s) {
+    ASSERT_TRUE(json_is_object(s));
+    ASSERT_TRUE(json_is_false(json_object_get(s, "additionalProperties")));
+    const json_t *props = json_object_get(s, "properties"), *req = json_object_get(s, "required");
+    size_t n_fields = 0, n_req = 0;
+    for (size_t i = 0; i < t->n; i++) {
+        const rs_jfield *f = &t->fields[i];
+        if (f->use == RS_JU_ELSEWHERE) {
+            if (json_object_get(props, f->name)) RS_TEST_FAIL("%s: %s (ELSEWHERE) in the schema", t->title, f->name);
+            continue;
+        }
+        n_fields++;
+        const json_t *p = json_object_get(props, f->name);
+        if (!p) RS_TEST_FAIL("%s: %s missing from the schema", t->title, f->name);
+        char *text = json_dumps(p, JSON_COMPACT);
+        if (strstr(text, "\"$")) RS_TEST_FAIL("%s.%s: a placeholder left: %s", t->title, f->name, text);
+        free(text);
+        if (f->flags & RS_JF_REQUIRED) n_req++;
+        if (f->type == RS_JT_OBJECT) check_schema(f->sub, json_array_get(json_object_get(p, "anyOf"), 0));
+    }
+    ASSERT_EQ(json_object_size(props), n_fields);
+    ASSERT_EQ(req ? json_array_size(req) : 0, n_req);
+}
+
+RS_TEST(protocol_fields_schemas_match_the_tables) {
+    size_t n;
+    const rs_jobject *const *tables = rs_protocol_tables(&n);
+    for (size_t i = 0; i < n; i++) {
+        json_t *s = rs_json_schema(tables[i]);
+        ASSERT_TRUE(s != NULL);
+        check_schema(tables[i], s);
+        json_decref(s);
+    }
+    /* a few rows, by what the walker checks */
+    json_t *g = rs_json_schema(&rs_generate_fields);
+    char *text = json_dumps(g, JSON_COMPACT | JSON_SORT_KEYS);
+    const char *want[] = {
+        /* top_p in (0, 1], null allowed */
+        "\"top_p\":{\"anyOf\":[{\"exclusiveMinimum\":0,\"maximum\":1,\"type\":\"number\"},{\"type\":\"null\"}]",
+        /* top_k: -1 or >= 1 */
+        "\"not\":{\"const\":0},\"type\":\"integer\"",
+        /* image_data, not implemented: null or [] */
+        ("\"image_data\":{\"description\":\"multimodal inputs; not implemented: other values are a 400\","
+         "\"enum\":[null,[]]}"),
+        /* exactly one of input_ids and text, given and not null */
+        "\"oneOf\":[{\"properties\":{\"input_ids\":{\"not\":{\"type\":\"null\"}}},\"required\":[\"input_ids\"]},",
+    };
+    for (size_t i = 0; i < RS_ARRAY_LEN(want); i++)
+        if (!strstr(text, want[i])) RS_TEST_FAIL("the /generate schema lacks %s", want[i]);
+    free(text);
+    json_decref(g);
+}

@@ -1,0 +1,113 @@
+"""GET /openapi.json: the OpenAPI 3.1 description that the daemon makes from its route table and from
+the descriptor tables its parsers read request bodies with, checked with tools others wrote.
+
+- openapi-spec-validator (PyPI) validates the document against the OpenAPI 3.1 specification.
+- Every path it lists answers (not 404) to the methods it lists, the Allow header of a 405 agrees,
+  and the API key guards it as it says.
+- schemathesis (PyPI), a property-based API tester, generates thousands of requests from the
+  document, with a fixed seed: bodies that conform to it, and, from every constraint it states,
+  bodies that break one. It checks that no request gets a 5xx, that every status and content type
+  is one the document lists, that every answer conforms to the document's schema (every error has
+  the one error shape), and that every body that breaks the schema gets a 4xx: that the parser
+  refuses what the document says it refuses. A conforming body may still be a 400 (a token id past
+  the vocabulary, max_new_tokens past the daemon's limit), so acceptance is not checked.
+  /pause_generation is left out: a pause holds every later generation until /continue_generation
+  (test_ops.py drives the two).
+
+Both tools are installed into a throwaway venv under build/ (conftest.tool_venv); where that
+cannot be done, the tests that need them skip, saying why.
+"""
+import json
+import subprocess
+
+import requests
+
+from conftest import tool_venv
+
+TOOLS_SPEC = "schemathesis==4.32.5 openapi-spec-validator==0.9.0"
+# small limits, so that the generation requests schemathesis makes are cheap and most big ones are
+# 400s; a short rendezvous timeout for /init_weights_update_group's generated addresses
+DAEMON_ARGS = ["--max-new-tokens", "16", "--max-n", "4", "--max-batch", "8", "--max-context", "256",
+               "--weight-update-timeout", "2"]
+
+
+def tools_python():
+    return tool_venv("openapi-venv", TOOLS_SPEC, "import schemathesis, openapi_spec_validator")
+
+
+def document(d, **kw):
+    r = d.get("/openapi.json", **kw)
+    assert r.status_code == 200, r.text
+    assert r.headers["Content-Type"].startswith("application/json")
+    return r.json()
+
+
+def test_document_lists_the_routes_and_their_bodies(rolloutd, tmp_path):
+    d = rolloutd(None)
+    doc = document(d)
+    assert doc["openapi"] == "3.1.0"
+    paths = doc["paths"]
+    # the routes docs/api.md documents (an independent list), each with its methods
+    for path, methods in {"/generate": {"post", "put"}, "/v1/completions": {"post"}, "/health": {"get"},
+                          "/metrics": {"get"}, "/flush_cache": {"get", "post"}, "/update_weights_from_shm": {"post"},
+                          "/init_weights_update_group": {"post"}, "/abort_request": {"post"},
+                          "/tokenize": {"post"}, "/get_model_info": {"get"}, "/openapi.json": {"get"}}.items():
+        assert set(paths[path]) == methods, (path, set(paths[path]))
+    gen = paths["/generate"]["post"]["requestBody"]["content"]["application/json"]["schema"]
+    assert gen["additionalProperties"] is False
+    sp = gen["properties"]["sampling_params"]["anyOf"][0]["properties"]
+    assert sp["top_p"]["anyOf"][0] == {"type": "number", "exclusiveMinimum": 0, "maximum": 1}
+    assert sp["top_k"]["anyOf"][0]["not"] == {"const": 0}
+    # a field rolloutd does not implement: null and its neutral values only
+    assert gen["properties"]["image_data"]["enum"] == [None, []]
+    assert paths["/update_weights_from_shm"]["post"]["requestBody"]["content"]["application/json"]["schema"][
+        "required"] == ["shm_name", "tensors"]
+    # every path answers its methods (a 4xx for a missing or bad body at most), and nothing else
+    for path, item in paths.items():
+        if path == "/pause_generation":
+            continue
+        for method in item:
+            r = requests.request(method.upper(), d.url + path, timeout=60)
+            assert r.status_code not in (404, 405) and r.status_code < 500, (method, path, r.status_code, r.text)
+        if "delete" not in item:
+            r = requests.delete(d.url + path, timeout=60)
+            assert r.status_code == 405, (path, r.status_code)
+            assert {m.strip().lower() for m in r.headers["Allow"].split(",")} == set(item), (path, r.headers)
+    assert d.get("/no_such_route").status_code == 404
+    # openapi-spec-validator: a valid OpenAPI 3.1 document
+    python = tools_python()
+    (tmp_path / "doc.json").write_text(json.dumps(doc))
+    out = subprocess.run([str(python), "-c", "import json, sys; from openapi_spec_validator import validate; "
+                          "validate(json.load(open(sys.argv[1]))); print('valid')", str(tmp_path / "doc.json")],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and "valid" in out.stdout, out.stdout + out.stderr
+
+
+def test_api_key_guards_the_document(rolloutd):
+    d = rolloutd(None, "--api-key", "k3y")
+    r = d.get("/openapi.json")
+    assert r.status_code == 401 and r.json()["error"]["type"] == "unauthorized", r.text
+    doc = document(d, headers={"Authorization": "Bearer k3y"})
+    assert doc["components"]["securitySchemes"] == {"bearer": {"type": "http", "scheme": "bearer"}}
+    assert doc["security"] == [{"bearer": []}]
+    # the routes open without the key say so
+    assert doc["paths"]["/health"]["get"]["security"] == [] == doc["paths"]["/metrics"]["get"]["security"]
+    assert "security" not in doc["paths"]["/generate"]["post"]
+    assert "securitySchemes" not in document(rolloutd(None))["components"]
+
+
+def test_schemathesis_finds_nothing(rolloutd, tmp_path):
+    python = tools_python()
+    d = rolloutd(None, *DAEMON_ARGS)
+    cmd = [str(python), "-m", "schemathesis.cli", "run", d.url + "/openapi.json", "--checks", "all",
+           "--exclude-checks", "positive_data_acceptance", "--max-examples", "20", "--seed", "1",
+           "--phases", "examples,coverage,fuzzing", "--exclude-path", "/pause_generation",
+           "--request-timeout", "30", "--generation-database", "none"]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=900, cwd=tmp_path)
+    log = out.stdout + out.stderr
+    assert out.returncode == 0, log[-8000:]
+    assert " passed" in log and "failed" not in log.split("SUMMARY")[-1], log[-8000:]
+    # and the daemon still serves
+    assert d.get("/health").status_code == 200
+    r = d.post("/generate", {"input_ids": [1, 2, 3], "sampling_params": {"max_new_tokens": 2, "temperature": 0}})
+    assert r.status_code == 200 and len(r.json()["output_ids"]) == 2, r.text
