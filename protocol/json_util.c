@@ -448,8 +448,11 @@ static int read_float(const rs_jctx *c, const json_t *v, rs_error *err) {
     double x;
     int rc = rs_json_get_float(v, c->param, &x, err);
     if (rc != RS_OK) return rc;
-    bool lo = f->flags & RS_JF_MIN_OPEN ? x > f->min : x >= f->min;
-    bool hi = f->flags & RS_JF_MAX_OPEN ? x < f->max : x <= f->max;
+    /* the range holds for the value as stored: a number that an fp32 destination rounds to a
+     * value out of range (3e-258 to 0 for a range open at 0) is refused like that value */
+    const double xs = f->size == sizeof(float) ? (double)(float)x : x;
+    bool lo = f->flags & RS_JF_MIN_OPEN ? xs > f->min : xs >= f->min;
+    bool hi = f->flags & RS_JF_MAX_OPEN ? xs < f->max : xs <= f->max;
     if (!lo || !hi) {
         char range[64];
         float_range(f, range, sizeof range);

@@ -6,6 +6,8 @@
  */
 #include "penalties.h"
 
+#include <float.h>
+#include <math.h>
 #include <stdlib.h>
 
 bool rs_penalties_active(const rs_sampling_params *sp) {
@@ -63,10 +65,16 @@ void rs_penalties_apply(const rs_sampling_params *sp, const rs_penalty_counts *c
     const float r = sp->repetition_penalty, f = sp->frequency_penalty, p = sp->presence_penalty;
     for (int i = 0; i < c->cap; i++) {
         if (c->ids[i] < 0) continue;
-        float x = logits[c->ids[i]];
+        const float x0 = logits[c->ids[i]];
+        float x = x0;
         if (r != 1.0f) x = x > 0.0f ? x / r : x * r;
         x -= f * (float)c->counts[i];
         x -= p;
+        /* a tiny repetition penalty (1e-40) takes a finite logit past fp32's range: it saturates,
+         * the token as far ahead (or behind) as a logit can put it, rather than turning +inf,
+         * which the step treats as a broken row (the sampler works relative to the row's largest
+         * logit, in double: FLT_MAX is as safe as any other value there) */
+        if (isinf(x) && isfinite(x0)) x = copysignf(FLT_MAX, x);
         logits[c->ids[i]] = x;
     }
 }

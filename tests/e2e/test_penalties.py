@@ -15,6 +15,7 @@ Greedy decoding must pick the reference's argmax of the penalized logits. The sa
 inside a batch with other prompts and samples, repeated with its seed, and through /v1/completions
 must produce the same tokens.
 """
+import math
 from collections import Counter
 
 import numpy as np
@@ -202,3 +203,20 @@ def test_completions_route_applies_the_same_penalties(daemon, prompt):
     assert c["token_ids"] == gen["output_ids"]
     assert all(abs(a - b[0]) < 1e-6 for a, b in zip(c["logprobs"]["token_logprobs"],
                                                      gen["meta_info"]["output_token_logprobs"]))
+
+
+def test_extreme_repetition_penalties(daemon, prompt):
+    """A repetition penalty so small that a repeated token's logit leaves fp32's range saturates it:
+    greedy then repeats the first output token for ever, with logprob 0 (the reference's limit),
+    instead of a 500. One that rounds to 0 in fp32 is out of (0, 2] and a 400, as 0 is."""
+    o = generate(daemon, prompt, 6, temperature=0, repetition_penalty=1e-40)
+    ids = o["output_ids"]
+    assert ids[1:] == [ids[0]] * 5, ids
+    lps = [t[0] for t in o["meta_info"]["output_token_logprobs"]]
+    assert all(lp == 0.0 for lp in lps[1:]), lps
+    o = generate(daemon, prompt, 6, temperature=1.0, sampling_seed=3, repetition_penalty=1e-40)
+    assert all(lp is not None and math.isfinite(lp) for lp, _, _ in o["meta_info"]["output_token_logprobs"])
+    for body, route in (({"input_ids": prompt, "sampling_params": {"repetition_penalty": 3e-258}}, "/generate"),
+                        ({"prompt": prompt, "repetition_penalty": 3e-258}, "/v1/completions")):
+        r = daemon.post(route, body)
+        assert r.status_code == 400 and r.json()["error"]["param"].endswith("repetition_penalty"), r.text

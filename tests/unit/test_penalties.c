@@ -4,6 +4,7 @@
  * sampling staying independent of batching, chunking, preemption and recompute. (The penalties
  * against an independent numpy reference over a real model: tests/e2e/test_penalties.py.)
  */
+#include <float.h>
 #include <math.h>
 #include <string.h>
 
@@ -74,4 +75,34 @@ RS_TEST(penalties_arithmetic) {
     ASSERT_NEAR(l2[2], 4.0, 0);
     rs_penalty_counts_free(&c);
     rs_penalty_counts_free(&d);
+}
+
+/* A repetition penalty tiny enough to take a logit past fp32's range saturates it at +-FLT_MAX
+ * (the step treats +inf as a broken row), and the greedy pick and the sampler's logprob of the
+ * repeated token stay finite: it is as far ahead as a logit can put it. */
+RS_TEST(penalties_tiny_repetition_penalty_saturates) {
+    rs_sampling_params sp;
+    rs_sampling_params_default(&sp);
+    sp.repetition_penalty = 1e-40f; /* an fp32 subnormal: > 0, as the request's range asks */
+    ASSERT_TRUE(sp.repetition_penalty > 0.0f);
+    float logits[4] = {3.0f, -3.0f, 1.0f, 0.0f};
+    rs_penalty_counts c = {0};
+    rs_penalty_counts_add(&c, 0);
+    rs_penalty_counts_add(&c, 1);
+    rs_penalty_counts_add(&c, 3);
+    rs_penalties_apply(&sp, &c, logits);
+    ASSERT_TRUE(logits[0] == FLT_MAX);                 /* 3 / 1e-40: past the range */
+    ASSERT_NEAR(logits[1], -3.0 * 1e-40f, 1e-45);      /* a negative logit multiplied: near 0 */
+    ASSERT_NEAR(logits[2], 1.0, 0);                    /* not in the output */
+    ASSERT_NEAR(logits[3], 0.0, 0);
+    rs_sampling_params_default(&sp);
+    rs_penalty_counts_free(&c);
+
+    /* a logit that is already +-inf stays what it is (a broken row is still seen as broken) */
+    float bad[1] = {INFINITY};
+    rs_penalty_counts_add(&c, 0);
+    sp.repetition_penalty = 0.5f;
+    rs_penalties_apply(&sp, &c, bad);
+    ASSERT_TRUE(isinf(bad[0]));
+    rs_penalty_counts_free(&c);
 }

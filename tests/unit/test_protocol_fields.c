@@ -126,6 +126,8 @@ RS_TEST(protocol_fields_walker) {
         {"{\"k\": 11}", "k", "k must be <= 10, got 11", RS_EINVAL},
         {"{\"k\": 1.5}", "k", "k must be an integer, got 1.5", RS_EINVAL},
         {"{\"k\": 1, \"x\": 0}", "x", "x must be in (0, 1], got 0", RS_EINVAL},
+        /* checked as stored: an fp32 x rounds 3e-258 to 0 */
+        {"{\"k\": 1, \"x\": 3e-258}", "x", "x must be in (0, 1], got 3e-258", RS_EINVAL},
         {"{\"k\": 1, \"x\": \"0.5\"}", "x", "x must be a number, got a string", RS_EINVAL},
         {"{\"k\": 1, \"flag\": true, \"alias\": false}", "alias", "alias and flag name the same field", RS_EINVAL},
         {"{\"k\": 1, \"name\": \"12345678\"}", "name", "at most 7 bytes", RS_EINVAL},
