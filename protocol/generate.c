@@ -205,7 +205,7 @@ static const rs_jfield generate_fields[] = {
     {.name = "input_ids", .type = RS_JT_CUSTOM, .read = read_input_ids,
      .shape = "list of token ids, or a list of such lists (a batch)",
      .doc = "the prompt(s); this or text is required",
-     .schema = "{'anyOf': ['$ids', {'type': 'array', 'minItems': 1, 'items': '$ids'}]}"},
+     .schema = "{'anyOf': ['$ids1', {'type': 'array', 'minItems': 1, 'items': '$ids1'}]}"},
     {.name = "rid", .type = RS_JT_CUSTOM, .read = read_rid, .shape = "string, or a list of strings (one per prompt)",
      .doc = "request id (<= 127 bytes): /abort_request takes it; outputs are named after it",
      .schema = "{'anyOf': [{'type': 'string', 'minLength': 1, 'maxLength': 127, 'pattern': '$name'}, "

@@ -753,16 +753,21 @@ static json_t *bound(double x) {
     return json_real(x);
 }
 
-static json_t *ids_schema(void) {
-    return json_pack("{s:s, s:{s:s, s:i, s:I}}", "type", "array", "items", "type", "integer", "minimum", 0,
-                     "maximum", (json_int_t)INT32_MAX);
+/* A list of token ids (non_empty: at least one). */
+static json_t *ids_schema(bool non_empty) {
+    json_t *s = json_pack("{s:s, s:{s:s, s:i, s:I}}", "type", "array", "items", "type", "integer", "minimum", 0,
+                          "maximum", (json_int_t)INT32_MAX);
+    if (s && non_empty) json_object_set_new(s, "minItems", json_integer(1));
+    return s;
 }
 
 /* v (stolen) with the placeholders of rs_jfield.schema replaced. */
 static json_t *placeholders(json_t *v, const rs_jobject *sub) {
     if (json_is_string(v) && json_string_value(v)[0] == '$') {
         const char *s = json_string_value(v);
-        json_t *r = strcmp(s, "$ids") == 0 ? ids_schema() : strcmp(s, "$name") == 0 ? json_string(NAME_PATTERN) : NULL;
+        json_t *r = strcmp(s, "$ids") == 0 || strcmp(s, "$ids1") == 0 ? ids_schema(s[4] == '1')
+                    : strcmp(s, "$name") == 0                          ? json_string(NAME_PATTERN)
+                                                                       : NULL;
         if (strcmp(s, "$sub") == 0) {
             RS_ASSERT(sub && "a schema names $sub in a row without one");
             r = rs_json_schema(sub);
@@ -782,15 +787,19 @@ static json_t *placeholders(json_t *v, const rs_jobject *sub) {
     return v;
 }
 
-/* A CUSTOM row's schema: its text with ' for ", and placeholders. */
-static json_t *row_schema(const rs_jfield *f) {
-    RS_ASSERT(f->schema && "a CUSTOM row without a schema");
-    char *t = rs_xstrdup(f->schema);
+json_t *rs_json_quoted(const char *text) {
+    char *t = rs_xstrdup(text);
     for (char *p = t; *p; p++)
         if (*p == '\'') *p = '"';
     json_t *v = literal(t, strlen(t));
     free(t);
-    return placeholders(v, f->sub);
+    return v;
+}
+
+/* A CUSTOM row's schema, placeholders replaced. */
+static json_t *row_schema(const rs_jfield *f) {
+    RS_ASSERT(f->schema && "a CUSTOM row without a schema");
+    return placeholders(rs_json_quoted(f->schema), f->sub);
 }
 
 /* The value of a field, null aside. */
@@ -833,7 +842,7 @@ static json_t *field_value_schema(const rs_jfield *f) {
         }
         return json_pack("{s:s, s:o}", "type", "string", "enum", e);
     }
-    case RS_JT_IDS: return ids_schema();
+    case RS_JT_IDS: return ids_schema(false);
     case RS_JT_OBJECT: return rs_json_schema(f->sub);
     case RS_JT_CUSTOM: return row_schema(f);
     case RS_JT_NUMBER: return schema_of_type("number");

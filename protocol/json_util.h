@@ -111,8 +111,9 @@ struct rs_jfield {
     const char *schema;         /* CUSTOM: the JSON Schema of its value (null aside: it is added
                                  * where the field is not required), as JSON written with ' for ",
                                  * in which the strings '$sub' (the schema of `sub`), '$ids' (a list of
-                                 * token ids) and '$name' (the pattern of a string without control
-                                 * characters) stand for what they name; every CUSTOM row has one */
+                                 * token ids; '$ids1': not empty) and '$name' (the pattern of a string
+                                 * without control characters) stand for what they name; every
+                                 * CUSTOM row has one */
     const rs_jobject *sub;      /* OBJECT (and a CUSTOM field's inner object, for docs) */
     const char *doc;            /* what it does; for NEUTRAL, why it is not implemented */
 };
@@ -179,6 +180,10 @@ int rs_json_check_name(const json_t *v, const char *param, size_t max_len, rs_er
 /* Markdown for table t (and, after it, every nested table it reaches): one row per field with its
  * JSON type and range, default, status and doc. */
 void rs_json_print_table(FILE *f, const rs_jobject *t);
+
+/* JSON written with ' for " (schemas in C source), parsed: a constant, so text that does not parse
+ * is a bug (asserted). New reference. */
+json_t *rs_json_quoted(const char *text);
 
 /* The JSON Schema (2020-12, as OpenAPI 3.1 takes it) of an object that table t reads: every
  * field's type and range as the walker checks it, null for the fields that are not required, a

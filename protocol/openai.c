@@ -153,7 +153,7 @@ static const rs_jfield completion_fields[] = {
      .shape = "string, list of strings, list of token ids, or a list of such lists (a batch)",
      .doc = "the prompt(s); strings need the model's tokenizer.json",
      .schema = "{'anyOf': [{'type': 'string'}, {'type': 'array', 'minItems': 1, 'items': {'type': 'string'}}, "
-               "'$ids', {'type': 'array', 'minItems': 1, 'items': '$ids'}]}"},
+               "'$ids1', {'type': 'array', 'minItems': 1, 'items': '$ids1'}]}"},
     {.name = "model", .type = RS_JT_CUSTOM, .read = read_model, .shape = "string (<= 255 bytes)",
      .doc = "must be the served model name when given (404 otherwise)",
      .schema = "{'type': 'string', 'maxLength': 255}"},

@@ -12,20 +12,13 @@
 
 struct rs_jobject;
 
-/* What a route answers with on success. */
-typedef enum rs_openapi_answer {
-    RS_OA_JSON = 0,   /* a JSON object */
-    RS_OA_LIST,       /* a JSON list of objects */
-    RS_OA_GENERATE,   /* a JSON object, a list of them (a batch), or Server-Sent Events (stream: true) */
-    RS_OA_TEXT,       /* text/plain (Prometheus exposition) */
-} rs_openapi_answer;
-
 typedef struct rs_openapi_route {
     const char *path;
     const char *methods;            /* as the Allow header lists them: "GET, POST" */
     const char *summary;
     const struct rs_jobject *body;  /* the body's table, or NULL: the route reads no body */
-    rs_openapi_answer answer;
+    const char *answer;             /* what a 200 holds: the name of one of openapi.c's answer schemas
+                                     * ("Generation", "Status", ...) */
     bool open;                      /* answered without the API key */
 } rs_openapi_route;
 

@@ -89,7 +89,7 @@ typedef struct rs_route_def {
     /* for GET /openapi.json (protocol/openapi.h) */
     const char *summary;
     const struct rs_jobject *body; /* the table its body is read with, or NULL: no body */
-    rs_openapi_answer answer_kind;
+    const char *answer_schema;  /* what a 200 holds: one of protocol/openapi.c's answers */
 } rs_route_def;
 
 /* The route for `path`, or NULL; the path /metrics reports for a route id. */

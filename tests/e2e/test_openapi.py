@@ -83,6 +83,84 @@ def test_document_lists_the_routes_and_their_bodies(rolloutd, tmp_path):
     assert out.returncode == 0 and "valid" in out.stdout, out.stdout + out.stderr
 
 
+# Validates each (path, method, answer) of a JSON file against the document's 200 schema for it.
+VALIDATE = """
+import json, sys
+from jsonschema import Draft202012Validator
+from jsonschema.exceptions import best_match
+doc, cases = json.load(open(sys.argv[1])), json.load(open(sys.argv[2]))
+bad = []
+for path, method, answer in cases:
+    content = doc["paths"][path][method]["responses"]["200"]["content"]
+    schema = dict(content["application/json"]["schema"], components=doc["components"])
+    e = best_match(Draft202012Validator(schema).iter_errors(answer))
+    if e is not None:
+        bad.append(f"{method} {path}: {e.message[:300]} at {list(e.absolute_path)}")
+print("\\n".join(bad) or f"{len(cases)} answers valid")
+sys.exit(1 if bad else 0)
+"""
+
+
+def sse_events(r):
+    return [json.loads(line[6:]) for line in r.iter_lines() if line.startswith(b"data: {")]
+
+
+def test_answers_match_the_document(rolloutd, tmp_path):
+    """What the routes answer, in every optional part a client may ask for, against the schemas the
+    document declares for their 200s (jsonschema, Draft 2020-12): a change to a writer in protocol/
+    that a document reader would trip over fails here."""
+    d = rolloutd(None)
+    doc = document(d)
+    cases = []
+
+    def post(path, body, method="post"):
+        r = requests.request(method.upper(), d.url + path, json=body, timeout=120, stream=bool(body.get("stream")))
+        assert r.status_code == 200, (path, body, r.text)
+        if body.get("stream"):
+            events = sse_events(r)
+            assert events, path
+            cases.extend([path, method, e] for e in events)
+        else:
+            cases.append([path, method, r.json()])
+
+    sp = {"max_new_tokens": 4, "temperature": 1.0, "sampling_seed": 1}
+    post("/generate", {"input_ids": [1, 2, 3], "sampling_params": sp})
+    post("/generate", {"input_ids": [1, 2, 3], "return_logprob": True, "top_logprobs_num": 3, "logprob_start_len": 0,
+                       "sampling_params": sp})
+    post("/generate", {"text": "a b", "return_logprob": True, "return_text_in_logprobs": True, "top_logprobs_num": 2,
+                       "logprob_start_len": 1, "sampling_params": dict(sp, n=2)})
+    post("/generate", {"input_ids": [[1, 2], [3]], "rid": ["x1", "x2"], "sampling_params": dict(sp, stop="e")})
+    post("/generate", {"input_ids": [1, 2], "stream": True, "return_logprob": True, "sampling_params": sp})
+    post("/generate", {"input_ids": [1, 2], "sampling_params": sp}, method="put")
+    post("/v1/completions", {"prompt": "a b", "max_tokens": 4, "seed": 1})
+    post("/v1/completions", {"prompt": [[1, 2], [3]], "max_tokens": 3, "logprobs": 2, "n": 2, "echo": True,
+                             "return_token_ids": True, "seed": 2})
+    post("/v1/completions", {"prompt": "a", "max_tokens": 3, "stream": True, "stream_options": {"include_usage": True}})
+    post("/tokenize", {"prompt": "a b"})
+    post("/tokenize", {"prompt": ["a", "b c"], "return_token_strs": True})
+    post("/detokenize", {"tokens": [5, 6]})
+    post("/detokenize", {"tokens": [[5], [6, 7]]})
+    post("/abort_request", {"rid": "nothing-by-this-name"})
+    post("/abort_request", {"abort_all": True})
+    post("/pause_generation", {"mode": "abort"})
+    post("/continue_generation", {})
+    post("/flush_cache", {})
+    post("/update_weight_version", {"new_version": "7"})
+    for path in ("/health", "/health_generate", "/get_model_info", "/model_info", "/get_server_info", "/server_info",
+                 "/get_load", "/v1/loads", "/get_weight_version", "/v1/models", "/flush_cache", "/openapi.json"):
+        r = d.get(path)
+        assert r.status_code == 200, (path, r.text)
+        cases.append([path, "get", r.json()])
+    r = d.get("/metrics")
+    assert r.status_code == 200 and r.headers["Content-Type"].startswith("text/plain")
+    assert set(doc["paths"]["/metrics"]["get"]["responses"]["200"]["content"]) == {"text/plain"}
+    (tmp_path / "doc.json").write_text(json.dumps(doc))
+    (tmp_path / "cases.json").write_text(json.dumps(cases))
+    out = subprocess.run([str(tools_python()), "-c", VALIDATE, str(tmp_path / "doc.json"), str(tmp_path / "cases.json")],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stdout[-6000:] + out.stderr[-2000:]
+
+
 def test_api_key_guards_the_document(rolloutd):
     d = rolloutd(None, "--api-key", "k3y")
     r = d.get("/openapi.json")
