@@ -147,7 +147,13 @@ static json_t *ok_response(const char *name) {
     case A_JSON: content = json_content(ref(name)); break;
     case A_GEN:
         content = json_content(ref(name));
-        json_object_set_new(content, "text/event-stream", json_pack("{s:{s:s}}", "schema", "type", "string"));
+        /* one Server-Sent Event: its data is the answer so far as JSON (the application/json
+         * schema), then [DONE] */
+        json_object_set_new(content, "text/event-stream",
+                            json_pack("{s:o}", "schema", rs_json_quoted(
+                                "{'type': 'object', 'required': ['data'], 'properties': {'data': {'type': 'string', "
+                                "'description': 'the answer so far as application/json has it, then [DONE]'}, "
+                                "'event': {'type': 'string'}}}")));
         break;
     case A_TEXT: content = json_pack("{s:{s:o}}", "text/plain", "schema", ref(name)); break;
     case A_PART: RS_ASSERT(!"a part is no route's answer"); break;
