@@ -165,16 +165,16 @@ static json_t *operation(const rs_openapi_route *r, const char *method) {
     json_t *responses = json_pack("{s:o, s:o, s:o}", "200", ok_response(r->answer), "4XX",
                                   error_response("the request was refused: what and why are in the message, the field "
                                                  "at fault in param"),
-                                  "503", error_response("starting, draining, paused past the wait, or at capacity"));
-    json_t *op = json_pack("{s:s, s:s, s:o}", "summary", r->summary, "operationId", "", "responses", responses);
+                                  "503", error_response("starting or shutting down, too many requests waiting, "
+                                                        "a resource busy; retry"));
     /* operationId: method and path, e.g. post_update_weights_from_shm */
     char id[128];
     size_t o = (size_t)snprintf(id, sizeof id, "%s", method);
     for (const char *p = r->path; *p && o + 1 < sizeof id; p++) id[o++] = (*p == '/' || *p == '.') ? '_' : *p;
     id[o] = '\0';
-    json_object_set_new(op, "operationId", json_string(id));
+    json_t *op = json_pack("{s:s, s:s, s:o}", "summary", r->summary, "operationId", id, "responses", responses);
     if (r->body && strcmp(method, "get") != 0) {
-        bool required = false;
+        bool required = r->body->one_of != NULL; /* one of some fields: a body */
         for (size_t i = 0; i < r->body->n; i++) required |= (r->body->fields[i].flags & RS_JF_REQUIRED) != 0;
         json_object_set_new(op, "requestBody", json_pack("{s:b, s:o}", "required", required, "content",
                                                          json_content(rs_json_schema(r->body))));
