@@ -3,7 +3,7 @@
  * open without the API key, and the handlers that serve it (rs_route_def, http_internal.h). http.c
  * looks a request's path up here once its headers are in and then only calls the row's handlers;
  * adding a route is one row here and its handlers. The rows also describe the routes for GET
- * /openapi.json (a summary, the body's descriptor table, the answer's kind).
+ * /openapi.json (a summary, the body's descriptor table, the name of the answer's schema).
  */
 #include <string.h>
 
