@@ -189,7 +189,10 @@ def test_schemathesis_finds_nothing(rolloutd, tmp_path):
     cmd = [str(python), "-m", "schemathesis.cli", "run", d.url + "/openapi.json", "--checks", "all",
            "--exclude-checks", "positive_data_acceptance", "--max-examples", EXAMPLES, "--seed", "1",
            "--phases", "examples,coverage,fuzzing", "--exclude-path", "/pause_generation",
-           "--request-timeout", "30", "--generation-database", "none"]
+           "--request-timeout", "30", "--generation-database", "none",
+           # hypothesis' health checks time the data generation: on a loaded machine they fail a run
+           # that found nothing
+           "--suppress-health-check", "all"]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=2400 if DEEP else 900, cwd=tmp_path)
     log = out.stdout + out.stderr
     assert out.returncode == 0, log[-8000:]
