@@ -448,11 +448,11 @@ static int read_float(const rs_jctx *c, const json_t *v, rs_error *err) {
     double x;
     int rc = rs_json_get_float(v, c->param, &x, err);
     if (rc != RS_OK) return rc;
-    /* the range holds for the value as stored: a number that an fp32 destination rounds to a
-     * value out of range (3e-258 to 0 for a range open at 0) is refused like that value */
+    /* the range holds for the number given and for the value stored: one that an fp32 destination
+     * rounds out of the range (3e-258 to 0 for a range open at 0) is refused like that value */
     const double xs = f->size == sizeof(float) ? (double)(float)x : x;
-    bool lo = f->flags & RS_JF_MIN_OPEN ? xs > f->min : xs >= f->min;
-    bool hi = f->flags & RS_JF_MAX_OPEN ? xs < f->max : xs <= f->max;
+    bool lo = f->flags & RS_JF_MIN_OPEN ? x > f->min && xs > f->min : x >= f->min && xs >= f->min;
+    bool hi = f->flags & RS_JF_MAX_OPEN ? x < f->max && xs < f->max : x <= f->max && xs <= f->max;
     if (!lo || !hi) {
         char range[64];
         float_range(f, range, sizeof range);
@@ -761,8 +761,8 @@ static json_t *ids_schema(bool non_empty) {
     return s;
 }
 
-/* v (stolen) with the placeholders of rs_jfield.schema replaced. */
-static json_t *placeholders(json_t *v, const rs_jobject *sub) {
+/* v (stolen) with the shorthands of rs_jfield.schema ($sub, $ids, $ids1, $name) expanded. */
+static json_t *expand_shorthands(json_t *v, const rs_jobject *sub) {
     if (json_is_string(v) && json_string_value(v)[0] == '$') {
         const char *s = json_string_value(v);
         json_t *r = strcmp(s, "$ids") == 0 || strcmp(s, "$ids1") == 0 ? ids_schema(s[4] == '1')
@@ -772,17 +772,17 @@ static json_t *placeholders(json_t *v, const rs_jobject *sub) {
             RS_ASSERT(sub && "a schema names $sub in a row without one");
             r = rs_json_schema(sub);
         }
-        RS_ASSERT(r && "an unknown placeholder in a row's schema");
+        RS_ASSERT(r && "an unknown shorthand in a row's schema");
         json_decref(v);
         return r;
     }
     if (json_is_object(v)) {
         const char *k;
         json_t *e;
-        json_object_foreach(v, k, e) json_object_set_new(v, k, placeholders(json_incref(e), sub));
+        json_object_foreach(v, k, e) json_object_set_new(v, k, expand_shorthands(json_incref(e), sub));
     } else if (json_is_array(v)) {
         for (size_t i = 0; i < json_array_size(v); i++)
-            json_array_set_new(v, i, placeholders(json_incref(json_array_get(v, i)), sub));
+            json_array_set_new(v, i, expand_shorthands(json_incref(json_array_get(v, i)), sub));
     }
     return v;
 }
@@ -796,10 +796,28 @@ json_t *rs_json_quoted(const char *text) {
     return v;
 }
 
-/* A CUSTOM row's schema, placeholders replaced. */
+/* A CUSTOM row's schema, its shorthands expanded. */
 static json_t *row_schema(const rs_jfield *f) {
     RS_ASSERT(f->schema && "a CUSTOM row without a schema");
-    return placeholders(rs_json_quoted(f->schema), f->sub);
+    return expand_shorthands(rs_json_quoted(f->schema), f->sub);
+}
+
+/* [first, item(a), item(b), ...] for the "a|b|..." list of a table (first: NULL for none; stolen). */
+static json_t *each_of(const char *list, json_t *(*item)(const char *, size_t), json_t *first) {
+    json_t *a = json_array();
+    if (first) json_array_append_new(a, first);
+    for (const char *p = list ? list : ""; *p;) {
+        const size_t n = strcspn(p, "|");
+        json_array_append_new(a, item(p, n));
+        p += n + (p[n] == '|');
+    }
+    return a;
+}
+
+/* The schema of an object in which field name[0..n) is given and not null (null is the default,
+ * as absent). */
+static json_t *given(const char *name, size_t n) {
+    return json_pack("{s:[s%], s:{s%:{s:{s:s}}}}", "required", name, n, "properties", name, n, "not", "type", "null");
 }
 
 /* The value of a field, null aside. */
@@ -819,10 +837,13 @@ static json_t *field_value_schema(const rs_jfield *f) {
     case RS_JT_FLOAT:
         s = schema_of_type("number");
         if (read) {
-            /* finite and within fp32, and the table's range */
-            const double lo = RS_MAX(f->min, -FLT_MAX), hi = RS_MIN(f->max, FLT_MAX);
+            /* finite and within fp32, and the table's range as read_float checks it; a range open at 0
+             * for an fp32 destination starts past 2^-150, the largest number fp32 rounds to 0 */
+            double lo = RS_MAX(f->min, -FLT_MAX), hi = RS_MIN(f->max, FLT_MAX);
             const bool lo_open = f->flags & RS_JF_MIN_OPEN && lo == f->min;
             const bool hi_open = f->flags & RS_JF_MAX_OPEN && hi == f->max;
+            RS_ASSERT((!lo_open || lo == 0) && !hi_open); /* the only open bound the tables have */
+            if (lo_open && f->size == sizeof(float)) lo = 0x1p-150;
             json_object_set_new(s, lo_open ? "exclusiveMinimum" : "minimum", bound(lo));
             json_object_set_new(s, hi_open ? "exclusiveMaximum" : "maximum", bound(hi));
         }
@@ -831,17 +852,7 @@ static json_t *field_value_schema(const rs_jfield *f) {
         /* maxLength counts characters where the walker counts bytes: a bound the walker's implies */
         return json_pack("{s:s, s:i, s:I, s:s}", "type", "string", "minLength", 1, "maxLength",
                          (json_int_t)(f->size - 1), "pattern", NAME_PATTERN);
-    case RS_JT_ENUM: {
-        json_t *e = json_array();
-        for (const char *p = f->choices;;) {
-            const char *bar = strchr(p, '|');
-            size_t n = bar ? (size_t)(bar - p) : strlen(p);
-            json_array_append_new(e, json_stringn(p, n));
-            if (!bar) break;
-            p = bar + 1;
-        }
-        return json_pack("{s:s, s:o}", "type", "string", "enum", e);
-    }
+    case RS_JT_ENUM: return json_pack("{s:s, s:o}", "type", "string", "enum", each_of(f->choices, json_stringn, NULL));
     case RS_JT_IDS: return ids_schema(false);
     case RS_JT_OBJECT: return rs_json_schema(f->sub);
     case RS_JT_CUSTOM: return row_schema(f);
@@ -862,16 +873,7 @@ static json_t *field_schema(const rs_jfield *f) {
     json_t *s;
     if (f->use == RS_JU_NEUTRAL && f->type != RS_JT_CUSTOM) {
         /* null and the neutral values (a CUSTOM row's schema says what its reader accepts) */
-        json_t *e = json_array();
-        json_array_append_new(e, json_null());
-        for (const char *p = f->neutral ? f->neutral : ""; *p;) {
-            const char *bar = strchr(p, '|');
-            size_t n = bar ? (size_t)(bar - p) : strlen(p);
-            json_array_append_new(e, literal(p, n));
-            if (!bar) break;
-            p = bar + 1;
-        }
-        s = json_pack("{s:o}", "enum", e);
+        s = json_pack("{s:o}", "enum", each_of(f->neutral, literal, json_null()));
     } else {
         s = field_value_schema(f);
         if (!(f->flags & RS_JF_REQUIRED)) s = json_pack("{s:[o, {s:s}]}", "anyOf", s, "type", "null");
@@ -901,17 +903,6 @@ json_t *rs_json_schema(const rs_jobject *t) {
                           "additionalProperties", 0);
     if (s && json_array_size(req)) json_object_set_new(s, "required", req);
     else json_decref(req);
-    if (s && t->one_of) {
-        json_t *any = json_array();
-        for (const char *p = t->one_of;;) {
-            const size_t n = strcspn(p, "|");
-            /* given and not null (null is the default, as absent) */
-            json_array_append_new(any, json_pack("{s:[s%], s:{s%:{s:{s:s}}}}", "required", p, n, "properties", p, n,
-                                                 "not", "type", "null"));
-            if (!p[n]) break;
-            p += n + 1;
-        }
-        json_object_set_new(s, "oneOf", any);
-    }
+    if (s && t->one_of) json_object_set_new(s, "oneOf", each_of(t->one_of, given, NULL));
     return s;
 }

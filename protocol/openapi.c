@@ -215,5 +215,10 @@ char *rs_openapi_body(const rs_openapi_route *routes, size_t n, const char *vers
                             json_pack("{s:{s:s, s:s}}", "bearer", "type", "http", "scheme", "bearer"));
         json_object_set_new(doc, "security", json_pack("[{s:[]}]", "bearer"));
     }
-    return rs_json_dump(doc, len);
+    /* 17 digits: every bound reads back as the double the walker compares with (2^-150 as 9 digits
+     * would read back below it) */
+    char *text = doc ? json_dumps(doc, JSON_COMPACT | JSON_REAL_PRECISION(17)) : NULL;
+    json_decref(doc);
+    if (text) *len = strlen(text);
+    return text;
 }

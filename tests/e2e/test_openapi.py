@@ -65,7 +65,8 @@ def test_document_lists_the_routes_and_their_bodies(rolloutd, tmp_path):
     gen = paths["/generate"]["post"]["requestBody"]["content"]["application/json"]["schema"]
     assert gen["additionalProperties"] is False
     sp = gen["properties"]["sampling_params"]["anyOf"][0]["properties"]
-    assert sp["top_p"]["anyOf"][0] == {"type": "number", "exclusiveMinimum": 0, "maximum": 1}
+    # (0, 1] as the fp32 it is stored in has it: 2**-150 and below round to 0
+    assert sp["top_p"]["anyOf"][0] == {"type": "number", "exclusiveMinimum": 2**-150, "maximum": 1}
     assert sp["top_k"]["anyOf"][0]["not"] == {"const": 0}
     # a field rolloutd does not implement: null and its neutral values only
     assert gen["properties"]["image_data"]["enum"] == [None, []]

@@ -128,6 +128,8 @@ RS_TEST(protocol_fields_walker) {
         {"{\"k\": 1, \"x\": 0}", "x", "x must be in (0, 1], got 0", RS_EINVAL},
         /* checked as stored: an fp32 x rounds 3e-258 to 0 */
         {"{\"k\": 1, \"x\": 3e-258}", "x", "x must be in (0, 1], got 3e-258", RS_EINVAL},
+        /* and as given: 1.00000001 would be stored as 1 */
+        {"{\"k\": 1, \"x\": 1.00000001}", "x", "x must be in (0, 1], got 1", RS_EINVAL},
         {"{\"k\": 1, \"x\": \"0.5\"}", "x", "x must be a number, got a string", RS_EINVAL},
         {"{\"k\": 1, \"flag\": true, \"alias\": false}", "alias", "alias and flag name the same field", RS_EINVAL},
         {"{\"k\": 1, \"name\": \"12345678\"}", "name", "at most 7 bytes", RS_EINVAL},
@@ -192,7 +194,7 @@ RS_TEST(protocol_fields_tables_are_well_formed) {
 
 /* The schema of one table against the table: one property per field that is not ELSEWHERE, no
  * others, `required` as the flags say; every CUSTOM row's schema text parses (rs_json_schema
- * asserts that) and has no placeholder left. Recurses through the nested tables. */
+ * asserts that) and has every shorthand ($sub, $ids, ...) expanded. Recurses through the nested tables. */
 static void check_schema(const rs_jobject *t, const json_t *s) {
     ASSERT_TRUE(json_is_object(s));
     ASSERT_TRUE(json_is_false(json_object_get(s, "additionalProperties")));
@@ -208,7 +210,7 @@ static void check_schema(const rs_jobject *t, const json_t *s) {
         const json_t *p = json_object_get(props, f->name);
         if (!p) RS_TEST_FAIL("%s: %s missing from the schema", t->title, f->name);
         char *text = json_dumps(p, JSON_COMPACT);
-        if (strstr(text, "\"$")) RS_TEST_FAIL("%s.%s: a placeholder left: %s", t->title, f->name, text);
+        if (strstr(text, "\"$")) RS_TEST_FAIL("%s.%s: a shorthand not expanded: %s", t->title, f->name, text);
         free(text);
         if (f->flags & RS_JF_REQUIRED) n_req++;
         if (f->type == RS_JT_OBJECT) check_schema(f->sub, json_array_get(json_object_get(p, "anyOf"), 0));
@@ -230,8 +232,9 @@ RS_TEST(protocol_fields_schemas_match_the_tables) {
     json_t *g = rs_json_schema(&rs_generate_fields);
     char *text = json_dumps(g, JSON_COMPACT | JSON_SORT_KEYS);
     const char *want[] = {
-        /* top_p in (0, 1], null allowed */
-        "\"top_p\":{\"anyOf\":[{\"exclusiveMinimum\":0,\"maximum\":1,\"type\":\"number\"},{\"type\":\"null\"}]",
+        /* top_p in (0, 1] as an fp32 holds it (past 2^-150, which rounds to 0), null allowed */
+        "\"top_p\":{\"anyOf\":[{\"exclusiveMinimum\":7.0064923216240854e-46,\"maximum\":1,\"type\":\"number\"},"
+        "{\"type\":\"null\"}]",
         /* top_k: -1 or >= 1 */
         "\"not\":{\"const\":0},\"type\":\"integer\"",
         /* image_data, not implemented: null or [] */
