@@ -125,12 +125,38 @@ int rs_json_bad_type(rs_error *err, const char *param, const char *want, const j
     return rs_error_set(err, RS_EINVAL, param, "%s must be %s, got %s", param, want, got);
 }
 
+bool rs_json_is_int(const json_t *v) {
+    if (json_is_integer(v)) return true;
+    if (!json_is_real(v)) return false;
+    double x = json_real_value(v);
+    return x == trunc(x); /* jansson holds no NaN or inf */
+}
+
+/* v (rs_json_is_int) as a long long; a real outside long long's range ([-2^63, 2^63)) gives
+ * false and the side it is on in *sign, for the caller's range message. */
+static bool int_value(const json_t *v, long long *out, int *sign) {
+    if (json_is_integer(v)) {
+        *out = json_integer_value(v);
+        return true;
+    }
+    double x = json_real_value(v);
+    *sign = x < 0 ? -1 : 1;
+    if (x >= 0x1p63 || x < -0x1p63) return false;
+    *out = (long long)x;
+    return true;
+}
+
 int rs_json_get_int(const json_t *v, const char *param, long long min, long long max, long long *out,
                     rs_error *err) {
-    if (!json_is_integer(v)) return rs_json_bad_type(err, param, "an integer", v);
-    long long x = json_integer_value(v);
-    if (x < min) return rs_error_set(err, RS_EINVAL, param, "%s must be >= %lld, got %lld", param, min, x);
-    if (x > max) return rs_error_set(err, RS_EINVAL, param, "%s must be <= %lld, got %lld", param, max, x);
+    if (!rs_json_is_int(v)) return rs_json_bad_type(err, param, "an integer", v);
+    long long x = 0;
+    int sign = 0;
+    bool fits = int_value(v, &x, &sign);
+    char got[64];
+    rs_json_describe(v, got, sizeof got); /* as given: 1e+300 */
+    if ((!fits && sign < 0) || x < min)
+        return rs_error_set(err, RS_EINVAL, param, "%s must be >= %lld, got %s", param, min, got);
+    if (!fits || x > max) return rs_error_set(err, RS_EINVAL, param, "%s must be <= %lld, got %s", param, max, got);
     *out = x;
     return RS_OK;
 }
@@ -162,22 +188,22 @@ int rs_json_get_ids(const json_t *arr, const char *param, const char *path, int3
     for (size_t i = 0; i < n; i++) {
         const json_t *v = json_array_get(arr, i);
         int rc = RS_OK;
-        if (!json_is_integer(v)) {
-            char got[64];
-            rs_json_describe(v, got, sizeof got);
+        char got[64];
+        rs_json_describe(v, got, sizeof got);
+        long long x = 0;
+        int sign = 0;
+        bool is_int = rs_json_is_int(v), fits = is_int && int_value(v, &x, &sign);
+        if (!is_int)
             rc = rs_error_set(err, RS_EINVAL, param, "%s[%zu] must be an integer token id, got %s", path, i, got);
-        } else if (json_integer_value(v) < 0) {
-            rc = rs_error_set(err, RS_EINVAL, param, "%s[%zu] must be >= 0, got %" JSON_INTEGER_FORMAT, path, i,
-                              json_integer_value(v));
-        } else if (json_integer_value(v) > INT32_MAX) {
-            rc = rs_error_set(err, RS_EINVAL, param, "%s[%zu] must be < 2147483648, got %" JSON_INTEGER_FORMAT,
-                              path, i, json_integer_value(v));
-        }
+        else if (fits ? x < 0 : sign < 0)
+            rc = rs_error_set(err, RS_EINVAL, param, "%s[%zu] must be >= 0, got %s", path, i, got);
+        else if (!fits || x > INT32_MAX)
+            rc = rs_error_set(err, RS_EINVAL, param, "%s[%zu] must be < 2147483648, got %s", path, i, got);
         if (rc != RS_OK) {
             free(ids);
             return rc;
         }
-        ids[i] = (int32_t)json_integer_value(v);
+        ids[i] = (int32_t)x;
     }
     *out = ids;
     *n_out = (int)n;
@@ -325,7 +351,7 @@ int rs_json_check_type(rs_jtype t, const json_t *v, const char *param, rs_error 
     bool ok = true;
     switch (t) {
     case RS_JT_BOOL: ok = json_is_boolean(v); break;
-    case RS_JT_INT: ok = json_is_integer(v); break;
+    case RS_JT_INT: ok = rs_json_is_int(v); break;
     case RS_JT_FLOAT:
     case RS_JT_NUMBER: ok = json_is_number(v); break;
     case RS_JT_STRING:

@@ -151,6 +151,11 @@ int rs_json_load_object(const char *body, size_t len, bool allow_empty, json_t *
 /* A JSON value as a message shows it: numbers and literals by value, containers by kind. */
 void rs_json_describe(const json_t *v, char *buf, size_t n);
 int rs_json_bad_type(rs_error *err, const char *param, const char *want, const json_t *v);
+/* True when v is an integer as JSON Schema counts one: 16, and also a real with no fractional
+ * part (16.0, 1.6e1), which pydantic (vLLM's request models) and Python (SGLang's) take for an
+ * int too; 16.5 is not. */
+bool rs_json_is_int(const json_t *v);
+/* An integer (rs_json_is_int) in [min, max]. */
 int rs_json_get_int(const json_t *v, const char *param, long long min, long long max, long long *out,
                     rs_error *err);
 /* Any finite number that fits a float. */

@@ -355,7 +355,7 @@ int rs_weights_parse_version(const char *body, size_t len, rs_version_update_req
 /* An integer or a string of decimal digits (AReaL sends master_port as a string), 1..65535. */
 static int read_master_port(const rs_jctx *c, const json_t *v, rs_error *err) {
     rs_nccl_group_req *r = c->dst[0];
-    if (json_is_integer(v)) {
+    if (rs_json_is_int(v)) {
         long long x;
         int rc = rs_json_get_int(v, c->param, 1, 65535, &x, err);
         if (rc == RS_OK) r->master_port = (int)x;

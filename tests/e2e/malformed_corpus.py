@@ -175,8 +175,8 @@ def _numbers():
                  "invalid_request", p) for n, over, p in crows]
     raw = [b'{"input_ids": [9223372036854775808]}', b'{"input_ids": [-9223372036854775809]}',
            b'{"input_ids": [1], "sampling_params": {"temperature": 1e400}}',
-           b'{"input_ids": [1], "sampling_params": {"max_new_tokens": 1e3}}',
-           b'{"input_ids": [1e0]}', b'{"input_ids": [01]}', b'{"input_ids": [+1]}', b'{"input_ids": [0x10]}',
+           b'{"input_ids": [1], "sampling_params": {"max_new_tokens": 1.5e0}}',  # 1e3 is an integer, 1.5e0 not
+           b'{"input_ids": [5e-1]}', b'{"input_ids": [01]}', b'{"input_ids": [+1]}', b'{"input_ids": [0x10]}',
            b'{"input_ids": [1.]}', b'{"input_ids": [.5]}']
     out += [Case(f"numbers-raw-{i}", "POST", "/generate", b, {}, 400, "invalid_request", None) for i, b in enumerate(raw)]
     return out

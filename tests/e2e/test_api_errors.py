@@ -125,7 +125,7 @@ BAD = [
      "invalid_request", "input_ids", "exceeds the per-request limit of 1024"),
     ("max-new-tokens-negative", sp(max_new_tokens=-1), 400, "invalid_request", "sampling_params.max_new_tokens",
      ">= 0, got -1"),
-    ("max-new-tokens-float", sp(max_new_tokens=16.0), 400, "invalid_request", "sampling_params.max_new_tokens",
+    ("max-new-tokens-float", sp(max_new_tokens=16.5), 400, "invalid_request", "sampling_params.max_new_tokens",
      "must be an integer"),
     ("max-new-tokens-over-cap", sp(max_new_tokens=40000), 400, "invalid_request",
      "sampling_params.max_new_tokens", "[0, 32768]"),

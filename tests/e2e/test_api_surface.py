@@ -11,6 +11,7 @@ Each field sent as null (SGLang's and pydantic's "absent") must be accepted; the
 real clients send (sglang-router's re-serialization, AReaL, slime) must be served; and
 docs/api-fields.md must be what build/print-fields prints from the parsers' tables today.
 """
+import json
 import os
 import pathlib
 import subprocess
@@ -213,6 +214,45 @@ def test_neutral_values_are_accepted(daemon):
                 return_tokens_as_token_ids=True, include_stop_str_in_output=False, add_special_tokens=True)
     r = daemon.post("/v1/completions", body)
     assert r.status_code == 200, r.text
+
+
+def test_integral_reals_are_integers(daemon):
+    """JSON Schema's "integer" (which /openapi.json states), pydantic's int (vLLM) and Python's (SGLang) all take
+    4.0 for 4: a trainer whose lengths come out of float arithmetic must get what the integers give, not a 400."""
+    ints = {"input_ids": [[5, 6, 7], [8, 9]], "return_logprob": True, "top_logprobs_num": 2, "logprob_start_len": 1,
+            "sampling_params": {"max_new_tokens": 4, "n": 2, "top_k": 5, "min_new_tokens": 1, "sampling_seed": 7,
+                                "stop_token_ids": [1]}}
+
+    def as_reals(v):
+        if isinstance(v, bool):
+            return v
+        if isinstance(v, int):
+            return float(v)
+        if isinstance(v, list):
+            return [as_reals(x) for x in v]
+        if isinstance(v, dict):
+            return {k: as_reals(x) for k, x in v.items()}
+        return v
+
+    reals = as_reals(ints)
+    assert '"max_new_tokens": 4.0' in json.dumps(reals)
+    a, b = daemon.post("/generate", ints), daemon.post("/generate", reals)
+    assert a.status_code == 200 and b.status_code == 200, b.text
+    strip = [{k: o[k] for k in ("output_ids",)} | {k: o["meta_info"][k] for k in
+             ("output_token_logprobs", "input_token_logprobs", "output_top_logprobs")} for o in a.json()]
+    assert strip == [{k: o[k] for k in ("output_ids",)} | {k: o["meta_info"][k] for k in
+                     ("output_token_logprobs", "input_token_logprobs", "output_top_logprobs")} for o in b.json()]
+    cmpl = {"model": "default", "prompt": [5, 6, 7], "max_tokens": 3, "n": 2, "logprobs": 2, "seed": 3,
+            "temperature": 1.0}
+    a, b = daemon.post("/v1/completions", cmpl), daemon.post("/v1/completions", as_reals(cmpl))
+    assert a.status_code == 200 and b.status_code == 200, b.text
+    assert [c["logprobs"] for c in a.json()["choices"]] == [c["logprobs"] for c in b.json()["choices"]]
+    for route, body, param in [("/generate", dict(ints, sampling_params={"max_new_tokens": 2.5}),
+                                "sampling_params.max_new_tokens"),
+                               ("/generate", dict(ints, input_ids=[5, 6.5]), "input_ids"),
+                               ("/v1/completions", dict(cmpl, max_tokens=1e300), "max_tokens")]:
+        r = daemon.post(route, body)
+        assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
 
 
 def print_fields_bin():

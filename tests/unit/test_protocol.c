@@ -54,6 +54,31 @@ RS_TEST(protocol_parse_single_defaults) {
     ASSERT_TRUE(r.job == NULL);
 }
 
+/* JSON Schema's "integer" (and pydantic's and Python's int) takes 16.0 and 1e1: every integer
+ * field and token id does too, with the value it names. */
+RS_TEST(protocol_parse_integral_reals_are_integers) {
+    rs_generate_req r = parse_ok("{\"input_ids\": [[5.0, 6], [7e0]], \"return_logprob\": true, \"top_logprobs_num\": 2.0,"
+                                 " \"logprob_start_len\": -1.0, \"sampling_params\": {\"max_new_tokens\": 16.0,"
+                                 " \"top_k\": 1e1, \"n\": 2.0, \"stop_token_ids\": [3.0, 4],"
+                                 " \"sampling_seed\": 9007199254740992.0}}");
+    rs_gen_job *j = r.job;
+    ASSERT_EQ(j->n_prompts, 2);
+    ASSERT_EQ(j->prompt_lens[0], 2);
+    ASSERT_EQ(j->prompts[0][0], 5);
+    ASSERT_EQ(j->prompts[0][1], 6);
+    ASSERT_EQ(j->prompts[1][0], 7);
+    ASSERT_EQ(j->top_logprobs_num, 2);
+    ASSERT_EQ(j->logprob_start_len, -1);
+    ASSERT_EQ(j->sp.max_new_tokens, 16);
+    ASSERT_EQ(j->sp.top_k, 10);
+    ASSERT_EQ(j->sp.n, 2);
+    ASSERT_EQ(j->sp.n_stop_token_ids, 2);
+    ASSERT_EQ(j->sp.stop_token_ids[0], 3);
+    ASSERT_EQ(j->sp.stop_token_ids[1], 4);
+    ASSERT_TRUE(j->sp.seed == 9007199254740992ull);
+    rs_generate_req_free(&r);
+}
+
 RS_TEST(protocol_parse_every_field) {
     rs_generate_req r = parse_ok(
         "{\"rid\": \"grp7-s3\", \"input_ids\": [151644, 872, 198],"
@@ -195,8 +220,20 @@ static const bad_case bad_cases[] = {
      "sampling_params.max_new_tokens", ">= 0, got -1"},
     {"{\"input_ids\": [1], \"sampling_params\": {\"max_new_tokens\": 3000000000}}", RS_EINVAL,
      "sampling_params.max_new_tokens", "<= 2147483647"},
-    {"{\"input_ids\": [1], \"sampling_params\": {\"max_new_tokens\": 16.0}}", RS_EINVAL,
-     "sampling_params.max_new_tokens", "integer, got 16"},
+    {"{\"input_ids\": [1], \"sampling_params\": {\"max_new_tokens\": 16.5}}", RS_EINVAL,
+     "sampling_params.max_new_tokens", "integer, got 16.5"},
+    /* an integral real is an integer (16.0 is parsed as 16 below); its range is checked as given */
+    {"{\"input_ids\": [1], \"sampling_params\": {\"max_new_tokens\": 1e300}}", RS_EINVAL,
+     "sampling_params.max_new_tokens", "<= 2147483647, got 1e+300"},
+    {"{\"input_ids\": [1], \"sampling_params\": {\"max_new_tokens\": -1e300}}", RS_EINVAL,
+     "sampling_params.max_new_tokens", ">= 0, got -1e+300"},
+    {"{\"input_ids\": [1, 2147483648.0]}", RS_EINVAL, "input_ids", "input_ids[1] must be < 2147483648"},
+    {"{\"input_ids\": [1, -5.0]}", RS_EINVAL, "input_ids", "input_ids[1] must be >= 0, got -5"},
+    {"{\"input_ids\": [1, 1e19]}", RS_EINVAL, "input_ids", "input_ids[1] must be < 2147483648, got 1e+19"},
+    {"{\"input_ids\": [1, -1e19]}", RS_EINVAL, "input_ids", "input_ids[1] must be >= 0, got -1e+19"},
+    /* 2^63 as a real is past every long long, LLONG_MAX included */
+    {"{\"input_ids\": [1], \"sampling_params\": {\"sampling_seed\": 9223372036854775808.0}}", RS_EINVAL,
+     "sampling_params.sampling_seed", "<= 9223372036854775807, got 9.22337e+18"},
     {"{\"input_ids\": [1], \"sampling_params\": {\"min_new_tokens\": -3}}", RS_EINVAL,
      "sampling_params.min_new_tokens", ">= 0"},
     {"{\"input_ids\": [1], \"sampling_params\": {\"sampling_seed\": -1}}", RS_EINVAL,

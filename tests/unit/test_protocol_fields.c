@@ -120,11 +120,17 @@ RS_TEST(protocol_fields_walker) {
     v = (toy){.x = 0.25f};
     ASSERT_EQ(parse_toy(&t, "{\"k\": -1, \"x\": null, \"later\": null, \"tag\": null}", &v, &err), RS_OK);
     ASSERT_NEAR(v.x, 0.25, 0); /* null keeps the default */
+    ASSERT_EQ(parse_toy(&t, "{\"k\": 4.0}", &v, &err), RS_OK); /* JSON Schema's integer: 4.0 is 4 */
+    ASSERT_EQ(v.k, 4);
+    ASSERT_EQ(parse_toy(&t, "{\"k\": -1e0}", &v, &err), RS_OK);
+    ASSERT_EQ(v.k, -1);
     static const struct { const char *body, *param, *needle; int code; } bad[] = {
         {"{}", "k", "k is required", RS_EINVAL},
         {"{\"k\": null}", "k", "k is required", RS_EINVAL},
         {"{\"k\": 11}", "k", "k must be <= 10, got 11", RS_EINVAL},
         {"{\"k\": 1.5}", "k", "k must be an integer, got 1.5", RS_EINVAL},
+        {"{\"k\": 1e300}", "k", "k must be <= 10, got 1e+300", RS_EINVAL},
+        {"{\"k\": -1e300}", "k", "k must be >= -1, got -1e+300", RS_EINVAL},
         {"{\"k\": 1, \"x\": 0}", "x", "x must be in (0, 1], got 0", RS_EINVAL},
         /* checked as stored: an fp32 x rounds 3e-258 to 0 */
         {"{\"k\": 1, \"x\": 3e-258}", "x", "x must be in (0, 1], got 3e-258", RS_EINVAL},
