@@ -232,7 +232,8 @@ def test_both_spellings_at_once_are_refused(daemon):
 
 
 @pytest.mark.parametrize("port,ok", [(29711, True), ("29711", True), ("0", False), ("65536", False), ("2971a", False),
-                                     ("", False), (" 29711", False), (29711.0, False), (True, False)])
+                                     ("", False), (" 29711", False), (29711.0, True), (29711.5, False),
+                                     (True, False)])
 def test_master_port_integer_or_decimal_string(daemon, port, ok):
     body = {"master_address": "127.0.0.1", "master_port": port, "rank_offset": 1, "world_size": 2,
             "group_name": "g-port"}
