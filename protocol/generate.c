@@ -126,10 +126,12 @@ static int read_sampling_seed(const rs_jctx *c, const json_t *v, rs_error *err) 
 
 /* SamplingParams: every field of SGLang's, in the order they are read. */
 static const rs_jfield sampling_fields[] = {
-    {.name = "max_new_tokens", .type = RS_JT_INT, SP(max_new_tokens), .min = 0, .max = INT_MAX, .def = "128",
+    {.name = "max_new_tokens", .type = RS_JT_INT, SP(max_new_tokens), .min = 0, .max = INT_MAX,
+     .limit = RS_JL_NEW_TOKENS, .def = "128",
      .doc = "tokens to generate at most: up to --max-new-tokens, and prompt + max_new_tokens within the "
             "context: a 400 past either (SGLang refuses a request past its context too)"},
-    {.name = "min_new_tokens", .type = RS_JT_INT, SP(min_new_tokens), .min = 0, .max = INT_MAX, .def = "0",
+    {.name = "min_new_tokens", .type = RS_JT_INT, SP(min_new_tokens), .min = 0, .max = INT_MAX,
+     .limit = RS_JL_NEW_TOKENS, .def = "0",
      .doc = "stop tokens and EOS do not end the output before this many tokens"},
     {.name = "temperature", .type = RS_JT_FLOAT, SP(temperature), .min = 0, .max = INFINITY, .def = "1.0",
      .doc = "0 = greedy"},
@@ -147,7 +149,7 @@ static const rs_jfield sampling_fields[] = {
      .max = 2, .def = "1.0",
      .doc = "for tokens in this sample's output (not the prompt, as SGLang): a positive logit is divided by it, "
             "a negative one multiplied"},
-    {.name = "n", .type = RS_JT_INT, SP(n), .min = 1, .max = INT_MAX, .def = "1",
+    {.name = "n", .type = RS_JT_INT, .limit = RS_JL_N, SP(n), .min = 1, .max = INT_MAX, .def = "1",
      .doc = "samples per prompt (capped by --max-n); the answer is a list when n > 1"},
     {.name = "sampling_seed", .type = RS_JT_CUSTOM, .read = read_sampling_seed, .shape = "integer >= 0",
      .def = "random", .doc = "seeds the sample's random draws (sample s of a group uses (seed, s))",
@@ -216,6 +218,8 @@ static const rs_jfield generate_fields[] = {
      .doc = "return each output token's logprob (and the prompt's, with logprob_start_len)"},
     {.name = "logprob_start_len", .type = RS_JT_INT, JOB(logprob_start_len), .min = -1, .max = INT_MAX, .def = "-1",
      .doc = "-1: output tokens only; k >= 0: also score prompt tokens from position k"},
+    /* (no .limit: past --max-top-logprobs it is a 400 only with return_logprob; without, it is
+     * ignored, as in SGLang) */
     {.name = "top_logprobs_num", .type = RS_JT_INT, JOB(top_logprobs_num), .min = 0, .max = INT_MAX, .def = "0",
      .doc = "alternatives per position (capped by --max-top-logprobs)"},
     {.name = "logprobs_mode", .type = RS_JT_ENUM, JOB(logprobs_mode), .choices = "default|raw|processed",

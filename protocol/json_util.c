@@ -779,24 +779,25 @@ static json_t *bound(double x) {
     return json_real(x);
 }
 
-/* A list of token ids (non_empty: at least one). */
-static json_t *ids_schema(bool non_empty) {
+/* A list of token ids (non_empty: at least one), below the vocabulary where lim gives it. */
+static json_t *ids_schema(bool non_empty, const rs_jlimits *lim) {
+    const long long top = lim && lim->vocab > 0 ? RS_MIN(lim->vocab - 1, (long long)INT32_MAX) : INT32_MAX;
     json_t *s = json_pack("{s:s, s:{s:s, s:i, s:I}}", "type", "array", "items", "type", "integer", "minimum", 0,
-                          "maximum", (json_int_t)INT32_MAX);
+                          "maximum", (json_int_t)top);
     if (s && non_empty) json_object_set_new(s, "minItems", json_integer(1));
     return s;
 }
 
 /* v (stolen) with the shorthands of rs_jfield.schema ($sub, $ids, $ids1, $name) expanded. */
-static json_t *expand_shorthands(json_t *v, const rs_jobject *sub) {
+static json_t *expand_shorthands(json_t *v, const rs_jobject *sub, const rs_jlimits *lim) {
     if (json_is_string(v) && json_string_value(v)[0] == '$') {
         const char *s = json_string_value(v);
-        json_t *r = strcmp(s, "$ids") == 0 || strcmp(s, "$ids1") == 0 ? ids_schema(s[4] == '1')
+        json_t *r = strcmp(s, "$ids") == 0 || strcmp(s, "$ids1") == 0 ? ids_schema(s[4] == '1', lim)
                     : strcmp(s, "$name") == 0                          ? json_string(NAME_PATTERN)
                                                                        : NULL;
         if (strcmp(s, "$sub") == 0) {
             RS_ASSERT(sub && "a schema names $sub in a row without one");
-            r = rs_json_schema(sub);
+            r = rs_json_schema(sub, lim);
         }
         RS_ASSERT(r && "an unknown shorthand in a row's schema");
         json_decref(v);
@@ -805,10 +806,10 @@ static json_t *expand_shorthands(json_t *v, const rs_jobject *sub) {
     if (json_is_object(v)) {
         const char *k;
         json_t *e;
-        json_object_foreach(v, k, e) json_object_set_new(v, k, expand_shorthands(json_incref(e), sub));
+        json_object_foreach(v, k, e) json_object_set_new(v, k, expand_shorthands(json_incref(e), sub, lim));
     } else if (json_is_array(v)) {
         for (size_t i = 0; i < json_array_size(v); i++)
-            json_array_set_new(v, i, expand_shorthands(json_incref(json_array_get(v, i)), sub));
+            json_array_set_new(v, i, expand_shorthands(json_incref(json_array_get(v, i)), sub, lim));
     }
     return v;
 }
@@ -822,10 +823,21 @@ json_t *rs_json_quoted(const char *text) {
     return v;
 }
 
+/* The maximum of an integer schema s lowered to row f's server limit, where lim gives one. */
+static void apply_limit(json_t *s, const rs_jfield *f, const rs_jlimits *lim) {
+    if (!s || !lim || f->limit == RS_JL_NONE) return;
+    RS_ASSERT(f->limit < RS_JL_COUNT && json_is_integer(json_object_get(s, "maximum")) &&
+              "a limit on a row whose schema is not a bounded integer");
+    const long long top = RS_MIN(json_integer_value(json_object_get(s, "maximum")), lim->max[f->limit]);
+    json_object_set_new(s, "maximum", json_integer(top));
+}
+
 /* A CUSTOM row's schema, its shorthands expanded. */
-static json_t *row_schema(const rs_jfield *f) {
+static json_t *row_schema(const rs_jfield *f, const rs_jlimits *lim) {
     RS_ASSERT(f->schema && "a CUSTOM row without a schema");
-    return expand_shorthands(rs_json_quoted(f->schema), f->sub);
+    json_t *s = expand_shorthands(rs_json_quoted(f->schema), f->sub, lim);
+    apply_limit(s, f, lim);
+    return s;
 }
 
 /* [first, item(a), item(b), ...] for the "a|b|..." list of a table (first: NULL for none; stolen). */
@@ -847,7 +859,7 @@ static json_t *given(const char *name, size_t n) {
 }
 
 /* The value of a field, null aside. */
-static json_t *field_value_schema(const rs_jfield *f) {
+static json_t *field_value_schema(const rs_jfield *f, const rs_jlimits *lim) {
     json_t *s = NULL;
     const bool read = f->use == RS_JU_READ;
     switch (f->type) {
@@ -858,6 +870,7 @@ static json_t *field_value_schema(const rs_jfield *f) {
             json_object_set_new(s, "minimum", bound(RS_MAX(f->min, -0x1p63)));
             json_object_set_new(s, "maximum", bound(RS_MIN(f->max, 0x1p63 - 1024)));
             if (f->flags & RS_JF_NOT_ZERO) json_object_set_new(s, "not", json_pack("{s:i}", "const", 0));
+            apply_limit(s, f, lim);
         }
         return s;
     case RS_JT_FLOAT:
@@ -879,9 +892,9 @@ static json_t *field_value_schema(const rs_jfield *f) {
         return json_pack("{s:s, s:i, s:I, s:s}", "type", "string", "minLength", 1, "maxLength",
                          (json_int_t)(f->size - 1), "pattern", NAME_PATTERN);
     case RS_JT_ENUM: return json_pack("{s:s, s:o}", "type", "string", "enum", each_of(f->choices, json_stringn, NULL));
-    case RS_JT_IDS: return ids_schema(false);
-    case RS_JT_OBJECT: return rs_json_schema(f->sub);
-    case RS_JT_CUSTOM: return row_schema(f);
+    case RS_JT_IDS: return ids_schema(false, lim);
+    case RS_JT_OBJECT: return rs_json_schema(f->sub, lim);
+    case RS_JT_CUSTOM: return row_schema(f, lim);
     case RS_JT_NUMBER: return schema_of_type("number");
     case RS_JT_TEXT: return schema_of_type("string");
     case RS_JT_LIST: return schema_of_type("array");
@@ -895,13 +908,13 @@ static json_t *field_value_schema(const rs_jfield *f) {
     return NULL;
 }
 
-static json_t *field_schema(const rs_jfield *f) {
+static json_t *field_schema(const rs_jfield *f, const rs_jlimits *lim) {
     json_t *s;
     if (f->use == RS_JU_NEUTRAL && f->type != RS_JT_CUSTOM) {
         /* null and the neutral values (a CUSTOM row's schema says what its reader accepts) */
         s = json_pack("{s:o}", "enum", each_of(f->neutral, literal, json_null()));
     } else {
-        s = field_value_schema(f);
+        s = field_value_schema(f, lim);
         if (!(f->flags & RS_JF_REQUIRED)) s = json_pack("{s:[o, {s:s}]}", "anyOf", s, "type", "null");
     }
     if (!s) return NULL;
@@ -917,12 +930,12 @@ static json_t *field_schema(const rs_jfield *f) {
     return s;
 }
 
-json_t *rs_json_schema(const rs_jobject *t) {
+json_t *rs_json_schema(const rs_jobject *t, const rs_jlimits *lim) {
     json_t *props = json_object(), *req = json_array();
     for (size_t i = 0; i < t->n; i++) {
         const rs_jfield *f = &t->fields[i];
         if (f->use == RS_JU_ELSEWHERE) continue;
-        json_object_set_new(props, f->name, field_schema(f));
+        json_object_set_new(props, f->name, field_schema(f, lim));
         if (f->flags & RS_JF_REQUIRED) json_array_append_new(req, json_string(f->name));
     }
     json_t *s = json_pack("{s:s, s:s, s:o, s:b}", "title", t->title, "type", "object", "properties", props,

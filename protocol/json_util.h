@@ -85,6 +85,23 @@ enum {
 typedef struct rs_jfield rs_jfield;
 typedef struct rs_jobject rs_jobject;
 
+/* A server limit that bounds a field beyond its table's range (checked after parsing, against the
+ * server's settings: rs_gen_job_validate), named by the row so that the server's JSON Schema can
+ * state it (rs_json_schema with rs_jlimits). */
+typedef enum rs_jlimit {
+    RS_JL_NONE,
+    RS_JL_NEW_TOKENS,           /* --max-new-tokens */
+    RS_JL_N,                    /* --max-n */
+    RS_JL_TOP_LOGPROBS,         /* --max-top-logprobs */
+    RS_JL_COUNT
+} rs_jlimit;
+
+/* The values of those limits for one server, and its vocabulary: every token id is below it. */
+typedef struct rs_jlimits {
+    long long max[RS_JL_COUNT]; /* by rs_jlimit (max[RS_JL_NONE] unused) */
+    long long vocab;
+} rs_jlimits;
+
 /* What a custom reader gets: the destinations and the field as errors name it. */
 typedef struct rs_jctx {
     void *const *dst;           /* destination structs, indexed by rs_jfield.base */
@@ -111,9 +128,11 @@ struct rs_jfield {
     const char *schema;         /* CUSTOM: the JSON Schema of its value (null aside: it is added
                                  * where the field is not required), as JSON written with ' for ",
                                  * in which the strings '$sub' (the schema of `sub`), '$ids' (a list of
-                                 * token ids; '$ids1': not empty) and '$name' (the pattern of a string
+                                 * token ids, below rs_jlimits.vocab where the schema is given one;
+                                 * '$ids1': not empty) and '$name' (the pattern of a string
                                  * without control characters) stand for what they name; every
                                  * CUSTOM row has one */
+    rs_jlimit limit;            /* INT, or a CUSTOM integer: the server limit that caps it too */
     const rs_jobject *sub;      /* OBJECT (and a CUSTOM field's inner object, for docs) */
     const char *doc;            /* what it does; for NEUTRAL, why it is not implemented */
 };
@@ -193,8 +212,10 @@ json_t *rs_json_quoted(const char *text);
 /* The JSON Schema (2020-12, as OpenAPI 3.1 takes it) of an object that table t reads: every
  * field's type and range as the walker checks it, null for the fields that are not required, a
  * NEUTRAL field's accepted values as an enum, `required`, and no other property
- * (additionalProperties false). New reference, or NULL when memory is exhausted. */
-json_t *rs_json_schema(const rs_jobject *t);
+ * (additionalProperties false). With lim (may be NULL: the tables' ranges alone), a row's limit
+ * lowers its maximum and token ids are below lim->vocab, as the server checks them. New
+ * reference, or NULL when memory is exhausted. */
+json_t *rs_json_schema(const rs_jobject *t, const rs_jlimits *lim);
 
 /* A JSON string of s; text that is not valid UTF-8 keeps its ASCII and has every other byte
  * replaced by '?' (messages quote request bytes, paths are bytes). */

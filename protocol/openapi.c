@@ -161,7 +161,7 @@ static json_t *ok_response(const char *name) {
     return json_pack("{s:s, s:o}", "description", "OK", "content", content);
 }
 
-static json_t *operation(const rs_openapi_route *r, const char *method) {
+static json_t *operation(const rs_openapi_route *r, const char *method, const rs_jlimits *lim) {
     json_t *responses = json_pack("{s:o, s:o, s:o}", "200", ok_response(r->answer), "4XX",
                                   error_response("the request was refused: what and why are in the message, the field "
                                                  "at fault in param"),
@@ -177,13 +177,14 @@ static json_t *operation(const rs_openapi_route *r, const char *method) {
         bool required = r->body->one_of != NULL; /* one of some fields: a body */
         for (size_t i = 0; i < r->body->n; i++) required |= (r->body->fields[i].flags & RS_JF_REQUIRED) != 0;
         json_object_set_new(op, "requestBody", json_pack("{s:b, s:o}", "required", required, "content",
-                                                         json_content(rs_json_schema(r->body))));
+                                                         json_content(rs_json_schema(r->body, lim))));
     }
     if (r->open) json_object_set_new(op, "security", json_array()); /* no key needed */
     return op;
 }
 
-char *rs_openapi_body(const rs_openapi_route *routes, size_t n, const char *version, bool api_key, size_t *len) {
+char *rs_openapi_body(const rs_openapi_route *routes, size_t n, const char *version, bool api_key,
+                      const rs_jlimits *lim, size_t *len) {
     json_t *paths = json_object();
     for (size_t i = 0; i < n; i++) {
         const rs_openapi_route *r = &routes[i];
@@ -194,7 +195,7 @@ char *rs_openapi_body(const rs_openapi_route *routes, size_t n, const char *vers
             if (k < sizeof m) {
                 for (size_t j = 0; j < k; j++) m[j] = (char)(p[j] | 0x20); /* "GET" -> "get" */
                 m[k] = '\0';
-                json_object_set_new(item, m, operation(r, m));
+                json_object_set_new(item, m, operation(r, m, lim));
             }
             p += k;
             p += strspn(p, ", ");

@@ -11,6 +11,7 @@
 #include <stddef.h>
 
 struct rs_jobject;
+struct rs_jlimits;
 
 typedef struct rs_openapi_route {
     const char *path;
@@ -23,7 +24,10 @@ typedef struct rs_openapi_route {
 } rs_openapi_route;
 
 /* The document as compact JSON (new malloc'd string, *len set), or NULL when memory is exhausted.
- * api_key: the server has one (a bearer token guards every route that is not open). */
-char *rs_openapi_body(const rs_openapi_route *routes, size_t n, const char *version, bool api_key, size_t *len);
+ * api_key: the server has one (a bearer token guards every route that is not open). lim: the
+ * server's limits and vocabulary, which the request schemas then state (NULL: the tables' ranges
+ * alone, as while the model loads). */
+char *rs_openapi_body(const rs_openapi_route *routes, size_t n, const char *version, bool api_key,
+                      const struct rs_jlimits *lim, size_t *len);
 
 #endif /* RS_PROTOCOL_OPENAPI_H */

@@ -95,8 +95,9 @@ typedef struct rs_route_def {
 /* The route for `path`, or NULL; the path /metrics reports for a route id. */
 const rs_route_def *rs_route_find(const char *path);
 const char *rs_route_name(rs_route id);
-/* The OpenAPI document of every route (protocol/openapi.h), or NULL when memory is exhausted. */
-char *rs_routes_openapi(bool api_key, size_t *len);
+/* The OpenAPI document of every route (protocol/openapi.h), stating lim where given, or NULL when
+ * memory is exhausted. */
+char *rs_routes_openapi(bool api_key, const struct rs_jlimits *lim, size_t *len);
 
 /* http_limits.c: connections beyond the soft caps live in a reserve this much larger (MHD's own
  * limits), with an idle timeout of at most RS_HTTP_OVER_TIMEOUT_S seconds. */

@@ -17,6 +17,7 @@
 #include "../model/model.h"
 #include "../model/weight_store.h"
 #include "../protocol/errors.h"
+#include "../protocol/json_util.h"
 #include "../protocol/metrics.h"
 #include "../protocol/ops.h"
 #include "../protocol/tokenize.h"
@@ -274,9 +275,24 @@ enum MHD_Result rs_http_models(rs_http_req *r) {
                      &len);
 }
 
+/* With the engine up, the request schemas state its limits and vocabulary (what a schema can say
+ * of them: each field's own cap, not sums such as prompt + max_new_tokens); while the model loads,
+ * the tables' ranges alone. */
 enum MHD_Result rs_http_openapi(rs_http_req *r) {
+    rs_error err = {0};
+    rs_engine *e = rs_http_engine(r->h, false, &err);
+    rs_jlimits lim = {0}, *have = NULL;
+    if (e) {
+        const rs_engine_limits *el = rs_engine_get_limits(e);
+        /* a prompt has a token at least, so the context caps new tokens too */
+        lim.max[RS_JL_NEW_TOKENS] = RS_MIN(el->max_new_tokens, el->max_context - 1);
+        lim.max[RS_JL_N] = el->max_n;
+        lim.max[RS_JL_TOP_LOGPROBS] = el->max_top_logprobs;
+        lim.vocab = rs_engine_model_config(e)->vocab_size;
+        have = &lim;
+    }
     size_t len = 0;
-    return send_json(r, rs_routes_openapi(r->h->api_key[0] != '\0', &len), &len);
+    return send_json(r, rs_routes_openapi(r->h->api_key[0] != '\0', have, &len), &len);
 }
 
 enum MHD_Result rs_http_abort(rs_http_req *r) {

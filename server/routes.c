@@ -91,10 +91,10 @@ const char *rs_route_name(rs_route id) {
     return "(none)";
 }
 
-char *rs_routes_openapi(bool api_key, size_t *len) {
+char *rs_routes_openapi(bool api_key, const struct rs_jlimits *lim, size_t *len) {
     rs_openapi_route doc[sizeof routes / sizeof routes[0]];
     for (size_t i = 0; i < sizeof routes / sizeof routes[0]; i++)
         doc[i] = (rs_openapi_route){.path = routes[i].path, .methods = routes[i].allow, .summary = routes[i].summary,
                                     .body = routes[i].body, .answer = routes[i].answer_schema, .open = routes[i].open};
-    return rs_openapi_body(doc, sizeof routes / sizeof routes[0], RS_VERSION, api_key, len);
+    return rs_openapi_body(doc, sizeof routes / sizeof routes[0], RS_VERSION, api_key, lim, len);
 }

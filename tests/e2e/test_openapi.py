@@ -11,8 +11,10 @@ the descriptor tables its parsers read request bodies with, checked with tools o
   bodies that break one. It checks that no request gets a 5xx, that every status and content type
   is one the document lists, that every answer conforms to the document's schema (every error has
   the one error shape), and that every body that breaks the schema gets a 4xx: that the parser
-  refuses what the document says it refuses. A conforming body may still be a 400 (a token id past
-  the vocabulary, max_new_tokens past the daemon's limit), so acceptance is not checked.
+  refuses what the document says it refuses. The document states the daemon's own limits (token
+  ids below its vocabulary, max_new_tokens up to --max-new-tokens, n, top logprobs), but a
+  conforming body may still be a 400 for what a schema cannot say (prompt + max_new_tokens past the
+  context, min_new_tokens above max_new_tokens), so acceptance is not checked.
   /pause_generation is left out: a pause holds every later generation until /continue_generation
   (test_ops.py drives the two).
 
@@ -72,6 +74,28 @@ def test_document_lists_the_routes_and_their_bodies(rolloutd, tmp_path):
     assert gen["properties"]["image_data"]["enum"] == [None, []]
     assert paths["/update_weights_from_shm"]["post"]["requestBody"]["content"]["application/json"]["schema"][
         "required"] == ["shm_name", "tensors"]
+    # the daemon's own limits, as /get_server_info and /get_model_info report them, are the maxima
+    si, vocab = d.get("/get_server_info").json(), d.get("/get_model_info").json()["vocab_size"]
+    new_max = min(si["max_new_tokens"], si["max_context_len"] - 1)
+    cmpl = paths["/v1/completions"]["post"]["requestBody"]["content"]["application/json"]["schema"]["properties"]
+    for schema, want in [(sp["max_new_tokens"], new_max), (sp["min_new_tokens"], new_max), (sp["n"], si["max_n"]),
+                         (cmpl["max_tokens"], new_max), (cmpl["n"], si["max_n"]),
+                         (cmpl["logprobs"], si["max_top_logprobs"]),
+                         ({"anyOf": [sp["stop_token_ids"]["anyOf"][0]["items"]]}, vocab - 1),
+                         ({"anyOf": [gen["properties"]["input_ids"]["anyOf"][0]["anyOf"][0]["items"]]}, vocab - 1)]:
+        assert schema["anyOf"][0]["maximum"] == want, (schema, want)
+    # and they are where the daemon draws the line: the maximum is served, one past it is a 400
+    at = {"input_ids": [vocab - 1], "top_logprobs_num": si["max_top_logprobs"], "return_logprob": True,
+          "sampling_params": {"max_new_tokens": 1, "n": si["max_n"], "stop_token_ids": [vocab - 1]}}
+    assert d.post("/generate", at).status_code == 200
+    for past, param in [({"input_ids": [vocab]}, "input_ids"),
+                        ({"top_logprobs_num": si["max_top_logprobs"] + 1}, "top_logprobs_num"),
+                        ({"sampling_params": dict(at["sampling_params"], n=si["max_n"] + 1)}, "sampling_params.n"),
+                        # past the context: the 400 names the prompt that does not fit
+                        ({"sampling_params": {"max_new_tokens": new_max + 1}},
+                         "sampling_params.max_new_tokens" if new_max == si["max_new_tokens"] else "input_ids")]:
+        r = d.post("/generate", dict(at, **past))
+        assert r.status_code == 400 and r.json()["error"]["param"].startswith(param), (past, r.text)
     # every path answers its methods (a 4xx for a missing or bad body at most), and nothing else
     for path, item in paths.items():
         if path == "/pause_generation":

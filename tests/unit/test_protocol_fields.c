@@ -229,13 +229,13 @@ RS_TEST(protocol_fields_schemas_match_the_tables) {
     size_t n;
     const rs_jobject *const *tables = rs_protocol_tables(&n);
     for (size_t i = 0; i < n; i++) {
-        json_t *s = rs_json_schema(tables[i]);
+        json_t *s = rs_json_schema(tables[i], NULL);
         ASSERT_TRUE(s != NULL);
         check_schema(tables[i], s);
         json_decref(s);
     }
     /* a few rows, by what the walker checks */
-    json_t *g = rs_json_schema(&rs_generate_fields);
+    json_t *g = rs_json_schema(&rs_generate_fields, NULL);
     char *text = json_dumps(g, JSON_COMPACT | JSON_SORT_KEYS);
     const char *want[] = {
         /* top_p in (0, 1] as an fp32 holds it (past 2^-150, which rounds to 0), null allowed */
@@ -253,4 +253,42 @@ RS_TEST(protocol_fields_schemas_match_the_tables) {
         if (!strstr(text, want[i])) RS_TEST_FAIL("the /generate schema lacks %s", want[i]);
     free(text);
     json_decref(g);
+}
+
+/* With a server's limits, the rows that name one are capped by it, and token ids by its vocabulary,
+ * as rs_gen_job_validate checks them; the tables' own ranges stay where they are tighter. */
+RS_TEST(protocol_fields_schemas_state_server_limits) {
+    rs_jlimits lim = {.vocab = 8192};
+    lim.max[RS_JL_NEW_TOKENS] = 16;
+    lim.max[RS_JL_N] = 4;
+    lim.max[RS_JL_TOP_LOGPROBS] = 20;
+    struct { const rs_jobject *t; const char *want; } cases[] = {
+        {&rs_generate_fields, "\"max_new_tokens\":{\"anyOf\":[{\"maximum\":16,\"minimum\":0,"},
+        {&rs_generate_fields, "\"min_new_tokens\":{\"anyOf\":[{\"maximum\":16,\"minimum\":0,"},
+        {&rs_generate_fields, "\"n\":{\"anyOf\":[{\"maximum\":4,\"minimum\":1,"},
+        /* top_logprobs_num is capped only with return_logprob, which a schema of the field cannot say */
+        {&rs_generate_fields, "\"top_logprobs_num\":{\"anyOf\":[{\"maximum\":2147483647,\"minimum\":0,"},
+        {&rs_generate_fields, "\"items\":{\"maximum\":8191,\"minimum\":0,\"type\":\"integer\"}"},
+        {&rs_generate_fields, "\"stop_token_ids\":{\"anyOf\":[{\"items\":{\"maximum\":8191,"},
+        {&rs_openai_completion_fields, "\"max_tokens\":{\"anyOf\":[{\"maximum\":16,\"minimum\":0,"},
+        {&rs_openai_completion_fields, "\"logprobs\":{\"anyOf\":[{\"maximum\":20,\"minimum\":0,"},
+        {&rs_openai_completion_fields, "\"n\":{\"anyOf\":[{\"maximum\":4,\"minimum\":1,"},
+        {&rs_openai_completion_fields, "\"min_tokens\":{\"anyOf\":[{\"maximum\":16,\"minimum\":0,"},
+        /* seed has no server limit: the table's range stands */
+        {&rs_openai_completion_fields, "\"maximum\":9223372036854775807,\"minimum\":-9223372036854775808"},
+    };
+    for (size_t i = 0; i < RS_ARRAY_LEN(cases); i++) {
+        json_t *s = rs_json_schema(cases[i].t, &lim);
+        char *text = json_dumps(s, JSON_COMPACT | JSON_SORT_KEYS);
+        if (!strstr(text, cases[i].want)) RS_TEST_FAIL("%s lacks %s", cases[i].t->title, cases[i].want);
+        free(text);
+        json_decref(s);
+    }
+    /* a limit above the table's range leaves the range */
+    lim.max[RS_JL_NEW_TOKENS] = 1LL << 40;
+    json_t *s = rs_json_schema(&rs_generate_fields, &lim);
+    char *text = json_dumps(s, JSON_COMPACT | JSON_SORT_KEYS);
+    ASSERT_TRUE(strstr(text, "\"max_new_tokens\":{\"anyOf\":[{\"maximum\":2147483647,") != NULL);
+    free(text);
+    json_decref(s);
 }
