@@ -129,7 +129,8 @@ static const rs_jfield sampling_fields[] = {
     {.name = "max_new_tokens", .type = RS_JT_INT, SP(max_new_tokens), .min = 0, .max = INT_MAX,
      .limit = RS_JL_NEW_TOKENS, .def = "128",
      .doc = "tokens to generate at most: up to --max-new-tokens, and prompt + max_new_tokens within the "
-            "context: a 400 past either (SGLang refuses a request past its context too)"},
+            "context: a 400 past either (SGLang refuses a request past its context too); absent or null, the "
+            "default lowered to what both leave, as SGLang's scheduler lowers it"},
     {.name = "min_new_tokens", .type = RS_JT_INT, SP(min_new_tokens), .min = 0, .max = INT_MAX,
      .limit = RS_JL_NEW_TOKENS, .def = "0",
      .doc = "stop tokens and EOS do not end the output before this many tokens"},
@@ -330,8 +331,13 @@ int rs_generate_parse(const char *body, size_t len, const rs_tok *tok, rs_genera
     out->tok = tok;
     out->text = rs_gen_text_new(tok);
     void *const dst[] = {[B_REQ] = out, [B_JOB] = out->job, [B_SP] = &out->job->sp, [B_TEXT] = out->text};
+    /* whether max_new_tokens is given: -1 (below its range) stays only where it is absent or null */
+    const int max_new_default = out->job->sp.max_new_tokens;
+    out->job->sp.max_new_tokens = -1;
     rc = rs_json_read(root, &rs_generate_fields, dst, "", err);
     json_decref(root);
+    out->max_new_tokens_given = out->job->sp.max_new_tokens >= 0;
+    if (!out->max_new_tokens_given) out->job->sp.max_new_tokens = max_new_default;
     if (rc == RS_OK && out->job->n_prompts == 0)
         rc = rs_error_set(err, RS_EINVAL, "input_ids", "input_ids is required (or text)");
     if (rc == RS_OK && out->text_in_logprobs && !tok) rc = rs_generate_no_tokenizer("return_text_in_logprobs", err);

@@ -64,6 +64,8 @@ typedef struct rs_generate_req {
     char rid[RS_RID_MAX + 1];   /* the user's rid ("" when absent, for the server to name) */
     bool stream;
     bool seed_given;            /* false: the server draws job->sp.seed (SGLang: random when absent) */
+    bool max_new_tokens_given;  /* false: job->sp.max_new_tokens is the default, which the server
+                                 * lowers to its cap and the context the prompts leave (SGLang) */
     bool incremental;           /* streaming: events carry only new tokens (set by the server) */
     int stream_interval;        /* streaming: tokens between an output's events (sampling_params.stream_interval) */
     int *sent;                  /* streaming: [outputs] tokens already sent, allocated on first use */

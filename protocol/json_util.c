@@ -943,5 +943,10 @@ json_t *rs_json_schema(const rs_jobject *t, const rs_jlimits *lim) {
     if (s && json_array_size(req)) json_object_set_new(s, "required", req);
     else json_decref(req);
     if (s && t->one_of) json_object_set_new(s, "oneOf", each_of(t->one_of, given, NULL));
+    if (s && t->schema_also) {
+        json_t *also = rs_json_quoted(t->schema_also);
+        json_object_update_missing(s, also); /* rules between fields, never a field's own schema */
+        json_decref(also);
+    }
     return s;
 }

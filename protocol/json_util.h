@@ -144,6 +144,8 @@ struct rs_jobject {
     const char *unknown_hint;   /* appended to every "unknown field" message, or NULL */
     const char *one_of;         /* "a|b": fields of which exactly one must be given (the parser says
                                  * so), for the schema (rs_json_schema), or NULL */
+    const char *schema_also;    /* keywords the object's schema adds for a rule between fields that
+                                 * the parser checks (JSON written with ' for "), or NULL */
 };
 
 #define RS_JOBJECT_MAX_FIELDS 128

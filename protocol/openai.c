@@ -108,6 +108,7 @@ static int read_max_tokens(const rs_jctx *c, const json_t *v, rs_error *err) {
     long long x;
     int rc = rs_json_get_int(v, c->param, 0, INT_MAX, &x, err);
     if (rc == RS_OK) r->job->sp.max_new_tokens = (int)x;
+    r->max_tokens_given = rc == RS_OK;
     return rc;
 }
 
@@ -152,8 +153,9 @@ static const rs_jfield completion_fields[] = {
     {.name = "prompt", .type = RS_JT_CUSTOM, .flags = RS_JF_REQUIRED, .read = read_prompt,
      .shape = "string, list of strings, list of token ids, or a list of such lists (a batch)",
      .doc = "the prompt(s); strings need the model's tokenizer.json",
-     .schema = "{'anyOf': [{'type': 'string'}, {'type': 'array', 'minItems': 1, 'items': {'type': 'string'}}, "
-               "'$ids1', {'type': 'array', 'minItems': 1, 'items': '$ids1'}]}"},
+     .schema = "{'anyOf': [{'type': 'string', 'minLength': 1}, {'type': 'array', 'minItems': 1, "
+               "'items': {'type': 'string', 'minLength': 1}}, '$ids1', {'type': 'array', 'minItems': 1, "
+               "'items': '$ids1'}]}"},
     {.name = "model", .type = RS_JT_CUSTOM, .read = read_model, .shape = "string (<= 255 bytes)",
      .doc = "must be the served model name when given (404 otherwise)",
      .schema = "{'type': 'string', 'maxLength': 255}"},
@@ -162,7 +164,9 @@ static const rs_jfield completion_fields[] = {
      .schema = "{'type': 'string', 'minLength': 1, 'maxLength': 122, 'pattern': '$name'}"},
     {.name = "max_tokens", .type = RS_JT_CUSTOM, .flags = RS_JF_READ_NULL,
      .limit = RS_JL_NEW_TOKENS, .read = read_max_tokens,
-     .shape = "integer >= 0, or null", .def = "16", .doc = "null: as many as the context leaves room for",
+     .shape = "integer >= 0, or null", .def = "16",
+     .doc = "null: as many as the context leaves room for; absent, the default lowered to --max-new-tokens "
+            "and the context",
      .schema = "{'type': 'integer', 'minimum': 0, 'maximum': 2147483647}"},
     {.name = "temperature", .type = RS_JT_FLOAT, SP(temperature), .min = 0, .max = INFINITY, .def = "1.0",
      .doc = "0 = greedy"},
@@ -301,7 +305,10 @@ static const rs_jfield completion_fields[] = {
 };
 
 const rs_jobject rs_openai_completion_fields = {
-    .title = "POST /v1/completions", .fields = completion_fields, .n = RS_ARRAY_LEN(completion_fields)};
+    .title = "POST /v1/completions", .fields = completion_fields, .n = RS_ARRAY_LEN(completion_fields),
+    /* read_stream_options: stream_options (not null) needs stream: true, as in vLLM */
+    .schema_also = "{'if': {'required': ['stream_options'], 'properties': {'stream_options': {'type': 'object'}}}, "
+                   "'then': {'required': ['stream'], 'properties': {'stream': {'const': true}}}}"};
 
 int rs_openai_parse_completions(const char *body, size_t len, const rs_tok *tok, rs_openai_req *out,
                                 rs_error *err) {

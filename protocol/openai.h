@@ -67,6 +67,8 @@ typedef struct rs_openai_req {
     const rs_tok *tok;          /* borrowed; NULL when the model has no tokenizer.json */
     rs_gen_text *text;          /* owned: stop strings and each choice's text; the job's on_token */
     bool max_tokens_to_context; /* max_tokens was null: the server fills it from the context limit */
+    bool max_tokens_given;      /* false and not null: the default, which the server lowers to its
+                                 * cap and the context the prompts leave */
     /* streaming state, [outputs] each, allocated on first use */
     int *sent;
     bool *closed, *started;

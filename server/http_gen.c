@@ -182,6 +182,14 @@ static uint64_t splitmix64(uint64_t x) {
     return x ^ (x >> 31);
 }
 
+/* The most new tokens every prompt of job has room for: --max-new-tokens, and the context the
+ * longest prompt leaves (0 when it leaves none; validation then says why). */
+static int room_for_new_tokens(const rs_gen_job *job, const rs_engine_limits *lim) {
+    int longest = 0;
+    for (int p = 0; p < job->n_prompts; p++) longest = RS_MAX(longest, job->prompt_lens[p]);
+    return RS_MAX(0, RS_MIN(lim->max_new_tokens, lim->max_context - longest));
+}
+
 static int parse_generate(rs_http_req *r, rs_engine *e, rs_error *err) {
     rs_http *h = r->h;
     int rc = rs_generate_parse(r->body, r->n, h->info.tok, &r->gen, err);
@@ -195,8 +203,13 @@ static int parse_generate(rs_http_req *r, rs_engine *e, rs_error *err) {
      * requests does not sample n identical rollouts. A given seed reproduces the tokens exactly. */
     if (!r->gen.seed_given) r->job->sp.seed = splitmix64(atomic_fetch_add(&h->seed_state, 0x9e3779b97f4a7c15ull));
     name_job(h, r->job, r->gen.rid);
+    const rs_engine_limits *lim = rs_engine_get_limits(e);
+    /* No max_new_tokens: SGLang's default (128), as far as the cap and the context allow, as SGLang's
+     * scheduler lowers it; a given one past either is a 400, as SGLang refuses it. */
+    if (!r->gen.max_new_tokens_given)
+        r->job->sp.max_new_tokens = RS_MIN(r->job->sp.max_new_tokens, room_for_new_tokens(r->job, lim));
     rs_gen_invalid why;
-    if (rs_gen_job_validate(r->job, rs_engine_model_config(e), rs_engine_get_limits(e), &why) != RS_OK)
+    if (rs_gen_job_validate(r->job, rs_engine_model_config(e), lim, &why) != RS_OK)
         return rs_generate_invalid(&r->gen, &why, err);
     return RS_OK;
 }
@@ -216,11 +229,10 @@ static int parse_completions(rs_http_req *r, rs_engine *e, rs_error *err) {
     rs_gen_job *job = q->job;
     if (!q->seed_given) job->sp.seed = splitmix64(atomic_fetch_add(&h->seed_state, 0x9e3779b97f4a7c15ull));
     const rs_engine_limits *lim = rs_engine_get_limits(e);
-    if (q->max_tokens_to_context) { /* null: as many as the longest prompt leaves room for */
-        int longest = 0;
-        for (int p = 0; p < job->n_prompts; p++) longest = RS_MAX(longest, job->prompt_lens[p]);
-        job->sp.max_new_tokens = RS_MAX(0, RS_MIN(lim->max_new_tokens, lim->max_context - longest));
-    }
+    if (q->max_tokens_to_context) /* null: as many as the longest prompt leaves room for */
+        job->sp.max_new_tokens = room_for_new_tokens(job, lim);
+    else if (!q->max_tokens_given) /* absent: the default (16), as far as there is room */
+        job->sp.max_new_tokens = RS_MIN(job->sp.max_new_tokens, room_for_new_tokens(job, lim));
     r->job = job;
     r->stream = q->stream;
     name_job(h, job, q->id);

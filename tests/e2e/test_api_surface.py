@@ -100,15 +100,11 @@ def not_unknown(r, field):
     assert "unknown field" not in err["message"], (field, err)
 
 
-# null = the default, and SGLang's default max_new_tokens (128) is over this daemon's cap
-OVER_CAP = {"sampling_params", "max_new_tokens"}
-
-
+# null = the default: for sampling_params and max_new_tokens SGLang's 128, lowered to this daemon's cap
 def accepted(r, field):
-    if field in OVER_CAP:
-        assert r.status_code == 400 and r.json()["error"]["param"] == "sampling_params.max_new_tokens", r.text
-    else:
-        assert r.status_code == 200, (field, r.text)
+    assert r.status_code == 200, (field, r.text)
+    if field in ("sampling_params", "max_new_tokens"):
+        assert len(r.json()["output_ids"]) == 4, r.text
 
 
 @pytest.mark.parametrize("field", GENERATE_FIELDS)
@@ -253,6 +249,36 @@ def test_integral_reals_are_integers(daemon):
                                ("/v1/completions", dict(cmpl, max_tokens=1e300), "max_tokens")]:
         r = daemon.post(route, body)
         assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
+
+
+def test_default_lengths_fit_the_cap_and_the_context(tmp_path):
+    """Without max_new_tokens, SGLang's default (128) is lowered to what the server allows, as SGLang's
+    scheduler lowers it to the context; a given one past the cap or the context is a 400, as SGLang
+    refuses it. /v1/completions' default (16) likewise; max_tokens null is the whole room."""
+    d = Daemon(None, ["--max-new-tokens", "12", "--max-context", "64"], tmp_path / "rolloutd.log")
+    try:
+        greedy = {"temperature": 0, "ignore_eos": True}
+        r = d.post("/generate", {"input_ids": [5, 6, 7], "sampling_params": greedy})
+        assert r.status_code == 200 and len(r.json()["output_ids"]) == 12, r.text  # the cap
+        long = list(range(1, 60))  # leaves 5 tokens of the 64
+        r = d.post("/generate", {"input_ids": [[5, 6, 7], long], "sampling_params": greedy})
+        assert r.status_code == 200 and [len(o["output_ids"]) for o in r.json()] == [5, 5], r.text
+        assert r.json()[1]["meta_info"]["finish_reason"]["type"] == "length"
+        # the same as asking for 5: the default is lowered, nothing else changes
+        five = d.post("/generate", {"input_ids": [[5, 6, 7], long], "sampling_params": dict(greedy, max_new_tokens=5)})
+        assert [o["output_ids"] for o in five.json()] == [o["output_ids"] for o in r.json()]
+        for sp, param in [({"max_new_tokens": 13}, "sampling_params.max_new_tokens"),
+                          ({"max_new_tokens": 6}, "input_ids[1]")]:
+            r = d.post("/generate", {"input_ids": [[5, 6, 7], long], "sampling_params": sp})
+            assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
+        c = d.post("/v1/completions", {"prompt": long, "temperature": 0, "ignore_eos": True})
+        assert c.status_code == 200 and c.json()["usage"]["completion_tokens"] == 5, c.text
+        c = d.post("/v1/completions", {"prompt": [5, 6, 7], "temperature": 0, "ignore_eos": True})
+        assert c.status_code == 200 and c.json()["usage"]["completion_tokens"] == 12, c.text
+        c = d.post("/v1/completions", {"prompt": long, "max_tokens": 6})
+        assert c.status_code == 400, c.text
+    finally:
+        assert d.stop() == 0
 
 
 def print_fields_bin():

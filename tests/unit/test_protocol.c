@@ -54,6 +54,24 @@ RS_TEST(protocol_parse_single_defaults) {
     ASSERT_TRUE(r.job == NULL);
 }
 
+/* Whether max_new_tokens was given: the server lowers only the default to its cap and the context. */
+RS_TEST(protocol_parse_max_new_tokens_given) {
+    static const struct { const char *body; bool given; int value; } cases[] = {
+        {"{\"input_ids\": [1]}", false, 128},
+        {"{\"input_ids\": [1], \"sampling_params\": null}", false, 128},
+        {"{\"input_ids\": [1], \"sampling_params\": {\"max_new_tokens\": null}}", false, 128},
+        {"{\"input_ids\": [1], \"sampling_params\": {\"max_new_tokens\": 128}}", true, 128},
+        {"{\"input_ids\": [1], \"sampling_params\": {\"max_new_tokens\": 0}}", true, 0},
+    };
+    for (size_t i = 0; i < RS_ARRAY_LEN(cases); i++) {
+        rs_generate_req r = parse_ok(cases[i].body);
+        if (r.max_new_tokens_given != cases[i].given || r.job->sp.max_new_tokens != cases[i].value)
+            RS_TEST_FAIL("%s: given %d, max_new_tokens %d", cases[i].body, r.max_new_tokens_given,
+                         r.job->sp.max_new_tokens);
+        rs_generate_req_free(&r);
+    }
+}
+
 /* JSON Schema's "integer" (and pydantic's and Python's int) takes 16.0 and 1e1: every integer
  * field and token id does too, with the value it names. */
 RS_TEST(protocol_parse_integral_reals_are_integers) {

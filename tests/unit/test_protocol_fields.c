@@ -255,6 +255,33 @@ RS_TEST(protocol_fields_schemas_match_the_tables) {
     json_decref(g);
 }
 
+/* A rule between fields the parser checks is in the object's schema: /v1/completions' stream_options
+ * needs stream: true (the parser refuses it otherwise; null is absent). */
+RS_TEST(protocol_fields_schema_states_rules_between_fields) {
+    json_t *s = rs_json_schema(&rs_openai_completion_fields, NULL);
+    char *text = json_dumps(s, JSON_COMPACT | JSON_SORT_KEYS);
+    ASSERT_TRUE(strstr(text, "\"if\":{\"properties\":{\"stream_options\":{\"type\":\"object\"}},"
+                             "\"required\":[\"stream_options\"]}") != NULL);
+    ASSERT_TRUE(strstr(text, "\"then\":{\"properties\":{\"stream\":{\"const\":true}},\"required\":[\"stream\"]}")
+                != NULL);
+    ASSERT_TRUE(json_object_get(json_object_get(s, "properties"), "stream_options") != NULL); /* kept */
+    free(text);
+    json_decref(s);
+    static const struct { const char *body; int rc; } cases[] = {
+        {"{\"prompt\": [1], \"stream_options\": {}}", RS_EINVAL},
+        {"{\"prompt\": [1], \"stream\": false, \"stream_options\": {}}", RS_EINVAL},
+        {"{\"prompt\": [1], \"stream\": true, \"stream_options\": {}}", RS_OK},
+        {"{\"prompt\": [1], \"stream_options\": null}", RS_OK},
+    };
+    for (size_t i = 0; i < RS_ARRAY_LEN(cases); i++) {
+        rs_openai_req r;
+        rs_error err;
+        int rc = rs_openai_parse_completions(cases[i].body, strlen(cases[i].body), NULL, &r, &err);
+        if (rc != cases[i].rc) RS_TEST_FAIL("%s: %d, want %d", cases[i].body, rc, cases[i].rc);
+        if (rc == RS_OK) rs_openai_req_free(&r);
+    }
+}
+
 /* With a server's limits, the rows that name one are capped by it, and token ids by its vocabulary,
  * as rs_gen_job_validate checks them; the tables' own ranges stay where they are tighter. */
 RS_TEST(protocol_fields_schemas_state_server_limits) {

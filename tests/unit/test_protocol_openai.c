@@ -28,6 +28,7 @@ RS_TEST(protocol_openai_parse_defaults_and_fields) {
     ASSERT_EQ(j->n_prompts, 1);
     ASSERT_TRUE(!j->batched);
     ASSERT_EQ(j->sp.max_new_tokens, 16); /* OpenAI's default */
+    ASSERT_TRUE(!r.max_tokens_given && !r.max_tokens_to_context); /* the server lowers it where it must */
     ASSERT_EQ(r.logprobs, -1);
     ASSERT_TRUE(!j->return_logprob);
     ASSERT_TRUE(!r.seed_given);
@@ -47,6 +48,7 @@ RS_TEST(protocol_openai_parse_defaults_and_fields) {
     ASSERT_TRUE(j->batched);
     ASSERT_EQ(j->n_prompts, 2);
     ASSERT_EQ(j->sp.max_new_tokens, 8);
+    ASSERT_TRUE(r.max_tokens_given);
     ASSERT_NEAR(j->sp.temperature, 0.5, 0);
     ASSERT_EQ(j->sp.top_k, -1); /* vLLM: 0 is off */
     ASSERT_EQ(j->sp.n, 3);
