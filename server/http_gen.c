@@ -182,12 +182,18 @@ static uint64_t splitmix64(uint64_t x) {
     return x ^ (x >> 31);
 }
 
-/* The most new tokens every prompt of job has room for: --max-new-tokens, and the context the
- * longest prompt leaves (0 when it leaves none; validation then says why). */
-static int room_for_new_tokens(const rs_gen_job *job, const rs_engine_limits *lim) {
+/* The context the longest prompt of job leaves. */
+static int context_room(const rs_gen_job *job, const rs_engine_limits *lim) {
     int longest = 0;
     for (int p = 0; p < job->n_prompts; p++) longest = RS_MAX(longest, job->prompt_lens[p]);
-    return RS_MAX(0, RS_MIN(lim->max_new_tokens, lim->max_context - longest));
+    return lim->max_context - longest;
+}
+
+/* The new tokens of a job that asked for none in particular: def, as far as --max-new-tokens and
+ * the context allow. A prompt that leaves no room asks for 1, which validation refuses naming that
+ * prompt (SGLang refuses a prompt that fills its context too), rather than getting an empty output. */
+static int default_new_tokens(const rs_gen_job *job, const rs_engine_limits *lim, int def) {
+    return RS_MIN(def, RS_MIN(lim->max_new_tokens, RS_MAX(1, context_room(job, lim))));
 }
 
 static int parse_generate(rs_http_req *r, rs_engine *e, rs_error *err) {
@@ -207,7 +213,7 @@ static int parse_generate(rs_http_req *r, rs_engine *e, rs_error *err) {
     /* No max_new_tokens: SGLang's default (128), as far as the cap and the context allow, as SGLang's
      * scheduler lowers it; a given one past either is a 400, as SGLang refuses it. */
     if (!r->gen.max_new_tokens_given)
-        r->job->sp.max_new_tokens = RS_MIN(r->job->sp.max_new_tokens, room_for_new_tokens(r->job, lim));
+        r->job->sp.max_new_tokens = default_new_tokens(r->job, lim, r->job->sp.max_new_tokens);
     rs_gen_invalid why;
     if (rs_gen_job_validate(r->job, rs_engine_model_config(e), lim, &why) != RS_OK)
         return rs_generate_invalid(&r->gen, &why, err);
@@ -230,9 +236,9 @@ static int parse_completions(rs_http_req *r, rs_engine *e, rs_error *err) {
     if (!q->seed_given) job->sp.seed = splitmix64(atomic_fetch_add(&h->seed_state, 0x9e3779b97f4a7c15ull));
     const rs_engine_limits *lim = rs_engine_get_limits(e);
     if (q->max_tokens_to_context) /* null: as many as the longest prompt leaves room for */
-        job->sp.max_new_tokens = room_for_new_tokens(job, lim);
+        job->sp.max_new_tokens = RS_MAX(0, RS_MIN(lim->max_new_tokens, context_room(job, lim)));
     else if (!q->max_tokens_given) /* absent: the default (16), as far as there is room */
-        job->sp.max_new_tokens = RS_MIN(job->sp.max_new_tokens, room_for_new_tokens(job, lim));
+        job->sp.max_new_tokens = default_new_tokens(job, lim, job->sp.max_new_tokens);
     r->job = job;
     r->stream = q->stream;
     name_job(h, job, q->id);

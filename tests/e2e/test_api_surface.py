@@ -277,6 +277,13 @@ def test_default_lengths_fit_the_cap_and_the_context(tmp_path):
         assert c.status_code == 200 and c.json()["usage"]["completion_tokens"] == 12, c.text
         c = d.post("/v1/completions", {"prompt": long, "max_tokens": 6})
         assert c.status_code == 400, c.text
+        # a prompt that fills the context leaves no default to lower: a 400 naming it, not an empty output
+        full = list(range(1, 65))
+        r = d.post("/generate", {"input_ids": [[5, 6, 7], full], "sampling_params": greedy})
+        assert r.status_code == 400 and r.json()["error"]["param"] == "input_ids[1]", r.text
+        assert "exceeds the context limit of 64" in r.json()["error"]["message"], r.text
+        c = d.post("/v1/completions", {"prompt": full})
+        assert c.status_code == 400 and c.json()["error"]["param"] == "prompt", c.text
     finally:
         assert d.stop() == 0
 
