@@ -151,14 +151,16 @@ int rs_json_get_int(const json_t *v, const char *param, long long min, long long
     if (!rs_json_is_int(v)) return rs_json_bad_type(err, param, "an integer", v);
     long long x = 0;
     int sign = 0;
-    bool fits = int_value(v, &x, &sign);
+    const bool fits = int_value(v, &x, &sign);
+    if (fits && x >= min && x <= max) {
+        *out = x;
+        return RS_OK;
+    }
     char got[64];
     rs_json_describe(v, got, sizeof got); /* as given: 1e+300 */
-    if ((!fits && sign < 0) || x < min)
+    if (fits ? x < min : sign < 0)
         return rs_error_set(err, RS_EINVAL, param, "%s must be >= %lld, got %s", param, min, got);
-    if (!fits || x > max) return rs_error_set(err, RS_EINVAL, param, "%s must be <= %lld, got %s", param, max, got);
-    *out = x;
-    return RS_OK;
+    return rs_error_set(err, RS_EINVAL, param, "%s must be <= %lld, got %s", param, max, got);
 }
 
 /* jansson already rejects NaN, inf and reals that overflow a double; sampling parameters are
@@ -187,21 +189,19 @@ int rs_json_get_ids(const json_t *arr, const char *param, const char *path, int3
     if (n && !ids) return rs_error_set(err, RS_ENOMEM, param, "out of memory reading %s", path);
     for (size_t i = 0; i < n; i++) {
         const json_t *v = json_array_get(arr, i);
-        int rc = RS_OK;
-        char got[64];
-        rs_json_describe(v, got, sizeof got);
         long long x = 0;
         int sign = 0;
-        bool is_int = rs_json_is_int(v), fits = is_int && int_value(v, &x, &sign);
-        if (!is_int)
-            rc = rs_error_set(err, RS_EINVAL, param, "%s[%zu] must be an integer token id, got %s", path, i, got);
-        else if (fits ? x < 0 : sign < 0)
-            rc = rs_error_set(err, RS_EINVAL, param, "%s[%zu] must be >= 0, got %s", path, i, got);
-        else if (!fits || x > INT32_MAX)
-            rc = rs_error_set(err, RS_EINVAL, param, "%s[%zu] must be < 2147483648, got %s", path, i, got);
-        if (rc != RS_OK) {
+        const bool is_int = rs_json_is_int(v), fits = is_int && int_value(v, &x, &sign);
+        if (!is_int || !fits || x < 0 || x > INT32_MAX) {
+            char got[64];
+            rs_json_describe(v, got, sizeof got);
             free(ids);
-            return rc;
+            if (!is_int)
+                return rs_error_set(err, RS_EINVAL, param, "%s[%zu] must be an integer token id, got %s", path, i,
+                                    got);
+            if (fits ? x < 0 : sign < 0)
+                return rs_error_set(err, RS_EINVAL, param, "%s[%zu] must be >= 0, got %s", path, i, got);
+            return rs_error_set(err, RS_EINVAL, param, "%s[%zu] must be < 2147483648, got %s", path, i, got);
         }
         ids[i] = (int32_t)x;
     }
