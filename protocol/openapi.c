@@ -8,12 +8,10 @@
 #include "json_util.h"
 
 /* The error body of errors.h: {"error": {"message", "type", "param"}}. */
-static json_t *error_schema(void) {
-    return json_pack("{s:s, s:[s], s:{s:{s:s, s:[s,s,s], s:{s:{s:s}, s:{s:s}, s:{s:[s,s]}}}}}", "type", "object",
-                     "required", "error", "properties", "error", "type", "object", "required", "message", "type",
-                     "param", "properties", "message", "type", "string", "type", "type", "string", "param", "type",
-                     "string", "null");
-}
+#define ERROR_SCHEMA                                                                                        \
+    "{'type': 'object', 'required': ['error'], 'properties': {'error': {'type': 'object', "                 \
+    "'required': ['message', 'type', 'param'], 'properties': {'message': {'type': 'string'}, "              \
+    "'type': {'type': 'string'}, 'param': {'type': ['string', 'null']}}}}}"
 
 static json_t *json_content(json_t *schema) { return json_pack("{s:{s:o}}", "application/json", "schema", schema); }
 
@@ -202,7 +200,7 @@ char *rs_openapi_body(const rs_openapi_route *routes, size_t n, const char *vers
         }
         json_object_set_new(paths, r->path, item);
     }
-    json_t *schemas = json_pack("{s:o}", "Error", error_schema());
+    json_t *schemas = json_pack("{s:o}", "Error", rs_json_quoted(ERROR_SCHEMA));
     for (size_t i = 0; schemas && i < sizeof answers / sizeof answers[0]; i++)
         json_object_set_new(schemas, answers[i].name, rs_json_quoted(answers[i].schema));
     json_t *components = json_pack("{s:o}", "schemas", schemas);
