@@ -371,10 +371,13 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32)
             }
         }
     }
+    /* rows past nr hold nothing to reduce (nr is the same for the whole block) */
 #pragma unroll
-    for (int r = 0; r < R; r++)
+    for (int r = 0; r < R; r++) {
+        if (r >= nr) break;
 #pragma unroll
         for (int off = 16; off > 0; off >>= 1) s[r] = __fadd_rn(s[r], __shfl_xor_sync(FULL_MASK, s[r], off));
+    }
     if (lane == 0) {
         const float bv = bias ? rs_cuda_elem(bias, bdt, (size_t)o) : 0.0f;
 #pragma unroll

@@ -144,10 +144,13 @@ __global__ void __launch_bounds__(FGEMV_WARPS * 32)
             }
         }
     }
+    /* rows past nr hold nothing to reduce (nr is the same for the whole block) */
 #pragma unroll
-    for (int r = 0; r < FGEMV_ROWS; r++)
+    for (int r = 0; r < FGEMV_ROWS; r++) {
+        if (r >= nr) break;
 #pragma unroll
         for (int off = 16; off > 0; off >>= 1) acc[r] += __shfl_xor_sync(RS_CUDA_FULL_MASK, acc[r], off);
+    }
     if (lane == 0) {
 #pragma unroll
         for (int r = 0; r < FGEMV_ROWS; r++)
