@@ -86,7 +86,10 @@ static void warn_once(const char *what) {
     abort();
 }
 
-#if defined(__SANITIZE_ADDRESS__)
+/* The build compiles this runtime without the sanitizers (they check the kernels, not the emulator)
+ * and defines EMU_FIBER_ANNOTATIONS when the kernels are under ASan, which must still be told of
+ * every stack switch. */
+#if defined(__SANITIZE_ADDRESS__) || defined(EMU_FIBER_ANNOTATIONS)
 #include <sanitizer/asan_interface.h>
 #include <sanitizer/common_interface_defs.h>
 #define EMU_ASAN 1
