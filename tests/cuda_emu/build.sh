@@ -63,7 +63,7 @@ for f in backend_cuda cuda_ops cuda_matmul cuda_matmul_fast cuda_blas cuda_act c
 done
 # the runtime (fibers, shuffles, streams) without EMU_CXXFLAGS' sanitizers: they are there for the
 # kernels, and instrumenting the emulator's fiber switches and shuffles made the sanitized tests
-# about 1.5x slower; under ASan it still annotates each stack switch (EMU_FIBER_ANNOTATIONS)
+# 1.4x slower; under ASan it still annotates each stack switch (EMU_FIBER_ANNOTATIONS)
 rt_flags="-std=c++17 -Wall -Wno-unknown-pragmas -Wno-unused-function $common -I$root/kernels/cuda"
 case " ${EMU_CXXFLAGS:-} " in *-fsanitize=*address*) rt_flags+=" -DEMU_FIBER_ANNOTATIONS" ;; esac
 compile "$emu/emu_rt.cpp" "$out/obj/emu_rt.o" "$cxx" $rt_flags
