@@ -249,17 +249,18 @@ static void run_block(unsigned T) {
         if (sched_mode == 2) shuffle_order(order);
         run_round();
         cur = NULL;
-        /* everybody is blocked or done: release what can be released */
+        /* everybody is blocked or done: release what can be released, in one pass over the
+         * states (releasing warp w changes no other warp's states, so the totals are those of
+         * the round's end) */
         unsigned done = 0, at_block = 0, at_warp = 0;
-        for (unsigned t = 0; t < T; t++) {
-            int s = fibers[t].state;
-            done += s == F_DONE, at_block += s == F_BLOCK, at_warp += s == F_WARP;
-        }
-        if (done == T) return;
         bool released = false;
         for (unsigned w = 0; w < (T + 31) / 32; w++) {
-            unsigned lo = w * 32, hi = std::min(T, lo + 32), nw = 0, nd = 0;
-            for (unsigned t = lo; t < hi; t++) nw += fibers[t].state == F_WARP, nd += fibers[t].state == F_DONE;
+            unsigned lo = w * 32, hi = std::min(T, lo + 32), nw = 0, nd = 0, nb = 0;
+            for (unsigned t = lo; t < hi; t++) {
+                const int s = fibers[t].state;
+                nw += s == F_WARP, nd += s == F_DONE, nb += s == F_BLOCK;
+            }
+            done += nd, at_block += nb, at_warp += nw;
             if (nw && nw + nd == hi - lo) {
                 if (nd) {
                     fprintf(stderr, "emu ERROR in kernel %s block (%u,%u,%u): warp %u syncs/shuffles with %u exited lanes\n",
@@ -270,6 +271,7 @@ static void run_block(unsigned T) {
                 released = true;
             }
         }
+        if (done == T) return;
         if (released) continue;
         if (at_block && at_block + done == T) {
             if (done) warn_once("__syncthreads() after some threads of the block exited");
