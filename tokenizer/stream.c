@@ -260,6 +260,7 @@ static void fallback_flush(rs_tok_stream *s, size_t k) {
 }
 
 static void el_put(rs_tok_stream *s, size_t k, const char *p, size_t n) {
+    if (!p) p = ""; /* an empty piece from a stage's scratch that never held anything: the stages below offset p */
     if (k == s->fuse) {
         join_element(s, p, n);
         return;

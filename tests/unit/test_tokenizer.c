@@ -385,6 +385,8 @@ RS_TEST(tokenizer_decode_to_nothing) {
         "{\"type\": \"Sequence\", \"decoders\": [{\"type\": \"Replace\", \"pattern\": {\"String\": \"a\"}, "
         "\"content\": \"\"}, {\"type\": \"Fuse\"}, {\"type\": \"Strip\", \"content\": \"x\", \"start\": 0, "
         "\"stop\": 1}]}",
+        ("{\"type\": \"Sequence\", \"decoders\": [{\"type\": \"Replace\", \"pattern\": {\"String\": \"a\"}, "
+         "\"content\": \"\"}, {\"type\": \"Strip\", \"content\": \" \", \"start\": 0, \"stop\": 0}]}"),
         "{\"type\": \"ByteLevel\", \"add_prefix_space\": false, \"trim_offsets\": true, \"use_regex\": true}",
         "{\"type\": \"Metaspace\", \"replacement\": \"_\", \"prepend_scheme\": \"always\", \"split\": true}",
     };
@@ -407,11 +409,13 @@ RS_TEST(tokenizer_decode_to_nothing) {
         ASSERT_EQ(len, 0);
         ASSERT_STREQ(text, "");
         free(text);
-        if (i == 2) { /* Replace removes every "a": empty pieces, then Fuse and Strip over them */
+        if (i == 2 || i == 3) { /* Replace removes every "a": empty pieces, then (Fuse and) Strip over them */
             text = rs_tok_decode(t, as, 2, false, &len);
             ASSERT_EQ(len, 0);
             ASSERT_STREQ(text, "");
             free(text);
+            const char *want[] = {"", "", ""}; /* and streamed, piece by piece */
+            expect_deltas(t, as, 2, want);
         }
         rs_tok_free(t);
     }
