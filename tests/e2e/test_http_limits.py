@@ -124,8 +124,13 @@ def test_idle_timeout_closes_silent_connections(rolloutd):
 
 def test_per_ip_cap_answers_503_at_once(rolloutd):
     d = rolloutd(None, "--kv-cache-mb", "64", "--max-connections-per-ip", "8", "--max-connections", "64")
+    # Each held connection is answered once before it stalls: the daemon counts a connection when it
+    # accepts it, and its accepting threads may take a later connection from the listen backlog
+    # before an earlier one, so the one asked next would not be over the cap if it overtook one of these.
     held = [connect(d, "127.0.0.2") for _ in range(8)]
     for s in held:
+        s.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert read_answer(s)[0] == 200
         s.sendall(b"GET /health HTTP/1.1\r\n")  # and never the rest
     status, headers, body, secs = ask(d, "POST", "/generate", GEN, src="127.0.0.2")
     assert status == 503 and secs < 2, (status, body)
