@@ -124,9 +124,9 @@ def test_idle_timeout_closes_silent_connections(rolloutd):
 
 def test_per_ip_cap_answers_503_at_once(rolloutd):
     d = rolloutd(None, "--kv-cache-mb", "64", "--max-connections-per-ip", "8", "--max-connections", "64")
-    # Each held connection is answered once before it stalls: the daemon counts a connection when it
-    # accepts it, and its accepting threads may take a later connection from the listen backlog
-    # before an earlier one, so the one asked next would not be over the cap if it overtook one of these.
+    # Each held connection is answered once before it stalls: the daemon counts a connection when one
+    # of its HTTP pool threads accepts it, so a later connection can be counted before an earlier
+    # one, and the one asked next would not be over the cap if it overtook one of these.
     held = [connect(d, "127.0.0.2") for _ in range(8)]
     for s in held:
         s.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
