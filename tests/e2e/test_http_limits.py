@@ -166,6 +166,9 @@ def test_full_server_still_answers_health(rolloutd):
     try:
         for i in range(2048 + 8):
             s = connect(d, f"127.0.0.{2 + i % 8}")
+            if i < 2048:  # answered once: counted before the requests below connect (see the per-IP test)
+                s.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+                assert read_answer(s)[0] == 200
             s.sendall(b"G")
             held.append(s)
         for path in ("/health", "/metrics"):
