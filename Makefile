@@ -105,7 +105,8 @@ $(BUILD)/rolloutd: $(BUILD)/server/main.o $(BUILD)/librolloutd.a
 else
 # The sanitized daemon (build-san/rolloutd, which the e2e tests run under ASan+UBSan in CI) links the
 # matmul kernels uninstrumented: they were 64% of its CPU time there (the KV calibration's forward at
-# every start and after pushes, prefills, lm_head), and they take their pointers from the backend, not from requests.
+# every start and after pushes, prefills, lm_head), and they take their pointers from the backend,
+# not from requests.
 # The sanitized unit tests (build-san/unit-tests) keep them instrumented and check them on ragged
 # shapes, every row count and every dispatch.
 SAN_PLAIN_SRC := $(addprefix kernels/cpu/,fp8_gemm.c fp8_gemm_vnni.c fp8_gemm_avx2.c cpu_amx.c cpu_simd_avx512.c \

@@ -122,15 +122,20 @@ def test_idle_timeout_closes_silent_connections(rolloutd):
 
 # ---------------------------------------------------------------- connection caps
 
+def answered_once(s):
+    """One keep-alive GET /health on s, answered: the daemon counts a connection when one of its HTTP
+    pool threads accepts it, so a later connection can be counted before an earlier one; a connection
+    that has had an answer is counted before anything that connects after it."""
+    s.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+    assert read_answer(s)[0] == 200
+
+
 def test_per_ip_cap_answers_503_at_once(rolloutd):
     d = rolloutd(None, "--kv-cache-mb", "64", "--max-connections-per-ip", "8", "--max-connections", "64")
-    # Each held connection is answered once before it stalls: the daemon counts a connection when one
-    # of its HTTP pool threads accepts it, so a later connection can be counted before an earlier
-    # one, and the one asked next would not be over the cap if it overtook one of these.
+    # each held connection counted before the one asked next, which must be over the cap
     held = [connect(d, "127.0.0.2") for _ in range(8)]
     for s in held:
-        s.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
-        assert read_answer(s)[0] == 200
+        answered_once(s)
         s.sendall(b"GET /health HTTP/1.1\r\n")  # and never the rest
     status, headers, body, secs = ask(d, "POST", "/generate", GEN, src="127.0.0.2")
     assert status == 503 and secs < 2, (status, body)
@@ -166,9 +171,8 @@ def test_full_server_still_answers_health(rolloutd):
     try:
         for i in range(2048 + 8):
             s = connect(d, f"127.0.0.{2 + i % 8}")
-            if i < 2048:  # answered once: counted before the requests below connect (see the per-IP test)
-                s.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
-                assert read_answer(s)[0] == 200
+            if i < 2048:  # counted before the requests below connect
+                answered_once(s)
             s.sendall(b"G")
             held.append(s)
         for path in ("/health", "/metrics"):
