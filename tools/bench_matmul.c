@@ -5,6 +5,7 @@
  *   bench-matmul 3072 1024 fp8gemm,fp8f32 2 1,16,128,512      the exact block sum's cost
  *   bench-matmul 3072 1024 fp8,bf16 1 1,16,32                 FP8 against BF16, one thread
  *   RS_CPU_SIMD=avx2 bench-matmul ...                          cap the SIMD level
+ *   RS_BENCH_COPIES=1 bench-matmul 256 1024 fp8gemm 1 64       one weight, cache-resident: the kernel's compute
  *
  * dtypes is a comma list of bf16, bf16fast (BF16 under --numerics fast: activations rounded to
  * BF16, vdpbf16ps; skipped where the CPU lacks AVX512_BF16), f16, f32, fp8 (E4M3 codes with 128x128 block scales: the W8A8
@@ -21,9 +22,10 @@
  *
  * Prints, per batch size, the time per call, the weight bytes streamed per second and rows per
  * second (and that as a multiple of batch 1). Weights are random; several copies are cycled when
- * one is small enough to stay in the last-level cache, so "GB/s" means memory, not L3. The time is
- * the best of 5 windows of at least 0.1 s each, so that a shared machine's noise does not pass for
- * the kernel's speed.
+ * one is small enough to stay in the last-level cache, so "GB/s" means memory, not L3
+ * (RS_BENCH_COPIES=N sets the count, 1 to 64: with 1 a small weight stays in L2 and the time is
+ * the kernel's compute). The time is the best of 5 windows of at least 0.1 s each, so that a
+ * shared machine's noise does not pass for the kernel's speed.
  */
 #include <math.h>
 #include <stdbool.h>
@@ -311,6 +313,16 @@ int main(int argc, char **argv) {
     for (int d = 0; d < ndt; d++) {
         size_t wbytes = (size_t)n * (size_t)k * rs_dtype_size(dt[d]);
         copies[d] = (int)RS_MAX((size_t)1, RS_MIN((size_t)16, ((size_t)256 << 20) / wbytes)); /* > L3 in all */
+        const char *cenv = getenv("RS_BENCH_COPIES");
+        if (cenv && *cenv) {
+            char *end;
+            long c = strtol(cenv, &end, 10);
+            if (*end || c < 1 || c > 64) {
+                fprintf(stderr, "bench-matmul: RS_BENCH_COPIES=%s: want 1 to 64\n", cenv);
+                return 2;
+            }
+            copies[d] = (int)c;
+        }
         w[d] = make_weights(b, dt[d], dt_rows[d], n, k, copies[d], &seed);
         printf("%s %s [%lld][%lld]%s (%.1f MB, %d cop%s cycled), threads %d\n", kind[d] == KIND_MATMUL ? "matmul" : "gemm",
                rs_dtype_name(dt[d]), (long long)n, (long long)k,
