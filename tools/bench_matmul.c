@@ -301,6 +301,16 @@ int main(int argc, char **argv) {
                         "       (fp8f32 needs K a multiple of 16)\n");
         return 2;
     }
+    long copies_env = 0; /* RS_BENCH_COPIES, or 0: as many as outgrow the L3 */
+    const char *cenv = getenv("RS_BENCH_COPIES");
+    if (cenv && *cenv) {
+        char *end;
+        copies_env = strtol(cenv, &end, 10);
+        if (*end || copies_env < 1 || copies_env > 64) {
+            fprintf(stderr, "bench-matmul: RS_BENCH_COPIES=%s: want 1 to 64\n", cenv);
+            return 2;
+        }
+    }
 
     rs_backend *b = rs_backend_cpu_init(threads);
     rs_fp8_gemm_tune(rs_cpu_fp8_isa(rs_cpu_ctx_of(b)->simd)); /* as the daemon does at start */
@@ -312,17 +322,8 @@ int main(int argc, char **argv) {
     uint64_t seed = 1;
     for (int d = 0; d < ndt; d++) {
         size_t wbytes = (size_t)n * (size_t)k * rs_dtype_size(dt[d]);
-        copies[d] = (int)RS_MAX((size_t)1, RS_MIN((size_t)16, ((size_t)256 << 20) / wbytes)); /* > L3 in all */
-        const char *cenv = getenv("RS_BENCH_COPIES");
-        if (cenv && *cenv) {
-            char *end;
-            long c = strtol(cenv, &end, 10);
-            if (*end || c < 1 || c > 64) {
-                fprintf(stderr, "bench-matmul: RS_BENCH_COPIES=%s: want 1 to 64\n", cenv);
-                return 2;
-            }
-            copies[d] = (int)c;
-        }
+        copies[d] = copies_env ? (int)copies_env
+                               : (int)RS_MAX((size_t)1, RS_MIN((size_t)16, ((size_t)256 << 20) / wbytes)); /* > L3 */
         w[d] = make_weights(b, dt[d], dt_rows[d], n, k, copies[d], &seed);
         printf("%s %s [%lld][%lld]%s (%.1f MB, %d cop%s cycled), threads %d\n", kind[d] == KIND_MATMUL ? "matmul" : "gemm",
                rs_dtype_name(dt[d]), (long long)n, (long long)k,
