@@ -198,7 +198,7 @@ unit: $(BUILD)/unit-tests
 # starting, tests waiting out timeouts): on a 2-vCPU Xeon 2 workers ran them in 3m46s against
 # 6m11s. E2E_JOBS=0 runs them in one process.
 E2E_JOBS ?= $(shell n=$$(nproc 2>/dev/null || echo 2); echo $$(( n / 2 > 2 ? n / 2 : 2 )))
-E2E_PAR := $(if $(filter 0,$(E2E_JOBS)),,-n $(E2E_JOBS) --dist loadfile)
+E2E_PAR := $(if $(filter 0,$(E2E_JOBS)),,-n $(E2E_JOBS) --dist loadfile --no-loadscope-reorder)
 # The daemon the end-to-end tests start (and, beside it, the `tokenize` tool they compare with Hugging
 # Face's): this build's, or another one, e.g. `make test E2E_BIN=$PWD/build-san/rolloutd` (the
 # ASan+UBSan build, which .ci/run makes first).

@@ -7,8 +7,8 @@
 #   scripts/golden_each_kernel.sh [build/rolloutd] [pytest args...]
 #
 # GOLDEN_SKIP_AUTO=1 leaves out the class --cpu-kernels auto picks on this CPU (the highest it
-# runs), for a caller that has already run the golden tests with the default setting (CI's
-# `make test`).
+# runs), for a caller that has already run the golden tests on the same daemon with the default
+# setting (after `make test`).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bin=${1:-$PWD/build/rolloutd}
