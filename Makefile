@@ -57,11 +57,7 @@ endif
 
 # Every module folder is compiled into one static library; programs link against it.
 LIB_DIRS := core config protocol scheduler kvcache model kernels kernels/cpu sync tokenizer server
-# (the longest compiles first, so that `make -j` does not end on one of them alone: under clang's
-# ASan+UBSan these six took 131 of the sanitized build's 225 CPU seconds, cpu_attention_simd.c 38)
-SLOW_SRC := $(addprefix kernels/cpu/,cpu_attention_simd.c fp8_gemm_vnni.c cpu_simd_avx512.c fp8_layout.c cpu_amx.c \
-              fp8_gemm_avx2.c)
-LIB_SRC  := $(SLOW_SRC) $(filter-out server/main.c $(SLOW_SRC),$(foreach d,$(LIB_DIRS),$(wildcard $(d)/*.c)))
+LIB_SRC  := $(filter-out server/main.c,$(foreach d,$(LIB_DIRS),$(wildcard $(d)/*.c)))
 LIB_OBJ  := $(patsubst %.c,$(BUILD)/%.o,$(LIB_SRC)) $(CU_OBJ)
 TEST_SRC := $(wildcard tests/unit/*.c)
 TEST_OBJ := $(patsubst %.c,$(BUILD)/%.o,$(TEST_SRC))
@@ -164,9 +160,8 @@ $(BUILD)/print-fields: $(BUILD)/tools/print_fields.o $(BUILD)/librolloutd.a
 $(BUILD)/bench-gpu: $(BUILD)/tools/bench_gpu.o $(BUILD)/librolloutd.a
 	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
 
-# (the library first: its compiles are the longest)
-$(BUILD)/unit-tests: $(BUILD)/librolloutd.a $(TEST_OBJ)
-	$(CC) $(LDFLAGS) -o $@ $(TEST_OBJ) $(BUILD)/librolloutd.a $(LDLIBS)
+$(BUILD)/unit-tests: $(TEST_OBJ) $(BUILD)/librolloutd.a
+	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
 
 docs: $(BUILD)/print-fields
 	@mkdir -p docs
@@ -198,10 +193,10 @@ unit: $(BUILD)/unit-tests
 # starting, tests waiting out timeouts): on a 2-vCPU Xeon 2 workers ran them in 3m46s against
 # 6m11s. E2E_JOBS=0 runs them in one process.
 E2E_JOBS ?= $(shell n=$$(nproc 2>/dev/null || echo 2); echo $$(( n / 2 > 2 ? n / 2 : 2 )))
-E2E_PAR := $(if $(filter 0,$(E2E_JOBS)),,-n $(E2E_JOBS) --dist loadfile --no-loadscope-reorder)
-# The daemon the end-to-end tests start (and, beside it, the `tokenize` tool they compare with Hugging
-# Face's): this build's, or another one, e.g. `make test E2E_BIN=$PWD/build-san/rolloutd` (the
-# ASan+UBSan build, which .ci/run makes first).
+E2E_PAR := $(if $(filter 0,$(E2E_JOBS)),,-n $(E2E_JOBS) --dist loadfile)
+# The daemon the end-to-end tests start (and the tools beside it they run: `tokenize`, compared with
+# Hugging Face's, and `tcpstore-probe`): this build's, or another one, e.g. `make test
+# E2E_BIN=$PWD/build-san/rolloutd` (the ASan+UBSan build, which .ci/run makes first).
 E2E_BIN ?= $(abspath $(BUILD)/rolloutd)
 
 e2e: $(BUILD)/rolloutd

@@ -44,19 +44,6 @@ def read_answer(s):
     return int(lines[0].split()[1]), headers, rest[:n]
 
 
-# The files that take longest (worker seconds on 2 vCPUs, against the plain and the ASan+UBSan
-# daemon, 2026-12-07), first: pytest-xdist hands each worker a whole file at a time (--dist
-# loadfile) in collection order (`make e2e` passes --no-loadscope-reorder; by default it orders
-# files by their number of tests, which put the one-test soak last, alone on one worker).
-SLOW_FIRST = ["test_soak.py", "test_openapi.py", "test_tokenizer_hf.py", "test_http_limits.py", "test_fleet.py",
-              "test_ops.py", "test_generate_api.py", "test_weight_sync.py", "test_cpu_models.py", "test_client.py"]
-
-
-def pytest_collection_modifyitems(items):
-    rank = {name: i for i, name in enumerate(SLOW_FIRST)}
-    items.sort(key=lambda item: rank.get(item.path.name, len(SLOW_FIRST)))  # stable: the rest as collected
-
-
 _venv_skips = {}  # venv name -> why it cannot be had, once found out
 
 
