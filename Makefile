@@ -45,8 +45,9 @@ NVCC      ?= $(CUDA_HOME)/bin/nvcc
 # libnccl.so.2): NCCL_HOME=DIR with DIR/include/nccl.h and DIR/lib, and NCCL_LIB=-l:libnccl.so.2.
 NCCL_HOME ?=
 NCCL_LIB  ?= -lnccl
+# CUDA=1 adds CUDA_CFLAGS to the sources that test RS_CUDA and to nothing else (below)
+CUDA_CFLAGS := -DRS_CUDA -I$(CUDA_HOME)/include $(if $(NCCL_HOME),-I$(NCCL_HOME)/include)
 ifneq ($(CUDA),)
-CFLAGS    += -DRS_CUDA -I$(CUDA_HOME)/include $(if $(NCCL_HOME),-I$(NCCL_HOME)/include)
 NVFLAGS   := -O2 -g -std=c++17 -arch=sm_90 -DRS_CUDA -Xcompiler -fno-fast-math,-pthread --fmad=false \
              $(if $(NCCL_HOME),-I$(NCCL_HOME)/include)
 LDLIBS    += -L$(CUDA_HOME)/lib64 $(if $(NCCL_HOME),-L$(NCCL_HOME)/lib -Wl$(comma)-rpath$(comma)$(NCCL_HOME)/lib) \
@@ -63,6 +64,18 @@ TEST_SRC := $(wildcard tests/unit/*.c)
 TEST_OBJ := $(patsubst %.c,$(BUILD)/%.o,$(TEST_SRC))
 DEPS_OK  := $(BUILD)/.deps-ok
 
+# CUDA= changes the compile of exactly the sources that test RS_CUDA: headers never do
+# (scripts/check_layers.sh checks it), so every other object is the same in both builds. Their
+# objects depend on $(BUILD)/.cuda, which holds the setting of the last make in this folder, so that
+# switching CUDA= in one build folder recompiles them, adds or drops the .cu objects, and relinks.
+CUDA_AWARE_OBJ := $(patsubst %.c,$(BUILD)/%.o,$(shell grep -lw RS_CUDA $(LIB_SRC) server/main.c tools/*.c $(TEST_SRC)))
+CUDA_SETTING   := $(BUILD)/.cuda
+$(shell mkdir -p $(BUILD) && { [ "$$(cat $(CUDA_SETTING) 2>/dev/null)" = "CUDA=$(CUDA)" ] || echo "CUDA=$(CUDA)" > $(CUDA_SETTING); })
+$(CUDA_AWARE_OBJ): $(CUDA_SETTING)
+ifneq ($(CUDA),)
+$(CUDA_AWARE_OBJ): CFLAGS += $(CUDA_CFLAGS)
+endif
+
 PROGRAMS := $(BUILD)/rolloutd $(BUILD)/rollout-bench $(BUILD)/make-default-model $(BUILD)/unit-tests \
             $(BUILD)/bench-matmul $(BUILD)/bench-quant $(BUILD)/fp8-mismatch $(BUILD)/rl-bench $(BUILD)/bench-inproc \
             $(BUILD)/tcpstore-probe $(BUILD)/tokenize $(BUILD)/print-fields $(BUILD)/bench-gpu $(BUILD)/bench-gemv
@@ -76,13 +89,18 @@ $(DEPS_OK):
 	@printf '  deps   libmicrohttpd %s, jansson %s, libuv %s, isa-l %s, pcre2 %s, utf8proc %s\n' \
 	  "$$(pkg-config --modversion libmicrohttpd)" "$$(pkg-config --modversion jansson)" "$$(pkg-config --modversion libuv)" \
 	  "$$(pkg-config --modversion libisal)" "$$(pkg-config --modversion libpcre2-8)" "$$(pkg-config --modversion libutf8proc)"
-ifneq ($(CUDA),)
+	@touch $@
+
+# the CUDA toolkit and NCCL, checked before the first CUDA compile (also of a folder built without them)
+$(BUILD)/.cuda-ok:
 	@test -x $(NVCC) || { echo "CUDA=1 but $(NVCC) not found"; exit 1; }
 	@printf '  cuda   %s\n' "$$($(NVCC) --version | tail -1)"
 	@test -e $(CUDA_HOME)/include/nccl.h -o -e /usr/include/nccl.h -o -e "$(NCCL_HOME)/include/nccl.h" && echo "  ✓ NCCL found" \
 	  || { echo "NCCL not found (nccl.h): set NCCL_HOME, see the Makefile"; exit 1; }
-endif
 	@touch $@
+ifneq ($(CUDA),)
+$(CUDA_AWARE_OBJ) $(CU_OBJ): | $(BUILD)/.cuda-ok
+endif
 
 $(BUILD)/%.o: %.c $(DEPS_OK)
 	@mkdir -p $(dir $@)

@@ -153,7 +153,9 @@ rs_backend *rs_backend_cpu_init_kernels(int n_threads, const char *kernels, stru
 /* One line naming what a CPU backend dispatches to, e.g. "cpu: avx2 fma f16c; fp8 kernel
  * avx2-exact; bf16 tile 4x3". Returns buf. */
 const char *rs_backend_cpu_describe(rs_backend *b, char *buf, size_t n);
-#ifdef RS_CUDA
+/* ---- the CUDA backend (kernels/cuda): defined in a CUDA=1 build only. Declared in every build: a
+ * header reads the same whatever CUDA= says (the Makefile relies on it), and only .c files test
+ * RS_CUDA. ---- */
 /* A CUDA backend on `device`, in RS_NUMERICS_EXACT until rs_backend_set_numerics says otherwise
  * (the daemon and the benchmarks switch it to their --numerics, fast by default). */
 rs_backend *rs_backend_cuda_init(int device);
@@ -216,7 +218,6 @@ void rs_backend_cuda_set_device_sampling(rs_backend *b, bool on);
 void rs_backend_cuda_set_graphs(rs_backend *b, bool on);
 /* Recordings made, replays run and recordings refused so far. */
 void rs_backend_cuda_graph_stats(const rs_backend *b, uint64_t *recorded, uint64_t *replayed, uint64_t *refused);
-#endif
 void rs_backend_free(rs_backend *b);
 
 /* The name of the first op in the table that this backend does not provide, or NULL when it

@@ -5,7 +5,8 @@
 #   file:line: <folder> may not include <target folder> (<header>)
 # Outside kernels/, only kernels/*.h (not cpu/, cuda/ or the private op table backend_impl.h) may be
 # included. Exits 1 if there is any violation, else prints a one-line summary and exits 0. Tests, tools, scripts
-# and examples may include anything and are not checked. Run by .ci/run.
+# and examples may include anything and are not checked. Also checks that no header outside
+# kernels/cuda/ tests RS_CUDA (see the end). Run by .ci/run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -51,6 +52,16 @@ done < <(git ls-files '*.c' '*.h' '*.cu' '*.cuh')
 
 if [ "$bad" -gt 0 ]; then
   echo "check_layers: $bad include(s) break the layer table in docs/design.md"
+  exit 1
+fi
+
+# A header reads the same in the CPU and the CUDA build: only .c files test RS_CUDA (the Makefile
+# recompiles just those when CUDA= changes, so a header that tested it would mix two layouts of
+# one type, or two sets of inline code, in one program). kernels/cuda/ is compiled by nvcc only.
+cuda_if=$(git ls-files '*.h' | grep -v '^kernels/cuda/' | xargs grep -nE '^[[:space:]]*#[[:space:]]*(if|ifdef|ifndef|elif).*\<RS_CUDA\>' || true)
+if [ -n "$cuda_if" ]; then
+  echo "$cuda_if"
+  echo "check_layers: headers test RS_CUDA (only .c files may: see the Makefile's CUDA_AWARE_OBJ)"
   exit 1
 fi
 echo "check_layers: ok ($files files, $edges includes)"

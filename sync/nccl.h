@@ -136,11 +136,11 @@ int rs_nccl_check_update_req(const rs_nccl_update_req *r, uint64_t max_buffer_by
 int rs_nccl_n_buffers(const rs_nccl_update_req *r);
 void rs_nccl_buffer(const rs_nccl_update_req *r, int i, int *first, int *count, uint64_t *bytes);
 
-/* ---- transport (sync/nccl_staging.cu; CUDA build only) ----
+/* ---- transport (sync/nccl_staging.cu; defined in a CUDA=1 build only, declared in every build,
+ * as kernels/backend.h says why) ----
  * A communicator with its stream and two pinned staging slots. Every call checks every CUDA and
  * NCCL status and returns an error instead of aborting the process; after any failure of
  * recv_post / recv_wait the communicator has been aborted and only rs_nccl_comm_free remains. */
-#ifdef RS_CUDA
 typedef struct rs_nccl_comm rs_nccl_comm;
 
 int rs_nccl_cuda_device_count(void);    /* 0 when none is visible or the driver is missing */
@@ -163,6 +163,5 @@ bool rs_nccl_comm_aborted(const rs_nccl_comm *c);
 /* Finalizes (bounded by timeout_s, then aborts) or, when abort is true or the communicator
  * already failed, aborts; then frees the stream and staging. NULL is a no-op. */
 void rs_nccl_comm_free(rs_nccl_comm *c, bool abort, double timeout_s);
-#endif
 
 #endif /* RS_SYNC_NCCL_H */

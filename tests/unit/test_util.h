@@ -72,10 +72,9 @@ void *rs_test_to_host(rs_backend *b, const void *src, size_t bytes);
 /* Frees a test KV layer's backend allocations: pages and whichever scales it has. */
 void rs_test_kv_layer_free(rs_backend *b, rs_kv_layer *kv);
 
-#ifdef RS_CUDA
-/* The CUDA backend on device 0, or the test ends as skipped when this machine has no GPU. */
+/* The CUDA backend on device 0, or the test ends as skipped when this machine has no GPU (defined
+ * in a CUDA=1 build only). */
 rs_backend *rs_test_cuda_or_skip(void);
-#endif
 
 /* The weight-sync service in process: the served tiny Qwen3 A (seed 1, quantization `mode`) with
  * a running engine thread and the sync service (opts so, NULL = defaults); checkpoint B (seed 2)
