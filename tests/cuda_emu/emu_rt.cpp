@@ -53,9 +53,9 @@ struct Fiber {
     size_t size; /* of the stack, from its guard page's start to its top */
 };
 /* A fiber's stack is STACK bytes plus a color: each fiber's top sits (tid mod 256) x 448 bytes
- * further into its mapping. The mappings are STACK-aligned neighbours, so without it every fiber's
- * top frames (its saved registers, the kernel's locals) fell into the same L1 and L2 cache sets,
- * and a round over a block's fibers missed both caches at every switch. */
+ * further into its page-aligned mapping. Mapped one after another with STACK bytes each, every
+ * fiber's top frames (its saved registers, the kernel's locals) fell into the same L1 and L2 cache
+ * sets, and a round over a block's fibers in a random order missed both caches at every switch. */
 static const size_t STACK = 256 << 10, COLOR_STEP = 448, COLORS = 256;
 static std::vector<Fiber> fibers;
 static void *sched_sp;
