@@ -50,13 +50,14 @@ struct Fiber {
     int state;
     unsigned tid;
     unsigned shfl_count;
-    size_t size; /* of the stack, from its guard page's start to its top */
 };
 /* A fiber's stack is STACK bytes plus a color: each fiber's top sits (tid mod 256) x 448 bytes
  * further into its page-aligned mapping. Mapped one after another with STACK bytes each, every
  * fiber's top frames (its saved registers, the kernel's locals) fell into the same L1 and L2 cache
  * sets, and a round over a block's fibers in a random order missed both caches at every switch. */
 static const size_t STACK = 256 << 10, COLOR_STEP = 448, COLORS = 256;
+/* the bytes of fiber tid's mapping, from its guard page's start to its stack's top */
+static size_t stack_bytes(unsigned tid) { return STACK + (tid % COLORS) * COLOR_STEP; }
 static std::vector<Fiber> fibers;
 static void *sched_sp;
 static Fiber *cur;
@@ -131,7 +132,7 @@ static void run_round(void) {
     threadIdx = dim3(f->tid, 0, 0);
     entered_from_sched = true;
 #ifdef EMU_ASAN
-    __sanitizer_start_switch_fiber(&sched_fake, f->stack + 4096, f->size - 4096);
+    __sanitizer_start_switch_fiber(&sched_fake, f->stack + 4096, stack_bytes(f->tid) - 4096);
 #endif
     emu_ctx_switch(&sched_sp, f->sp);
 #ifdef EMU_ASAN
@@ -152,7 +153,7 @@ static void switch_from_fiber(bool finished) {
         threadIdx = dim3(next->tid, 0, 0);
         entered_from_sched = false;
 #ifdef EMU_ASAN
-        __sanitizer_start_switch_fiber(fake, next->stack + 4096, next->size - 4096);
+        __sanitizer_start_switch_fiber(fake, next->stack + 4096, stack_bytes(next->tid) - 4096);
 #endif
         emu_ctx_switch(&me->sp, next->sp);
     } else {
@@ -181,8 +182,7 @@ static void fiber_entry(void) {
 
 static void fiber_prepare(Fiber &f) {
     if (!f.stack) {
-        f.size = STACK + (f.tid % COLORS) * COLOR_STEP;
-        f.stack = (char *)mmap(NULL, f.size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        f.stack = (char *)mmap(NULL, stack_bytes(f.tid), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
         if (f.stack == MAP_FAILED) abort();
         mprotect(f.stack, 4096, PROT_NONE); /* guard page */
     }
@@ -190,9 +190,9 @@ static void fiber_prepare(Fiber &f) {
     /* The frames of the fiber's last run that returned left their shadow clean; the two that never
      * return (fiber_entry and the final switch) are at the top. (The whole stack's shadow, 32 KiB a
      * fiber and block, was 8% of a sanitized attention test's time.) */
-    __asan_unpoison_memory_region(f.stack + f.size - 16384, 16384);
+    __asan_unpoison_memory_region(f.stack + stack_bytes(f.tid) - 16384, 16384);
 #endif
-    uintptr_t top = ((uintptr_t)f.stack + f.size) & ~(uintptr_t)15;
+    uintptr_t top = ((uintptr_t)f.stack + stack_bytes(f.tid)) & ~(uintptr_t)15;
     uint64_t *s = (uint64_t *)top;
     *--s = 0;                           /* fake return address of fiber_entry */
     *--s = (uint64_t)(uintptr_t)&fiber_entry;
