@@ -14,6 +14,13 @@
 #   EMU_REUSE                   a plain build of this script (e.g. build-emu) whose objects of the
 #                               EMU_PLAIN_DIRS sources are copied (the same flags; with their times,
 #                               so that one older than its sources is still compiled again)
+#   EMU_REUSE_MAKE              a build folder of the Makefile made with its defaults (CC=cc, gcc;
+#                               no EXTRA_CFLAGS), e.g. build: the objects of the sources that do
+#                               not test RS_CUDA are copied from there wherever this build compiles
+#                               them without EMU_CFLAGS (the same compiler and code-generation
+#                               flags; only warnings differ, and RS_CUDA and the fake CUDA headers
+#                               reach no such source). On 2 cores the plain build took 27 s
+#                               instead of 54 s.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 out=${1:-$root/build-emu}
@@ -35,14 +42,29 @@ cxx=${EMU_CXX:-g++}
 
 objs=()
 rm -f "$out/failed"
+# the folders whose headers the sources include (not the build folders: the end-to-end tests' venvs
+# under build/ hold headers of their own)
+src_dirs=()
+for d in core config protocol scheduler kvcache model kernels sync tokenizer server tools tests; do src_dirs+=("$root/$d"); done
 compile() { # compile SRC OBJ CMD...: CMD on SRC unless OBJ is newer than SRC and the headers
   local src=$1 obj=$2; shift 2
   objs+=("$obj")
-  if [ ! -e "$obj" ] || [ "$src" -nt "$obj" ] || [ -n "$(find "$root" -name '*.h' -newer "$obj" -print -quit)" ]; then
+  if [ ! -e "$obj" ] || [ "$src" -nt "$obj" ] || [ -n "$(find "${src_dirs[@]}" -name '*.h' -newer "$obj" -print -quit)" ]; then
     # a failed compile leaves no object (a stale one would link) and marks the build failed
     { "$@" -c "$src" -o "$obj" || { rm -f "$obj"; echo "$src" >> "$out/failed"; }; } &
     while [ "$(jobs -rp | wc -l)" -ge "$jobs" ]; do wait -n; done
   fi
+}
+reuse() { # reuse SRC OBJ [FROM]: copy FROM (default: SRC's object in EMU_REUSE_MAKE, when SRC does
+  # not test RS_CUDA) to OBJ, with its time, when OBJ is missing and FROM is newer than SRC; compile
+  # then still rebuilds it if a header is newer
+  local src=$1 obj=$2 from=${3:-}
+  if [ -z "$from" ] && [ -n "${EMU_REUSE_MAKE:-}" ] && ! grep -qw RS_CUDA "$src"; then
+    from=$EMU_REUSE_MAKE/${src#"$root"/}
+    from=${from%.c}.o
+  fi
+  if [ -n "$from" ] && [ -e "$from" ] && [ "$from" -nt "$src" ] && [ ! -e "$obj" ]; then cp -p "$from" "$obj"; fi
+  return 0
 }
 finish() { # wait for the compiles; stop if one failed
   wait
@@ -63,10 +85,10 @@ for d in core config protocol scheduler kvcache model kernels kernels/cpu sync t
     if [ "$f" = "$root/sync/nccl.c" ]; then # NCCL is not emulated: its CPU-build form
       compile "$f" "$o" "$cc" ${cflags/-DRS_CUDA/}
     elif [[ " ${EMU_PLAIN_DIRS:-} " == *" $d "* ]]; then
-      reused=${EMU_REUSE:+$EMU_REUSE/obj/${o##*/}}
-      if [ -n "$reused" ] && [ "$reused" -nt "$f" ] && [ ! -e "$o" ]; then cp -p "$reused" "$o"; fi
+      reuse "$f" "$o" "${EMU_REUSE:+$EMU_REUSE/obj/${o##*/}}"
       compile "$f" "$o" "$cc" $plain_cflags
     else
+      [ -z "${EMU_CFLAGS:-}" ] && reuse "$f" "$o"
       compile "$f" "$o" "$cc" $cflags
     fi
   done
