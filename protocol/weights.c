@@ -11,7 +11,10 @@
  * checked in table order, so the error a bad body gets does not depend on the order of its keys.
  * JSON null for an optional field means "absent", as SGLang treats it. Everything a request
  * allocates is bounded by its body size, which the server caps before calling in, and by
- * RS_WEIGHT_MAX_TENSORS.
+ * RS_WEIGHT_MAX_TENSORS: a tensor's descriptor (320 bytes, its name buffer included) costs up to 80
+ * times the 4 body bytes of a one-letter name in a list, so the cap keeps a request's descriptors,
+ * which a queued update holds until it runs, within 20 MiB, below what the JSON parser itself
+ * spends on a body of the default max-body-bytes.
  */
 #include "weights.h"
 #include "json_util.h"

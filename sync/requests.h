@@ -35,7 +35,8 @@
 #define RS_NCCL_GROUP_NAME_MAX 127
 #define RS_NCCL_ADDRESS_MAX 255
 #define RS_NCCL_UNIQUE_ID_BYTES 128     /* sizeof(ncclUniqueId) */
-#define RS_WEIGHT_MAX_TENSORS (1 << 20) /* per request */
+#define RS_WEIGHT_MAX_TENSORS (1 << 16) /* per request: its descriptors take up to 20 MiB (a bucket
+                                         * of a 671B MoE checkpoint holds a few thousand) */
 #define RS_WEIGHT_PATH_MAX 4095
 #define RS_WEIGHT_TXN_ID_MAX 63         /* bytes of a transaction_id */
 

@@ -913,6 +913,23 @@ RS_TEST(sync_parse_nccl_requests) {
     parse_fails(nccl_parse, &u, "{\"names\":[\"a\",\"b\"],\"dtypes\":[\"float32\"],\"shapes\":[[1],[1]]}", RS_EINVAL,
                 "dtypes", "entries");
     parse_fails(nccl_parse, &u, "{\"names\":[],\"dtypes\":[],\"shapes\":[]}", RS_EINVAL, "names", "empty");
+    { /* a list past RS_WEIGHT_MAX_TENSORS is refused before a descriptor is allocated; one at it is read */
+        for (int extra = 0; extra < 2; extra++) {
+            const int n = RS_WEIGHT_MAX_TENSORS + extra;
+            char *b = rs_xmalloc((size_t)n * 4 + 64), *p = b;
+            p += sprintf(p, "{\"names\":[");
+            for (int i = 0; i < n; i++) p += sprintf(p, "%s\"a\"", i ? "," : "");
+            sprintf(p, "]}");
+            if (extra) {
+                char want[64];
+                snprintf(want, sizeof want, "at most %d per request", RS_WEIGHT_MAX_TENSORS);
+                parse_fails(nccl_parse, &u, b, RS_EINVAL, "names", want);
+            } else {
+                parse_fails(nccl_parse, &u, b, RS_EINVAL, "dtypes", "dtypes is required");
+            }
+            free(b);
+        }
+    }
     parse_fails(nccl_parse, &u, "{\"names\":[\"a\"],\"dtypes\":[\"float32\"],\"shapes\":[[1]],\"load_format\":\"x\"}",
                 RS_EUNSUPPORTED, "load_format", NULL);
     parse_fails(nccl_parse, &u, "{\"names\":[\"a\"],\"dtypes\":[\"float32\"],\"shapes\":[[\"1\"]]}", RS_EINVAL,
