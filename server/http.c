@@ -224,6 +224,14 @@ static bool auth_ok(const char *header, const char *key) {
     return diff == 0;
 }
 
+/* The URI's and its arguments' %HH escapes, decoded as libmicrohttpd does, except in a string that
+ * holds "%00": decoded, the NUL would end the path for every strcmp after it ("/health%00/x" served
+ * as /health), so such a string stays as it came, and matches no route. */
+static size_t unescape(void *cls, struct MHD_Connection *c, char *s) {
+    (void)cls, (void)c;
+    return strstr(s, "%00") ? strlen(s) : MHD_http_unescape(s);
+}
+
 /* ---------------------------------------------------------------- framing */
 
 typedef struct framing {
@@ -250,7 +258,8 @@ static enum MHD_Result framing_header(void *cls, enum MHD_ValueKind kind, const 
 }
 
 /* RS_OK when the body's length is unambiguous and rolloutd reads its framing: at most one
- * Content-Length value, or Transfer-Encoding "chunked" alone (HTTP/1.1). Otherwise err says why. */
+ * Content-Length value, or one Transfer-Encoding header whose value is exactly "chunked" (HTTP/1.1).
+ * Otherwise err says why. */
 static int check_framing(struct MHD_Connection *conn, const char *version, rs_error *err) {
     framing f = {0};
     MHD_get_connection_values(conn, MHD_HEADER_KIND, framing_header, &f);
@@ -293,6 +302,12 @@ static int check_framing(struct MHD_Connection *conn, const char *version, rs_er
         return rs_error_set(err, RS_EUNSUPPORTED, NULL,
                             "transfer coding '%.*s' is not supported: send the body with Content-Length, or with "
                             "Transfer-Encoding: chunked alone", (int)RS_MIN(len[0], (size_t)32), tok[0]);
+    /* libmicrohttpd reads a chunked body only when the one header's whole value is "chunked" (any
+     * case): "chunked," or "chunked " or a second header would leave it reading to the close */
+    if (f.n_te != 1 || strcasecmp(f.te, "chunked") != 0)
+        return rs_error_set(err, RS_EINVAL, NULL,
+                            "Transfer-Encoding must be exactly 'chunked' (one header, nothing around it), got "
+                            "'%.64s'", f.te);
     return RS_OK;
 }
 
@@ -627,6 +642,7 @@ int rs_http_start(rs_http **out, const rs_http_opts *opts, uv_loop_t *loop, rs_e
                                  (unsigned)(opts->max_connections_per_ip + RS_HTTP_CONN_RESERVE),
                                  MHD_OPTION_NOTIFY_CONNECTION, rs_http_on_connection, h,
                                  MHD_OPTION_NOTIFY_COMPLETED, on_completed, h,
+                                 MHD_OPTION_UNESCAPE_CALLBACK, unescape, NULL,
                                  MHD_OPTION_END);
     if (!h->daemon) {
         rs_error_set(err, RS_EIO, "port", "cannot listen on %s port %d (in use, or not a local address?)",

@@ -304,7 +304,9 @@ def _methods():
 def _routes():
     paths = ["/", "/generate/", "/v1/completion", "/v1/chat/completions", "/health/", "/GENERATE", "/v1",
              "/v1/", "/../etc/passwd", "/generate/../health", "/%00", "/" + "a" * 4000, "/metrics/x",
-             "/abort_requests", "/update_weights", "//generate"]
+             "/abort_requests", "/update_weights", "//generate",
+             # an escaped NUL must not end the path early (/health, /generate are real routes)
+             "/health%00/x", "/generate%00.php", "/health%00"]
     out = []
     for i, p in enumerate(paths):
         for m in ("GET", "POST"):
@@ -341,6 +343,11 @@ def _framing():
         ("chunked-two-headers", "Transfer-Encoding: chunked\r\nTransfer-Encoding: chunked", True, "HTTP/1.1",
          "invalid_request"),
         ("empty-coding", "Transfer-Encoding: ,", False, "HTTP/1.1", "invalid_request"),
+        # one coding, chunked, but not the whole value: libmicrohttpd would read these bodies to the close
+        ("chunked-comma", "Transfer-Encoding: chunked,", True, "HTTP/1.1", "invalid_request"),
+        ("comma-chunked", "Transfer-Encoding: ,chunked", True, "HTTP/1.1", "invalid_request"),
+        ("chunked-comma-space", "Transfer-Encoding: chunked, ", True, "HTTP/1.1", "invalid_request"),
+        ("chunked-tab", "Transfer-Encoding: chunked\t", True, "HTTP/1.1", "invalid_request"),
         ("http10-chunked", "Transfer-Encoding: chunked", True, "HTTP/1.0", "invalid_request"),
     ]
     out = []
