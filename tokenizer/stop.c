@@ -70,7 +70,10 @@ int rs_tok_stop_re_compile(const char *pat, size_t len, const char *param, rs_to
     *out = NULL;
     int ec;
     PCRE2_SIZE eo;
-    pcre2_code *code = pcre2_compile((PCRE2_SPTR)pat, len, PCRE2_UTF | PCRE2_UCP, &ec, &eo, NULL);
+    /* \C (one byte, even inside a character) would let a match end inside a UTF-8 character, and the
+     * text cut there would not be UTF-8: PCRE2_NEVER_BACKSLASH_C makes it a compile error */
+    pcre2_code *code = pcre2_compile((PCRE2_SPTR)pat, len, PCRE2_UTF | PCRE2_UCP | PCRE2_NEVER_BACKSLASH_C, &ec, &eo,
+                                     NULL);
     if (!code) {
         PCRE2_UCHAR msg[256];
         if (pcre2_get_error_message(ec, msg, sizeof msg) < 0) snprintf((char *)msg, sizeof msg, "error %d", ec);

@@ -313,6 +313,9 @@ RS_TEST(gen_text_stop_regex_order_errors_and_limits) {
     ASSERT_EQ(rs_gen_text_add_stop_regex(t, "a(b", 3, "stop_regex[2]", &err), RS_EINVAL);
     ASSERT_STREQ(err.param, "stop_regex[2]");
     ASSERT_TRUE(strstr(err.message, "not a valid regular expression") != NULL);
+    /* \C matches one byte, so a match could end (or, after \K, start) inside a UTF-8 character */
+    ASSERT_EQ(rs_gen_text_add_stop_regex(t, "\\C\\C", 4, "stop_regex[2]", &err), RS_EINVAL);
+    ASSERT_TRUE(strstr(err.message, "not a valid regular expression") != NULL && strstr(err.message, "\\C"));
     for (int i = 1; i < RS_GEN_TEXT_MAX_REGEXES; i++) ASSERT_EQ(rs_gen_text_add_stop_regex(t, "q", 1, "x", &err), RS_OK);
     ASSERT_EQ(rs_gen_text_add_stop_regex(t, "q", 1, "stop_regex[16]", &err), RS_EINVAL);
     rs_gen_text_free(t);
