@@ -176,6 +176,13 @@ def test_max_tokens_null_fills_the_context(rolloutd):
     c = openai.OpenAI(base_url=d.url + "/v1", api_key="x", max_retries=0)
     r = c.completions.create(model="default", prompt=PROMPT, max_tokens=None, extra_body={"ignore_eos": True})
     assert len(r.choices[0].token_ids) == 40 - len(PROMPT)
+    # a prompt that leaves no room is refused, as vLLM refuses it, not answered with an empty completion
+    # (alone, or beside a short one: the room is the longest prompt's)
+    for prompt in ([list(range(1, 41))], [[1, 2, 3], list(range(1, 41))]):
+        with pytest.raises(openai.BadRequestError) as e:
+            c.completions.create(model="default", prompt=prompt, max_tokens=None)
+        err = e.value.body if isinstance(e.value.body, dict) and "param" in e.value.body else e.value.body["error"]
+        assert err["param"].startswith("prompt") and "context" in err["message"], err
 
 
 @pytest.mark.parametrize("kw,param,etype", [
