@@ -417,6 +417,14 @@ int rs_kv_seq_match_prefix(rs_kv_pool *p, rs_kv_seq *s, const int32_t *tokens, i
     return n * RS_KV_BLOCK;
 }
 
+void rs_kv_seq_unmatch(rs_kv_pool *p, rs_kv_seq *s, int n_tokens) {
+    RS_ASSERT(s->n_blocks == s->n_hashed && n_tokens >= 0); /* nothing but the matched blocks */
+    RS_ASSERT(p->query_tokens >= (uint64_t)n_tokens && p->hit_tokens >= (uint64_t)s->n_hashed * RS_KV_BLOCK);
+    p->query_tokens -= (uint64_t)n_tokens;
+    p->hit_tokens -= (uint64_t)s->n_hashed * RS_KV_BLOCK;
+    rs_kv_seq_release(p, s);
+}
+
 void rs_kv_seq_commit(rs_kv_pool *p, rs_kv_seq *s, const int32_t *tokens, int n_computed) {
     int n_full = RS_MIN(n_computed / RS_KV_BLOCK, s->n_blocks);
     if (s->epoch != p->epoch) return; /* computed against weights the cache has since dropped */

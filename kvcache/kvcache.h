@@ -164,6 +164,11 @@ void rs_kv_pool_check(const rs_kv_pool *p, const rs_kv_seq *const *seqs, int n_s
  * floor((n_tokens - 1) / RS_KV_BLOCK) * RS_KV_BLOCK, so the caller always computes at least the
  * last token (it needs its logits). Counts hit and query tokens in the stats. */
 int rs_kv_seq_match_prefix(rs_kv_pool *p, rs_kv_seq *s, const int32_t *tokens, int n_tokens);
+/* Takes back a match that will not be used now (s holds only what rs_kv_seq_match_prefix gave it,
+ * over n_tokens): its blocks are released (cached and evictable again, not pinned by a sequence that
+ * waits) and its hit and query tokens leave the stats, so that a sequence matched again on a later
+ * try counts once. s is empty afterwards. */
+void rs_kv_seq_unmatch(rs_kv_pool *p, rs_kv_seq *s, int n_tokens);
 /* Registers in the prefix cache every full block among s's first n_computed tokens that is not
  * committed yet (tokens: s's token ids, at least n_computed). A block whose key is already
  * registered (another sequence computed the same prefix) stays unregistered: one entry per key.

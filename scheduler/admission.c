@@ -93,16 +93,27 @@ void rs_eng_admit_waiting(rs_engine *e) {
             rs_eng_finish_seq(e, s, RS_FINISH_ABORT, -1, "request needs more KV cache than the server has");
             continue;
         }
+        int queried = -1; /* the tokens matched against the prefix cache, if they were */
         if (s->kv.n_blocks == 0 && e->opts.prefix_cache) {
-            int hit = rs_kv_seq_match_prefix(&e->pool, &s->kv, s->tokens, cacheable_tokens(s));
+            queried = cacheable_tokens(s);
+            int hit = rs_kv_seq_match_prefix(&e->pool, &s->kv, s->tokens, queried);
             s->n_computed = hit;
             if (!s->admitted_once) s->out->cached_tokens = RS_MIN(hit, s->prompt_len);
         }
         int own = blocks_for(s->n_tokens) - s->kv.n_blocks;      /* pages for the tokens it has */
         int growth = blocks_needed(e, s, blocks_for(s->n_tokens)); /* and for what it may sample */
         int need = own + growth * (1 + s->n_forks) + s->n_forks; /* + one copied page per sibling */
-        if (e->n_running > 0 && rs_kv_available_blocks(&e->pool) - reserved < need) break;
-        if (rs_kv_seq_reserve(&e->pool, &s->kv, s->n_tokens) != RS_OK) break;
+        if ((e->n_running > 0 && rs_kv_available_blocks(&e->pool) - reserved < need) ||
+            rs_kv_seq_reserve(&e->pool, &s->kv, s->n_tokens) != RS_OK) {
+            /* Not now. A waiting sequence holds no pages: the cached ones it matched would stay
+             * pinned while it waits, and once every running sequence has been preempted to the
+             * queue behind or ahead of it, nothing could free them (no step would ever run). */
+            if (queried >= 0) {
+                rs_kv_seq_unmatch(&e->pool, &s->kv, queried);
+                s->n_computed = 0;
+            }
+            break;
+        }
         rs_eng_wait_pop_front(e);
         s->order = e->next_order++;
         s->admitted_once = true;

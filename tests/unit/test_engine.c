@@ -668,6 +668,60 @@ RS_TEST(engine_preemption_soak) {
     env_close(&small);
 }
 
+/* A waiting request that matched cached pages but was not admitted must not keep them: here A
+ * matches the 4 cached blocks of a warm prefix and waits, X (running) then needs those pages,
+ * preempts itself, and at the head of the queue can only be admitted if A let go of them. With A
+ * holding them no step could run again (the engine spun on an empty step). Both requests must
+ * finish with the tokens they get alone, and the prefix-cache counters count A's match once, not
+ * once per step it waited (X may evict what A had matched meanwhile: A then finds less). */
+RS_TEST(engine_waiting_request_does_not_pin_cached_pages) {
+    const size_t block_bytes = 8192; /* 2 layers x K,V x 16 tokens x 2 heads x 16 dims x 4 bytes */
+    int warm_len = 65, a_len = 100, x_len = 80;
+    rs_gen_job *warm = job_new(1, &warm_len, 77), *a = job_new(1, &a_len, 78), *x = job_new(1, &x_len, 79);
+    memcpy(a->prompts[0], warm->prompts[0], sizeof(int32_t) * (size_t)warm_len); /* A = P + 35 tokens */
+    warm->sp.max_new_tokens = 1;
+    a->sp.max_new_tokens = 100;
+    x->sp.max_new_tokens = 120; /* 200 tokens: 13 of the pool's 15 blocks */
+    a->sp.seed = x->sp.seed = 3;
+
+    rs_gen_job *a_ref = job_new(1, &a_len, 78), *x_ref = job_new(1, &x_len, 79);
+    memcpy(a_ref->prompts[0], warm->prompts[0], sizeof(int32_t) * (size_t)warm_len);
+    a_ref->sp = a->sp;
+    x_ref->sp = x->sp;
+    env big = env_open(16 << 20, 8, 512);
+    run(&big, a_ref);
+    run(&big, x_ref);
+    env_close(&big);
+
+    env v = env_open(15 * block_bytes, 8, 512);
+    rs_engine_stats st;
+    rs_engine_get_stats(v.e, &st);
+    ASSERT_EQ(st.kv_blocks_total, 15);
+    run(&v, warm); /* P's 4 full blocks stay cached */
+    rs_engine_get_stats(v.e, &st);
+    const uint64_t hits0 = st.prefix_hit_tokens;
+    rs_error err = {0};
+    ASSERT_EQ(rs_engine_submit(v.e, x, &err), RS_OK);
+    for (int i = 0; i < 3; i++) ASSERT_TRUE(rs_engine_step_once(v.e)); /* X runs */
+    ASSERT_EQ(rs_engine_submit(v.e, a, &err), RS_OK);
+    int steps = 0;
+    while (rs_engine_step_once(v.e)) ASSERT_TRUE(++steps < 2000); /* 220 tokens to sample */
+    ASSERT_EQ(x->outputs[0].finish.type, RS_FINISH_LENGTH);
+    ASSERT_EQ(a->outputs[0].finish.type, RS_FINISH_LENGTH);
+    assert_same_output(&x->outputs[0], &x_ref->outputs[0]);
+    assert_same_output(&a->outputs[0], &a_ref->outputs[0]);
+    ASSERT_TRUE(a->outputs[0].cached_tokens <= 64); /* what X left of P's blocks when A was admitted */
+    rs_engine_get_stats(v.e, &st);
+    /* A's 64 once (and X's own blocks when it came back), not once per step A waited */
+    ASSERT_TRUE(st.prefix_hit_tokens - hits0 <= 64 + (uint64_t)(x_len + 120));
+    rs_gen_job_free(warm);
+    rs_gen_job_free(a);
+    rs_gen_job_free(x);
+    rs_gen_job_free(a_ref);
+    rs_gen_job_free(x_ref);
+    env_close(&v);
+}
+
 /* Aborting a request returns what it produced so far and frees its pages. */
 RS_TEST(engine_abort_returns_partial_output) {
     env v = env_open(8 << 20, 8, 512);

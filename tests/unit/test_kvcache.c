@@ -186,6 +186,13 @@ RS_TEST(kv_prefix_hit_after_release) {
     ASSERT_EQ(st.n_used, 6);
     const rs_kv_seq *live[] = {&c};
     rs_kv_pool_check(&p, live, 1);
+    /* a match taken back (the sequence waits on): the blocks are evictable again, the counts as before */
+    rs_kv_seq_unmatch(&p, &c, 100);
+    rs_kv_pool_stats(&p, &st);
+    ASSERT_TRUE(st.hit_tokens == 0 && st.query_tokens == 100 && st.n_evictable == 6 && st.n_used == 0);
+    ASSERT_EQ(c.n_blocks, 0);
+    rs_kv_pool_check(&p, NULL, 0);
+    ASSERT_EQ(rs_kv_seq_match_prefix(&p, &c, t, 100), 96);
     rs_kv_seq_release(&p, &c);
 
     /* a 96-token prompt: the last token must be computed, so only 5 blocks match */
