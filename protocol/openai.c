@@ -60,7 +60,17 @@ static int read_prompt(const rs_jctx *c, const json_t *v, rs_error *err) {
         return rs_json_get_prompts(v, c->param, r->job, err);
     }
     if (!r->tok) return no_tokenizer(err);
-    return rs_json_get_text_prompts(v, c->param, r->tok, r->add_special_tokens, r->job, err);
+    int rc = rs_json_get_text_prompts(v, c->param, r->tok, r->add_special_tokens, r->job, err);
+    if (rc != RS_OK) return rc;
+    r->prompt_texts = rs_xcalloc((size_t)r->job->n_prompts, sizeof *r->prompt_texts);
+    r->prompt_text_lens = rs_xcalloc((size_t)r->job->n_prompts, sizeof *r->prompt_text_lens);
+    for (int p = 0; p < r->job->n_prompts; p++) {
+        const json_t *s = json_is_string(v) ? v : json_array_get(v, (size_t)p);
+        r->prompt_text_lens[p] = json_string_length(s);
+        r->prompt_texts[p] = rs_xmalloc(r->prompt_text_lens[p] + 1);
+        memcpy(r->prompt_texts[p], json_string_value(s), r->prompt_text_lens[p] + 1);
+    }
+    return RS_OK;
 }
 
 static int read_stops(const rs_jctx *c, const json_t *v, bool regex, rs_error *err) {
@@ -340,6 +350,9 @@ int rs_openai_parse_completions(const char *body, size_t len, const rs_tok *tok,
 }
 
 void rs_openai_req_free(rs_openai_req *r) {
+    for (int p = 0; r->prompt_texts && p < r->job->n_prompts; p++) free(r->prompt_texts[p]);
+    free(r->prompt_texts);
+    free(r->prompt_text_lens);
     rs_gen_job_free(r->job);
     rs_gen_text_free(r->text);
     free(r->text_sent);
@@ -466,14 +479,17 @@ static json_t *ids_json(const int32_t *ids, int from, int to) {
     return a;
 }
 
-/* The choice's text: with echo in its first chunk, the prompt's text first. */
+/* The choice's text: with echo in its first chunk, the prompt first: as given when it was text,
+ * else its tokens decoded. */
 static json_t *text_json(const rs_openai_req *r, int p, bool first, const char *text, size_t len) {
     if (!r->tok) return json_string("");
     if (!(first && r->echo)) return json_stringn(text, len);
     size_t pl;
-    char *prompt = rs_tok_decode(r->tok, r->job->prompts[p], (size_t)r->job->prompt_lens[p], false, &pl);
+    char *prompt = r->prompt_texts ? NULL
+                                   : rs_tok_decode(r->tok, r->job->prompts[p], (size_t)r->job->prompt_lens[p], false, &pl);
     rs_buf b = {0};
-    int rc = rs_buf_append(&b, prompt, pl);
+    int rc = r->prompt_texts ? rs_buf_append(&b, r->prompt_texts[p], r->prompt_text_lens[p])
+                             : rs_buf_append(&b, prompt, pl);
     if (rc == RS_OK) rc = rs_buf_append(&b, text, len);
     free(prompt);
     json_t *v = rc == RS_OK ? json_stringn(b.data ? b.data : "", b.len) : NULL;

@@ -66,6 +66,9 @@ typedef struct rs_openai_req {
     bool tokens_as_ids;         /* return_tokens_as_token_ids */
     const rs_tok *tok;          /* borrowed; NULL when the model has no tokenizer.json */
     rs_gen_text *text;          /* owned: stop strings and each choice's text; the job's on_token */
+    char **prompt_texts;        /* [job->n_prompts] owned: text prompts as given (echo answers them, as
+                                 * vLLM does, not their tokens decoded); NULL for token-id prompts */
+    size_t *prompt_text_lens;   /* their bytes */
     bool max_tokens_to_context; /* max_tokens was null: the server fills it from the context limit */
     bool max_tokens_given;      /* false and not null: the default, which the server lowers to its
                                  * cap and the context the prompts leave */

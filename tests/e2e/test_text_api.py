@@ -283,6 +283,14 @@ def test_openai_client_string_prompts(daemon, tok):
                                      extra_body={"ignore_eos": True})
     out = tok.decode(echo.choices[0].model_extra["token_ids"], skip_special_tokens=True)
     assert echo.choices[0].text == PROMPTS[0] + out
+    # echo gives the prompt as sent (vLLM's), even where its tokens decode to other text: the
+    # tokenizer normalizes to NFC, so "e" + U+0301 comes back from the tokens as U+00E9
+    odd = "e\u0301 \u00e9 ok"
+    assert tok.decode(tok.encode(odd).ids) != odd
+    echo = client.completions.create(model="default", prompt=[odd, PROMPTS[1]], max_tokens=2, temperature=0.0,
+                                     echo=True, extra_body={"ignore_eos": True})
+    for c, p in zip(echo.choices, [odd, PROMPTS[1]]):
+        assert c.text == p + tok.decode(c.model_extra["token_ids"], skip_special_tokens=True)
 
 
 def test_tokenize_and_detokenize(daemon, tok):
