@@ -187,12 +187,14 @@ void rs_eng_finish_seq(rs_engine *e, rs_seq *s, rs_finish_type type, int32_t mat
     free(s->tokens);
     free(s);
     if (!job_finished(job)) return;
-    rs_histogram_observe(&e->stats.e2e, rs_now_s() - job->t_arrival);
-    e->stats.requests_finished++;
-    for (int i = 0; i < job->n_prompts * job->sp.n; i++) {
-        if (job->outputs[i].finish.type == RS_FINISH_ABORT) {
-            e->stats.requests_aborted++;
-            break;
+    if (!job->probe) { /* a health probe is no request (SGLang sends its probe with log_metrics off) */
+        rs_histogram_observe(&e->stats.e2e, rs_now_s() - job->t_arrival);
+        e->stats.requests_finished++;
+        for (int i = 0; i < job->n_prompts * job->sp.n; i++) {
+            if (job->outputs[i].finish.type == RS_FINISH_ABORT) {
+                e->stats.requests_aborted++;
+                break;
+            }
         }
     }
     /* before the requester wakes: a client that reads /metrics on receiving its response sees the

@@ -112,12 +112,13 @@ static bool record_sample(rs_engine *e, rs_seq *s, int32_t tok, float lp) {
         int k = job->on_token(job, (int)(s->out - job->outputs), tok, job->on_token_user);
         if (k >= 0) s->stop_text = k + 1;
     }
-    e->stats.generation_tokens++;
     double now = rs_now_s();
+    const bool counted = !job->probe; /* health probes stay out of the request metrics */
+    if (counted) e->stats.generation_tokens++;
     if (s->job->t_first_token == 0) {
         s->job->t_first_token = now;
-        rs_histogram_observe(&e->stats.ttft, now - s->job->t_arrival);
-    } else if (s->t_last_token > 0) {
+        if (counted) rs_histogram_observe(&e->stats.ttft, now - s->job->t_arrival);
+    } else if (s->t_last_token > 0 && counted) {
         rs_histogram_observe(&e->stats.itl, now - s->t_last_token);
     }
     s->t_last_token = now;
@@ -323,7 +324,8 @@ int rs_eng_step(rs_engine *e) {
         rs_seq *s = e->step_seqs[si];
         int r0 = e->b_seq_start[si], r1 = e->b_seq_start[si + 1];
         bool prefill = s->n_computed < s->prompt_len;
-        if (prefill) e->stats.prompt_tokens += (uint64_t)RS_MIN(r1 - r0, s->prompt_len - s->n_computed);
+        if (prefill && !s->job->probe)
+            e->stats.prompt_tokens += (uint64_t)RS_MIN(r1 - r0, s->prompt_len - s->n_computed);
         s->n_computed += r1 - r0;
         for (; li < n_logits && e->logit_rows[li] < r1; li++) {
             RS_ASSERT(e->logit_rows[li] >= r0);

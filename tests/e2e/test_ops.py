@@ -296,6 +296,18 @@ def test_health_generate(rolloutd):
     assert d.post("/continue_generation", None).status_code == 200
     assert d.get("/health_generate").status_code == 200
     assert d.post("/health_generate", None).status_code == 405
+    # probes are not requests: the request and token metrics do not count them (SGLang's probe
+    # sets log_metrics off), the HTTP ones do
+    s0 = metrics(d)
+    for _ in range(3):
+        assert d.get("/health_generate").status_code == 200
+    s1 = metrics(d)
+    for name in ("rolloutd_requests_finished_total", "sglang:num_requests_total", "rolloutd_generation_tokens_total",
+                 "rolloutd_prompt_tokens_total", "rolloutd_e2e_request_latency_seconds_count",
+                 "rolloutd_time_to_first_token_seconds_count"):
+        assert m(s1, name) == m(s0, name), name
+    assert m(s1, "rolloutd_http_responses_total", route="/health_generate", code="200") == \
+        m(s0, "rolloutd_http_responses_total", route="/health_generate", code="200") + 3
 
 
 def test_health_generate_timeouts_in_a_crowd(rolloutd):
