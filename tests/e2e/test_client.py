@@ -179,6 +179,12 @@ def test_tis_weights_hand_computed():
     got = tis.tis_weights([LP_TRAIN, [-0.3, -0.3]], [LP_ROLL, [-0.1, -0.7]])
     assert isinstance(got, list) and [len(x) for x in got] == [5, 2]
     np.testing.assert_allclose(got[1], [math.exp(-0.2), math.exp(0.4)], rtol=1e-15)
+    # a ragged mask: one row per sequence, as long as it; any other shape is refused, never broadcast
+    got = tis.tis_weights([LP_TRAIN, [-0.3, -0.3]], [LP_ROLL, [-0.1, -0.7]], mask=[[1] * 5, [0, 1]])
+    np.testing.assert_allclose(got[1], [0, math.exp(0.4)], rtol=1e-15)
+    for bad in ([[1] * 5], [[1] * 5, [1]], [[1] * 5, [1, 1, 1]], [[1] * 5, [1, 1], [1]]):
+        with pytest.raises(ValueError, match="mask rows"):
+            tis.tis_weights([LP_TRAIN, [-0.3, -0.3]], [LP_ROLL, [-0.1, -0.7]], mask=bad)
 
 
 def test_log_ratio_clamped_at_20():

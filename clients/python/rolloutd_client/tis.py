@@ -18,7 +18,8 @@ weight 0 / are masked out, as verl does. The weights are constants in the loss (
 these helpers return numpy arrays, never tensors that carry gradients.
 
 Inputs: lp_train and lp_rollout of the same shape, as 1-D arrays (one sequence), 2-D [batch][T]
-arrays (padded; pass `mask`, True = a real token), or lists of 1-D arrays (ragged sequences).
+arrays (padded; pass `mask`, True = a real token), or lists of 1-D arrays (ragged sequences; a
+`mask` there is a list of rows as long as their sequences). A mask of another shape is a ValueError.
 numpy arrays, lists or torch tensors (any device) are accepted; results are float64 numpy, in the
 same layout (1-D / 2-D / list of 1-D) for token-level functions, and one value per sequence for
 sequence-level ones (a scalar for a 1-D input).
@@ -56,9 +57,13 @@ class _Batch:
             for i, (x, y) in enumerate(zip(a, b)):
                 self.delta[i, :len(x)] = x - y
                 self.mask[i, :len(x)] = True
-            if mask is not None:
-                for i, m in enumerate(mask):
-                    self.mask[i, :self.lengths[i]] &= _np(m).ravel().astype(bool)
+            if mask is not None:  # one row per sequence, each as long as its sequence
+                ms = [_np(m).ravel() for m in mask]
+                if len(ms) != len(a) or any(len(m) != n for m, n in zip(ms, self.lengths)):
+                    raise ValueError(f"mask rows {[len(m) for m in ms]} do not match the sequences' lengths "
+                                     f"{self.lengths}")
+                for i, m in enumerate(ms):
+                    self.mask[i, :self.lengths[i]] &= m.astype(bool)
             self.layout = "list"
             return
         a, b = _np(lp_train), _np(lp_rollout)
