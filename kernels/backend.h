@@ -150,6 +150,11 @@ rs_backend *rs_backend_cpu_init(int n_threads);
  * (RS_EINVAL for another name, RS_EUNSUPPORTED when this CPU cannot run the class). Logs the
  * dispatch (rs_backend_cpu_describe) at info level. */
 rs_backend *rs_backend_cpu_init_kernels(int n_threads, const char *kernels, struct rs_error *err);
+/* A CPU backend that computes as the CPU backend `like` does (its kernel class, forced or capped,
+ * and its AMX choice; numerics are set apart, rs_backend_set_numerics), on a pool of its own: a
+ * second backend whose results must match the first's bit for bit (the KV-scale calibration of
+ * weight updates). Quiet: it logs nothing. */
+rs_backend *rs_backend_cpu_init_like(const rs_backend *like, int n_threads);
 /* One line naming what a CPU backend dispatches to, e.g. "cpu: avx2 fma f16c; fp8 kernel
  * avx2-exact; bf16 tile 4x3". Returns buf. */
 const char *rs_backend_cpu_describe(rs_backend *b, char *buf, size_t n);

@@ -417,7 +417,9 @@ int rs_sync_start(rs_sync **out, rs_engine *e, rs_model *m, const rs_sync_opts *
      * backend holds them: a CPU backend for host memory, a CUDA backend with a stream of its own on
      * the same GPU for device memory. Generation goes on meanwhile instead of waiting for a prefill. */
     if (rs_engine_kv_scales(e) == RS_KV_SCALES_CALIBRATE) {
-        if (rs_backend_host_memory(m->backend)) s->calib = rs_backend_cpu_init(threads);
+        /* the serving backend's kernel class: --cpu-kernels avx2 on an AVX-512 CPU calibrates with
+         * the AVX2 kernels it serves with (their roundings differ), as the scales made at load were */
+        if (rs_backend_host_memory(m->backend)) s->calib = rs_backend_cpu_init_like(m->backend, threads);
 #ifdef RS_CUDA
         else if (rs_backend_cuda_device(m->backend) >= 0)
             s->calib = rs_backend_cuda_init(rs_backend_cuda_device(m->backend));

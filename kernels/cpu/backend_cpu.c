@@ -433,6 +433,16 @@ rs_backend *rs_backend_cpu_init_kernels(int n_threads, const char *kernels, rs_e
     return b;
 }
 
+rs_backend *rs_backend_cpu_init_like(const rs_backend *like, int n_threads) {
+    RS_ASSERT(like->ops == &cpu_ops);
+    const rs_cpu_ctx *l = like->ctx;
+    rs_backend *b = rs_backend_cpu_init(n_threads);
+    rs_cpu_ctx *c = rs_cpu_ctx_of(b);
+    c->simd = l->simd; /* the same CPU: simd_max is the same */
+    c->amx = l->amx;
+    return b;
+}
+
 const char *rs_backend_cpu_describe(rs_backend *b, char *buf, size_t n) {
     const rs_cpu_ctx *c = rs_cpu_ctx_of(b);
     const bool vnni = rs_fp8_gemm_isa_supported(RS_FP8_GEMM_ISA_AVX512_VNNI);

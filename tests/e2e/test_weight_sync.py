@@ -187,6 +187,21 @@ def test_shm_push_fp8(rolloutd):
                         f"{max(abs(x - y) for x, y in zip(a[1:], b[1:])):.3g})")
 
 
+def test_push_calibrates_with_the_served_kernel_class(rolloutd):
+    """KV scales recalibrated on a push are computed with the kernel class the daemon serves with
+    (--cpu-kernels scalar here, on any CPU): pushing the very weights it serves changes nothing,
+    as the scales it made at load from the same weights say. (A calibration at the CPU's best class
+    rounded differently and moved the scales, and with them every logprob.)"""
+    d = rolloutd(ORIG, "--cpu-kernels", "scalar", "--kv-cache-dtype", "fp8", "--kv-scale-mode", "calibrate")
+    g = golden(ORIG, "golden.json")
+    ids = [p["input_ids"] for p in g["prompts"][:2]]
+    before = score_all(d, [{"input_ids": x} for x in ids])
+    Client(d.url).push_weights(weights(ORIG), version="same")
+    after = score_all(d, [{"input_ids": x} for x in ids])
+    assert prompt_lps(after) == prompt_lps(before)
+    assert [o["output_ids"] for o in after] == [o["output_ids"] for o in before]
+
+
 # ================================================================ corrupt updates
 
 def _write_all(sd, seg, skip=()):
