@@ -82,10 +82,12 @@ static void out_new_span(rs_gen_output *o, const char *version) {
 
 /* A prompt whose scores are not all computed yet is scored again from the start (with the new
  * weights: the sequence recomputes after the update), so that a prompt's scores all come from one
- * version, that of the output's first span. */
+ * version, that of the output's first span. So is one scored in full whose output has no token
+ * yet: its first span is relabelled to the new version (out_new_span), which the old scores would
+ * then misreport (a scoring request, max_new_tokens 0, reports only that version). */
 static void out_restart_scoring(rs_gen_output *o, int k) {
     const int n = o->n_input_logprobs;
-    if (n == 0 || !isnan(o->input_logprobs[n - 1])) return; /* scored in position order: all done */
+    if (n == 0 || (o->n_output > 0 && !isnan(o->input_logprobs[n - 1]))) return; /* scored in order: all done */
     for (int i = 0; i < n; i++) o->input_logprobs[i] = NAN;
     for (size_t i = 0; k > 0 && i < (size_t)n * (size_t)k; i++) {
         o->input_top_ids[i] = -1;

@@ -133,6 +133,59 @@ RS_TEST(update_mid_prompt_scoring_rescores_whole_prompt) {
     rs_backend_free(b);
 }
 
+/* The same when the update lands after the prompt is scored in full but before the output's first
+ * token: the first prefill step (24 rows) scores all 24 scored tokens of a 25-token prompt, the
+ * update commits, and the last row (and the token) come from the new weights. The output reports
+ * only the new version, so its prompt scores must be the new weights' too; also for a scoring
+ * request (max_new_tokens 0), which has no token at all. */
+RS_TEST(update_after_prompt_scored_before_first_token_rescores) {
+    char a[512], bdir[512];
+    two_models(a, bdir, sizeof a);
+    rs_backend *b = rs_backend_cpu_init(1);
+    rs_error err = {0};
+    for (int mnt = 0; mnt <= 1; mnt++) {
+        char body[512];
+        snprintf(body, sizeof body,
+                 "{\"input_ids\": [5, 42, 79, 116, 153, 190, 27, 64, 101, 138, 175, 12, 49, 86, 123, 160, 197, 34, "
+                 "71, 108, 145, 182, 19, 56, 93], \"return_logprob\": true, \"logprob_start_len\": 0, "
+                 "\"sampling_params\": {\"max_new_tokens\": %d, \"temperature\": 0, \"ignore_eos\": true}}", mnt);
+        rs_model *mref = load_bf16(bdir, b);
+        rs_engine *eref = engine(mref);
+        rs_generate_req ref = parse(body);
+        ASSERT_EQ(rs_engine_submit(eref, ref.job, &err), RS_OK);
+        rs_engine_run_until_idle(eref);
+
+        rs_model *m = load_bf16(a, b);
+        rs_engine *e = engine(m);
+        rs_generate_req r = parse(body);
+        ASSERT_EQ(rs_engine_submit(e, r.job, &err), RS_OK);
+        ASSERT_TRUE(rs_engine_step_once(e)); /* rows 0..23: every scored token, old weights */
+        const rs_gen_output *o = &r.job->outputs[0];
+        ASSERT_EQ(o->n_output, 0);
+        ASSERT_TRUE(!isnan(o->input_logprobs[24]));
+        ASSERT_EQ(rs_txn_commit(staged(m, bdir, "v1"), e, false, NULL, &err), RS_OK);
+        rs_engine_run_until_idle(e);
+
+        const rs_gen_output *w = &ref.job->outputs[0];
+        ASSERT_EQ(o->n_input_logprobs, 25);
+        ASSERT_EQ(o->n_spans, 1);
+        ASSERT_STREQ(o->spans[0].version, "v1");
+        for (int i = 1; i < 25; i++)
+            if (!(o->input_logprobs[i] == w->input_logprobs[i]))
+                RS_TEST_FAIL("max_new_tokens %d: prompt position %d scored %.9g, reported as v1, whose weights give "
+                             "%.9g", mnt, i, (double)o->input_logprobs[i], (double)w->input_logprobs[i]);
+        ASSERT_EQ(o->n_output, mnt);
+        if (mnt) ASSERT_TRUE(o->output_logprobs[0] == w->output_logprobs[0]);
+        rs_generate_req_free(&r);
+        rs_generate_req_free(&ref);
+        rs_engine_free(e);
+        rs_engine_free(eref);
+        rs_model_free(m);
+        rs_model_free(mref);
+    }
+    rs_backend_free(b);
+}
+
 /* Model A served by an engine (step by step), B's directory ready to be pushed. */
 typedef struct served {
     char a[512], bdir[512];
