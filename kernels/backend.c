@@ -214,11 +214,15 @@ void rs_op_matmul(rs_backend *b, float *out, const float *x, const rs_tensor *w,
 void rs_op_matmul_group(rs_backend *b, float *const *outs, const float *x, const rs_tensor *const *ws,
                         const rs_tensor *const *biases, int count, int rows) {
     RS_ASSERT(count >= 1 && count <= RS_MATMUL_GROUP);
+    bool alike = true; /* one kernel for all: the same dtype and layout */
     for (int i = 0; i < count; i++) {
         check_matmul(outs[i], x, ws[i], biases ? biases[i] : NULL, rows);
-        RS_ASSERT(ws[i]->dtype == ws[0]->dtype && ws[i]->shape[1] == ws[0]->shape[1]);
+        RS_ASSERT(ws[i]->shape[1] == ws[0]->shape[1]);
+        alike &= ws[i]->dtype == ws[0]->dtype && ws[i]->layout == ws[0]->layout;
     }
-    if (!b->ops->matmul_group) {
+    /* weights of different dtypes (q_proj kept BF16 by --quant-ignore while k/v are FP8, an F16
+     * q_proj in a BF16 checkpoint) take one matmul each */
+    if (!b->ops->matmul_group || !alike) {
         for (int i = 0; i < count; i++) rs_op_matmul(b, outs[i], x, ws[i], biases ? biases[i] : NULL, rows);
         return;
     }

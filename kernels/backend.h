@@ -294,9 +294,10 @@ void rs_backend_fp8_pack(rs_backend *b, rs_layout layout, void *dst, const uint8
 void rs_op_embed(rs_backend *b, float *out, const rs_tensor *table, const int32_t *ids, int n);
 void rs_op_rmsnorm(rs_backend *b, float *out, const float *x, const rs_tensor *w, int rows, int dim, float eps);
 void rs_op_matmul(rs_backend *b, float *out, const float *x, const rs_tensor *w, const rs_tensor *bias, int rows);
-/* outs[i] = rs_op_matmul(x, ws[i], biases[i]) for i < count: weights of one dtype and K over the
- * same rows (q, k, v; gate, up), in one launch where the backend can (backend_impl.h matmul_group).
- * biases may be NULL (none), or hold NULL or absent tensors. */
+/* outs[i] = rs_op_matmul(x, ws[i], biases[i]) for i < count: weights of the same K over the same
+ * rows (q, k, v; gate, up), in one launch where the backend can (backend_impl.h matmul_group) and the
+ * weights share a dtype and layout, else one matmul each. biases may be NULL (none), or hold NULL or
+ * absent tensors. */
 #define RS_MATMUL_GROUP 3
 void rs_op_matmul_group(rs_backend *b, float *const *outs, const float *x, const rs_tensor *const *ws,
                         const rs_tensor *const *biases, int count, int rows);

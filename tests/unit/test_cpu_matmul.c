@@ -251,6 +251,37 @@ RS_TEST(cpu_matmul_batch_invariant_fp8) {
     check_batch_invariance_fp8(96, 256, 5);
 }
 
+/* rs_op_matmul_group over weights of different dtypes (a q_proj kept BF16 by --quant-ignore beside
+ * FP8 k and v; an F16 weight beside BF16 ones) is one matmul per weight, bit for bit. (It asserted
+ * one dtype, and the daemon aborted on its first request.) */
+RS_TEST(cpu_matmul_group_of_mixed_dtypes) {
+    uint64_t s = 17;
+    const int64_t n = 64, k = 256;
+    wt q = make_weight(RS_DTYPE_BF16, n, k, &s), f = make_weight(RS_DTYPE_F32, n, k, &s);
+    wt h = make_weight(RS_DTYPE_F16, n, k, &s);
+    rs_tensor e = {.dtype = RS_DTYPE_E4M3, .ndim = 2, .shape = {n, k}, .data = malloc((size_t)(n * k))};
+    e.scale_inv = malloc((size_t)(rs_fp8_blocks(n) * rs_fp8_blocks(k)) * sizeof(float));
+    ASSERT_EQ(rs_fp8_quantize_weight(&f.t, e.data, e.scale_inv), RS_OK);
+    const int rows = 5;
+    float *x = malloc(sizeof(float) * (size_t)(rows * k)), *one = malloc(sizeof(float) * (size_t)(rows * n));
+    float *outs[3];
+    for (int i = 0; i < rows * k; i++) x[i] = rng_uniform(&s);
+    for (int i = 0; i < 3; i++) outs[i] = malloc(sizeof(float) * (size_t)(rows * n));
+    rs_backend *b = rs_backend_cpu_init(2);
+    const rs_tensor *groups[][3] = {{&q.t, &e, &e}, {&e, &q.t, &h.t}, {&q.t, &h.t, &q.t}};
+    for (size_t g = 0; g < RS_ARRAY_LEN(groups); g++) {
+        rs_op_matmul_group(b, outs, x, groups[g], NULL, 3, rows);
+        for (int i = 0; i < 3; i++) {
+            rs_op_matmul(b, one, x, groups[g][i], NULL, rows);
+            ASSERT_TRUE(memcmp(one, outs[i], sizeof(float) * (size_t)(rows * n)) == 0);
+        }
+    }
+    rs_backend_free(b);
+    for (int i = 0; i < 3; i++) free(outs[i]);
+    free(x), free(one), free(e.data), free(e.scale_inv);
+    free_weight(&q), free_weight(&f), free_weight(&h);
+}
+
 /* ---- fast numerics: BF16 x BF16 on vdpbf16ps ---- */
 
 /* The AVX-512 backend with fast numerics in effect, or NULL (the reason printed once) where this
