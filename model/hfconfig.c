@@ -17,7 +17,11 @@
  *     weight_block_size [128, 128] (the DeepSeek-V3 / Qwen3-FP8 layout), activation_scheme
  *     "dynamic" (the default), fmt "e4m3" / "float8_e4m3fn" if given, and the optional
  *     modules_to_not_convert (transformers) / ignored_layers (vLLM, SGLang) lists of modules kept
- *     unquantized. Other keys of the object are allowed and ignored.
+ *     unquantized; dequantize and scale_fmt only at their neutral values (false, "float"). Other
+ *     keys of the object are allowed and ignored.
+ *   - model_type, when given, must be the architecture's own (transformers builds from it);
+ *   - an absent sliding_window is 4096 when use_sliding_window is true (the config classes'
+ *     default), which Qwen3-MoE applies to every layer (it has no layer_types).
  * Anything the forward pass does not implement (sliding-window layers, attention/MLP biases on
  * Llama/Qwen3, partial rotary, other RoPE types, activations other than SiLU, quantization methods
  * other than blockwise FP8, per-tensor or other block sizes, static activation scales) is
@@ -134,6 +138,17 @@ const char *rs_arch_name(rs_arch a) {
     return "?";
 }
 
+/* transformers' model_type of each architecture: what AutoConfig builds the model from. */
+static const char *arch_model_type(rs_arch a) {
+    switch (a) {
+    case RS_ARCH_QWEN3: return "qwen3";
+    case RS_ARCH_QWEN2: return "qwen2";
+    case RS_ARCH_LLAMA: return "llama";
+    case RS_ARCH_QWEN3_MOE: return "qwen3_moe";
+    }
+    return "?";
+}
+
 static int parse_arch(const cfg_reader *r, rs_model_config *c) {
     json_t *a = cfg_get(r->root, "architectures");
     if (!json_is_array(a) || json_array_size(a) == 0 || !json_is_string(json_array_get(a, 0)))
@@ -142,6 +157,15 @@ static int parse_arch(const cfg_reader *r, rs_model_config *c) {
     for (int i = RS_ARCH_QWEN3; i <= RS_ARCH_QWEN3_MOE; i++) {
         if (strcmp(name, rs_arch_name((rs_arch)i)) == 0) {
             c->arch = (rs_arch)i;
+            /* transformers builds the model from model_type (vLLM and SGLang from architectures):
+             * when the two name different models, the trainer and rolloutd would run different ones */
+            json_t *mt = cfg_get(r->root, "model_type");
+            if (mt && (!json_is_string(mt) || strcmp(json_string_value(mt), arch_model_type(c->arch)) != 0))
+                return cfg_fail(r, RS_EUNSUPPORTED, "model_type",
+                                "\"model_type\" %s%.64s%s does not match architectures[0] %s (model_type \"%s\"): "
+                                "transformers would build another model from it", json_is_string(mt) ? "\"" : "",
+                                json_is_string(mt) ? json_string_value(mt) : "(not a string)",
+                                json_is_string(mt) ? "\"" : "", name, arch_model_type(c->arch));
             return RS_OK;
         }
     }
@@ -169,8 +193,12 @@ static int check_unsupported(const cfg_reader *r, const rs_model_config *c) {
     if (b) return cfg_fail(r, RS_EUNSUPPORTED, "mlp_bias", "\"mlp_bias\": true is not supported");
 
     /* Sliding-window attention: layer l slides iff use_sliding_window, sliding_window is set and
-     * l >= max_window_layers (Qwen2Config / Qwen3Config); an explicit layer_types list wins. */
-    json_t *lt = cfg_get(root, "layer_types");
+     * l >= max_window_layers (Qwen2Config / Qwen3Config); an explicit layer_types list wins there.
+     * Qwen3MoeConfig has no layer_types: with use_sliding_window every layer slides. An absent
+     * sliding_window is the config classes' default, 4096 (a window); only null is none. Llama has
+     * no sliding window. */
+    if (c->arch == RS_ARCH_LLAMA) return RS_OK;
+    json_t *lt = c->arch == RS_ARCH_QWEN3_MOE ? NULL : cfg_get(root, "layer_types");
     if (lt) {
         if (!json_is_array(lt)) return cfg_fail(r, RS_EFORMAT, "layer_types", "\"layer_types\" must be a list");
         size_t i;
@@ -183,7 +211,7 @@ static int check_unsupported(const cfg_reader *r, const rs_model_config *c) {
         return RS_OK;
     }
     if ((rc = cfg_bool(r, root, "use_sliding_window", false, &b)) != RS_OK) return rc;
-    if (b && cfg_get(root, "sliding_window")) {
+    if (b && !json_is_null(json_object_get(root, "sliding_window"))) { /* set, or absent: 4096 */
         int max_window_layers = 28;
         if (c->arch != RS_ARCH_QWEN3_MOE &&
             (rc = cfg_int(r, root, "max_window_layers", false, 28, 0, 1 << 30, &max_window_layers)) != RS_OK)
@@ -322,6 +350,19 @@ static int parse_quant(const cfg_reader *r, rs_model_config *c) {
         return cfg_fail(r, RS_EUNSUPPORTED, "fmt",
                         "quantization_config.fmt must be \"e4m3\" (float8_e4m3fn); other FP8 formats are not "
                         "supported");
+    /* keys of transformers' FineGrainedFP8Config that change the arithmetic, accepted only at their
+     * neutral values: dequantize (serve the weights dequantized, unquantized activations) and
+     * scale_fmt (ue8m0: power-of-two activation scales) */
+    v = json_object_get(qc, "dequantize");
+    if (v && !json_is_null(v) && !json_is_false(v))
+        return cfg_fail(r, RS_EUNSUPPORTED, "dequantize",
+                        "quantization_config.dequantize must be false: serving the weights dequantized (BF16 "
+                        "matmuls, unquantized activations) is not supported; load a BF16 checkpoint instead");
+    v = cfg_get(qc, "scale_fmt");
+    if (v && (!json_is_string(v) || strcmp(json_string_value(v), "float") != 0))
+        return cfg_fail(r, RS_EUNSUPPORTED, "scale_fmt",
+                        "quantization_config.scale_fmt must be \"float\": rolloutd's activation scales are "
+                        "amax / 448 in fp32 (ue8m0 power-of-two scales are not supported)");
     int rc;
     if ((rc = add_not_converted(r, qc, "modules_to_not_convert", c)) != RS_OK) return rc;
     if ((rc = add_not_converted(r, qc, "ignored_layers", c)) != RS_OK) return rc;

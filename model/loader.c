@@ -271,6 +271,24 @@ static int load_weights(loader *L, rs_model *m) {
     }
     if ((rc = load_tensor(L, &m->final_norm, KIND_VECTOR, -1, c->hidden, 0, "model.norm.weight"))) return rc;
     if (c->tie_embeddings) {
+        /* transformers (5.x) does not tie when the checkpoint holds an lm_head.weight that differs
+         * from the embedding: it computes the logits with lm_head.weight. Serving the embedding
+         * would silently be another model, and untying would leave a push of a tied trainer's
+         * embed_tokens without its output projection: refuse, and say how to serve it. */
+        size_t index;
+        const char *file;
+        const rs_st_tensor *lm = rs_st_dir_find(L->st, "lm_head.weight", &index, &file);
+        const rs_st_tensor *em = rs_st_dir_find(L->st, "model.embed_tokens.weight", NULL, NULL);
+        if (lm) {
+            if (!em || lm->dtype != em->dtype || lm->nbytes != em->nbytes || lm->ndim != em->ndim ||
+                memcmp(lm->shape, em->shape, sizeof lm->shape) != 0 || memcmp(lm->data, em->data, lm->nbytes) != 0)
+                return rs_error_set(L->err, RS_EUNSUPPORTED, "tie_word_embeddings",
+                                    "%s: config.json has tie_word_embeddings true, but the checkpoint's "
+                                    "lm_head.weight differs from model.embed_tokens.weight (transformers computes "
+                                    "the logits with lm_head.weight then): set tie_word_embeddings to false to "
+                                    "serve it", file);
+            L->used[index] = true; /* the same tensor, stored twice */
+        }
         m->lm_head = m->embed;
         return RS_OK;
     }

@@ -178,6 +178,13 @@ RS_TEST(model_load_config_qwen2) {
     /* ... but with max_window_layers >= num_hidden_layers no layer slides */
     write_config(d, QWEN2_5_0_5B, "{\"use_sliding_window\": true, \"max_window_layers\": 24}");
     load_cfg_ok(d, &c);
+    /* ... nor with sliding_window null (absent would be the class's 4096) */
+    write_config(d, QWEN2_5_0_5B, "{\"use_sliding_window\": true, \"max_window_layers\": 21, \"sliding_window\": null}");
+    load_cfg_ok(d, &c);
+    /* neutral values of FineGrainedFP8Config's arithmetic keys are accepted */
+    write_config(d, QWEN2_5_0_5B, "{\"quantization_config\": {\"quant_method\": \"fp8\", \"weight_block_size\": "
+                                  "[128, 128], \"dequantize\": false, \"scale_fmt\": \"float\"}}");
+    load_cfg_ok(d, &c);
 }
 
 RS_TEST(model_load_config_llama3_rope) {
@@ -347,6 +354,20 @@ RS_TEST(model_load_config_errors) {
         {NULL, "{\"eos_token_id\": [1, \"x\"]}", RS_EFORMAT, "eos_token_id", "eos_token_id"},
         {NULL, "{\"eos_token_id\": [1, 2, 3, 4, 5, 6, 7, 8, 9]}", RS_EUNSUPPORTED, "eos_token_id", "eos"},
         {NULL, "{\"bos_token_id\": -5}", RS_EFORMAT, "bos_token_id", "bos_token_id"},
+        /* transformers builds from model_type: a LlamaForCausalLM there would drop Qwen2's biases */
+        {NULL, "{\"model_type\": \"llama\"}", RS_EUNSUPPORTED, "model_type", "qwen3"},
+        /* use_sliding_window with sliding_window absent: the config class's 4096 */
+        {NULL, "{\"use_sliding_window\": true, \"sliding_window\": \"__delete__\", \"layer_types\": \"__delete__\","
+               " \"max_window_layers\": 0}", RS_EUNSUPPORTED, "use_sliding_window", "sliding"},
+        /* Qwen3-MoE slides every layer (it has no layer_types), window given or not */
+        {"moe", "{\"use_sliding_window\": true, \"sliding_window\": \"__delete__\"}", RS_EUNSUPPORTED,
+         "use_sliding_window", "sliding"},
+        {"moe", "{\"use_sliding_window\": true, \"sliding_window\": 4096, \"layer_types\": [\"full_attention\"]}",
+         RS_EUNSUPPORTED, "use_sliding_window", "sliding"},
+        {NULL, "{\"quantization_config\": {\"quant_method\": \"fp8\", \"weight_block_size\": [128, 128],"
+               " \"dequantize\": true}}", RS_EUNSUPPORTED, "dequantize", "dequantize"},
+        {NULL, "{\"quantization_config\": {\"quant_method\": \"fp8\", \"weight_block_size\": [128, 128],"
+               " \"scale_fmt\": \"ue8m0\"}}", RS_EUNSUPPORTED, "scale_fmt", "ue8m0"},
         {"moe", "{\"num_experts_per_tok\": 129}", RS_EFORMAT, "num_experts_per_tok", "num_experts_per_tok"},
         {"moe", "{\"moe_intermediate_size\": \"__delete__\"}", RS_EFORMAT, "moe_intermediate_size", "missing"},
         {"moe", "{\"mlp_only_layers\": [-1]}", RS_EFORMAT, "mlp_only_layers", "mlp_only_layers[0]"},
@@ -783,26 +804,41 @@ RS_TEST(model_load_dtypes) {
 }
 
 RS_TEST(model_load_ignores_extra_tensors) {
-    const char *d = subdir("m");
-    rs_model_config c = small_cfg(RS_ARCH_LLAMA);
-    c.tie_embeddings = true;
-    write_model(d, &c, 2);
-    st_list *L = st_list_load(d);
-    float inv[8] = {0};
-    uint16_t lm[96 * 32] = {0};
-    L->t[L->n++] = (rs_st_wtensor){.name = "model.layers.0.self_attn.rotary_emb.inv_freq", .dtype = RS_DTYPE_F32,
-                                   .ndim = 1, .shape = {8}, .data = inv};
-    /* tied, yet the file carries an lm_head: transformers ignores it, so do we */
-    L->t[L->n++] = (rs_st_wtensor){.name = "lm_head.weight", .dtype = RS_DTYPE_BF16, .ndim = 2, .shape = {96, 32},
-                                   .data = lm};
-    st_list_write(L, d, "model.safetensors", 0, L->n);
-    st_list_free(L);
     rs_backend *b = rs_test_host_backend();
-    rs_model *m = load_ok(d, b);
-    ASSERT_TRUE(m->lm_head.data == m->embed.data);
-    check_model(d, m);
-    rs_model_free(m);
-    ASSERT_EQ(rs_test_live_allocs, 0);
+    for (int differs = 0; differs <= 1; differs++) {
+        const char *d = subdir("m");
+        rs_model_config c = small_cfg(RS_ARCH_LLAMA);
+        c.tie_embeddings = true;
+        write_model(d, &c, 2);
+        st_list *L = st_list_load(d);
+        float inv[8] = {0};
+        uint16_t lm[96 * 32];
+        for (size_t i = 0; i < L->n; i++)
+            if (strcmp(L->t[i].name, "model.embed_tokens.weight") == 0) memcpy(lm, L->t[i].data, sizeof lm);
+        lm[5] ^= (uint16_t)differs;
+        L->t[L->n++] = (rs_st_wtensor){.name = "model.layers.0.self_attn.rotary_emb.inv_freq", .dtype = RS_DTYPE_F32,
+                                       .ndim = 1, .shape = {8}, .data = inv};
+        /* tied, and the file carries the embedding again as lm_head.weight: served tied. An
+         * lm_head.weight that differs is what transformers 5 computes the logits with (it does not
+         * tie then): refused, naming tie_word_embeddings, rather than served as another model */
+        L->t[L->n++] = (rs_st_wtensor){.name = "lm_head.weight", .dtype = RS_DTYPE_BF16, .ndim = 2,
+                                       .shape = {96, 32}, .data = lm};
+        st_list_write(L, d, "model.safetensors", 0, L->n);
+        st_list_free(L);
+        if (differs) {
+            rs_model *m = NULL;
+            rs_error err = {0};
+            ASSERT_EQ(rs_model_load(d, b, NULL, &m, &err), RS_EUNSUPPORTED);
+            ASSERT_STREQ(err.param, "tie_word_embeddings");
+            ASSERT_TRUE(strstr(err.message, "lm_head.weight differs") != NULL);
+        } else {
+            rs_model *m = load_ok(d, b);
+            ASSERT_TRUE(m->lm_head.data == m->embed.data);
+            check_model(d, m);
+            rs_model_free(m);
+        }
+        ASSERT_EQ(rs_test_live_allocs, 0);
+    }
     rs_backend_free(b);
 }
 
