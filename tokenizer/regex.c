@@ -8,8 +8,11 @@
  *     takes them), \s \S (White_Space), \d \D (Nd) and \h \H (Ruby: hex digits, PCRE2: horizontal
  *     space) become explicit code point ranges from our Unicode 16.0 table, so a character
  *     assigned after PCRE2's own tables (Unicode 14 in Debian 12) still splits as in `tokenizers`;
- *   - \uHHHH becomes \x{HHHH}; {,n} becomes {0,n}; the Ruby option m (dot matches newline) is
- *     PCRE2's s; ^ and $ are line anchors (PCRE2_MULTILINE | PCRE2_ALT_CIRCUMFLEX);
+ *   - \uHHHH becomes \x{HHHH}; \v (Ruby: U+000B only; PCRE2: any vertical space) \x{0B}; {,n}
+ *     becomes {0,n}; the Ruby option m (dot matches newline) is PCRE2's s; ^ and $ are line anchors
+ *     (PCRE2_MULTILINE; ^ does not match after a final newline, in either engine);
+ *   - a set that is empty in our table (\p{Cs}: surrogates never occur in UTF-8 text) stays an
+ *     empty class (PCRE2_ALLOW_EMPTY_CLASS), so a ']' written first in a class is escaped;
  *   - refused (RS_EUNSUPPORTED): \w \W \b \B \X \Q and POSIX brackets (their Unicode sets differ
  *     between the engines and are not in our table), nested classes and && (onig only), script
  *     names in \p{..}, the x option, and property escapes under (?i).
@@ -233,6 +236,10 @@ static int tr_escape(tr_state *st) {
         st->i = b + 1;
         return tr_set(st, d, neg, mask);
     }
+    case 'v': /* Ruby's \v is the vertical tab alone */
+        rs_tok_buf_put(&st->out, "\\x{0B}", 6);
+        st->i += 2;
+        return RS_OK;
     case 'u': {
         size_t a = st->i + 2;
         if (a + 4 > st->n) return tr_fail(st, RS_EFORMAT, "\\u needs four hex digits");
@@ -323,7 +330,7 @@ static int translate(tr_state *st) {
             rs_tok_buf_putc(&st->out, '[');
             st->i++;
             if (st->i < st->n && st->p[st->i] == '^') rs_tok_buf_putc(&st->out, '^'), st->i++;
-            if (st->i < st->n && st->p[st->i] == ']') rs_tok_buf_putc(&st->out, ']'), st->i++;
+            if (st->i < st->n && st->p[st->i] == ']') rs_tok_buf_put(&st->out, "\\]", 2), st->i++; /* a literal */
             continue;
         }
         if (c == '(') {
@@ -376,7 +383,7 @@ int rs_tok_regex_compile(const char *pat, size_t len, bool literal, const char *
     int ec;
     PCRE2_SIZE eo;
     re->code = pcre2_compile((PCRE2_SPTR)st.out.p, st.out.n,
-                             PCRE2_UTF | PCRE2_UCP | PCRE2_MULTILINE | PCRE2_ALT_CIRCUMFLEX, &ec, &eo, cc);
+                             PCRE2_UTF | PCRE2_UCP | PCRE2_MULTILINE | PCRE2_ALLOW_EMPTY_CLASS, &ec, &eo, cc);
     pcre2_compile_context_free(cc);
     free(st.out.p);
     if (!re->code) {

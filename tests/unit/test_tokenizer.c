@@ -21,6 +21,7 @@
 
 #include "../../core/rs.h"
 #include "../../model/presets.h"
+#include "../../tokenizer/tok_internal.h"
 #include "../../tokenizer/tokenizer.h"
 #include "test.h"
 
@@ -548,4 +549,40 @@ RS_TEST(tokenizer_stop_strings) {
     ASSERT_EQ(rs_tok_stop_holdback(stops, lens, 3, "xyz", 3), 0);
     ASSERT_EQ(rs_tok_stop_holdback(stops, lens, 3, "ST", 2), 2);
     ASSERT_EQ(rs_tok_stop_find(stops, lens, 3, "STO", 3, 0, &pos), -1);
+}
+
+/* The matches of an Oniguruma pattern over s, as "start-end" pairs ("" when none). */
+static const char *regex_matches(const char *pat, const char *s) {
+    static char out[256];
+    rs_tok_regex *re = NULL;
+    rs_error err = {0};
+    if (rs_tok_regex_compile(pat, strlen(pat), false, "pattern", &re, &err) != RS_OK)
+        RS_TEST_FAIL("%s: %s", pat, err.message);
+    rs_tok_spans sp = {0};
+    ASSERT_EQ(rs_tok_regex_find(re, s, strlen(s), &sp, &err), RS_OK);
+    out[0] = '\0';
+    for (size_t i = 0; i < sp.n; i++)
+        if (sp.v[i].match)
+            snprintf(out + strlen(out), sizeof out - strlen(out), "%s%u-%u", out[0] ? " " : "", sp.v[i].start,
+                     sp.v[i].end);
+    free(sp.v);
+    rs_tok_regex_free(re);
+    return out;
+}
+
+/* Where Ruby-syntax Oniguruma (what `tokenizers` runs) and PCRE2 read the same text differently,
+ * the translation gives Oniguruma's matches (each expectation is what tokenizers 0.23 splits):
+ * \v is the vertical tab alone; ^ does not match after a final newline; \p{Cs} (surrogates, never
+ * in UTF-8 text) is an empty set, alone or beside other branches, and a ']' written first in a
+ * class is a literal. */
+RS_TEST(tokenizer_regex_reads_as_oniguruma) {
+    ASSERT_STREQ(regex_matches("\\v", "a\nb\x0b" "c"), "3-4");
+    ASSERT_STREQ(regex_matches("[ \\t\\v]+", "a\nb \x0b c"), "3-6");
+    ASSERT_STREQ(regex_matches("\\n^", "a\n"), "");
+    ASSERT_STREQ(regex_matches("\\n^", "x\n\ny\n"), "1-2 2-3");
+    ASSERT_STREQ(regex_matches("\\p{Cs}|\\s+", "a]b |[z"), "3-4");
+    ASSERT_STREQ(regex_matches("\\p{Cs}", "a]b"), "");
+    ASSERT_STREQ(regex_matches("[\\p{Cs}]", "a]b"), "");
+    ASSERT_STREQ(regex_matches("[^\\p{Cs}]", "ab"), "0-1 1-2");
+    ASSERT_STREQ(regex_matches("[]a]+", "x]a]y"), "1-4");
 }
