@@ -121,17 +121,25 @@ static const void *const *moe_table(rs_cuda_ctx *c, const rs_moe_weights *w) {
         rs_backend_cuda_capture_unlock();
     }
     bool same = true;
-    for (int e = 0; e < E; e++) {
+    for (int e = 0; e < E && same; e++) {
         const void *p[6] = {w->gate[e].data, w->gate[e].scale_inv, w->up[e].data, w->up[e].scale_inv,
                             w->down[e].data, w->down[e].scale_inv};
-        for (int j = 0; j < 6; j++) {
-            same &= t->host[j * E + e] == p[j];
-            t->host[j * E + e] = p[j];
-        }
+        for (int j = 0; j < 6; j++) same &= t->host[j * E + e] == p[j];
     }
     if (!same) {
-        if (c->recording) rs_cuda_recording_broken(c, "a weight commit moved an expert");
-        else CUDA_CHECK(cudaMemcpyAsync(t->dev, t->host, (size_t)6 * E * sizeof(void *), cudaMemcpyHostToDevice, c->stream));
+        /* recording: the device table is not rewritten, so neither is its host copy (the op-by-op
+         * rerun must see the difference and upload) */
+        if (c->recording) {
+            rs_cuda_recording_broken(c, "a weight commit moved an expert");
+            return t->dev;
+        }
+        for (int e = 0; e < E; e++) {
+            const void *p[6] = {w->gate[e].data, w->gate[e].scale_inv, w->up[e].data, w->up[e].scale_inv,
+                                w->down[e].data, w->down[e].scale_inv};
+            for (int j = 0; j < 6; j++) t->host[j * E + e] = p[j];
+        }
+        CUDA_CHECK(cudaMemcpyAsync(t->dev, t->host, (size_t)6 * E * sizeof(void *), cudaMemcpyHostToDevice, c->stream));
+        c->mem_gen++; /* recorded steps read this table: it holds other pointers now, they go */
     }
     return t->dev;
 }

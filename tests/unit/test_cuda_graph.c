@@ -366,4 +366,76 @@ RS_TEST(cuda_capture_rules) {
     cudaStreamDestroy(s);
     rs_backend_free(g);
 }
+
+/* The fused MoE's device table of expert pointers (cuda_moe_fast.cu moe_table) across commits that
+ * bring a layer's expert pointers back (A, B, A: the weight store's spares make commits alternate
+ * between two allocations). Weights A are served at step size 1, B at size 2, then A again at size
+ * 1, whose output must be A's, bit for bit:
+ *   - refused: size 1 records when A comes back; the table saw the pointers change while
+ *     recording (the recording is refused) and must still upload them on the op-by-op rerun;
+ *   - replay: size 1 was recorded under A; B's steps rewrote the table; a replay of size 1 would
+ *     read B's experts, so the recording must be dropped. */
+static rs_tensor moe_bf16(rs_backend *b, int64_t d0, int64_t d1, uint64_t *rng) {
+    const size_t n = (size_t)(d0 * d1);
+    uint16_t *h = malloc(n * 2);
+    for (size_t i = 0; i < n; i++) h[i] = rs_f32_to_bf16(0.2f * rs_test_uniform(rng));
+    rs_tensor t = {.dtype = RS_DTYPE_BF16, .ndim = 2, .shape = {d0, d1}, .data = rs_test_to_backend(b, h, n * 2)};
+    free(h);
+    return t;
+}
+
+static void moe_table_case(bool replay) {
+    rs_backend *g = rs_test_cuda_or_skip();
+    if (!g) return;
+    ASSERT_EQ(rs_backend_set_numerics(g, RS_NUMERICS_FAST), RS_NUMERICS_FAST);
+    rs_backend_cuda_set_graphs(g, true);
+    enum { E = 4, HID = 128, INTER = 128 };
+    uint64_t rng = replay ? 77 : 99;
+    rs_tensor router = moe_bf16(g, E, HID, &rng), ws[2][3][E], cur[3][E];
+    for (int v = 0; v < 2; v++)
+        for (int e = 0; e < E; e++)
+            ws[v][0][e] = moe_bf16(g, INTER, HID, &rng), ws[v][1][e] = moe_bf16(g, INTER, HID, &rng),
+            ws[v][2][e] = moe_bf16(g, HID, INTER, &rng);
+    rs_moe_weights w = {.router = &router, .gate = cur[0], .up = cur[1], .down = cur[2], .n_experts = E, .top_k = 2,
+                        .norm_topk_prob = true};
+    float xh[HID];
+    for (int i = 0; i < HID; i++) xh[i] = rs_test_uniform(&rng);
+    float *x = rs_test_to_backend(g, xh, sizeof xh), *out = rs_backend_alloc(g, sizeof xh), *ref[2];
+    int owner;
+    /* one step of `size` on weights v, run as the forward pass runs a step (graph or op by op) */
+#define MOE_STEP(v, size)                                                                                       \
+    do {                                                                                                     \
+        memcpy(cur, ws[v], sizeof cur);                                                                      \
+        const rs_graph_state st_ = rs_backend_graph_begin(g, &owner, size, 0xA0 + (size));                    \
+        if (st_ != RS_GRAPH_REPLAYED) {                                                                      \
+            rs_op_moe(g, out, x, 1, HID, &w);                                                                \
+            if (st_ == RS_GRAPH_RECORDING && !rs_backend_graph_end(g)) rs_op_moe(g, out, x, 1, HID, &w);     \
+        }                                                                                                    \
+    } while (0)
+    MOE_STEP(0, 1); /* A, size 1: seen */
+    ref[0] = rs_test_to_host(g, out, sizeof xh);
+    if (replay) MOE_STEP(0, 1); /* recorded under A */
+    MOE_STEP(1, 2); /* B, size 2: seen */
+    ref[1] = rs_test_to_host(g, out, sizeof xh);
+    MOE_STEP(0, 1); /* A again, size 1: recording (refused) or a replay of A's recording */
+#undef MOE_STEP
+    float *got = rs_test_to_host(g, out, sizeof xh);
+    int bad = 0, like_b = 0;
+    for (int i = 0; i < HID; i++) {
+        bad += rs_test_f32_bits(got[i]) != rs_test_f32_bits(ref[0][i]);
+        like_b += rs_test_f32_bits(got[i]) == rs_test_f32_bits(ref[1][i]);
+    }
+    if (bad)
+        RS_TEST_FAIL("%s: %d of %d outputs differ from weights A's (%d equal weights B's)",
+                     replay ? "replay" : "refused recording", bad, HID, like_b);
+    free(ref[0]), free(ref[1]), free(got);
+    for (int v = 0; v < 2; v++)
+        for (int j = 0; j < 3; j++)
+            for (int e = 0; e < E; e++) rs_backend_free_mem(g, ws[v][j][e].data);
+    rs_backend_free_mem(g, router.data), rs_backend_free_mem(g, x), rs_backend_free_mem(g, out);
+    rs_backend_free(g);
+}
+
+RS_TEST(cuda_graph_moe_table_after_refused_recording) { moe_table_case(false); }
+RS_TEST(cuda_graph_moe_table_not_replayed_stale) { moe_table_case(true); }
 #endif
