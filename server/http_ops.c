@@ -132,8 +132,15 @@ void rs_http_control_cleanup(rs_http_req *r) {
     r->ctx = NULL;
 }
 
-static void ctl_push(rs_http *h, rs_http_req *r) {
+/* Queues r for the control thread; false (nothing queued) once that thread is stopping: a request
+ * queued after it has drained and exited would stay suspended, and libmicrohttpd aborts the
+ * process when it is stopped with a suspended connection. */
+static bool ctl_push(rs_http *h, rs_http_req *r) {
     pthread_mutex_lock(&h->mu);
+    if (h->ctl_stop) {
+        pthread_mutex_unlock(&h->mu);
+        return false;
+    }
     r->held = true;
     r->ctl_next = NULL;
     if (h->ctl_tail) h->ctl_tail->ctl_next = r;
@@ -141,6 +148,7 @@ static void ctl_push(rs_http *h, rs_http_req *r) {
     h->ctl_tail = r;
     pthread_cond_signal(&h->ctl_cv);
     pthread_mutex_unlock(&h->mu);
+    return true;
 }
 
 /* Runs one control operation on the engine (blocks until a step boundary). */
@@ -320,8 +328,13 @@ enum MHD_Result rs_http_control(rs_http_req *r) {
     if (rc != RS_OK) return rs_http_send_error(r, &err);
     r->ctx = rs_xmalloc(sizeof c);
     memcpy(r->ctx, &c, sizeof c);
+    const rs_phase phase = r->phase;
     r->phase = RS_PHASE_WAITING;
-    ctl_push(r->h, r);
+    if (!ctl_push(r->h, r)) { /* between the engine check above and here, shutdown began */
+        r->phase = phase;
+        rs_error_set(&err, RS_EBUSY, NULL, "server is shutting down");
+        return rs_http_send_error(r, &err);
+    }
     rs_http_suspend(r); /* the operation may already be done: then this goes straight on */
     return MHD_YES;
 }
