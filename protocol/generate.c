@@ -581,7 +581,6 @@ int rs_generate_stream_events(rs_generate_req *r, bool final, rs_buf *out) {
         bool finished = o->finish.type != RS_FINISH_NONE;
         if (r->closed[i] || (o->n_output == r->sent[i] && !finished)) continue;
         if (!finished && o->n_output - r->sent[i] < RS_MAX(r->stream_interval, 1)) continue;
-        bool first = r->sent[i] == 0;
         int from = r->incremental ? r->sent[i] : 0;
         const char *text = NULL;
         size_t stable = 0, tfrom = 0;
@@ -589,8 +588,10 @@ int rs_generate_stream_events(rs_generate_req *r, bool final, rs_buf *out) {
             stable = rs_gen_text_stable(r->text, job, i, &text);
             if (r->incremental) tfrom = RS_MIN(r->text_sent[i], stable);
         }
-        json_t *ev = output_json(r, i / job->sp.n, i % job->sp.n, from, !r->incremental || first, finished,
-                                 text ? text + tfrom : NULL, stable - tfrom);
+        /* the prompt's scores in every event, incremental ones too: SGLang slices only the output
+         * keys (slice_streaming_output_meta_info), so its clients read them from any chunk */
+        json_t *ev = output_json(r, i / job->sp.n, i % job->sp.n, from, true, finished, text ? text + tfrom : NULL,
+                                 stable - tfrom);
         if (ev && list) json_object_set_new(ev, "index", json_integer(i));
         int rc = rs_json_sse_event(out, ev);
         if (rc != RS_OK) return rc;

@@ -155,9 +155,9 @@ RS_TEST(protocol_stream_incremental_batched_n) {
         ASSERT_EQ(json_integer_value(json_object_get(ev[i], "index")), want_index[i]);
         ASSERT_EQ(json_array_size(json_object_get(ev[i], "output_ids")), want_ids[i]);
         json_t *m = json_object_get(ev[i], "meta_info");
-        /* prompt scores only in an output's first event */
-        bool first = i == 0 || i == 1 || i == 4 || i == 6;
-        ASSERT_EQ(json_array_size(json_object_get(m, "input_token_logprobs")) > 0, first);
+        /* the prompt's scores in every event, whole, as SGLang streams them */
+        ASSERT_EQ(json_array_size(json_object_get(m, "input_token_logprobs")),
+                  (size_t)r.job->prompt_lens[want_index[i] / 2]);
         ASSERT_EQ(json_array_size(json_object_get(m, "output_token_logprobs")), want_ids[i]);
     }
     ASSERT_EQ(json_integer_value(json_array_get(json_object_get(ev[2], "output_ids"), 0)), 7);
