@@ -108,13 +108,11 @@ static int read_rid(const rs_jctx *c, const json_t *v, rs_error *err) {
                         "(one rid per prompt; give one string, or request_id)", c->param);
 }
 
-/* An explicit null means "as many as the context allows" (the server fills it in). */
+/* An explicit null is the default, as absent (vLLM's CompletionRequest.normalize_null_max_tokens:
+ * null once meant the whole context there, which ran generations to its end unasked). */
 static int read_max_tokens(const rs_jctx *c, const json_t *v, rs_error *err) {
     rs_openai_req *r = req_of(c);
-    if (json_is_null(v)) {
-        r->max_tokens_to_context = true;
-        return RS_OK;
-    }
+    if (json_is_null(v)) return RS_OK;
     long long x;
     int rc = rs_json_get_int(v, c->param, 0, INT_MAX, &x, err);
     if (rc == RS_OK) r->job->sp.max_new_tokens = (int)x;
@@ -145,6 +143,8 @@ static const rs_jfield stream_options_fields[] = {
      .doc = "a last chunk with no choices and the usage"},
     {.name = "continuous_usage_stats", .type = RS_JT_BOOL, .use = RS_JU_NEUTRAL, .neutral = "false",
      .doc = "usage comes once, at the end (include_usage)"},
+    {.name = "include_obfuscation", .type = RS_JT_BOOL, .use = RS_JU_NO_EFFECT,
+     .doc = "OpenAI's stream padding against side channels (the openai client sends it); none is added"},
 };
 
 static const rs_jobject stream_options_object = {.title = "POST /v1/completions: stream_options",
@@ -175,8 +175,7 @@ static const rs_jfield completion_fields[] = {
     {.name = "max_tokens", .type = RS_JT_CUSTOM, .flags = RS_JF_READ_NULL,
      .limit = RS_JL_NEW_TOKENS, .read = read_max_tokens,
      .shape = "integer >= 0, or null", .def = "16",
-     .doc = "null: as many as the context leaves room for; absent, the default lowered to --max-new-tokens "
-            "and the context",
+     .doc = "absent or null (vLLM's reading of null): the default, lowered to --max-new-tokens and the context",
      .schema = "{'type': 'integer', 'minimum': 0, 'maximum': 2147483647}"},
     {.name = "temperature", .type = RS_JT_FLOAT, SP(temperature), .min = 0, .max = INFINITY, .def = "1.0",
      .doc = "0 = greedy"},

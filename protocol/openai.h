@@ -69,8 +69,7 @@ typedef struct rs_openai_req {
     char **prompt_texts;        /* [job->n_prompts] owned: text prompts as given (echo answers them, as
                                  * vLLM does, not their tokens decoded); NULL for token-id prompts */
     size_t *prompt_text_lens;   /* their bytes */
-    bool max_tokens_to_context; /* max_tokens was null: the server fills it from the context limit */
-    bool max_tokens_given;      /* false and not null: the default, which the server lowers to its
+    bool max_tokens_given;      /* false (absent or null): the default, which the server lowers to its
                                  * cap and the context the prompts leave */
     /* streaming state, [outputs] each, allocated on first use */
     int *sent;

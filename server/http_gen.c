@@ -235,10 +235,7 @@ static int parse_completions(rs_http_req *r, rs_engine *e, rs_error *err) {
     rs_gen_job *job = q->job;
     if (!q->seed_given) job->sp.seed = splitmix64(atomic_fetch_add(&h->seed_state, 0x9e3779b97f4a7c15ull));
     const rs_engine_limits *lim = rs_engine_get_limits(e);
-    if (q->max_tokens_to_context) /* null: as many as the longest prompt leaves room for (1 when none:
-                                   * validation refuses that prompt, as vLLM does, not an empty output) */
-        job->sp.max_new_tokens = RS_MAX(1, RS_MIN(lim->max_new_tokens, context_room(job, lim)));
-    else if (!q->max_tokens_given) /* absent: the default (16), as far as there is room */
+    if (!q->max_tokens_given) /* absent or null: the default (16), as far as there is room */
         job->sp.max_new_tokens = default_new_tokens(job, lim, job->sp.max_new_tokens);
     r->job = job;
     r->stream = q->stream;

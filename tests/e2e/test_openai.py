@@ -171,18 +171,30 @@ def test_streaming_n(client):
     assert [got[i] for i in range(4)] == [c.token_ids for c in plain.choices]
 
 
-def test_max_tokens_null_fills_the_context(rolloutd):
+def test_max_tokens_null_is_the_default(rolloutd):
+    """max_tokens null (what the openai client sends for max_tokens=None) is the default, 16, as
+    current vLLM reads it (CompletionRequest.normalize_null_max_tokens), lowered to the room the
+    context leaves; a prompt that leaves none is a 400 naming it, not an empty completion."""
     d = rolloutd(None, "--kv-cache-mb", "64", "--max-context", "40")
     c = openai.OpenAI(base_url=d.url + "/v1", api_key="x", max_retries=0)
     r = c.completions.create(model="default", prompt=PROMPT, max_tokens=None, extra_body={"ignore_eos": True})
-    assert len(r.choices[0].token_ids) == 40 - len(PROMPT)
-    # a prompt that leaves no room is refused, as vLLM refuses it, not answered with an empty completion
-    # (alone, or beside a short one: the room is the longest prompt's)
+    assert len(r.choices[0].token_ids) == 16
+    r = c.completions.create(model="default", prompt=list(range(1, 31)), max_tokens=None,
+                             extra_body={"ignore_eos": True})
+    assert len(r.choices[0].token_ids) == 10  # 40 - 30: the room left
     for prompt in ([list(range(1, 41))], [[1, 2, 3], list(range(1, 41))]):
         with pytest.raises(openai.BadRequestError) as e:
             c.completions.create(model="default", prompt=prompt, max_tokens=None)
         err = e.value.body if isinstance(e.value.body, dict) and "param" in e.value.body else e.value.body["error"]
         assert err["param"].startswith("prompt") and "context" in err["message"], err
+
+
+def test_stream_options_the_client_sends(client):
+    """stream_options.include_obfuscation is in the openai client's own type: accepted, no effect."""
+    chunks = list(complete(client, prompt=PROMPT, max_tokens=3, stream=True,
+                           stream_options={"include_usage": True, "include_obfuscation": False},
+                           extra_body={"ignore_eos": True}))
+    assert chunks[-1].usage.completion_tokens == 3
 
 
 @pytest.mark.parametrize("kw,param,etype", [

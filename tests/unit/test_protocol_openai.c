@@ -28,7 +28,7 @@ RS_TEST(protocol_openai_parse_defaults_and_fields) {
     ASSERT_EQ(j->n_prompts, 1);
     ASSERT_TRUE(!j->batched);
     ASSERT_EQ(j->sp.max_new_tokens, 16); /* OpenAI's default */
-    ASSERT_TRUE(!r.max_tokens_given && !r.max_tokens_to_context); /* the server lowers it where it must */
+    ASSERT_TRUE(!r.max_tokens_given); /* the server lowers it where it must */
     ASSERT_EQ(r.logprobs, -1);
     ASSERT_TRUE(!j->return_logprob);
     ASSERT_TRUE(!r.seed_given);
@@ -73,7 +73,7 @@ RS_TEST(protocol_openai_parse_defaults_and_fields) {
     rs_openai_req_free(&r);
 
     r = parse_ok("{\"prompt\": [1], \"max_tokens\": null, \"logprobs\": 0}");
-    ASSERT_TRUE(r.max_tokens_to_context);
+    ASSERT_TRUE(!r.max_tokens_given && r.job->sp.max_new_tokens == 16); /* null is the default, as in vLLM */
     ASSERT_EQ(r.job->top_logprobs_num, 0);
     ASSERT_TRUE(r.job->return_logprob);
     rs_openai_req_free(&r);
