@@ -482,7 +482,10 @@ static int read_float(const rs_jctx *c, const json_t *v, rs_error *err) {
     if (!lo || !hi) {
         char range[64];
         float_range(f, range, sizeof range);
-        return rs_error_set(err, RS_EINVAL, c->param, "%s must be %s, got %g", c->param, range, x);
+        char got[32]; /* as sent: %g would print 1.00000001 as 1, "must be in (0, 1], got 1" */
+        snprintf(got, sizeof got, "%.15g", x);
+        if (strtod(got, NULL) != x) snprintf(got, sizeof got, "%.17g", x);
+        return rs_error_set(err, RS_EINVAL, c->param, "%s must be %s, got %s", c->param, range, got);
     }
     if (f->size == sizeof(float)) *(float *)rs_json_dst(c) = (float)x;
     else *(double *)rs_json_dst(c) = x;

@@ -115,6 +115,9 @@ BAD = [
      "must be a number"),
     ("top-p-zero", sp(top_p=0), 400, "invalid_request", "sampling_params.top_p", "(0, 1]"),
     ("top-p-above-one", sp(top_p=1.5), 400, "invalid_request", "sampling_params.top_p", "got 1.5"),
+    # the value as sent, not rounded to "1" (which would read as inside (0, 1])
+    ("top-p-just-above-one", sp(top_p=1.00000001), 400, "invalid_request", "sampling_params.top_p",
+     "got 1.00000001"),
     ("top-k-zero", sp(top_k=0), 400, "invalid_request", "sampling_params.top_k", "-1 (off) or >= 1"),
     ("top-k-minus-two", sp(top_k=-2), 400, "invalid_request", "sampling_params.top_k", ">= -1"),
     ("top-k-float", sp(top_k=2.5), 400, "invalid_request", "sampling_params.top_k", "must be an integer"),
