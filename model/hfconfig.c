@@ -139,7 +139,7 @@ const char *rs_arch_name(rs_arch a) {
 }
 
 /* transformers' model_type of each architecture: what AutoConfig builds the model from. */
-static const char *arch_model_type(rs_arch a) {
+const char *rs_arch_model_type(rs_arch a) {
     switch (a) {
     case RS_ARCH_QWEN3: return "qwen3";
     case RS_ARCH_QWEN2: return "qwen2";
@@ -160,12 +160,13 @@ static int parse_arch(const cfg_reader *r, rs_model_config *c) {
             /* transformers builds the model from model_type (vLLM and SGLang from architectures):
              * when the two name different models, the trainer and rolloutd would run different ones */
             json_t *mt = cfg_get(r->root, "model_type");
-            if (mt && (!json_is_string(mt) || strcmp(json_string_value(mt), arch_model_type(c->arch)) != 0))
+            if (mt && !json_is_string(mt))
+                return cfg_fail(r, RS_EFORMAT, "model_type", "\"model_type\" must be a string");
+            if (mt && strcmp(json_string_value(mt), rs_arch_model_type(c->arch)) != 0)
                 return cfg_fail(r, RS_EUNSUPPORTED, "model_type",
-                                "\"model_type\" %s%.64s%s does not match architectures[0] %s (model_type \"%s\"): "
-                                "transformers would build another model from it", json_is_string(mt) ? "\"" : "",
-                                json_is_string(mt) ? json_string_value(mt) : "(not a string)",
-                                json_is_string(mt) ? "\"" : "", name, arch_model_type(c->arch));
+                                "\"model_type\" \"%.64s\" does not match architectures[0] %s (model_type \"%s\"): "
+                                "transformers would build another model from it", json_string_value(mt), name,
+                                rs_arch_model_type(c->arch));
             return RS_OK;
         }
     }

@@ -38,6 +38,7 @@ typedef enum rs_arch {
 } rs_arch;
 
 const char *rs_arch_name(rs_arch a); /* the HF architectures[] string, e.g. "Qwen3ForCausalLM" */
+const char *rs_arch_model_type(rs_arch a); /* transformers' model_type, e.g. "qwen3" */
 
 #define RS_MAX_EOS 8
 #define RS_MAX_LAYERS 256

@@ -163,16 +163,6 @@ static void tm_build(tm_list *L, const rs_model_config *c) {
     }
 }
 
-static const char *model_type(rs_arch a) {
-    switch (a) {
-    case RS_ARCH_QWEN3: return "qwen3";
-    case RS_ARCH_QWEN2: return "qwen2";
-    case RS_ARCH_LLAMA: return "llama";
-    case RS_ARCH_QWEN3_MOE: return "qwen3_moe";
-    }
-    return "?";
-}
-
 /* The shortest decimal that reads back as the same float, so config.json says 1e-06, not
  * 9.99999997e-07 (both transformers and rs_model_config_load read it as the same float32). */
 static double float_as_decimal(float f) {
@@ -186,7 +176,7 @@ static double float_as_decimal(float f) {
 
 static json_t *config_json(const rs_model_config *c) {
     json_t *o = json_pack("{s:[s], s:s, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:f, s:f, s:b, s:s, s:s, s:f}",
-                          "architectures", rs_arch_name(c->arch), "model_type", model_type(c->arch), "vocab_size",
+                          "architectures", rs_arch_name(c->arch), "model_type", rs_arch_model_type(c->arch), "vocab_size",
                           c->vocab_size, "hidden_size", c->hidden, "intermediate_size", c->intermediate,
                           "num_hidden_layers", c->n_layers, "num_attention_heads", c->n_heads,
                           "num_key_value_heads", c->n_kv_heads, "head_dim", c->head_dim,

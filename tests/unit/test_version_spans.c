@@ -91,30 +91,52 @@ static const char *score_body = "{\"rid\": \"b\", \"input_ids\": " PROMPT64 ", \
                                 " \"logprob_start_len\": 0, \"sampling_params\": {\"max_new_tokens\": 1,"
                                 " \"temperature\": 0, \"ignore_eos\": true}}";
 
+/* One request scored across an update: `ref` on an engine that only ever had B's weights; `r` on
+ * A's, where one step runs (its rows scored with A), then B commits and the rest runs. */
+typedef struct across {
+    rs_model *m, *mref;
+    rs_engine *e, *eref;
+    rs_generate_req r, ref;
+} across;
+
+/* Runs body across the update; `scored`: a prompt position the first step must have scored. */
+static void across_run(across *x, rs_backend *b, const char *a, const char *bdir, const char *body, int scored) {
+    rs_error err = {0};
+    x->mref = load_bf16(bdir, b);
+    x->eref = engine(x->mref);
+    x->ref = parse(body);
+    ASSERT_EQ(rs_engine_submit(x->eref, x->ref.job, &err), RS_OK);
+    rs_engine_run_until_idle(x->eref);
+
+    x->m = load_bf16(a, b);
+    x->e = engine(x->m);
+    x->r = parse(body);
+    ASSERT_EQ(rs_engine_submit(x->e, x->r.job, &err), RS_OK);
+    ASSERT_TRUE(rs_engine_step_once(x->e)); /* 24 rows scored with the old weights */
+    const rs_gen_output *o = &x->r.job->outputs[0];
+    ASSERT_EQ(o->n_output, 0);
+    ASSERT_TRUE(!isnan(o->input_logprobs[scored]));
+    ASSERT_EQ(rs_txn_commit(staged(x->m, bdir, "v1"), x->e, false, NULL, &err), RS_OK);
+    rs_engine_run_until_idle(x->e);
+}
+
+static void across_free(across *x) {
+    rs_generate_req_free(&x->r);
+    rs_generate_req_free(&x->ref);
+    rs_engine_free(x->e);
+    rs_engine_free(x->eref);
+    rs_model_free(x->m);
+    rs_model_free(x->mref);
+}
+
 RS_TEST(update_mid_prompt_scoring_rescores_whole_prompt) {
     char a[512], bdir[512];
     two_models(a, bdir, sizeof a);
     rs_backend *b = rs_backend_cpu_init(1);
-    rs_error err = {0};
+    across x;
+    across_run(&x, b, a, bdir, score_body, 5);
 
-    /* the reference: the new weights only */
-    rs_model *mref = load_bf16(bdir, b);
-    rs_engine *eref = engine(mref);
-    rs_generate_req ref = parse(score_body);
-    ASSERT_EQ(rs_engine_submit(eref, ref.job, &err), RS_OK);
-    rs_engine_run_until_idle(eref);
-
-    rs_model *m = load_bf16(a, b);
-    rs_engine *e = engine(m);
-    rs_generate_req r = parse(score_body);
-    ASSERT_EQ(rs_engine_submit(e, r.job, &err), RS_OK);
-    ASSERT_TRUE(rs_engine_step_once(e)); /* the first 24 rows are scored with the old weights */
-    const rs_gen_output *o = &r.job->outputs[0];
-    ASSERT_TRUE(!isnan(o->input_logprobs[5]));
-    ASSERT_EQ(rs_txn_commit(staged(m, bdir, "v1"), e, false, NULL, &err), RS_OK);
-    rs_engine_run_until_idle(e);
-
-    const rs_gen_output *w = &ref.job->outputs[0];
+    const rs_gen_output *o = &x.r.job->outputs[0], *w = &x.ref.job->outputs[0];
     ASSERT_EQ(o->n_input_logprobs, 64);
     for (int i = 1; i < 64; i++)
         if (!(o->input_logprobs[i] == w->input_logprobs[i]))
@@ -123,13 +145,7 @@ RS_TEST(update_mid_prompt_scoring_rescores_whole_prompt) {
     ASSERT_TRUE(o->output_logprobs[0] == w->output_logprobs[0]);
     ASSERT_EQ(o->n_spans, 1);
     ASSERT_STREQ(o->spans[0].version, "v1");
-
-    rs_generate_req_free(&r);
-    rs_generate_req_free(&ref);
-    rs_engine_free(e);
-    rs_engine_free(eref);
-    rs_model_free(m);
-    rs_model_free(mref);
+    across_free(&x);
     rs_backend_free(b);
 }
 
@@ -142,31 +158,16 @@ RS_TEST(update_after_prompt_scored_before_first_token_rescores) {
     char a[512], bdir[512];
     two_models(a, bdir, sizeof a);
     rs_backend *b = rs_backend_cpu_init(1);
-    rs_error err = {0};
     for (int mnt = 0; mnt <= 1; mnt++) {
         char body[512];
         snprintf(body, sizeof body,
                  "{\"input_ids\": [5, 42, 79, 116, 153, 190, 27, 64, 101, 138, 175, 12, 49, 86, 123, 160, 197, 34, "
                  "71, 108, 145, 182, 19, 56, 93], \"return_logprob\": true, \"logprob_start_len\": 0, "
                  "\"sampling_params\": {\"max_new_tokens\": %d, \"temperature\": 0, \"ignore_eos\": true}}", mnt);
-        rs_model *mref = load_bf16(bdir, b);
-        rs_engine *eref = engine(mref);
-        rs_generate_req ref = parse(body);
-        ASSERT_EQ(rs_engine_submit(eref, ref.job, &err), RS_OK);
-        rs_engine_run_until_idle(eref);
+        across x;
+        across_run(&x, b, a, bdir, body, 24); /* rows 0..23: every scored token */
 
-        rs_model *m = load_bf16(a, b);
-        rs_engine *e = engine(m);
-        rs_generate_req r = parse(body);
-        ASSERT_EQ(rs_engine_submit(e, r.job, &err), RS_OK);
-        ASSERT_TRUE(rs_engine_step_once(e)); /* rows 0..23: every scored token, old weights */
-        const rs_gen_output *o = &r.job->outputs[0];
-        ASSERT_EQ(o->n_output, 0);
-        ASSERT_TRUE(!isnan(o->input_logprobs[24]));
-        ASSERT_EQ(rs_txn_commit(staged(m, bdir, "v1"), e, false, NULL, &err), RS_OK);
-        rs_engine_run_until_idle(e);
-
-        const rs_gen_output *w = &ref.job->outputs[0];
+        const rs_gen_output *o = &x.r.job->outputs[0], *w = &x.ref.job->outputs[0];
         ASSERT_EQ(o->n_input_logprobs, 25);
         ASSERT_EQ(o->n_spans, 1);
         ASSERT_STREQ(o->spans[0].version, "v1");
@@ -176,12 +177,7 @@ RS_TEST(update_after_prompt_scored_before_first_token_rescores) {
                              "%.9g", mnt, i, (double)o->input_logprobs[i], (double)w->input_logprobs[i]);
         ASSERT_EQ(o->n_output, mnt);
         if (mnt) ASSERT_TRUE(o->output_logprobs[0] == w->output_logprobs[0]);
-        rs_generate_req_free(&r);
-        rs_generate_req_free(&ref);
-        rs_engine_free(e);
-        rs_engine_free(eref);
-        rs_model_free(m);
-        rs_model_free(mref);
+        across_free(&x);
     }
     rs_backend_free(b);
 }
