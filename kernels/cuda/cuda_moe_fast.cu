@@ -105,6 +105,12 @@ struct rs_cuda_moe_table {
 
 #define MOE_TABLES 256
 
+/* Expert e's six pointers, in the table's order. */
+static void expert_ptrs(const rs_moe_weights *w, int e, const void *p[6]) {
+    p[0] = w->gate[e].data, p[1] = w->gate[e].scale_inv, p[2] = w->up[e].data, p[3] = w->up[e].scale_inv;
+    p[4] = w->down[e].data, p[5] = w->down[e].scale_inv;
+}
+
 static const void *const *moe_table(rs_cuda_ctx *c, const rs_moe_weights *w) {
     const int E = w->n_experts;
     rs_cuda_moe_table *t = NULL;
@@ -122,8 +128,8 @@ static const void *const *moe_table(rs_cuda_ctx *c, const rs_moe_weights *w) {
     }
     bool same = true;
     for (int e = 0; e < E && same; e++) {
-        const void *p[6] = {w->gate[e].data, w->gate[e].scale_inv, w->up[e].data, w->up[e].scale_inv,
-                            w->down[e].data, w->down[e].scale_inv};
+        const void *p[6];
+        expert_ptrs(w, e, p);
         for (int j = 0; j < 6; j++) same &= t->host[j * E + e] == p[j];
     }
     if (!same) {
@@ -134,8 +140,8 @@ static const void *const *moe_table(rs_cuda_ctx *c, const rs_moe_weights *w) {
             return t->dev;
         }
         for (int e = 0; e < E; e++) {
-            const void *p[6] = {w->gate[e].data, w->gate[e].scale_inv, w->up[e].data, w->up[e].scale_inv,
-                                w->down[e].data, w->down[e].scale_inv};
+            const void *p[6];
+            expert_ptrs(w, e, p);
             for (int j = 0; j < 6; j++) t->host[j * E + e] = p[j];
         }
         CUDA_CHECK(cudaMemcpyAsync(t->dev, t->host, (size_t)6 * E * sizeof(void *), cudaMemcpyHostToDevice, c->stream));
