@@ -16,6 +16,7 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -260,14 +261,111 @@ static void sleep_until(double t) {
     }
 }
 
+/* ---------------------------------------------------------------- resolve */
+
+/* getaddrinfo has no timeout: a name server that does not answer holds it for as long as
+ * resolv.conf's timeout x attempts allows (30 s and more with several servers), past the init
+ * request's deadline. So a name is resolved on a detached thread that the caller waits for until
+ * the deadline; one left behind frees its own job when getaddrinfo returns. Numeric addresses skip
+ * the thread (AI_NUMERICHOST never blocks). */
+typedef struct {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int refs;                           /* the caller and the thread */
+    bool done;
+    int rc;                             /* getaddrinfo's */
+    struct addrinfo *res;
+    char name[300], service[16];
+} resolve_job;
+
+void (*rs_tcpstore_test_hook_resolving)(const char *name);
+
+static void job_unref(resolve_job *j) {
+    pthread_mutex_lock(&j->mu);
+    bool last = --j->refs == 0;
+    pthread_mutex_unlock(&j->mu);
+    if (!last) return;
+    if (j->res) freeaddrinfo(j->res);
+    pthread_cond_destroy(&j->cv);
+    pthread_mutex_destroy(&j->mu);
+    free(j);
+}
+
+static void *resolve_main(void *arg) {
+    resolve_job *j = arg;
+    if (rs_tcpstore_test_hook_resolving) rs_tcpstore_test_hook_resolving(j->name);
+    struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM}, *res = NULL;
+    int rc = getaddrinfo(j->name, j->service, &hints, &res);
+    pthread_mutex_lock(&j->mu);
+    j->rc = rc;
+    j->res = rc == 0 ? res : NULL;
+    j->done = true;
+    pthread_cond_signal(&j->cv);
+    pthread_mutex_unlock(&j->mu);
+    job_unref(j);
+    return NULL;
+}
+
+/* 0 and *res on success, a getaddrinfo error code, or EAI_AGAIN with *timed_out at the deadline. */
+static int resolve_by(const char *name, const char *service, double deadline, struct addrinfo **res,
+                      bool *timed_out) {
+    *res = NULL;
+    *timed_out = false;
+    struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM, .ai_flags = AI_NUMERICHOST};
+    if (getaddrinfo(name, service, &hints, res) == 0) return 0;
+    resolve_job *j = rs_xcalloc(1, sizeof *j);
+    pthread_mutex_init(&j->mu, NULL);
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&j->cv, &ca);
+    pthread_condattr_destroy(&ca);
+    j->refs = 2;
+    snprintf(j->name, sizeof j->name, "%s", name);
+    snprintf(j->service, sizeof j->service, "%s", service);
+    pthread_attr_t ta;
+    pthread_attr_init(&ta);
+    pthread_attr_setdetachstate(&ta, PTHREAD_CREATE_DETACHED);
+    pthread_t t;
+    int e = pthread_create(&t, &ta, resolve_main, j);
+    pthread_attr_destroy(&ta);
+    if (e != 0) {
+        j->refs = 1;
+        job_unref(j);
+        return EAI_SYSTEM;
+    }
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    double left = RS_MIN(RS_MAX(deadline - rs_now_s(), 0.0), 1e6);
+    long long ns = (long long)ts.tv_nsec + (long long)(left * 1e9);
+    ts.tv_sec += (time_t)(ns / 1000000000LL);
+    ts.tv_nsec = (long)(ns % 1000000000LL);
+    pthread_mutex_lock(&j->mu);
+    while (!j->done && pthread_cond_timedwait(&j->cv, &j->mu, &ts) != ETIMEDOUT) {
+    }
+    int rc = j->done ? j->rc : EAI_AGAIN;
+    if (j->done && rc == 0) *res = j->res, j->res = NULL;
+    *timed_out = !j->done;
+    pthread_mutex_unlock(&j->mu);
+    job_unref(j);
+    return rc;
+}
+
+/* ---------------------------------------------------------------- dial */
+
 static int dial(rs_tcpstore *s, const char *host, int port, double deadline, rs_error *err) {
     char name[300], service[16];
     size_t hl = strlen(host);
     if (hl >= 2 && host[0] == '[' && host[hl - 1] == ']') snprintf(name, sizeof name, "%.*s", (int)(hl - 2), host + 1);
     else snprintf(name, sizeof name, "%s", host);
     snprintf(service, sizeof service, "%d", port);
-    struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM}, *res = NULL;
-    int g = getaddrinfo(name, service, &hints, &res);
+    struct addrinfo *res = NULL;
+    bool timed_out;
+    int g = resolve_by(name, service, deadline, &res, &timed_out);
+    if (timed_out)
+        return rs_error_set(err, RS_EBUSY, "master_address",
+                            "master_address '%.200s' did not resolve before the deadline (the name server does not "
+                            "answer)", host);
     if (g != 0)
         return rs_error_set(err, RS_EINVAL, "master_address", "master_address '%.200s' does not resolve: %s", host,
                             gai_strerror(g));

@@ -67,7 +67,8 @@
  * Errors: RS_EBUSY (503) when the deadline passes (connection refused until then included),
  * RS_EIO (500) when the peer closes, the socket fails or a reply is malformed, RS_EINVAL (400,
  * param "master_address") for a host that does not resolve; the message names the store, the call
- * and, for a wait, the keys.
+ * and, for a wait, the keys. A host name is looked up within the same deadline (RS_EBUSY, param
+ * "master_address", when the name server has not answered by then).
  *
  * Threads: one rs_tcpstore is used by one thread at a time.
  */
@@ -94,6 +95,9 @@ typedef struct rs_tcpstore rs_tcpstore;
  * until the deadline, since the trainer may create its store after asking rolloutd to join. */
 int rs_tcpstore_connect(rs_tcpstore **out, const char *host, int port, double deadline, rs_error *err);
 void rs_tcpstore_close(rs_tcpstore *s); /* NULL is a no-op */
+/* Called on the resolver thread before a name (not a numeric address) is looked up; tests set it
+ * to stand in for a name server that is slow to answer. */
+extern void (*rs_tcpstore_test_hook_resolving)(const char *name);
 /* Shuts the connection down from any thread: a call waiting on it returns at once (RS_EIO: the
  * store closed the connection), and so does every later call. For stopping a thread that waits on
  * the store; close the connection as usual once that thread is done. NULL is a no-op. */

@@ -289,6 +289,40 @@ RS_TEST(tcpstore_connect_refused_until_the_deadline) {
     ASSERT_STREQ(err.param, "master_port");
 }
 
+static double resolve_delay_s;
+static void slow_resolver(const char *name) {
+    (void)name;
+    struct timespec ts = {0, (long)(resolve_delay_s * 1e9)};
+    nanosleep(&ts, NULL);
+}
+
+RS_TEST(tcpstore_a_slow_name_server_costs_at_most_the_deadline) {
+    rs_tcpstore_test_hook_resolving = slow_resolver;
+    resolve_delay_s = 0.6;
+    rs_error err = {0};
+    rs_tcpstore *s = NULL;
+    double t0 = rs_now_s();
+    ASSERT_EQ(rs_tcpstore_connect(&s, "localhost", 29500, t0 + 0.2, &err), RS_EBUSY);
+    double dt = rs_now_s() - t0;
+    ASSERT_TRUE(dt >= 0.15 && dt < 0.5);
+    ASSERT_TRUE(s == NULL);
+    ASSERT_STREQ(err.param, "master_address");
+    ASSERT_TRUE(strstr(err.message, "did not resolve before the deadline") != NULL);
+
+    /* a name that resolves within the deadline connects as before (the peer listens on 127.0.0.1;
+     * localhost may also name ::1, which refuses and is passed over) */
+    resolve_delay_s = 0.1;
+    peer p;
+    peer_start(&p, HANDSHAKE, RS_ARRAY_LEN(HANDSHAKE), 0);
+    memset(&err, 0, sizeof err);
+    ASSERT_EQ(rs_tcpstore_connect(&s, "localhost", p.port, rs_now_s() + 10, &err), RS_OK);
+    rs_tcpstore_close(s);
+    peer_join(&p);
+    rs_tcpstore_test_hook_resolving = NULL;
+    struct timespec ts = {0, 700 * 1000 * 1000}; /* the abandoned lookup ends and frees its job */
+    nanosleep(&ts, NULL);
+}
+
 /* Runs one connect against a peer with `steps`; returns the code and how long it took. */
 static int connect_to(const peer_step *steps, int n_steps, double timeout, double *dt, rs_error *err) {
     peer p;
