@@ -2,9 +2,10 @@
  * errors.h — JSON bodies for errors and other fixed answers, so that server/ never writes JSON.
  *
  * Every error body has the one shape docs/api.md gives:
- *   {"error": {"message": "...", "type": "invalid_request", "param": "sampling_params.top_p"}}
- * where type comes from the rs_errno table (core/rs.h) and param is null when nothing in the
- * request is at fault. The HTTP status comes from the same table: rs_err_http_status(err->code).
+ *   {"error": {"message": "...", "type": "invalid_request", "param": "sampling_params.top_p", "code": 400}}
+ * where type comes from the rs_errno table (core/rs.h), param is null when nothing in the request
+ * is at fault, and code is the HTTP status, from the same table (rs_err_http_status), as vLLM's
+ * ErrorInfo.code is.
  */
 #ifndef RS_PROTOCOL_ERRORS_H
 #define RS_PROTOCOL_ERRORS_H

@@ -7,11 +7,12 @@
 
 #include "json_util.h"
 
-/* The error body of errors.h: {"error": {"message", "type", "param"}}. */
+/* The error body of errors.h: {"error": {"message", "type", "param", "code"}}. */
 #define ERROR_SCHEMA                                                                                        \
     "{'type': 'object', 'required': ['error'], 'properties': {'error': {'type': 'object', "                 \
-    "'required': ['message', 'type', 'param'], 'properties': {'message': {'type': 'string'}, "              \
-    "'type': {'type': 'string'}, 'param': {'type': ['string', 'null']}}}}}"
+    "'required': ['message', 'type', 'param', 'code'], 'properties': {'message': {'type': 'string'}, "      \
+    "'type': {'type': 'string'}, 'param': {'type': ['string', 'null']}, "                                   \
+    "'code': {'type': 'integer', 'minimum': 400, 'maximum': 599}}}}}"
 
 static json_t *json_content(json_t *schema) { return json_pack("{s:{s:o}}", "application/json", "schema", schema); }
 

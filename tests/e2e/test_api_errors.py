@@ -167,7 +167,8 @@ def check_error(r, status, etype, param, message):
     body = r.json()
     assert set(body) == {"error"}
     err = body["error"]
-    assert set(err) == {"message", "type", "param"}
+    assert set(err) == {"message", "type", "param", "code"}
+    assert err["code"] == status  # vLLM's ErrorInfo.code: the HTTP status
     assert err["type"] == etype
     assert err["param"] == param
     assert message in err["message"], err["message"]
@@ -236,7 +237,8 @@ def test_malformed_corpus(daemon, case):
     status, headers, body = raw_request(daemon.port, case.method, case.path, case.body, case.headers)
     assert status == case.status, (status, body[:300])
     err = json.loads(body)["error"]
-    assert set(err) == {"message", "type", "param"} and err["message"]
+    assert set(err) == {"message", "type", "param", "code"} and err["message"]
+    assert err["code"] == status, err
     assert err["type"] == case.etype, err
     if case.param is not None:
         assert err["param"] == case.param, err

@@ -229,6 +229,7 @@ def test_errors_are_bad_request(client, kw, param, etype):
     assert err["param"] == param
     assert err["type"] == etype
     assert ei.value.status_code == 400
+    assert ei.value.code == "400"  # the client types APIStatusError.code as a string, read from the body
 
 
 def test_string_prompt_without_a_tokenizer(rolloutd):

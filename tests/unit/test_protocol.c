@@ -467,11 +467,11 @@ RS_TEST(protocol_error_body_shape) {
     char *b = rs_error_body(&err, &len);
     expect_json(b, len,
                 "{\"error\": {\"message\": \"sampling_params.temperature must be >= 0, got -1\","
-                " \"type\": \"invalid_request\", \"param\": \"sampling_params.temperature\"}}");
+                " \"type\": \"invalid_request\", \"param\": \"sampling_params.temperature\", \"code\": 400}}");
     free(b);
     rs_error_set(&err, RS_EBUSY, NULL, "server is shutting down");
     b = rs_error_body(&err, &len);
-    expect_json(b, len, "{\"error\": {\"message\": \"server is shutting down\", \"type\": \"unavailable\", \"param\": null}}");
+    expect_json(b, len, "{\"error\": {\"message\": \"server is shutting down\", \"type\": \"unavailable\", \"param\": null, \"code\": 503}}");
     free(b);
     b = rs_health_body(&len);
     expect_json(b, len, "{\"status\": \"ok\"}");
