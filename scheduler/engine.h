@@ -161,14 +161,18 @@ struct rs_gen_job {
     void *on_token_user;
     double t_first_token;       /* filled by the engine: first token of any output (0 = none yet) */
     /* filled by the engine: RS_EINTERNAL when producing the outputs hit a bug (a logits row holding
-     * a NaN or +inf, a logprob that came out NaN), RS_ETOOBIG when an output's kept ids passed
-     * RS_KEPT_IDS_MAX. Every output then finishes "abort" and none may be served: the server
-     * answers 500 (413) with this message (a stream ends without [DONE]). */
+     * a NaN or +inf, a logprob that came out NaN), RS_ETOOBIG when the kept ids of the job's
+     * outputs passed the limit (rs_engine_limits.max_kept_ids). Every output then finishes "abort"
+     * and none may be served: the server answers 500 (413) with this message (a stream ends
+     * without [DONE]). */
     rs_error error;
+    size_t n_kept_ids;          /* engine: kept ids recorded over all outputs (return_top_p_ids) */
 };
 
-/* Kept ids an output may record (return_top_p_ids): past it the job fails with RS_ETOOBIG. */
-#define RS_KEPT_IDS_MAX ((size_t)1 << 24)
+/* Kept ids a job may record over all its outputs (return_top_p_ids) unless the limits say
+ * otherwise: 256 MiB of int32 (341 MiB of base64 in the answer). Past it the job fails with
+ * RS_ETOOBIG. */
+#define RS_KEPT_IDS_MAX ((size_t)1 << 26)
 
 rs_gen_job *rs_gen_job_new(void);                 /* zeroed, sampling defaults, rid empty */
 void rs_gen_job_free(rs_gen_job *job);            /* frees everything the job owns */
@@ -179,6 +183,7 @@ typedef struct rs_engine_limits {
     int max_new_tokens;         /* cap on sampling_params.max_new_tokens */
     int max_n;                  /* cap on sampling_params.n */
     int max_batch;              /* cap on n_prompts * n */
+    size_t max_kept_ids;        /* cap on a job's kept ids (return_top_p_ids); 0: RS_KEPT_IDS_MAX */
 } rs_engine_limits;
 
 /* Why rs_gen_job_validate refused a job, as data: which field, which problem, where and against

@@ -114,8 +114,8 @@ void rs_eng_seq_push_token(rs_seq *s, int32_t t);
 void rs_eng_out_push(rs_gen_output *o, int k, int32_t tok, float lp, const int32_t *top_ids, const float *top_lps);
 void rs_eng_out_copy_scoring(rs_gen_output *dst, const rs_gen_output *src, int k);
 /* Records the kept ids of o's next output token, the one rs_eng_out_push adds next
- * (rs_gen_output.kept_ids); false, nothing recorded, when that would pass RS_KEPT_IDS_MAX. */
-bool rs_eng_out_push_kept(rs_gen_output *o, const int32_t *ids, size_t n);
+ * (rs_gen_output.kept_ids). The caller keeps the job within rs_engine_limits.max_kept_ids. */
+void rs_eng_out_push_kept(rs_gen_output *o, const int32_t *ids, size_t n);
 rs_seq *rs_eng_seq_new(rs_gen_job *job, int p, int si);
 void rs_eng_wait_push_front(rs_engine *e, rs_seq *s);
 rs_seq *rs_eng_wait_pop_front(rs_engine *e);

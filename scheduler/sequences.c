@@ -39,8 +39,8 @@ void rs_eng_out_push(rs_gen_output *o, int k, int32_t tok, float lp, const int32
     o->n_output++;
 }
 
-bool rs_eng_out_push_kept(rs_gen_output *o, const int32_t *ids, size_t n) {
-    if (n > RS_KEPT_IDS_MAX - o->n_kept_ids) return false;
+void rs_eng_out_push_kept(rs_gen_output *o, const int32_t *ids, size_t n) {
+    RS_ASSERT(n <= UINT32_MAX - o->n_kept_ids); /* the caller holds the job under its limit */
     if (o->n_kept_ids + n > o->cap_kept_ids) {
         o->cap_kept_ids = RS_MAX(o->n_kept_ids + n, o->cap_kept_ids * 2 + 64);
         o->kept_ids = rs_xrealloc(o->kept_ids, sizeof(int32_t) * o->cap_kept_ids);
@@ -54,7 +54,6 @@ bool rs_eng_out_push_kept(rs_gen_output *o, const int32_t *ids, size_t n) {
     if (n) memcpy(o->kept_ids + o->n_kept_ids, ids, sizeof(int32_t) * n);
     o->n_kept_ids += n;
     o->kept_offsets[row + 1] = (uint32_t)o->n_kept_ids;
-    return true;
 }
 
 /* Prompt scoring arrays of an output, NaN / -1 until filled. */

@@ -127,18 +127,24 @@ static bool record_sample(rs_engine *e, rs_seq *s, int32_t tok, float lp) {
 
 /* Records the kept ids of the token s just sampled, before record_sample pushes it
  * (job->return_top_p_ids): the truncated set rs_sample left in the scratch, the token itself when
- * greedy, none when nothing truncates. False (the job failed with RS_ETOOBIG) past
- * RS_KEPT_IDS_MAX for one output. */
+ * greedy, none when nothing truncates. False (the job failed with RS_ETOOBIG) when the job's
+ * outputs would pass the limit on kept ids together. */
 static bool record_kept(rs_engine *e, rs_seq *s, int32_t tok, const rs_sample_info *info) {
-    const bool greedy = rs_sampling_greedy(&s->job->sp);
-    const size_t n = greedy ? 1 : info->n_kept > 0 ? (size_t)info->n_kept : 0;
-    if (rs_eng_out_push_kept(s->out, greedy ? &tok : e->sampler.idx, n)) return true;
     rs_gen_job *job = s->job;
+    const bool greedy = rs_sampling_greedy(&job->sp);
+    const size_t n = greedy ? 1 : info->n_kept > 0 ? (size_t)info->n_kept : 0;
+    const size_t max = e->opts.limits.max_kept_ids ? RS_MIN(e->opts.limits.max_kept_ids, RS_KEPT_IDS_MAX)
+                                                   : RS_KEPT_IDS_MAX;
+    if (n <= max - job->n_kept_ids) {
+        rs_eng_out_push_kept(s->out, greedy ? &tok : e->sampler.idx, n);
+        job->n_kept_ids += n;
+        return true;
+    }
     if (job->error.code == RS_OK)
         rs_error_set(&job->error, RS_ETOOBIG, "custom_params",
-                     "return_top_p_token_ids: output %d kept more than %zu token ids over its %d tokens; narrow "
-                     "top_p / top_k / min_p or max_new_tokens", (int)(s->out - job->outputs), RS_KEPT_IDS_MAX,
-                     s->out->n_output);
+                     "return_top_p_token_ids: the request's outputs kept more than %zu token ids together "
+                     "(output %d at its token %d); narrow top_p / top_k / min_p, n or max_new_tokens", max,
+                     (int)(s->out - job->outputs), s->out->n_output);
     rs_engine_abort(e, job->rid);
     return false;
 }

@@ -35,6 +35,8 @@ static void tiny_config(rs_model_config *c) {
     c->max_position = 256;
 }
 
+static size_t env_max_kept_ids; /* limits.max_kept_ids of the next engine opened (0: the default) */
+
 static env env_open_opts(size_t kv_bytes, int max_running, int max_step_tokens, bool prefix_cache, float ratio) {
     static int made;
     char dir[512];
@@ -53,7 +55,7 @@ static env env_open_opts(size_t kv_bytes, int max_running, int max_step_tokens, 
                         .max_step_tokens = max_step_tokens, .prefix_cache = prefix_cache,
                         .admission_new_token_ratio = ratio,
                         .limits = {.max_context = 256, .max_new_tokens = 128, .max_n = 8, .max_batch = 64,
-                                   .max_top_logprobs = 8}};
+                                   .max_top_logprobs = 8, .max_kept_ids = env_max_kept_ids}};
     if (rs_engine_init(&v.e, v.m, &o, &err) != RS_OK) RS_TEST_FAIL("engine: %s", err.message);
     return v;
 }
@@ -469,6 +471,41 @@ RS_TEST(engine_nan_logits_fail_the_job) {
     assert_same_output(&again->outputs[0], &ok->outputs[0]);
     rs_gen_job_free(ok);
     rs_gen_job_free(again);
+    env_close(&v);
+}
+
+/* slime's return_top_p_token_ids: the kept ids of all a job's outputs count against one limit,
+ * so n samples cannot each hold the most one output may. Each output here keeps 12 x 50 = 600
+ * ids, under the limit of 1000 alone but not two together: the job fails with RS_ETOOBIG (413)
+ * naming custom_params, every output finishes "abort", and the engine keeps serving. */
+RS_TEST(engine_kept_ids_are_limited_per_request) {
+    env_max_kept_ids = 1000;
+    env v = env_open(8 << 20, 8, 512);
+    env_max_kept_ids = 0;
+    int len = 5;
+    for (int n = 1; n <= 2; n++) {
+        rs_gen_job *j = job_new(1, &len, 9);
+        j->sp.n = n;
+        j->sp.max_new_tokens = 12;
+        j->sp.temperature = 1.0f;
+        j->sp.top_k = 50;
+        j->sp.seed = 3;
+        j->return_top_p_ids = true;
+        run(&v, j);
+        if (n == 1) {
+            ASSERT_EQ(j->error.code, RS_OK);
+            ASSERT_EQ(j->outputs[0].n_output, 12);
+            ASSERT_EQ(j->outputs[0].n_kept_ids, 600);
+            ASSERT_EQ(j->n_kept_ids, 600);
+        } else {
+            ASSERT_EQ(j->error.code, RS_ETOOBIG);
+            ASSERT_STREQ(j->error.param, "custom_params");
+            ASSERT_TRUE(strstr(j->error.message, "more than 1000 token ids together") != NULL);
+            ASSERT_TRUE(j->n_kept_ids <= 1000);
+            for (int i = 0; i < 2; i++) ASSERT_EQ(j->outputs[i].finish.type, RS_FINISH_ABORT);
+        }
+        rs_gen_job_free(j);
+    }
     env_close(&v);
 }
 
