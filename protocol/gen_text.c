@@ -24,6 +24,8 @@ void rs_gen_text_free(rs_gen_text *t) {
     for (int i = 0; t->outs && i < t->n_out; i++) {
         rs_tok_stream_free(t->outs[i].stream);
         rs_buf_free(&t->outs[i].text);
+        rs_tok_stream_free(t->outs[i].sstream);
+        rs_buf_free(&t->outs[i].stext);
         free(t->outs[i].re_from);
     }
     free(t->outs);
@@ -83,19 +85,55 @@ static rs_gen_text_out *out_of(rs_gen_text *t, const rs_gen_job *job, int i) {
     return &t->outs[i];
 }
 
-static void push(rs_gen_text *t, rs_gen_text_out *o, int32_t token) {
-    if (!o->stream) o->stream = rs_tok_stream_new(t->tok, t->skip_special_tokens);
-    const char *d;
-    size_t n = rs_tok_stream_push(o->stream, token, &d);
-    if (n > 0 && rs_buf_append(&o->text, d, n) != RS_OK) RS_ASSERT(!"out of memory appending output text");
+/* The searched text has a stream of its own: special tokens kept for the search, skipped in the
+ * answer. */
+static bool separate_search(const rs_gen_text *t) {
+    return t->stops_see_special && t->skip_special_tokens && rs_gen_text_has_stops(t);
 }
 
-/* The first stop regex (in the request's order) with a match in o's text, or -1. */
-static int find_regex(rs_gen_text *t, const rs_gen_job *job, int output, rs_gen_text_out *o) {
+#define PRIME_IDS 8 /* the prompt's last ids an output's text is decoded after */
+
+static rs_tok_stream *new_stream(rs_gen_text *t, const rs_gen_job *job, int i, bool skip_special) {
+    rs_tok_stream *s = rs_tok_stream_new(t->tok, skip_special);
+    int p = i / job->sp.n, len = job->prompts ? job->prompt_lens[p] : 0;
+    if (len > 0) {
+        int n = RS_MIN(len, PRIME_IDS);
+        rs_tok_stream_prime(s, job->prompts[p] + len - n, (size_t)n);
+    }
+    return s;
+}
+
+static void append(rs_buf *b, const char *d, size_t n) {
+    if (n > 0 && rs_buf_append(b, d, n) != RS_OK) RS_ASSERT(!"out of memory appending output text");
+}
+
+static void push(rs_gen_text *t, const rs_gen_job *job, int i, rs_gen_text_out *o, int32_t token) {
+    if (!o->stream) o->stream = new_stream(t, job, i, t->skip_special_tokens);
+    const char *d;
+    size_t n = rs_tok_stream_push(o->stream, token, &d);
+    append(&o->text, d, n);
+    if (!separate_search(t)) return;
+    if (!o->sstream) o->sstream = new_stream(t, job, i, false);
+    n = rs_tok_stream_push(o->sstream, token, &d);
+    append(&o->stext, d, n);
+}
+
+/* Ends a stream whose held text `held` bytes were already appended to b (0: append it now). */
+static void finish_into(rs_tok_stream *s, rs_buf *b, size_t held) {
+    const char *d;
+    size_t n = rs_tok_stream_finish(s, &d);
+    RS_ASSERT(held == 0 || held == n);
+    if (held == 0) append(b, d, n);
+}
+
+/* The first stop regex (in the request's order) with a match in text[0, len), or -1. With
+ * `advance` the search positions move on (text is final); else they stay (its tail is a peek). */
+static int find_regex(rs_gen_text *t, const rs_gen_job *job, int output, rs_gen_text_out *o, const char *text,
+                      size_t len, bool advance) {
     for (int r = 0; r < t->n_regexes; r++) {
         if (o->re_from[r] == SIZE_MAX) continue;
-        size_t ms, me;
-        int rc = rs_tok_stop_re_find(t->regexes[r], o->text.data, o->text.len, &o->re_from[r], &ms, &me);
+        size_t from = o->re_from[r], ms, me;
+        int rc = rs_tok_stop_re_find(t->regexes[r], text, len, &from, &ms, &me);
         if (rc == 1) {
             o->stop_pos = ms, o->stop_end = me;
             return RS_GEN_TEXT_REGEX_STOP(r);
@@ -104,31 +142,68 @@ static int find_regex(rs_gen_text *t, const rs_gen_job *job, int output, rs_gen_
             if (rc == RS_ETOOBIG)
                 RS_WARN("rid %s | output %d: stop_regex[%d] exceeded %u search steps at %zu bytes of text; it no "
                         "longer stops this output",
-                        job->rid, output, r, RS_TOK_STOP_RE_MATCH_LIMIT, o->text.len);
+                        job->rid, output, r, RS_TOK_STOP_RE_MATCH_LIMIT, len);
             else
                 RS_ERROR("rid %s | output %d: stop_regex[%d] could not search the output text (%s); it no longer "
                          "stops this output",
                          job->rid, output, r, rs_err_name(rc));
             o->re_from[r] = SIZE_MAX;
+        } else if (advance) {
+            o->re_from[r] = from;
         }
     }
     return -1;
 }
 
+/* Where the answer's text is cut for stop k when it was matched in the separate searched text:
+ * the stop's first occurrence in text (SGLang's output.find(matched)), or nowhere. */
+static void cut_in_text(rs_gen_text *t, rs_gen_text_out *o, int k) {
+    const char *x = o->text.data ? o->text.data : "";
+    size_t len = o->text.len, ms = len, me = len;
+    if (k < t->n_stops) {
+        const char *hit = len >= t->stop_lens[k] ? memmem(x, len, t->stops[k], t->stop_lens[k]) : NULL;
+        if (hit) ms = (size_t)(hit - x), me = ms + t->stop_lens[k];
+    } else {
+        size_t from = 0, a, b;
+        if (rs_tok_stop_re_find(t->regexes[k - RS_GEN_TEXT_REGEX_STOP(0)], x, len, &from, &a, &b) == 1) ms = a, me = b;
+    }
+    o->stop_pos = ms, o->stop_end = me;
+}
+
 int rs_gen_text_on_token(rs_gen_job *job, int output, int32_t token, void *user) {
     rs_gen_text *t = user;
     rs_gen_text_out *o = out_of(t, job, output);
-    push(t, o, token);
+    if (o->stop >= 0) return o->stop; /* its streams ended with the match */
+    push(t, job, output, o, token);
+    if (!rs_gen_text_has_stops(t)) return -1;
+    const bool sep = separate_search(t);
+    rs_tok_stream *ss = sep ? o->sstream : o->stream;
+    rs_buf *sb = sep ? &o->stext : &o->text;
+    /* what a re-decode of the output reads now: the final text and, after it, what is held */
+    const size_t final_len = sb->len;
+    const char *held;
+    size_t n_held = rs_tok_stream_peek_finish(ss, &held);
+    append(sb, held, n_held);
+    const char *x = sb->data ? sb->data : "";
     int k = -1;
     if (t->n_stops > 0) {
         size_t pos;
-        k = rs_tok_stop_find((const char *const *)t->stops, t->stop_lens, t->n_stops, o->text.data, o->text.len,
-                             o->scanned, &pos);
-        o->scanned = o->text.len;
+        k = rs_tok_stop_find((const char *const *)t->stops, t->stop_lens, t->n_stops, x, sb->len, o->scanned, &pos);
         if (k >= 0) o->stop_pos = pos, o->stop_end = pos + t->stop_lens[k];
     }
-    if (k < 0 && t->n_regexes > 0) k = find_regex(t, job, output, o);
-    if (k >= 0) o->stop = k;
+    if (k < 0 && t->n_regexes > 0) k = find_regex(t, job, output, o, x, sb->len, n_held == 0);
+    if (k < 0) {
+        sb->len = final_len; /* the held part is searched again once it is final */
+        o->scanned = final_len;
+        return -1;
+    }
+    /* the output ends on this token: its text is what was searched, the held part included */
+    o->stop = k;
+    finish_into(ss, sb, n_held);
+    if (sep) {
+        finish_into(o->stream, &o->text, 0);
+        cut_in_text(t, o, k);
+    }
     return k;
 }
 
@@ -140,23 +215,24 @@ static void settle(rs_gen_text *t, const rs_gen_job *job, int i, rs_gen_text_out
     o->settled = true;
     if (o->stop >= 0) return; /* the text ends at the match, which is all emitted */
     const bool stop_token = g->finish.type == RS_FINISH_STOP && g->finish.matched_text == 0 && g->n_output > 0;
-    for (int k = 0; !t->hooked && k < g->n_output - (stop_token ? 1 : 0); k++) push(t, o, g->output_ids[k]);
-    if (stop_token && t->no_stop_trim) push(t, o, g->output_ids[g->n_output - 1]);
-    if (!o->stream) return;
-    const char *d;
-    size_t n = rs_tok_stream_finish(o->stream, &d);
-    if (n > 0 && rs_buf_append(&o->text, d, n) != RS_OK) RS_ASSERT(!"out of memory appending output text");
+    for (int k = 0; !t->hooked && k < g->n_output - (stop_token ? 1 : 0); k++) push(t, job, i, o, g->output_ids[k]);
+    if (stop_token && t->no_stop_trim) push(t, job, i, o, g->output_ids[g->n_output - 1]);
+    if (o->stream) finish_into(o->stream, &o->text, 0);
 }
 
-static size_t visible_len(const rs_gen_text *t, const rs_gen_text_out *o) {
-    if (o->stop < 0) return o->text.len;
+/* The text is cut at a matched stop unless the output finished otherwise: SGLang's length check
+ * comes first (sglang_finish), and a length finish cuts nothing. */
+static size_t visible_len(const rs_gen_text *t, const rs_gen_job *job, int i, const rs_gen_text_out *o) {
+    const rs_finish *f = &job->outputs[i].finish;
+    if (o->stop < 0 || (f->type != RS_FINISH_NONE && (f->type != RS_FINISH_STOP || f->matched_text != o->stop + 1)))
+        return o->text.len;
     return t->no_stop_trim ? o->stop_end : o->stop_pos;
 }
 
 const char *rs_gen_text_get(rs_gen_text *t, const rs_gen_job *job, int i, size_t *len) {
     rs_gen_text_out *o = out_of(t, job, i);
     settle(t, job, i, o);
-    *len = visible_len(t, o);
+    *len = visible_len(t, job, i, o);
     return o->text.data ? o->text.data : "";
 }
 
@@ -164,7 +240,7 @@ size_t rs_gen_text_stable(rs_gen_text *t, const rs_gen_job *job, int i, const ch
     rs_gen_text_out *o = out_of(t, job, i);
     settle(t, job, i, o);
     *text = o->text.data ? o->text.data : "";
-    if (o->settled || o->stop >= 0) return visible_len(t, o);
+    if (o->settled || o->stop >= 0) return visible_len(t, job, i, o);
     size_t n = o->text.len - rs_tok_stop_holdback((const char *const *)t->stops, t->stop_lens, t->n_stops, *text,
                                                   o->text.len);
     for (int r = 0; r < t->n_regexes; r++) /* a regex may still match from re_from[r] on */

@@ -4,27 +4,38 @@
  * it. It is the job's on_token hook (engine.h), so the engine stops an output as soon as a stop
  * string appears, and the scheduler never sees the tokenizer.
  *
+ * The text of an output is its ids decoded after the prompt's last few (rs_tok_stream_prime), as
+ * SGLang's and vLLM's detokenizers decode it: a SentencePiece tokenizer's first output token keeps
+ * its leading space.
+ *
  * Stop strings, as SGLang does them (python/sglang/srt/managers/schedule_batch.py check_finished
  * and detokenizer_manager.py trim_matched_stop, sgl-project/sglang mid 2026):
- *   - they are searched in the decoded output (skip_special_tokens as asked) as it grows, after
- *     every token, so a match that spans tokens is found on the token that completes it; the
- *     earliest match wins, then the longest stop string; min_new_tokens does not hold them back;
+ *   - after every token they are searched in the output decoded so far, exactly what a re-decode
+ *     of its ids reads (a held ByteFallback run or incomplete character included,
+ *     rs_tok_stream_peek_finish), so a match that spans tokens is found on the token that
+ *     completes it; the first stop string in the request's order that the new text holds wins;
+ *     min_new_tokens does not hold them back;
+ *   - the searched text keeps special tokens when stops_see_special (/generate: SGLang re-decodes
+ *     with tokenizer.decode's default, skip_special_tokens=False, so "<|im_end|>" stops an output
+ *     whatever skip_special_tokens says) and is the answer's text otherwise (/v1/completions, as
+ *     vLLM's check_stop_strings);
  *   - the output finishes "stop" with that string as `matched`; output_ids and the logprobs keep
  *     every token, the one that completed the match included;
  *   - the text ends where the match starts; with no_stop_trim it ends where the match ends (text
- *     the completing token carried past the stop string is dropped either way);
+ *     the completing token carried past the stop string is dropped either way). When the searched
+ *     text is not the answer's, the cut is at the stop string's first occurrence in the answer's
+ *     text (SGLang's output.find(matched)), and nothing is cut when it does not occur there (a
+ *     special token's own text);
  *   - an output ended by a stop token or EOS (matched = the id) has the text of the tokens before
  *     it; with no_stop_trim the stop token's text too (empty for a special token with
  *     skip_special_tokens).
- * Two differences: SGLang checks max_new_tokens before the stop conditions, so a stop string
- * completed by the last allowed token reports "length" there; here (as for stop tokens, and as
- * vLLM) it reports "stop". And a character split across tokens is text only once complete (a byte
- * that is not UTF-8 reads U+FFFD once the next token shows it), so a stop string that holds U+FFFD
- * can match a token later than SGLang's re-decode of the tail, which reads U+FFFD at once.
+ * Which finish wins when the last allowed token completes a stop is the engine's
+ * (rs_sampling_params.sglang_finish); a finish other than this stop cuts nothing.
  *
  * Stop regexes (SGLang's stop_regex) are checked on the same text after the stop strings, in the
  * request's order, each from the earliest position where a match may still start
- * (rs_tok_stop_re_find); a match stops the output and cuts the text like a stop string.
+ * (rs_tok_stop_re_find); a match stops the output and cuts the text like a stop string (in the
+ * answer's text, when it is not the searched one, where the regex first matches there).
  *
  * Cost per token: the stream's delta (O(1) amortized, tokenizer.h) plus a search of the new bytes
  * and the (longest stop - 1) bytes before them, i.e. O(delta + total stop length). While an output
@@ -54,10 +65,13 @@
 typedef struct rs_gen_text_out {
     rs_tok_stream *stream;      /* NULL until the output's first token */
     rs_buf text;                /* every delta of the stream so far */
-    size_t scanned;             /* text[0, scanned) was searched for stop strings */
+    rs_tok_stream *sstream;     /* the searched text's own stream when it keeps special tokens and
+                                 * text does not (rs_gen_text.stops_see_special); else NULL */
+    rs_buf stext;               /* its deltas */
+    size_t scanned;             /* the searched text [0, scanned) was searched for stop strings */
     size_t *re_from;            /* [n_regexes] no match of regex r starts before re_from[r]; SIZE_MAX: given up */
     int stop;                   /* the stop matched: a stop string's index, RS_GEN_TEXT_REGEX_STOP(r), or -1 */
-    size_t stop_pos, stop_end;  /* where the match starts and ends in text */
+    size_t stop_pos, stop_end;  /* where the text is cut: the match's start and end in text */
     bool settled;               /* finished: the stop token handled, the stream flushed */
 } rs_gen_text_out;
 
@@ -70,6 +84,7 @@ typedef struct rs_gen_text {
     int n_regexes;
     bool no_stop_trim;
     bool skip_special_tokens;   /* default true, as SGLang and vLLM */
+    bool stops_see_special;     /* stops are searched in the text with special tokens kept (/generate) */
     bool hooked;                /* the job's on_token feeds it; else outputs are decoded when they finish */
     int n_out;
     rs_gen_text_out *outs;      /* [n_out], allocated at the job's first token (after validation) */

@@ -9,8 +9,6 @@
 
 int rs_tok_stop_find(const char *const *stops, const size_t *stop_lens, int n_stops, const char *text, size_t len,
                      size_t scanned, size_t *pos) {
-    int best = -1;
-    size_t best_pos = 0;
     for (int i = 0; i < n_stops; i++) {
         size_t sl = stop_lens[i];
         if (sl == 0 || sl > len) continue;
@@ -18,11 +16,10 @@ int rs_tok_stop_find(const char *const *stops, const size_t *stop_lens, int n_st
         if (from > len - sl) continue;
         const char *hit = memmem(text + from, len - from, stops[i], sl);
         if (!hit) continue;
-        size_t at = (size_t)(hit - text);
-        if (best < 0 || at < best_pos || (at == best_pos && sl > stop_lens[best])) best = i, best_pos = at;
+        *pos = (size_t)(hit - text);
+        return i;
     }
-    if (best >= 0) *pos = best_pos;
-    return best;
+    return -1;
 }
 
 size_t rs_tok_stop_holdback(const char *const *stops, const size_t *stop_lens, int n_stops, const char *text,

@@ -48,6 +48,7 @@ struct rs_tok_stream {
     tx_stage tx[RS_TOK_MAX_DEC];
     rs_tok_buf joinbuf, lossy;
     rs_tok_buf out;
+    rs_tok_stream *peek;    /* rs_tok_stream_peek_finish's copy, made on first use */
 };
 
 size_t rs_tok_fuse_index(const rs_tok *t) {
@@ -76,6 +77,7 @@ void rs_tok_stream_free(rs_tok_stream *s) {
     free(s->joinbuf.p);
     free(s->lossy.p);
     free(s->out.p);
+    rs_tok_stream_free(s->peek);
     free(s);
 }
 
@@ -343,4 +345,53 @@ size_t rs_tok_stream_finish(rs_tok_stream *s, const char **delta) {
     }
     tx_finish(s, s->fuse + 1);
     return take(s, delta);
+}
+
+/* ---- what is held ---- */
+
+static bool holds(const rs_tok_stream *s) {
+    if (s->pend_n) return true;
+    for (size_t k = 0; k < RS_TOK_MAX_DEC; k++)
+        if (s->el[k].group.n || s->tx[k].held.n) return true;
+    return false;
+}
+
+static void buf_copy(rs_tok_buf *dst, const rs_tok_buf *src) {
+    dst->n = 0;
+    if (src->n) rs_tok_buf_put(dst, src->p, src->n);
+}
+
+size_t rs_tok_stream_peek_finish(rs_tok_stream *s, const char **text) {
+    RS_ASSERT(!s->finished);
+    if (!holds(s)) {
+        *text = "";
+        return 0;
+    }
+    if (!s->peek) s->peek = rs_tok_stream_new(s->t, s->skip_special);
+    rs_tok_stream *c = s->peek; /* the state a later push or finish reads; scratch buffers are per call */
+    c->finished = false;
+    c->joined_any = s->joined_any;
+    memcpy(c->pend, s->pend, sizeof c->pend);
+    c->pend_n = s->pend_n;
+    for (size_t k = 0; k < RS_TOK_MAX_DEC; k++) {
+        c->el[k].count = s->el[k].count;
+        buf_copy(&c->el[k].group, &s->el[k].group);
+        c->tx[k].lead = s->tx[k].lead;
+        c->tx[k].past_lead = s->tx[k].past_lead;
+        buf_copy(&c->tx[k].held, &s->tx[k].held);
+        c->tx[k].held_chars = s->tx[k].held_chars;
+    }
+    return rs_tok_stream_finish(c, text);
+}
+
+void rs_tok_stream_prime(rs_tok_stream *s, const int32_t *ids, size_t n) {
+    const char *d;
+    for (size_t i = 0; i < n; i++) (void)rs_tok_stream_push(s, ids[i], &d);
+    s->pend_n = 0;
+    for (size_t k = 0; k < RS_TOK_MAX_DEC; k++) {
+        s->el[k].group.n = 0;
+        s->tx[k].held.n = 0;
+        s->tx[k].held_chars = 0;
+    }
+    s->out.n = 0;
 }

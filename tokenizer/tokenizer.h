@@ -100,14 +100,25 @@ size_t rs_tok_stream_push(rs_tok_stream *s, int32_t id, const char **delta);
 /* Ends the output: returns the text still held (an incomplete character reads U+FFFD, as
  * decode does). The stream may not be pushed to afterwards. */
 size_t rs_tok_stream_finish(rs_tok_stream *s, const char **delta);
+/* What rs_tok_stream_finish would return now, without ending s: appended to the deltas so far it
+ * makes decode(the ids pushed so far), what a re-decode of the output after this token reads (a
+ * held byte run or incomplete character included). For stop strings, which must see that text as
+ * soon as a re-decode would. Borrowed until the next call on s; O(what is held). */
+size_t rs_tok_stream_peek_finish(rs_tok_stream *s, const char **text);
+/* Feeds ids that come before the output (the prompt's last few) and drops what they produce and
+ * what they leave held: the output is then decoded as the continuation it is (a SentencePiece
+ * Strip or Metaspace does not treat its first token as the start of the text), as SGLang's and
+ * vLLM's detokenizers do by decoding after the prompt's tail. Call before the first push. */
+void rs_tok_stream_prime(rs_tok_stream *s, const int32_t *ids, size_t n);
 
 /* ---- stop strings on growing text ----
  * For a generation loop that appends deltas to text[0, len): */
 
-/* The earliest occurrence of any stops[i] (n_stops non-empty strings) in text[0,len) that ends
+/* The first stops[i] in list order (n_stops non-empty strings) that occurs in text[0,len) and ends
  * after `scanned` (text[0,scanned) was searched before; matches wholly inside it are not
- * reported again). Returns the index of the matched stop string, with *pos its start (earliest
- * start wins, then the longest string), or -1. */
+ * reported again), as SGLang's check_finished and vLLM's check_stop_strings take the first stop
+ * string of the request that the new text holds. Returns its index, with *pos the start of its
+ * first such occurrence, or -1. */
 int rs_tok_stop_find(const char *const *stops, const size_t *stop_lens, int n_stops, const char *text, size_t len,
                      size_t scanned, size_t *pos);
 /* The length of the longest suffix of text[0,len) that is a proper prefix of some stop string:

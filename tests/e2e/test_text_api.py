@@ -69,15 +69,17 @@ def sse_events(resp):
     return events[:-1]
 
 
-def naive_stop(tok, ids, stops):
-    """(k, stop, pos): the first k at which decode(ids[:k]) contains a stop string (earliest match,
-    then the longest), or None."""
+def naive_stop(tok, ids, stops, keep_special=False):
+    """(k, stop, pos): the first k at which decode(ids[:k]) contains a stop string, the first stop
+    string of the list that it contains, and where that string first occurs in the answer's text
+    (special tokens skipped); None when no stop string occurs. SGLang's check_finished and
+    detokenizer trim: /generate searches the ids decoded with special tokens kept
+    (keep_special=True); vLLM (/v1/completions) searches the answer's text."""
     for k in range(1, len(ids) + 1):
-        text = tok.decode(ids[:k], skip_special_tokens=True)
-        hits = [(text.find(s), -len(s), s) for s in stops if s in text]
-        if hits:
-            pos, _, s = min(hits)
-            return k, s, pos
+        text = tok.decode(ids[:k], skip_special_tokens=not keep_special)
+        hit = next((s for s in stops if s in text), None)
+        if hit is not None:
+            return k, hit, tok.decode(ids[:k], skip_special_tokens=True).find(hit)
     return None
 
 
@@ -117,7 +119,7 @@ def test_stop_strings_span_tokens_and_trim(daemon, tok):
     full = generate(daemon, text=PROMPTS[0], sampling_params=sp(max_new_tokens=48), return_logprob=True)
     ids = full["output_ids"]
     stop = spanning_stop(tok, ids)
-    k, s, pos = naive_stop(tok, ids, [stop, "\u2713never"])
+    k, s, pos = naive_stop(tok, ids, [stop, "\u2713never"], keep_special=True)
     assert s == stop
     for trim in (False, True):
         o = generate(daemon, text=PROMPTS[0], sampling_params=sp(max_new_tokens=48, stop=["\u2713never", stop],
@@ -133,6 +135,48 @@ def test_stop_strings_span_tokens_and_trim(daemon, tok):
     # a single string (not a list) works the same
     o = generate(daemon, text=PROMPTS[0], sampling_params=sp(max_new_tokens=48, stop=stop))
     assert o["output_ids"] == ids[:k]
+
+
+def test_stop_strings_as_sglang_checks_them(daemon, tok):
+    """/generate searches stop strings in the output decoded with special tokens kept, as SGLang's
+    check_finished (tokenizer.decode's default): a special token's own text stops an output with
+    skip_special_tokens on, and is not in its text. Of two stop strings that the same token
+    completes, the first of the request's list wins."""
+    special = [t.content for t in tok.get_added_tokens_decoder().values() if t.special]
+    special_ids = {tok.token_to_id(t) for t in special}
+    base = dict(max_new_tokens=120, temperature=1.0, ignore_eos=True)
+    for seed in range(1, 200):  # an output that samples a special token
+        full = generate(daemon, input_ids=[1, 100, 200, 300], sampling_params=dict(base, sampling_seed=seed))
+        ids = full["output_ids"]
+        first = next((i for i, t in enumerate(ids) if t in special_ids), None)
+        if first is not None and first > 0:
+            break
+    else:
+        pytest.fail("no output with a special token")
+    stop = tok.id_to_token(ids[first])
+    k, s, pos = naive_stop(tok, ids, [stop], keep_special=True)
+    assert (k, s) == (first + 1, stop)
+    for skip in (True, False):
+        o = generate(daemon, input_ids=[1, 100, 200, 300],
+                     sampling_params=dict(base, sampling_seed=seed, stop=[stop], skip_special_tokens=skip))
+        assert o["output_ids"] == ids[:k] and o["meta_info"]["finish_reason"] == {"type": "stop", "matched": stop}
+        text = tok.decode(ids[:k], skip_special_tokens=skip)
+        assert o["text"] == (text if skip else text[:text.find(stop)])
+    # list order: two stop strings completed by the same token (its text's last two characters)
+    text = tok.decode(ids, skip_special_tokens=True)
+    for k in range(2, len(ids)):
+        prev, cur = tok.decode(ids[:k - 1], skip_special_tokens=False), tok.decode(ids[:k], skip_special_tokens=False)
+        piece = cur[len(prev):] if cur.startswith(prev) else ""
+        if len(piece) >= 2 and "\ufffd" not in piece and piece[-2] not in prev and piece[-1] not in prev \
+                and piece[-2] != piece[-1] and ids[k - 1] not in special_ids:
+            break
+    else:
+        pytest.fail("no token with two new characters")
+    a, b = piece[-1], piece[-2]  # b occurs first in the text; a is first in the list
+    o = generate(daemon, input_ids=[1, 100, 200, 300], sampling_params=dict(base, sampling_seed=seed, stop=[a, b]))
+    assert o["meta_info"]["finish_reason"] == {"type": "stop", "matched": a}
+    assert len(o["output_ids"]) == k
+    assert o["text"] == tok.decode(ids[:k], skip_special_tokens=True).split(a)[0]
 
 
 def naive_regex(tok, ids, pattern):
@@ -173,7 +217,7 @@ def test_stop_regex_matches_python_re(daemon, tok):
     # a stop string and a regex: whichever completes first ends the output
     ref = naive_regex(tok, ids, patterns[1])
     o = generate(daemon, text=PROMPTS[0], sampling_params=sp(max_new_tokens=48, stop=lit, stop_regex=patterns[1]))
-    k_str = naive_stop(tok, ids, [lit])[0]
+    k_str = naive_stop(tok, ids, [lit], keep_special=True)[0]
     assert len(o["output_ids"]) == min(k_str, ref[0])
     # streaming never shows text a later match cuts away
     body = {"text": PROMPTS[0], "sampling_params": sp(max_new_tokens=48, stop_regex=patterns[1]), "stream": True}

@@ -45,40 +45,38 @@ static rs_gen_job *fake_job(const int32_t *ids, int n) {
     return j;
 }
 
-/* The naive reference: the first k at which decode(ids[0, k]) contains a stop string, with the
- * earliest match position (the longest string on a tie). -1 when none. */
+/* The naive reference, SGLang's check_finished: the first k at which decode(ids[0, k]) contains a
+ * stop string, and the first stop string in list order that it contains, at its first
+ * occurrence. -1 when none. */
 static int naive_stop(const rs_tok *tok, const int32_t *ids, int n, bool skip, char *const *stops, int n_stops,
                       int *stop_index, size_t *pos) {
     for (int k = 1; k <= n; k++) {
         char *text = rs_tok_decode(tok, ids, (size_t)k, skip, NULL);
-        int best = -1;
-        size_t best_pos = 0;
         for (int i = 0; i < n_stops; i++) {
             const char *hit = strstr(text, stops[i]);
             if (!hit) continue;
-            size_t at = (size_t)(hit - text);
-            if (best < 0 || at < best_pos || (at == best_pos && strlen(stops[i]) > strlen(stops[best])))
-                best = i, best_pos = at;
-        }
-        free(text);
-        if (best >= 0) {
-            *stop_index = best;
-            *pos = best_pos;
+            *stop_index = i;
+            *pos = (size_t)(hit - text);
+            free(text);
             return k;
         }
+        free(text);
     }
     return -1;
 }
 
-static void run_case(const rs_tok *tok, const int32_t *ids, int n, char **stops, int n_stops, bool skip,
-                     bool no_stop_trim) {
+/* see_special: stops are searched in the text with special tokens kept (/generate), and the
+ * answer's text (skip_special_tokens = skip) is cut at the stop's first occurrence in it, if any. */
+static void run_case_ex(const rs_tok *tok, const int32_t *ids, int n, char **stops, int n_stops, bool skip,
+                        bool no_stop_trim, bool see_special) {
     int want_index = -1;
     size_t want_pos = 0;
-    int want_k = naive_stop(tok, ids, n, skip, stops, n_stops, &want_index, &want_pos);
+    int want_k = naive_stop(tok, ids, n, see_special ? false : skip, stops, n_stops, &want_index, &want_pos);
 
     rs_gen_text *t = rs_gen_text_new(tok);
     t->skip_special_tokens = skip;
     t->no_stop_trim = no_stop_trim;
+    t->stops_see_special = see_special;
     rs_error err = {0};
     for (int i = 0; i < n_stops; i++) ASSERT_EQ(rs_gen_text_add_stop(t, stops[i], strlen(stops[i]), "stop", &err), RS_OK);
     rs_gen_job *job = fake_job(ids, n);
@@ -110,15 +108,23 @@ static void run_case(const rs_tok *tok, const int32_t *ids, int n, char **stops,
     const char *final = rs_gen_text_get(t, job, 0, &len);
     size_t ref_len;
     char *ref = rs_tok_decode(tok, ids, (size_t)(got_k > 0 ? got_k : n), skip, &ref_len);
-    if (got_k > 0) ref_len = no_stop_trim ? want_pos + strlen(stops[want_index]) : want_pos;
+    if (got_k > 0 && see_special && skip) {
+        const char *hit = strstr(ref, stops[want_index]);
+        if (hit) ref_len = (size_t)(hit - ref) + (no_stop_trim ? strlen(stops[want_index]) : 0);
+    } else if (got_k > 0) {
+        ref_len = no_stop_trim ? want_pos + strlen(stops[want_index]) : want_pos;
+    }
     ASSERT_EQ(len, ref_len);
     ASSERT_TRUE(memcmp(final, ref, len) == 0);
-    ASSERT_TRUE(n_shown <= len && memcmp(final, shown, n_shown) == 0); /* what streamed is a prefix */
+    /* what streamed is a prefix (with a separate search, unless skipping a special token joined
+     * the stop string in the answer's text before the searched text held it) */
+    if (!(see_special && skip)) ASSERT_TRUE(n_shown <= len && memcmp(final, shown, n_shown) == 0);
     if (got_k > 0) ASSERT_STREQ(rs_gen_text_stop_string(t, &o->finish), stops[want_index]);
     free(ref);
     rs_gen_job_free(job);
     rs_gen_text_free(t);
 }
+
 
 RS_TEST(gen_text_stops_match_a_naive_redecode) {
     rs_tok *tok = default_tok();
@@ -136,8 +142,8 @@ RS_TEST(gen_text_stops_match_a_naive_redecode) {
             ids[i] = c % 3 == 0 ? (int32_t)(rnd(&seed) % 8192)
                      : c % 3 == 1 ? enc[(size_t)(i + c) % n_enc]
                                   : (rnd(&seed) % 5 == 0 ? (int32_t)(rnd(&seed) % 4) : enc[(size_t)(i + c) % n_enc]);
-        bool skip = c % 2 == 0;
-        char *ref = rs_tok_decode(tok, ids, (size_t)n, skip, NULL);
+        bool skip = c % 2 == 0, see_special = c % 8 >= 4;
+        char *ref = rs_tok_decode(tok, ids, (size_t)n, see_special ? false : skip, NULL);
         size_t rl = strlen(ref);
         char *stops[3];
         int n_stops = 0;
@@ -147,18 +153,15 @@ RS_TEST(gen_text_stops_match_a_naive_redecode) {
             while (a > 0 && ((unsigned char)ref[a] & 0xc0) == 0x80) a--;
             if (a + l > rl) l = rl - a;
             while (a + l < rl && ((unsigned char)ref[a + l] & 0xc0) == 0x80) l++;
-            stops[n_stops] = strndup(ref + a, l);
-            /* U+FFFD (a byte that is not UTF-8) is text only once the next token shows it is one:
-             * a stop string holding it is matched a token later than a re-decode would (gen_text.h) */
-            if (strstr(stops[n_stops], "\xef\xbf\xbd")) free(stops[n_stops]);
-            else n_stops++, spanning++;
+            stops[n_stops++] = strndup(ref + a, l); /* U+FFFD included: a re-decode reads it at once */
+            spanning++;
         }
         stops[n_stops++] = strdup("</answer>");
         stops[n_stops++] = strdup("\xe2\x9c\x93never"); /* "✓never" does not occur */
         int want_index;
         size_t want_pos;
         if (naive_stop(tok, ids, n, skip, stops, n_stops, &want_index, &want_pos) > 0) cases_with_match++;
-        run_case(tok, ids, n, stops, n_stops, skip, c % 4 >= 2);
+        run_case_ex(tok, ids, n, stops, n_stops, skip, c % 4 >= 2, see_special);
         for (int i = 0; i < n_stops; i++) free(stops[i]);
         free(ref);
     }
@@ -427,5 +430,143 @@ RS_TEST(gen_text_stop_token_trim) {
         }
     }
     free(ids);
+    rs_tok_free(tok);
+}
+
+/* A SentencePiece tokenizer with byte fallback (tests/fixtures/tokenizers/spm: Replace, ByteFallback,
+ * Fuse, Strip(1, 0), as Llama 2's). */
+static rs_tok *spm_tok(void) {
+    char dir[512];
+    snprintf(dir, sizeof dir, "%s/tokenizers/spm", rs_test_fixtures_dir());
+    rs_tok *t = NULL;
+    rs_error err = {0};
+    if (rs_tok_load(dir, &t, &err) != RS_OK) RS_TEST_FAIL("load %s: %s", dir, err.message);
+    return t;
+}
+
+static int32_t *encode(const rs_tok *tok, const char *s, size_t *n) {
+    int32_t *ids;
+    rs_error err = {0};
+    if (rs_tok_encode(tok, s, strlen(s), false, &ids, n, &err) != RS_OK) RS_TEST_FAIL("encode: %s", err.message);
+    return ids;
+}
+
+/* Feeds ids[0, n) to t as output 0 of job until a stop; returns the token (1-based) that stopped it,
+ * or 0. */
+static int feed(rs_gen_text *t, rs_gen_job *job, const int32_t *ids, int n) {
+    for (int k = 1; k <= n; k++) {
+        job->outputs[0].n_output = k;
+        if (job->on_token(job, 0, ids[k - 1], t) >= 0) {
+            job->outputs[0].finish = (rs_finish){.type = RS_FINISH_STOP, .matched = -1, .matched_text = t->outs[0].stop + 1};
+            return k;
+        }
+    }
+    job->outputs[0].finish = (rs_finish){.type = RS_FINISH_LENGTH};
+    return 0;
+}
+
+/* A stop string inside a ByteFallback run (CJK written as <0xE4><0xB8><0xAD>...) is found on the
+ * token that completes it, as a re-decode finds it (SGLang's check_finished), though the stream
+ * holds the run until it ends; and an output that ends with the run held is searched with it. */
+RS_TEST(gen_text_stop_inside_a_byte_fallback_run) {
+    rs_tok *tok = spm_tok();
+    size_t n;
+    int32_t *ids = encode(tok, "\xe4\xb8\xad\xe6\x96\x87 x", &n); /* "中文 x": "▁", six byte tokens, "▁x" */
+    ASSERT_TRUE(n == 8);
+    const char *cases[][2] = {{"\xe4\xb8\xad", "4"}, {"\xe4\xb8\xad\xe6\x96\x87", "7"}, {"\xe6\x96\x87", "7"}};
+    for (int c = 0; c < 3; c++) {
+        rs_gen_text *t = rs_gen_text_new(tok);
+        rs_error err = {0};
+        ASSERT_EQ(rs_gen_text_add_stop(t, cases[c][0], strlen(cases[c][0]), "stop", &err), RS_OK);
+        rs_gen_job *job = fake_job(ids, (int)n);
+        rs_gen_text_attach(t, job);
+        ASSERT_EQ(feed(t, job, ids, (int)n), atoi(cases[c][1]));
+        size_t len;
+        const char *text = rs_gen_text_get(t, job, 0, &len);
+        const char *want = c == 2 ? "\xe4\xb8\xad" : "";
+        ASSERT_EQ(len, strlen(want));
+        ASSERT_TRUE(memcmp(text, want, len) == 0);
+        rs_gen_job_free(job);
+        rs_gen_text_free(t);
+    }
+    /* the run cut short (max_new_tokens 5): the output "中" + one byte of "文" holds no stop "文" */
+    rs_gen_text *t = rs_gen_text_new(tok);
+    rs_error err = {0};
+    ASSERT_EQ(rs_gen_text_add_stop(t, "\xe6\x96\x87", 3, "stop", &err), RS_OK);
+    rs_gen_job *job = fake_job(ids, 5);
+    rs_gen_text_attach(t, job);
+    ASSERT_EQ(feed(t, job, ids, 5), 0);
+    size_t len;
+    const char *text = rs_gen_text_get(t, job, 0, &len);
+    char *ref = rs_tok_decode(tok, ids, 5, true, NULL); /* an invalid run: one U+FFFD per byte */
+    ASSERT_EQ(len, strlen(ref));
+    ASSERT_TRUE(memcmp(text, ref, len) == 0);
+    free(ref);
+    rs_gen_job_free(job);
+    rs_gen_text_free(t);
+    free(ids);
+    rs_tok_free(tok);
+}
+
+/* An output is decoded after its prompt, as SGLang's and vLLM's detokenizers do: with a
+ * SentencePiece tokenizer the first output token keeps its leading space (decode(prompt + output)
+ * minus decode(prompt)), hooked or decoded at the end; a prompt ending inside a byte run leaves
+ * nothing held for the output. */
+RS_TEST(gen_text_output_is_decoded_after_the_prompt) {
+    rs_tok *tok = spm_tok();
+    size_t np, no;
+    int32_t *prompt = encode(tok, "The answer is", &np);
+    int32_t *out = encode(tok, "Hello world", &no); /* "▁Hello ▁world"-style pieces */
+    int32_t all[64];
+    ASSERT_TRUE(np + no < 64);
+    memcpy(all, prompt, sizeof(int32_t) * np);
+    memcpy(all + np, out, sizeof(int32_t) * no);
+    char *whole = rs_tok_decode(tok, all, np + no, true, NULL), *head = rs_tok_decode(tok, prompt, np, true, NULL);
+    const char *want = whole + strlen(head);
+    ASSERT_STREQ(want, " Hello world");
+    for (int hooked = 0; hooked < 2; hooked++) {
+        rs_gen_text *t = rs_gen_text_new(tok);
+        rs_gen_job *job = fake_job(out, (int)no);
+        job->prompts[0] = malloc(sizeof(int32_t) * np);
+        memcpy(job->prompts[0], prompt, sizeof(int32_t) * np);
+        job->prompt_lens[0] = (int)np;
+        job->outputs[0].n_output = (int)no;
+        if (hooked) {
+            rs_gen_text_attach(t, job);
+            feed(t, job, out, (int)no);
+        }
+        job->outputs[0].finish = (rs_finish){.type = RS_FINISH_LENGTH};
+        size_t len;
+        const char *text = rs_gen_text_get(t, job, 0, &len);
+        ASSERT_EQ(len, strlen(want));
+        ASSERT_TRUE(memcmp(text, want, len) == 0);
+        rs_gen_job_free(job);
+        rs_gen_text_free(t);
+    }
+    /* a prompt that ends with the first byte of "中": the output's bytes alone decode as decode does */
+    size_t nb;
+    int32_t *bytes = encode(tok, "\xe4\xb8\xad", &nb); /* "▁" and three byte tokens */
+    ASSERT_EQ(nb, 4);
+    rs_tok_stream *s = rs_tok_stream_new(tok, true);
+    rs_tok_stream_prime(s, bytes, 2);
+    const char *d;
+    rs_buf b = {0};
+    for (int i = 2; i < 4; i++) {
+        size_t k = rs_tok_stream_push(s, bytes[i], &d);
+        ASSERT_EQ(rs_buf_append(&b, d, k), RS_OK);
+    }
+    size_t k = rs_tok_stream_finish(s, &d);
+    ASSERT_EQ(rs_buf_append(&b, d, k), RS_OK);
+    char *ref = rs_tok_decode(tok, bytes + 2, 2, true, NULL);
+    ASSERT_EQ(b.len, strlen(ref));
+    ASSERT_TRUE(memcmp(b.data, ref, b.len) == 0);
+    free(ref);
+    rs_buf_free(&b);
+    rs_tok_stream_free(s);
+    free(bytes);
+    free(whole);
+    free(head);
+    free(prompt);
+    free(out);
     rs_tok_free(tok);
 }
