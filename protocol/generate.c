@@ -158,7 +158,7 @@ static const rs_jfield sampling_fields[] = {
     {.name = "stop_token_ids", .type = RS_JT_IDS, SP(stop_token_ids), .offset2 = offsetof(rs_sampling_params,
      n_stop_token_ids), .def = "[]", .doc = "token ids that end the output (the stop token is kept)"},
     {.name = "ignore_eos", .type = RS_JT_BOOL, SP(ignore_eos), .def = "false",
-     .doc = "the model's EOS tokens do not end the output"},
+     .doc = "neither the model's EOS tokens nor stop_token_ids end the output (SGLang's)"},
     {.name = "stream_interval", .type = RS_JT_INT, REQ(stream_interval), .min = 1, .max = INT_MAX, .def = "1",
      .doc = "streaming: tokens between an output's events"},
     {.name = "stop", .type = RS_JT_CUSTOM, .flags = RS_JF_TOKENIZER, .read = read_stop,
@@ -330,6 +330,7 @@ int rs_generate_parse(const char *body, size_t len, const rs_tok *tok, rs_genera
     out->stream_interval = 1;
     out->tok = tok;
     out->text = rs_gen_text_new(tok);
+    out->text->stops_see_special = true; /* SGLang searches stops in tokenizer.decode(ids), specials kept */
     void *const dst[] = {[B_REQ] = out, [B_JOB] = out->job, [B_SP] = &out->job->sp, [B_TEXT] = out->text};
     /* whether max_new_tokens is given: -1 (below its range) stays only where it is absent or null */
     const int max_new_default = out->job->sp.max_new_tokens;
@@ -338,6 +339,7 @@ int rs_generate_parse(const char *body, size_t len, const rs_tok *tok, rs_genera
     json_decref(root);
     out->max_new_tokens_given = out->job->sp.max_new_tokens >= 0;
     if (!out->max_new_tokens_given) out->job->sp.max_new_tokens = max_new_default;
+    out->job->sp.sglang_finish = true;
     if (rc == RS_OK && out->job->n_prompts == 0)
         rc = rs_error_set(err, RS_EINVAL, "input_ids", "input_ids is required (or text)");
     if (rc == RS_OK && out->text_in_logprobs && !tok) rc = rs_generate_no_tokenizer("return_text_in_logprobs", err);

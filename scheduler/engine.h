@@ -35,6 +35,11 @@ typedef struct rs_sampling_params {
     int32_t *stop_token_ids;    /* owned by the job */
     int n_stop_token_ids;
     bool ignore_eos;
+    /* SGLang's finish checks (/generate; Req.check_finished): max_new_tokens is checked before
+     * stop tokens and stop strings (the last allowed token finishes "length" even when it stops),
+     * and ignore_eos turns off stop_token_ids too. Off: vLLM's (/v1/completions): a stop token or
+     * string finishes "stop" whenever it comes, and ignore_eos leaves stop_token_ids on. */
+    bool sglang_finish;
     /* Penalties over the tokens this sample has output (scheduler/penalties.h), applied to the
      * logits before temperature: default 0, 0, 1 (off). */
     float frequency_penalty;    /* minus this x the token's count */

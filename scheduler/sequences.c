@@ -242,6 +242,7 @@ void rs_eng_finish_all(rs_engine *e, const char *why) {
 }
 
 bool rs_eng_is_stop_token(const rs_engine *e, const rs_sampling_params *sp, int32_t t) {
+    if (sp->ignore_eos && sp->sglang_finish) return false;
     for (int i = 0; i < sp->n_stop_token_ids; i++)
         if (sp->stop_token_ids[i] == t) return true;
     if (!sp->ignore_eos) {

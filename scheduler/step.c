@@ -256,12 +256,15 @@ static void check_finished(rs_engine *e, rs_seq *s) {
     const rs_sampling_params *sp = &s->job->sp;
     rs_gen_output *o = s->out;
     int32_t last = o->output_ids[o->n_output - 1];
-    if (rs_eng_is_stop_token(e, sp, last)) { /* none before min_new_tokens: process_logits masked them */
+    const bool at_length = o->n_output >= sp->max_new_tokens || s->n_tokens >= e->opts.limits.max_context;
+    if (at_length && sp->sglang_finish) {
+        rs_eng_finish_running(e, s, RS_FINISH_LENGTH, -1, NULL);
+    } else if (rs_eng_is_stop_token(e, sp, last)) { /* none before min_new_tokens: process_logits masked them */
         rs_eng_finish_running(e, s, RS_FINISH_STOP, last, NULL);
     } else if (s->stop_text > 0) { /* a text stop (job->on_token) */
         o->finish.matched_text = s->stop_text;
         rs_eng_finish_running(e, s, RS_FINISH_STOP, -1, NULL);
-    } else if (o->n_output >= sp->max_new_tokens || s->n_tokens >= e->opts.limits.max_context) {
+    } else if (at_length) {
         rs_eng_finish_running(e, s, RS_FINISH_LENGTH, -1, NULL);
     }
 }

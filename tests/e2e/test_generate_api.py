@@ -170,8 +170,7 @@ def test_max_new_tokens_respected(daemon):
 
 def test_stop_token_ids_respected(daemon):
     # seeded sampling is reproducible, so the run with a stop token follows the same path until it stops
-    base = {"input_ids": PROMPT, "sampling_params": {"max_new_tokens": 12, "temperature": 1.0, "sampling_seed": 99,
-                                                     "ignore_eos": True}}
+    base = {"input_ids": PROMPT, "sampling_params": {"max_new_tokens": 12, "temperature": 1.0, "sampling_seed": 99}}
     ids = generate(daemon, base)["output_ids"]
     k = next((i for i in range(2, len(ids)) if ids[i] not in ids[:i]), None)
     assert k is not None, ids
@@ -183,6 +182,45 @@ def test_stop_token_ids_respected(daemon):
     o = generate(daemon, {**base, "sampling_params": {**base["sampling_params"], "stop_token_ids": [stop],
                                                       "min_new_tokens": k + 1}})
     assert len(o["output_ids"]) > k + 1 or o["meta_info"]["finish_reason"]["type"] == "length"
+
+
+def test_finish_checks_are_sglangs_on_generate(daemon):
+    """SGLang's Req.check_finished on /generate: max_new_tokens is checked before stop tokens and stop
+    strings, and ignore_eos turns stop_token_ids off too. /v1/completions keeps vLLM's: a stop
+    finishes "stop" on the last allowed token, and ignore_eos leaves stop_token_ids on."""
+    sp = {"max_new_tokens": 12, "temperature": 1.0, "sampling_seed": 99, "ignore_eos": True}
+    full = generate(daemon, {"input_ids": PROMPT, "sampling_params": sp})
+    ids = full["output_ids"]
+    k = next(i for i in range(2, len(ids)) if ids[i] not in ids[:i])
+    stop = ids[k]
+
+    def both(**kw):
+        g = generate(daemon, {"input_ids": PROMPT, "sampling_params": {**sp, **kw}})
+        c = daemon.post("/v1/completions", {"prompt": PROMPT, "max_tokens": kw.get("max_new_tokens", 12),
+                                            "temperature": 1.0, "seed": 99, "ignore_eos": True,
+                                            **{n: v for n, v in kw.items() if n != "max_new_tokens"}})
+        assert c.status_code == 200, c.text
+        return g, c.json()["choices"][0]
+
+    # the stop token is the last allowed one
+    g, c = both(max_new_tokens=k + 1, ignore_eos=False, stop_token_ids=[stop])
+    assert g["output_ids"] == ids[:k + 1] and g["meta_info"]["finish_reason"] == {"type": "length", "length": k + 1}
+    assert c["token_ids"] == ids[:k + 1] and c["finish_reason"] == "stop" and c["stop_reason"] == stop
+    # ignore_eos with stop_token_ids
+    g, c = both(stop_token_ids=[stop])
+    assert g["output_ids"] == ids and g["meta_info"]["finish_reason"]["type"] == "length"
+    assert c["token_ids"] == ids[:k + 1] and c["finish_reason"] == "stop"
+    # a stop string completed by the last allowed token: length, and the text is not cut
+    text = full["text"]
+    piece = next((p for p in (text[j:j + 2] for j in range(len(text) - 1)) if p.strip() and text.count(p) == 1), None)
+    assert piece is not None, text
+    g1 = generate(daemon, {"input_ids": PROMPT, "sampling_params": {**sp, "stop": [piece]}})
+    n = len(g1["output_ids"])
+    assert g1["meta_info"]["finish_reason"] == {"type": "stop", "matched": piece}
+    g, c = both(max_new_tokens=n, stop=[piece])
+    assert g["output_ids"] == ids[:n] and g["meta_info"]["finish_reason"] == {"type": "length", "length": n}
+    assert piece in g["text"] and g1["text"] == g["text"][:g["text"].find(piece)]
+    assert c["finish_reason"] == "stop" and c["stop_reason"] == piece and piece not in c["text"]
 
 
 def test_same_seed_same_output(daemon):
