@@ -16,6 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/stat.h>
 
 #define F(field) offsetof(rs_config, field), sizeof(((rs_config *)0)->field)
 
@@ -327,9 +328,35 @@ static char *trim(char *s) {
     return s;
 }
 
+/* Cuts a comment off a value: a `#` at its start or after a space or tab, outside quotes. A quoted
+ * value ends at its closing quote, and only a comment may follow it. False for text after a
+ * closing quote or an unterminated quote. */
+static bool strip_comment(char *val) {
+    if (val[0] == '"') {
+        char *q = strchr(val + 1, '"');
+        if (!q) return false;
+        char *rest = q + 1;
+        while (*rest == ' ' || *rest == '\t') rest++;
+        if (*rest != '\0' && *rest != '#') return false;
+        q[1] = '\0';
+        return true;
+    }
+    for (char *p = val; *p; p++)
+        if (*p == '#' && (p == val || p[-1] == ' ' || p[-1] == '\t')) {
+            *p = '\0';
+            break;
+        }
+    return true;
+}
+
 int rs_config_load_file(rs_config *c, const char *path, rs_error *err) {
     FILE *f = fopen(path, "r");
     if (!f) return rs_error_set(err, RS_EIO, "config", "cannot open config file %s: %s", path, strerror(errno));
+    struct stat st;
+    if (fstat(fileno(f), &st) != 0 || !S_ISREG(st.st_mode)) {
+        fclose(f);
+        return rs_error_set(err, RS_EINVAL, "config", "config file %s is not a regular file", path);
+    }
     char line[8192];
     int lineno = 0, rc = RS_OK;
     while (fgets(line, sizeof line, f)) {
@@ -348,6 +375,12 @@ int rs_config_load_file(rs_config *c, const char *path, rs_error *err) {
         }
         *eq = '\0';
         char *key = trim(s), *val = trim(eq + 1);
+        if (!strip_comment(val)) {
+            rc = rs_error_set(err, RS_EINVAL, key, "%s:%d: '%s': a quoted value must end with its quote (only a "
+                              "comment may follow)", path, lineno, key);
+            break;
+        }
+        val = trim(val);
         size_t vlen = strlen(val);
         if (vlen >= 2 && val[0] == '"' && val[vlen - 1] == '"') { /* "quoted" keeps inner spaces */
             val[vlen - 1] = '\0';
@@ -364,6 +397,8 @@ int rs_config_load_file(rs_config *c, const char *path, rs_error *err) {
             break;
         }
     }
+    if (rc == RS_OK && ferror(f))
+        rc = rs_error_set(err, RS_EIO, "config", "cannot read config file %s: %s", path, strerror(errno));
     fclose(f);
     return rc;
 }

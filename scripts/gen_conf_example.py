@@ -14,7 +14,8 @@ root = pathlib.Path(__file__).resolve().parents[1]
 binary = sys.argv[1] if len(sys.argv) > 1 else str(root / "build" / "rolloutd")
 lines = subprocess.run([binary, "--help"], capture_output=True, text=True, check=True).stdout.splitlines()
 out = ["# rolloutd.conf.example — every setting, with its default. Use with: rolloutd --config FILE",
-       "# Lines are `name = value`; # starts a comment; flags given on the command line override the file.",
+       "# Lines are `name = value`; # starts a comment (at a line's start, or after a space); quote a value",
+       "# (\"...\") to keep a \" #\" in it; flags given on the command line override the file.",
        ""]
 for i, line in enumerate(lines):
     m = re.match(r"  --([a-z0-9-]+) (\S+)\s+(.*)", line)

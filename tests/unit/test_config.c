@@ -245,6 +245,38 @@ RS_TEST(config_file_errors) {
     snprintf(missing, sizeof missing, "%s/nope.conf", rs_test_tmpdir());
     ASSERT_EQ(rs_config_load_file(&c, missing, &err), RS_EIO);
     ASSERT_TRUE(strstr(err.message, "nope.conf") != NULL);
+
+    /* a directory is not an empty file */
+    rs_config_default(&c);
+    ASSERT_EQ(rs_config_load_file(&c, rs_test_tmpdir(), &err), RS_EINVAL);
+    ASSERT_TRUE(strstr(err.message, "is not a regular file") != NULL);
+
+    /* text after a closing quote, or a quote never closed */
+    write_file(path, "served-model-name = \"a\" b\n");
+    ASSERT_EQ(rs_config_load_file(&c, path, &err), RS_EINVAL);
+    ASSERT_STREQ(err.param, "served-model-name");
+    write_file(path, "served-model-name = \"a b\n");
+    ASSERT_EQ(rs_config_load_file(&c, path, &err), RS_EINVAL);
+}
+
+/* A comment after a value is a comment, not part of it (rolloutd.conf.example's "# starts a
+ * comment"): a served name or a --quant-ignore glob must not silently take it in. */
+RS_TEST(config_file_inline_comments) {
+    char path[512];
+    snprintf(path, sizeof path, "%s/comments.conf", rs_test_tmpdir());
+    write_file(path,
+               "served-model-name = policy-7b   # the name trainers use\n"
+               "port = 9100\t# a test port\n"
+               "api-key = \"k #1\"  # quoted: the # inside stays\n"
+               "weight-version = step#100\n");
+    rs_config c;
+    rs_config_default(&c);
+    rs_error err;
+    ASSERT_EQ(rs_config_load_file(&c, path, &err), RS_OK);
+    ASSERT_STREQ(c.served_model_name, "policy-7b");
+    ASSERT_EQ(c.port, 9100);
+    ASSERT_STREQ(c.api_key, "k #1");
+    ASSERT_STREQ(c.weight_version, "step#100"); /* a # inside a word is not a comment */
 }
 
 RS_TEST(config_help_lists_every_setting) {
