@@ -67,6 +67,10 @@ void rs_log(rs_log_level level, const char *fmt, ...) {
     va_start(ap, fmt);
     vsnprintf(line, sizeof line, fmt, ap);
     va_end(ap);
+    /* one event, one line: a control character that came from a request (a path, a field name,
+     * a model name) cannot start a forged line of its own (CWE-117) */
+    for (char *p = line; *p; p++)
+        if ((unsigned char)*p < 0x20 || *p == 0x7f) *p = '?';
     pthread_mutex_lock(&mu);
     if (t0 == 0) t0 = rs_now_s();
     fprintf(stderr, "[%9.3f] %s | %s\n", rs_now_s() - t0, names[level], line);
