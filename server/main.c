@@ -15,6 +15,9 @@
  * rather than after the drain timeout, whether the pause came before the signal or during the
  * drain.
  *
+ * A signal that comes before the model is served (while it loads) exits at once, status 0:
+ * nothing is in flight, and the loop that drains does not run until loading ends.
+ *
  * SIGHUP drains and exits exactly as SIGTERM does. rolloutd has no configuration to reload, and a
  * hangup (the terminal or SSH session that started it went away) is a request to end: drained,
  * in-flight requests keep their answers, rather than the default action of dying on the spot.
@@ -334,6 +337,16 @@ static void on_signal(uv_signal_t *s, int signum) {
     uv_timer_start(&d->drain_timer, on_drain_tick, 0, 50);
 }
 
+/* A signal before the model is served: nothing to drain, so exit at once (loading a large
+ * checkpoint takes minutes, and the loop that would see a libuv signal does not run until then). */
+static void on_signal_starting(int signum) {
+    (void)signum;
+    static const char msg[] = "rolloutd: signal during start-up: exiting\n";
+    ssize_t w = write(STDERR_FILENO, msg, sizeof msg - 1);
+    (void)w;
+    _exit(0);
+}
+
 /* ---------------------------------------------------------------- main */
 
 /* Trainers hold one connection per in-flight request: lift the soft descriptor limit to the hard one. */
@@ -371,9 +384,11 @@ int main(int argc, char **argv) {
     uv_signal_init(&d->loop, &d->sig_term);
     uv_signal_init(&d->loop, &d->sig_hup);
     d->drain_timer.data = d->sig_int.data = d->sig_term.data = d->sig_hup.data = d;
-    uv_signal_start(&d->sig_int, on_signal, SIGINT);
-    uv_signal_start(&d->sig_term, on_signal, SIGTERM);
-    uv_signal_start(&d->sig_hup, on_signal, SIGHUP);
+    struct sigaction sa = {.sa_handler = on_signal_starting};
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+    sigaction(SIGHUP, &sa, NULL);
 
     int status = 0;
     rs_http_opts ho = {.host = d->cfg.host, .port = d->cfg.port, .threads = d->cfg.http_threads,
@@ -390,6 +405,7 @@ int main(int argc, char **argv) {
         close_all(d);
         goto out;
     }
+    d->cfg.port = rs_http_port(d->http); /* --port 0: the port the system chose, in /get_server_info */
     bool v6 = strchr(d->cfg.host, ':') != NULL;
     RS_INFO("listening on http://%s%s%s:%d", v6 ? "[" : "", d->cfg.host, v6 ? "]" : "", rs_http_port(d->http));
     if (load(d, &err) != RS_OK) {
@@ -403,6 +419,9 @@ int main(int argc, char **argv) {
     rs_http_info info = {.cfg = &d->cfg, .model = d->model, .model_path = d->model_dir,
                          .served_model_name = d->served_model_name, .backend = rs_backend_name(d->backend),
                          .tok = d->tok};
+    uv_signal_start(&d->sig_int, on_signal, SIGINT); /* from here on a signal drains */
+    uv_signal_start(&d->sig_term, on_signal, SIGTERM);
+    uv_signal_start(&d->sig_hup, on_signal, SIGHUP);
     rs_http_set_engine(d->http, d->engine, &info);
     rs_weights_routes_attach(d->sync);
     RS_INFO("ready: model %s (served as %s)", d->model_dir, d->served_model_name);
