@@ -37,7 +37,9 @@ extern "C" {
     X(EIO,          -9,    500, "io_error")               \
     X(EFORMAT,     -10,    400, "bad_format")             \
     X(EUNSUPPORTED,-11,    400, "unsupported")            \
-    X(EINTERNAL,   -12,    500, "internal_error")
+    X(EINTERNAL,   -12,    500, "internal_error")        \
+    X(EFORBIDDEN,  -13,    403, "forbidden")              \
+    X(EMEDIA,      -14,    415, "unsupported_media_type")
 
 enum rs_errno {
 #define RS_ERR_ENUM(name, code, http, type) RS_##name = code,

@@ -53,7 +53,7 @@ wrk.method = "POST"
 wrk.body = '{"input_ids": [1, 2, 3, 4], "sampling_params": {"max_new_tokens": 1}}'
 wrk.headers["Content-Type"] = "application/json"
 EOF
-curl -sf "$url/generate" -d '{"input_ids": [1, 2, 3, 4], "sampling_params": {"max_new_tokens": 1}}' >/dev/null
+curl -sf "$url/generate" -H 'Content-Type: application/json' -d '{"input_ids": [1, 2, 3, 4], "sampling_params": {"max_new_tokens": 1}}' >/dev/null
 wrk -t1 -c1 -d"${DURATION}s" --latency -s "$tmp/post.lua" "$url/generate" >"$tmp/gen.txt"
 http_p50=$(awk '$1 == "50%" { print $2 }' "$tmp/gen.txt" | to_ms)
 http_p99=$(awk '$1 == "99%" { print $2 }' "$tmp/gen.txt" | to_ms)

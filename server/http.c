@@ -43,6 +43,7 @@
 #include "http.h"
 
 #include <arpa/inet.h>
+#include <ctype.h>
 #include <errno.h>
 #include <netdb.h>
 #include <stdio.h>
@@ -63,7 +64,10 @@
  * RS_ROUTE_WEIGHTS, and a log line must say which one it was). */
 static const char *req_path(const rs_http_req *r) { return r->def ? r->def->path : "(none)"; }
 
+/* HEAD is allowed wherever GET is (RFC 9110 9.1; Starlette does the same for SGLang and vLLM):
+ * the route answers as for GET and libmicrohttpd sends the headers only. */
 static bool method_allowed(const char *allow, const char *method) {
+    if (strcmp(method, MHD_HTTP_METHOD_HEAD) == 0) method = MHD_HTTP_METHOD_GET;
     size_t n = strlen(method);
     for (const char *p = allow; *p;) {
         const char *comma = strchr(p, ',');
@@ -217,8 +221,9 @@ rs_engine *rs_http_engine(rs_http *h, bool need_ready, rs_error *err) {
 static bool auth_ok(const char *header, const char *key) {
     if (!header || strncasecmp(header, "Bearer ", 7) != 0) return false;
     const char *tok = header + 7;
-    while (*tok == ' ') tok++;
+    while (*tok == ' ' || *tok == '\t') tok++;
     size_t kl = strlen(key), tl = strlen(tok);
+    while (tl > 0 && (tok[tl - 1] == ' ' || tok[tl - 1] == '\t')) tl--; /* RFC 9110 5.5: not part of the value */
     volatile unsigned char diff = kl != tl;
     for (size_t i = 0; i < kl; i++) diff |= (unsigned char)key[i] ^ (unsigned char)(i < tl ? tok[i] : 0);
     return diff == 0;
@@ -311,6 +316,116 @@ static int check_framing(struct MHD_Connection *conn, const char *version, rs_er
     return RS_OK;
 }
 
+/* ---------------------------------------------------------------- who a request is for, and from */
+
+typedef struct host_count {
+    int n;
+    const char *value;
+} host_count;
+
+static enum MHD_Result count_host(void *cls, enum MHD_ValueKind kind, const char *key, const char *value) {
+    (void)kind;
+    host_count *c = cls;
+    if (strcasecmp(key, MHD_HTTP_HEADER_HOST) == 0 && c->n++ == 0) c->value = value ? value : "";
+    return MHD_YES;
+}
+
+/* RFC 3986 authority characters, as a Host value may hold them (host, port, IPv6 brackets). */
+static bool host_chars_ok(const char *v) {
+    for (const unsigned char *p = (const unsigned char *)v; *p; p++)
+        if (!(isalnum(*p) || strchr("-._~%!$&'()*+,;=:[]", *p))) return false;
+    return true;
+}
+
+/* The host part of a Host value or an origin's authority, without the port and brackets, into out;
+ * false when it does not parse. */
+static bool host_name(const char *v, size_t n, char *out, size_t cap) {
+    const char *end = v + n;
+    if (n > 0 && v[0] == '[') {
+        const char *rb = memchr(v, ']', n);
+        if (!rb || (rb + 1 < end && rb[1] != ':')) return false;
+        v++, end = rb;
+    } else {
+        const char *colon = memchr(v, ':', n);
+        if (colon) end = colon;
+    }
+    size_t m = (size_t)(end - v);
+    if (m == 0 || m >= cap) return false;
+    memcpy(out, v, m);
+    out[m] = '\0';
+    return true;
+}
+
+/* A name that reaches only this machine: localhost, *.localhost, or an IP address literal (which
+ * no DNS answer can rebind). */
+static bool local_name(const char *name) {
+    size_t n = strlen(name);
+    if (strcasecmp(name, "localhost") == 0 || (n > 10 && strcasecmp(name + n - 10, ".localhost") == 0)) return true;
+    unsigned char a[16];
+    return inet_pton(AF_INET, name, a) == 1 || inet_pton(AF_INET6, name, a) == 1;
+}
+
+/* RS_OK for a request addressed as HTTP wants (RFC 9112 3.2: HTTP/1.1 carries exactly one valid
+ * Host) and, when rolloutd listens on a loopback address, addressed to a loopback name: a page
+ * whose DNS name is rebound to 127.0.0.1 sends its own name as Host, so this keeps a browser
+ * from reaching a daemon it could not otherwise (Ollama's CVE-2024-28224). A browser's
+ * cross-origin request (an Origin header naming another host than Host) is refused too: rolloutd
+ * serves no page, answers no CORS preflight, and a cross-site form post must not pause, flush or
+ * use it (CSRF). Otherwise err says why. */
+static int check_addressing(const rs_http *h, struct MHD_Connection *conn, const char *version, rs_error *err) {
+    host_count hc = {0};
+    MHD_get_connection_values(conn, MHD_HEADER_KIND, count_host, &hc);
+    if (hc.n > 1) return rs_error_set(err, RS_EINVAL, NULL, "more than one Host header");
+    bool http11 = version && strcmp(version, MHD_HTTP_VERSION_1_0) != 0;
+    if (hc.n == 0 && http11) return rs_error_set(err, RS_EINVAL, NULL, "an HTTP/1.1 request needs a Host header");
+    if (hc.n == 1 && !host_chars_ok(hc.value))
+        return rs_error_set(err, RS_EINVAL, NULL, "the Host header is not a host[:port]");
+    char name[256];
+    if (h->loopback && hc.n == 1 && hc.value[0] &&
+        (!host_name(hc.value, strlen(hc.value), name, sizeof name) || !local_name(name)))
+        return rs_error_set(err, RS_EFORBIDDEN, NULL,
+                            "Host '%.64s' is not a loopback name: rolloutd listens on a loopback address and answers "
+                            "requests addressed to localhost or an IP address only (a guard against DNS "
+                            "rebinding); use http://127.0.0.1:%d, or --host to listen on another address",
+                            hc.value, h->port);
+    const char *origin = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "Origin");
+    if (origin) {
+        const char *auth = strstr(origin, "://");
+        auth = auth ? auth + 3 : NULL;
+        size_t an = auth ? strcspn(auth, "/") : 0;
+        bool same = auth && hc.n == 1 && an == strlen(hc.value) && strncasecmp(auth, hc.value, an) == 0;
+        if (!same)
+            return rs_error_set(err, RS_EFORBIDDEN, NULL,
+                                "cross-origin request from '%.64s' refused: rolloutd serves no browser page of another "
+                                "origin (a guard against cross-site requests)", origin);
+    }
+    return RS_OK;
+}
+
+/* The media type of a body: JSON (application/json, or a +json type) or none given, as FastAPI
+ * reads a body as JSON (SGLang, vLLM); the body in identity coding. Otherwise err says why: a
+ * browser sends a cross-site form as text/plain or a form type without asking first, and a coded
+ * body is not the JSON it would be read as. */
+static int check_media(struct MHD_Connection *conn, rs_error *err) {
+    const char *ce = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_ENCODING);
+    if (ce && strcasecmp(ce, "identity") != 0)
+        return rs_error_set(err, RS_EMEDIA, NULL, "Content-Encoding '%.32s' is not supported: send the body unencoded",
+                            ce);
+    const char *ct = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_TYPE);
+    if (!ct) return RS_OK;
+    size_t n = strcspn(ct, ";");
+    while (n > 0 && (ct[n - 1] == ' ' || ct[n - 1] == '\t')) n--;
+    const char *slash = memchr(ct, '/', n);
+    bool json = slash && (size_t)(slash - ct) == 11 && strncasecmp(ct, "application", 11) == 0 &&
+                ((n - 12 == 4 && strncasecmp(slash + 1, "json", 4) == 0) ||
+                 (n - 12 > 5 && strncasecmp(ct + n - 5, "+json", 5) == 0));
+    if (!json)
+        return rs_error_set(err, RS_EMEDIA, NULL,
+                            "Content-Type '%.64s' is not JSON: send Content-Type: application/json (curl: --json, "
+                            "or -H 'Content-Type: application/json')", ct);
+    return RS_OK;
+}
+
 /* ---------------------------------------------------------------- reading a request */
 
 static void refuse_body_memory(rs_http_req *r) {
@@ -349,6 +464,10 @@ static void begin(rs_http_req *r, const char *url, const char *method, const cha
         r->failed = r->answer_early = r->close = true;
         return;
     }
+    if (check_addressing(h, r->conn, version, &r->error) != RS_OK) {
+        r->failed = r->answer_early = true;
+        return;
+    }
     if (!open && h->api_key[0] &&
         !auth_ok(MHD_lookup_connection_value(r->conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION), h->api_key)) {
         req_fail(r, RS_EAUTH, "missing or wrong API key (send 'Authorization: Bearer <key>')");
@@ -367,7 +486,14 @@ static void begin(rs_http_req *r, const char *url, const char *method, const cha
         snprintf(msg, sizeof msg, "method %.16s is not allowed on %s (allowed: %s)", method, url, def->allow);
         req_fail(r, RS_EMETHOD, msg);
         r->extra_header = MHD_HTTP_HEADER_ALLOW;
-        r->extra_value = def->allow;
+        r->extra_value = strcmp(def->allow, "GET") == 0         ? "GET, HEAD"
+                         : strcmp(def->allow, "GET, POST") == 0 ? "GET, HEAD, POST"
+                                                                : def->allow;
+        return;
+    }
+    if (strcmp(method, MHD_HTTP_METHOD_GET) != 0 && strcmp(method, MHD_HTTP_METHOD_HEAD) != 0 &&
+        check_media(r->conn, &r->error) != RS_OK) {
+        r->failed = r->answer_early = true;
         return;
     }
     const char *cl = MHD_lookup_connection_value(r->conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
@@ -613,6 +739,12 @@ int rs_http_start(rs_http **out, const rs_http_opts *opts, uv_loop_t *loop, rs_e
     snprintf(h->api_key, sizeof h->api_key, "%s", opts->api_key ? opts->api_key : "");
     h->opts.api_key = h->api_key;
     h->opts.host = NULL; /* borrowed, not needed past here */
+    if (ss.ss_family == AF_INET) {
+        h->loopback = (ntohl(((struct sockaddr_in *)&ss)->sin_addr.s_addr) >> 24) == 127;
+    } else if (ss.ss_family == AF_INET6) {
+        const struct in6_addr *a = &((struct sockaddr_in6 *)&ss)->sin6_addr;
+        h->loopback = IN6_IS_ADDR_LOOPBACK(a) || (IN6_IS_ADDR_V4MAPPED(a) && a->s6_addr[12] == 127);
+    }
     atomic_init(&h->next_rid, 0);
     atomic_init(&h->next_job, 0);
     struct timespec ts;

@@ -50,7 +50,7 @@ typedef enum rs_route {
 } rs_route;
 
 /* Status codes counted for /metrics, by route. */
-#define RS_HTTP_CODES(X) X(200) X(400) X(401) X(404) X(405) X(409) X(413) X(500) X(503)
+#define RS_HTTP_CODES(X) X(200) X(400) X(401) X(403) X(404) X(405) X(409) X(413) X(415) X(500) X(503)
 enum {
 #define RS_HTTP_CODE_ENUM(c) RS_HTTP_CODE_##c,
     RS_HTTP_CODES(RS_HTTP_CODE_ENUM)
@@ -142,6 +142,7 @@ struct rs_http {
     rs_http_opts opts;
     char api_key[256];
     int port;
+    bool loopback;              /* listening on a loopback address: the Host guard is on */
     rs_http_info info;
     char model_path[4096];
     char served_model_name[256];

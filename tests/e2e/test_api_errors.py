@@ -193,7 +193,7 @@ def raw_bytes_request(port, method, path, body, raw_headers, version="HTTP/1.1")
     Answers that come before the body has been read end the connection, which may then be reset
     once the answer is in: reading stops at the answer's own length."""
     s = socket.create_connection(("127.0.0.1", port), timeout=10)
-    head = f"{method} {path} {version}\r\nHost: x\r\nContent-Type: application/json\r\n{raw_headers}\r\n\r\n"
+    head = f"{method} {path} {version}\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n{raw_headers}\r\n\r\n"
     try:
         s.sendall(head.encode() + (body or b""))
     except (BrokenPipeError, ConnectionResetError):
@@ -211,7 +211,7 @@ def raw_request(port, method, path, body, headers):
                                  headers.get("Raw-Version", "HTTP/1.1"))
     if "Content-Length-Override" in headers:  # a claim the body never backs: answered before the body
         s = socket.create_connection(("127.0.0.1", port), timeout=30)
-        s.sendall(f"{method} {path} HTTP/1.1\r\nHost: x\r\nContent-Length: {headers['Content-Length-Override']}\r\n"
+        s.sendall(f"{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: {headers['Content-Length-Override']}\r\n"
                   "Expect: 100-continue\r\n\r\n".encode())
         data = b""
         while b"\r\n\r\n" not in data:
@@ -243,7 +243,9 @@ def test_malformed_corpus(daemon, case):
     if case.param is not None:
         assert err["param"] == case.param, err
     if status == 405:
-        allowed = malformed_corpus.ROUTES[case.path]
+        allowed = list(malformed_corpus.ROUTES[case.path])
+        if "GET" in allowed:  # HEAD wherever GET (RFC 9110 9.1)
+            allowed.insert(allowed.index("GET") + 1, "HEAD")
         assert headers["Allow"] == ", ".join(allowed)
     if case.id.startswith("framing-"):  # answered before the body: the connection cannot go on
         assert headers["connection"].lower() == "close", headers
@@ -277,7 +279,7 @@ def test_still_healthy_and_serving_after_bad_requests(daemon):
     ("GET", "/", 404, "not_found", None),
     ("GET", "/generate", 405, "method_not_allowed", "POST, PUT"),
     ("DELETE", "/generate", 405, "method_not_allowed", "POST, PUT"),
-    ("POST", "/health", 405, "method_not_allowed", "GET"),
+    ("POST", "/health", 405, "method_not_allowed", "GET, HEAD"),
 ])
 def test_wrong_route_or_method(daemon, method, path, status, etype, allow):
     r = requests.request(method, daemon.url + path, json={"input_ids": [1]}, timeout=30)
@@ -314,7 +316,7 @@ def test_body_just_under_limit_is_read(daemon):
 def test_oversized_with_expect_continue_is_answered_before_the_body(daemon):
     # A client that waits for "100 Continue" gets its 413 without sending the body.
     s = socket.create_connection(("127.0.0.1", daemon.port), timeout=10)
-    s.sendall(b"POST /generate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+    s.sendall(b"POST /generate HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
               b"Content-Length: 100000000\r\nExpect: 100-continue\r\n\r\n")
     data = b""
     while b"\r\n\r\n" not in data:
@@ -383,6 +385,11 @@ def test_api_key(rolloutd):
         check_error(r, 401, "unauthorized", None, "API key")
     r = d.post("/generate", ok_body(), headers={"Authorization": "Bearer sekrit"})
     assert r.status_code == 200, r.text
+    # whitespace around the field value is not part of it (RFC 9110 5.5)
+    for ok in ["Bearer sekrit ", "Bearer sekrit\t", "bearer  sekrit"]:
+        status, _, body = raw_bytes_request(d.port, "POST", "/generate", ok_body_bytes(),
+                                            f"Authorization: {ok}\r\nContent-Length: {len(ok_body_bytes())}")
+        assert status == 200, (ok, body)
 
 
 UNKNOWN_PATHS = ["/nope", "/", "/admin", "/generate/", "/v1/chat/completions", "/update_weights", "/%00"]
@@ -468,3 +475,98 @@ def test_device_flag_is_checked_at_start(tmp_path):
 def _links_cudart(path):
     import subprocess
     return "libcudart" in subprocess.run(["ldd", path], capture_output=True, text=True).stdout
+
+
+def ok_body_bytes():
+    return json.dumps(ok_body()).encode()
+
+
+def raw_head_request(port, head, body=b""):
+    """A request whose request line and headers are exactly `head` (no Host added)."""
+    s = socket.create_connection(("127.0.0.1", port), timeout=10)
+    try:
+        s.sendall(head.encode() + b"\r\n\r\n" + body)
+        return read_answer(s)
+    finally:
+        s.close()
+
+
+def test_bodies_are_json_and_unencoded(daemon):
+    """A body is read as JSON only with a JSON media type or none, as FastAPI reads one (SGLang, vLLM):
+    a browser posts text/plain and form types cross-site without asking first (CSRF). A body in a
+    content coding is refused, not read as the JSON it is not."""
+    body = ok_body_bytes()
+    for ct, status in [(None, 200), ("application/json", 200), ("application/json; charset=utf-8", 200),
+                       ("Application/JSON", 200), ("application/vnd.api+json", 200), ("text/plain", 415),
+                       ("text/plain;charset=UTF-8", 415), ("application/x-www-form-urlencoded", 415),
+                       ("multipart/form-data; boundary=x", 415), ("application/jsonx", 415), ("", 415)]:
+        head = f"POST /generate HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: {len(body)}"
+        if ct is not None:
+            head += f"\r\nContent-Type: {ct}"
+        status_got, _, answer = raw_head_request(daemon.port, head, body)
+        assert status_got == status, (ct, answer)
+        if status == 415:
+            err = json.loads(answer)["error"]
+            assert err["type"] == "unsupported_media_type" and "application/json" in err["message"], err
+    # a body-less POST with a form type is refused too (a cross-site form can post nothing)
+    status, _, _ = raw_head_request(daemon.port, "POST /flush_cache HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                                    "Content-Type: text/plain\r\nContent-Length: 0")
+    assert status == 415
+    for ce, status in [("gzip", 415), ("br", 415), ("identity", 200)]:
+        status_got, _, answer = raw_head_request(
+            daemon.port, f"POST /generate HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                         f"Content-Encoding: {ce}\r\nContent-Length: {len(body)}", body)
+        assert status_got == status, (ce, answer)
+
+
+def test_host_and_origin_guards(daemon):
+    """RFC 9112 3.2: an HTTP/1.1 request carries exactly one valid Host. Listening on 127.0.0.1, the
+    daemon answers requests addressed to localhost or an IP address only (a page whose DNS name is
+    rebound to 127.0.0.1 sends its own name), and refuses browsers' cross-origin requests (an
+    Origin that is not the Host): neither can pause, flush or use it."""
+    port = daemon.port
+    get = "GET /health HTTP/1.1\r\n"
+    for host, status in [(f"127.0.0.1:{port}", 200), (f"localhost:{port}", 200), ("localhost", 200),
+                         (f"[::1]:{port}", 200), (f"api.localhost:{port}", 200), ("10.1.2.3", 200),
+                         (f"evil.example:{port}", 403), ("evil.example", 403), ("127.0.0.1.nip.io", 403),
+                         ("a b", 400), ("x/y", 400)]:
+        status_got, _, answer = raw_head_request(port, get + f"Host: {host}")
+        assert status_got == status, (host, answer)
+        if status == 403:
+            assert json.loads(answer)["error"]["type"] == "forbidden"
+    assert raw_head_request(port, "GET /health HTTP/1.1")[0] == 400  # no Host
+    assert raw_head_request(port, get + "Host: 127.0.0.1\r\nHost: 127.0.0.1")[0] == 400
+    assert raw_head_request(port, "GET /health HTTP/1.0")[0] == 200  # HTTP/1.0 needs none
+    host = f"127.0.0.1:{port}"
+    for origin, status in [(f"http://{host}", 200), ("http://evil.example", 403), ("null", 403),
+                           (f"http://localhost:{port}", 403)]:
+        status_got, _, answer = raw_head_request(port, f"POST /pause_generation HTTP/1.1\r\nHost: {host}\r\n"
+                                                       f"Origin: {origin}\r\nContent-Length: 0")
+        assert status_got == status, (origin, answer)
+        if status == 200:
+            assert requests.post(daemon.url + "/continue_generation", timeout=30).status_code == 200
+
+
+def test_head_wherever_get(daemon):
+    """RFC 9110 9.1: HEAD is allowed wherever GET is (Starlette does the same for SGLang and vLLM)."""
+    for path in ["/health", "/metrics", "/v1/models", "/get_model_info"]:
+        r = requests.head(daemon.url + path, timeout=30)
+        assert r.status_code == 200 and r.content == b"", (path, r.status_code)
+        assert r.headers["Content-Type"] == requests.get(daemon.url + path, timeout=30).headers["Content-Type"]
+    r = requests.head(daemon.url + "/generate", timeout=30)
+    assert r.status_code == 405 and r.headers["Allow"] == "POST, PUT"
+
+
+def test_request_text_cannot_forge_log_lines(daemon):
+    """A path, a field name or a model name holding a newline is logged on one line (CWE-117): the
+    control characters of a logged message are written as '?'."""
+    requests.get(daemon.url + "/x%0A[    9.999] error | FORGED-A", timeout=30)
+    requests.post(daemon.url + "/generate", data=b'{"input_ids": [1], "a\\n[    9.999] error | FORGED-B": 1}',
+                  headers={"Content-Type": "application/json"}, timeout=30)
+    requests.post(daemon.url + "/v1/completions", json={"model": "m\n[    9.999] error | FORGED-C", "prompt": [1]},
+                  timeout=30)
+    time.sleep(0.2)
+    log = daemon.read_log()
+    for tag in ("FORGED-A", "FORGED-B", "FORGED-C"):
+        assert tag in log, tag  # the requests were logged ...
+        assert not any(line.startswith("[    9.999]") and tag in line for line in log.splitlines()), tag

@@ -421,7 +421,8 @@ def test_generate_and_score_take_numpy(rolloutd):
     (one,) = c.generate(np.array(PROMPTS[0]), **kw)
     assert one.output_ids.tolist() == want[0]
     stop = want[0][1]
-    (s,) = c.generate(PROMPTS[0], stop_token_ids=np.array([stop]), **kw)
+    (s,) = c.generate(PROMPTS[0], stop_token_ids=np.array([stop]), **dict(kw, ignore_eos=False))  # SGLang's
+    # ignore_eos turns stop_token_ids off too
     assert s.output_ids.tolist() == want[0][:want[0].index(stop) + 1] and s.finish_reason == "stop"
     lp = [x[1:].tolist() for x in c.score(PROMPTS)]
     assert [x[1:].tolist() for x in c.score([np.array(p) for p in PROMPTS])] == lp

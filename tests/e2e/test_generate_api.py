@@ -258,6 +258,65 @@ def test_concurrent_requests(daemon):
         assert len(o["output_ids"]) == 4 + i % 5
 
 
+def test_signal_during_start_up_exits_at_once(tmp_path):
+    """A SIGTERM while the model loads (here a long KV calibration) ends the daemon at once with
+    status 0, rather than when loading ends."""
+    import subprocess
+    from conftest import BIN, EXTRA_ARGS, free_port
+    log = tmp_path / "rolloutd.log"
+    with open(log, "wb") as f:
+        p = subprocess.Popen([BIN, "--port", str(free_port()), "--threads", "2", *EXTRA_ARGS,
+                              "--kv-calib-tokens", "8192"], stdout=f, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.time() + 60
+        while "listening on" not in log.read_text(errors="replace"):
+            assert p.poll() is None and time.time() < deadline, log.read_text(errors="replace")
+            time.sleep(0.05)
+        time.sleep(0.3)
+        assert p.poll() is None, "loading ended before the signal: the test needs a longer start-up"
+        t0 = time.time()
+        p.send_signal(signal.SIGTERM)
+        assert p.wait(timeout=10) == 0
+        assert time.time() - t0 < 3
+        assert "signal during start-up" in log.read_text(errors="replace")
+    finally:
+        if p.poll() is None:
+            p.kill()
+
+
+def test_port_0_reports_the_bound_port(tmp_path):
+    """--port 0 lets the system choose; /get_server_info reports the port in effect."""
+    import re
+    import subprocess
+    import requests
+    from conftest import BIN, EXTRA_ARGS
+    log = tmp_path / "rolloutd.log"
+    with open(log, "wb") as f:
+        p = subprocess.Popen([BIN, "--port", "0", "--threads", "2", "--kv-cache-mb", "64", *EXTRA_ARGS],
+                             stdout=f, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.time() + 120
+        while not (m := re.search(r"listening on http://127\.0\.0\.1:(\d+)", log.read_text(errors="replace"))):
+            assert p.poll() is None and time.time() < deadline, log.read_text(errors="replace")
+            time.sleep(0.05)
+        port = int(m.group(1))
+        while True:
+            try:
+                r = requests.get(f"http://127.0.0.1:{port}/get_server_info", timeout=5)
+                if r.status_code == 200:
+                    break
+            except requests.RequestException:
+                pass
+            assert time.time() < deadline
+            time.sleep(0.05)
+        assert port > 0 and r.json()["port"] == port
+        p.send_signal(signal.SIGTERM)
+        assert p.wait(timeout=60) == 0
+    finally:
+        if p.poll() is None:
+            p.kill()
+
+
 def test_client_disconnect_mid_generation(daemon):
     import requests
     # 1000 tokens take the default model ~0.75 s on two cores (400 once took 0.30 s, under the old
@@ -506,7 +565,7 @@ def test_stream_client_disconnect_aborts(daemon):
     body = json.dumps({"rid": "gone-stream", "input_ids": PROMPT, "stream": True,
                        "sampling_params": {"max_new_tokens": 3000, "ignore_eos": True}}).encode()
     s = socket.create_connection(("127.0.0.1", daemon.port), timeout=10)
-    s.sendall(b"POST /generate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+    s.sendall(b"POST /generate HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
               b"Content-Length: %d\r\n\r\n" % len(body) + body)
     data = b""
     while b"data: " not in data:  # the headers and at least one event

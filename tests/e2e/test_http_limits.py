@@ -66,7 +66,7 @@ def ask(d, method, path, body=b"", src="127.0.0.1", extra=""):
     t0 = time.time()
     s = connect(d, src)
     try:
-        s.sendall(f"{method} {path} HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\n{extra}\r\n".encode() + body)
+        s.sendall(f"{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: {len(body)}\r\n{extra}\r\n".encode() + body)
         status, headers, out = read_answer(s)
     finally:
         s.close()
@@ -100,11 +100,11 @@ def test_idle_timeout_closes_silent_connections(rolloutd):
     t = threading.Thread(target=lambda: box.setdefault("r", d.post("/generate", body)))
     t.start()
     half_headers = connect(d)
-    half_headers.sendall(b"POST /generate HTTP/1.1\r\nHost: x\r\n")
+    half_headers.sendall(b"POST /generate HTTP/1.1\r\nHost: 127.0.0.1\r\n")
     half_body = connect(d)
-    half_body.sendall(b"POST /generate HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n{\"input_ids\": [")
+    half_body.sendall(b"POST /generate HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 1000\r\n\r\n{\"input_ids\": [")
     idle = connect(d)
-    idle.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+    idle.sendall(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
     assert read_answer(idle)[0] == 200  # then silent, kept alive
     t0 = time.time()
     for name, s in (("headers", half_headers), ("body", half_body), ("keep-alive", idle)):
@@ -126,7 +126,7 @@ def answered_once(s):
     """One keep-alive GET /health on s, answered: the daemon counts a connection when one of its HTTP
     pool threads accepts it, so a later connection can be counted before an earlier one; a connection
     that has had an answer is counted before anything that connects after it."""
-    s.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+    s.sendall(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
     assert read_answer(s)[0] == 200
 
 
@@ -199,7 +199,7 @@ def test_stalled_bodies_are_bounded_by_the_budget(rolloutd):
     for _ in range(24):  # 96 MiB announced and sent but the last byte
         s = connect(d)
         s.settimeout(30)
-        s.sendall(f"POST /generate HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\n\r\n".encode() + body[:-1])
+        s.sendall(f"POST /generate HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: {len(body)}\r\n\r\n".encode() + body[:-1])
         conns.append(s)
     time.sleep(1.0)  # the daemon reads what is in flight
     check_growth(rss(d) - base, (16 << 20) + (24 << 20), "24 stalled 4 MiB bodies, a 16 MiB budget")
@@ -223,7 +223,7 @@ def stop_reading_stream(d, rid):
                        "top_logprobs_num": 20,
                        "sampling_params": {"max_new_tokens": 3000, "ignore_eos": True}}).encode()
     s = connect(d, rcvbuf=4096)
-    s.sendall(f"POST /generate HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\n\r\n".encode() + body)
+    s.sendall(f"POST /generate HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: {len(body)}\r\n\r\n".encode() + body)
     return s
 
 

@@ -94,7 +94,7 @@ def one_request(port, i, rng, stats):
                                            "sampling_seed": i, "ignore_eos": rng.random() < 0.7}}).encode()
     if rng.random() < 0.1:  # the client leaves mid-generation
         s = socket.create_connection(("127.0.0.1", port), timeout=30)
-        s.sendall(b"POST /generate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        s.sendall(b"POST /generate HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
                   b"Content-Length: %d\r\n\r\n" % len(body) + body)
         time.sleep(rng.random() * 0.05)
         s.close()

@@ -149,7 +149,7 @@ def test_stop_strings_as_sglang_checks_them(daemon, tok):
         full = generate(daemon, input_ids=[1, 100, 200, 300], sampling_params=dict(base, sampling_seed=seed))
         ids = full["output_ids"]
         first = next((i for i, t in enumerate(ids) if t in special_ids), None)
-        if first is not None and first > 0:
+        if first is not None and 0 < first < len(ids) - 1:  # the last token finishes "length" (SGLang's)
             break
     else:
         pytest.fail("no output with a special token")
@@ -237,13 +237,14 @@ def test_stop_regex_matches_python_re(daemon, tok):
 
 
 def test_stop_token_is_cut_from_the_text_unless_no_stop_trim(daemon, tok):
-    full = generate(daemon, text=PROMPTS[1], sampling_params=sp(max_new_tokens=20))
+    full = generate(daemon, text=PROMPTS[1], sampling_params=sp(max_new_tokens=20, ignore_eos=False))
     ids = full["output_ids"]
     stop_id = ids[7]
     first = ids.index(stop_id)
-    for trim in (False, True):
+    for trim in (False, True):  # ignore_eos off: on /generate it turns stop_token_ids off too (SGLang's)
         o = generate(daemon, text=PROMPTS[1], sampling_params=sp(max_new_tokens=20, stop_token_ids=[stop_id],
-                                                               no_stop_trim=trim, skip_special_tokens=False))
+                                                               no_stop_trim=trim, skip_special_tokens=False,
+                                                               ignore_eos=False))
         assert o["output_ids"] == ids[:first + 1]
         assert o["meta_info"]["finish_reason"] == {"type": "stop", "matched": stop_id}
         assert o["text"] == tok.decode(ids[:first + 1] if trim else ids[:first], skip_special_tokens=False)
