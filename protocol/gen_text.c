@@ -194,6 +194,7 @@ int rs_gen_text_on_token(rs_gen_job *job, int output, int32_t token, void *user)
     if (k < 0 && t->n_regexes > 0) k = find_regex(t, job, output, o, x, sb->len, n_held == 0);
     if (k < 0) {
         sb->len = final_len; /* the held part is searched again once it is final */
+        if (sb->data) sb->data[final_len] = '\0';
         o->scanned = final_len;
         return -1;
     }
