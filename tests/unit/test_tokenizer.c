@@ -539,10 +539,16 @@ RS_TEST(tokenizer_stop_strings) {
     ASSERT_EQ(pos, 15);
     /* a match wholly inside what was scanned is not reported again */
     ASSERT_EQ(rs_tok_stop_find(stops, lens, 3, t2, strlen(t2), strlen(t2), &pos), -1);
-    /* earliest start wins over list order */
+    /* list order wins over the earliest start (SGLang's check_finished, vLLM's check_stop_strings) */
     const char *t3 = "xSTOP</answer>";
-    ASSERT_EQ(rs_tok_stop_find(stops, lens, 3, t3, strlen(t3), 0, &pos), 1);
+    ASSERT_EQ(rs_tok_stop_find(stops, lens, 3, t3, strlen(t3), 0, &pos), 0);
+    ASSERT_EQ(pos, 5);
+    ASSERT_EQ(rs_tok_stop_find(stops + 1, lens + 1, 2, t3, strlen(t3), 0, &pos), 0);
     ASSERT_EQ(pos, 1);
+    /* the first occurrence of the stop string that wins */
+    const char *t5 = "STOP and STOP";
+    ASSERT_EQ(rs_tok_stop_find(stops, lens, 3, t5, strlen(t5), 0, &pos), 1);
+    ASSERT_EQ(pos, 0);
     /* holdback ends on a character boundary: "中" (3 bytes) may start "中文" */
     const char *t4 = "abc\xe4\xb8\xad";
     ASSERT_EQ(rs_tok_stop_holdback(stops, lens, 3, t4, strlen(t4)), 3);
