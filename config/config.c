@@ -88,8 +88,9 @@ static const rs_config_entry entries[] = {
      "streamed bytes generated but not yet sent, all streams together; the stream that would exceed it is cut "
      "and its request aborted", 0},
     {"max-stream-buffer", RS_CONFIG_TYPE_SIZE, F(max_stream_buffer), 65536, 1099511627776.0, "64M", NULL,
-     "unsent bytes of one stream before it is cut and its request aborted (a client that reads too slowly; "
-     "at most stream-memory-budget)", 0},
+     "unsent bytes of one stream before it is cut and its request aborted (a client that reads too slowly: "
+     "over half of it left unsent from earlier steps, and the new events past it; at most stream-memory-budget)",
+     0},
     {"drain-timeout", RS_CONFIG_TYPE_FLOAT, F(drain_timeout), 0, 86400, "30", NULL,
      "seconds SIGTERM (or SIGHUP, SIGINT) waits for in-flight requests before aborting them; paused generation "
      "is aborted at once", 0},

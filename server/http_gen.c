@@ -45,7 +45,11 @@ static void push_stream(rs_http_req *r, rs_buf *tmp, int rc, bool final) {
     if (rc == RS_OK && !r->stream_error) {
         size_t pending = r->sse.len - r->sse_off;
         const char *limit = NULL;
-        if (tmp->len > h->opts.max_stream_buffer - RS_MIN(pending, h->opts.max_stream_buffer))
+        /* a client is too slow when what it left unsent from earlier steps is over the bound: one
+         * step's events may alone be larger (every sample of a batch, cumulative text, top
+         * logprobs), and a client that keeps up must still get them */
+        if (pending > 0 && pending + tmp->len > h->opts.max_stream_buffer &&
+            pending > h->opts.max_stream_buffer / 2)
             limit = "max-stream-buffer";
         else if (!rs_http_budget_take(&h->lim.stream_bytes, h->opts.stream_memory_budget, tmp->len))
             limit = "stream-memory-budget";

@@ -272,3 +272,21 @@ def test_streams_read_normally_are_not_cut(rolloutd):
     assert events[-1] == b"data: [DONE]"
     last = json.loads(events[-2][len(b"data: "):])
     assert last["meta_info"]["finish_reason"] == {"type": "length", "length": 300}
+    # one step's events alone larger than the buffer (a batch x n streamed cumulatively with top
+    # logprobs: 16 outputs x 120 tokens x 5 alternatives) still reach a reader that keeps up
+    d2 = rolloutd(None, "--kv-cache-mb", "64", "--max-stream-buffer", "64K", "--stream-memory-budget", "64M")
+    body = {"input_ids": [[1, 2, 3], [4, 5, 6]], "stream": True, "return_logprob": True, "top_logprobs_num": 5,
+            "sampling_params": {"max_new_tokens": 120, "temperature": 1.0, "n": 8, "ignore_eos": True}}
+    r = requests.post(d2.url + "/generate", json=body, stream=True, timeout=120)
+    sizes, finals = [], {}
+    for line in r.iter_lines():
+        if line.startswith(b"data: {"):
+            sizes.append(len(line))
+            o = json.loads(line[len(b"data: "):])
+            if o["meta_info"]["finish_reason"] is not None:
+                finals[o["index"]] = o["meta_info"]["finish_reason"]
+        if line:
+            last_line = line
+    assert last_line == b"data: [DONE]" and "reads too slowly" not in d2.read_log()
+    assert len(finals) == 16 and all(f == {"type": "length", "length": 120} for f in finals.values()), finals
+    assert max(sizes) * 16 > 64 * 1024  # one step's events outgrow the buffer
