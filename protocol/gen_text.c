@@ -27,6 +27,7 @@ void rs_gen_text_free(rs_gen_text *t) {
         rs_tok_stream_free(t->outs[i].sstream);
         rs_buf_free(&t->outs[i].stext);
         free(t->outs[i].re_from);
+        free(t->outs[i].t_re_from);
     }
     free(t->outs);
     free(t);
@@ -78,7 +79,11 @@ static rs_gen_text_out *out_of(rs_gen_text *t, const rs_gen_job *job, int i) {
         t->outs = rs_xcalloc((size_t)t->n_out, sizeof *t->outs);
         for (int k = 0; k < t->n_out; k++) {
             t->outs[k].stop = -1;
-            if (t->n_regexes > 0) t->outs[k].re_from = rs_xcalloc((size_t)t->n_regexes, sizeof(size_t));
+            t->outs[k].t_hit = SIZE_MAX;
+            if (t->n_regexes > 0) {
+                t->outs[k].re_from = rs_xcalloc((size_t)t->n_regexes, sizeof(size_t));
+                t->outs[k].t_re_from = rs_xcalloc((size_t)t->n_regexes, sizeof(size_t));
+            }
         }
     }
     RS_ASSERT(i >= 0 && i < t->n_out);
@@ -237,11 +242,44 @@ const char *rs_gen_text_get(rs_gen_text *t, const rs_gen_job *job, int i, size_t
     return o->text.data ? o->text.data : "";
 }
 
+/* With a separate searched text: how much of the answer's text no cut can reach. A later match
+ * cuts text at a stop's first occurrence in it, so nothing from the earliest match already in
+ * text (t_hit), nor from where a stop may still begin to match, is shown. */
+static size_t separate_stable(rs_gen_text *t, const rs_gen_job *job, int i, rs_gen_text_out *o) {
+    const char *x = o->text.data ? o->text.data : "";
+    const size_t len = o->text.len;
+    for (int k = 0; k < t->n_stops && o->t_hit == SIZE_MAX; k++) {
+        size_t sl = t->stop_lens[k], from = o->t_scanned >= sl - 1 ? o->t_scanned - (sl - 1) : 0;
+        const char *hit = sl <= len && from <= len - sl ? memmem(x + from, len - from, t->stops[k], sl) : NULL;
+        if (hit) o->t_hit = RS_MIN(o->t_hit, (size_t)(hit - x));
+    }
+    o->t_scanned = len;
+    size_t n = len - rs_tok_stop_holdback((const char *const *)t->stops, t->stop_lens, t->n_stops, x, len);
+    for (int r = 0; r < t->n_regexes; r++) {
+        if (o->t_re_from[r] == SIZE_MAX) continue;
+        size_t ms, me;
+        int rc = rs_tok_stop_re_find(t->regexes[r], x, len, &o->t_re_from[r], &ms, &me);
+        if (rc == 1) {
+            o->t_hit = RS_MIN(o->t_hit, ms);
+            o->t_re_from[r] = SIZE_MAX; /* its first match in text is known */
+        } else if (rc < 0) {
+            RS_WARN("rid %s | output %d: stop_regex[%d] could not search the output text (%s); its stream shows "
+                    "nothing more until the output ends", job->rid, i, r, rs_err_name(rc));
+            o->t_hit = RS_MIN(o->t_hit, o->t_re_from[r]);
+            o->t_re_from[r] = SIZE_MAX;
+        } else {
+            n = RS_MIN(n, o->t_re_from[r]); /* a match may still start there */
+        }
+    }
+    return RS_MIN(n, o->t_hit);
+}
+
 size_t rs_gen_text_stable(rs_gen_text *t, const rs_gen_job *job, int i, const char **text) {
     rs_gen_text_out *o = out_of(t, job, i);
     settle(t, job, i, o);
     *text = o->text.data ? o->text.data : "";
     if (o->settled || o->stop >= 0) return visible_len(t, job, i, o);
+    if (separate_search(t)) return separate_stable(t, job, i, o);
     size_t n = o->text.len - rs_tok_stop_holdback((const char *const *)t->stops, t->stop_lens, t->n_stops, *text,
                                                   o->text.len);
     for (int r = 0; r < t->n_regexes; r++) /* a regex may still match from re_from[r] on */

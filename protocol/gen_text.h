@@ -68,6 +68,12 @@ typedef struct rs_gen_text_out {
     rs_tok_stream *sstream;     /* the searched text's own stream when it keeps special tokens and
                                  * text does not (rs_gen_text.stops_see_special); else NULL */
     rs_buf stext;               /* its deltas */
+    /* With a separate searched text, what the answer's text may show while the output runs: the
+     * cut (cut_in_text) is at a stop's first occurrence in text, which the searched text does not
+     * locate, so text is watched too: */
+    size_t t_scanned;           /* text [0, t_scanned) was searched for stop strings */
+    size_t t_hit;               /* the earliest full stop match seen in text (SIZE_MAX: none) */
+    size_t *t_re_from;          /* [n_regexes] as re_from, over text */
     size_t scanned;             /* the searched text [0, scanned) was searched for stop strings */
     size_t *re_from;            /* [n_regexes] no match of regex r starts before re_from[r]; SIZE_MAX: given up */
     int stop;                   /* the stop matched: a stop string's index, RS_GEN_TEXT_REGEX_STOP(r), or -1 */

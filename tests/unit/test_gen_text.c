@@ -116,9 +116,7 @@ static void run_case_ex(const rs_tok *tok, const int32_t *ids, int n, char **sto
     }
     ASSERT_EQ(len, ref_len);
     ASSERT_TRUE(memcmp(final, ref, len) == 0);
-    /* what streamed is a prefix (with a separate search, unless skipping a special token joined
-     * the stop string in the answer's text before the searched text held it) */
-    if (!(see_special && skip)) ASSERT_TRUE(n_shown <= len && memcmp(final, shown, n_shown) == 0);
+    ASSERT_TRUE(n_shown <= len && memcmp(final, shown, n_shown) == 0); /* what streamed is a prefix */
     if (got_k > 0) ASSERT_STREQ(rs_gen_text_stop_string(t, &o->finish), stops[want_index]);
     free(ref);
     rs_gen_job_free(job);
@@ -568,5 +566,56 @@ RS_TEST(gen_text_output_is_decoded_after_the_prompt) {
     free(head);
     free(prompt);
     free(out);
+    rs_tok_free(tok);
+}
+
+/* /generate searches stops with special tokens kept, and cuts the answer's text (special tokens
+ * skipped) at the stop's first occurrence there, which may come earlier: skipping a special token
+ * can join a stop string ("m<|im_end|>i" reads "mi"). What streams must never pass that cut, for a
+ * stop string and for a stop regex alike. */
+RS_TEST(gen_text_stream_never_passes_a_cut_in_the_answer) {
+    rs_tok *tok = default_tok();
+    int32_t ids[32];
+    int n = 0;
+    const char *parts[] = {"m", "", "i", " and", " more", " text", " mi"};
+    for (size_t p = 0; p < RS_ARRAY_LEN(parts); p++) {
+        if (!parts[p][0]) {
+            ids[n++] = 4; /* <|im_end|>, special */
+            continue;
+        }
+        size_t k;
+        int32_t *e = encode(tok, parts[p], &k);
+        for (size_t j = 0; j < k; j++) ids[n++] = e[j];
+        free(e);
+    }
+    for (int regex = 0; regex < 2; regex++) {
+        rs_gen_text *t = rs_gen_text_new(tok);
+        t->stops_see_special = true;
+        rs_error err = {0};
+        if (regex) ASSERT_EQ(rs_gen_text_add_stop_regex(t, "m\\s?i", 5, "stop_regex", &err), RS_OK);
+        else ASSERT_EQ(rs_gen_text_add_stop(t, "mi", 2, "stop", &err), RS_OK);
+        rs_gen_job *job = fake_job(ids, n);
+        rs_gen_text_attach(t, job);
+        size_t shown = 0;
+        int k;
+        for (k = 1; k <= n; k++) {
+            job->outputs[0].n_output = k;
+            int r = job->on_token(job, 0, ids[k - 1], t);
+            if (r >= 0) {
+                job->outputs[0].finish = (rs_finish){.type = RS_FINISH_STOP, .matched = -1, .matched_text = r + 1};
+                break;
+            }
+            const char *x;
+            shown = rs_gen_text_stable(t, job, 0, &x);
+        }
+        ASSERT_EQ(k, n); /* the searched text holds the stop only at the last token */
+        size_t len;
+        const char *text = rs_gen_text_get(t, job, 0, &len);
+        ASSERT_EQ(len, 0);                /* the answer "mi and more text mi" is cut at its first "mi" */
+        ASSERT_TRUE(shown <= len);        /* and nothing past it was shown */
+        (void)text;
+        rs_gen_job_free(job);
+        rs_gen_text_free(t);
+    }
     rs_tok_free(tok);
 }
