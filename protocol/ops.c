@@ -41,8 +41,8 @@ static int read_abort_rid(const rs_jctx *c, const json_t *v, rs_error *err) {
 
 static const rs_jfield abort_fields[] = {
     {.name = "rid", .type = RS_JT_CUSTOM, .read = read_abort_rid, .shape = "string", .def = "\"\"",
-     .doc = "the request to abort: its rid, one of its prompt rids or output ids, or a /v1 request_id (\"\" "
-            "names none, for abort_all)",
+     .doc = "the request to abort: its rid, one of its prompt rids or output ids (either aborts the whole "
+            "request), or a /v1 request_id (\"\" names none, for abort_all)",
      .schema = "{'type': 'string', 'maxLength': 127}"},
     {.name = "abort_all", .type = RS_JT_BOOL, DST(rs_abort_req, abort_all), .def = "false",
      .doc = "abort every request in flight"},
