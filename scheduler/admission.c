@@ -116,6 +116,9 @@ void rs_eng_admit_waiting(rs_engine *e) {
         }
         rs_eng_wait_pop_front(e);
         s->order = e->next_order++;
+        /* the prompt tokens a request found cached, once: recomputing a retracted sequence's own
+         * pages is not a prefix hit */
+        if (!s->admitted_once && !s->job->probe) e->stats.prefix_hit_tokens += (uint64_t)s->out->cached_tokens;
         s->admitted_once = true;
         e->running[e->n_running++] = s;
         slots += 1 + s->n_forks;

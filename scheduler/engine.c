@@ -215,7 +215,6 @@ void rs_eng_publish_stats(rs_engine *e) {
         st.waiting_tokens += (uint64_t)s->n_tokens;
         st.waiting_blocks += (uint64_t)blocks_for(s->n_tokens);
     }
-    st.prefix_hit_tokens = kv.hit_tokens;
     st.paused = e->paused;
     pthread_mutex_lock(&e->stats_mu);
     e->published = st;

@@ -337,7 +337,8 @@ typedef struct rs_engine_stats {
     uint64_t waiting_blocks;    /* KV pages those tokens fill */
     int peak_running;           /* most sequences ever running in one step */
     uint64_t num_retractions;   /* preemptions since start */
-    uint64_t prefix_hit_tokens; /* prompt tokens served from the prefix cache */
+    uint64_t prefix_hit_tokens; /* prompt tokens served from the prefix cache: the sum of the outputs'
+                                 * cached_tokens (not a retracted sequence's recomputation) */
     uint64_t prompt_tokens, generation_tokens, steps;
     uint64_t requests_finished, requests_aborted;
     uint64_t weight_updates;

@@ -222,6 +222,7 @@ static void fan_out(rs_engine *e, rs_seq *leader, const float *logits, int *n_sa
         c->admitted_once = true;
         c->order = e->next_order++;
         c->out->cached_tokens = leader->prompt_len;
+        if (!job->probe) e->stats.prefix_hit_tokens += (uint64_t)leader->prompt_len;
         rs_eng_out_copy_scoring(c->out, leader->out, job->top_logprobs_num);
         const bool ok = sample_into(e, c, logits);
         RS_ASSERT(e->n_running < e->opts.max_running); /* admission kept a slot for every sibling */

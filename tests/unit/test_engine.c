@@ -693,6 +693,11 @@ RS_TEST(engine_preemption_soak) {
     rs_engine_get_stats(small.e, &st);
     ASSERT_TRUE(st.num_retractions > 0);
     int retracted = 0;
+    uint64_t cached = 0;
+    for (int i = 0; i < N; i++) cached += (uint64_t)jobs[i]->outputs[0].cached_tokens;
+    /* the prefix-hit metric is the requests' cached prompt tokens, not the retracted sequences'
+     * recomputation of their own pages */
+    ASSERT_EQ(st.prefix_hit_tokens, cached);
     for (int i = 0; i < N; i++) {
         ASSERT_EQ(jobs[i]->outputs[0].finish.type, RS_FINISH_LENGTH);
         assert_same_output(&jobs[i]->outputs[0], &ref[i]->outputs[0]);
