@@ -354,9 +354,9 @@ int rs_config_load_file(rs_config *c, const char *path, rs_error *err) {
     FILE *f = fopen(path, "r");
     if (!f) return rs_error_set(err, RS_EIO, "config", "cannot open config file %s: %s", path, strerror(errno));
     struct stat st;
-    if (fstat(fileno(f), &st) != 0 || !S_ISREG(st.st_mode)) {
+    if (fstat(fileno(f), &st) != 0 || S_ISDIR(st.st_mode)) { /* a pipe or <(...) is fine */
         fclose(f);
-        return rs_error_set(err, RS_EINVAL, "config", "config file %s is not a regular file", path);
+        return rs_error_set(err, RS_EINVAL, "config", "config file %s is a directory", path);
     }
     char line[8192];
     int lineno = 0, rc = RS_OK;

@@ -186,8 +186,8 @@ int rs_gen_text_on_token(rs_gen_job *job, int output, int32_t token, void *user)
     rs_buf *sb = sep ? &o->stext : &o->text;
     /* what a re-decode of the output reads now: the final text and, after it, what is held */
     const size_t final_len = sb->len;
-    const char *held;
-    size_t n_held = rs_tok_stream_peek_finish(ss, &held);
+    const char *held = "";
+    size_t n_held = rs_tok_stream_held_bytes(ss) <= RS_GEN_TEXT_PEEK_MAX ? rs_tok_stream_peek_finish(ss, &held) : 0;
     append(sb, held, n_held);
     const char *x = sb->data ? sb->data : "";
     int k = -1;

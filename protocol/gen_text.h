@@ -14,7 +14,9 @@
  *     of its ids reads (a held ByteFallback run or incomplete character included,
  *     rs_tok_stream_peek_finish), so a match that spans tokens is found on the token that
  *     completes it; the first stop string in the request's order that the new text holds wins;
- *     min_new_tokens does not hold them back;
+ *     min_new_tokens does not hold them back. The held part is decoded again at every token, so
+ *     it is searched only while it is at most RS_GEN_TEXT_PEEK_MAX bytes: a longer run of byte
+ *     tokens (170 CJK characters written as bytes) is searched once it ends;
  *   - the searched text keeps special tokens when stops_see_special (/generate: SGLang re-decodes
  *     with tokenizer.decode's default, skip_special_tokens=False, so "<|im_end|>" stops an output
  *     whatever skip_special_tokens says) and is the answer's text otherwise (/v1/completions, as
@@ -37,10 +39,11 @@
  * (rs_tok_stop_re_find); a match stops the output and cuts the text like a stop string (in the
  * answer's text, when it is not the searched one, where the regex first matches there).
  *
- * Cost per token: the stream's delta (O(1) amortized, tokenizer.h) plus a search of the new bytes
- * and the (longest stop - 1) bytes before them, i.e. O(delta + total stop length). While an output
- * runs, what may be shown of it (rs_gen_text_stable) excludes a trailing part that could still
- * become a stop string, so streamed text never has to be taken back.
+ * Cost per token: the stream's delta (O(1) amortized, tokenizer.h) plus a search of the new bytes,
+ * the held bytes (at most RS_GEN_TEXT_PEEK_MAX) and the (longest stop - 1) bytes before them, i.e.
+ * O(delta + held + total stop length). While an output runs, what may be shown of it
+ * (rs_gen_text_stable) excludes a trailing part that could still become a stop string, so
+ * streamed text never has to be taken back.
  *
  * Threads: the hook and the stable-text reads run on the engine thread (on_token, on_progress);
  * rs_gen_text_get settles a finished output on whichever thread writes the answer, after the
@@ -61,6 +64,7 @@
 #define RS_GEN_TEXT_MAX_STOP_LEN 1024  /* bytes per stop string or stop regex */
 #define RS_GEN_TEXT_MAX_REGEXES 16     /* stop regexes per request */
 #define RS_GEN_TEXT_REGEX_STOP(r) (RS_GEN_TEXT_MAX_STOPS + (r)) /* the hook's index of stop regex r */
+#define RS_GEN_TEXT_PEEK_MAX 512       /* held bytes searched before they are final (see above) */
 
 typedef struct rs_gen_text_out {
     rs_tok_stream *stream;      /* NULL until the output's first token */

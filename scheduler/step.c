@@ -96,6 +96,11 @@ static float logprob_in_mode(rs_engine *e, const rs_seq *s, const float *raw_log
     return lp;
 }
 
+/* Whether s has reached max_new_tokens or the context limit with the token just pushed. */
+static bool at_length_now(const rs_engine *e, const rs_seq *s) {
+    return s->out->n_output >= s->job->sp.max_new_tokens || s->n_tokens >= e->opts.limits.max_context;
+}
+
 /* s's sampled token tok with its logprob (and top logprobs in e->top_ids / e->top_lps); false
  * (nothing pushed, the job failed) for an invalid row (tok < 0: the logits hold a NaN or +inf) or
  * a NaN logprob, which are bugs upstream. */
@@ -108,7 +113,10 @@ static bool record_sample(rs_engine *e, rs_seq *s, int32_t tok, float lp) {
     rs_eng_seq_push_token(s, tok);
     if (rs_penalties_active(&s->job->sp)) rs_penalty_counts_add(&s->pen, tok);
     rs_gen_job *job = s->job;
-    if (job->on_token && !rs_eng_is_stop_token(e, &job->sp, tok)) { /* a stop token ends it anyway */
+    /* a token that will finish the output "stop" by its id is not text (check_finished); with
+     * SGLang's order a stop token that is also the last allowed one finishes "length", and is */
+    const bool stops = rs_eng_is_stop_token(e, &job->sp, tok) && !(job->sp.sglang_finish && at_length_now(e, s));
+    if (job->on_token && !stops) {
         int k = job->on_token(job, (int)(s->out - job->outputs), tok, job->on_token_user);
         if (k >= 0) s->stop_text = k + 1;
     }
@@ -257,7 +265,7 @@ static void check_finished(rs_engine *e, rs_seq *s) {
     const rs_sampling_params *sp = &s->job->sp;
     rs_gen_output *o = s->out;
     int32_t last = o->output_ids[o->n_output - 1];
-    const bool at_length = o->n_output >= sp->max_new_tokens || s->n_tokens >= e->opts.limits.max_context;
+    const bool at_length = at_length_now(e, s);
     if (at_length && sp->sglang_finish) {
         rs_eng_finish_running(e, s, RS_FINISH_LENGTH, -1, NULL);
     } else if (rs_eng_is_stop_token(e, sp, last)) { /* none before min_new_tokens: process_logits masked them */

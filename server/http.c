@@ -358,8 +358,9 @@ static bool host_name(const char *v, size_t n, char *out, size_t cap) {
 
 /* A name that reaches only this machine: localhost, *.localhost, or an IP address literal (which
  * no DNS answer can rebind). */
-static bool local_name(const char *name) {
+static bool local_name(char *name) {
     size_t n = strlen(name);
+    if (n > 1 && name[n - 1] == '.') name[--n] = '\0'; /* "localhost." is the absolute form (RFC 6761) */
     if (strcasecmp(name, "localhost") == 0 || (n > 10 && strcasecmp(name + n - 10, ".localhost") == 0)) return true;
     unsigned char a[16];
     return inet_pton(AF_INET, name, a) == 1 || inet_pton(AF_INET6, name, a) == 1;

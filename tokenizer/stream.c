@@ -361,6 +361,12 @@ static void buf_copy(rs_tok_buf *dst, const rs_tok_buf *src) {
     if (src->n) rs_tok_buf_put(dst, src->p, src->n);
 }
 
+size_t rs_tok_stream_held_bytes(const rs_tok_stream *s) {
+    size_t n = s->pend_n;
+    for (size_t k = 0; k < RS_TOK_MAX_DEC; k++) n += s->el[k].group.n + s->tx[k].held.n;
+    return n;
+}
+
 size_t rs_tok_stream_peek_finish(rs_tok_stream *s, const char **text) {
     RS_ASSERT(!s->finished);
     if (!holds(s)) {

@@ -105,6 +105,9 @@ size_t rs_tok_stream_finish(rs_tok_stream *s, const char **delta);
  * held byte run or incomplete character included). For stop strings, which must see that text as
  * soon as a re-decode would. Borrowed until the next call on s; O(what is held). */
 size_t rs_tok_stream_peek_finish(rs_tok_stream *s, const char **text);
+/* The bytes s holds (a ByteFallback run, an incomplete character, held trailing text): what a
+ * peek costs. */
+size_t rs_tok_stream_held_bytes(const rs_tok_stream *s);
 /* Feeds ids that come before the output (the prompt's last few) and drops what they produce and
  * what they leave held: the output is then decoded as the continuation it is (a SentencePiece
  * Strip or Metaspace does not treat its first token as the start of the text), as SGLang's and

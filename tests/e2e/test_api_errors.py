@@ -528,6 +528,7 @@ def test_host_and_origin_guards(daemon):
     get = "GET /health HTTP/1.1\r\n"
     for host, status in [(f"127.0.0.1:{port}", 200), (f"localhost:{port}", 200), ("localhost", 200),
                          (f"[::1]:{port}", 200), (f"api.localhost:{port}", 200), ("10.1.2.3", 200),
+                         (f"localhost.:{port}", 200), ("foo.localhost.", 200),
                          (f"evil.example:{port}", 403), ("evil.example", 403), ("127.0.0.1.nip.io", 403),
                          ("a b", 400), ("x/y", 400)]:
         status_got, _, answer = raw_head_request(port, get + f"Host: {host}")

@@ -206,6 +206,11 @@ def test_finish_checks_are_sglangs_on_generate(daemon):
     g, c = both(max_new_tokens=k + 1, ignore_eos=False, stop_token_ids=[stop])
     assert g["output_ids"] == ids[:k + 1] and g["meta_info"]["finish_reason"] == {"type": "length", "length": k + 1}
     assert c["token_ids"] == ids[:k + 1] and c["finish_reason"] == "stop" and c["stop_reason"] == stop
+    # that last token is text (it did not stop the output), with or without stop strings or a stream
+    plain = generate(daemon, {"input_ids": PROMPT, "sampling_params": {**sp, "max_new_tokens": k + 1}})["text"]
+    g2 = generate(daemon, {"input_ids": PROMPT, "sampling_params": {**sp, "max_new_tokens": k + 1, "ignore_eos": False,
+                                                                    "stop_token_ids": [stop], "stop": ["\u2713no"]}})
+    assert g["text"] == plain and g2["text"] == plain, (g["text"], g2["text"], plain)
     # ignore_eos with stop_token_ids
     g, c = both(stop_token_ids=[stop])
     assert g["output_ids"] == ids and g["meta_info"]["finish_reason"]["type"] == "length"

@@ -249,7 +249,7 @@ RS_TEST(config_file_errors) {
     /* a directory is not an empty file */
     rs_config_default(&c);
     ASSERT_EQ(rs_config_load_file(&c, rs_test_tmpdir(), &err), RS_EINVAL);
-    ASSERT_TRUE(strstr(err.message, "is not a regular file") != NULL);
+    ASSERT_TRUE(strstr(err.message, "is a directory") != NULL);
 
     /* text after a closing quote, or a quote never closed */
     write_file(path, "served-model-name = \"a\" b\n");

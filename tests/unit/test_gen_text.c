@@ -619,3 +619,31 @@ RS_TEST(gen_text_stream_never_passes_a_cut_in_the_answer) {
     }
     rs_tok_free(tok);
 }
+
+/* A byte run longer than RS_GEN_TEXT_PEEK_MAX is not re-decoded at every token (that would cost
+ * time quadratic in its length): a stop string that only its part past the bound holds is found
+ * once the run ends, on the next token, and the text is cut as usual. */
+RS_TEST(gen_text_long_byte_runs_are_searched_when_they_end) {
+    rs_tok *tok = spm_tok();
+    char text[2048];
+    size_t n = 0;
+    for (int i = 0; i < 300; i++) n += (size_t)snprintf(text + n, sizeof text - n, "\xe4\xb8\xad"); /* 中 x 300 */
+    n += (size_t)snprintf(text + n, sizeof text - n, "\xe6\x96\x87 x");                            /* 文 x */
+    size_t n_ids;
+    int32_t *ids = encode(tok, text, &n_ids); /* "▁", 903 byte tokens, "▁x" */
+    ASSERT_EQ(n_ids, 905);
+    rs_gen_text *t = rs_gen_text_new(tok);
+    rs_error err = {0};
+    ASSERT_EQ(rs_gen_text_add_stop(t, "\xe6\x96\x87", 3, "stop", &err), RS_OK);
+    rs_gen_job *job = fake_job(ids, (int)n_ids);
+    rs_gen_text_attach(t, job);
+    ASSERT_EQ(feed(t, job, ids, (int)n_ids), (int)n_ids); /* found with "▁x", which ends the run */
+    size_t len;
+    const char *out = rs_gen_text_get(t, job, 0, &len);
+    ASSERT_EQ(len, 900); /* 中 x 300, cut before 文 */
+    ASSERT_TRUE(memcmp(out, text, 900) == 0);
+    rs_gen_job_free(job);
+    rs_gen_text_free(t);
+    free(ids);
+    rs_tok_free(tok);
+}
