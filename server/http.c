@@ -239,19 +239,24 @@ static size_t unescape(void *cls, struct MHD_Connection *c, char *s) {
 
 /* ---------------------------------------------------------------- framing */
 
-typedef struct framing {
+/* The header fields that begin() checks, gathered in one walk over the headers. */
+typedef struct head_fields {
     int n_cl, n_te;
     const char *cl;             /* the first Content-Length value (MHD's) */
     bool cl_differ;             /* a later one differs from it */
     char te[256];               /* every Transfer-Encoding value, joined with ", " */
     bool te_long;
-} framing;
+    int n_host;
+    const char *host;           /* the first Host value */
+} head_fields;
 
-static enum MHD_Result framing_header(void *cls, enum MHD_ValueKind kind, const char *key, const char *value) {
+static enum MHD_Result scan_header(void *cls, enum MHD_ValueKind kind, const char *key, const char *value) {
     (void)kind;
-    framing *f = cls;
+    head_fields *f = cls;
     if (!value) value = "";
-    if (strcasecmp(key, MHD_HTTP_HEADER_CONTENT_LENGTH) == 0) {
+    if (strcasecmp(key, MHD_HTTP_HEADER_HOST) == 0) {
+        if (f->n_host++ == 0) f->host = value;
+    } else if (strcasecmp(key, MHD_HTTP_HEADER_CONTENT_LENGTH) == 0) {
         if (f->n_cl++ == 0) f->cl = value;
         else if (strcmp(f->cl, value) != 0) f->cl_differ = true;
     } else if (strcasecmp(key, MHD_HTTP_HEADER_TRANSFER_ENCODING) == 0) {
@@ -265,23 +270,21 @@ static enum MHD_Result framing_header(void *cls, enum MHD_ValueKind kind, const 
 /* RS_OK when the body's length is unambiguous and rolloutd reads its framing: at most one
  * Content-Length value, or one Transfer-Encoding header whose value is exactly "chunked" (HTTP/1.1).
  * Otherwise err says why. */
-static int check_framing(struct MHD_Connection *conn, const char *version, rs_error *err) {
-    framing f = {0};
-    MHD_get_connection_values(conn, MHD_HEADER_KIND, framing_header, &f);
-    if (f.cl_differ)
+static int check_framing(const head_fields *f, const char *version, rs_error *err) {
+    if (f->cl_differ)
         return rs_error_set(err, RS_EINVAL, NULL, "two Content-Length headers with different values");
-    if (f.n_te == 0) return RS_OK;
-    if (f.n_cl)
+    if (f->n_te == 0) return RS_OK;
+    if (f->n_cl)
         return rs_error_set(err, RS_EINVAL, NULL,
                             "Transfer-Encoding together with Content-Length: send one of them");
     if (version && strcmp(version, MHD_HTTP_VERSION_1_0) == 0)
         return rs_error_set(err, RS_EINVAL, NULL, "Transfer-Encoding in an HTTP/1.0 request");
-    if (f.te_long) return rs_error_set(err, RS_EINVAL, NULL, "Transfer-Encoding is too long");
+    if (f->te_long) return rs_error_set(err, RS_EINVAL, NULL, "Transfer-Encoding is too long");
     /* the codings, in the order applied; the body length is known only when chunked is last */
     const char *tok[8];
     size_t len[8];
     int n = 0;
-    for (const char *p = f.te; *p;) {
+    for (const char *p = f->te; *p;) {
         while (*p == ' ' || *p == '\t' || *p == ',') p++;
         const char *q = p;
         while (*q && *q != ',') q++;
@@ -299,7 +302,7 @@ static int check_framing(struct MHD_Connection *conn, const char *version, rs_er
     if (!last_chunked)
         return rs_error_set(err, RS_EINVAL, NULL,
                             "Transfer-Encoding '%.64s' does not end with chunked: the body length cannot be "
-                            "determined", f.te);
+                            "determined", f->te);
     for (int i = 0; i < n - 1; i++)
         if (len[i] == 7 && strncasecmp(tok[i], "chunked", 7) == 0)
             return rs_error_set(err, RS_EINVAL, NULL, "Transfer-Encoding applies chunked more than once");
@@ -309,26 +312,14 @@ static int check_framing(struct MHD_Connection *conn, const char *version, rs_er
                             "Transfer-Encoding: chunked alone", (int)RS_MIN(len[0], (size_t)32), tok[0]);
     /* libmicrohttpd reads a chunked body only when the one header's whole value is "chunked" (any
      * case): "chunked," or "chunked " or a second header would leave it reading to the close */
-    if (f.n_te != 1 || strcasecmp(f.te, "chunked") != 0)
+    if (f->n_te != 1 || strcasecmp(f->te, "chunked") != 0)
         return rs_error_set(err, RS_EINVAL, NULL,
                             "Transfer-Encoding must be exactly 'chunked' (one header, nothing around it), got "
-                            "'%.64s'", f.te);
+                            "'%.64s'", f->te);
     return RS_OK;
 }
 
 /* ---------------------------------------------------------------- who a request is for, and from */
-
-typedef struct host_count {
-    int n;
-    const char *value;
-} host_count;
-
-static enum MHD_Result count_host(void *cls, enum MHD_ValueKind kind, const char *key, const char *value) {
-    (void)kind;
-    host_count *c = cls;
-    if (strcasecmp(key, MHD_HTTP_HEADER_HOST) == 0 && c->n++ == 0) c->value = value ? value : "";
-    return MHD_YES;
-}
 
 /* RFC 3986 authority characters, as a Host value may hold them (host, port, IPv6 brackets). */
 static bool host_chars_ok(const char *v) {
@@ -373,28 +364,27 @@ static bool local_name(char *name) {
  * cross-origin request (an Origin header naming another host than Host) is refused too: rolloutd
  * serves no page, answers no CORS preflight, and a cross-site form post must not pause, flush or
  * use it (CSRF). Otherwise err says why. */
-static int check_addressing(const rs_http *h, struct MHD_Connection *conn, const char *version, rs_error *err) {
-    host_count hc = {0};
-    MHD_get_connection_values(conn, MHD_HEADER_KIND, count_host, &hc);
-    if (hc.n > 1) return rs_error_set(err, RS_EINVAL, NULL, "more than one Host header");
+static int check_addressing(const rs_http *h, const head_fields *f, struct MHD_Connection *conn,
+                            const char *version, rs_error *err) {
+    if (f->n_host > 1) return rs_error_set(err, RS_EINVAL, NULL, "more than one Host header");
     bool http11 = version && strcmp(version, MHD_HTTP_VERSION_1_0) != 0;
-    if (hc.n == 0 && http11) return rs_error_set(err, RS_EINVAL, NULL, "an HTTP/1.1 request needs a Host header");
-    if (hc.n == 1 && !host_chars_ok(hc.value))
+    if (f->n_host == 0 && http11) return rs_error_set(err, RS_EINVAL, NULL, "an HTTP/1.1 request needs a Host header");
+    if (f->n_host == 1 && !host_chars_ok(f->host))
         return rs_error_set(err, RS_EINVAL, NULL, "the Host header is not a host[:port]");
     char name[256];
-    if (h->loopback && hc.n == 1 && hc.value[0] &&
-        (!host_name(hc.value, strlen(hc.value), name, sizeof name) || !local_name(name)))
+    if (h->loopback && f->n_host == 1 && f->host[0] &&
+        (!host_name(f->host, strlen(f->host), name, sizeof name) || !local_name(name)))
         return rs_error_set(err, RS_EFORBIDDEN, NULL,
                             "Host '%.64s' is not a loopback name: rolloutd listens on a loopback address and answers "
                             "requests addressed to localhost or an IP address only (a guard against DNS "
                             "rebinding); use http://127.0.0.1:%d, or --host to listen on another address",
-                            hc.value, h->port);
+                            f->host, h->port);
     const char *origin = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "Origin");
     if (origin) {
         const char *auth = strstr(origin, "://");
         auth = auth ? auth + 3 : NULL;
         size_t an = auth ? strcspn(auth, "/") : 0;
-        bool same = auth && hc.n == 1 && an == strlen(hc.value) && strncasecmp(auth, hc.value, an) == 0;
+        bool same = auth && f->n_host == 1 && an == strlen(f->host) && strncasecmp(auth, f->host, an) == 0;
         if (!same)
             return rs_error_set(err, RS_EFORBIDDEN, NULL,
                                 "cross-origin request from '%.64s' refused: rolloutd serves no browser page of another "
@@ -416,10 +406,11 @@ static int check_media(struct MHD_Connection *conn, rs_error *err) {
     if (!ct) return RS_OK;
     size_t n = strcspn(ct, ";");
     while (n > 0 && (ct[n - 1] == ' ' || ct[n - 1] == '\t')) n--;
-    const char *slash = memchr(ct, '/', n);
-    bool json = slash && (size_t)(slash - ct) == 11 && strncasecmp(ct, "application", 11) == 0 &&
-                ((n - 12 == 4 && strncasecmp(slash + 1, "json", 4) == 0) ||
-                 (n - 12 > 5 && strncasecmp(ct + n - 5, "+json", 5) == 0));
+    const size_t tl = sizeof "application/" - 1; /* type and slash */
+    const char *sub = ct + tl;                     /* the subtype: json, or x+json */
+    const size_t sl = n > tl ? n - tl : 0;
+    bool json = n > tl && strncasecmp(ct, "application/", tl) == 0 &&
+                ((sl == 4 && strncasecmp(sub, "json", 4) == 0) || (sl > 5 && strncasecmp(sub + sl - 5, "+json", 5) == 0));
     if (!json)
         return rs_error_set(err, RS_EMEDIA, NULL,
                             "Content-Type '%.64s' is not JSON: send Content-Type: application/json (curl: --json, "
@@ -461,11 +452,13 @@ static void begin(rs_http_req *r, const char *url, const char *method, const cha
             return;
         }
     }
-    if (check_framing(r->conn, version, &r->error) != RS_OK) {
+    head_fields hf = {0};
+    MHD_get_connection_values(r->conn, MHD_HEADER_KIND, scan_header, &hf);
+    if (check_framing(&hf, version, &r->error) != RS_OK) {
         r->failed = r->answer_early = r->close = true;
         return;
     }
-    if (check_addressing(h, r->conn, version, &r->error) != RS_OK) {
+    if (check_addressing(h, &hf, r->conn, version, &r->error) != RS_OK) {
         r->failed = r->answer_early = true;
         return;
     }

@@ -48,8 +48,7 @@ static void push_stream(rs_http_req *r, rs_buf *tmp, int rc, bool final) {
         /* a client is too slow when what it left unsent from earlier steps is over the bound: one
          * step's events may alone be larger (every sample of a batch, cumulative text, top
          * logprobs), and a client that keeps up must still get them */
-        if (pending > 0 && pending + tmp->len > h->opts.max_stream_buffer &&
-            pending > h->opts.max_stream_buffer / 2)
+        if (pending > h->opts.max_stream_buffer / 2 && pending + tmp->len > h->opts.max_stream_buffer)
             limit = "max-stream-buffer";
         else if (!rs_http_budget_take(&h->lim.stream_bytes, h->opts.stream_memory_budget, tmp->len))
             limit = "stream-memory-budget";

@@ -349,13 +349,6 @@ size_t rs_tok_stream_finish(rs_tok_stream *s, const char **delta) {
 
 /* ---- what is held ---- */
 
-static bool holds(const rs_tok_stream *s) {
-    if (s->pend_n) return true;
-    for (size_t k = 0; k < RS_TOK_MAX_DEC; k++)
-        if (s->el[k].group.n || s->tx[k].held.n) return true;
-    return false;
-}
-
 static void buf_copy(rs_tok_buf *dst, const rs_tok_buf *src) {
     dst->n = 0;
     if (src->n) rs_tok_buf_put(dst, src->p, src->n);
@@ -369,7 +362,7 @@ size_t rs_tok_stream_held_bytes(const rs_tok_stream *s) {
 
 size_t rs_tok_stream_peek_finish(rs_tok_stream *s, const char **text) {
     RS_ASSERT(!s->finished);
-    if (!holds(s)) {
+    if (rs_tok_stream_held_bytes(s) == 0) {
         *text = "";
         return 0;
     }

@@ -450,18 +450,23 @@ static int32_t *encode(const rs_tok *tok, const char *s, size_t *n) {
 }
 
 /* Feeds ids[0, n) to t as output 0 of job until a stop; returns the token (1-based) that stopped it,
- * or 0. */
-static int feed(rs_gen_text *t, rs_gen_job *job, const int32_t *ids, int n) {
+ * or 0. With `shown`, what a stream shows after each token that does not stop it
+ * (rs_gen_text_stable) is left there. */
+static int feed_shown(rs_gen_text *t, rs_gen_job *job, const int32_t *ids, int n, size_t *shown) {
     for (int k = 1; k <= n; k++) {
         job->outputs[0].n_output = k;
         if (job->on_token(job, 0, ids[k - 1], t) >= 0) {
             job->outputs[0].finish = (rs_finish){.type = RS_FINISH_STOP, .matched = -1, .matched_text = t->outs[0].stop + 1};
             return k;
         }
+        const char *x;
+        if (shown) *shown = rs_gen_text_stable(t, job, 0, &x);
     }
     job->outputs[0].finish = (rs_finish){.type = RS_FINISH_LENGTH};
     return 0;
 }
+
+static int feed(rs_gen_text *t, rs_gen_job *job, const int32_t *ids, int n) { return feed_shown(t, job, ids, n, NULL); }
 
 /* A stop string inside a ByteFallback run (CJK written as <0xE4><0xB8><0xAD>...) is found on the
  * token that completes it, as a re-decode finds it (SGLang's check_finished), though the stream
@@ -596,24 +601,11 @@ RS_TEST(gen_text_stream_never_passes_a_cut_in_the_answer) {
         else ASSERT_EQ(rs_gen_text_add_stop(t, "mi", 2, "stop", &err), RS_OK);
         rs_gen_job *job = fake_job(ids, n);
         rs_gen_text_attach(t, job);
-        size_t shown = 0;
-        int k;
-        for (k = 1; k <= n; k++) {
-            job->outputs[0].n_output = k;
-            int r = job->on_token(job, 0, ids[k - 1], t);
-            if (r >= 0) {
-                job->outputs[0].finish = (rs_finish){.type = RS_FINISH_STOP, .matched = -1, .matched_text = r + 1};
-                break;
-            }
-            const char *x;
-            shown = rs_gen_text_stable(t, job, 0, &x);
-        }
-        ASSERT_EQ(k, n); /* the searched text holds the stop only at the last token */
-        size_t len;
-        const char *text = rs_gen_text_get(t, job, 0, &len);
+        size_t shown = 0, len;
+        ASSERT_EQ(feed_shown(t, job, ids, n, &shown), n); /* the searched text holds the stop only at the end */
+        rs_gen_text_get(t, job, 0, &len);
         ASSERT_EQ(len, 0);                /* the answer "mi and more text mi" is cut at its first "mi" */
         ASSERT_TRUE(shown <= len);        /* and nothing past it was shown */
-        (void)text;
         rs_gen_job_free(job);
         rs_gen_text_free(t);
     }
