@@ -483,14 +483,15 @@ static json_t *ids_json(const int32_t *ids, int from, int to) {
 static json_t *text_json(const rs_openai_req *r, int p, bool first, const char *text, size_t len) {
     if (!r->tok) return json_string("");
     if (!(first && r->echo)) return json_stringn(text, len);
+    char *decoded = NULL;
+    const char *prompt;
     size_t pl;
-    char *prompt = r->prompt_texts ? NULL
-                                   : rs_tok_decode(r->tok, r->job->prompts[p], (size_t)r->job->prompt_lens[p], false, &pl);
+    if (r->prompt_texts) prompt = r->prompt_texts[p], pl = r->prompt_text_lens[p];
+    else prompt = decoded = rs_tok_decode(r->tok, r->job->prompts[p], (size_t)r->job->prompt_lens[p], false, &pl);
     rs_buf b = {0};
-    int rc = r->prompt_texts ? rs_buf_append(&b, r->prompt_texts[p], r->prompt_text_lens[p])
-                             : rs_buf_append(&b, prompt, pl);
+    int rc = rs_buf_append(&b, prompt, pl);
     if (rc == RS_OK) rc = rs_buf_append(&b, text, len);
-    free(prompt);
+    free(decoded);
     json_t *v = rc == RS_OK ? json_stringn(b.data ? b.data : "", b.len) : NULL;
     rs_buf_free(&b);
     return v ? v : json_string("");
